@@ -1,0 +1,107 @@
+"""Every environment variable pycomm reads, declared once.
+
+Each variable has a name (all prefixed ``PYCOMM_``), a type, a default and one line of
+documentation. Code reads them only through :func:`get` so that the list below is the
+whole truth; ``python -m pycomm.config`` prints it.
+
+The launcher contract (what ``launch.py`` / :func:`pycomm.spawn` set for each rank):
+``PYCOMM_RANK``, ``PYCOMM_WORLD_SIZE``, ``PYCOMM_LOCAL_RANK``, ``PYCOMM_LOCAL_SIZE``,
+``PYCOMM_MASTER_ADDR``, ``PYCOMM_MASTER_PORT``, ``PYCOMM_JOB_TOKEN``, ``PYCOMM_JOB_ID``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Callable
+
+__all__ = ["Var", "VARS", "get", "algorithm_override", "describe"]
+
+
+@dataclass(frozen=True)
+class Var:
+    """One environment variable: its name, parser, default and a line of doc."""
+
+    name: str
+    parse: Callable[[str], Any]
+    default: Any
+    doc: str
+
+
+def _bool(text: str) -> bool:
+    return text.strip().lower() not in ("", "0", "false", "no", "off")
+
+
+_DECLARED = [
+    # -- launcher contract -------------------------------------------------------------
+    Var("PYCOMM_RANK", int, None, "This process's rank in the world (set by the launcher)."),
+    Var("PYCOMM_WORLD_SIZE", int, None, "Number of ranks in the world (set by the launcher)."),
+    Var("PYCOMM_LOCAL_RANK", int, None, "Rank among the processes of this host."),
+    Var("PYCOMM_LOCAL_SIZE", int, None, "Number of ranks on this host."),
+    Var("PYCOMM_MASTER_ADDR", str, None, "Host of the rendezvous store."),
+    Var("PYCOMM_MASTER_PORT", int, None, "TCP port of the rendezvous store."),
+    Var("PYCOMM_JOB_TOKEN", str, None,
+        "Per-job secret (hex); authenticates the store and every TCP connection."),
+    Var("PYCOMM_JOB_ID", str, None,
+        "Job identifier; names the job's /dev/shm segments so the launcher can sweep them."),
+    Var("PYCOMM_LAUNCHER_PID", int, None, "PID of the supervising launcher, if any."),
+    # -- behaviour -----------------------------------------------------------------------
+    Var("PYCOMM_TRANSPORT", str, "auto", "Transport to use: auto, shm or tcp."),
+    Var("PYCOMM_TIMEOUT", float, 300.0,
+        "Seconds any blocking operation may wait before raising TimeoutError."),
+    Var("PYCOMM_HOST", str, None,
+        "Address the TCP transport listens on (default: loopback, or MASTER_ADDR's interface "
+        "for multi-host jobs)."),
+    Var("PYCOMM_EAGER_LIMIT", int, 65536,
+        "Messages up to this many payload bytes go eagerly; larger ones use rendezvous."),
+    Var("PYCOMM_SHM_RING_BYTES", int, 1 << 20,
+        "Bytes of each shared-memory ring (one per ordered pair of ranks)."),
+    Var("PYCOMM_SPIN_US", float, None,
+        "Microseconds a waiting rank spins before it blocks in the kernel (default: 50, or 5 "
+        "when ranks outnumber cores)."),
+    Var("PYCOMM_CMA", _bool, True,
+        "Use Linux cross-memory attach (process_vm_readv) for single-copy large messages."),
+    Var("PYCOMM_DEBUG", _bool, False, "Log each collective's chosen algorithm to stderr."),
+]
+
+VARS: dict[str, Var] = {v.name: v for v in _DECLARED}
+
+# Per-collective algorithm overrides, PYCOMM_ALGORITHM_<COLLECTIVE> (e.g. ..._ALLREDUCE).
+ALGORITHM_PREFIX = "PYCOMM_ALGORITHM_"
+
+
+def get(name: str, environ: dict[str, str] | None = None) -> Any:
+    """Return the parsed value of declared variable ``name`` (its default when unset).
+
+    Raises:
+        KeyError: ``name`` is not declared in this module.
+        ValueError: the variable is set but cannot be parsed; the message names it.
+    """
+    var = VARS[name]
+    env = os.environ if environ is None else environ
+    text = env.get(name)
+    if text is None or text == "":
+        return var.default
+    try:
+        return var.parse(text)
+    except ValueError as exc:
+        raise ValueError(f"environment variable {name}={text!r} is invalid: {exc}") from None
+
+
+def algorithm_override(collective: str, environ: dict[str, str] | None = None) -> str | None:
+    """Return ``PYCOMM_ALGORITHM_<COLLECTIVE>`` (collective upper-cased), or None when unset."""
+    env = os.environ if environ is None else environ
+    value = env.get(ALGORITHM_PREFIX + collective.upper())
+    return value.strip() or None if value is not None else None
+
+
+def describe() -> str:
+    """Return a table of every declared variable, its default and its doc line."""
+    lines = [f"{v.name:24} default={v.default!r:10} {v.doc}" for v in _DECLARED]
+    lines.append(f"{ALGORITHM_PREFIX + '<COLL>':24} default=None       "
+                 "Force the algorithm of one collective, e.g. PYCOMM_ALGORITHM_ALLREDUCE=ring.")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(describe())

@@ -1,0 +1,54 @@
+"""The exception hierarchy: every error pycomm raises derives from :class:`CommError`."""
+
+from __future__ import annotations
+
+__all__ = [
+    "CommError", "ArgumentError", "InvalidBufferError", "TruncationError", "PeerError",
+    "CommTimeoutError", "RemoteError", "ProtocolError",
+]
+
+
+class CommError(Exception):
+    """Base class of every pycomm error."""
+
+
+class ArgumentError(CommError, ValueError):
+    """A call got a bad argument (rank, root, tag, count, dtype, op, algorithm...).
+
+    Raised before any byte moves; the message names the argument, its value and the rank.
+    """
+
+
+class InvalidBufferError(ArgumentError):
+    """A buffer is unusable: not contiguous, read-only where it is written, wrong size."""
+
+
+class TruncationError(CommError):
+    """An incoming message is larger than the posted receive buffer (MPI_ERR_TRUNCATE)."""
+
+
+class PeerError(CommError, ConnectionError):
+    """A peer rank died or its connection dropped; ``peer`` is its rank in COMM_WORLD."""
+
+    def __init__(self, message: str, peer: int | None = None):
+        super().__init__(message)
+        self.peer = peer
+
+
+class CommTimeoutError(CommError, TimeoutError):
+    """A blocking operation did not complete within its timeout (``PYCOMM_TIMEOUT``)."""
+
+
+class ProtocolError(CommError):
+    """A peer sent something that breaks the wire protocol (bad header, failed auth)."""
+
+
+class RemoteError(CommError):
+    """A rank started by :func:`pycomm.spawn` raised; carries its rank and traceback text."""
+
+    def __init__(self, rank: int, exc_type: str, message: str, traceback_text: str):
+        super().__init__(f"rank {rank} raised {exc_type}: {message}\n"
+                         f"--- traceback from rank {rank} ---\n{traceback_text}")
+        self.rank = rank
+        self.exc_type = exc_type
+        self.remote_traceback = traceback_text
