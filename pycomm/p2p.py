@@ -1,0 +1,436 @@
+"""Point-to-point engine: tag matching, requests, progress, eager and rendezvous protocols.
+
+The engine sits between the communicator and the transports. It speaks in world ranks and
+context ids (one per communicator and traffic class) and implements
+:class:`transports.base.Sink`.
+
+Protocols (header = msgpack list; the first item is the frame kind):
+
+======== ====================================== ==========================================
+kind      header                                 meaning
+======== ====================================== ==========================================
+EAGER    [0, ctx, tag]          + payload        the whole message (<= eager limit)
+RTS      [1, ctx, tag, nbytes, sid, addr]        request to send a large message
+CTS      [2, sid, rid]                           receiver matched it: stream into rid
+DATA     [3, rid]               + payload        the large message, landing in place
+FIN      [4, sid]                                receiver copied it one-sidedly: sender done
+======== ====================================== ==========================================
+
+Eager: the sender's buffer is free as soon as the transport has copied it out. The
+receiver lands the payload in the posted buffer if a receive matches, otherwise in an
+unexpected-message buffer (one extra copy when the receive is posted later).
+
+Rendezvous (messages above ``PYCOMM_EAGER_LIMIT`` bytes): the sender announces the message
+(RTS, with its buffer address when its transport can be read one-sidedly) and keeps the
+buffer. When a receive matches, the receiver either copies the sender's buffer directly
+into its own with the transport's one-sided read and answers FIN (shm + cross-memory
+attach: one copy in all), or answers CTS and the sender streams the payload, which the
+transport lands directly in the posted buffer (no extra copy: the payload is never staged
+as an unexpected message). The same pattern as MPICH's LMT and Open MPI's ob1 PML.
+
+Matching follows MPI: a receive matches the earliest arrived message with the same
+context, a matching source (or ANY_SOURCE) and tag (or ANY_TAG); messages between a pair
+never overtake each other, since transports deliver in order.
+
+Progress happens only inside pycomm calls: blocking calls and ``Wait``/``Test`` drive every
+transport until their request completes (no background thread). A waiting rank spins for
+``PYCOMM_SPIN_US`` microseconds and then sleeps in the kernel (futex or select), waking
+every 0.25 s to check that its peers are alive.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from transports import PeerLostError, TransportError
+
+from .errors import CommTimeoutError, PeerError, TruncationError
+
+__all__ = ["Engine", "Request", "ANY_SOURCE", "ANY_TAG", "PROC_NULL"]
+
+ANY_SOURCE = -2
+ANY_TAG = -1
+PROC_NULL = -1
+
+EAGER, RTS, CTS, DATA, FIN = 0, 1, 2, 3, 4
+_pack = msgpack.packb
+_unpack = msgpack.unpackb
+_perf = time.perf_counter
+_LIVENESS_S = 0.25
+
+
+class Request:
+    """One pending send or receive (mpi4py's ``Request``, minus the class methods).
+
+    Attributes set on completion of a receive: ``source`` (world rank), ``tag``, ``count``
+    (bytes received). ``error`` is an exception to raise on wait, or None.
+    """
+
+    __slots__ = ("engine", "done", "view", "nbytes", "ctx", "peer", "tag", "source", "count",
+                 "error", "obj", "cancelled", "on_done")
+
+    def __init__(self, engine: "Engine", view, ctx: int, peer: int, tag: int):
+        self.engine = engine
+        self.done = False
+        self.view = view                # memoryview 'B' of the user buffer, None = allocate
+        self.nbytes = len(view) if view is not None else -1
+        self.ctx, self.peer, self.tag = ctx, peer, tag
+        self.source, self.count = peer, 0
+        self.error: BaseException | None = None
+        self.obj: Any = None            # receive with allocation: the bytearray received
+        self.cancelled = False
+        self.on_done = None             # callback(request) run once at completion
+
+    def _complete(self) -> None:
+        self.done = True
+        if self.on_done is not None:
+            cb, self.on_done = self.on_done, None
+            cb(self)
+
+
+class _Unexpected:
+    __slots__ = ("ctx", "src", "tag", "nbytes", "kind", "buf", "arrived", "sid", "addr",
+                 "matched")
+
+    def __init__(self, ctx, src, tag, nbytes, kind):
+        self.ctx, self.src, self.tag, self.nbytes, self.kind = ctx, src, tag, nbytes, kind
+        self.buf: bytearray | None = None
+        self.arrived = False
+        self.sid = self.addr = 0
+        self.matched: Request | None = None
+
+
+def _matches(ctx, src, tag, r_ctx, r_src, r_tag) -> bool:
+    return r_ctx == ctx and (r_src == src or r_src == ANY_SOURCE) and \
+        (r_tag == tag or (r_tag == ANY_TAG and tag >= 0))
+
+
+def _address(view: memoryview) -> int:
+    return np.frombuffer(view, dtype=np.uint8).ctypes.data if len(view) else 0
+
+
+class Engine:
+    """Matching and protocol engine for one process (one per world).
+
+    Args:
+        rank: this process's world rank.
+        size: world size.
+        eager_limit: largest payload in bytes sent eagerly.
+        spin_s: seconds to spin before sleeping in the kernel.
+        timeout: default seconds any wait may take.
+    """
+
+    def __init__(self, rank: int, size: int, *, eager_limit: int, spin_s: float,
+                 timeout: float):
+        self.rank, self.size = rank, size
+        self.eager_limit = eager_limit
+        self.spin_s = spin_s
+        self.timeout = timeout
+        self.route: list[Any] = [None] * size       # world rank -> transport
+        self.transports: list[Any] = []
+        self.posted: list[Request] = []
+        self.unexpected: list[_Unexpected] = []
+        self._incoming: dict[int, Any] = {}
+        self._sends: dict[int, Request] = {}
+        self._recvs: dict[int, Request] = {}
+        self._next_id = 1
+        self._failed: PeerError | None = None
+
+    # -- set-up ---------------------------------------------------------------------------
+    def attach(self, transport, peers: list[int]) -> None:
+        """Route ``peers`` through ``transport`` (already connected)."""
+        self.transports.append(transport)
+        for p in peers:
+            self.route[p] = transport
+
+    def close(self) -> None:
+        for t in self.transports:
+            try:
+                t.close()
+            except Exception:       # closing must not mask the error that led here
+                pass
+        self.transports.clear()
+
+    # -- posting --------------------------------------------------------------------------
+    def isend(self, view: memoryview, dest: int, ctx: int, tag: int) -> Request:
+        """Start sending the bytes of ``view`` to world rank ``dest``; returns a Request."""
+        req = Request(self, view, ctx, dest, tag)
+        if dest == self.rank:
+            self._deliver_local(view, ctx, tag)
+            req._complete()
+            return req
+        t = self.route[dest]
+        n = len(view)
+        try:
+            if n <= self.eager_limit:
+                if t.send(dest, _pack((EAGER, ctx, tag)), view, req):
+                    req._complete()
+            else:
+                sid = self._next_id
+                self._next_id += 1
+                self._sends[sid] = req
+                addr = _address(view) if t.one_sided_read else 0
+                t.send(dest, _pack((RTS, ctx, tag, n, sid, addr)), None, None)
+        except TransportError as exc:
+            raise self._peer_error(exc) from None
+        return req
+
+    def irecv(self, view: memoryview | None, source: int, ctx: int, tag: int) -> Request:
+        """Post a receive into ``view`` (None: allocate a bytearray of the message's size)."""
+        req = Request(self, view, ctx, source, tag)
+        unexpected = self.unexpected
+        for i, u in enumerate(unexpected):
+            if _matches(u.ctx, u.src, u.tag, ctx, source, tag):
+                del unexpected[i]
+                self._take_unexpected(req, u)
+                return req
+        self.posted.append(req)
+        return req
+
+    def iprobe(self, source: int, ctx: int, tag: int) -> _Unexpected | None:
+        """The earliest arrived message that a receive (source, tag) would match, or None."""
+        self.progress()
+        for u in self.unexpected:
+            if _matches(u.ctx, u.src, u.tag, ctx, source, tag):
+                return u
+        return None
+
+    def cancel(self, req: Request) -> bool:
+        """Cancel a receive that has not matched yet; True when it was cancelled."""
+        if req in self.posted:
+            self.posted.remove(req)
+            req.cancelled = True
+            req._complete()
+            return True
+        return False
+
+    # -- matching helpers -----------------------------------------------------------------
+    def _dest_for(self, req: Request, src: int, tag: int, nbytes: int):
+        req.source, req.tag, req.count = src, tag, nbytes
+        if req.view is None:
+            req.obj = bytearray(nbytes)
+            return memoryview(req.obj)
+        if nbytes > req.nbytes:
+            req.error = TruncationError(
+                f"rank {self.rank}: message of {nbytes} bytes from rank {src} (tag {tag}) "
+                f"is larger than the receive buffer of {req.nbytes} bytes")
+            return memoryview(bytearray(nbytes))
+        return req.view[:nbytes] if nbytes != req.nbytes else req.view
+
+    def _take_unexpected(self, req: Request, u: _Unexpected) -> None:
+        if u.kind == EAGER:
+            dest = self._dest_for(req, u.src, u.tag, u.nbytes)
+            if u.arrived:
+                if u.nbytes:
+                    dest[:] = u.buf
+                req._complete()
+            else:
+                u.matched = req            # payload still streaming in; finish on arrival
+        else:
+            self._start_rndv(req, u.src, u.tag, u.nbytes, u.sid, u.addr)
+
+    def _start_rndv(self, req, src, tag, nbytes, sid, addr) -> None:
+        t = self.route[src]
+        dest = self._dest_for(req, src, tag, nbytes)
+        if req.error is not None:        # truncated: release the sender, fail the receive
+            t.send(src, _pack((FIN, sid)), None, None)
+            req._complete()
+            return
+        if addr and t.one_sided_read and t.cma_available(src):
+            t.read_remote(src, addr, nbytes, dest)
+            t.send(src, _pack((FIN, sid)), None, None)
+            req._complete()
+            return
+        rid = self._next_id
+        self._next_id += 1
+        self._recvs[rid] = req
+        req.view = dest
+        t.send(src, _pack((CTS, sid, rid)), None, None)
+
+    def _deliver_local(self, view: memoryview, ctx: int, tag: int) -> None:
+        n = len(view)
+        for i, r in enumerate(self.posted):
+            if _matches(ctx, self.rank, tag, r.ctx, r.peer, r.tag):
+                del self.posted[i]
+                dest = self._dest_for(r, self.rank, tag, n)
+                if n:
+                    dest[:] = view
+                r._complete()
+                return
+        u = _Unexpected(ctx, self.rank, tag, n, EAGER)
+        u.buf = bytearray(view)
+        u.arrived = True
+        self.unexpected.append(u)
+
+    # -- Sink: called by transports inside progress() -------------------------------------
+    def on_header(self, peer: int, header: bytes, nbytes: int):
+        h = _unpack(header)
+        kind = h[0]
+        if kind == EAGER:
+            ctx, tag = h[1], h[2]
+            posted = self.posted
+            for i, r in enumerate(posted):
+                if r.ctx == ctx and (r.peer == peer or r.peer == ANY_SOURCE) and \
+                        (r.tag == tag or (r.tag == ANY_TAG and tag >= 0)):
+                    del posted[i]
+                    self._incoming[peer] = r
+                    return self._dest_for(r, peer, tag, nbytes)
+            u = _Unexpected(ctx, peer, tag, nbytes, EAGER)
+            u.buf = bytearray(nbytes)
+            self.unexpected.append(u)
+            self._incoming[peer] = u
+            return memoryview(u.buf)
+        if kind == RTS:
+            _, ctx, tag, n, sid, addr = h
+            for i, r in enumerate(self.posted):
+                if _matches(ctx, peer, tag, r.ctx, r.peer, r.tag):
+                    del self.posted[i]
+                    self._start_rndv(r, peer, tag, n, sid, addr)
+                    return None
+            u = _Unexpected(ctx, peer, tag, n, RTS)
+            u.sid, u.addr = sid, addr
+            self.unexpected.append(u)
+            return None
+        if kind == CTS:
+            req = self._sends.pop(h[1])
+            if self.route[peer].send(peer, _pack((DATA, h[2])), req.view, req):
+                req._complete()
+            return None
+        if kind == DATA:
+            req = self._recvs.pop(h[1])
+            self._incoming[peer] = req
+            return req.view
+        if kind == FIN:
+            self._sends.pop(h[1])._complete()
+            return None
+        raise TransportError(f"rank {peer} sent an unknown frame kind {kind!r}")
+
+    def on_payload(self, peer: int) -> None:
+        x = self._incoming.pop(peer, None)
+        if x is None:                   # a control frame (RTS, CTS, FIN) has no payload
+            return
+        if type(x) is Request:
+            x._complete()
+            return
+        x.arrived = True
+        req = x.matched
+        if req is not None:
+            if x.nbytes:
+                self._dest_for(req, x.src, x.tag, x.nbytes)[:] = x.buf
+            req._complete()
+
+    def on_sent(self, token) -> None:
+        token._complete()
+
+    # -- progress and waiting -------------------------------------------------------------
+    def progress(self) -> bool:
+        """Drive every transport once; True when anything moved."""
+        busy = False
+        try:
+            for t in self.transports:
+                if t.progress():
+                    busy = True
+        except TransportError as exc:
+            raise self._peer_error(exc) from None
+        return busy
+
+    def _peer_error(self, exc: TransportError) -> PeerError:
+        if isinstance(exc, PeerLostError):
+            err = PeerError(f"rank {self.rank}: {exc}", exc.peer)
+        else:
+            err = PeerError(f"rank {self.rank}: transport failure: {exc}")
+        self._failed = err
+        return err
+
+    def wait(self, req: Request, timeout: float | None = None) -> None:
+        """Drive progress until ``req`` completes; raise its error if it has one.
+
+        Raises:
+            CommTimeoutError: not complete within ``timeout`` seconds (default: engine's).
+            PeerError: a peer died or a link failed while waiting.
+            TruncationError: the message was larger than the receive buffer.
+        """
+        if not req.done:
+            self.progress()
+            if not req.done:
+                self._wait_slow(lambda: req.done, timeout, req)
+        if req.error is not None:
+            raise req.error
+
+    def wait_all(self, reqs, timeout: float | None = None) -> None:
+        """Drive progress until every request in ``reqs`` completes (errors raised after)."""
+        for r in reqs:
+            if not r.done:
+                self.progress()
+                if not r.done:
+                    self._wait_slow(lambda: all(x.done for x in reqs), timeout, r)
+                break
+        for r in reqs:
+            if r.error is not None:
+                raise r.error
+
+    def wait_until(self, cond, timeout: float | None = None, what: str = "operation") -> None:
+        """Drive progress until ``cond()`` is true (used by Probe and the object layer)."""
+        if not cond():
+            self.progress()
+            self._wait_slow(cond, timeout, None, what)
+
+    def _wait_slow(self, cond, timeout, req, what: str = "operation") -> None:
+        progress = self.progress
+        now = _perf()
+        spin_end = now + self.spin_s
+        while not cond():
+            if progress():
+                continue
+            if _perf() >= spin_end:
+                break
+        else:
+            return
+        limit = self.timeout if timeout is None else timeout
+        deadline = now + limit
+        next_check = _perf() + _LIVENESS_S
+        ts = self.transports
+        single = ts[0] if len(ts) == 1 else None
+        while not cond():
+            if progress():
+                continue
+            t = _perf()
+            if t >= deadline:
+                raise CommTimeoutError(self._describe_timeout(req, what, limit))
+            if t >= next_check:
+                next_check = t + _LIVENESS_S
+                try:
+                    for tr in ts:
+                        tr.check_peers()
+                except TransportError as exc:
+                    raise self._peer_error(exc) from None
+            slice_ = min(deadline - t, next_check - t)
+            try:
+                if single is not None:
+                    single.block(slice_)
+                else:                       # several media: share the wait between them
+                    for tr in ts:
+                        tr.block(min(slice_, 0.001))
+            except TransportError as exc:
+                raise self._peer_error(exc) from None
+
+    def _describe_timeout(self, req, what, limit) -> str:
+        if req is None:
+            return f"rank {self.rank}: {what} did not complete within {limit:g} s"
+        kind = "receive from" if req in self.posted or req.view is None or \
+            req in self._recvs.values() else "send to"
+        peer = "any rank" if req.peer == ANY_SOURCE else f"rank {req.peer}"
+        return (f"rank {self.rank}: {kind} {peer} (tag {req.tag}) did not complete within "
+                f"{limit:g} s; is the peer posting the matching call? (PYCOMM_TIMEOUT)")
+
+
+def default_spin_seconds(local_size: int) -> float:
+    """50 µs of spinning, or 5 µs when this host's ranks outnumber its cores."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+        (os.cpu_count() or 1)
+    return 50e-6 if local_size <= cores else 5e-6

@@ -1,0 +1,161 @@
+"""The transport contract: what a byte mover offers the layer above and needs from it.
+
+A transport moves *frames* between this rank and its peers. A frame is a small header
+(opaque bytes, msgpack-encoded by the layer above; at most :data:`MAX_HEADER` bytes) and a
+contiguous payload of ``nbytes`` bytes. On the wire every frame starts with the 12-byte
+prefix :data:`PREFIX` = (header length: u32, payload length: u64), little-endian.
+
+Receiving is two-phase. When a frame's header has arrived the transport calls
+``sink.on_header(peer, header, nbytes)``, and the sink answers with the writable buffer the
+payload must land in (a posted receive, or an unexpected-message buffer); the transport
+fills it, possibly over several progress calls, then calls ``sink.on_payload(peer)``.
+Frames from one peer are delivered strictly in order, one at a time.
+
+Sending is queued: ``send(peer, header, payload, token)`` returns True when the payload has
+already left the caller's buffer; otherwise the transport keeps a reference to it and calls
+``sink.on_sent(token)`` once it has (the buffer must stay untouched until then).
+
+Nothing happens in the background: ``progress()`` moves what can be moved without
+waiting, and ``block(timeout)`` sleeps in the kernel until something may have changed.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar, Protocol
+
+__all__ = ["Store", "Sink", "Transport", "TransportError", "PeerLostError", "HandshakeError",
+           "PREFIX", "MAX_HEADER", "host_identity"]
+
+PREFIX = struct.Struct("<IQ")
+MAX_HEADER = 1 << 16
+
+
+class TransportError(Exception):
+    """A transport failed; the layer above turns it into a ``pycomm.CommError``."""
+
+
+class PeerLostError(TransportError):
+    """The peer (``peer``, a world rank) died or its connection dropped."""
+
+    def __init__(self, peer: int, detail: str):
+        super().__init__(f"lost connection to rank {peer}: {detail}")
+        self.peer = peer
+
+
+class HandshakeError(TransportError):
+    """A connection failed authentication or spoke the wrong protocol."""
+
+
+class Store(Protocol):
+    """The rendezvous key-value store a transport exchanges addresses through."""
+
+    def set(self, key: str, value: bytes) -> None: ...
+
+    def get(self, key: str, timeout: float | None = None) -> bytes: ...
+
+
+class Sink(Protocol):
+    """The layer above, as a transport sees it (pycomm's p2p engine implements it)."""
+
+    def on_header(self, peer: int, header: bytes, nbytes: int) -> memoryview | None:
+        """A frame's header arrived; return a writable byte view of exactly ``nbytes``."""
+
+    def on_payload(self, peer: int) -> None:
+        """The payload of the frame announced by the last ``on_header`` has landed."""
+
+    def on_sent(self, token: Any) -> None:
+        """A queued send's payload has left the caller's buffer."""
+
+
+def host_identity() -> str:
+    """Return a string equal for two processes exactly when they share a kernel and /dev/shm.
+
+    Hostname plus the kernel boot id (two containers on one host differ in hostname or in
+    their /dev/shm mount, which is what the shm transport needs to share).
+    """
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as fh:
+            boot = fh.read().strip()
+    except OSError:
+        boot = "?"
+    try:
+        shm = os.stat("/dev/shm")
+        shm_id = f"{shm.st_dev}:{shm.st_ino}"
+    except OSError:
+        shm_id = "none"
+    return f"{socket.gethostname()}/{boot}/{shm_id}"
+
+
+class Transport(ABC):
+    """One way of moving frames between this rank and a set of peers.
+
+    Args:
+        rank: this process's world rank.
+        size: the world size.
+        job_id: the job's identifier (names shared resources so a launcher can sweep them).
+        token: the job's secret; connections authenticate with it.
+        sink: the layer above.
+        options: transport-specific settings (documented by each transport).
+    """
+
+    name: ClassVar[str]
+    #: True when ``read_remote`` can copy a peer's memory in one step (single-copy path).
+    one_sided_read: bool = False
+
+    def __init__(self, rank: int, size: int, job_id: str, token: bytes, sink: Sink,
+                 **options: Any):
+        self.rank = rank
+        self.size = size
+        self.job_id = job_id
+        self.token = token
+        self.sink = sink
+        self.peers: list[int] = []
+
+    @staticmethod
+    def local_info() -> dict:
+        """Facts about this process that ``can_connect`` compares (msgpack-serialisable)."""
+        return {"host": host_identity(), "pid": os.getpid()}
+
+    @staticmethod
+    @abstractmethod
+    def can_connect(mine: dict, theirs: dict) -> bool:
+        """Whether this transport can link two ranks with the given ``local_info``."""
+
+    @abstractmethod
+    def connect(self, store: Store, peers: list[int], timeout: float) -> None:
+        """Connect to every rank in ``peers`` (all of which call connect too).
+
+        Raises:
+            TransportError: a peer could not be reached or failed the handshake in time.
+        """
+
+    @abstractmethod
+    def send(self, peer: int, header: bytes, payload: memoryview | None, token: Any) -> bool:
+        """Queue one frame to ``peer``; True when the payload buffer is already free."""
+
+    @abstractmethod
+    def progress(self) -> bool:
+        """Move whatever can move without waiting; True when anything happened.
+
+        Raises:
+            PeerLostError: a peer died or hung up.
+        """
+
+    @abstractmethod
+    def block(self, timeout: float) -> None:
+        """Sleep until something may have changed on a link, or ``timeout`` seconds pass."""
+
+    def check_peers(self) -> None:
+        """Raise PeerLostError if a peer is known to be dead (called while waiting long)."""
+
+    def read_remote(self, peer: int, address: int, nbytes: int, dest: memoryview) -> None:
+        """Copy ``nbytes`` from ``peer``'s memory at ``address`` into ``dest`` (one copy)."""
+        raise NotImplementedError(f"transport {self.name} has no one-sided read")
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release every resource (sockets, mappings, segments). Idempotent."""
