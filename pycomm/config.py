@@ -62,6 +62,11 @@ _DECLARED = [
     Var("PYCOMM_CMA", _bool, True,
         "Use Linux cross-memory attach (process_vm_readv) for single-copy large messages."),
     Var("PYCOMM_DEBUG", _bool, False, "Log each collective's chosen algorithm to stderr."),
+    # -- launcher and rendezvous store ---------------------------------------------------
+    Var("PYCOMM_KILL_GRACE", float, 3.0,
+        "Seconds the launcher waits after SIGTERM before it SIGKILLs the remaining ranks."),
+    Var("PYCOMM_STORE_MAX_BYTES", int, 1 << 28,
+        "Largest message the rendezvous store accepts; bigger ones drop the connection."),
 ]
 
 VARS: dict[str, Var] = {v.name: v for v in _DECLARED}
