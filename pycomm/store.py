@@ -376,6 +376,7 @@ class StoreClient:
         self.timeout = float(timeout)
         self.address = f"{host}:{port}"
         self._key = normalize_token(token)
+        self._max_bytes = int(config.get("PYCOMM_STORE_MAX_BYTES"))
         self._sock = zmq.Context.instance().socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.ROUTING_ID, bytes([1 + os.urandom(1)[0] % 255]) +
@@ -421,7 +422,11 @@ class StoreClient:
             raise CommError("store client is closed")
         self._rid += 1
         rid = self._rid
-        self._sock.send(msgpack.packb({"op": op, "id": rid, **fields}, use_bin_type=True))
+        body = msgpack.packb({"op": op, "id": rid, **fields}, use_bin_type=True)
+        if len(body) > self._max_bytes:
+            raise ArgumentError(f"store {op} of {what}: {len(body)} bytes exceed the store's "
+                                f"limit of {self._max_bytes} (PYCOMM_STORE_MAX_BYTES)")
+        self._sock.send(body)
         deadline = time.monotonic() + wait + REPLY_GRACE
         while True:
             raw = self._recv_raw(deadline, f"{op} of {what}")
