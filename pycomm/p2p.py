@@ -72,7 +72,7 @@ class Request:
     """
 
     __slots__ = ("engine", "done", "view", "nbytes", "ctx", "peer", "tag", "source", "count",
-                 "error", "obj", "cancelled", "on_done")
+                 "error", "obj", "cancelled", "on_done", "comm", "post", "expect")
 
     def __init__(self, engine: "Engine", view, ctx: int, peer: int, tag: int):
         self.engine = engine
@@ -85,6 +85,102 @@ class Request:
         self.obj: Any = None            # receive with allocation: the bytearray received
         self.cancelled = False
         self.on_done = None             # callback(request) run once at completion
+        self.comm = None                # communicator that translates ``source``
+        self.post = None                # object receives: bytes -> object
+        self.expect = -1                # collectives: exact byte count required
+
+    # -- mpi4py's Request API -------------------------------------------------------------
+    def _status(self, status) -> None:
+        if status is not None:
+            src = self.source
+            if self.comm is not None:
+                src = self.comm._from_world.get(src, src)
+            status.source, status.tag, status.count = src, self.tag, self.count
+            status.cancelled = self.cancelled
+
+    def Wait(self, status=None, *, timeout: float | None = None) -> bool:
+        """Block until the operation completes; fill ``status``. Returns True.
+
+        Raises:
+            CommTimeoutError, PeerError, TruncationError (see :meth:`Engine.wait`).
+        """
+        self.engine.wait(self, timeout)
+        self._status(status)
+        return True
+
+    def Test(self, status=None) -> bool:
+        """Make progress once; True (and ``status`` filled) when complete."""
+        if not self.done:
+            self.engine.progress()
+            if not self.done:
+                return False
+        if self.error is not None:
+            raise self.error
+        self._status(status)
+        return True
+
+    def Cancel(self) -> None:
+        """Cancel a receive that has not matched a message yet (no effect otherwise)."""
+        self.engine.cancel(self)
+
+    def Free(self) -> None:
+        """Forget the request (it still completes)."""
+
+    def wait(self, status=None, *, timeout: float | None = None):
+        """Object form: wait and return the received object (None for sends)."""
+        self.Wait(status, timeout=timeout)
+        return self.post(self.obj) if self.post is not None and not self.cancelled else None
+
+    def test(self, status=None):
+        """Object form: ``(done, object or None)``."""
+        if not self.Test(status):
+            return False, None
+        return True, (self.post(self.obj) if self.post is not None else None)
+
+    @staticmethod
+    def Waitall(requests, statuses=None, *, timeout: float | None = None) -> bool:
+        """Wait for every request; fill ``statuses`` (a list) if given. Returns True."""
+        reqs = list(requests)
+        if reqs:
+            reqs[0].engine.wait_all(reqs, timeout)
+        if statuses is not None:
+            for r, st in zip(reqs, statuses):
+                r._status(st)
+        return True
+
+    @staticmethod
+    def waitall(requests, statuses=None, *, timeout: float | None = None) -> list:
+        """Object form of Waitall: the list of received objects (None for sends)."""
+        Request.Waitall(requests, statuses, timeout=timeout)
+        return [r.post(r.obj) if r.post is not None else None for r in requests]
+
+    @staticmethod
+    def Testall(requests, statuses=None) -> bool:
+        """True when every request has completed (progress is made once)."""
+        reqs = list(requests)
+        if reqs:
+            reqs[0].engine.progress()
+        if not all(r.done for r in reqs):
+            return False
+        for r in reqs:
+            if r.error is not None:
+                raise r.error
+        if statuses is not None:
+            for r, st in zip(reqs, statuses):
+                r._status(st)
+        return True
+
+    @staticmethod
+    def Waitany(requests, status=None, *, timeout: float | None = None) -> int:
+        """Wait until one request completes; return its index."""
+        reqs = list(requests)
+        if not reqs:
+            return -1
+        engine = reqs[0].engine
+        engine.wait_until(lambda: any(r.done for r in reqs), timeout, "Waitany")
+        i = next(i for i, r in enumerate(reqs) if r.done)
+        reqs[i].Wait(status)
+        return i
 
     def _complete(self) -> None:
         self.done = True
@@ -160,6 +256,7 @@ class Engine:
     def isend(self, view: memoryview, dest: int, ctx: int, tag: int) -> Request:
         """Start sending the bytes of ``view`` to world rank ``dest``; returns a Request."""
         req = Request(self, view, ctx, dest, tag)
+        req.expect = -2                 # marks a send
         if dest == self.rank:
             self._deliver_local(view, ctx, tag)
             req._complete()
@@ -422,8 +519,7 @@ class Engine:
     def _describe_timeout(self, req, what, limit) -> str:
         if req is None:
             return f"rank {self.rank}: {what} did not complete within {limit:g} s"
-        kind = "receive from" if req in self.posted or req.view is None or \
-            req in self._recvs.values() else "send to"
+        kind = "send to" if req.expect == -2 else "receive from"
         peer = "any rank" if req.peer == ANY_SOURCE else f"rank {req.peer}"
         return (f"rank {self.rank}: {kind} {peer} (tag {req.tag}) did not complete within "
                 f"{limit:g} s; is the peer posting the matching call? (PYCOMM_TIMEOUT)")

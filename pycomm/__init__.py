@@ -1,0 +1,90 @@
+"""pycomm: multi-process collective communication in pure Python, with mpi4py's API.
+
+Usage::
+
+    import numpy as np, pycomm
+    comm = pycomm.COMM_WORLD               # created on first use
+    x = np.full(4, comm.rank, dtype=np.float64)
+    comm.Allreduce(pycomm.IN_PLACE, x, op=pycomm.SUM)
+
+Run N ranks with ``python launch.py -n N script.py`` or ``pycomm.spawn(fn, N)``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import threading
+import time
+
+from .algorithms import algorithms
+from .buffers import IN_PLACE
+from .comm import TAG_UB, Communicator, Status
+from .errors import (ArgumentError, CommError, CommTimeoutError, InvalidBufferError,
+                     PeerError, ProtocolError, RemoteError, TruncationError)
+from .ops import MAX, MIN, PROD, SUM, Op
+from .p2p import ANY_SOURCE, ANY_TAG, PROC_NULL, Request
+from .spawn import Pool, spawn  # noqa: E402  (rebinds the name spawn to the function)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "init", "finalize", "is_initialized", "COMM_WORLD", "spawn", "Pool", "Wtime", "Wtick",
+    "Communicator", "Status", "Request", "Op", "SUM", "PROD", "MIN", "MAX", "IN_PLACE",
+    "ANY_SOURCE", "ANY_TAG", "PROC_NULL", "TAG_UB", "algorithms", "CommError",
+    "ArgumentError", "InvalidBufferError", "TruncationError", "PeerError",
+    "CommTimeoutError", "ProtocolError", "RemoteError", "__version__",
+]
+
+_lock = threading.Lock()
+_world: Communicator | None = None
+_closer = None
+
+
+def init(**options) -> Communicator:
+    """Create the world communicator from the environment (idempotent); return it.
+
+    Options (keyword-only, all optional): ``transport`` ("auto", "shm", "tcp"),
+    ``timeout`` (seconds), ``eager_limit`` (bytes), ``ring_bytes``, ``spin_us``, ``host``.
+    See :mod:`pycomm.bootstrap` for the launchers understood.
+
+    Raises:
+        ArgumentError: bad options or inconsistent launcher variables.
+        CommError: a peer could not be reached in time.
+    """
+    global _world, _closer
+    with _lock:
+        if _world is None:
+            from .bootstrap import create_world
+            _world, _closer = create_world(**options)
+            atexit.register(finalize)
+        return _world
+
+
+def is_initialized() -> bool:
+    """Whether :func:`init` has created the world."""
+    return _world is not None
+
+
+def finalize() -> None:
+    """Release the world's transports and store connection (runs at exit too)."""
+    global _world, _closer
+    with _lock:
+        if _closer is not None:
+            _closer()
+        _world, _closer = None, None
+
+
+def Wtime() -> float:  # noqa: N802 (MPI name)
+    """Seconds since an arbitrary origin, from a monotonic high-resolution clock."""
+    return time.perf_counter()
+
+
+def Wtick() -> float:  # noqa: N802 (MPI name)
+    """Resolution of :func:`Wtime` in seconds."""
+    return time.get_clock_info("perf_counter").resolution
+
+
+def __getattr__(name: str):
+    if name == "COMM_WORLD":
+        return init()
+    raise AttributeError(f"module 'pycomm' has no attribute {name!r}")

@@ -1,0 +1,242 @@
+"""Building the world communicator from the environment.
+
+Launchers understood, in this order (the first whose variables are set wins):
+
+=============== ============================================ =============================
+launcher        rank / size                                  store address
+=============== ============================================ =============================
+pycomm          PYCOMM_RANK / PYCOMM_WORLD_SIZE              PYCOMM_MASTER_ADDR/PORT
+                                                             (hosted by the launcher)
+torchrun        RANK / WORLD_SIZE (LOCAL_RANK)               MASTER_ADDR, MASTER_PORT + 1
+                                                             (hosted by rank 0)
+SLURM (srun)    SLURM_PROCID / SLURM_NTASKS                  MASTER_ADDR or the first host
+                                                             of SLURM_STEP_NODELIST,
+                                                             MASTER_PORT+1 or from the job id
+mpiexec         PMI_RANK / PMI_SIZE (MPICH, Hydra),          MASTER_ADDR or 127.0.0.1,
+                OMPI_COMM_WORLD_RANK / _SIZE (Open MPI)      port from MASTER_PORT or the
+                                                             launcher's pid
+none            a world of size 1                            none
+=============== ============================================ =============================
+
+``PYCOMM_MASTER_ADDR`` / ``PYCOMM_MASTER_PORT`` override the derived address for every
+launcher. Under an external launcher rank 0 hosts the store in a background thread. The
+job secret is ``PYCOMM_JOB_TOKEN``; under an external launcher that does not set it a
+token is derived from the job's identifiers, which keeps strangers of other jobs out but is
+not secret: export PYCOMM_JOB_TOKEN (same value on every rank) for real authentication.
+
+Start-up: every rank publishes its host identity, each pair of ranks picks the first
+transport in the preference list that can link them (``auto``: shm inside a host, tcp
+across hosts), transports connect, and an init barrier runs over the new communicator.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from dataclasses import dataclass
+
+import msgpack
+
+from transports import TransportError, get_transport_class, host_identity
+
+from . import config
+from .errors import ArgumentError, CommError
+from .p2p import Engine, default_spin_seconds
+
+__all__ = ["JobEnv", "detect", "create_world"]
+
+
+@dataclass
+class JobEnv:
+    """What the environment says about this job."""
+
+    rank: int
+    size: int
+    master_addr: str | None
+    master_port: int | None
+    token: bytes
+    job_id: str
+    launcher: str
+    host_store: bool = False        # this rank must host the rendezvous store
+
+
+def _first_slurm_host(nodelist: str) -> str:
+    """First hostname of a SLURM compressed list, e.g. 'gpu[03-07,9],cpu1' -> 'gpu03'."""
+    m = re.match(r"([^,\[]+)(\[([^\]]+)\])?", nodelist.strip())
+    if not m:
+        return nodelist
+    prefix, _, ranges = m.groups()
+    if not ranges:
+        return prefix
+    return prefix + ranges.split(",")[0].split("-")[0]
+
+
+def _derived_token(*parts: object) -> bytes:
+    return hashlib.sha256("pycomm-derived:".encode() + repr(parts).encode()).digest()
+
+
+def detect(environ: dict[str, str] | None = None) -> JobEnv:
+    """Read the launcher's variables; see the module docstring for the table.
+
+    Raises:
+        ArgumentError: variables are set but inconsistent (rank out of range, no port).
+    """
+    env = dict(os.environ if environ is None else environ)
+    get = lambda name: config.get(name, env)  # noqa: E731
+    over_addr, over_port = get("PYCOMM_MASTER_ADDR"), get("PYCOMM_MASTER_PORT")
+    token_text = get("PYCOMM_JOB_TOKEN")
+
+    def token_or(*parts) -> bytes:
+        if token_text:
+            try:
+                return bytes.fromhex(token_text)
+            except ValueError:
+                return token_text.encode()
+        return _derived_token(*parts)
+
+    if get("PYCOMM_RANK") is not None:
+        rank, size = get("PYCOMM_RANK"), get("PYCOMM_WORLD_SIZE")
+        job = get("PYCOMM_JOB_ID") or "job"
+        je = JobEnv(rank, size, over_addr or "127.0.0.1", over_port, token_or(job), job,
+                    "pycomm")
+    elif "RANK" in env and "WORLD_SIZE" in env:
+        rank, size = int(env["RANK"]), int(env["WORLD_SIZE"])
+        addr = over_addr or env.get("MASTER_ADDR", "127.0.0.1")
+        port = over_port or (int(env["MASTER_PORT"]) + 1 if "MASTER_PORT" in env else None)
+        job = env.get("TORCHELASTIC_RUN_ID", "torchrun")
+        je = JobEnv(rank, size, addr, port, token_or(job, addr, port), f"t{port}", "torchrun",
+                    host_store=rank == 0)
+    elif "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
+        rank, size = int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"])
+        jobid = env.get("SLURM_JOB_ID", "0") + "." + env.get("SLURM_STEP_ID", "0")
+        nodes = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_NODELIST") or "127.0.0.1"
+        addr = over_addr or env.get("MASTER_ADDR") or _first_slurm_host(nodes)
+        port = over_port or (int(env["MASTER_PORT"]) + 1 if "MASTER_PORT" in env else
+                             20000 + int(hashlib.sha256(jobid.encode()).hexdigest(), 16)
+                             % 20000)
+        je = JobEnv(rank, size, addr, port, token_or(jobid), f"s{jobid}", "slurm",
+                    host_store=rank == 0)
+    elif "PMI_RANK" in env or "OMPI_COMM_WORLD_RANK" in env:
+        if "PMI_RANK" in env:
+            rank, size = int(env["PMI_RANK"]), int(env.get("PMI_SIZE", "1"))
+        else:
+            rank = int(env["OMPI_COMM_WORLD_RANK"])
+            size = int(env.get("OMPI_COMM_WORLD_SIZE", "1"))
+        # Every rank on a host shares the launcher's proxy process as parent.
+        anchor = env.get("OMPI_MCA_orte_hnp_uri") or env.get("PMI_PORT") or str(os.getppid())
+        addr = over_addr or env.get("MASTER_ADDR", "127.0.0.1")
+        port = over_port or (int(env["MASTER_PORT"]) + 1 if "MASTER_PORT" in env else
+                             20000 + int(hashlib.sha256(anchor.encode()).hexdigest(), 16)
+                             % 20000)
+        je = JobEnv(rank, size, addr, port, token_or(anchor), f"m{port}", "mpiexec",
+                    host_store=rank == 0)
+    else:
+        return JobEnv(0, 1, None, None, b"", f"solo{os.getpid()}", "none")
+    if not 0 <= je.rank < je.size:
+        raise ArgumentError(f"{je.launcher} says rank {je.rank} of {je.size}: out of range")
+    if je.size > 1 and je.master_port is None:
+        raise ArgumentError(f"{je.launcher} launch without a store port: set MASTER_PORT or "
+                            "PYCOMM_MASTER_PORT")
+    return je
+
+
+def _choose_transports(name: str, rank: int, infos: list[dict]) -> dict[str, list[int]]:
+    """Map transport name -> peers it serves, by the preference list for ``name``."""
+    prefs = ["shm", "tcp"] if name == "auto" else [name]
+    chosen: dict[str, list[int]] = {}
+    mine = infos[rank]
+    for peer, theirs in enumerate(infos):
+        if peer == rank:
+            continue
+        for tname in prefs:
+            if get_transport_class(tname).can_connect(mine, theirs):
+                chosen.setdefault(tname, []).append(peer)
+                break
+        else:
+            raise CommError(f"rank {rank}: transport {name!r} cannot reach rank {peer} "
+                            f"(host {theirs.get('host')!r}); use --transport tcp or auto")
+    return chosen
+
+
+def create_world(**options):
+    """Create COMM_WORLD: connect to the store, link every peer, run the init barrier.
+
+    Args:
+        transport: "auto" (default, or ``PYCOMM_TRANSPORT``), "shm" or "tcp".
+        timeout: seconds for start-up and the default for every wait (``PYCOMM_TIMEOUT``).
+        eager_limit: bytes (``PYCOMM_EAGER_LIMIT``).
+
+    Returns:
+        (communicator, closer): the world communicator and a function releasing it all.
+
+    Raises:
+        ArgumentError: an unknown option or transport; CommError: a peer unreachable.
+    """
+    from .comm import Communicator
+
+    known = {"transport", "timeout", "eager_limit", "ring_bytes", "spin_us", "host"}
+    unknown = set(options) - known
+    if unknown:
+        raise ArgumentError(f"pycomm.init: unknown option(s) {sorted(unknown)}; known: "
+                            f"{sorted(known)}")
+    je = detect()
+    transport = options.get("transport") or config.get("PYCOMM_TRANSPORT")
+    if transport not in ("auto", "shm", "tcp"):
+        raise ArgumentError(f"transport={transport!r} is invalid; use auto, shm or tcp")
+    timeout = float(options.get("timeout") or config.get("PYCOMM_TIMEOUT"))
+    local_size = config.get("PYCOMM_LOCAL_SIZE") or je.size
+    spin_us = options.get("spin_us", config.get("PYCOMM_SPIN_US"))
+    engine = Engine(je.rank, je.size,
+                    eager_limit=int(options.get("eager_limit")
+                                    or config.get("PYCOMM_EAGER_LIMIT")),
+                    spin_s=(spin_us * 1e-6 if spin_us is not None
+                            else default_spin_seconds(local_size)),
+                    timeout=timeout)
+    server = store = None
+    try:
+        if je.size > 1:
+            from .store import StoreClient, StoreServer
+            if je.host_store:
+                server = StoreServer(je.token, host="0.0.0.0" if je.master_addr not in (
+                    "127.0.0.1", "localhost") else "127.0.0.1", port=je.master_port)
+            store = StoreClient(je.master_addr, je.master_port, je.token, timeout=timeout)
+            info = {"host": host_identity(), "pid": os.getpid()}
+            store.set(f"info/{je.job_id}/{je.rank}", msgpack.packb(info))
+            infos = [msgpack.unpackb(store.get(f"info/{je.job_id}/{r}", timeout=timeout))
+                     for r in range(je.size)]
+            for tname, peers in sorted(_choose_transports(transport, je.rank, infos).items(),
+                                       key=lambda kv: ("shm", "tcp").index(kv[0])):
+                opts = {}
+                if tname == "shm":
+                    opts = {"ring_bytes": int(options.get("ring_bytes") or
+                                              config.get("PYCOMM_SHM_RING_BYTES")),
+                            "cma": config.get("PYCOMM_CMA")}
+                elif tname == "tcp":
+                    opts = {"host": options.get("host") or config.get("PYCOMM_HOST")}
+                t = get_transport_class(tname)(je.rank, je.size, je.job_id, je.token, engine,
+                                               **opts)
+                engine.attach(t, peers)     # attach first so close() releases it on error
+                t.connect(store, peers, timeout)
+        world = Communicator(engine, 0, list(range(je.size)), je.rank)
+        world.transport = transport
+        world.Barrier()
+        if store is not None:
+            store.barrier(f"init/{je.job_id}", je.size, timeout)
+    except TransportError as exc:
+        engine.close()
+        raise CommError(f"rank {je.rank}: could not start the world: {exc}") from exc
+    except BaseException:
+        engine.close()
+        if server is not None:
+            server.close()
+        raise
+
+    def close() -> None:
+        engine.close()
+        if store is not None:
+            store.close()
+        if server is not None:
+            server.close()
+
+    return world, close

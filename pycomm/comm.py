@@ -1,0 +1,477 @@
+"""The communicator: mpi4py's buffer API (point-to-point and collectives) over the engine.
+
+A :class:`Communicator` validates every argument (before any byte moves), translates its
+ranks to world ranks, and hands the work to the p2p engine (point-to-point) or to a
+collective algorithm from :mod:`pycomm.algorithms`, chosen by the cost model or by the
+caller (``algorithm=`` / ``PYCOMM_ALGORITHM_<COLLECTIVE>``).
+
+Tag spaces: user point-to-point traffic travels on context ``2*cid``, collectives on
+``2*cid + 1`` with a per-call sequence number as tag, so collectives never match user
+messages or each other, and communicators never share traffic.
+
+The object API (lowercase methods) lives in :mod:`pycomm.objects` and is built purely on
+the methods here.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import numpy as np
+
+from . import config
+from .algorithms import choose
+from .buffers import IN_PLACE, as_array, byte_view
+from .errors import ArgumentError, InvalidBufferError, TruncationError
+from .objects import ObjectMethods
+from .ops import SUM, Op
+from .p2p import ANY_SOURCE, ANY_TAG, PROC_NULL, Engine, Request
+
+__all__ = ["Communicator", "Status", "TAG_UB"]
+
+TAG_UB = 2**31 - 1
+_SEQ_MASK = 0x7FFFFFFF
+
+
+class Status:
+    """Where a received message came from (mpi4py's ``Status``).
+
+    Attributes:
+        source: sender's rank in the communicator.
+        tag: the message's tag.
+        count: bytes received.
+        error: 0 (MPI_SUCCESS); errors are raised, not stored.
+    """
+
+    __slots__ = ("source", "tag", "count", "error", "cancelled")
+
+    def __init__(self):
+        self.source, self.tag, self.count, self.error = ANY_SOURCE, ANY_TAG, 0, 0
+        self.cancelled = False
+
+    def Get_source(self) -> int:
+        return self.source
+
+    def Get_tag(self) -> int:
+        return self.tag
+
+    def Get_error(self) -> int:
+        return self.error
+
+    def Get_count(self, datatype=None) -> int:
+        """Received size in elements of ``datatype`` (numpy dtype; default: bytes)."""
+        if datatype is None:
+            return self.count
+        return self.count // np.dtype(datatype).itemsize
+
+    Get_elements = Get_count
+
+    def Is_cancelled(self) -> bool:
+        return self.cancelled
+
+    def __repr__(self) -> str:
+        return f"Status(source={self.source}, tag={self.tag}, count={self.count})"
+
+
+def _fill(status: Status | None, source: int, tag: int, count: int) -> None:
+    if status is not None:
+        status.source, status.tag, status.count = source, tag, count
+
+
+class _Coll:
+    """The point-to-point view one collective call gives its algorithm (see algorithms)."""
+
+    __slots__ = ("engine", "ctx", "tag", "rank", "size", "world")
+
+    def __init__(self, comm: "Communicator", tag: int):
+        self.engine, self.ctx, self.tag = comm._engine, comm._cctx, tag
+        self.rank, self.size, self.world = comm.rank, comm.size, comm._world
+
+    def isend(self, buf: np.ndarray, dest: int) -> Request:
+        return self.engine.isend(byte_view(buf), self.world[dest], self.ctx, self.tag)
+
+    def irecv(self, buf: np.ndarray, source: int) -> Request:
+        r = self.engine.irecv(byte_view(buf), self.world[source], self.ctx, self.tag)
+        r.expect = buf.nbytes         # exact size, checked in waitall
+        return r
+
+    def waitall(self, reqs) -> None:
+        self.engine.wait_all(reqs)
+        for r in reqs:
+            if r.expect >= 0 and r.count != r.expect:
+                raise TruncationError(
+                    f"rank {self.rank}: collective received {r.count} bytes from rank "
+                    f"{r.source} where {r.expect} were expected: ranks passed inconsistent "
+                    "counts, dtypes or roots")
+
+    def send(self, buf: np.ndarray, dest: int) -> None:
+        self.engine.wait(self.isend(buf, dest))
+
+    def recv(self, buf: np.ndarray, source: int) -> None:
+        self.waitall([self.irecv(buf, source)])
+
+    def sendrecv(self, sendbuf, dest, recvbuf, source) -> None:
+        r = self.irecv(recvbuf, source)
+        self.waitall([self.isend(sendbuf, dest), r])
+
+
+class Communicator(ObjectMethods):
+    """A group of ranks that communicate (mpi4py's ``Comm`` / ``Intracomm``).
+
+    Args:
+        engine: the process's p2p engine.
+        cid: context id (unique per communicator in the job).
+        world_ranks: world rank of each member, in communicator rank order.
+        rank: this process's rank in the communicator.
+    """
+
+    def __init__(self, engine: Engine, cid: int, world_ranks: list[int], rank: int,
+                 name: str = "pycomm.COMM_WORLD"):
+        self._engine = engine
+        self._cid = cid
+        self._pctx, self._cctx = 2 * cid, 2 * cid + 1
+        self._world = list(world_ranks)
+        self._from_world = {w: i for i, w in enumerate(self._world)}
+        self.rank = rank
+        self.size = len(self._world)
+        self.name = name
+        self._seq = 0
+        self._debug = config.get("PYCOMM_DEBUG")
+
+    # -- basics ---------------------------------------------------------------------------
+    def Get_rank(self) -> int:
+        return self.rank
+
+    def Get_size(self) -> int:
+        return self.size
+
+    def Get_name(self) -> str:
+        return self.name
+
+    def __repr__(self) -> str:
+        return f"<{self.name} rank {self.rank} of {self.size}>"
+
+    def _check_rank(self, value, arg: str, *, allow_any: bool = False) -> int:
+        ok = isinstance(value, (int, np.integer)) and (
+            0 <= value < self.size or value == PROC_NULL or
+            (allow_any and value == ANY_SOURCE))
+        if not ok:
+            extra = ", ANY_SOURCE" if allow_any else ""
+            raise ArgumentError(f"rank {self.rank}: {arg}={value!r} is invalid; expected 0.."
+                                f"{self.size - 1} (or PROC_NULL{extra})")
+        return int(value)
+
+    def _check_tag(self, value, arg: str, *, allow_any: bool = False) -> int:
+        ok = isinstance(value, (int, np.integer)) and (
+            0 <= value <= TAG_UB or (allow_any and value == ANY_TAG))
+        if not ok:
+            extra = " or ANY_TAG" if allow_any else ""
+            raise ArgumentError(f"rank {self.rank}: {arg}={value!r} is invalid; tags are "
+                                f"0..{TAG_UB}{extra}")
+        return int(value)
+
+    def _check_root(self, root) -> int:
+        if not isinstance(root, (int, np.integer)) or not 0 <= root < self.size:
+            raise ArgumentError(f"rank {self.rank}: root={root!r} is invalid for a "
+                                f"communicator of size {self.size}")
+        return int(root)
+
+    def _status_of(self, req: Request, status: Status | None) -> None:
+        if status is not None:
+            status.source = self._from_world.get(req.source, req.source)
+            status.tag, status.count, status.cancelled = req.tag, req.count, req.cancelled
+
+    # -- point-to-point, buffers ----------------------------------------------------------
+    def Isend(self, buf, dest: int, tag: int = 0) -> Request:
+        """Start a standard-mode send of ``buf`` (any C-contiguous numeric buffer).
+
+        Small messages (<= ``PYCOMM_EAGER_LIMIT`` bytes) are copied out eagerly; larger ones
+        use rendezvous, so the buffer must stay untouched until the request completes.
+
+        Raises:
+            ArgumentError: invalid ``dest`` or ``tag``; InvalidBufferError: bad ``buf``.
+        """
+        arr = as_array(buf, self.rank, "buf")
+        dest = self._check_rank(dest, "dest")
+        tag = self._check_tag(tag, "tag")
+        if dest == PROC_NULL:
+            return _null_request(self._engine)
+        return self._engine.isend(byte_view(arr), self._world[dest], self._pctx, tag)
+
+    def Send(self, buf, dest: int, tag: int = 0, *, timeout: float | None = None) -> None:
+        """Blocking send; returns when ``buf`` may be reused. See :meth:`Isend`."""
+        self._engine.wait(self.Isend(buf, dest, tag), timeout)
+
+    Ssend = Send
+
+    def Irecv(self, buf, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
+        """Post a receive into ``buf``; a message larger than ``buf`` is a TruncationError.
+
+        Raises:
+            ArgumentError: invalid ``source`` or ``tag``; InvalidBufferError: bad or
+                read-only ``buf``.
+        """
+        arr = as_array(buf, self.rank, "buf", writable=True)
+        source = self._check_rank(source, "source", allow_any=True)
+        tag = self._check_tag(tag, "tag", allow_any=True)
+        if source == PROC_NULL:
+            return _null_request(self._engine)
+        src = self._world[source] if source >= 0 else ANY_SOURCE
+        req = self._engine.irecv(byte_view(arr), src, self._pctx, tag)
+        req.comm = self
+        return req
+
+    def Recv(self, buf, source: int = ANY_SOURCE, tag: int = ANY_TAG,
+             status: Status | None = None, *, timeout: float | None = None) -> None:
+        """Blocking receive into ``buf``; fills ``status`` (source, tag, count in bytes)."""
+        req = self.Irecv(buf, source, tag)
+        self._engine.wait(req, timeout)
+        self._status_of(req, status)
+
+    def Sendrecv(self, sendbuf, dest: int, sendtag: int = 0, recvbuf=None,
+                 source: int = ANY_SOURCE, recvtag: int = ANY_TAG,
+                 status: Status | None = None, *, timeout: float | None = None) -> None:
+        """Send ``sendbuf`` to ``dest`` and receive into ``recvbuf``; both progress together."""
+        if recvbuf is None:
+            raise ArgumentError(f"rank {self.rank}: Sendrecv needs a recvbuf")
+        r = self.Irecv(recvbuf, source, recvtag)
+        s = self.Isend(sendbuf, dest, sendtag)
+        self._engine.wait_all([s, r], timeout)
+        self._status_of(r, status)
+
+    def Iprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG,
+               status: Status | None = None) -> bool:
+        """Whether a matching message has arrived (fills ``status`` if so)."""
+        source = self._check_rank(source, "source", allow_any=True)
+        tag = self._check_tag(tag, "tag", allow_any=True)
+        src = self._world[source] if source >= 0 else ANY_SOURCE
+        u = self._engine.iprobe(src, self._pctx, tag)
+        if u is None:
+            return False
+        _fill(status, self._from_world.get(u.src, u.src), u.tag, u.nbytes)
+        return True
+
+    def Probe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG,
+              status: Status | None = None, *, timeout: float | None = None) -> bool:
+        """Block until a matching message has arrived; fills ``status``. Returns True."""
+        st = Status() if status is None else status
+        self._engine.wait_until(lambda: self.Iprobe(source, tag, st), timeout,
+                                f"Probe(source={source}, tag={tag})")
+        return True
+
+    # -- collectives, buffers -------------------------------------------------------------
+    def _coll(self) -> _Coll:
+        self._seq = (self._seq + 1) & _SEQ_MASK
+        return _Coll(self, self._seq)
+
+    def _run(self, collective: str, nbytes: int, algorithm, op: Op | None, call):
+        name, fn = choose(collective, nbytes, self.size, requested=algorithm,
+                          commutative=op.commutative if op is not None else True)
+        if not self._debug:
+            return call(fn)
+        t0 = time.perf_counter()
+        out = call(fn)
+        print(f"[pycomm rank {self.rank}] {collective}({nbytes} B, {self.size} ranks): "
+              f"{name}, {1e6 * (time.perf_counter() - t0):.1f} us", file=sys.stderr)
+        return out
+
+    def _check_op(self, op, dtype) -> Op:
+        if not isinstance(op, Op):
+            raise ArgumentError(f"rank {self.rank}: op={op!r} is not a pycomm.Op")
+        op.check(dtype)
+        return op
+
+    def _pair(self, sendbuf, recvbuf, what: str):
+        recv = as_array(recvbuf, self.rank, "recvbuf", writable=True)
+        send = None if sendbuf is IN_PLACE else as_array(sendbuf, self.rank, "sendbuf")
+        if send is not None and send.dtype != recv.dtype:
+            raise InvalidBufferError(f"rank {self.rank}: {what}: sendbuf dtype {send.dtype} "
+                                     f"differs from recvbuf dtype {recv.dtype}")
+        return send, recv
+
+    def Barrier(self, *, algorithm: str | None = None) -> None:
+        """Block until every rank of the communicator has entered the barrier."""
+        cc = self._coll()
+        self._run("barrier", 0, algorithm, None, lambda fn: fn(cc))
+
+    def Bcast(self, buf, root: int = 0, *, algorithm: str | None = None) -> None:
+        """Broadcast ``buf`` (same size and dtype on every rank) from ``root`` to all."""
+        root = self._check_root(root)
+        arr = as_array(buf, self.rank, "buf", writable=self.rank != root)
+        cc = self._coll()
+        self._run("bcast", arr.nbytes, algorithm, None, lambda fn: fn(cc, arr, root))
+
+    def Allreduce(self, sendbuf, recvbuf, op: Op = SUM, *,
+                  algorithm: str | None = None) -> None:
+        """Combine every rank's ``sendbuf`` element-wise with ``op``; all get the result.
+
+        Args:
+            sendbuf: this rank's contribution, or IN_PLACE (then ``recvbuf`` holds it).
+            recvbuf: result, same dtype and element count as ``sendbuf``.
+            op: SUM, PROD, MIN, MAX or a user Op.
+
+        Every rank ends with bit-identical bytes. Raises ArgumentError/InvalidBufferError
+        on mismatched sizes or dtypes, or an op the dtype does not support.
+        """
+        send, recv = self._pair(sendbuf, recvbuf, "Allreduce")
+        if send is not None:
+            if send.size != recv.size:
+                raise InvalidBufferError(f"rank {self.rank}: Allreduce: sendbuf has "
+                                         f"{send.size} elements, recvbuf {recv.size}")
+            np.copyto(recv, send)
+        op = self._check_op(op, recv.dtype)
+        cc = self._coll()
+        self._run("allreduce", recv.nbytes, algorithm, op, lambda fn: fn(cc, recv, op))
+
+    def Reduce(self, sendbuf, recvbuf, op: Op = SUM, root: int = 0, *,
+               algorithm: str | None = None) -> None:
+        """Combine every rank's ``sendbuf`` with ``op`` into ``recvbuf`` at ``root``.
+
+        ``recvbuf`` is ignored (may be None) on non-root ranks; IN_PLACE as ``sendbuf`` is
+        allowed at the root.
+        """
+        root = self._check_root(root)
+        if self.rank == root:
+            send, recv = self._pair(sendbuf, recvbuf, "Reduce")
+            if send is not None:
+                if send.size != recv.size:
+                    raise InvalidBufferError(f"rank {self.rank}: Reduce: sendbuf has "
+                                             f"{send.size} elements, recvbuf {recv.size}")
+                np.copyto(recv, send)
+            work = recv
+        else:
+            if sendbuf is IN_PLACE:
+                raise ArgumentError(f"rank {self.rank}: Reduce: IN_PLACE is only valid at "
+                                    "the root")
+            work = as_array(sendbuf, self.rank, "sendbuf").copy()
+        op = self._check_op(op, work.dtype)
+        cc = self._coll()
+        self._run("reduce", work.nbytes, algorithm, op, lambda fn: fn(cc, work, root, op))
+
+    def Allgather(self, sendbuf, recvbuf, *, algorithm: str | None = None) -> None:
+        """Gather every rank's ``sendbuf`` (n elements) into every ``recvbuf`` (size*n),
+        in rank order. IN_PLACE: this rank's block is already in ``recvbuf``."""
+        send, recv = self._pair(sendbuf, recvbuf, "Allgather")
+        count = self._blocks(recv, send, "Allgather")
+        if send is not None:
+            recv[self.rank * count:(self.rank + 1) * count] = send
+        cc = self._coll()
+        self._run("allgather", recv.nbytes, algorithm, None, lambda fn: fn(cc, recv, count))
+
+    def Gather(self, sendbuf, recvbuf, root: int = 0, *,
+               algorithm: str | None = None) -> None:
+        """Gather every rank's ``sendbuf`` (n elements) into ``recvbuf`` (size*n) at root."""
+        root = self._check_root(root)
+        if self.rank == root:
+            send, recv = self._pair(sendbuf, recvbuf, "Gather")
+            count = self._blocks(recv, send, "Gather")
+            if send is None:
+                send = recv[root * count:(root + 1) * count]
+        else:
+            if sendbuf is IN_PLACE:
+                raise ArgumentError(f"rank {self.rank}: Gather: IN_PLACE is only valid at "
+                                    "the root")
+            send, recv = as_array(sendbuf, self.rank, "sendbuf"), None
+        cc = self._coll()
+        self._run("gather", send.nbytes * self.size, algorithm, None,
+                  lambda fn: fn(cc, send, recv, root))
+
+    def Scatter(self, sendbuf, recvbuf, root: int = 0, *,
+                algorithm: str | None = None) -> None:
+        """Send block i of root's ``sendbuf`` (size*n elements) to rank i's ``recvbuf``."""
+        root = self._check_root(root)
+        if self.rank == root:
+            if recvbuf is IN_PLACE:
+                send = as_array(sendbuf, self.rank, "sendbuf")
+                if send.size % self.size:
+                    raise InvalidBufferError(f"rank {self.rank}: Scatter: sendbuf has "
+                                             f"{send.size} elements, not a multiple of "
+                                             f"{self.size}")
+                n = send.size // self.size
+                recv = send[root * n:(root + 1) * n].copy()
+            else:
+                recv = as_array(recvbuf, self.rank, "recvbuf", writable=True)
+                send = as_array(sendbuf, self.rank, "sendbuf")
+                self._blocks(send, recv, "Scatter", recv_side=False)
+        else:
+            if recvbuf is IN_PLACE:
+                raise ArgumentError(f"rank {self.rank}: Scatter: IN_PLACE is only valid at "
+                                    "the root")
+            send, recv = None, as_array(recvbuf, self.rank, "recvbuf", writable=True)
+        cc = self._coll()
+        self._run("scatter", recv.nbytes * self.size, algorithm, None,
+                  lambda fn: fn(cc, send, recv, root))
+
+    def Alltoall(self, sendbuf, recvbuf, *, algorithm: str | None = None) -> None:
+        """Send block j of ``sendbuf`` to rank j; block i of ``recvbuf`` comes from rank i.
+
+        Both buffers hold size*n elements. IN_PLACE: ``recvbuf`` holds the send blocks.
+        """
+        send, recv = self._pair(sendbuf, recvbuf, "Alltoall")
+        if send is None:
+            send = recv.copy()
+        elif send.size != recv.size:
+            raise InvalidBufferError(f"rank {self.rank}: Alltoall: sendbuf has {send.size} "
+                                     f"elements, recvbuf {recv.size}")
+        if recv.size % self.size:
+            raise InvalidBufferError(f"rank {self.rank}: Alltoall: {recv.size} elements is "
+                                     f"not a multiple of the communicator size {self.size}")
+        count = recv.size // self.size
+        cc = self._coll()
+        self._run("alltoall", recv.nbytes, algorithm, None,
+                  lambda fn: fn(cc, send, recv, count))
+
+    def Reduce_scatter_block(self, sendbuf, recvbuf, op: Op = SUM, *,
+                             algorithm: str | None = None) -> None:
+        """Reduce ``sendbuf`` (size*n elements) with ``op``; rank i gets block i (n elements).
+
+        IN_PLACE: ``recvbuf`` holds the size*n input and gets the result in its first n.
+        """
+        send, recv = self._pair(sendbuf, recvbuf, "Reduce_scatter_block")
+        if send is None:
+            if recv.size % self.size:
+                raise InvalidBufferError(f"rank {self.rank}: Reduce_scatter_block: recvbuf "
+                                         f"of {recv.size} elements is not a multiple of "
+                                         f"{self.size}")
+            n = recv.size // self.size
+            work, out = recv.copy(), recv[:n]
+        else:
+            if send.size != recv.size * self.size:
+                raise InvalidBufferError(f"rank {self.rank}: Reduce_scatter_block: sendbuf "
+                                         f"has {send.size} elements, expected size*"
+                                         f"{recv.size} = {recv.size * self.size}")
+            work, out = send.copy(), recv
+        op = self._check_op(op, out.dtype)
+        cc = self._coll()
+        self._run("reduce_scatter_block", work.nbytes, algorithm, op,
+                  lambda fn: fn(cc, work, out, op))
+
+    def _blocks(self, whole: np.ndarray, part: np.ndarray | None, what: str,
+                recv_side: bool = True) -> int:
+        if whole.size % self.size:
+            name = "recvbuf" if recv_side else "sendbuf"
+            raise InvalidBufferError(f"rank {self.rank}: {what}: {name} has {whole.size} "
+                                     f"elements, not a multiple of the size {self.size}")
+        count = whole.size // self.size
+        if part is not None and part.size != count:
+            name = "sendbuf" if recv_side else "recvbuf"
+            raise InvalidBufferError(f"rank {self.rank}: {what}: {name} has {part.size} "
+                                     f"elements but the other buffer implies {count} per "
+                                     "rank")
+        return count
+
+    # -- misc -----------------------------------------------------------------------------
+    def Abort(self, errorcode: int = 1) -> None:
+        """Terminate this process at once (the launcher then stops the other ranks)."""
+        import os
+        sys.stderr.write(f"pycomm: rank {self.rank} called Abort({errorcode})\n")
+        sys.stderr.flush()
+        os._exit(errorcode)
+
+
+def _null_request(engine: Engine) -> Request:
+    req = Request(engine, None, -1, PROC_NULL, ANY_TAG)
+    req.source = PROC_NULL
+    req._complete()
+    return req

@@ -1,0 +1,169 @@
+"""The object API (mpi4py's lowercase methods), built only on the buffer API.
+
+Objects are serialised with :mod:`pickle` (protocol 5), falling back to
+:mod:`cloudpickle` for what pickle refuses (lambdas, closures, interactively defined
+classes). A message's size is not known to its receiver in advance, so object receives
+post a receive that allocates a buffer of the arriving message's size (the engine's
+"matched allocation"), as mpi4py's ``pkl5`` does with matched probes.
+
+Collective object operations move pickled bytes with point-to-point calls on the
+communicator's collective context (never matching user messages); reductions apply the
+op in rank order, so a non-commutative user op gets r0 ∘ r1 ∘ … ∘ r(n-1).
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+import cloudpickle
+import numpy as np
+
+from .errors import ArgumentError
+from .p2p import ANY_SOURCE, ANY_TAG, PROC_NULL
+
+__all__ = ["ObjectMethods", "dumps", "loads"]
+
+
+def dumps(obj: Any) -> bytes:
+    """Serialise ``obj`` with pickle, or cloudpickle when pickle cannot."""
+    try:
+        return pickle.dumps(obj, protocol=5)
+    except (pickle.PicklingError, AttributeError, TypeError):
+        return cloudpickle.dumps(obj, protocol=5)
+
+
+def loads(data) -> Any:
+    """Inverse of :func:`dumps`."""
+    return pickle.loads(data)
+
+
+class ObjectMethods:
+    """Mixin giving :class:`~pycomm.comm.Communicator` its lowercase methods."""
+
+    # -- point-to-point -------------------------------------------------------------------
+    def isend(self, obj: Any, dest: int, tag: int = 0):
+        """Start sending a picklable object; returns a Request (``wait()`` returns None)."""
+        return self.Isend(np.frombuffer(dumps(obj), dtype=np.uint8), dest, tag)
+
+    def send(self, obj: Any, dest: int, tag: int = 0, *, timeout: float | None = None):
+        """Send a picklable object to ``dest`` (blocking until its bytes are out)."""
+        self._engine.wait(self.isend(obj, dest, tag), timeout)
+
+    ssend = send
+
+    def irecv(self, buf=None, source: int = ANY_SOURCE, tag: int = ANY_TAG):
+        """Post an object receive; ``req.wait()`` returns the object.
+
+        ``buf`` is accepted for mpi4py compatibility and ignored: the receive buffer is
+        allocated to the incoming message's size.
+        """
+        source = self._check_rank(source, "source", allow_any=True)
+        tag = self._check_tag(tag, "tag", allow_any=True)
+        if source == PROC_NULL:
+            from .comm import _null_request
+            return _null_request(self._engine)
+        src = self._world[source] if source >= 0 else ANY_SOURCE
+        req = self._engine.irecv(None, src, self._pctx, tag)
+        req.comm, req.post = self, loads
+        return req
+
+    def recv(self, buf=None, source: int = ANY_SOURCE, tag: int = ANY_TAG, status=None, *,
+             timeout: float | None = None) -> Any:
+        """Receive and return an object; fills ``status`` (source, tag, count in bytes)."""
+        req = self.irecv(buf, source, tag)
+        return req.wait(status, timeout=timeout)
+
+    def sendrecv(self, sendobj: Any, dest: int, sendtag: int = 0, recvbuf=None,
+                 source: int = ANY_SOURCE, recvtag: int = ANY_TAG, status=None, *,
+                 timeout: float | None = None) -> Any:
+        """Send ``sendobj`` to ``dest`` and return the object received from ``source``."""
+        r = self.irecv(recvbuf, source, recvtag)
+        s = self.isend(sendobj, dest, sendtag)
+        self._engine.wait_all([s, r], timeout)
+        return r.wait(status)
+
+    # -- collectives ----------------------------------------------------------------------
+    def _send_bytes(self, cc, data: bytes, dest: int):
+        return cc.engine.isend(memoryview(data), cc.world[dest], cc.ctx, cc.tag)
+
+    def _recv_bytes(self, cc, source: int):
+        return cc.engine.irecv(None, cc.world[source], cc.ctx, cc.tag)
+
+    def barrier(self) -> None:
+        """Same as :meth:`Barrier`."""
+        self.Barrier()
+
+    def bcast(self, obj: Any = None, root: int = 0) -> Any:
+        """Broadcast a picklable object from ``root``; every rank returns it."""
+        root = self._check_root(root)
+        data = dumps(obj) if self.rank == root else b""
+        n = np.array([len(data)], dtype=np.int64)
+        self.Bcast(n, root)
+        buf = np.frombuffer(data, dtype=np.uint8).copy() if self.rank == root else \
+            np.empty(int(n[0]), dtype=np.uint8)
+        self.Bcast(buf, root)
+        return obj if self.rank == root else loads(buf.data)
+
+    def gather(self, sendobj: Any, root: int = 0) -> list | None:
+        """Gather one object per rank at ``root`` (a list in rank order); None elsewhere."""
+        root = self._check_root(root)
+        cc = self._coll()
+        if self.rank != root:
+            self._engine.wait(self._send_bytes(cc, dumps(sendobj), root))
+            return None
+        reqs = {r: self._recv_bytes(cc, r) for r in range(self.size) if r != root}
+        self._engine.wait_all(list(reqs.values()))
+        return [sendobj if r == root else loads(reqs[r].obj) for r in range(self.size)]
+
+    def scatter(self, sendobj=None, root: int = 0) -> Any:
+        """Rank i gets ``sendobj[i]`` from ``root`` (a sequence of ``size`` objects)."""
+        root = self._check_root(root)
+        if self.rank == root:
+            items = list(sendobj) if sendobj is not None else None
+            if items is None or len(items) != self.size:
+                got = "None" if items is None else f"{len(items)} items"
+                raise ArgumentError(f"rank {self.rank}: scatter at the root needs a sequence "
+                                    f"of {self.size} objects, got {got}")
+        cc = self._coll()
+        if self.rank == root:
+            reqs = [self._send_bytes(cc, dumps(items[r]), r) for r in range(self.size)
+                    if r != root]
+            self._engine.wait_all(reqs)
+            return items[root]
+        req = self._recv_bytes(cc, root)
+        self._engine.wait(req)
+        return loads(req.obj)
+
+    def allgather(self, sendobj: Any) -> list:
+        """Every rank gets the list of every rank's object, in rank order."""
+        return self.bcast(self.gather(sendobj, 0), 0)
+
+    def alltoall(self, sendobj) -> list:
+        """Rank i sends ``sendobj[j]`` to rank j and returns what each rank sent it."""
+        items = list(sendobj)
+        if len(items) != self.size:
+            raise ArgumentError(f"rank {self.rank}: alltoall needs a sequence of {self.size} "
+                                f"objects, got {len(items)}")
+        cc = self._coll()
+        recvs = {r: self._recv_bytes(cc, r) for r in range(self.size) if r != self.rank}
+        sends = [self._send_bytes(cc, dumps(items[r]), r) for r in range(self.size)
+                 if r != self.rank]
+        self._engine.wait_all(sends + list(recvs.values()))
+        return [items[r] if r == self.rank else loads(recvs[r].obj) for r in range(self.size)]
+
+    def reduce(self, sendobj: Any, op=None, root: int = 0) -> Any:
+        """Combine one object per rank with ``op`` (default SUM) in rank order at root."""
+        from .ops import SUM
+        op = SUM if op is None else op
+        values = self.gather(sendobj, root)
+        if values is None:
+            return None
+        acc = values[0]
+        for v in values[1:]:
+            acc = op.reduce_objects(acc, v)
+        return acc
+
+    def allreduce(self, sendobj: Any, op=None) -> Any:
+        """:meth:`reduce` at rank 0, then broadcast: every rank returns the result."""
+        return self.bcast(self.reduce(sendobj, op, 0), 0)
