@@ -15,6 +15,7 @@ the methods here.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -32,6 +33,9 @@ __all__ = ["Communicator", "Status", "TAG_UB"]
 
 TAG_UB = 2**31 - 1
 _SEQ_MASK = 0x7FFFFFFF
+_CHOICES: dict = {}
+_environ = os.environ
+_ALG_PREFIX = config.ALGORITHM_PREFIX
 
 
 class Status:
@@ -266,8 +270,19 @@ class Communicator(ObjectMethods):
         return _Coll(self, self._seq)
 
     def _run(self, collective: str, nbytes: int, algorithm, op: Op | None, call):
-        name, fn = choose(collective, nbytes, self.size, requested=algorithm,
-                          commutative=op.commutative if op is not None else True)
+        commutative = op.commutative if op is not None else True
+        # The choice is a pure function of these (and the override variable), so cache it.
+        key = (collective, nbytes, algorithm, commutative,
+               _environ.get(_ALG_PREFIX + collective.upper()))
+        hit = _CHOICES.get(key)
+        if hit is None or hit[2] != self.size:
+            name, fn = choose(collective, nbytes, self.size, requested=algorithm,
+                              commutative=commutative)
+            if len(_CHOICES) > 4096:
+                _CHOICES.clear()
+            _CHOICES[key] = (name, fn, self.size)
+        else:
+            name, fn = hit[0], hit[1]
         if not self._debug:
             return call(fn)
         t0 = time.perf_counter()
@@ -464,7 +479,6 @@ class Communicator(ObjectMethods):
     # -- misc -----------------------------------------------------------------------------
     def Abort(self, errorcode: int = 1) -> None:
         """Terminate this process at once (the launcher then stops the other ranks)."""
-        import os
         sys.stderr.write(f"pycomm: rank {self.rank} called Abort({errorcode})\n")
         sys.stderr.flush()
         os._exit(errorcode)
