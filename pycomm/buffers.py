@@ -51,6 +51,9 @@ def as_array(obj, rank: int, arg: str, *, writable: bool = False) -> np.ndarray:
         InvalidBufferError: not a buffer, non-contiguous, read-only when written, a
             non-numeric dtype, or a count larger than the buffer.
     """
+    if type(obj) is np.ndarray and obj.flags.c_contiguous and obj.dtype.kind in _NUMERIC \
+            and (obj.flags.writeable or not writable):
+        return obj if obj.ndim == 1 else obj.reshape(-1)      # the common case, fast
     count = None
     dtype = None
     if isinstance(obj, (list, tuple)) and obj and not isinstance(obj[0], (int, float)):

@@ -34,8 +34,14 @@ __all__ = ["Communicator", "Status", "TAG_UB"]
 TAG_UB = 2**31 - 1
 _SEQ_MASK = 0x7FFFFFFF
 _CHOICES: dict = {}
-_environ = os.environ
-_ALG_PREFIX = config.ALGORITHM_PREFIX
+_ENV_DATA = getattr(os.environ, "_data", None)   # CPython's raw mapping: a fast lookup
+
+
+def _override(collective: str):
+    """Current ``PYCOMM_ALGORITHM_<COLLECTIVE>`` (raw), read on every call, cheaply."""
+    if type(_ENV_DATA) is dict:
+        return _ENV_DATA.get(b"PYCOMM_ALGORITHM_" + collective.upper().encode())
+    return os.environ.get("PYCOMM_ALGORITHM_" + collective.upper())
 
 
 class Status:
@@ -272,8 +278,7 @@ class Communicator(ObjectMethods):
     def _run(self, collective: str, nbytes: int, algorithm, op: Op | None, call):
         commutative = op.commutative if op is not None else True
         # The choice is a pure function of these (and the override variable), so cache it.
-        key = (collective, nbytes, algorithm, commutative,
-               _environ.get(_ALG_PREFIX + collective.upper()))
+        key = (collective, nbytes, algorithm, commutative, _override(collective))
         hit = _CHOICES.get(key)
         if hit is None or hit[2] != self.size:
             name, fn = choose(collective, nbytes, self.size, requested=algorithm,

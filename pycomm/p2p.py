@@ -464,8 +464,9 @@ class Engine:
         for r in reqs:
             if not r.done:
                 self.progress()
-                if not r.done:
-                    self._wait_slow(lambda: all(x.done for x in reqs), timeout, r)
+                pending = [x for x in reqs if not x.done]
+                if pending:
+                    self._wait_slow(lambda: all(x.done for x in pending), timeout, pending[0])
                 break
         for r in reqs:
             if r.error is not None:
