@@ -1,0 +1,165 @@
+"""The physical ceiling on this machine, measured with the same sizes and loops.
+
+No communication library: one process times numpy copies, and two processes (this one and
+a forked child) talk over a loopback TCP connection with plain Python sockets
+(``TCP_NODELAY``; ``sendall`` to send, ``recv_into`` in a loop to receive). Columns:
+
+- memcpy GB/s: ``np.copyto(dst, src)`` of ``size`` bytes (10**9 bytes per second);
+- add GB/s: ``np.add(a, b, out=c)`` on float32, bytes of one array per second — what
+  the local reduction of an allreduce can reach;
+- TCP latency µs: half the round trip of a ``size``-byte ping-pong (``osu_latency``'s loop);
+- TCP stream MB/s: windows of 64 ``size``-byte messages then a 1-byte ack (``osu_bw``'s).
+
+Iterations follow ``-i``/``-x`` (``--iter-large``/``--warmup-large`` past 8 KiB) for copies
+and ping-pong, with osu_latency's defaults; the stream uses osu_bw's counts (100 timed and
+10 warm-up windows up to 8 KiB, 20 and 2 past). ``--max-time`` defaults to 3 s here so
+the multi-MiB ping-pongs do not dominate the run. No launcher is needed::
+
+    python benchmarks/reference.py [-m 8:16777216] [--json ref.json]
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import socket
+import struct
+import sys
+import time
+
+import numpy as np
+
+from _common import LARGE_MESSAGE_SIZE, Report, loop_counts, make_parser, parse_sizes
+
+WINDOW = 64
+_CMD = struct.Struct("!iqq")  # mode, size, count
+QUIT, PING_PONG, STREAM = 0, 1, 2
+
+
+def recv_exact(sock: socket.socket, view: memoryview) -> None:
+    """Fill ``view`` from ``sock``; raise ConnectionError when the peer closes first."""
+    got = 0
+    while got < len(view):
+        n = sock.recv_into(view[got:])
+        if n == 0:
+            raise ConnectionError("peer closed the connection")
+        got += n
+
+
+def _peer(port: int, max_size: int) -> None:
+    """Child process: connect, then serve ping-pong and stream commands until QUIT."""
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    buf = memoryview(bytearray(max(max_size, 1)))
+    cmd = memoryview(bytearray(_CMD.size))
+    ack = b"k"
+    while True:
+        recv_exact(sock, cmd)
+        mode, size, count = _CMD.unpack(cmd)
+        if mode == QUIT:
+            break
+        view = buf[:size]
+        if mode == PING_PONG:
+            for _ in range(count):
+                recv_exact(sock, view)
+                sock.sendall(view)
+        else:
+            for _ in range(count):
+                for _ in range(WINDOW):
+                    recv_exact(sock, view)
+                sock.sendall(ack)
+    sock.close()
+
+
+def tcp_run(sock: socket.socket, mode: int, size: int, count: int, buf: memoryview) -> float:
+    """Drive ``count`` ping-pongs or stream windows of ``size`` bytes; return seconds."""
+    sock.sendall(_CMD.pack(mode, size, count))
+    view = buf[:size]
+    ack = memoryview(bytearray(1))
+    t0 = time.perf_counter()
+    if mode == PING_PONG:
+        for _ in range(count):
+            sock.sendall(view)
+            recv_exact(sock, view)
+    else:
+        for _ in range(count):
+            for _ in range(WINDOW):
+                sock.sendall(view)
+            recv_exact(sock, ack)
+    return time.perf_counter() - t0
+
+
+def local_rate(fn, size: int, iters: int, warmup: int) -> float:
+    """Time ``fn()`` over ``iters`` calls after ``warmup``; return bytes per second."""
+    for _ in range(warmup):
+        fn()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    return size * iters / (time.perf_counter() - t0)
+
+
+def capped(iters: int, warm_s: float, warmup: int, max_time: float | None) -> int:
+    """Cut ``iters`` so the timed loop takes about ``max_time`` seconds (when set)."""
+    if max_time is None or warmup == 0 or warm_s <= 0:
+        return iters
+    return int(min(iters, max(1, max_time * warmup / warm_s)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Measure every size and print one row per size."""
+    parser = make_parser(__doc__.splitlines()[0], iters=10000, warmup=1000, iters_large=1000,
+                         warmup_large=100)
+    parser.set_defaults(max_time=3.0)
+    args = parser.parse_args(argv)
+    if args.mpi4py:
+        parser.error("reference.py uses no communication library; drop --mpi4py")
+    sizes = [s for s in parse_sizes(args.message_size, 8, 16 << 20) if s > 0]
+    max_size = max(sizes)
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    child = mp.get_context("fork").Process(target=_peer, args=(port, max_size), daemon=True)
+    child.start()
+    sock, _ = listener.accept()
+    listener.close()
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    buf = memoryview(bytearray(max_size))
+
+    report = Report("Reference: memcpy, numpy add, loopback TCP", "python sockets, numpy "
+                    + np.__version__,
+                    [("size", "Size", 10, "d"), ("memcpy_gbps", "memcpy(GB/s)", 14, ".2f"),
+                     ("add_gbps", "add(GB/s)", 12, ".2f"),
+                     ("tcp_latency_us", "TCP lat(us)", 14, ".2f"),
+                     ("tcp_stream_mbps", "TCP stream(MB/s)", 18, ".1f")])
+    report.header(f"{WINDOW}-message windows for the stream; one process for memcpy/add")
+    src = np.full(max_size, 7, dtype=np.uint8)
+    dst = np.empty_like(src)
+    fa, fb = np.ones(max_size // 4 + 1, np.float32), np.ones(max_size // 4 + 1, np.float32)
+    fc = np.empty_like(fa)
+    try:
+        for size in sizes:
+            iters, warmup = loop_counts(args, size)
+            s, d = src[:size], dst[:size]
+            memcpy = local_rate(lambda: np.copyto(d, s), size, iters, warmup) / 1e9  # noqa: B023
+            n = size // 4
+            a, b, c = fa[:n], fb[:n], fc[:n]
+            add = (local_rate(lambda: np.add(a, b, out=c), n * 4, iters, warmup) / 1e9  # noqa: B023
+                   if n else None)
+            warm = tcp_run(sock, PING_PONG, size, warmup, buf)
+            pp_iters = capped(iters, warm, warmup, args.max_time)
+            latency = tcp_run(sock, PING_PONG, size, pp_iters, buf) * 1e6 / (2 * pp_iters)
+            windows, warm_windows = (100, 10) if size <= LARGE_MESSAGE_SIZE else (20, 2)
+            warm = tcp_run(sock, STREAM, size, warm_windows, buf)
+            windows = capped(windows, warm, warm_windows, args.max_time)
+            stream = size * WINDOW * windows / tcp_run(sock, STREAM, size, windows, buf) / 1e6
+            report.row(size, memcpy, add, latency, stream)
+    finally:
+        sock.sendall(_CMD.pack(QUIT, 0, 0))
+        sock.close()
+        child.join(timeout=10)
+    report.write_json(args.json, "reference", window=WINDOW)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
