@@ -1,0 +1,204 @@
+"""The p2p engine's matching and protocols, driven through an in-process fake link.
+
+No processes or sockets: :class:`FakeLink` plays a transport between engines in one
+process, delivering frames when ``progress()`` is called, and optionally splitting
+payloads into pieces or refusing one-sided reads, so every protocol path (eager, eager
+matched while streaming, rendezvous by CTS/DATA, rendezvous by one-sided read + FIN,
+truncation) is exercised deterministically.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+import pytest
+
+from pycomm.errors import CommTimeoutError, TruncationError
+from pycomm.p2p import ANY_SOURCE, ANY_TAG, Engine
+
+
+class FakeLink:
+    """A transport joining this engine to the others of a :class:`FakeWorld`."""
+
+    name = "fake"
+
+    def __init__(self, world: "FakeWorld", rank: int, one_sided: bool, piece: int):
+        self.world, self.rank = world, rank
+        self.one_sided_read = one_sided
+        self.piece = piece
+        self.inbox: deque = deque()        # (src, header, payload bytes)
+        self.current = None
+
+    def send(self, peer, header, payload, token):
+        data = bytes(payload) if payload is not None else b""
+        self.world.links[peer].inbox.append((self.rank, header, data))
+        return True
+
+    def progress(self) -> bool:
+        busy = False
+        sink = self.world.engines[self.rank]
+        while self.inbox:
+            src, header, data = self.inbox.popleft()
+            dest = sink.on_header(src, header, len(data))
+            for off in range(0, len(data), self.piece):   # land payload piecewise
+                chunk = data[off:off + self.piece]
+                dest[off:off + len(chunk)] = chunk
+            sink.on_payload(src)
+            busy = True
+        return busy
+
+    def block(self, timeout):
+        for link in self.world.links:      # "sleeping" lets the other engines run
+            if link is not self:
+                self.world.engines[link.rank].progress()
+
+    def check_peers(self):
+        pass
+
+    def cma_available(self, peer):
+        return self.one_sided_read
+
+    def read_remote(self, peer, address, nbytes, dest):
+        arr = self.world.exposed[(peer, address)]
+        dest[:nbytes] = arr.view(np.uint8).reshape(-1)[:nbytes].tobytes()
+
+    def close(self):
+        pass
+
+
+class FakeWorld:
+    def __init__(self, size: int, *, eager_limit=64, one_sided=False, piece=1 << 20):
+        self.engines = [Engine(r, size, eager_limit=eager_limit, spin_s=0.0, timeout=2.0)
+                        for r in range(size)]
+        self.links = [FakeLink(self, r, one_sided, piece) for r in range(size)]
+        self.exposed: dict = {}
+        for r, eng in enumerate(self.engines):
+            eng.attach(self.links[r], [p for p in range(size) if p != r])
+
+    def isend(self, src, arr, dest, tag, ctx=0):
+        view = arr.view(np.uint8).reshape(-1).data
+        if self.links[src].one_sided_read:
+            self.exposed[(src, arr.ctypes.data)] = arr
+        return self.engines[src].isend(view, dest, ctx, tag)
+
+    def irecv(self, dst, arr, source, tag, ctx=0):
+        return self.engines[dst].irecv(arr.view(np.uint8).reshape(-1).data, source, ctx, tag)
+
+    def run_all(self):
+        while any(e.progress() for e in self.engines):
+            pass
+
+
+@pytest.mark.parametrize("one_sided", [False, True])
+@pytest.mark.parametrize("piece", [1, 7, 1 << 20])
+@pytest.mark.parametrize("n", [0, 1, 64, 65, 1000])
+@pytest.mark.parametrize("post_first", [True, False])
+def test_protocol_paths_deliver_exact_bytes(one_sided, piece, n, post_first):
+    w = FakeWorld(2, one_sided=one_sided, piece=piece)
+    src = np.arange(n, dtype=np.uint8) * 3
+    dst = np.zeros(n + 5, dtype=np.uint8)
+    if post_first:
+        r = w.irecv(1, dst, 0, 4)
+        s = w.isend(0, src, 1, 4)
+    else:
+        s = w.isend(0, src, 1, 4)
+        w.engines[1].progress()            # arrives unexpected
+        r = w.irecv(1, dst, 0, 4)
+    w.run_all()
+    w.engines[0].wait(s)
+    w.engines[1].wait(r)
+    assert r.count == n and r.source == 0 and r.tag == 4
+    assert bytes(dst[:n]) == bytes(src)
+    assert not dst[n:].any()
+
+
+def test_any_source_any_tag_match_in_arrival_order():
+    w = FakeWorld(3)
+    w.isend(2, np.array([2], np.int64), 0, 9)
+    w.engines[0].progress()
+    w.isend(1, np.array([1], np.int64), 0, 3)
+    w.engines[0].progress()
+    got = []
+    for _ in range(2):
+        buf = np.zeros(1, np.int64)
+        r = w.irecv(0, buf, ANY_SOURCE, ANY_TAG)
+        w.engines[0].wait(r)
+        got.append((r.source, r.tag, int(buf[0])))
+    assert got == [(2, 9, 2), (1, 3, 1)]
+
+
+def test_non_overtaking_mixed_eager_and_rendezvous():
+    w = FakeWorld(2, eager_limit=16)
+    sizes = [1, 100, 3, 200, 0, 17, 16]
+    sends = [w.isend(0, np.full(n, i, np.uint8), 1, 5) for i, n in enumerate(sizes)]
+    bufs = [np.zeros(300, np.uint8) for _ in sizes]
+    recvs = [w.irecv(1, b, 0, 5) for b in bufs]
+    w.run_all()
+    w.engines[1].wait_all(recvs)
+    w.engines[0].wait_all(sends)
+    for i, (n, r, b) in enumerate(zip(sizes, recvs, bufs)):
+        assert r.count == n and (b[:n] == i).all()
+
+
+def test_tags_and_contexts_do_not_mix():
+    w = FakeWorld(2)
+    w.isend(0, np.array([1], np.int32), 1, 7, ctx=1)
+    w.isend(0, np.array([2], np.int32), 1, 7, ctx=0)
+    a, b = np.zeros(1, np.int32), np.zeros(1, np.int32)
+    ra = w.irecv(1, a, 0, 7, ctx=0)
+    rb = w.irecv(1, b, 0, 7, ctx=1)
+    w.run_all()
+    w.engines[1].wait_all([ra, rb])
+    assert a[0] == 2 and b[0] == 1
+
+
+@pytest.mark.parametrize("n", [10, 1000])      # eager and rendezvous
+@pytest.mark.parametrize("one_sided", [False, True])
+def test_truncation_is_an_error_naming_both_sizes_and_releases_sender(n, one_sided):
+    w = FakeWorld(2, one_sided=one_sided)
+    s = w.isend(0, np.ones(n, np.uint8), 1, 1)
+    r = w.irecv(1, np.zeros(n - 1, np.uint8), 0, 1)
+    w.run_all()
+    with pytest.raises(TruncationError, match=f"{n} bytes.*{n - 1} bytes"):
+        w.engines[1].wait(r)
+    w.engines[0].wait(s)                       # the sender is not left hanging
+    # the link still works afterwards
+    buf = np.zeros(3, np.uint8)
+    r2 = w.irecv(1, buf, 0, 2)
+    w.isend(0, np.array([1, 2, 3], np.uint8), 1, 2)
+    w.run_all()
+    w.engines[1].wait(r2)
+    assert buf.tolist() == [1, 2, 3]
+
+
+def test_receive_with_allocation_gets_message_size():
+    w = FakeWorld(2)
+    w.isend(0, np.arange(300, dtype=np.uint8), 1, 0)
+    r = w.engines[1].irecv(None, 0, 0, 0)
+    w.run_all()
+    w.engines[1].wait(r)
+    assert bytes(r.obj) == bytes(np.arange(300, dtype=np.uint8))
+
+
+def test_self_send_is_buffered():
+    w = FakeWorld(1)
+    s = w.isend(0, np.array([5, 6], np.int16), 0, 1)
+    assert s.done
+    buf = np.zeros(2, np.int16)
+    r = w.irecv(0, buf, 0, 1)
+    w.engines[0].wait(r)
+    assert buf.tolist() == [5, 6]
+
+
+def test_wait_times_out_with_a_message_naming_the_peer():
+    w = FakeWorld(2)
+    r = w.irecv(1, np.zeros(1, np.uint8), 0, 3)
+    with pytest.raises(CommTimeoutError, match="receive from rank 0 .*tag 3"):
+        w.engines[1].wait(r, timeout=0.05)
+
+
+def test_cancel_unmatched_receive():
+    w = FakeWorld(2)
+    r = w.irecv(1, np.zeros(1, np.uint8), 0, 3)
+    assert w.engines[1].cancel(r) and r.cancelled and r.done
