@@ -1,0 +1,101 @@
+"""One rank of a :class:`pycomm.spawn.Pool`: ``python -m pycomm._worker`` (not public).
+
+Started by the pool with the launcher's environment contract. It connects to the job's
+store, initialises the world communicator once (``pycomm.init()``), reports that as the
+outcome of task 0, then runs tasks until told to exit. The protocol, all through the
+authenticated store (see :mod:`pycomm.spawn` for the parent's side)::
+
+    pool/syspath          msgpack list of the parent's sys.path (read once, at start)
+    pool/task/<seq>       b"T" + cloudpickle((fn, args))   run fn(*args)
+                          b"X"                              exit
+    pool/done/<seq>       counter: how many ranks finished task <seq>
+    pool/done/<seq>/<i>   the i-th rank to finish: cloudpickle((rank, "ok", value)) or
+                          cloudpickle((rank, "err", exc_type, message, traceback_text))
+
+Tasks are numbered 1, 2, ... in the order the parent sets them; every rank runs every task.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+
+import cloudpickle
+import msgpack
+
+from pycomm import config
+from pycomm.errors import CommTimeoutError
+from pycomm.store import StoreClient
+
+IDLE_POLL_S = 30.0  # seconds one store wait for the next task may take before re-asking
+
+
+def _outcome(rank: int, exc: BaseException | None = None, value: object = None) -> bytes:
+    if exc is None:
+        try:
+            return cloudpickle.dumps((rank, "ok", value))
+        except Exception as pickling_exc:  # noqa: BLE001 - reported to the parent instead
+            exc = TypeError(f"the return value of rank {rank} ({type(value).__name__}) "
+                            f"cannot be pickled: {pickling_exc}")
+    frames = exc.__traceback__
+    if frames is not None and frames.tb_frame.f_code is main.__code__:
+        frames = frames.tb_next  # start the traceback at the user's code, not ours
+    tb = "".join(traceback.format_exception(type(exc), exc, frames))
+    return cloudpickle.dumps((rank, "err", type(exc).__qualname__, str(exc), tb))
+
+
+def _finish(client: StoreClient, seq: int, payload: bytes) -> None:
+    i = client.add(f"pool/done/{seq}", 1)
+    client.set(f"pool/done/{seq}/{i}", payload)
+
+
+def _next_task(client: StoreClient, seq: int, launcher_pid: int | None) -> bytes:
+    while True:
+        try:
+            return client.get(f"pool/task/{seq}", timeout=IDLE_POLL_S)
+        except CommTimeoutError:
+            if launcher_pid is not None and os.getppid() != launcher_pid:
+                raise SystemExit(f"pycomm._worker: the pool's process {launcher_pid} is gone")
+
+
+def main() -> int:
+    """Serve tasks until the exit task; return the process exit code."""
+    rank = config.get("PYCOMM_RANK")
+    timeout = config.get("PYCOMM_TIMEOUT")
+    client = StoreClient(config.get("PYCOMM_MASTER_ADDR"), config.get("PYCOMM_MASTER_PORT"),
+                         config.get("PYCOMM_JOB_TOKEN"), timeout=timeout)
+    try:
+        for path in msgpack.unpackb(client.get("pool/syspath"), raw=False):
+            if path not in sys.path:
+                sys.path.append(path)
+        try:
+            import pycomm
+            pycomm.init()
+        except BaseException as exc:  # noqa: BLE001 - the parent re-raises it
+            _finish(client, 0, _outcome(rank, exc))
+            return 1
+        _finish(client, 0, _outcome(rank))
+        seq = 0
+        while True:
+            seq += 1
+            task = _next_task(client, seq, config.get("PYCOMM_LAUNCHER_PID"))
+            if task[:1] != b"T":
+                break
+            try:
+                fn, args = cloudpickle.loads(task[1:])
+                del task
+                payload = _outcome(rank, value=fn(*args))
+            except BaseException as exc:  # noqa: BLE001 - SystemExit too: the parent decides
+                payload = _outcome(rank, exc)
+            _finish(client, seq, payload)
+        finalize = getattr(pycomm, "finalize", None)
+        if callable(finalize):
+            finalize()
+        return 0
+    finally:
+        client.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,407 @@
+"""Start N rank processes, host their rendezvous store, supervise them, clean up after them.
+
+``python launch.py -n 4 script.py [args]`` or ``python launch.py -n 4 -m module [args]``
+runs N copies of a Python program as the ranks of one job. :class:`RankGroup` is the
+machinery, shared with :mod:`pycomm.spawn`:
+
+* a job has a random secret (``PYCOMM_JOB_TOKEN``) and id (``PYCOMM_JOB_ID``), and a
+  :class:`~pycomm.store.StoreServer` on loopback that the ranks rendezvous through;
+* each rank is ``sys.executable ARGV...`` in its own session (so signals and cleanup reach
+  its whole process group), with ``PR_SET_PDEATHSIG=SIGKILL`` so it dies if the launcher is
+  SIGKILLed, and with the environment contract of :mod:`pycomm.config`;
+* every line a rank writes to stdout/stderr is prefixed ``[rank] `` (switchable off);
+* when a rank exits non-zero or is killed by a signal, the others get SIGTERM and, after
+  ``PYCOMM_KILL_GRACE`` seconds, SIGKILL; the launcher exits with that rank's code
+  (128 + signal number for a signal);
+* SIGINT / SIGTERM to the launcher are forwarded to the ranks, escalated to SIGKILL after
+  the grace period, and the launcher exits 128 + that signal (130 for Ctrl-C);
+* always, at the end: stragglers killed, the store closed, ``/dev/shm/pycomm-<jobid>-*``
+  swept (see :func:`shm_prefix`).
+
+Caveat: ``PR_SET_PDEATHSIG`` fires when the *thread* that started the ranks exits, so
+create a :class:`RankGroup` from a thread that outlives it (normally the main thread).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from pycomm import config
+from pycomm.errors import ArgumentError
+from pycomm.store import StoreServer
+
+__all__ = ["shm_prefix", "sweep_shm", "RankExit", "RankGroup", "main"]
+
+TRANSPORT_CHOICES = ("auto", "shm", "tcp")
+SHM_DIR = "/dev/shm"
+_POLL_S = 0.02  # seconds between liveness checks while supervising
+_PR_SET_PDEATHSIG = 1
+try:
+    _prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved before any fork
+except (OSError, AttributeError):  # not Linux
+    _prctl = None
+
+
+def shm_prefix(job_id: str) -> str:
+    """Return the name prefix of every /dev/shm segment of job ``job_id``.
+
+    The shm transport names its segments ``f"{shm_prefix(job_id)}..."``
+    (``pycomm-<jobid>-...``) so that the launcher can sweep them after the job.
+    """
+    return f"pycomm-{job_id}-"
+
+
+def sweep_shm(job_id: str, directory: str = SHM_DIR) -> list[str]:
+    """Remove every ``pycomm-<job_id>-*`` entry of ``directory``; return the names removed."""
+    prefix, removed = shm_prefix(job_id), []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    for name in names:
+        if name.startswith(prefix):
+            try:
+                os.unlink(os.path.join(directory, name))
+                removed.append(name)
+            except OSError:
+                pass
+    return removed
+
+
+@dataclass(frozen=True)
+class RankExit:
+    """How one rank process ended: ``returncode`` as :class:`subprocess.Popen` reports it."""
+
+    rank: int
+    pid: int
+    returncode: int
+
+    @property
+    def exit_code(self) -> int:
+        """The shell-style exit status: the code, or 128 + signal number when killed."""
+        return self.returncode if self.returncode >= 0 else 128 - self.returncode
+
+    @property
+    def signal_name(self) -> str | None:
+        """The name of the signal that killed the rank (``"SIGKILL"``), or None."""
+        if self.returncode >= 0:
+            return None
+        try:
+            return signal.Signals(-self.returncode).name
+        except ValueError:
+            return f"signal {-self.returncode}"
+
+    def describe(self) -> str:
+        """Return e.g. ``"rank 2 (pid 1234) was killed by signal SIGKILL"``."""
+        how = (f"was killed by signal {self.signal_name}" if self.returncode < 0
+               else f"exited with code {self.returncode}")
+        return f"rank {self.rank} (pid {self.pid}) {how}"
+
+
+def _preexec(parent_pid: int) -> Callable[[], None]:
+    def run_in_child() -> None:  # between fork and exec: nothing that takes locks
+        if _prctl is not None:
+            _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent_pid:  # the launcher died before prctl took effect
+            os._exit(1)
+    return run_in_child
+
+
+class _Forwarder(threading.Thread):
+    """Copies one pipe to ``sys.<stream>`` line by line, each line prefixed ``[rank] ``."""
+
+    locks = {"stdout": threading.Lock(), "stderr": threading.Lock()}
+
+    def __init__(self, pipe, rank: int, stream: str):
+        super().__init__(name=f"pycomm-forward-{rank}-{stream}", daemon=True)
+        self.pipe, self.stream = pipe, stream
+        self.prefix = f"[{rank}] ".encode()
+
+    def _write(self, data: bytes) -> None:
+        with self.locks[self.stream]:
+            out = getattr(sys, self.stream)
+            try:
+                out.flush()
+                if hasattr(out, "buffer"):
+                    out.buffer.write(data)
+                    out.buffer.flush()
+                else:
+                    out.write(data.decode(errors="replace"))
+                    out.flush()
+            except (OSError, ValueError):
+                pass  # our own stdout is gone; keep draining so the rank never blocks
+
+    def run(self) -> None:
+        fd, partial = self.pipe.fileno(), b""
+        try:
+            while True:
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    break
+                *lines, partial = (partial + chunk).split(b"\n")
+                if lines:
+                    self._write(b"".join(self.prefix + line + b"\n" for line in lines))
+                if len(partial) > 65536:  # a very long line without newline: pass it on
+                    self._write(self.prefix + partial + b"\n")
+                    partial = b""
+        except OSError:
+            pass
+        finally:
+            if partial:
+                self._write(self.prefix + partial + b"\n")
+            self.pipe.close()
+
+
+class RankGroup:
+    """One job: its token, id and store, and the N rank processes once :meth:`start` ran.
+
+    Args:
+        nprocs: number of ranks (>= 1).
+        transport: ``PYCOMM_TRANSPORT`` for the ranks: "auto", "shm" or "tcp".
+        timeout: ``PYCOMM_TIMEOUT`` for the ranks, seconds (None: inherit / default).
+        prefix: prefix each output line with ``[rank] `` (else ranks inherit our stdio).
+        master_addr: address the store binds and ranks connect to (loopback by default).
+        master_port: the store's port (0: any free port).
+        grace: seconds between SIGTERM and SIGKILL when stopping (``PYCOMM_KILL_GRACE``).
+
+    Raises:
+        ArgumentError: bad ``nprocs``, ``transport`` or ``timeout``.
+    """
+
+    def __init__(self, nprocs: int, *, transport: str = "auto", timeout: float | None = None,
+                 prefix: bool = True, master_addr: str = "127.0.0.1", master_port: int = 0,
+                 grace: float | None = None):
+        if not isinstance(nprocs, int) or nprocs < 1:
+            raise ArgumentError(f"nprocs must be a positive int, got {nprocs!r}")
+        if transport not in TRANSPORT_CHOICES:
+            raise ArgumentError(f"transport must be one of {TRANSPORT_CHOICES}, "
+                                f"got {transport!r}")
+        if timeout is not None and not timeout > 0:
+            raise ArgumentError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        self.nprocs, self.transport, self.timeout, self.prefix = nprocs, transport, timeout, prefix
+        self.grace = float(config.get("PYCOMM_KILL_GRACE") if grace is None else grace)
+        self.job_id = uuid.uuid4().hex[:12]
+        self.token = secrets.token_hex(32)
+        self.store = StoreServer(self.token, master_addr, master_port)
+        self.procs: list[subprocess.Popen] = []
+        self._forwarders: list[_Forwarder] = []
+        self._closed = False
+
+    def env_for(self, rank: int) -> dict[str, str]:
+        """Return the environment variables of the contract for ``rank`` (only those)."""
+        env = {
+            "PYCOMM_RANK": str(rank), "PYCOMM_WORLD_SIZE": str(self.nprocs),
+            "PYCOMM_LOCAL_RANK": str(rank), "PYCOMM_LOCAL_SIZE": str(self.nprocs),
+            "PYCOMM_MASTER_ADDR": self.store.host, "PYCOMM_MASTER_PORT": str(self.store.port),
+            "PYCOMM_JOB_TOKEN": self.token, "PYCOMM_JOB_ID": self.job_id,
+            "PYCOMM_LAUNCHER_PID": str(os.getpid()), "PYCOMM_TRANSPORT": self.transport,
+            "PYTHONUNBUFFERED": "1",
+        }
+        if self.timeout is not None:
+            env["PYCOMM_TIMEOUT"] = repr(float(self.timeout))
+        return env
+
+    def start(self, argv: Sequence[str], extra_env: dict[str, str] | None = None) -> None:
+        """Start every rank as ``sys.executable *argv`` (stops those started on failure).
+
+        Raises:
+            OSError: a process could not be started.
+        """
+        pipe = subprocess.PIPE if self.prefix else None
+        try:
+            for rank in range(self.nprocs):
+                env = {**os.environ, **(extra_env or {}), **self.env_for(rank)}
+                proc = subprocess.Popen([sys.executable, *argv], env=env, stdin=subprocess.DEVNULL,
+                                        stdout=pipe, stderr=pipe, start_new_session=True,
+                                        preexec_fn=_preexec(os.getpid()))
+                self.procs.append(proc)
+                if self.prefix:
+                    for stream, src in (("stdout", proc.stdout), ("stderr", proc.stderr)):
+                        fwd = _Forwarder(src, rank, stream)
+                        fwd.start()
+                        self._forwarders.append(fwd)
+        except BaseException:
+            self.close()
+            raise
+
+    def running(self) -> list[int]:
+        """Return the ranks whose process has not exited (reaping those that have)."""
+        return [r for r, p in enumerate(self.procs) if p.poll() is None]
+
+    def poll(self, any_exit: bool = False) -> RankExit | None:
+        """Return the first failed rank (lowest rank among those found), or None.
+
+        Args:
+            any_exit: count an exit with code 0 as a failure too (for long-lived workers).
+        """
+        for rank, proc in enumerate(self.procs):
+            code = proc.poll()
+            if code is not None and (code != 0 or any_exit):
+                return RankExit(rank, proc.pid, code)
+        return None
+
+    def signal_all(self, sig: int) -> None:
+        """Send ``sig`` to the process group of every rank still running."""
+        for rank in self.running():
+            try:
+                os.killpg(self.procs[rank].pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def wait_exit(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for every rank to exit; return whether they did."""
+        deadline = time.monotonic() + timeout
+        while self.running():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(_POLL_S)
+        return True
+
+    def stop(self, sig: int = signal.SIGTERM, grace: float | None = None) -> None:
+        """Send ``sig`` to the running ranks, then SIGKILL those left after ``grace`` seconds."""
+        self.signal_all(sig)
+        if not self.wait_exit(self.grace if grace is None else grace):
+            self.signal_all(signal.SIGKILL)
+            self.wait_exit(5.0)
+
+    def supervise(self, interrupted: Callable[[], int | None] = lambda: None,
+                  log: Callable[[str], None] | None = None) -> int:
+        """Wait for the job to end and return the launcher's exit code.
+
+        Args:
+            interrupted: returns a signal number once the launcher got SIGINT/SIGTERM.
+            log: where to say why the job is stopped (default: stderr, ``pycomm.launch:``).
+
+        Returns:
+            0 when every rank exited 0; the first failing rank's exit code; 128 + signal
+            number when interrupted.
+        """
+        log = log or (lambda msg: print(f"pycomm.launch: {msg}", file=sys.stderr, flush=True))
+        while True:
+            sig = interrupted()
+            if sig is not None:
+                others = len(self.running())
+                log(f"got {signal.Signals(sig).name}; forwarding it to {others} running ranks")
+                self.stop(sig)
+                return 128 + sig
+            failure = self.poll()
+            if failure is not None:
+                others = len(self.running())
+                log(f"{failure.describe()}; stopping the other {others} "
+                    f"rank{'s' if others != 1 else ''}")
+                self.stop()
+                return failure.exit_code
+            if not self.running():
+                return 0
+            time.sleep(_POLL_S)
+
+    def close(self) -> None:
+        """Kill what is left (whole process groups), close the store, sweep /dev/shm."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.running():
+            self.stop()
+        for proc in self.procs:  # grandchildren left in a rank's group
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        deadline = time.monotonic() + 2.0
+        for fwd in self._forwarders:
+            fwd.join(max(0.0, deadline - time.monotonic()))
+        self.store.close()
+        sweep_shm(self.job_id)
+
+    def __enter__(self) -> RankGroup:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# -- the command line -------------------------------------------------------------------
+
+_VALUE_OPTIONS = {"-n", "--nprocs", "--transport", "--timeout", "--master-addr", "--master-port"}
+
+
+def _split_argv(argv: list[str]) -> tuple[list[str], list[str] | None]:
+    """Split into (launcher options, program argv) at the script or ``-m module``."""
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "-m":
+            return argv[:i], argv[i:]
+        if arg == "--":
+            return argv[:i], argv[i + 1:] or None
+        if not arg.startswith("-"):
+            return argv[:i], argv[i:]
+        i += 2 if arg in _VALUE_OPTIONS else 1
+    return argv, None
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="launch.py", usage="%(prog)s [options] (script.py | -m module) [args...]",
+        description="Run N copies of a Python program as the ranks of one pycomm job.")
+    parser.add_argument("-n", "--nprocs", type=int, default=1, help="number of ranks (1)")
+    parser.add_argument("--transport", choices=TRANSPORT_CHOICES, default="auto",
+                        help="PYCOMM_TRANSPORT for the ranks (auto)")
+    parser.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                        help="PYCOMM_TIMEOUT for the ranks: bound on every blocking wait")
+    parser.add_argument("--no-prefix", action="store_true",
+                        help="do not prefix output lines with [rank]")
+    parser.add_argument("--master-addr", default="127.0.0.1",
+                        help="address the rendezvous store binds (127.0.0.1)")
+    parser.add_argument("--master-port", type=int, default=0,
+                        help="port of the rendezvous store (0: any free port)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the launcher on ``argv`` (default ``sys.argv[1:]``); return its exit code."""
+    parser = _parser()
+    options, program = _split_argv(list(sys.argv[1:] if argv is None else argv))
+    args = parser.parse_args(options)
+    if not program:
+        parser.error("give the program to run: a script or -m module")
+    if program[0] == "-m" and len(program) < 2:
+        parser.error("-m needs a module name")
+    if args.nprocs < 1:
+        parser.error(f"-n must be at least 1, got {args.nprocs}")
+    if args.timeout is not None and not args.timeout > 0:
+        parser.error(f"--timeout must be positive, got {args.timeout}")
+
+    got_signal: list[int] = []
+
+    def on_signal(signum: int, _frame: object) -> None:
+        if got_signal:  # a second Ctrl-C: stop waiting politely
+            group.signal_all(signal.SIGKILL)
+        got_signal.append(signum)
+
+    group = RankGroup(args.nprocs, transport=args.transport, timeout=args.timeout,
+                      prefix=not args.no_prefix, master_addr=args.master_addr,
+                      master_port=args.master_port)
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        group.start(program)
+        return group.supervise(lambda: got_signal[0] if got_signal else None)
+    finally:
+        group.close()
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

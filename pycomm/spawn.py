@@ -1,0 +1,247 @@
+"""Run a Python function on N fresh rank processes: :func:`spawn` and a persistent :class:`Pool`.
+
+``pycomm.spawn(fn, 4)`` ships ``fn`` (cloudpickled: lambdas and closures work) to four
+rank processes, each of which initialises the world communicator and calls ``fn(*args)``;
+the per-rank return values come back in rank order. A :class:`Pool` keeps its ranks (and
+their world) alive between calls, so a test suite does not pay process start-up and
+connection set-up for every test.
+
+The ranks are ``python -m pycomm._worker`` processes started and supervised by a
+:class:`pycomm.launcher.RankGroup`, with their output prefixed ``[rank] ``. Tasks and
+results travel through the job's authenticated store (protocol in :mod:`pycomm._worker`):
+the parent sets ``pool/task/<seq>``; each rank, when done, bumps the counter
+``pool/done/<seq>`` and stores its outcome under ``pool/done/<seq>/<i>``; the parent reads
+``pool/done/<seq>/1..N`` in completion order, checking between short waits that no rank
+died. Only peers that proved they hold the job token can set keys, so nothing is unpickled
+from a stranger.
+
+Failure rules of :meth:`Pool.run`:
+
+* a rank raises: once every rank has answered, the lowest such rank's exception is raised
+  as :class:`~pycomm.errors.RemoteError` and the pool stays usable; if some rank has not
+  answered ``error_grace`` seconds after the first exception (it is probably waiting on the
+  failed one), the pool is stopped and marked broken, and the RemoteError is raised;
+* a rank dies: :class:`~pycomm.errors.PeerError` naming the rank and its exit code or
+  signal; the pool is broken;
+* the task overruns ``timeout``: :class:`~pycomm.errors.CommTimeoutError` naming the ranks
+  that did not finish; the pool is broken.
+
+A broken or closed pool raises :class:`~pycomm.errors.CommError` from ``run``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+import weakref
+from typing import Any, Callable
+
+import cloudpickle
+import msgpack
+
+from pycomm import config
+from pycomm.errors import CommError, CommTimeoutError, PeerError, RemoteError
+from pycomm.launcher import RankGroup
+from pycomm.store import StoreClient
+
+__all__ = ["spawn", "Pool"]
+
+_WAIT_SLICE_S = 0.25  # seconds of one store wait before checking that the ranks live
+_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def spawn(fn: Callable[..., Any], nprocs: int, args: tuple = (), *, transport: str = "auto",
+          timeout: float | None = None) -> list[Any]:
+    """Run ``fn(*args)`` on ``nprocs`` fresh ranks of a new world; return their results.
+
+    Args:
+        fn: the function; cloudpickled, so lambdas and closures work. It runs after
+            ``pycomm.init()``, so ``pycomm.COMM_WORLD`` is ready in it.
+        nprocs: number of ranks.
+        args: positional arguments, the same for every rank (cloudpickled).
+        transport: "auto", "shm" or "tcp".
+        timeout: seconds: ``PYCOMM_TIMEOUT`` of the ranks and the limit on the whole call
+            (default ``PYCOMM_TIMEOUT``).
+
+    Returns:
+        The return values, in rank order.
+
+    Raises:
+        RemoteError: a rank raised; carries its rank, exception type and traceback text.
+        PeerError: a rank died (names its rank and signal or exit code).
+        CommTimeoutError: the ranks did not finish within ``timeout``.
+    """
+    with Pool(nprocs, transport=transport, timeout=timeout, error_grace=0.5) as pool:
+        return pool.run(fn, *args)
+
+
+def _shutdown(group: RankGroup, client: StoreClient) -> None:
+    """Kill whatever is left of a pool (also run by the garbage collector and at exit)."""
+    try:
+        client.close()
+    finally:
+        group.close()
+
+
+class Pool:
+    """N long-lived rank processes that initialise one world and then run tasks.
+
+    Args:
+        nprocs: number of ranks.
+        transport: "auto", "shm" or "tcp" (``PYCOMM_TRANSPORT`` of the ranks).
+        timeout: seconds: ``PYCOMM_TIMEOUT`` of the ranks, the limit on start-up and the
+            default limit on each :meth:`run` (default ``PYCOMM_TIMEOUT``).
+        prefix: prefix the ranks' output lines with ``[rank] ``.
+        error_grace: seconds to wait for the other ranks after one raised before the pool
+            is declared broken.
+
+    Raises:
+        RemoteError: ``pycomm.init()`` raised on a rank.
+        PeerError: a rank died during start-up.
+        CommTimeoutError: the ranks did not start within ``timeout``.
+    """
+
+    def __init__(self, nprocs: int, *, transport: str = "auto", timeout: float | None = None,
+                 prefix: bool = True, error_grace: float = 2.0):
+        self.nprocs = nprocs
+        self.timeout = float(config.get("PYCOMM_TIMEOUT") if timeout is None else timeout)
+        self.error_grace = error_grace
+        self._lock = threading.Lock()
+        self._seq = 0
+        self._broken: str | None = None
+        self._closed = False
+        self._group = RankGroup(nprocs, transport=transport, timeout=self.timeout,
+                                prefix=prefix)
+        try:
+            self._client = StoreClient(self._group.store.host, self._group.store.port,
+                                       self._group.token, timeout=self.timeout)
+        except BaseException:
+            self._group.close()
+            raise
+        self._finalizer = weakref.finalize(self, _shutdown, self._group, self._client)
+        try:
+            paths = [os.path.abspath(p or os.curdir) for p in sys.path]
+            self._client.set("pool/syspath", msgpack.packb(paths))
+            pythonpath = os.pathsep.join(filter(None, [_PACKAGE_ROOT,
+                                                       os.environ.get("PYTHONPATH")]))
+            self._group.start(["-m", "pycomm._worker"], {"PYTHONPATH": pythonpath})
+            self._collect(0, self.timeout, "start-up (pycomm.init)")
+        except BaseException:
+            self._closed = True
+            self._finalizer()
+            raise
+
+    @property
+    def job_id(self) -> str:
+        """The job id of the pool's world (names its /dev/shm segments)."""
+        return self._group.job_id
+
+    @property
+    def pids(self) -> list[int]:
+        """The process ids of the ranks, in rank order."""
+        return [p.pid for p in self._group.procs]
+
+    def run(self, fn: Callable[..., Any], *args: Any, timeout: float | None = None) -> list:
+        """Run ``fn(*args)`` on every rank; return the results in rank order.
+
+        Args:
+            fn: the function (cloudpickled).
+            *args: its positional arguments, the same for every rank.
+            timeout: seconds the whole task may take (default: the pool's ``timeout``).
+
+        Raises:
+            RemoteError: a rank raised (the pool stays usable if every rank answered).
+            PeerError: a rank died; the pool is broken.
+            CommTimeoutError: the task overran ``timeout``; the pool is broken.
+            CommError: the pool is closed or broken.
+        """
+        with self._lock:
+            if self._closed:
+                raise CommError("the pool is closed")
+            if self._broken is not None:
+                raise CommError(f"the pool is broken ({self._broken}); make a new one")
+            self._check_alive("before the task")
+            payload = b"T" + cloudpickle.dumps((fn, args))
+            self._seq += 1
+            self._client.set(f"pool/task/{self._seq}", payload)
+            del payload
+            return self._collect(self._seq, self.timeout if timeout is None else timeout,
+                                 f"task {getattr(fn, '__qualname__', fn)!s}")
+
+    def _break(self, reason: str) -> None:
+        self._broken = reason
+        self._finalizer()
+
+    def _check_alive(self, when: str) -> None:
+        dead = self._group.poll(any_exit=True)
+        if dead is not None:
+            message = f"{dead.describe()} {when}; the pool is stopped"
+            self._break(message)
+            raise PeerError(message, peer=dead.rank)
+
+    def _collect(self, seq: int, timeout: float, what: str) -> list:
+        """Read the outcomes of task ``seq`` from all ranks; raise as the rules above say."""
+        results: list[Any] = [None] * self.nprocs
+        answered: set[int] = set()
+        errors: dict[int, RemoteError] = {}
+        deadline = time.monotonic() + timeout
+        first_error_at: float | None = None
+        for i in range(1, self.nprocs + 1):
+            key = f"pool/done/{seq}/{i}"
+            while True:
+                try:
+                    raw = self._client.get(key, timeout=_WAIT_SLICE_S)
+                    break
+                except CommTimeoutError:
+                    pass
+                self._check_alive(f"during {what}")
+                now = time.monotonic()
+                if first_error_at is not None and now > first_error_at + self.error_grace:
+                    missing = sorted(set(range(self.nprocs)) - answered)
+                    self._break(f"ranks {missing} did not finish {what} after rank "
+                                f"{min(errors)} raised")
+                    raise errors[min(errors)]
+                if now > deadline:
+                    missing = sorted(set(range(self.nprocs)) - answered)
+                    self._break(f"{what} timed out")
+                    raise CommTimeoutError(f"{what} did not finish within {timeout:g} s on "
+                                           f"ranks {missing}; the pool is stopped")
+            self._client.delete(key)
+            rank, status, *rest = cloudpickle.loads(raw)
+            del raw
+            answered.add(rank)
+            if status == "ok":
+                results[rank] = rest[0]
+            else:
+                errors[rank] = RemoteError(rank, *rest)
+                if first_error_at is None:
+                    first_error_at = time.monotonic()
+        self._client.delete(f"pool/done/{seq}")
+        self._client.delete(f"pool/task/{seq}")
+        if errors:
+            if seq == 0:
+                self._break("start-up failed")
+            raise errors[min(errors)]
+        return results
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Tell the ranks to exit, wait up to ``timeout`` seconds, kill stragglers, clean up."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            if self._broken is None:
+                try:
+                    self._client.set(f"pool/task/{self._seq + 1}", b"X")
+                    self._group.wait_exit(timeout)
+                except CommError:
+                    pass
+            self._finalizer()
+
+    def __enter__(self) -> Pool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
