@@ -1,0 +1,143 @@
+"""Each transport between two engines in one process (two threads), no launcher.
+
+Covers what the world-level tests reach only by chance: ring wrap-around and streaming of
+payloads larger than the ring, queued sends, the rendezvous with and without cross-memory
+attach, TCP partial sends and in-place receives, both directions at once, and that a
+segment never outlives its set-up.
+"""
+
+from __future__ import annotations
+
+import glob
+import threading
+import uuid
+
+import numpy as np
+import pytest
+
+from pycomm.p2p import Engine
+from transports import get_transport_class
+
+
+class DictStore:
+    """In-memory rendezvous store with blocking get."""
+
+    def __init__(self):
+        self.data: dict[str, bytes] = {}
+        self.cv = threading.Condition()
+
+    def set(self, key, value):
+        with self.cv:
+            self.data[key] = value
+            self.cv.notify_all()
+
+    def get(self, key, timeout=None):
+        with self.cv:
+            if not self.cv.wait_for(lambda: key in self.data, timeout or 10):
+                raise TimeoutError(key)
+            return self.data[key]
+
+
+def make_pair(name: str, **opts):
+    store, job = DictStore(), "t" + uuid.uuid4().hex[:8]
+    engines = [Engine(r, 2, eager_limit=4096, spin_s=0.0, timeout=20.0) for r in range(2)]
+    cls = get_transport_class(name)
+    ts = [cls(r, 2, job, b"k" * 32, engines[r], **opts) for r in range(2)]
+    errors = []
+
+    def connect(r):
+        try:
+            ts[r].connect(store, [1 - r], 10.0)
+            engines[r].attach(ts[r], [1 - r])
+        except Exception as exc:       # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=connect, args=(r,)) for r in range(2)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert not errors, errors
+    return engines, ts, job
+
+
+def exchange(engines, arrays, tag=1):
+    """Both ranks send their array to the other and receive into a fresh one, at once."""
+    out = [np.zeros_like(a) for a in arrays]
+    errs = []
+
+    def run(r):
+        try:
+            eng = engines[r]
+            rr = eng.irecv(out[r].view(np.uint8).data, 1 - r, 0, tag)
+            ss = eng.isend(arrays[r].view(np.uint8).data, 1 - r, 0, tag)
+            eng.wait_all([rr, ss], timeout=30)
+        except Exception as exc:
+            errs.append(exc)
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(2)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert not errs, errs
+    return out
+
+
+CASES = [("shm", {"ring_bytes": 4096, "cma": False}),
+         ("shm", {"ring_bytes": 4096, "cma": True}),
+         ("shm", {}),
+         ("tcp", {})]
+
+
+@pytest.mark.parametrize("name,opts", CASES, ids=lambda x: str(x))
+@pytest.mark.parametrize("n", [0, 1, 4095, 4096, 4097, 100_000, 3_000_000])
+def test_exchange_both_ways(name, opts, n):
+    engines, ts, job = make_pair(name, **dict(opts))
+    try:
+        a = (np.arange(n, dtype=np.int64) * 7) % 251
+        b = a[::-1].copy()
+        out = exchange(engines, [a.astype(np.uint8), b.astype(np.uint8)])
+        assert np.array_equal(out[0], b.astype(np.uint8))
+        assert np.array_equal(out[1], a.astype(np.uint8))
+        # many small messages after a big one keep their order
+        small = [np.full(3, i, np.uint8) for i in range(50)]
+        recvs = [np.zeros(3, np.uint8) for _ in small]
+        rr = [engines[1].irecv(x.data, 0, 0, 2) for x in recvs]
+        ss = [engines[0].isend(x.data, 1, 0, 2) for x in small]
+        done = threading.Thread(target=engines[0].wait_all, args=(ss,))
+        done.start()
+        engines[1].wait_all(rr, timeout=10)
+        done.join()
+        assert [int(x[0]) for x in recvs] == list(range(50))
+    finally:
+        for t in ts:
+            t.close()
+    assert not glob.glob(f"/dev/shm/pycomm-{job}-*")
+
+
+def test_shm_segments_are_unlinked_after_connect():
+    engines, ts, job = make_pair("shm")
+    try:
+        assert not glob.glob(f"/dev/shm/pycomm-{job}-*")
+    finally:
+        for t in ts:
+            t.close()
+
+
+def test_tcp_rejects_wrong_token():
+    store, job = DictStore(), "t" + uuid.uuid4().hex[:8]
+    engines = [Engine(r, 2, eager_limit=64, spin_s=0.0, timeout=5.0) for r in range(2)]
+    cls = get_transport_class("tcp")
+    ts = [cls(0, 2, job, b"right" * 8, engines[0]), cls(1, 2, job, b"wrong" * 8, engines[1])]
+    errors = []
+
+    def connect(r):
+        try:
+            ts[r].connect(store, [1 - r], 2.0)
+        except Exception as exc:
+            errors.append((r, exc))
+
+    threads = [threading.Thread(target=connect, args=(r,)) for r in range(2)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    for t in ts:
+        t.close()
+    assert {r for r, _ in errors} == {0, 1}
+    assert any("authentication" in str(e) or "handshake" in str(e) for _, e in errors)
