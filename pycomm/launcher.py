@@ -34,14 +34,15 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import ClassVar
 
 from pycomm import config
 from pycomm.errors import ArgumentError
 from pycomm.store import StoreServer
 
-__all__ = ["shm_prefix", "sweep_shm", "RankExit", "RankGroup", "main"]
+__all__ = ["RankExit", "RankGroup", "main", "shm_prefix", "sweep_shm"]
 
 TRANSPORT_CHOICES = ("auto", "shm", "tcp")
 SHM_DIR = "/dev/shm"
@@ -110,6 +111,9 @@ class RankExit:
 
 
 def _preexec(parent_pid: int) -> Callable[[], None]:
+    # preexec_fn runs between fork and exec while other threads (the store, zmq) exist. It
+    # only calls a prctl resolved before the fork and getppid: no locks, no allocation
+    # worth the name; this is the one way to get PDEATHSIG without a wrapper process.
     def run_in_child() -> None:  # between fork and exec: nothing that takes locks
         if _prctl is not None:
             _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
@@ -121,7 +125,8 @@ def _preexec(parent_pid: int) -> Callable[[], None]:
 class _Forwarder(threading.Thread):
     """Copies one pipe to ``sys.<stream>`` line by line, each line prefixed ``[rank] ``."""
 
-    locks = {"stdout": threading.Lock(), "stderr": threading.Lock()}
+    locks: ClassVar[dict[str, threading.Lock]] = {"stdout": threading.Lock(),
+                                                   "stderr": threading.Lock()}
 
     def __init__(self, pipe, rank: int, stream: str):
         super().__init__(name=f"pycomm-forward-{rank}-{stream}", daemon=True)
@@ -224,7 +229,7 @@ class RankGroup:
                 env = {**os.environ, **(extra_env or {}), **self.env_for(rank)}
                 proc = subprocess.Popen([sys.executable, *argv], env=env, stdin=subprocess.DEVNULL,
                                         stdout=pipe, stderr=pipe, start_new_session=True,
-                                        preexec_fn=_preexec(os.getpid()))
+                                        preexec_fn=_preexec(os.getpid()))  # noqa: PLW1509
                 self.procs.append(proc)
                 if self.prefix:
                     for stream, src in (("stdout", proc.stdout), ("stderr", proc.stderr)):

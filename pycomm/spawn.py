@@ -36,7 +36,8 @@ import sys
 import threading
 import time
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import cloudpickle
 import msgpack
@@ -46,7 +47,7 @@ from pycomm.errors import CommError, CommTimeoutError, PeerError, RemoteError
 from pycomm.launcher import RankGroup
 from pycomm.store import StoreClient
 
-__all__ = ["spawn", "Pool"]
+__all__ = ["Pool", "spawn"]
 
 _WAIT_SLICE_S = 0.25  # seconds of one store wait before checking that the ranks live
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

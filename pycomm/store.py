@@ -54,7 +54,7 @@ import zmq
 from pycomm import config
 from pycomm.errors import ArgumentError, CommError, CommTimeoutError, ProtocolError
 
-__all__ = ["StoreServer", "StoreClient", "hmac_proof", "normalize_token"]
+__all__ = ["StoreClient", "StoreServer", "hmac_proof", "normalize_token"]
 
 MAGIC = b"PYCS"
 VERSION = 1
@@ -118,7 +118,7 @@ def _endpoint(host: str, port: int | str) -> str:
 class _Parked:
     """A request waiting on the server: a get on a missing key, or a barrier entrant."""
 
-    __slots__ = ("ident", "rid", "deadline", "what", "done")
+    __slots__ = ("deadline", "done", "ident", "rid", "what")
 
     def __init__(self, ident: bytes, rid: int, deadline: float, what: str):
         self.ident, self.rid, self.deadline, self.what = ident, rid, deadline, what

@@ -14,7 +14,14 @@ import zmq
 
 from pycomm.errors import ArgumentError, CommError, CommTimeoutError, ProtocolError
 from pycomm.store import (
-    HELLO, MAGIC, NONCE_LEN, REFUSED, StoreClient, StoreServer, hmac_proof, normalize_token,
+    HELLO,
+    MAGIC,
+    NONCE_LEN,
+    REFUSED,
+    StoreClient,
+    StoreServer,
+    hmac_proof,
+    normalize_token,
 )
 
 TOKEN = secrets.token_hex(32)
