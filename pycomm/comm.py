@@ -255,6 +255,9 @@ class Communicator(ObjectMethods):
         """Whether a matching message has arrived (fills ``status`` if so)."""
         source = self._check_rank(source, "source", allow_any=True)
         tag = self._check_tag(tag, "tag", allow_any=True)
+        if source == PROC_NULL:         # MPI: succeeds at once, as a receive from it would
+            _fill(status, PROC_NULL, ANY_TAG, 0)
+            return True
         src = self._world[source] if source >= 0 else ANY_SOURCE
         u = self._engine.iprobe(src, self._pctx, tag)
         if u is None:
