@@ -10,7 +10,7 @@ Protocols (header = msgpack list; the first item is the frame kind):
 kind      header                                 meaning
 ======== ====================================== ==========================================
 EAGER    [0, ctx, tag]          + payload        the whole message (<= eager limit)
-RTS      [1, ctx, tag, nbytes, sid, addr]        request to send a large message
+RTS      [1, ctx, tag, nbytes, sid, desc]        request to send a large message
 CTS      [2, sid, rid]                           receiver matched it: stream into rid
 DATA     [3, rid]               + payload        the large message, landing in place
 FIN      [4, sid]                                receiver copied it one-sidedly: sender done
@@ -21,8 +21,9 @@ receiver lands the payload in the posted buffer if a receive matches, otherwise 
 unexpected-message buffer (one extra copy when the receive is posted later).
 
 Rendezvous (messages above ``PYCOMM_EAGER_LIMIT`` bytes): the sender announces the message
-(RTS, with its buffer address when its transport can be read one-sidedly) and keeps the
-buffer. When a receive matches, the receiver either copies the sender's buffer directly
+(RTS, with a descriptor of its buffer, ``transport.expose(view)``, when the transport can
+be read one-sidedly: an address for cross-memory attach, (address, rkey) for RDMA) and
+keeps the buffer. When a receive matches, the receiver either copies the sender's buffer directly
 into its own with the transport's one-sided read and answers FIN (shm + cross-memory
 attach: one copy in all), or answers CTS and the sender streams the payload, which the
 transport lands directly in the posted buffer (no extra copy: the payload is never staged
@@ -190,24 +191,21 @@ class Request:
 
 
 class _Unexpected:
-    __slots__ = ("ctx", "src", "tag", "nbytes", "kind", "buf", "arrived", "sid", "addr",
+    __slots__ = ("ctx", "src", "tag", "nbytes", "kind", "buf", "arrived", "sid", "desc",
                  "matched")
 
     def __init__(self, ctx, src, tag, nbytes, kind):
         self.ctx, self.src, self.tag, self.nbytes, self.kind = ctx, src, tag, nbytes, kind
         self.buf: bytearray | None = None
         self.arrived = False
-        self.sid = self.addr = 0
+        self.sid = 0
+        self.desc = None
         self.matched: Request | None = None
 
 
 def _matches(ctx, src, tag, r_ctx, r_src, r_tag) -> bool:
     return r_ctx == ctx and (r_src == src or r_src == ANY_SOURCE) and \
         (r_tag == tag or (r_tag == ANY_TAG and tag >= 0))
-
-
-def _address(view: memoryview) -> int:
-    return np.frombuffer(view, dtype=np.uint8).ctypes.data if len(view) else 0
 
 
 class Engine:
@@ -234,6 +232,7 @@ class Engine:
         self._incoming: dict[int, Any] = {}
         self._sends: dict[int, Request] = {}
         self._recvs: dict[int, Request] = {}
+        self._exposed: dict[int, tuple] = {}     # sid -> (transport, descriptor)
         self._next_id = 1
         self._failed: PeerError | None = None
 
@@ -271,8 +270,10 @@ class Engine:
                 sid = self._next_id
                 self._next_id += 1
                 self._sends[sid] = req
-                addr = _address(view) if t.one_sided_read else 0
-                t.send(dest, _pack((RTS, ctx, tag, n, sid, addr)), None, None)
+                desc = t.expose(view) if t.one_sided_read else None
+                if desc is not None:
+                    self._exposed[sid] = (t, desc)
+                t.send(dest, _pack((RTS, ctx, tag, n, sid, desc)), None, None)
         except TransportError as exc:
             raise self._peer_error(exc) from None
         return req
@@ -329,17 +330,17 @@ class Engine:
             else:
                 u.matched = req            # payload still streaming in; finish on arrival
         else:
-            self._start_rndv(req, u.src, u.tag, u.nbytes, u.sid, u.addr)
+            self._start_rndv(req, u.src, u.tag, u.nbytes, u.sid, u.desc)
 
-    def _start_rndv(self, req, src, tag, nbytes, sid, addr) -> None:
+    def _start_rndv(self, req, src, tag, nbytes, sid, desc) -> None:
         t = self.route[src]
         dest = self._dest_for(req, src, tag, nbytes)
         if req.error is not None:        # truncated: release the sender, fail the receive
             t.send(src, _pack((FIN, sid)), None, None)
             req._complete()
             return
-        if addr and t.one_sided_read and t.cma_available(src):
-            t.read_remote(src, addr, nbytes, dest)
+        if desc is not None and t.can_read(src):
+            t.read_remote(src, desc, nbytes, dest)
             t.send(src, _pack((FIN, sid)), None, None)
             req._complete()
             return
@@ -383,18 +384,19 @@ class Engine:
             self._incoming[peer] = u
             return memoryview(u.buf)
         if kind == RTS:
-            _, ctx, tag, n, sid, addr = h
+            _, ctx, tag, n, sid, desc = h
             for i, r in enumerate(self.posted):
                 if _matches(ctx, peer, tag, r.ctx, r.peer, r.tag):
                     del self.posted[i]
-                    self._start_rndv(r, peer, tag, n, sid, addr)
+                    self._start_rndv(r, peer, tag, n, sid, desc)
                     return None
             u = _Unexpected(ctx, peer, tag, n, RTS)
-            u.sid, u.addr = sid, addr
+            u.sid, u.desc = sid, desc
             self.unexpected.append(u)
             return None
         if kind == CTS:
             req = self._sends.pop(h[1])
+            self._release(h[1])
             if self.route[peer].send(peer, _pack((DATA, h[2])), req.view, req):
                 req._complete()
             return None
@@ -404,8 +406,14 @@ class Engine:
             return req.view
         if kind == FIN:
             self._sends.pop(h[1])._complete()
+            self._release(h[1])
             return None
         raise TransportError(f"rank {peer} sent an unknown frame kind {kind!r}")
+
+    def _release(self, sid: int) -> None:
+        exposed = self._exposed.pop(sid, None)
+        if exposed is not None:
+            exposed[0].release(exposed[1])
 
     def on_payload(self, peer: int) -> None:
         x = self._incoming.pop(peer, None)

@@ -28,6 +28,7 @@ class FakeLink:
         self.one_sided_read = one_sided
         self.piece = piece
         self.inbox: deque = deque()        # (src, header, payload bytes)
+        self.released: list = []
         self.current = None
 
     def send(self, peer, header, payload, token):
@@ -56,7 +57,13 @@ class FakeLink:
     def check_peers(self):
         pass
 
-    def cma_available(self, peer):
+    def expose(self, view):
+        return np.frombuffer(view, np.uint8).ctypes.data
+
+    def release(self, desc):
+        self.released.append(desc)
+
+    def can_read(self, peer):
         return self.one_sided_read
 
     def read_remote(self, peer, address, nbytes, dest):

@@ -152,8 +152,25 @@ class Transport(ABC):
     def check_peers(self) -> None:
         """Raise PeerLostError if a peer is known to be dead (called while waiting long)."""
 
-    def read_remote(self, peer: int, address: int, nbytes: int, dest: memoryview) -> None:
-        """Copy ``nbytes`` from ``peer``'s memory at ``address`` into ``dest`` (one copy)."""
+    # -- one-sided capability (used by the rendezvous protocol when one_sided_read) -------
+    def expose(self, view: memoryview) -> Any:
+        """Make ``view`` (a send buffer) readable by peers; return a msgpack-able descriptor.
+
+        The descriptor travels in the rendezvous request; the buffer stays untouched until
+        :meth:`release` is called with it. Return None to decline (the payload is then
+        streamed).
+        """
+        return None
+
+    def release(self, desc: Any) -> None:
+        """The peer is done with the buffer ``desc`` described (default: nothing to do)."""
+
+    def can_read(self, peer: int) -> bool:
+        """Whether :meth:`read_remote` works towards ``peer``."""
+        return False
+
+    def read_remote(self, peer: int, desc: Any, nbytes: int, dest: memoryview) -> None:
+        """Copy ``nbytes`` of the buffer ``peer`` exposed as ``desc`` into ``dest``."""
         raise NotImplementedError(f"transport {self.name} has no one-sided read")
 
     @abstractmethod

@@ -414,6 +414,14 @@ class ShmTransport(Transport):
             if state in (b"Z", b"X"):
                 raise PeerLostError(peer, f"process {pid} has exited")
 
+    def expose(self, view: memoryview) -> int | None:
+        """The buffer's address: peers read it with process_vm_readv (same uid, same host)."""
+        return _address_of(view) if len(view) else None
+
+    def can_read(self, peer: int) -> bool:
+        """Whether cross-memory attach towards ``peer`` worked when probed at connect."""
+        return self._cma_ok.get(peer, False)
+
     def read_remote(self, peer: int, address: int, nbytes: int, dest: memoryview) -> None:
         """Copy ``nbytes`` from ``peer``'s address space into ``dest``: one copy (CMA).
 
@@ -433,10 +441,6 @@ class ShmTransport(Transport):
                 err = ctypes.get_errno()
                 raise PeerLostError(peer, f"process_vm_readv failed: {os.strerror(err)}")
             done += n
-
-    def cma_available(self, peer: int) -> bool:
-        """Whether ``read_remote`` works for ``peer`` (probed at connect time)."""
-        return self._cma_ok.get(peer, False)
 
     def close(self) -> None:
         if self._closed:
