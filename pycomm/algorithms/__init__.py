@@ -1,0 +1,208 @@
+"""Collective algorithms: one registry, one cost model, one choice.
+
+Each algorithm is a plain function ``<collective>_<algorithm>(cc, ...)`` over the point-to-
+point calls of a collective context ``cc`` (``rank``, ``size``, ``send``, ``recv``, ``isend``,
+``irecv``, ``waitall``, ``sendrecv``), in one module per collective. :data:`REGISTRY` maps
+collective -> algorithm -> :class:`AlgorithmInfo`; :func:`choose` picks one per call,
+either the one the user named (``algorithm=`` or ``PYCOMM_ALGORITHM_<COLLECTIVE>``) or the
+argmin of the α-β-γ model in :mod:`pycomm.algorithms.cost`.
+
+Bytes of a call (``nbytes`` below), which must be the same on every rank:
+
+* allreduce, bcast, reduce: the bytes of the vector;
+* allgather, gather, scatter, alltoall, reduce_scatter_block: the bytes of the whole
+  ``size * count`` buffer (``size * count * itemsize``);
+* barrier: 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from pycomm import config
+from pycomm.algorithms.allgather import allgather_recursive_doubling, allgather_ring
+from pycomm.algorithms.allreduce import (allreduce_rabenseifner, allreduce_recursive_doubling,
+                                         allreduce_ring)
+from pycomm.algorithms.alltoall import alltoall_pairwise
+from pycomm.algorithms.barrier import barrier_dissemination
+from pycomm.algorithms.bcast import bcast_binomial, bcast_scatter_allgather
+from pycomm.algorithms.cost import cost
+from pycomm.algorithms.gather import gather_binomial, gather_linear
+from pycomm.algorithms.reduce import reduce_binomial
+from pycomm.algorithms.reduce_scatter import (reduce_scatter_block_pairwise,
+                                              reduce_scatter_block_ring)
+from pycomm.algorithms.scatter import scatter_binomial, scatter_linear
+from pycomm.algorithms.topology import is_pof2
+from pycomm.errors import ArgumentError
+
+__all__ = ["AlgorithmInfo", "REGISTRY", "AUTO", "algorithms", "choose", "model_time"]
+
+AUTO = "auto"
+
+
+@dataclass(frozen=True)
+class AlgorithmInfo:
+    """What the registry knows about one algorithm.
+
+    Attributes:
+        collective: e.g. ``"allreduce"``.
+        name: e.g. ``"ring"``; the function is ``<collective>_<name>``.
+        fn: the schedule, called as documented in its module.
+        commutative_only: serves commutative ops only (reorders operands).
+        pof2_only: needs a power-of-two number of ranks.
+        doc: one line for ``pycomm.algorithms()`` listings and error messages.
+    """
+
+    collective: str
+    name: str
+    fn: Callable
+    commutative_only: bool
+    pof2_only: bool
+    doc: str
+
+    def unfit_reason(self, size: int, commutative: bool) -> str | None:
+        """Why this algorithm cannot serve a call, or None when it can."""
+        if self.commutative_only and not commutative:
+            return "it needs a commutative op"
+        if self.pof2_only and not is_pof2(size):
+            return f"it needs a power-of-two number of ranks (size={size})"
+        return None
+
+
+def _table(collective: str, *entries: tuple) -> dict[str, AlgorithmInfo]:
+    return {name: AlgorithmInfo(collective, name, fn, comm_only, pof2, doc)
+            for name, fn, comm_only, pof2, doc in entries}
+
+
+# Registry order breaks ties of the cost model (the first listed wins).
+REGISTRY: dict[str, dict[str, AlgorithmInfo]] = {
+    "barrier": _table(
+        "barrier",
+        ("dissemination", barrier_dissemination, False, False,
+         "ceil(log2 p) rounds of zero-byte messages (Hensgen, Finkel & Manber 1988)"),
+    ),
+    "bcast": _table(
+        "bcast",
+        ("binomial", bcast_binomial, False, False,
+         "binomial tree, whole vector per edge; small messages"),
+        ("scatter_allgather", bcast_scatter_allgather, False, False,
+         "binomial scatter + ring allgather (van de Geijn); large messages"),
+    ),
+    "reduce": _table(
+        "reduce",
+        ("binomial", reduce_binomial, False, False,
+         "binomial tree; rank order kept for non-commutative ops"),
+    ),
+    "allreduce": _table(
+        "allreduce",
+        ("recursive_doubling", allreduce_recursive_doubling, False, False,
+         "log2 p whole-vector exchanges; small messages"),
+        ("rabenseifner", allreduce_rabenseifner, False, False,
+         "recursive halving reduce-scatter + doubling allgather; medium messages"),
+        ("ring", allreduce_ring, True, False,
+         "ring reduce-scatter + allgather; large messages, commutative ops"),
+    ),
+    "allgather": _table(
+        "allgather",
+        ("recursive_doubling", allgather_recursive_doubling, False, True,
+         "log2 p doubling exchanges; power-of-two sizes"),
+        ("ring", allgather_ring, False, False, "p-1 neighbour steps; any size"),
+    ),
+    "gather": _table(
+        "gather",
+        ("binomial", gather_binomial, False, False, "binomial tree; many ranks, small blocks"),
+        ("linear", gather_linear, False, False, "root receives from every rank; no scratch"),
+    ),
+    "scatter": _table(
+        "scatter",
+        ("binomial", scatter_binomial, False, False, "binomial tree; many ranks, small blocks"),
+        ("linear", scatter_linear, False, False, "root sends to every rank; no scratch"),
+    ),
+    "alltoall": _table(
+        "alltoall",
+        ("pairwise", alltoall_pairwise, False, False, "p-1 sendrecv steps to r+k / from r-k"),
+    ),
+    "reduce_scatter_block": _table(
+        "reduce_scatter_block",
+        ("ring", reduce_scatter_block_ring, True, False,
+         "ring; commutative ops; overwrites sendbuf"),
+        ("pairwise", reduce_scatter_block_pairwise, False, False,
+         "p-1 sendrecv steps; exact rank order; sendbuf untouched"),
+    ),
+}
+
+
+def _table_for(collective: str) -> dict[str, AlgorithmInfo]:
+    try:
+        return REGISTRY[collective]
+    except KeyError:
+        raise ArgumentError(f"unknown collective {collective!r}; known: "
+                            f"{', '.join(REGISTRY)}") from None
+
+
+def algorithms(collective: str) -> list[str]:
+    """Return the algorithm names available for ``collective`` (e.g. ``"allreduce"``).
+
+    Raises:
+        ArgumentError: ``collective`` is not a known collective.
+    """
+    return list(_table_for(collective))
+
+
+def model_time(collective: str, algorithm: str, nbytes: int, size: int) -> float:
+    """Return the cost model's predicted seconds for one call (for tests and benchmarks)."""
+    _table_for(collective)
+    return cost(collective, algorithm, nbytes, size)
+
+
+def choose(collective: str, nbytes: int, size: int, *, requested: str | None = None,
+           commutative: bool = True) -> tuple[str, Callable]:
+    """Pick the algorithm for one collective call.
+
+    Every rank must call this with the same arguments so that all ranks run the same
+    schedule.
+
+    Rule: a named algorithm wins. The name comes from ``requested`` (the call's
+    ``algorithm=``); when that is None, from ``PYCOMM_ALGORITHM_<COLLECTIVE>``. ``"auto"``
+    (from either source; ``requested="auto"`` also overrides the environment) or nothing
+    means automatic: the algorithm with the least modelled time among those that can
+    serve the call (:mod:`pycomm.algorithms.cost`; ties go to registry order).
+
+    Args:
+        collective: a key of :data:`REGISTRY`.
+        nbytes: bytes of the call, as defined in this module's docstring.
+        size: number of ranks.
+        requested: an algorithm name, ``"auto"``, or None.
+        commutative: whether the reduction op is commutative (True for non-reductions).
+
+    Returns:
+        ``(name, fn)``.
+
+    Raises:
+        ArgumentError: unknown collective or algorithm name (the message lists the valid
+            ones and says where the name came from), or a named algorithm that cannot
+            serve this call (non-commutative op, non-power-of-two size): never a silent
+            fallback.
+    """
+    table = _table_for(collective)
+    source = "algorithm="
+    if requested is None:
+        requested = config.algorithm_override(collective)
+        source = f"environment variable {config.ALGORITHM_PREFIX}{collective.upper()}"
+    if requested is not None and str(requested).strip().lower() != AUTO:
+        name = str(requested).strip().lower()
+        info = table.get(name)
+        if info is None:
+            raise ArgumentError(f"unknown {collective} algorithm {requested!r} (from "
+                                f"{source}); valid: {AUTO}, {', '.join(table)}")
+        reason = info.unfit_reason(size, commutative)
+        if reason is not None:
+            fit = [n for n, i in table.items() if i.unfit_reason(size, commutative) is None]
+            raise ArgumentError(f"{collective} algorithm {name!r} (from {source}) cannot "
+                                f"serve this call: {reason}; usable here: "
+                                f"{AUTO}, {', '.join(fit)}")
+        return info.name, info.fn
+    candidates = [i for i in table.values() if i.unfit_reason(size, commutative) is None]
+    best = min(candidates, key=lambda i: cost(collective, i.name, nbytes, size))
+    return best.name, best.fn

@@ -1,0 +1,478 @@
+"""Every registered (collective, algorithm) against a numpy reference, on fake ranks.
+
+Ranks are threads (tests/fakecomm.py) with strict, synchronous sends, so schedules that
+deadlock, mismatch sizes, touch send buffers early or leave messages behind fail here.
+Matrix: sizes 1..9, every root, counts 0, 1, 2, 7 (odd), 13 (> size), dtypes
+float32/float64/int32/int64 for reductions (float32/int64 for data movement), ops
+SUM/PROD/MIN/MAX, plus a non-commutative user op and a
+hypothesis run over random floats for bit-identical allreduce results. Inputs are small
+integers so every summation order gives the exact reference.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import threading
+import time
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pycomm import ops
+from pycomm.algorithms import topology
+from pycomm.errors import ArgumentError
+from fakecomm import FakeCommError, run_fake  # tests/ is on sys.path under pytest
+
+# ``pycomm.algorithms`` the attribute is the re-exported function; take the module itself.
+algs = importlib.import_module("pycomm.algorithms")
+
+SIZES = list(range(1, 10))
+COUNTS = [0, 1, 2, 7, 13]
+DTYPES = [np.float32, np.float64, np.int32, np.int64]
+OPS = [ops.SUM, ops.PROD, ops.MIN, ops.MAX]
+# Data movement never looks at values: one 4-byte and one 8-byte dtype cover it.
+MOVE_DTYPES = [np.float32, np.int64]
+
+
+def contributions(size: int, n: int, dtype, op=None, seed: int = 0) -> list[np.ndarray]:
+    """Per-rank inputs: small integers (exact under any order; products stay small)."""
+    rng = np.random.default_rng(seed * 7919 + size * 131 + n)
+    lo, hi = (-2, 3) if op is ops.PROD else (-8, 9)
+    return [rng.integers(lo, hi, n).astype(dtype) for _ in range(size)]
+
+
+def fold(op, xs: list[np.ndarray]) -> np.ndarray:
+    """Return the reference x_0 ∘ x_1 ∘ ... folded in rank order."""
+    return functools.reduce(op.reduce_objects, [x.copy() for x in xs])
+
+
+def assert_same_bytes(results: list[np.ndarray]) -> None:
+    first = results[0].tobytes()
+    for rank, res in enumerate(results):
+        assert res.tobytes() == first, f"rank {rank} differs from rank 0 bitwise"
+
+
+def algorithm_cases(collective: str):
+    return [pytest.param(name, id=name) for name in algs.algorithms(collective)]
+
+
+def usable(collective: str, name: str, size: int, commutative: bool = True) -> bool:
+    return algs.REGISTRY[collective][name].unfit_reason(size, commutative) is None
+
+
+# -- reductions -----------------------------------------------------------------------------
+@pytest.mark.parametrize("op", OPS, ids=lambda o: o.name)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("count", COUNTS)
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("name", algorithm_cases("allreduce"))
+def test_allreduce(name, size, count, dtype, op):
+    fn = algs.REGISTRY["allreduce"][name].fn
+    xs = contributions(size, count, dtype, op)
+    expected = fold(op, xs)
+
+    def body(cc):
+        buf = xs[cc.rank].copy()
+        fn(cc, buf, op)
+        return buf
+
+    results = run_fake(size, body)
+    for res in results:
+        np.testing.assert_array_equal(res, expected)
+        assert res.dtype == np.dtype(dtype)
+    assert_same_bytes(results)
+
+
+@pytest.mark.parametrize("op", OPS, ids=lambda o: o.name)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("count", [0, 1, 7, 13])
+@pytest.mark.parametrize("size", SIZES)
+def test_reduce_binomial(size, count, dtype, op):
+    xs = contributions(size, count, dtype, op)
+    expected = fold(op, xs)
+    for root in range(size):
+        def body(cc):
+            buf = xs[cc.rank].copy()
+            algs.REGISTRY["reduce"]["binomial"].fn(cc, buf, root, op)
+            return buf
+
+        np.testing.assert_array_equal(run_fake(size, body)[root], expected)
+
+
+@pytest.mark.parametrize("op", OPS, ids=lambda o: o.name)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("count", [0, 1, 3])  # the buffer holds size * count elements
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("name", algorithm_cases("reduce_scatter_block"))
+def test_reduce_scatter_block(name, size, count, dtype, op):
+    fn = algs.REGISTRY["reduce_scatter_block"][name].fn
+    xs = contributions(size, size * count, dtype, op)
+    expected = fold(op, xs)
+
+    def body(cc):
+        recvbuf = np.full(count, 99, dtype=dtype)
+        fn(cc, xs[cc.rank].copy(), recvbuf, op)
+        return recvbuf
+
+    for rank, res in enumerate(run_fake(size, body)):
+        np.testing.assert_array_equal(res, expected[rank * count:(rank + 1) * count])
+
+
+# -- non-commutative: affine maps x -> a*x + b composed in rank order (mod 2**64) ------------
+AFFINE = np.dtype([("a", np.uint64), ("b", np.uint64)])
+
+
+def _compose(invec, inoutvec, datatype=None):
+    """Compose affine maps: ``inoutvec = invec ∘ inoutvec`` (invec's map applies first)."""
+    a = inoutvec["a"] * invec["a"]
+    b = inoutvec["a"] * invec["b"] + inoutvec["b"]
+    inoutvec["a"], inoutvec["b"] = a, b
+
+
+AFFINE_OP = ops.Op.Create(_compose, commute=False)
+
+
+def affine_inputs(size: int, n: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(size * 1000 + n)
+    out = []
+    for _ in range(size):
+        x = np.empty(n, dtype=AFFINE)
+        x["a"] = rng.integers(1, 1 << 40, n, dtype=np.uint64)
+        x["b"] = rng.integers(0, 1 << 40, n, dtype=np.uint64)
+        out.append(x)
+    return out
+
+
+def affine_fold(xs):
+    acc = xs[0].copy()
+    for x in xs[1:]:
+        nxt = x.copy()
+        with np.errstate(over="ignore"):
+            _compose(acc, nxt)
+        acc = nxt
+    return acc
+
+
+@pytest.mark.parametrize("count", [0, 1, 5, 13])
+@pytest.mark.parametrize("size", SIZES)
+def test_noncommutative_rank_order(size, count):
+    xs = affine_inputs(size, count)
+    expected = affine_fold(xs)
+    assert size == 1 or count == 0 or not np.array_equal(expected, affine_fold(xs[::-1]))
+    with np.errstate(over="ignore"):
+        for name in algs.algorithms("allreduce"):
+            if not usable("allreduce", name, size, commutative=False):
+                continue
+            fn = algs.REGISTRY["allreduce"][name].fn
+            results = run_fake(size, lambda cc: (fn(cc, b := xs[cc.rank].copy(), AFFINE_OP), b)[1])
+            for res in results:
+                assert np.array_equal(res, expected), f"allreduce {name}"
+        for root in range(size):
+            results = run_fake(size, lambda cc: (algs.reduce_binomial(
+                cc, b := xs[cc.rank].copy(), root, AFFINE_OP), b)[1])
+            assert np.array_equal(results[root], expected), f"reduce root={root}"
+        per = max(count // size, 1)
+        xs2 = affine_inputs(size, size * per)
+        exp2 = affine_fold(xs2)
+        for name in algs.algorithms("reduce_scatter_block"):
+            if not usable("reduce_scatter_block", name, size, commutative=False):
+                continue
+            fn = algs.REGISTRY["reduce_scatter_block"][name].fn
+
+            def body(cc):
+                out = np.zeros(per, dtype=AFFINE)
+                fn(cc, xs2[cc.rank].copy(), out, AFFINE_OP)
+                return out
+
+            for rank, res in enumerate(run_fake(size, body)):
+                assert np.array_equal(res, exp2[rank * per:(rank + 1) * per]), name
+
+
+# -- bit-identical floats (hypothesis) ---------------------------------------------------------
+@settings(max_examples=60, deadline=None)
+@given(size=st.integers(1, 9), count=st.integers(0, 40),
+       name=st.sampled_from(algs.algorithms("allreduce")),
+       dtype=st.sampled_from([np.float32, np.float64]),
+       op=st.sampled_from(OPS), seed=st.integers(0, 2**32 - 1))
+def test_allreduce_random_floats_bit_identical(size, count, name, dtype, op, seed):
+    rng = np.random.default_rng(seed)
+    xs = [(rng.standard_normal(count) * 10 ** rng.uniform(-3, 3, count)).astype(dtype)
+          for _ in range(size)]
+    fn = algs.REGISTRY["allreduce"][name].fn
+    results = run_fake(size, lambda cc: (fn(cc, b := xs[cc.rank].copy(), op), b)[1])
+    assert_same_bytes(results)
+    rtol = 1e-4 if dtype == np.float32 else 1e-10
+    np.testing.assert_allclose(results[0], fold(op, xs), rtol=rtol, atol=1e-30)
+
+
+# -- data movement ---------------------------------------------------------------------------
+def block_inputs(size: int, count: int, dtype) -> list[np.ndarray]:
+    """Rank r's data: distinct values per rank and position."""
+    return [(np.arange(count) + 100 * r + 1).astype(dtype) for r in range(size)]
+
+
+@pytest.mark.parametrize("dtype", MOVE_DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("count", COUNTS)
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("name", algorithm_cases("bcast"))
+def test_bcast(name, size, count, dtype):
+    fn = algs.REGISTRY["bcast"][name].fn
+    xs = block_inputs(size, count, dtype)
+    for root in range(size):
+        def body(cc):
+            buf = xs[root].copy() if cc.rank == root else np.zeros(count, dtype)
+            fn(cc, buf, root)
+            return buf
+
+        for res in run_fake(size, body):
+            np.testing.assert_array_equal(res, xs[root])
+
+
+@pytest.mark.parametrize("dtype", MOVE_DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("count", COUNTS)
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("name", algorithm_cases("allgather"))
+def test_allgather(name, size, count, dtype):
+    if not usable("allgather", name, size):
+        with pytest.raises(ArgumentError):
+            algs.choose("allgather", count, size, requested=name)
+        return
+    fn = algs.REGISTRY["allgather"][name].fn
+    xs = block_inputs(size, count, dtype)
+
+    def body(cc):
+        buf = np.zeros(size * count, dtype)
+        buf[cc.rank * count:(cc.rank + 1) * count] = xs[cc.rank]
+        fn(cc, buf, count)
+        return buf
+
+    expected = np.concatenate(xs)
+    for res in run_fake(size, body):
+        np.testing.assert_array_equal(res, expected)
+
+
+@pytest.mark.parametrize("dtype", MOVE_DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("count", COUNTS)
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("name", algorithm_cases("gather"))
+def test_gather(name, size, count, dtype):
+    fn = algs.REGISTRY["gather"][name].fn
+    xs = block_inputs(size, count, dtype)
+    for root in range(size):
+        def body(cc):
+            recvbuf = np.zeros(size * count, dtype) if cc.rank == root else None
+            sendbuf = xs[cc.rank].copy()
+            fn(cc, sendbuf, recvbuf, root)
+            np.testing.assert_array_equal(sendbuf, xs[cc.rank])  # input untouched
+            return recvbuf
+
+        np.testing.assert_array_equal(run_fake(size, body)[root], np.concatenate(xs))
+
+
+@pytest.mark.parametrize("dtype", MOVE_DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("count", COUNTS)
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("name", algorithm_cases("scatter"))
+def test_scatter(name, size, count, dtype):
+    fn = algs.REGISTRY["scatter"][name].fn
+    data = (np.arange(size * count) * 3 + 1).astype(dtype)
+    for root in range(size):
+        def body(cc):
+            sendbuf = data.copy() if cc.rank == root else None
+            recvbuf = np.zeros(count, dtype)
+            fn(cc, sendbuf, recvbuf, root)
+            if sendbuf is not None:
+                np.testing.assert_array_equal(sendbuf, data)  # input untouched
+            return recvbuf
+
+        for rank, res in enumerate(run_fake(size, body)):
+            np.testing.assert_array_equal(res, data[rank * count:(rank + 1) * count])
+
+
+@pytest.mark.parametrize("dtype", MOVE_DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("count", COUNTS)
+@pytest.mark.parametrize("size", SIZES)
+def test_alltoall_pairwise(size, count, dtype):
+    # rank r's block d holds 1000*r + 10*d + position
+    def sendbuf_of(r):
+        return np.concatenate([1000 * r + 10 * d + np.arange(count) for d in range(size)]
+                              ).astype(dtype) if count else np.zeros(0, dtype)
+
+    def body(cc):
+        recvbuf = np.zeros(size * count, dtype)
+        sendbuf = sendbuf_of(cc.rank)
+        algs.alltoall_pairwise(cc, sendbuf, recvbuf, count)
+        np.testing.assert_array_equal(sendbuf, sendbuf_of(cc.rank))
+        return recvbuf
+
+    for rank, res in enumerate(run_fake(size, body)):
+        for src in range(size):
+            np.testing.assert_array_equal(res[src * count:(src + 1) * count],
+                                          sendbuf_of(src)[rank * count:(rank + 1) * count])
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_barrier_dissemination(size):
+    arrived = []
+    lock = threading.Lock()
+
+    def body(cc):
+        time.sleep(0.002 * ((cc.rank * 5) % size))  # stagger arrivals
+        with lock:
+            arrived.append(cc.rank)
+        algs.barrier_dissemination(cc)
+        with lock:
+            return len(arrived)
+
+    assert run_fake(size, body) == [size] * size
+
+
+# -- wire costs as documented ------------------------------------------------------------------
+@pytest.mark.parametrize("size", SIZES)
+def test_message_counts(size):
+    count = 37
+    q, lg = topology.pof2_floor(size), topology.ceil_log2(size)
+    folded = [topology.fold_new_rank(r, size) is None for r in range(size)]
+    in_fold = [r < 2 * (size - q) for r in range(size)]
+
+    def traffic(fn):
+        _, ccs = run_fake(size, fn, return_ccs=True)
+        return [cc.sent_messages for cc in ccs], [cc.sent_bytes for cc in ccs]
+
+    msgs, nbytes = traffic(lambda cc: algs.barrier_dissemination(cc))
+    assert msgs == [lg] * size and nbytes == [0] * size
+    msgs, _ = traffic(lambda cc: algs.bcast_binomial(cc, np.zeros(count), 0))
+    assert sum(msgs) == size - 1
+    msgs, nbytes = traffic(lambda cc: algs.allreduce_ring(cc, np.ones(count), ops.SUM))
+    assert msgs == [2 * (size - 1)] * size
+    assert all(b <= 2 * 8 * (count * (size - 1) // size + 2) for b in nbytes)
+    msgs, _ = traffic(lambda cc: algs.allreduce_rabenseifner(cc, np.ones(count), ops.SUM))
+    logq = q.bit_length() - 1
+    assert msgs == [1 if f else 2 * logq + i for f, i in zip(folded, in_fold, strict=True)]
+    msgs, _ = traffic(lambda cc: algs.allreduce_recursive_doubling(cc, np.ones(count), ops.SUM))
+    assert msgs == [1 if f else logq + i for f, i in zip(folded, in_fold, strict=True)]
+
+
+def test_eager_mode_also_passes():
+    """The same schedules under buffered (eager) sends."""
+    for size in (3, 4, 7):
+        xs = contributions(size, 11, np.float64)
+        for name in algs.algorithms("allreduce"):
+            fn = algs.REGISTRY["allreduce"][name].fn
+            res = run_fake(size, lambda cc: (fn(cc, b := xs[cc.rank].copy(), ops.SUM), b)[1],
+                           synchronous=False)
+            np.testing.assert_array_equal(res[0], fold(ops.SUM, xs))
+
+
+def test_fake_catches_head_to_head_blocking_sends():
+    def bad(cc):
+        buf = np.zeros(4)
+        cc.send(buf, 1 - cc.rank)
+        cc.recv(buf, 1 - cc.rank)
+
+    with pytest.raises(FakeCommError, match="timed out"):
+        run_fake(2, bad, timeout=0.3)
+
+
+def test_fake_catches_size_mismatch_and_leftovers():
+    def mismatch(cc):
+        if cc.rank == 0:
+            cc.send(np.zeros(3), 1)
+        else:
+            cc.recv(np.zeros(4), 0)
+
+    with pytest.raises(FakeCommError, match="bytes"):
+        run_fake(2, mismatch, timeout=1)
+
+    def leftover(cc):
+        if cc.rank == 0:
+            cc.waitall([])
+            cc.isend(np.zeros(1), 1)
+
+    with pytest.raises(FakeCommError, match="unreceived|never waited"):
+        run_fake(2, leftover, synchronous=False, timeout=1)
+
+
+# -- registry and selection ---------------------------------------------------------------------
+def test_registry_names_match_functions():
+    for coll, table in algs.REGISTRY.items():
+        assert table, coll
+        for name, info in table.items():
+            assert info.fn.__name__ == f"{coll}_{name}"
+            assert info.doc
+            assert algs.model_time(coll, name, 1024, 4) > 0
+
+
+@pytest.mark.parametrize("size", [2, 4, 8])
+def test_choose_allreduce_crossovers(size, monkeypatch):
+    monkeypatch.delenv("PYCOMM_ALGORITHM_ALLREDUCE", raising=False)
+    assert algs.choose("allreduce", 8, size)[0] == "recursive_doubling"
+    if size > 2:
+        assert algs.choose("allreduce", 1 << 17, size)[0] == "rabenseifner"
+        assert algs.choose("allreduce", 1 << 24, size)[0] == "ring"
+    # ring is never chosen for a non-commutative op
+    assert algs.choose("allreduce", 1 << 24, size, commutative=False)[0] != "ring"
+
+
+def test_choose_requested_and_environment(monkeypatch):
+    monkeypatch.setenv("PYCOMM_ALGORITHM_ALLREDUCE", "ring")
+    assert algs.choose("allreduce", 8, 4) == ("ring", algs.allreduce_ring)
+    assert algs.choose("allreduce", 8, 4, requested="auto")[0] == "recursive_doubling"
+    assert algs.choose("allreduce", 8, 4, requested="rabenseifner")[0] == "rabenseifner"
+    with pytest.raises(ArgumentError, match="PYCOMM_ALGORITHM_ALLREDUCE.*commutative"):
+        algs.choose("allreduce", 8, 4, commutative=False)
+    monkeypatch.setenv("PYCOMM_ALGORITHM_ALLREDUCE", "bogus")
+    with pytest.raises(ArgumentError, match="valid: auto, recursive_doubling, rabenseifner, ring"):
+        algs.choose("allreduce", 8, 4)
+    with pytest.raises(ArgumentError, match="power-of-two"):
+        algs.choose("allgather", 8, 6, requested="recursive_doubling")
+    with pytest.raises(ArgumentError, match="unknown collective"):
+        algs.choose("allreduc", 8, 4)
+    assert algs.choose("allgather", 8, 6)[0] == "ring"
+    assert algs.choose("reduce_scatter_block", 64, 4, commutative=False)[0] == "pairwise"
+
+
+# -- ops ---------------------------------------------------------------------------------------
+def test_op_check_dtypes():
+    for op in OPS:
+        for dt in DTYPES + [np.uint8, np.float16]:
+            op.check(dt)
+    ops.SUM.check(np.complex128)
+    for op in (ops.MIN, ops.MAX):
+        with pytest.raises(ArgumentError, match="complex"):
+            op.check(np.complex64)
+    with pytest.raises(ArgumentError, match="SUM.*bool"):
+        ops.SUM.check(np.bool_)
+    with pytest.raises(ArgumentError):
+        ops.PROD.check(np.dtype("U3"))
+    AFFINE_OP.check(AFFINE)  # user ops accept anything
+
+
+def test_op_apply_order_and_objects():
+    a, b = np.array([1.0, 5.0]), np.array([3.0, 2.0])
+    inout = b.copy()
+    ops.MIN.apply(a, inout)
+    np.testing.assert_array_equal(inout, [1.0, 2.0])
+    sub = ops.Op.Create(lambda x, y: x - y)           # 2-argument, returns the result
+    sub3 = ops.Op.Create(lambda x, y, dt: np.subtract(x, y, out=y))
+    for op in (sub, sub3):
+        assert not op.commutative and not op.Is_commutative()
+        inout = b.copy()
+        op.apply(a, inout)                              # inout = a - b
+        np.testing.assert_array_equal(inout, a - b)
+        left, scratch = a.copy(), b.copy()
+        op.apply_left(left, scratch)                    # left = a - b
+        np.testing.assert_array_equal(left, a - b)
+    assert ops.SUM.reduce_objects("ab", "cd") == "abcd"
+    assert ops.PROD(3, 4) == 12
+    assert ops.MIN.reduce_objects(3, 2) == 2 and ops.MAX.reduce_objects(3, 2) == 3
+    np.testing.assert_array_equal(ops.MAX.reduce_objects(a, b), [3.0, 5.0])
+    assert sub.reduce_objects(10, 3) == 7
+    assert ops.Op.Create(lambda x, y: None, commute=True).commutative
+    with pytest.raises(ArgumentError):
+        ops.Op.Create(lambda x: x)
+    with pytest.raises(ArgumentError):
+        ops.Op.Create(42)
