@@ -19,6 +19,7 @@ import time
 from .algorithms import algorithms
 from .buffers import IN_PLACE
 from .comm import TAG_UB, Communicator, Status
+from .groups import COMM_NULL, CONGRUENT, IDENT, SIMILAR, UNDEFINED, UNEQUAL, Group
 from .errors import (ArgumentError, CommError, CommTimeoutError, InvalidBufferError,
                      PeerError, ProtocolError, RemoteError, TruncationError)
 from .ops import MAX, MIN, PROD, SUM, Op
@@ -32,7 +33,8 @@ __all__ = [
     "Communicator", "Status", "Request", "Op", "SUM", "PROD", "MIN", "MAX", "IN_PLACE",
     "ANY_SOURCE", "ANY_TAG", "PROC_NULL", "TAG_UB", "algorithms", "CommError",
     "ArgumentError", "InvalidBufferError", "TruncationError", "PeerError",
-    "CommTimeoutError", "ProtocolError", "RemoteError", "__version__",
+    "CommTimeoutError", "ProtocolError", "RemoteError", "__version__", "Group", "COMM_NULL",
+    "UNDEFINED", "IDENT", "CONGRUENT", "SIMILAR", "UNEQUAL",
 ]
 
 _lock = threading.Lock()

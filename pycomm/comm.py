@@ -5,9 +5,10 @@ ranks to world ranks, and hands the work to the p2p engine (point-to-point) or t
 collective algorithm from :mod:`pycomm.algorithms`, chosen by the cost model or by the
 caller (``algorithm=`` / ``PYCOMM_ALGORITHM_<COLLECTIVE>``).
 
-Tag spaces: user point-to-point traffic travels on context ``2*cid``, collectives on
-``2*cid + 1`` with a per-call sequence number as tag, so collectives never match user
-messages or each other, and communicators never share traffic.
+Tag spaces: user point-to-point traffic travels on context ``3*cid``, collectives on
+``3*cid + 1`` with a per-call sequence number as tag, so collectives never match user
+messages or each other, and communicators never share traffic (context ids: see
+:mod:`pycomm.groups`).
 
 The object API (lowercase methods) lives in :mod:`pycomm.objects` and is built purely on
 the methods here.
@@ -24,7 +25,8 @@ import numpy as np
 from . import config
 from .algorithms import choose
 from .buffers import IN_PLACE, as_array, byte_view
-from .errors import ArgumentError, InvalidBufferError, TruncationError
+from .errors import ArgumentError, CommError, InvalidBufferError, TruncationError
+from .groups import GroupMethods
 from .objects import ObjectMethods
 from .ops import SUM, Op
 from .p2p import ANY_SOURCE, ANY_TAG, PROC_NULL, Engine, Request
@@ -126,7 +128,7 @@ class _Coll:
         self.waitall([self.isend(sendbuf, dest), r])
 
 
-class Communicator(ObjectMethods):
+class Communicator(ObjectMethods, GroupMethods):
     """A group of ranks that communicate (mpi4py's ``Comm`` / ``Intracomm``).
 
     Args:
@@ -140,13 +142,14 @@ class Communicator(ObjectMethods):
                  name: str = "pycomm.COMM_WORLD"):
         self._engine = engine
         self._cid = cid
-        self._pctx, self._cctx = 2 * cid, 2 * cid + 1
+        self._pctx, self._cctx = 3 * cid, 3 * cid + 1
         self._world = list(world_ranks)
         self._from_world = {w: i for i, w in enumerate(self._world)}
         self.rank = rank
         self.size = len(self._world)
         self.name = name
         self._seq = 0
+        self._freed = False
         self._debug = config.get("PYCOMM_DEBUG")
 
     # -- basics ---------------------------------------------------------------------------
@@ -275,6 +278,8 @@ class Communicator(ObjectMethods):
 
     # -- collectives, buffers -------------------------------------------------------------
     def _coll(self) -> _Coll:
+        if self._freed:
+            raise CommError(f"rank {self.rank}: {self.name} has been freed")
         self._seq = (self._seq + 1) & _SEQ_MASK
         return _Coll(self, self._seq)
 

@@ -234,6 +234,7 @@ class Engine:
         self._recvs: dict[int, Request] = {}
         self._exposed: dict[int, tuple] = {}     # sid -> (transport, descriptor)
         self._next_id = 1
+        self.next_cid = 1                         # context ids: see pycomm.groups
         self._failed: PeerError | None = None
 
     # -- set-up ---------------------------------------------------------------------------

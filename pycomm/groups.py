@@ -1,0 +1,241 @@
+"""Groups and communicator construction: ``Dup``, ``Split``, ``Create``, ``Create_group``.
+
+A :class:`Group` is an ordered set of processes, held as their world ranks. A new
+communicator needs a context id that none of its members uses for anything else. Each
+process keeps ``engine.next_cid`` (one past the largest context id it has seen); the
+members of a new communicator agree on ``max(next_cid)`` with an Allreduce(MAX) over the
+processes taking part, as MPICH's context-id allocation does (in its simplest, blocking
+form). Any two communicators that share a member therefore get different ids, and
+communicators with disjoint members never see each other's traffic, since matching is by
+(context, source process).
+
+Context ids map to three engine contexts: ``3*cid`` (user point-to-point), ``3*cid + 1``
+(collectives, tag = per-call sequence number) and ``3*cid + 2`` (the set-up traffic of
+``Create_group``, which only the group's members take part in, tagged by the user's tag).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import ArgumentError, CommError
+
+__all__ = ["Group", "UNDEFINED", "COMM_NULL", "GroupMethods", "IDENT", "CONGRUENT",
+           "SIMILAR", "UNEQUAL"]
+
+UNDEFINED = -32766
+IDENT, CONGRUENT, SIMILAR, UNEQUAL = 0, 1, 2, 3
+
+
+class _CommNull:
+    """``pycomm.COMM_NULL``: what ``Split`` returns to ranks with color UNDEFINED."""
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __repr__(self) -> str:
+        return "pycomm.COMM_NULL"
+
+
+COMM_NULL = _CommNull()
+
+
+class Group:
+    """An ordered set of processes (mpi4py's ``Group``).
+
+    Args:
+        world_ranks: the members' world ranks, in group rank order.
+        my_world_rank: the calling process's world rank (its ``rank`` is derived).
+    """
+
+    def __init__(self, world_ranks, my_world_rank: int):
+        self._world = [int(w) for w in world_ranks]
+        if len(set(self._world)) != len(self._world):
+            raise ArgumentError(f"a group cannot hold a process twice: {self._world}")
+        self._me = my_world_rank
+        self._index = {w: i for i, w in enumerate(self._world)}
+
+    @property
+    def size(self) -> int:
+        return len(self._world)
+
+    @property
+    def rank(self) -> int:
+        """This process's rank in the group, or UNDEFINED if it is not a member."""
+        return self._index.get(self._me, UNDEFINED)
+
+    def Get_size(self) -> int:
+        return self.size
+
+    def Get_rank(self) -> int:
+        return self.rank
+
+    def _check(self, ranks, what: str) -> list[int]:
+        out = []
+        for r in ranks:
+            if not isinstance(r, (int, np.integer)) or not 0 <= r < self.size:
+                raise ArgumentError(f"{what}: rank {r!r} is not in a group of size "
+                                    f"{self.size}")
+            out.append(int(r))
+        if len(set(out)) != len(out):
+            raise ArgumentError(f"{what}: ranks {out} repeat a rank")
+        return out
+
+    def Incl(self, ranks) -> "Group":
+        """The group of the listed ranks of this group, in the listed order."""
+        return Group([self._world[r] for r in self._check(ranks, "Group.Incl")], self._me)
+
+    def Excl(self, ranks) -> "Group":
+        """This group without the listed ranks, in the original order."""
+        drop = set(self._check(ranks, "Group.Excl"))
+        return Group([w for i, w in enumerate(self._world) if i not in drop], self._me)
+
+    def Union(self, other: "Group") -> "Group":
+        return Group(self._world + [w for w in other._world if w not in self._index],
+                     self._me)
+
+    def Intersection(self, other: "Group") -> "Group":
+        return Group([w for w in self._world if w in other._index], self._me)
+
+    def Difference(self, other: "Group") -> "Group":
+        return Group([w for w in self._world if w not in other._index], self._me)
+
+    @staticmethod
+    def Translate_ranks(group1: "Group", ranks1, group2: "Group | None" = None) -> list[int]:
+        """Ranks in ``group2`` of ``ranks1`` of ``group1`` (UNDEFINED where absent)."""
+        if group2 is None:
+            return group1._check(ranks1, "Group.Translate_ranks")
+        return [group2._index.get(group1._world[r], UNDEFINED)
+                for r in group1._check(ranks1, "Group.Translate_ranks")]
+
+    def Compare(self, other: "Group") -> int:
+        """IDENT (same members, same order), SIMILAR (same members) or UNEQUAL."""
+        if self._world == other._world:
+            return IDENT
+        return SIMILAR if set(self._world) == set(other._world) else UNEQUAL
+
+    def Free(self) -> None:
+        """Groups hold no resources; kept for mpi4py compatibility."""
+
+    def __repr__(self) -> str:
+        return f"<pycomm.Group of {self.size}: world ranks {self._world}>"
+
+
+class GroupMethods:
+    """Mixin giving the communicator its group and constructor methods."""
+
+    @property
+    def group(self) -> Group:
+        return Group(self._world, self._world[self.rank])
+
+    def Get_group(self) -> Group:
+        """The communicator's group."""
+        return self.group
+
+    def _new_cid(self, over) -> int:
+        """Agree on a fresh context id with Allreduce(MAX) over communicator ``over``."""
+        engine = self._engine
+        mine = np.array([engine.next_cid], dtype=np.int64)
+        over.Allreduce(mine.copy(), mine, op=_max())
+        engine.next_cid = int(mine[0]) + 1
+        return int(mine[0])
+
+    def _derive(self, cid: int, world_ranks: list[int], name: str):
+        me = self._world[self.rank]
+        comm = type(self)(self._engine, cid, world_ranks, world_ranks.index(me), name=name)
+        comm.transport = getattr(self, "transport", None)
+        return comm
+
+    def Dup(self):
+        """A new communicator with the same group and a fresh context (collective)."""
+        self._check_alive()
+        return self._derive(self._new_cid(self), list(self._world), self.name + ".Dup")
+
+    Clone = Dup
+
+    def Split(self, color: int = 0, key: int = 0):
+        """Partition by ``color``; order each part by (``key``, rank). Collective.
+
+        Ranks passing ``color=UNDEFINED`` get ``COMM_NULL``.
+
+        Raises:
+            ArgumentError: ``color`` is negative (other than UNDEFINED) or not an int.
+        """
+        self._check_alive()
+        if not isinstance(color, (int, np.integer)) or (color < 0 and color != UNDEFINED):
+            raise ArgumentError(f"rank {self.rank}: Split color={color!r} must be a "
+                                "non-negative int or UNDEFINED")
+        if not isinstance(key, (int, np.integer)):
+            raise ArgumentError(f"rank {self.rank}: Split key={key!r} must be an int")
+        table = np.empty(2 * self.size, dtype=np.int64)
+        self.Allgather(np.array([color, key], dtype=np.int64), table)
+        cid = self._new_cid(self)
+        if color == UNDEFINED:
+            return COMM_NULL
+        members = sorted((int(table[2 * r + 1]), r) for r in range(self.size)
+                         if table[2 * r] == color)
+        return self._derive(cid, [self._world[r] for _, r in members],
+                            f"{self.name}.Split({color})")
+
+    def Create(self, group: Group):
+        """A communicator of ``group`` (a subset of this one); collective over this one.
+
+        Non-members get ``COMM_NULL``.
+        """
+        self._check_alive()
+        self._check_subgroup(group, "Create")
+        cid = self._new_cid(self)
+        if group.rank == UNDEFINED:
+            return COMM_NULL
+        return self._derive(cid, list(group._world), f"{self.name}.Create")
+
+    def Create_group(self, group: Group, tag: int = 0):
+        """A communicator of ``group``; collective over the group's members only.
+
+        Concurrent calls by overlapping groups must use different ``tag`` values (MPI).
+        """
+        self._check_alive()
+        self._check_subgroup(group, "Create_group")
+        if group.rank == UNDEFINED:
+            raise ArgumentError(f"rank {self.rank}: Create_group called by a process that "
+                                "is not in the group")
+        tag = self._check_tag(tag, "tag")
+        # A scratch communicator over the members, on this communicator's set-up context.
+        me = self._world[self.rank]
+        temp = type(self)(self._engine, self._cid, list(group._world),
+                          group._world.index(me), name="create_group")
+        temp._cctx = 3 * self._cid + 2
+        temp._seq = (tag * 64) & 0x7FFFFFFF
+        cid = self._new_cid(temp)
+        return self._derive(cid, list(group._world), f"{self.name}.Create_group")
+
+    def _check_subgroup(self, group: Group, what: str) -> None:
+        if not isinstance(group, Group):
+            raise ArgumentError(f"rank {self.rank}: {what} needs a pycomm.Group, got "
+                                f"{type(group).__name__}")
+        outside = [w for w in group._world if w not in self._from_world]
+        if outside:
+            raise ArgumentError(f"rank {self.rank}: {what}: world ranks {outside} are not "
+                                f"in {self.name}")
+
+    def Compare(self, other) -> int:
+        """IDENT (same communicator), CONGRUENT (same group), SIMILAR or UNEQUAL."""
+        if other is self:
+            return IDENT
+        g = self.group.Compare(other.group)
+        return CONGRUENT if g == IDENT else g
+
+    def Free(self) -> None:
+        """Release the communicator; using it afterwards raises CommError."""
+        if self._cid == 0:
+            raise ArgumentError("COMM_WORLD cannot be freed")
+        self._freed = True
+
+    def _check_alive(self) -> None:
+        if getattr(self, "_freed", False):
+            raise CommError(f"{self.name} has been freed")
+
+
+def _max():
+    from .ops import MAX
+    return MAX
