@@ -28,6 +28,7 @@ from .buffers import IN_PLACE, as_array, byte_view
 from .errors import ArgumentError, CommError, InvalidBufferError, TruncationError
 from .groups import GroupMethods
 from .objects import ObjectMethods
+from .vcoll import VectorMethods
 from .ops import SUM, Op
 from .p2p import ANY_SOURCE, ANY_TAG, PROC_NULL, Engine, Request
 
@@ -128,7 +129,7 @@ class _Coll:
         self.waitall([self.isend(sendbuf, dest), r])
 
 
-class Communicator(ObjectMethods, GroupMethods):
+class Communicator(ObjectMethods, GroupMethods, VectorMethods):
     """A group of ranks that communicate (mpi4py's ``Comm`` / ``Intracomm``).
 
     Args:

@@ -1,0 +1,221 @@
+"""Vector collectives and prefix reductions: ``Gatherv``, ``Scatterv``, ``Allgatherv``,
+``Alltoallv``, ``Reduce_scatter``, ``Scan``, ``Exscan`` (mpi4py names and semantics).
+
+Vector buffers follow mpi4py's buffer specifications: ``[buf, counts]`` (displacements
+are the running sum of the counts), ``[buf, counts, displs]``, ``[buf, counts, displs,
+datatype]`` or ``[buf, (counts, displs), datatype]``; counts and displacements are in
+elements. A rank may contribute zero elements. Everything is validated before any byte
+moves; the schedules live in :mod:`pycomm.algorithms`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .buffers import IN_PLACE, as_array
+from .errors import ArgumentError, InvalidBufferError
+from .ops import SUM
+
+__all__ = ["VectorMethods"]
+
+
+class VectorMethods:
+    """Mixin of the communicator: the collectives with per-rank counts, and scans."""
+
+    def _vspec(self, spec, arg: str, *, writable: bool):
+        """Parse a vector buffer spec into (1-D array, counts list, displs list)."""
+        if not isinstance(spec, (list, tuple)) or len(spec) < 2:
+            raise InvalidBufferError(f"rank {self.rank}: {arg} must be [buf, counts], "
+                                     "[buf, counts, displs] or [buf, (counts, displs), "
+                                     "datatype]")
+        buf, rest = spec[0], list(spec[1:])
+        if rest and isinstance(rest[0], tuple) and len(rest[0]) == 2 and \
+                not isinstance(rest[0][0], (int, np.integer)):
+            counts, displs, rest = rest[0][0], rest[0][1], rest[1:]
+        else:
+            counts = rest.pop(0)
+            displs = rest.pop(0) if rest and not _is_datatype(rest[0]) else None
+        datatype = rest[0] if rest else None
+        arr = as_array([buf, datatype] if datatype is not None else buf, self.rank, arg,
+                       writable=writable)
+        counts = self._counts(counts, f"{arg} counts")
+        if displs is None:
+            displs = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(int).tolist()
+        else:
+            displs = self._counts(displs, f"{arg} displs")
+        for r, (c, d) in enumerate(zip(counts, displs)):
+            if d + c > arr.size:
+                raise InvalidBufferError(f"rank {self.rank}: {arg}: block {r} (displacement "
+                                         f"{d}, count {c}) overruns the buffer of "
+                                         f"{arr.size} elements")
+        return arr, counts, displs
+
+    def _counts(self, values, what: str) -> list[int]:
+        try:
+            out = [int(v) for v in values]
+        except (TypeError, ValueError):
+            raise ArgumentError(f"rank {self.rank}: {what} must be a sequence of ints, got "
+                                f"{values!r}") from None
+        if len(out) != self.size or any(v < 0 for v in out):
+            raise ArgumentError(f"rank {self.rank}: {what} must hold {self.size} "
+                                f"non-negative ints, got {out}")
+        return out
+
+    def Gatherv(self, sendbuf, recvbuf, root: int = 0, *, algorithm: str | None = None):
+        """Gather a variable-size block from every rank into root's ``[buf, counts, displs]``.
+
+        IN_PLACE as ``sendbuf`` at the root: its block is already at ``displs[root]``.
+        """
+        root = self._check_root(root)
+        counts = displs = recv = None
+        if self.rank == root:
+            recv, counts, displs = self._vspec(recvbuf, "recvbuf", writable=True)
+            if sendbuf is IN_PLACE:
+                send = recv[displs[root]:displs[root] + counts[root]]
+            else:
+                send = as_array(sendbuf, self.rank, "sendbuf")
+                if send.size != counts[root] or send.dtype != recv.dtype:
+                    raise InvalidBufferError(f"rank {self.rank}: Gatherv: sendbuf has "
+                                             f"{send.size} x {send.dtype}, counts[root] is "
+                                             f"{counts[root]} x {recv.dtype}")
+        else:
+            if sendbuf is IN_PLACE:
+                raise ArgumentError(f"rank {self.rank}: Gatherv: IN_PLACE only at the root")
+            send = as_array(sendbuf, self.rank, "sendbuf")
+        cc = self._coll()
+        self._run("gatherv", 0, algorithm, None,
+                  lambda fn: fn(cc, send, recv, counts, displs, root))
+
+    def Scatterv(self, sendbuf, recvbuf, root: int = 0, *, algorithm: str | None = None):
+        """Send block i (``counts[i]`` elements at ``displs[i]``) of root's buffer to rank i.
+
+        IN_PLACE as ``recvbuf`` at the root: it keeps its own block in place.
+        """
+        root = self._check_root(root)
+        send = counts = displs = None
+        if self.rank == root:
+            send, counts, displs = self._vspec(sendbuf, "sendbuf", writable=False)
+            if recvbuf is IN_PLACE:
+                recv = send[displs[root]:displs[root] + counts[root]].copy()
+            else:
+                recv = as_array(recvbuf, self.rank, "recvbuf", writable=True)
+                if recv.size != counts[root] or recv.dtype != send.dtype:
+                    raise InvalidBufferError(f"rank {self.rank}: Scatterv: recvbuf has "
+                                             f"{recv.size} x {recv.dtype}, counts[root] is "
+                                             f"{counts[root]} x {send.dtype}")
+        else:
+            if recvbuf is IN_PLACE:
+                raise ArgumentError(f"rank {self.rank}: Scatterv: IN_PLACE only at the root")
+            recv = as_array(recvbuf, self.rank, "recvbuf", writable=True)
+        cc = self._coll()
+        self._run("scatterv", 0, algorithm, None,
+                  lambda fn: fn(cc, send, counts, displs, recv, root))
+
+    def Allgatherv(self, sendbuf, recvbuf, *, algorithm: str | None = None):
+        """Every rank gets every rank's block in ``[recvbuf, counts, displs]``."""
+        recv, counts, displs = self._vspec(recvbuf, "recvbuf", writable=True)
+        mine = recv[displs[self.rank]:displs[self.rank] + counts[self.rank]]
+        if sendbuf is not IN_PLACE:
+            send = as_array(sendbuf, self.rank, "sendbuf")
+            if send.size != counts[self.rank] or send.dtype != recv.dtype:
+                raise InvalidBufferError(f"rank {self.rank}: Allgatherv: sendbuf has "
+                                         f"{send.size} x {send.dtype}, counts[{self.rank}] "
+                                         f"is {counts[self.rank]} x {recv.dtype}")
+            mine[...] = send
+        cc = self._coll()
+        self._run("allgatherv", sum(counts) * recv.itemsize, algorithm, None,
+                  lambda fn: fn(cc, recv, counts, displs))
+
+    def Alltoallv(self, sendbuf, recvbuf, *, algorithm: str | None = None):
+        """Rank i sends ``sendcounts[j]`` elements to rank j, described by both specs."""
+        recv, rcounts, rdispls = self._vspec(recvbuf, "recvbuf", writable=True)
+        if sendbuf is IN_PLACE:
+            send, scounts, sdispls = recv.copy(), rcounts, rdispls
+        else:
+            send, scounts, sdispls = self._vspec(sendbuf, "sendbuf", writable=False)
+            if send.dtype != recv.dtype:
+                raise InvalidBufferError(f"rank {self.rank}: Alltoallv: sendbuf dtype "
+                                         f"{send.dtype} differs from recvbuf {recv.dtype}")
+        cc = self._coll()
+        self._run("alltoallv", 0, algorithm, None,
+                  lambda fn: fn(cc, send, scounts, sdispls, recv, rcounts, rdispls))
+
+    def Reduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=SUM, *,
+                       algorithm: str | None = None):
+        """Reduce ``sendbuf`` (sum(recvcounts) elements); rank i gets ``recvcounts[i]``.
+
+        ``recvcounts`` None: each rank's ``recvbuf`` size is its count (one Allgather).
+        IN_PLACE: ``recvbuf`` holds the whole input; the result lands in its start.
+        """
+        recv = as_array(recvbuf, self.rank, "recvbuf", writable=True)
+        if recvcounts is None:
+            if sendbuf is IN_PLACE:
+                raise ArgumentError(f"rank {self.rank}: Reduce_scatter with IN_PLACE needs "
+                                    "recvcounts")
+            table = np.empty(self.size, dtype=np.int64)
+            self.Allgather(np.array([recv.size], dtype=np.int64), table)
+            recvcounts = table.tolist()
+        counts = self._counts(recvcounts, "recvcounts")
+        total = sum(counts)
+        if sendbuf is IN_PLACE:
+            if recv.size < total:
+                raise InvalidBufferError(f"rank {self.rank}: Reduce_scatter: IN_PLACE "
+                                         f"recvbuf has {recv.size} elements, needs {total}")
+            work, out = recv[:total].copy(), recv[:counts[self.rank]]
+        else:
+            send = as_array(sendbuf, self.rank, "sendbuf")
+            if send.size != total or send.dtype != recv.dtype or recv.size < counts[self.rank]:
+                raise InvalidBufferError(f"rank {self.rank}: Reduce_scatter: sendbuf has "
+                                         f"{send.size} x {send.dtype} (need {total}), recvbuf "
+                                         f"{recv.size} x {recv.dtype} (need "
+                                         f"{counts[self.rank]})")
+            work, out = send.copy(), recv[:counts[self.rank]]
+        op = self._check_op(op, out.dtype)
+        cc = self._coll()
+        self._run("reduce_scatter", work.nbytes, algorithm, op,
+                  lambda fn: fn(cc, work, out, counts, op))
+
+    def _scan(self, name: str, sendbuf, recvbuf, op, algorithm):
+        send, recv = self._pair(sendbuf, recvbuf, name.capitalize())
+        if send is None:
+            send = recv.copy()
+        elif send.size != recv.size:
+            raise InvalidBufferError(f"rank {self.rank}: {name.capitalize()}: sendbuf has "
+                                     f"{send.size} elements, recvbuf {recv.size}")
+        op = self._check_op(op, recv.dtype)
+        cc = self._coll()
+        self._run(name, recv.nbytes, algorithm, op, lambda fn: fn(cc, send, recv, op))
+
+    def Scan(self, sendbuf, recvbuf, op=SUM, *, algorithm: str | None = None):
+        """Inclusive prefix reduction: rank r gets x0 ∘ x1 ∘ … ∘ xr (rank order kept)."""
+        self._scan("scan", sendbuf, recvbuf, op, algorithm)
+
+    def Exscan(self, sendbuf, recvbuf, op=SUM, *, algorithm: str | None = None):
+        """Exclusive prefix reduction: rank r > 0 gets x0 ∘ … ∘ x(r-1); rank 0's recvbuf
+        is left untouched (undefined in MPI)."""
+        self._scan("exscan", sendbuf, recvbuf, op, algorithm)
+
+    # -- object forms ---------------------------------------------------------------------
+    def scan(self, sendobj, op=SUM):
+        """Inclusive prefix reduction of Python objects, in rank order."""
+        values = self.allgather(sendobj)
+        acc = values[0]
+        for v in values[1:self.rank + 1]:
+            acc = op.reduce_objects(acc, v)
+        return acc
+
+    def exscan(self, sendobj, op=SUM):
+        """Exclusive prefix reduction of Python objects; None on rank 0."""
+        values = self.allgather(sendobj)
+        if self.rank == 0:
+            return None
+        acc = values[0]
+        for v in values[1:self.rank]:
+            acc = op.reduce_objects(acc, v)
+        return acc
+
+
+def _is_datatype(x) -> bool:
+    if x is None or isinstance(x, (str, type, np.dtype)):
+        return True
+    return not hasattr(x, "__len__")
