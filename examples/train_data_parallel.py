@@ -35,6 +35,7 @@ Requires the ``examples`` extra (scikit-learn, tqdm); without tqdm there is no b
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import sys
 import time
@@ -235,7 +236,7 @@ def main(argv=None) -> int:
     flat0 = init_params(d, h, 10, args.seed) if rank == 0 else np.full(n_params, np.nan)
     comm.Bcast(flat0, root=0)
 
-    bar = None
+    bar, interactive = None, sys.stderr.isatty()
     if rank == 0:
         steps_per_epoch = -(-len(data[1]) // args.batch_size)
         print(f"digits: {len(data[1])} train / {len(data[3])} test, MLP 64-{h}-10 "
@@ -244,7 +245,12 @@ def main(argv=None) -> int:
               flush=True)
         try:
             from tqdm import tqdm
-            bar = tqdm(total=args.epochs, desc="epochs", unit="epoch", file=sys.stderr)
+
+            # On a terminal the bar redraws in place; under a launcher that pipes and
+            # prefixes output, \r-redraws would pile up on one line, so the bar is drawn
+            # into a scratch buffer and its text printed with each epoch's line instead.
+            sink = sys.stderr if interactive else io.StringIO()
+            bar = tqdm(total=args.epochs, desc="epochs", unit="epoch", file=sink)
         except ImportError:
             pass
 
@@ -256,12 +262,15 @@ def main(argv=None) -> int:
         acc = accuracy(p, data[2], data[3])
         history.append(acc)
         line = f"epoch {epoch + 1:3d}/{args.epochs}  loss {loss:.4f}  test acc {acc:.4f}"
-        if bar is not None:
+        if bar is None:
+            print(line, flush=True)
+        elif interactive:
             bar.set_postfix(loss=f"{loss:.4f}", acc=f"{acc:.4f}")
             bar.update(1)
             bar.write(line)
         else:
-            print(line, flush=True)
+            bar.update(1)
+            print(f"{line}  {bar}", flush=True)
 
     comm.Barrier()
     params, (t_compute, t_comm, steps) = train(args, data, flat0, rank, size, comm, mod,
