@@ -220,6 +220,7 @@ def create_world(**options):
                 t.connect(store, peers, timeout)
         world = Communicator(engine, 0, list(range(je.size)), je.rank)
         world.transport = transport
+        world.transport_name = "+".join(t.name for t in engine.transports) or "self"
         world.Barrier()
         if store is not None:
             store.barrier(f"init/{je.job_id}", je.size, timeout)
@@ -233,6 +234,8 @@ def create_world(**options):
         raise
 
     def close() -> None:
+        from .nbc import shutdown
+        shutdown(engine)
         engine.close()
         if store is not None:
             store.close()

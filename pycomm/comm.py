@@ -27,6 +27,7 @@ from .algorithms import choose
 from .buffers import IN_PLACE, as_array, byte_view
 from .errors import ArgumentError, CommError, InvalidBufferError, TruncationError
 from .groups import GroupMethods
+from .nbc import NonblockingMethods
 from .objects import ObjectMethods
 from .vcoll import VectorMethods
 from .ops import SUM, Op
@@ -129,7 +130,7 @@ class _Coll:
         self.waitall([self.isend(sendbuf, dest), r])
 
 
-class Communicator(ObjectMethods, GroupMethods, VectorMethods):
+class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethods):
     """A group of ranks that communicate (mpi4py's ``Comm`` / ``Intracomm``).
 
     Args:
@@ -297,6 +298,9 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods):
             _CHOICES[key] = (name, fn, self.size)
         else:
             name, fn = hit[0], hit[1]
+        if self._defer is not None:       # a nonblocking twin: the progress thread runs it
+            self._defer.append(lambda: call(fn))
+            return None
         if not self._debug:
             return call(fn)
         t0 = time.perf_counter()

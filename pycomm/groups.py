@@ -144,6 +144,7 @@ class GroupMethods:
         me = self._world[self.rank]
         comm = type(self)(self._engine, cid, world_ranks, world_ranks.index(me), name=name)
         comm.transport = getattr(self, "transport", None)
+        comm.transport_name = getattr(self, "transport_name", None)
         return comm
 
     def Dup(self):

@@ -42,6 +42,7 @@ every 0.25 s to check that its peers are alive.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from typing import Any
 
@@ -236,6 +237,8 @@ class Engine:
         self._next_id = 1
         self.next_cid = 1                         # context ids: see pycomm.groups
         self._failed: PeerError | None = None
+        self._threaded = False
+        self.lock = None
 
     # -- set-up ---------------------------------------------------------------------------
     def attach(self, transport, peers: list[int]) -> None:
@@ -518,13 +521,67 @@ class Engine:
                     raise self._peer_error(exc) from None
             slice_ = min(deadline - t, next_check - t)
             try:
-                if single is not None:
+                if self._threaded:
+                    self._block_shared(cond, slice_)
+                elif single is not None:
                     single.block(slice_)
-                else:                       # several media: share the wait between them
+                elif ts:                    # several media: share the wait between them
                     for tr in ts:
                         tr.block(min(slice_, 0.001))
+                else:                       # no peers at all: nothing can wake us early
+                    time.sleep(min(slice_, 0.001))
             except TransportError as exc:
                 raise self._peer_error(exc) from None
+
+    # -- threads --------------------------------------------------------------------------
+    # Single-threaded use (the default) takes no locks. The first nonblocking collective
+    # calls enable_threads(): from then on every entry point runs under one re-entrant
+    # lock, and of the threads that wait, one at a time sleeps in the transport while the
+    # others sleep on a condition variable that any progress, or the completion of a
+    # nonblocking collective, signals.
+    def enable_threads(self) -> None:
+        """Make the engine safe for a second thread (idempotent; call from the owner)."""
+        if self._threaded:
+            return
+        lock = threading.RLock()
+        self.lock = lock
+        self._cv = threading.Condition(lock)
+        self._blocker = threading.Lock()
+        for name in ("isend", "irecv", "iprobe", "cancel"):
+            setattr(self, name, _locked(lock, getattr(self, name)))
+        raw = self.progress
+
+        def progress() -> bool:
+            with lock:
+                busy = raw()
+                if busy:
+                    self._cv.notify_all()
+                return busy
+
+        self.progress = progress
+        self._threaded = True
+
+    def notify(self) -> None:
+        """Wake the threads waiting in this engine (a request completed off-progress)."""
+        if self._threaded:
+            with self._cv:
+                self._cv.notify_all()
+
+    def _block_shared(self, cond, slice_: float) -> None:
+        ts = self.transports
+        if ts and self._blocker.acquire(blocking=False):
+            try:
+                if len(ts) == 1:
+                    ts[0].block(min(slice_, 0.05))
+                else:
+                    for tr in ts:
+                        tr.block(min(slice_, 0.001))
+            finally:
+                self._blocker.release()
+            return
+        with self._cv:
+            if not cond():
+                self._cv.wait(min(slice_, 0.05))
 
     def _describe_timeout(self, req, what, limit) -> str:
         if req is None:
@@ -533,6 +590,15 @@ class Engine:
         peer = "any rank" if req.peer == ANY_SOURCE else f"rank {req.peer}"
         return (f"rank {self.rank}: {kind} {peer} (tag {req.tag}) did not complete within "
                 f"{limit:g} s; is the peer posting the matching call? (PYCOMM_TIMEOUT)")
+
+
+def _locked(lock, fn):
+    def call(*args, **kwargs):
+        with lock:
+            return fn(*args, **kwargs)
+    call.__name__ = fn.__name__
+    call.__doc__ = fn.__doc__
+    return call
 
 
 def default_spin_seconds(local_size: int) -> float:

@@ -147,7 +147,11 @@ class Transport(ABC):
 
     @abstractmethod
     def block(self, timeout: float) -> None:
-        """Sleep until something may have changed on a link, or ``timeout`` seconds pass."""
+        """Sleep until something may have changed on a link, or ``timeout`` seconds pass.
+
+        Only waits: it never calls the sink (the next ``progress()`` does the work), so a
+        multi-threaded caller can wait without holding its lock.
+        """
 
     def check_peers(self) -> None:
         """Raise PeerLostError if a peer is known to be dead (called while waiting long)."""

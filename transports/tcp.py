@@ -295,7 +295,8 @@ class TcpTransport(Transport):
 
     # -- waiting --------------------------------------------------------------------------
     def block(self, timeout: float) -> None:
-        self._handle(self._sel.select(max(timeout, 0.0)))
+        # Only wait: the events are handled by the next progress(), under the caller's lock.
+        self._sel.select(max(timeout, 0.0))
 
     def close(self) -> None:
         if self._closed:

@@ -1,0 +1,156 @@
+"""Nonblocking collectives: ``Ibarrier``, ``Ibcast``, ``Iallreduce``, … returning Requests.
+
+Design. A nonblocking collective is validated and prepared in the calling thread exactly
+like its blocking twin (same checks, same algorithm choice, same per-call sequence number,
+so the calling order fixes the matching on every rank), and its schedule, the very same
+algorithm function, then runs on the process's *progress thread*. That thread executes
+the posted collectives one after the other, in posting order, which MPI requires to be the
+same on every rank, so they cannot deadlock each other. Meanwhile the caller computes; the
+request completes when the schedule returns, and ``Wait``/``Test``/``Waitall`` work on it
+like on any request (mixed with point-to-point requests too).
+
+The engine becomes thread-safe on the first nonblocking call (see
+:meth:`pycomm.p2p.Engine.enable_threads`). Overlap is real where the caller's compute
+leaves the CPU or releases the GIL (numpy kernels, I/O, an accelerator): the progress
+thread's copies (``process_vm_readv``, socket I/O) and reductions (numpy ufuncs) release
+the GIL too. On a machine with as many ranks as cores, CPU-bound compute and the copies of
+communication still share one core per rank, so only the waiting is overlapped.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+
+from .errors import CommError
+from .ops import SUM
+from .p2p import ANY_TAG, PROC_NULL, Request
+
+__all__ = ["NonblockingMethods", "shutdown"]
+
+_workers: dict[int, "_ProgressThread"] = {}
+_lock = threading.Lock()
+
+
+class _ProgressThread(threading.Thread):
+    """Runs posted collective schedules in order, completing their requests."""
+
+    def __init__(self, engine):
+        super().__init__(name="pycomm-progress", daemon=True)
+        self.engine = engine
+        self.tasks: queue.SimpleQueue = queue.SimpleQueue()
+
+    def run(self) -> None:
+        while True:
+            item = self.tasks.get()
+            if item is None:
+                return
+            jobs, req = item
+            try:
+                for job in jobs:
+                    job()
+            except BaseException as exc:       # delivered to whoever waits on the request
+                req.error = exc
+            req._complete()
+            self.engine.notify()
+
+
+def _worker_for(engine) -> _ProgressThread:
+    with _lock:
+        w = _workers.get(id(engine))
+        if w is None or not w.is_alive():
+            engine.enable_threads()
+            w = _ProgressThread(engine)
+            w.start()
+            _workers[id(engine)] = w
+        return w
+
+
+def shutdown(engine, timeout: float = 5.0) -> None:
+    """Stop ``engine``'s progress thread after the collectives already posted."""
+    with _lock:
+        w = _workers.pop(id(engine), None)
+    if w is not None:
+        w.tasks.put(None)
+        w.join(timeout)
+
+
+class NonblockingMethods:
+    """Mixin: the I-variants of the buffer collectives (mpi4py names)."""
+
+    _defer: list | None = None
+
+    def _nonblocking(self, method, *args, **kwargs) -> Request:
+        if self._defer is not None:
+            raise CommError("nonblocking collectives cannot be nested")
+        worker = _worker_for(self._engine)
+        self._defer = []
+        try:
+            method(*args, **kwargs)       # validates, prepares, queues the schedule
+            jobs = self._defer
+        finally:
+            self._defer = None
+        req = Request(self._engine, None, -1, PROC_NULL, ANY_TAG)
+        req.expect = -3                   # a collective request
+        worker.tasks.put((jobs, req))
+        return req
+
+    def Ibarrier(self, **kw) -> Request:
+        """Nonblocking :meth:`Barrier`."""
+        return self._nonblocking(self.Barrier, **kw)
+
+    def Ibcast(self, buf, root: int = 0, **kw) -> Request:
+        """Nonblocking :meth:`Bcast`: ``buf`` must stay untouched until completion."""
+        return self._nonblocking(self.Bcast, buf, root, **kw)
+
+    def Ireduce(self, sendbuf, recvbuf, op=SUM, root: int = 0, **kw) -> Request:
+        """Nonblocking :meth:`Reduce`."""
+        return self._nonblocking(self.Reduce, sendbuf, recvbuf, op, root, **kw)
+
+    def Iallreduce(self, sendbuf, recvbuf, op=SUM, **kw) -> Request:
+        """Nonblocking :meth:`Allreduce`; ``recvbuf`` is valid after Wait."""
+        return self._nonblocking(self.Allreduce, sendbuf, recvbuf, op, **kw)
+
+    def Iallgather(self, sendbuf, recvbuf, **kw) -> Request:
+        """Nonblocking :meth:`Allgather`."""
+        return self._nonblocking(self.Allgather, sendbuf, recvbuf, **kw)
+
+    def Ialltoall(self, sendbuf, recvbuf, **kw) -> Request:
+        """Nonblocking :meth:`Alltoall`."""
+        return self._nonblocking(self.Alltoall, sendbuf, recvbuf, **kw)
+
+    def Ireduce_scatter_block(self, sendbuf, recvbuf, op=SUM, **kw) -> Request:
+        """Nonblocking :meth:`Reduce_scatter_block`."""
+        return self._nonblocking(self.Reduce_scatter_block, sendbuf, recvbuf, op, **kw)
+
+    def Igather(self, sendbuf, recvbuf, root: int = 0, **kw) -> Request:
+        """Nonblocking :meth:`Gather`."""
+        return self._nonblocking(self.Gather, sendbuf, recvbuf, root, **kw)
+
+    def Iscatter(self, sendbuf, recvbuf, root: int = 0, **kw) -> Request:
+        """Nonblocking :meth:`Scatter`."""
+        return self._nonblocking(self.Scatter, sendbuf, recvbuf, root, **kw)
+
+    def Igatherv(self, sendbuf, recvbuf, root: int = 0, **kw) -> Request:
+        """Nonblocking :meth:`Gatherv`."""
+        return self._nonblocking(self.Gatherv, sendbuf, recvbuf, root, **kw)
+
+    def Iscatterv(self, sendbuf, recvbuf, root: int = 0, **kw) -> Request:
+        """Nonblocking :meth:`Scatterv`."""
+        return self._nonblocking(self.Scatterv, sendbuf, recvbuf, root, **kw)
+
+    def Iallgatherv(self, sendbuf, recvbuf, **kw) -> Request:
+        """Nonblocking :meth:`Allgatherv`."""
+        return self._nonblocking(self.Allgatherv, sendbuf, recvbuf, **kw)
+
+    def Ialltoallv(self, sendbuf, recvbuf, **kw) -> Request:
+        """Nonblocking :meth:`Alltoallv`."""
+        return self._nonblocking(self.Alltoallv, sendbuf, recvbuf, **kw)
+
+    def Iscan(self, sendbuf, recvbuf, op=SUM, **kw) -> Request:
+        """Nonblocking :meth:`Scan`."""
+        return self._nonblocking(self.Scan, sendbuf, recvbuf, op, **kw)
+
+    def Iexscan(self, sendbuf, recvbuf, op=SUM, **kw) -> Request:
+        """Nonblocking :meth:`Exscan`."""
+        return self._nonblocking(self.Exscan, sendbuf, recvbuf, op, **kw)
