@@ -83,10 +83,11 @@ def as_array(obj, rank: int, arg: str, *, writable: bool = False) -> np.ndarray:
         raise InvalidBufferError(
             f"rank {rank}: {arg} is not C-contiguous (shape {arr.shape}, strides "
             f"{arr.strides}); pass np.ascontiguousarray(...) or a contiguous slice")
-    if arr.dtype.kind not in _NUMERIC:
+    if arr.dtype.kind not in _NUMERIC and not _numeric_record(arr.dtype):
         raise InvalidBufferError(f"rank {rank}: {arg} has dtype {arr.dtype}; only numeric "
-                                 "and bool dtypes can be communicated (use the lowercase "
-                                 "object methods for Python objects)")
+                                 "and bool dtypes (and records of them, for MAXLOC/MINLOC) "
+                                 "can be communicated (use the lowercase object methods for "
+                                 "Python objects)")
     if writable and not arr.flags.writeable:
         raise InvalidBufferError(f"rank {rank}: {arg} is read-only but is written by this "
                                  "call")
@@ -105,6 +106,12 @@ def as_array(obj, rank: int, arg: str, *, writable: bool = False) -> np.ndarray:
                                      f"buffer of {flat.size} elements")
         flat = flat[:count]
     return flat
+
+
+def _numeric_record(dtype: np.dtype) -> bool:
+    """A structured dtype whose fields are all numeric (MAXLOC/MINLOC value/index pairs)."""
+    return dtype.fields is not None and all(
+        f[0].kind in _NUMERIC and f[0].shape == () for f in dtype.fields.values())
 
 
 def byte_view(arr: np.ndarray) -> memoryview:
