@@ -23,7 +23,7 @@ import time
 import numpy as np
 
 from . import config
-from .algorithms import choose
+from .algorithms import choose, model_time
 from .buffers import IN_PLACE, as_array, byte_view
 from .errors import ArgumentError, CommError, InvalidBufferError, TruncationError
 from .groups import GroupMethods
@@ -305,8 +305,14 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
             return call(fn)
         t0 = time.perf_counter()
         out = call(fn)
+        measured = time.perf_counter() - t0
+        try:
+            modelled = f"{1e6 * model_time(collective, name, nbytes, self.size):.1f} us"
+        except Exception:                 # a collective the model does not cover
+            modelled = "n/a"
         print(f"[pycomm rank {self.rank}] {collective}({nbytes} B, {self.size} ranks): "
-              f"{name}, {1e6 * (time.perf_counter() - t0):.1f} us", file=sys.stderr)
+              f"{name}, modelled {modelled}, measured {1e6 * measured:.1f} us",
+              file=sys.stderr)
         return out
 
     def _check_op(self, op, dtype) -> Op:
