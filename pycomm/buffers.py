@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import ArgumentError, InvalidBufferError
+from .errors import InvalidBufferError
 
 __all__ = ["as_array", "byte_view", "InPlace", "IN_PLACE"]
 
