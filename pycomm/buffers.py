@@ -114,6 +114,11 @@ def _numeric_record(dtype: np.dtype) -> bool:
         f[0].kind in _NUMERIC and f[0].shape == () for f in dtype.fields.values())
 
 
+_CASTABLE = frozenset("bBhHiIlLqQnNefd?")   # buffer formats memoryview.cast understands
+
+
 def byte_view(arr: np.ndarray) -> memoryview:
     """Flat unsigned-byte memoryview of a 1-D contiguous array (no copy)."""
-    return arr.view(np.uint8).data if arr.itemsize != 1 or arr.dtype != np.uint8 else arr.data
+    if arr.dtype.char in _CASTABLE:
+        return arr.data.cast("B")
+    return arr.view(np.uint8).data

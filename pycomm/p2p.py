@@ -66,6 +66,19 @@ _perf = time.perf_counter
 _LIVENESS_S = 0.25
 
 
+# Eager headers depend only on (context, tag): pack each once, parse each once.
+_EAGER_HEADERS: dict[tuple[int, int], bytes] = {}
+_HEADERS: dict[bytes, list] = {}
+
+
+def _eager_header(ctx: int, tag: int) -> bytes:
+    hdr = _pack((EAGER, ctx, tag))
+    if len(_EAGER_HEADERS) > 4096:
+        _EAGER_HEADERS.clear()
+    _EAGER_HEADERS[(ctx, tag)] = hdr
+    return hdr
+
+
 class _Unexpected:
     __slots__ = ("ctx", "src", "tag", "nbytes", "kind", "buf", "arrived", "sid", "desc",
                  "matched")
@@ -143,7 +156,10 @@ class Engine:
         n = len(view)
         try:
             if n <= self.eager_limit:
-                if t.send(dest, _pack((EAGER, ctx, tag)), view, req):
+                hdr = _EAGER_HEADERS.get((ctx, tag))
+                if hdr is None:
+                    hdr = _eager_header(ctx, tag)
+                if t.send(dest, hdr, view, req):
                     req._complete()
             else:
                 sid = self._next_id
@@ -246,7 +262,11 @@ class Engine:
 
     # -- Sink: called by transports inside progress() -------------------------------------
     def on_header(self, peer: int, header: bytes, nbytes: int):
-        h = _unpack(header)
+        h = _HEADERS.get(header)
+        if h is None:
+            h = _unpack(header)
+            if h[0] == EAGER and len(_HEADERS) < 4096:   # eager headers repeat: cache them
+                _HEADERS[header] = h
         kind = h[0]
         if kind == EAGER:
             ctx, tag = h[1], h[2]

@@ -351,12 +351,18 @@ class ShmTransport(Transport):
             if ring.state == _HDR:
                 if avail < 12:
                     break
-                hlen, plen = PREFIX.unpack(ring.take(tail, 12))
+                pos = tail % ring.size
+                if pos + 12 <= ring.size:          # the usual case: no wrap, no copy
+                    hlen, plen = PREFIX.unpack_from(ring.data, pos)
+                else:
+                    hlen, plen = PREFIX.unpack(ring.take(tail, 12))
                 if hlen > MAX_HEADER:
                     raise TransportError(f"rank {peer} sent a {hlen}-byte header")
                 if avail < 12 + hlen:
                     break
-                header = ring.take(tail + 12, hlen)
+                pos += 12
+                header = bytes(ring.data[pos:pos + hlen]) if pos + hlen <= ring.size else \
+                    ring.take(tail + 12, hlen)
                 tail += 12 + hlen
                 dest = sink.on_header(peer, header, plen)
                 if plen == 0:
