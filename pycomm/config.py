@@ -67,6 +67,12 @@ _DECLARED = [
         "Seconds the launcher waits after SIGTERM before it SIGKILLs the remaining ranks."),
     Var("PYCOMM_STORE_MAX_BYTES", int, 1 << 28,
         "Largest message the rendezvous store accepts; bigger ones drop the connection."),
+    Var("PYCOMM_SEGMENT_BYTES", int, 65536,
+        "Bytes per segment of pipelined collectives (bcast pipeline, allreduce "
+        "double_binary_tree); must be the same on every rank."),
+    Var("PYCOMM_TUNE_FILE", str, None,
+        "JSON table of cost-model constants written by python -m pycomm.tune (default: the "
+        "table shipped in pycomm/algorithms/tuned.json)."),
 ]
 
 VARS: dict[str, Var] = {v.name: v for v in _DECLARED}

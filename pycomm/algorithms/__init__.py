@@ -9,10 +9,17 @@ argmin of the α-β-γ model in :mod:`pycomm.algorithms.cost`.
 
 Bytes of a call (``nbytes`` below), which must be the same on every rank:
 
-* allreduce, bcast, reduce: the bytes of the vector;
+* allreduce, bcast, reduce, scan, exscan: the bytes of the vector;
 * allgather, gather, scatter, alltoall, reduce_scatter_block: the bytes of the whole
   ``size * count`` buffer (``size * count * itemsize``);
+* reduce_scatter, allgatherv: ``sum(counts) * itemsize`` (counts are known on every rank);
+* gatherv, scatterv, alltoallv: 0 (their counts are known on one rank, or differ between
+  ranks, so no byte count is the same everywhere; each has a single algorithm);
 * barrier: 0.
+
+Constants come from the table of the communicator's transport (``transport=``; see
+:mod:`pycomm.algorithms.cost`), so every rank of a communicator, which shares one
+transport name, makes the same choice.
 """
 
 from __future__ import annotations
@@ -21,18 +28,25 @@ from dataclasses import dataclass
 from typing import Callable
 
 from pycomm import config
-from pycomm.algorithms.allgather import allgather_recursive_doubling, allgather_ring
-from pycomm.algorithms.allreduce import (allreduce_rabenseifner, allreduce_recursive_doubling,
+from pycomm.algorithms.allgather import (allgather_bruck, allgather_recursive_doubling,
+                                         allgather_ring, allgatherv_ring)
+from pycomm.algorithms.allreduce import (allreduce_binomial, allreduce_double_binary_tree,
+                                         allreduce_rabenseifner, allreduce_recursive_doubling,
                                          allreduce_ring)
-from pycomm.algorithms.alltoall import alltoall_pairwise
-from pycomm.algorithms.barrier import barrier_dissemination
-from pycomm.algorithms.bcast import bcast_binomial, bcast_scatter_allgather
-from pycomm.algorithms.cost import cost
-from pycomm.algorithms.gather import gather_binomial, gather_linear
-from pycomm.algorithms.reduce import reduce_binomial
+from pycomm.algorithms.alltoall import alltoall_bruck, alltoall_pairwise, alltoallv_pairwise
+from pycomm.algorithms.barrier import barrier_binomial, barrier_dissemination
+from pycomm.algorithms.bcast import bcast_binomial, bcast_pipeline, bcast_scatter_allgather
+from pycomm.algorithms.cost import DEFAULT_TRANSPORT, cost
+from pycomm.algorithms.gather import gather_binomial, gather_linear, gatherv_linear
+from pycomm.algorithms.reduce import reduce_binomial, reduce_rabenseifner
 from pycomm.algorithms.reduce_scatter import (reduce_scatter_block_pairwise,
-                                              reduce_scatter_block_ring)
-from pycomm.algorithms.scatter import scatter_binomial, scatter_linear
+                                              reduce_scatter_block_recursive_halving,
+                                              reduce_scatter_block_ring,
+                                              reduce_scatter_pairwise,
+                                              reduce_scatter_recursive_halving,
+                                              reduce_scatter_ring)
+from pycomm.algorithms.scan import exscan_recursive_doubling, scan_recursive_doubling
+from pycomm.algorithms.scatter import scatter_binomial, scatter_linear, scatterv_linear
 from pycomm.algorithms.topology import is_pof2
 from pycomm.errors import ArgumentError
 
@@ -81,6 +95,8 @@ REGISTRY: dict[str, dict[str, AlgorithmInfo]] = {
         "barrier",
         ("dissemination", barrier_dissemination, False, False,
          "ceil(log2 p) rounds of zero-byte messages (Hensgen, Finkel & Manber 1988)"),
+        ("binomial", barrier_binomial, False, False,
+         "binomial gather + broadcast of zero-byte messages; 2 ceil(log2 p) rounds"),
     ),
     "bcast": _table(
         "bcast",
@@ -88,11 +104,15 @@ REGISTRY: dict[str, dict[str, AlgorithmInfo]] = {
          "binomial tree, whole vector per edge; small messages"),
         ("scatter_allgather", bcast_scatter_allgather, False, False,
          "binomial scatter + ring allgather (van de Geijn); large messages"),
+        ("pipeline", bcast_pipeline, False, False,
+         "segmented chain (NCCL ring broadcast); large messages, PYCOMM_SEGMENT_BYTES"),
     ),
     "reduce": _table(
         "reduce",
         ("binomial", reduce_binomial, False, False,
          "binomial tree; rank order kept for non-commutative ops"),
+        ("rabenseifner", reduce_rabenseifner, False, False,
+         "recursive-halving reduce-scatter + binomial gather; large messages"),
     ),
     "allreduce": _table(
         "allreduce",
@@ -102,33 +122,81 @@ REGISTRY: dict[str, dict[str, AlgorithmInfo]] = {
          "recursive halving reduce-scatter + doubling allgather; medium messages"),
         ("ring", allreduce_ring, True, False,
          "ring reduce-scatter + allgather; large messages, commutative ops"),
+        ("binomial", allreduce_binomial, False, False,
+         "binomial reduce to rank 0 + binomial broadcast"),
+        ("double_binary_tree", allreduce_double_binary_tree, False, False,
+         "NCCL's two complementary binary trees, half the data each, segmented"),
     ),
     "allgather": _table(
         "allgather",
         ("recursive_doubling", allgather_recursive_doubling, False, True,
          "log2 p doubling exchanges; power-of-two sizes"),
         ("ring", allgather_ring, False, False, "p-1 neighbour steps; any size"),
+        ("bruck", allgather_bruck, False, False,
+         "ceil(log2 p) steps for any size (Bruck et al. 1997); scratch n"),
+    ),
+    "allgatherv": _table(
+        "allgatherv",
+        ("ring", allgatherv_ring, False, False, "p-1 neighbour steps, per-rank counts"),
     ),
     "gather": _table(
         "gather",
         ("binomial", gather_binomial, False, False, "binomial tree; many ranks, small blocks"),
         ("linear", gather_linear, False, False, "root receives from every rank; no scratch"),
     ),
+    "gatherv": _table(
+        "gatherv",
+        ("linear", gatherv_linear, False, False,
+         "root receives every rank's block; counts significant at the root only"),
+    ),
     "scatter": _table(
         "scatter",
         ("binomial", scatter_binomial, False, False, "binomial tree; many ranks, small blocks"),
         ("linear", scatter_linear, False, False, "root sends to every rank; no scratch"),
     ),
+    "scatterv": _table(
+        "scatterv",
+        ("linear", scatterv_linear, False, False,
+         "root sends every rank its block; counts significant at the root only"),
+    ),
     "alltoall": _table(
         "alltoall",
         ("pairwise", alltoall_pairwise, False, False, "p-1 sendrecv steps to r+k / from r-k"),
+        ("bruck", alltoall_bruck, False, False,
+         "ceil(log2 p) steps of n/2 bytes (Bruck et al. 1997); small blocks, many ranks"),
+    ),
+    "alltoallv": _table(
+        "alltoallv",
+        ("pairwise", alltoallv_pairwise, False, False,
+         "p-1 sendrecv steps with per-peer counts; 0-byte messages where counts are 0"),
+    ),
+    "reduce_scatter": _table(
+        "reduce_scatter",
+        ("ring", reduce_scatter_ring, True, False,
+         "ring; commutative ops; overwrites sendbuf"),
+        ("recursive_halving", reduce_scatter_recursive_halving, False, False,
+         "log2 p halving steps, rank order kept; may overwrite sendbuf"),
+        ("pairwise", reduce_scatter_pairwise, False, False,
+         "p-1 sendrecv steps; exact rank order; sendbuf untouched"),
     ),
     "reduce_scatter_block": _table(
         "reduce_scatter_block",
         ("ring", reduce_scatter_block_ring, True, False,
          "ring; commutative ops; overwrites sendbuf"),
+        ("recursive_halving", reduce_scatter_block_recursive_halving, False, False,
+         "log2 p halving steps, rank order kept; may overwrite sendbuf"),
         ("pairwise", reduce_scatter_block_pairwise, False, False,
          "p-1 sendrecv steps; exact rank order; sendbuf untouched"),
+    ),
+    "scan": _table(
+        "scan",
+        ("recursive_doubling", scan_recursive_doubling, False, False,
+         "ceil(log2 p) exchanges; rank order kept"),
+    ),
+    "exscan": _table(
+        "exscan",
+        ("recursive_doubling", exscan_recursive_doubling, False, False,
+         "ceil(log2 p) exchanges; rank order kept; rank 0's recvbuf untouched"),
     ),
 }
 
@@ -150,14 +218,33 @@ def algorithms(collective: str) -> list[str]:
     return list(_table_for(collective))
 
 
-def model_time(collective: str, algorithm: str, nbytes: int, size: int) -> float:
-    """Return the cost model's predicted seconds for one call (for tests and benchmarks)."""
-    _table_for(collective)
-    return cost(collective, algorithm, nbytes, size)
+def model_time(collective: str, algorithm: str, nbytes: int, size: int, *,
+               transport: str = DEFAULT_TRANSPORT) -> float:
+    """Return the cost model's predicted seconds for one call.
+
+    For benchmarks, tests and the communicator's ``PYCOMM_DEBUG=1`` log (modelled vs
+    measured time).
+
+    Args:
+        collective: a key of :data:`REGISTRY`.
+        algorithm: one of :func:`algorithms` ``(collective)``.
+        nbytes: bytes of the call, as defined in this module's docstring.
+        size: number of ranks.
+        transport: whose constants to use (``"shm"``, ``"tcp"``; others use ``shm``'s).
+
+    Raises:
+        ArgumentError: unknown collective or algorithm.
+    """
+    table = _table_for(collective)
+    if algorithm not in table:
+        raise ArgumentError(f"unknown {collective} algorithm {algorithm!r}; valid: "
+                            f"{', '.join(table)}")
+    return cost(collective, algorithm, nbytes, size, transport)
 
 
 def choose(collective: str, nbytes: int, size: int, *, requested: str | None = None,
-           commutative: bool = True) -> tuple[str, Callable]:
+           commutative: bool = True,
+           transport: str = DEFAULT_TRANSPORT) -> tuple[str, Callable]:
     """Pick the algorithm for one collective call.
 
     Every rank must call this with the same arguments so that all ranks run the same
@@ -175,6 +262,8 @@ def choose(collective: str, nbytes: int, size: int, *, requested: str | None = N
         size: number of ranks.
         requested: an algorithm name, ``"auto"``, or None.
         commutative: whether the reduction op is commutative (True for non-reductions).
+        transport: the communicator's transport (``"shm"``, ``"tcp"``); selects the
+            table of measured constants (unknown names use ``shm``'s).
 
     Returns:
         ``(name, fn)``.
@@ -204,5 +293,5 @@ def choose(collective: str, nbytes: int, size: int, *, requested: str | None = N
                                 f"{AUTO}, {', '.join(fit)}")
         return info.name, info.fn
     candidates = [i for i in table.values() if i.unfit_reason(size, commutative) is None]
-    best = min(candidates, key=lambda i: cost(collective, i.name, nbytes, size))
+    best = min(candidates, key=lambda i: cost(collective, i.name, nbytes, size, transport))
     return best.name, best.fn

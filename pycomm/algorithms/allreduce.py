@@ -30,20 +30,46 @@ the whole vector with ``new_rank XOR 2^k``; both partners compute
 are bit-identical and rank-ordered. Time ``log2(q)(α + nβ + nγ)`` plus the fold;
 latency-optimal for small vectors. Scratch ``n``.
 
-**The fold** (non-power-of-two ``p``): ranks ``0..2rem-1`` pair up, each even rank sends its
-vector to the odd rank above, which computes ``op(even, odd)`` and plays new rank
-``r // 2``; ranks ``>= 2rem`` play ``r - rem``. At the end each odd rank sends the result
-back to its even partner. Cost ``2α + 2nβ + nγ``.
+**The fold** (non-power-of-two ``p``; :mod:`pycomm.algorithms.halving`): ranks
+``0..2rem-1`` pair up, each even rank sends its vector to the odd rank above, which computes
+``op(even, odd)`` and plays new rank ``r // 2``; ranks ``>= 2rem`` play ``r - rem``. At the
+end each odd rank sends the result back to its even partner. Cost ``2α + 2nβ + nγ``.
+
+**binomial** (MPICH's fallback "reduce + bcast"; Thakur et al. 2005, section 4): a binomial
+reduce to rank 0 (:func:`~pycomm.algorithms.reduce.reduce_binomial`, rank order kept)
+followed by a binomial broadcast. Every rank ends with rank 0's bytes. Time
+``2L(α + nβ) + Lnγ`` with ``L = ceil(log2 p)``; scratch ``n`` on inner ranks.
+
+**double_binary_tree** (NCCL's tree allreduce: Sanders, Speck & Träff 2009, "Two-tree
+algorithms for full bandwidth broadcast, reduction and scan"; NCCL ``graph/trees.cc``,
+``ncclGetDtree``). Two binary trees (:func:`~pycomm.algorithms.topology.double_binary_tree`:
+NCCL's in-order btree rooted at 0 and its mirror image rooted at ``p-1``) each carry half
+of the vector. Each half is cut into segments of ``s`` bytes (``PYCOMM_SEGMENT_BYTES``);
+segment ``k`` is reduced up its tree (a rank folds ``lower child ∘ own ∘ higher child``:
+subtrees are contiguous rank ranges, so rank order is kept) and, ``L + 1`` steps later,
+broadcast back down from the root, so reduction and broadcast of different segments
+overlap. For even ``p`` every rank is inner in one tree and a leaf in the other, so the
+load is balanced. With ``S = ceil(n / 2s)`` segments per tree: ``2L + S - 1`` pipeline
+steps, each about ``3α + 3(n/2S)β + 2(n/2S)γ``; latency ``O(log p)`` like a tree,
+bandwidth close to the ring's for large ``n``. Results come from each tree's root by
+broadcast, so every rank holds the same bytes. Scratch: two segments per tree.
 """
 
 from __future__ import annotations
 
+import collections
+
 import numpy as np
 
-from pycomm.algorithms.topology import (chunk_offsets, fold_new_rank, fold_real_rank,
-                                        pof2_floor, ring_neighbors)
+from pycomm.algorithms.bcast import SEND_WINDOW, bcast_binomial, segment_elements
+from pycomm.algorithms.halving import fold_in, fold_out, halve
+from pycomm.algorithms.reduce import reduce_binomial
+from pycomm.algorithms.topology import (ceil_log2, chunk_offsets, double_binary_tree,
+                                        fold_real_rank, pof2_floor, ring_neighbors,
+                                        segment_offsets)
 
-__all__ = ["allreduce_ring", "allreduce_rabenseifner", "allreduce_recursive_doubling"]
+__all__ = ["allreduce_ring", "allreduce_rabenseifner", "allreduce_recursive_doubling",
+           "allreduce_binomial", "allreduce_double_binary_tree"]
 
 
 def allreduce_ring(cc, buf: np.ndarray, op) -> None:
@@ -74,30 +100,6 @@ def allreduce_ring(cc, buf: np.ndarray, op) -> None:
         cc.sendrecv(chunk(rank + 1 - step), right, chunk(rank - step), left)
 
 
-def _fold_in(cc, buf: np.ndarray, op, scratch: np.ndarray | None) -> int | None:
-    """Non-power-of-two fold: return this rank's new rank, None if it sits out."""
-    rank, size = cc.rank, cc.size
-    new_rank = fold_new_rank(rank, size)
-    if rank < 2 * (size - pof2_floor(size)):
-        if new_rank is None:
-            cc.send(buf, rank + 1)
-        else:
-            incoming = scratch[:buf.size]
-            cc.recv(incoming, rank - 1)
-            op.apply(incoming, buf)  # op(even, odd): the even rank is lower
-    return new_rank
-
-
-def _fold_out(cc, buf: np.ndarray, new_rank: int | None) -> None:
-    """Return the result to the ranks that sat out of the power-of-two group."""
-    rank, size = cc.rank, cc.size
-    if rank < 2 * (size - pof2_floor(size)):
-        if new_rank is None:
-            cc.recv(buf, rank + 1)
-        else:
-            cc.send(buf, rank - 1)
-
-
 def allreduce_rabenseifner(cc, buf: np.ndarray, op) -> None:
     """Recursive-halving reduce-scatter + recursive-doubling all-gather, in place.
 
@@ -115,31 +117,13 @@ def allreduce_rabenseifner(cc, buf: np.ndarray, op) -> None:
     offs = chunk_offsets(count, pof2)
     # The fold receives a whole vector; halving receives at most the first half.
     scratch = np.empty(count if folding else offs[pof2 // 2], dtype=buf.dtype)
-    new_rank = _fold_in(cc, buf, op, scratch)
+    new_rank = fold_in(cc, buf, op, scratch)
     if new_rank is not None:
-        lo, hi = 0, pof2  # chunk range this rank is responsible for
-        steps = []  # (partner, kept range, given range), retraced by the all-gather
-        mask = 1
-        while mask < pof2:
-            partner_new = new_rank ^ mask
-            partner = fold_real_rank(partner_new, size)
-            mid = (lo + hi) // 2
-            lower = new_rank < partner_new
-            keep, give = ((lo, mid), (mid, hi)) if lower else ((mid, hi), (lo, mid))
-            kept = buf[offs[keep[0]]:offs[keep[1]]]
-            incoming = scratch[:kept.size]
-            cc.sendrecv(buf[offs[give[0]]:offs[give[1]]], partner, incoming, partner)
-            if lower:
-                op.apply_left(kept, incoming)
-            else:
-                op.apply(incoming, kept)
-            steps.append((partner, keep, give))
-            lo, hi = keep
-            mask <<= 1
-        for partner, keep, give in reversed(steps):
+        steps = halve(cc, buf, op, offs, new_rank, scratch)
+        for partner, _, keep, give in reversed(steps):  # recursive-doubling all-gather
             cc.sendrecv(buf[offs[keep[0]]:offs[keep[1]]], partner,
                         buf[offs[give[0]]:offs[give[1]]], partner)
-    _fold_out(cc, buf, new_rank)
+    fold_out(cc, buf, new_rank)
 
 
 def allreduce_recursive_doubling(cc, buf: np.ndarray, op) -> None:
@@ -155,7 +139,7 @@ def allreduce_recursive_doubling(cc, buf: np.ndarray, op) -> None:
         return
     pof2 = pof2_floor(size)
     scratch = np.empty_like(buf)
-    new_rank = _fold_in(cc, buf, op, scratch)
+    new_rank = fold_in(cc, buf, op, scratch)
     if new_rank is not None:
         mask = 1
         while mask < pof2:
@@ -167,4 +151,86 @@ def allreduce_recursive_doubling(cc, buf: np.ndarray, op) -> None:
             else:
                 op.apply(scratch, buf)
             mask <<= 1
-    _fold_out(cc, buf, new_rank)
+    fold_out(cc, buf, new_rank)
+
+
+def allreduce_binomial(cc, buf: np.ndarray, op) -> None:
+    """Binomial reduce to rank 0, then binomial broadcast, in place.
+
+    Args:
+        cc: the collective context.
+        buf: 1-D C-contiguous array, this rank's contribution; ends with the result.
+        op: any associative :class:`pycomm.ops.Op` (rank order is kept).
+    """
+    if cc.size == 1:
+        return
+    reduce_binomial(cc, buf, 0, op)
+    bcast_binomial(cc, buf, 0)
+
+
+def allreduce_double_binary_tree(cc, buf: np.ndarray, op, *,
+                                 segment_bytes: int | None = None) -> None:
+    """NCCL's double-binary-tree allreduce, pipelined by segments, in place.
+
+    Args:
+        cc: the collective context.
+        buf: 1-D C-contiguous array, this rank's contribution; ends with the result.
+        op: any associative :class:`pycomm.ops.Op` (rank order is kept).
+        segment_bytes: bytes per segment (default ``PYCOMM_SEGMENT_BYTES``); the same on
+            every rank.
+    """
+    size = cc.size
+    if size == 1 or buf.size == 0:
+        return
+    seg = segment_elements(buf.itemsize, segment_bytes)
+    mid = (buf.size + 1) // 2
+    halves = (buf[:mid], buf[mid:])
+    offs = [segment_offsets(h.size, seg) for h in halves]
+    nseg = len(offs[0]) - 1  # the first half is the longer one
+    trees = double_binary_tree(cc.rank, size)
+    scratch = [[np.empty(min(seg, mid), dtype=buf.dtype) for _ in children]
+               for _, children in trees]
+    up_sends: dict[tuple[int, int], object] = {}
+    down_sends: collections.deque = collections.deque()
+    lag = ceil_log2(size) + 1  # steps between reducing a segment and broadcasting it
+
+    def part(t: int, k: int) -> np.ndarray:
+        o = offs[t]
+        return halves[t][o[k]:o[k + 1]] if k + 1 < len(o) else halves[t][:0]
+
+    def up(t: int, k: int) -> None:
+        mine = part(t, k)
+        if mine.size == 0:
+            return
+        parent, children = trees[t]
+        incoming = [s[:mine.size] for s in scratch[t]]
+        cc.waitall([cc.irecv(b, c) for b, c in zip(incoming, children, strict=True)])
+        for b, c in zip(incoming, children, strict=True):
+            if c < cc.rank:
+                op.apply(b, mine)        # lower ranks' partial on the left
+            else:
+                op.apply_left(mine, b)   # higher ranks' partial on the right
+        if parent is not None:
+            up_sends[(t, k)] = cc.isend(mine, parent)
+
+    def down(t: int, k: int) -> None:
+        mine = part(t, k)
+        if mine.size == 0:
+            return
+        parent, children = trees[t]
+        if parent is not None:
+            cc.waitall([up_sends.pop((t, k))])  # matched already: parent reduced segment k
+            cc.recv(mine, parent)
+        for c in children:
+            down_sends.append(cc.isend(mine, c))
+
+    for step in range(nseg + lag):
+        for t in (0, 1):
+            if step < nseg:
+                up(t, step)
+        for t in (0, 1):
+            if step >= lag:
+                down(t, step - lag)
+        while len(down_sends) > 4 * SEND_WINDOW:
+            cc.waitall([down_sends.popleft()])
+    cc.waitall(list(down_sends))

@@ -15,16 +15,44 @@ scatter gives vrank ``v`` its chunk (each rank receives the contiguous chunk ran
 subtree straight into ``buf``, zero copy), then a ring all-gather circulates the chunks.
 Per rank about ``n(p-1)/p`` bytes in each phase. Time ``(L + p - 1)α + 2n(p-1)/p β``; no
 scratch. Beats binomial once ``n`` is large enough that bandwidth dominates.
+
+**pipeline** (segmented chain; NCCL's ring broadcast, MPICH ``bcast`` pipelined chain, Gloo
+``broadcast`` with segments). Ranks form a chain in vrank order ``root -> root+1 -> ... ->
+root-1``; the vector is cut into ``S = ceil(n / s)`` segments of ``s`` bytes
+(``PYCOMM_SEGMENT_BYTES``, the same on every rank). A rank receives segment ``k`` from its
+predecessor, posts the receive of segment ``k+1`` and forwards segment ``k``, so all links
+carry different segments at once. ``p - 2 + S`` pipeline steps of one segment each: time
+``(p - 2 + S)(α + (n/S)β)``, close to ``nβ`` for large ``n``, whatever ``p``; no scratch.
 """
 
 from __future__ import annotations
 
+import collections
+
 import numpy as np
 
+from pycomm import config
 from pycomm.algorithms.topology import (binomial_children, binomial_parent,
-                                        binomial_subtree_size, chunk_offsets, ring_neighbors)
+                                        binomial_subtree_size, chunk_offsets, ring_neighbors,
+                                        segment_offsets)
 
-__all__ = ["bcast_binomial", "bcast_scatter_allgather"]
+__all__ = ["bcast_binomial", "bcast_scatter_allgather", "bcast_pipeline", "segment_elements"]
+
+# Sends a pipelined schedule may have in flight before it waits for the oldest one.
+SEND_WINDOW = 2
+
+
+def segment_elements(itemsize: int, segment_bytes: int | None = None) -> int:
+    """Elements per segment of a pipelined schedule (at least one).
+
+    Args:
+        itemsize: bytes per element.
+        segment_bytes: bytes per segment; None reads ``PYCOMM_SEGMENT_BYTES``. Every rank
+            must use the same value, or the ranks' segments (and messages) disagree.
+    """
+    if segment_bytes is None:
+        segment_bytes = config.get("PYCOMM_SEGMENT_BYTES")
+    return max(1, int(segment_bytes) // max(1, itemsize))
 
 
 def bcast_binomial(cc, buf: np.ndarray, root: int) -> None:
@@ -75,3 +103,34 @@ def bcast_scatter_allgather(cc, buf: np.ndarray, root: int) -> None:
     for step in range(size - 1):
         send_c, recv_c = (vrank - step) % size, (vrank - step - 1) % size
         cc.sendrecv(chunks(send_c, send_c + 1), right, chunks(recv_c, recv_c + 1), left)
+
+
+def bcast_pipeline(cc, buf: np.ndarray, root: int, *, segment_bytes: int | None = None) -> None:
+    """Segmented chain broadcast.
+
+    Args:
+        cc: the collective context.
+        buf: 1-D C-contiguous array; the data on ``root``, overwritten elsewhere.
+        root: the broadcasting rank.
+        segment_bytes: bytes per segment (default ``PYCOMM_SEGMENT_BYTES``); the same on
+            every rank.
+    """
+    size, rank = cc.size, cc.rank
+    if size == 1:
+        return
+    offs = segment_offsets(buf.size, segment_elements(buf.itemsize, segment_bytes))
+    vrank = (rank - root) % size
+    prev = (rank - 1) % size if vrank > 0 else None
+    nxt = (rank + 1) % size if vrank < size - 1 else None
+    nseg = len(offs) - 1
+    sends: collections.deque = collections.deque()
+    pending = cc.irecv(buf[offs[0]:offs[1]], prev) if prev is not None and nseg else None
+    for k in range(nseg):
+        if pending is not None:
+            cc.waitall([pending])
+            pending = cc.irecv(buf[offs[k + 1]:offs[k + 2]], prev) if k + 1 < nseg else None
+        if nxt is not None:
+            sends.append(cc.isend(buf[offs[k]:offs[k + 1]], nxt))
+            if len(sends) > SEND_WINDOW:
+                cc.waitall([sends.popleft()])
+    cc.waitall(list(sends))

@@ -16,6 +16,13 @@ scratch buffer in vrank order (children's ranges land at offsets ``mask * count`
 sends it to its parent in one message. ``L`` rounds. Time ``L α + n(p-1)/p β``; scratch up to
 ``n/2`` on inner ranks, and ``n`` on the root when ``root != 0`` (vrank order is rotated
 back into rank order with one copy).
+
+**gatherv linear**: the flat tree with per-rank counts. ``counts`` and ``displs`` are
+significant at the root only (MPI's rule), so every other rank sends its whole
+``sendbuf`` (0 bytes when empty) and the root posts one receive per rank into
+``recvbuf[displs[r]:displs[r] + counts[r]]``; a count that differs from the sender's size
+is a truncation error from the p2p layer. No binomial variant: inner ranks of a tree would
+need the counts of their subtree, which MPI does not give them without an extra exchange.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ import numpy as np
 from pycomm.algorithms.topology import (binomial_children, binomial_parent,
                                         binomial_subtree_size)
 
-__all__ = ["gather_linear", "gather_binomial"]
+__all__ = ["gather_linear", "gather_binomial", "gatherv_linear"]
 
 
 def gather_linear(cc, sendbuf: np.ndarray, recvbuf: np.ndarray | None, root: int) -> None:
@@ -87,3 +94,27 @@ def gather_binomial(cc, sendbuf: np.ndarray, recvbuf: np.ndarray | None, root: i
         split = (size - root) * count
         recvbuf[root * count:] = gathered[:split]
         recvbuf[:root * count] = gathered[split:]
+
+
+def gatherv_linear(cc, sendbuf: np.ndarray, recvbuf: np.ndarray | None, counts, displs,
+                   root: int) -> None:
+    """Flat-tree gather with per-rank counts.
+
+    Args:
+        cc: the collective context.
+        sendbuf: 1-D C-contiguous array, this rank's block (may be empty); not modified.
+        recvbuf: on ``root``, 1-D C-contiguous array holding every block; ignored elsewhere.
+        counts: on ``root``, elements of each rank's block (``size`` ints; zeros allowed);
+            ignored elsewhere (may be None).
+        displs: on ``root``, element offset of each rank's block in ``recvbuf``; blocks
+            must not overlap. Ignored elsewhere.
+        root: the gathering rank.
+    """
+    size, rank = cc.size, cc.rank
+    if rank != root:
+        cc.send(sendbuf, root)
+        return
+    reqs = [cc.irecv(recvbuf[displs[r]:displs[r] + counts[r]], r)
+            for r in range(size) if r != root]
+    recvbuf[displs[root]:displs[root] + counts[root]] = sendbuf
+    cc.waitall(reqs)

@@ -16,15 +16,30 @@ harmless for commutative ops, only rounding may differ between roots). For a
 **non-commutative** op the tree is rooted at rank 0, so operands combine in exact rank
 order ``x_0 ∘ ... ∘ x_{p-1}``, and rank 0 then sends the result to ``root`` when
 ``root != 0`` (one extra ``α + nβ``), as MPICH does.
+
+**rabenseifner** (Rabenseifner 2004, "Optimization of collective reduction operations";
+Thakur et al. 2005, section 4.2; MPICH ``reduce_intra_reduce_scatter_gather``). Fold to
+``q = pof2_floor(p)`` ranks and reduce-scatter by recursive halving
+(:mod:`pycomm.algorithms.halving`; distance 1 first, rank order kept), then gather the
+reduced chunks to the root by retracing the halving backwards: at each distance, of the
+two partners the one whose bit agrees with the root's new rank receives the other's
+range, so the ranges double along a binomial tree towards the root. When the root sat
+out of the fold its odd partner gathers and forwards the vector. Time
+``2 log2(q) α + n(q-1)/q (2β + γ)`` plus the fold ``α + nβ + nγ`` (and ``α + nβ`` when
+the root sat out); scratch ``n/2`` (``n`` with a fold). Beats binomial once ``n`` is large.
+Serves non-commutative ops (operands combine in rank order); the result is
+``x_0 ∘ ... ∘ x_{p-1}`` for every root.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from pycomm.algorithms.topology import binomial_children, binomial_parent
+from pycomm.algorithms.halving import fold_in, halve
+from pycomm.algorithms.topology import (binomial_children, binomial_parent, chunk_offsets,
+                                        fold_new_rank, pof2_floor)
 
-__all__ = ["reduce_binomial"]
+__all__ = ["reduce_binomial", "reduce_rabenseifner"]
 
 
 def reduce_binomial(cc, buf: np.ndarray, root: int, op) -> None:
@@ -56,3 +71,37 @@ def reduce_binomial(cc, buf: np.ndarray, root: int, op) -> None:
             cc.send(buf, root)
         elif rank == root:
             cc.recv(buf, tree_root)
+
+
+def reduce_rabenseifner(cc, buf: np.ndarray, root: int, op) -> None:
+    """Recursive-halving reduce-scatter + binomial gather to ``root``.
+
+    Args:
+        cc: the collective context.
+        buf: 1-D C-contiguous array holding this rank's contribution; used as scratch on
+            every rank, on ``root`` it ends with the result.
+        root: the rank that receives the result.
+        op: any associative :class:`pycomm.ops.Op` (rank order is kept).
+    """
+    size = cc.size
+    if size == 1:
+        return
+    pof2 = pof2_floor(size)
+    count = buf.size
+    offs = chunk_offsets(count, pof2)
+    scratch = np.empty(count if pof2 != size else offs[pof2 // 2], dtype=buf.dtype)
+    new_rank = fold_in(cc, buf, op, scratch)
+    gatherer = root if fold_new_rank(root, size) is not None else root + 1
+    new_root = fold_new_rank(gatherer, size)
+    if new_rank is not None:
+        steps = halve(cc, buf, op, offs, new_rank, scratch)
+        for partner, partner_new, keep, give in reversed(steps):
+            if (new_rank ^ new_root) & (new_rank ^ partner_new):
+                cc.send(buf[offs[keep[0]]:offs[keep[1]]], partner)
+                break  # this rank's range now lives with the partner
+            cc.recv(buf[offs[give[0]]:offs[give[1]]], partner)
+    if gatherer != root:
+        if cc.rank == gatherer:
+            cc.send(buf, root)
+        elif cc.rank == root:
+            cc.recv(buf, gatherer)

@@ -15,6 +15,11 @@ image of the binomial gather: vrank ``v`` receives the blocks of its whole subtr
 each child's contiguous range, largest subtree first. ``L`` rounds. Time
 ``L α + n(p-1)/p β``; scratch up to ``n/2`` on inner ranks and ``n`` on the root when
 ``root != 0`` (``sendbuf`` is copied into vrank order once).
+
+**scatterv linear**: the flat tree with per-rank counts, significant at the root only
+(MPI's rule). The root sends ``sendbuf[displs[r]:displs[r] + counts[r]]`` to each rank
+``r`` (0 bytes when the count is 0) and every other rank receives exactly its
+``recvbuf``; a mismatch is a truncation error from the p2p layer.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import numpy as np
 from pycomm.algorithms.topology import (binomial_children, binomial_parent,
                                         binomial_subtree_size)
 
-__all__ = ["scatter_linear", "scatter_binomial"]
+__all__ = ["scatter_linear", "scatter_binomial", "scatterv_linear"]
 
 
 def scatter_linear(cc, sendbuf: np.ndarray | None, recvbuf: np.ndarray, root: int) -> None:
@@ -82,4 +87,28 @@ def scatter_binomial(cc, sendbuf: np.ndarray | None, recvbuf: np.ndarray, root: 
         width = binomial_subtree_size(child, size, root)
         reqs.append(cc.isend(blocks[offset * count:(offset + width) * count], child))
     recvbuf[:] = blocks[:count]
+    cc.waitall(reqs)
+
+
+def scatterv_linear(cc, sendbuf: np.ndarray | None, counts, displs, recvbuf: np.ndarray,
+                    root: int) -> None:
+    """Flat-tree scatter with per-rank counts.
+
+    Args:
+        cc: the collective context.
+        sendbuf: on ``root``, 1-D C-contiguous array holding every block (not modified);
+            ignored elsewhere.
+        counts: on ``root``, elements of each rank's block (``size`` ints; zeros allowed);
+            ignored elsewhere (may be None).
+        displs: on ``root``, element offset of each rank's block in ``sendbuf``.
+        recvbuf: 1-D C-contiguous array of this rank's count of elements (may be empty).
+        root: the scattering rank.
+    """
+    size, rank = cc.size, cc.rank
+    if rank != root:
+        cc.recv(recvbuf, root)
+        return
+    reqs = [cc.isend(sendbuf[displs[r]:displs[r] + counts[r]], r)
+            for r in range(size) if r != root]
+    recvbuf[:] = sendbuf[displs[root]:displs[root] + counts[root]]
     cc.waitall(reqs)

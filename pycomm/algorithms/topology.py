@@ -12,9 +12,11 @@ Words used throughout:
 * **new rank**: a rank's number in the power-of-two group left after the non-power-of-two
   *fold* (Thakur, Rabenseifner & Gropp 2005, section 4.3); folded-out ranks have none.
 * **chunk**: one of the nearly equal pieces a vector of ``count`` elements is cut into.
+* **segment**: one of the fixed-size pieces a pipelined schedule streams a vector in.
 
 Sources: MPICH ``src/mpi/coll`` (binomial trees, the fold), NCCL ``graph/trees.cc`` (the
-habit of drawing the tree next to the code), Hensgen, Finkel & Manber 1988 (dissemination).
+habit of drawing the tree next to the code, and the double binary tree), Hensgen, Finkel &
+Manber 1988 (dissemination), Sanders, Speck & Träff 2009 (two-tree collectives).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ __all__ = [
     "is_pof2", "pof2_floor", "ceil_log2", "chunk_offsets", "ring_neighbors",
     "binomial_parent", "binomial_children", "binomial_subtree_size",
     "fold_new_rank", "fold_real_rank", "hypercube_partners", "dissemination_peers",
+    "bit_reverse", "btree_parent", "btree_children", "double_binary_tree", "segment_offsets",
 ]
 
 
@@ -190,3 +193,102 @@ def dissemination_peers(rank: int, size: int) -> list[tuple[int, int]]:
         peers.append(((rank + dist) % size, (rank - dist) % size))
         dist <<= 1
     return peers
+
+
+def bit_reverse(value: int, nbits: int) -> int:
+    """Return ``value`` with its lowest ``nbits`` bits in reverse order (``0 <= value < 2**nbits``).
+
+    Recursive halving with distance 1 first leaves new rank ``r`` owning chunk position
+    ``bit_reverse(r, log2 q)``; laying chunks out in this order gives every rank its own.
+    """
+    out = 0
+    for _ in range(nbits):
+        out = (out << 1) | (value & 1)
+        value >>= 1
+    return out
+
+
+def btree_parent(rank: int, size: int) -> int | None:
+    """Parent of ``rank`` in NCCL's in-order binary tree rooted at rank 0 (``ncclGetBtree``).
+
+    A rank whose lowest set bit is ``b`` hangs below ``(rank ^ b) | 2b`` (or ``rank ^ b``
+    when that is out of range); rank 0 has one child, the largest power of two below
+    ``size``. ``size = 8``, and ``size = 6``::
+
+        0                          0
+        └── 4                      └── 4
+            ├── 2                      ├── 2
+            │   ├── 1                  │   ├── 1
+            │   └── 3                  │   └── 3
+            └── 6                      └── 5
+                ├── 5
+                └── 7
+
+    The tree is in order: the subtree of a rank with lowest bit ``b`` is the contiguous
+    rank range ``[rank - b + 1, rank + b - 1]`` (clipped at ``size``) with at most one child
+    below ``rank`` and one above, so ``lower ∘ own ∘ higher`` keeps rank order. Depth is
+    ``ceil(log2 size)``; half the ranks (the odd ones) are leaves.
+
+    Returns:
+        The parent rank, or None for rank 0.
+    """
+    if rank == 0:
+        return None
+    bit = rank & -rank
+    up = (rank ^ bit) | (bit << 1)
+    return up if up < size else rank ^ bit
+
+
+def btree_children(rank: int, size: int) -> list[int]:
+    """Children of ``rank`` in the tree of :func:`btree_parent`, ascending (at most two)."""
+    if size == 1:
+        return []
+    if rank == 0:
+        return [pof2_floor(size - 1)]
+    half = (rank & -rank) >> 1
+    if half == 0:
+        return []
+    children = [rank - half]
+    while half and rank + half >= size:
+        half >>= 1
+    if half:
+        children.append(rank + half)
+    return children
+
+
+def double_binary_tree(rank: int, size: int) -> list[tuple[int | None, list[int]]]:
+    """``[(parent, children), (parent, children)]`` of ``rank`` in NCCL's two trees.
+
+    Tree 0 is :func:`btree_parent`'s tree (root 0); tree 1 is its mirror image ``r ->
+    size-1-r`` (root ``size - 1``). For even ``size`` every rank is a leaf in one tree and
+    inner in the other, so each rank forwards about one tree's traffic. ``size = 8``::
+
+        tree 0:  0─4, 4─{2,6}, 2─{1,3}, 6─{5,7}      inner 0 2 4 6, leaves 1 3 5 7
+        tree 1:  7─3, 3─{1,5}, 5─{4,6}, 1─{0,2}      inner 7 5 3 1, leaves 6 4 2 0
+
+    NCCL shifts by one instead of mirroring when ``size`` is odd (better balance there);
+    the mirror is kept for every size because it keeps each subtree a contiguous rank
+    range, so non-commutative ops still combine in rank order.
+
+    Returns:
+        Per tree the parent (None at the root) and the children in ascending rank order.
+    """
+    mirror = size - 1 - rank
+    up = btree_parent(mirror, size)
+    return [(btree_parent(rank, size), btree_children(rank, size)),
+            (None if up is None else size - 1 - up,
+             sorted(size - 1 - c for c in btree_children(mirror, size)))]
+
+
+def segment_offsets(count: int, segment: int) -> list[int]:
+    """Cut ``count`` elements into segments of ``segment`` elements (the last may be short).
+
+    Args:
+        count: elements in the vector (``>= 0``).
+        segment: elements per segment (``>= 1``).
+
+    Returns:
+        ``ceil(count / segment) + 1`` offsets from 0 to ``count`` (just ``[0]`` when
+        ``count == 0``: no segment at all).
+    """
+    return list(range(0, count, segment)) + [count]
