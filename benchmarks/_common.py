@@ -1,4 +1,4 @@
-"""Shared harness of the OSU-style benchmarks: options, communicator choice, sizes, output.
+"""Shared harness of the OSU-style benchmarks: options, communicator, sizes, statistics, data.
 
 Every benchmark runs the same body on pycomm (the default) or on mpi4py (``--mpi4py``),
 because both expose the same names (``COMM_WORLD``, ``Send``, ``Isend``, ``Allreduce``,
@@ -9,37 +9,98 @@ Options shared by all benchmarks (OSU's letters where OSU has one):
 
 - ``-m MIN:MAX``  message sizes in bytes, powers of two from MIN to MAX (``-m 1024`` is MAX
   only; ``-m 8:`` leaves MAX at its default). Size 0 is kept when MIN is 0.
+  ``--sizes 8,4096,1M`` gives an explicit list instead (K/M/G suffixes are powers of 1024).
 - ``-i ITER`` / ``-x WARMUP``  timed and warm-up iterations for sizes up to 8 KiB; larger
   sizes use ``--iter-large`` / ``--warmup-large`` (OSU's ``LARGE_MESSAGE_SIZE`` rule).
-- ``--max-time S``  optional cap: after the warm-up, cut the timed iterations of one size so
-  that it takes about S seconds (rank 0 decides, every rank follows). Off by default.
+- ``-f``  full statistics: Min, Max and Iterations columns.
+- ``-c``  validation: every iteration's result is checked against a numpy reference; a
+  wrong result is reported on stderr and makes the exit status 1 (timings taken with
+  ``-c`` include the refills and are not for quoting).
+- ``--dtype NAME``  element type of the buffers (float32 by default).
+- ``--max-time S``  cap: after the warm-up, cut the timed iterations of one size so that
+  it takes about S seconds (rank 0 decides, every rank follows). Off by default.
+- ``--transport NAME``  informational: the launcher chooses the transport
+  (``python launch.py --transport tcp -n 2 ...``); the header prints ``comm.transport_name``
+  and a mismatch is reported on stderr.
 - ``--mpi4py``  use ``mpi4py.MPI`` instead of ``pycomm``.
-- ``--json FILE``  also write the rows, the library and the machine to FILE (rank 0).
+- ``--json FILE`` / ``--csv FILE``  write every row with the run's metadata (rank 0).
+- ``-q``  no progress lines on stderr.
 
 API used from the communication module beyond ``COMM_WORLD``: ``comm.rank``, ``comm.size``,
-``comm.Barrier()``, ``comm.Bcast(array, root=0)``, ``comm.gather(obj, root=0)``, ``Wtime()``.
+``comm.Barrier()``, ``comm.Bcast(array, root=0)``, ``comm.gather(obj, root=0)``,
+``comm.bcast(obj, root=0)``, ``Wtime()``.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import platform
+import socket
 import sys
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from _report import Report  # noqa: F401  (re-exported: benchmarks import it from here)
+
 __all__ = [
-    "LARGE_MESSAGE_SIZE", "Comm", "make_parser", "parse_sizes", "select_comm", "loop_counts",
-    "agree_iterations", "machine_info", "Report", "waitall",
+    "LARGE_MESSAGE_SIZE", "DTYPES", "BUSBW_FACTORS", "Comm", "make_parser", "parse_sizes",
+    "parse_size", "sizes_from_args", "select_comm", "loop_counts", "agree_iterations",
+    "machine_info", "run_metadata", "Report", "Progress", "Stats", "summarize", "busbw_factor",
+    "Pattern", "mismatch", "waitall", "pycomm_version",
 ]
 
 #: Sizes above this many bytes use the "large" iteration counts (OSU's rule).
 LARGE_MESSAGE_SIZE = 8192
+
+#: Element types ``--dtype`` accepts (the values of the validation pattern fit them all).
+DTYPES = ("float32", "float64", "float16", "int8", "int16", "int32", "int64", "uint8",
+          "uint16", "uint32", "uint64", "complex64", "complex128")
+
+#: nccl-tests' bus-bandwidth factor per collective, as a function of the world size n:
+#: busbw = algbw * factor(n), where algbw = S / t and S is the size nccl-tests uses (the
+#: whole buffer: for allgather and alltoall n times the per-rank/per-peer block, for
+#: reduce_scatter the whole send buffer, for gather/scatter the root's whole buffer).
+#: Source: nccl-tests doc/PERFORMANCE.md ("Bus bandwidth": AllReduce 2(n-1)/n,
+#: ReduceScatter and AllGather (n-1)/n, Broadcast and Reduce 1) and, for the collectives
+#: PERFORMANCE.md does not list, nccl-tests' src/alltoall.cu, gather.cu, scatter.cu
+#: (factor (n-1)/n). Barrier and scan have no bus bandwidth (None).
+BUSBW_FACTORS: dict[str, Any] = {
+    "allreduce": lambda n: 2 * (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "allgather": lambda n: (n - 1) / n,
+    "alltoall": lambda n: (n - 1) / n,
+    "gather": lambda n: (n - 1) / n,
+    "scatter": lambda n: (n - 1) / n,
+    "bcast": lambda n: 1.0,
+    "reduce": lambda n: 1.0,
+}
+
+
+def busbw_factor(collective: str, n: int) -> float | None:
+    """Return nccl-tests' bus-bandwidth factor for ``collective`` on ``n`` ranks, or None.
+
+    The v-variants use their plain twin's factor (``allgatherv`` → ``allgather``), the
+    nonblocking ones their blocking twin's (``iallreduce`` → ``allreduce``).
+    """
+    name = collective.lower()
+    if name.startswith("i") and name[1:] in _FACTOR_NAMES:
+        name = name[1:]
+    name = _FACTOR_NAMES.get(name, name)
+    fn = BUSBW_FACTORS.get(name)
+    return None if fn is None else float(fn(n))
+
+
+_FACTOR_NAMES = {"allreduce": "allreduce", "reduce_scatter": "reduce_scatter",
+                 "reduce_scatter_block": "reduce_scatter", "allgather": "allgather",
+                 "allgatherv": "allgather", "alltoall": "alltoall", "alltoallv": "alltoall",
+                 "gather": "gather", "gatherv": "gather", "scatter": "scatter",
+                 "scatterv": "scatter", "bcast": "bcast", "reduce": "reduce",
+                 "barrier": "barrier", "scan": "scan"}
 
 
 @dataclass
@@ -51,12 +112,16 @@ class Comm:
         comm: its ``COMM_WORLD``.
         name: ``"pycomm"`` or ``"mpi4py"``.
         label: what goes in the header, e.g. ``"pycomm 0.1.0, transport shm"``.
+        transport: ``comm.transport_name`` for pycomm, ``"mpi"`` for mpi4py.
+        version: the library's version (pycomm's, or mpi4py's with the MPI library's).
     """
 
     mod: Any
     comm: Any
     name: str
     label: str
+    transport: str = "unknown"
+    version: str = "unknown"
 
     @property
     def rank(self) -> int:
@@ -69,39 +134,29 @@ class Comm:
         return self.comm.size
 
 
-def _pycomm_label(mod: Any, comm: Any) -> str:
-    """Return ``"pycomm VERSION, transport NAME"``, as far as pycomm tells these."""
-    version = getattr(mod, "__version__", None)
-    if version is None:
+def pycomm_version() -> str:
+    """Return pycomm's version without starting a world (``"unknown"`` when absent)."""
+    try:
+        import pycomm
+
+        return str(getattr(pycomm, "__version__", "unknown"))
+    except Exception:
         try:
-            from importlib.metadata import version as dist_version
-            version = dist_version("pycomm")
-        except Exception:  # not installed as a distribution: running from the checkout
-            version = "unknown"
-    transport = None
-    for attr in ("transport_name", "transport"):
-        value = getattr(comm, attr, None)
-        if value is not None:
-            transport = value if isinstance(value, str) else getattr(value, "name", None)
-            if transport:
-                break
-    if not transport:
-        transport = os.environ.get("PYCOMM_TRANSPORT", "auto")
-    return f"pycomm {version}, transport {transport}"
+            from importlib.metadata import version
+
+            return version("pycomm")
+        except Exception:
+            return "unknown"
 
 
-def _mpi4py_label(mpi: Any) -> str:
-    """Return ``"mpi4py VERSION, <MPI library> VERSION"`` (e.g. ``MPICH 5.0.2``)."""
-    import mpi4py
-
+def _mpi_library(mpi: Any) -> str:
+    """Return e.g. ``"MPICH 5.0.2"`` from ``MPI.Get_library_version()``."""
     first = mpi.Get_library_version().strip().splitlines()[0]
     if first.startswith("MPICH Version:"):
-        lib = "MPICH " + first.split(":", 1)[1].strip()
-    elif first.startswith("Open MPI"):
-        lib = first.split(",")[0].strip()
-    else:
-        lib = first[:40]
-    return f"mpi4py {mpi4py.__version__}, {lib}"
+        return "MPICH " + first.split(":", 1)[1].strip()
+    if first.startswith("Open MPI"):
+        return first.split(",")[0].strip()
+    return first[:40]
 
 
 def select_comm(use_mpi4py: bool) -> Comm:
@@ -115,9 +170,12 @@ def select_comm(use_mpi4py: bool) -> Comm:
         The :class:`Comm` bundle with the world communicator.
     """
     if use_mpi4py:
+        import mpi4py
         from mpi4py import MPI
 
-        return Comm(MPI, MPI.COMM_WORLD, "mpi4py", _mpi4py_label(MPI))
+        lib = _mpi_library(MPI)
+        return Comm(MPI, MPI.COMM_WORLD, "mpi4py", f"mpi4py {mpi4py.__version__}, {lib}",
+                    "mpi", f"mpi4py {mpi4py.__version__}, {lib}")
     # Make ``import pycomm`` work from a checkout without installing it.
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     if root not in sys.path:
@@ -125,7 +183,31 @@ def select_comm(use_mpi4py: bool) -> Comm:
     import pycomm
 
     comm = pycomm.COMM_WORLD
-    return Comm(pycomm, comm, "pycomm", _pycomm_label(pycomm, comm))
+    transport = getattr(comm, "transport_name", None) or \
+        os.environ.get("PYCOMM_TRANSPORT", "unknown")
+    version = pycomm_version()
+    return Comm(pycomm, comm, "pycomm", f"pycomm {version}, transport {transport}",
+                transport, version)
+
+
+def parse_size(text: str) -> int:
+    """Parse ``4096``, ``4K``, ``4KiB``, ``16M``, ``1G`` (powers of 1024) into bytes.
+
+    Raises:
+        argparse.ArgumentTypeError: not a non-negative size.
+    """
+    t = text.strip().upper().removesuffix("IB").removesuffix("B")
+    scale = 1
+    if t and t[-1] in "KMG":
+        scale = 1024 ** ("KMG".index(t[-1]) + 1)
+        t = t[:-1]
+    try:
+        value = int(t) * scale
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a size in bytes: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"negative size: {text!r}")
+    return value
 
 
 def parse_sizes(text: str, default_min: int, default_max: int) -> list[int]:
@@ -138,15 +220,12 @@ def parse_sizes(text: str, default_min: int, default_max: int) -> list[int]:
         argparse.ArgumentTypeError: the text is not of that form, or MIN > MAX.
     """
     lo, hi = default_min, default_max
-    try:
-        if ":" in text:
-            a, b = text.split(":", 1)
-            lo = int(a) if a.strip() else lo
-            hi = int(b) if b.strip() else hi
-        elif text.strip():
-            hi = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"-m expects MIN:MAX in bytes, got {text!r}") from None
+    if ":" in text:
+        a, b = text.split(":", 1)
+        lo = parse_size(a) if a.strip() else lo
+        hi = parse_size(b) if b.strip() else hi
+    elif text.strip():
+        hi = parse_size(text)
     if lo < 0 or hi < lo:
         raise argparse.ArgumentTypeError(f"-m {text!r}: need 0 <= MIN <= MAX")
     sizes = [0] if lo == 0 else []
@@ -158,12 +237,21 @@ def parse_sizes(text: str, default_min: int, default_max: int) -> list[int]:
     return sizes
 
 
+def sizes_from_args(args: argparse.Namespace, default_min: int, default_max: int) -> list[int]:
+    """Return ``--sizes`` when given, else the ``-m`` sweep (sorted, without duplicates)."""
+    if getattr(args, "sizes", None):
+        return sorted({parse_size(s) for s in args.sizes.split(",") if s.strip()})
+    return parse_sizes(args.message_size, default_min, default_max)
+
+
 def make_parser(description: str, *, iters: int, warmup: int, iters_large: int,
                 warmup_large: int) -> argparse.ArgumentParser:
     """Return an argument parser with the shared options (benchmarks add their own)."""
     p = argparse.ArgumentParser(description=description)
     p.add_argument("-m", "--message-size", metavar="MIN:MAX", default="",
                    help="message sizes in bytes, powers of two from MIN to MAX")
+    p.add_argument("--sizes", metavar="LIST", default=None,
+                   help="explicit comma-separated sizes instead of -m (e.g. 8,4K,1M)")
     p.add_argument("-i", "--iterations", type=int, default=iters, metavar="ITER",
                    help=f"timed iterations for sizes <= {LARGE_MESSAGE_SIZE} B "
                         f"(default {iters})")
@@ -174,14 +262,36 @@ def make_parser(description: str, *, iters: int, warmup: int, iters_large: int,
                    help=f"timed iterations for larger sizes (default {iters_large})")
     p.add_argument("--warmup-large", type=int, default=warmup_large, metavar="WARMUP",
                    help=f"warm-up iterations for larger sizes (default {warmup_large})")
+    p.add_argument("-f", "--full", action="store_true",
+                   help="full statistics: Min, Max and Iterations columns")
+    p.add_argument("-c", "--validate", action="store_true",
+                   help="check every iteration's result against numpy; exit 1 when wrong")
+    p.add_argument("--dtype", default="float32", choices=DTYPES,
+                   help="element type of the buffers (default float32)")
     p.add_argument("--max-time", type=float, default=None, metavar="S",
                    help="cap the timed iterations of each size at about S seconds "
                         "(estimated from the warm-up; default: no cap)")
+    p.add_argument("--transport", default=None, choices=("shm", "tcp", "auto"),
+                   help="informational: the launcher picks the transport "
+                        "(launch.py --transport); a mismatch is reported")
     p.add_argument("--mpi4py", action="store_true",
                    help="use mpi4py.MPI (run under mpiexec) instead of pycomm")
     p.add_argument("--json", metavar="FILE", default=None,
-                   help="also write the results as JSON to FILE (rank 0)")
+                   help="also write every row and the run's metadata as JSON (rank 0)")
+    p.add_argument("--csv", metavar="FILE", default=None,
+                   help="also write every row and the run's metadata as CSV (rank 0)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     return p
+
+
+def check_transport(c: Comm, wanted: str | None) -> None:
+    """Report on stderr (rank 0) when ``--transport`` differs from the one in use."""
+    if wanted in (None, "auto") or c.name != "pycomm" or c.rank != 0:
+        return
+    if wanted not in c.transport.split("+"):
+        print(f"# note: --transport {wanted} asked, but the launcher gave {c.transport}; "
+              f"choose it with: python launch.py --transport {wanted} -n N script.py",
+              file=sys.stderr)
 
 
 def loop_counts(args: argparse.Namespace, size: int) -> tuple[int, int]:
@@ -217,8 +327,70 @@ def waitall(c: Comm, requests: list) -> None:
             r.Wait()
 
 
+# -- statistics ---------------------------------------------------------------------------
+
+@dataclass
+class Stats:
+    """Average, minimum and maximum over ranks of each rank's mean seconds per iteration."""
+
+    avg: float
+    min: float
+    max: float
+    iterations: int
+
+
+def summarize(per_rank: list[float], iterations: int) -> Stats:
+    """Summarize the per-rank mean times (seconds) the way OSU's -f columns do."""
+    if not per_rank:
+        raise ValueError("no timings to summarize")
+    return Stats(sum(per_rank) / len(per_rank), min(per_rank), max(per_rank), iterations)
+
+
+# -- validation data ----------------------------------------------------------------------
+
+class Pattern:
+    """Deterministic test data: small integers 1..7 so that sums stay exact in every dtype.
+
+    ``data(key, it, count)`` is element k = ((k + 3 * key + it) mod 7) + 1, where ``key``
+    names the contribution (a rank, or a (sender, receiver) block) and ``it`` the iteration,
+    so a stale buffer from the previous iteration never passes.
+    """
+
+    def __init__(self, dtype: str | np.dtype):
+        self.dtype = np.dtype(dtype)
+        self._idx = np.arange(0, dtype=np.int64)
+
+    def data(self, key: int, it: int, count: int) -> np.ndarray:
+        """Return the ``count`` elements contributed under ``key`` at iteration ``it``."""
+        if self._idx.size < count:
+            self._idx = np.arange(max(count, 2 * self._idx.size), dtype=np.int64)
+        return ((self._idx[:count] + (3 * key + it)) % 7 + 1).astype(self.dtype)
+
+    def total(self, keys, it: int, count: int) -> np.ndarray:
+        """Return the element-wise SUM of ``data(k, it, count)`` over ``keys``, in dtype."""
+        acc = np.zeros(count, dtype=self.dtype)
+        for k in keys:
+            acc += self.data(k, it, count)   # wraps in integer dtypes, as MPI's SUM does
+        return acc
+
+
+def mismatch(got: np.ndarray, want: np.ndarray, what: str) -> str | None:
+    """Return a description of the first difference between ``got`` and ``want``, or None."""
+    got, want = np.asarray(got).ravel(), np.asarray(want).ravel()
+    if got.shape != want.shape:
+        return f"{what}: {got.size} elements, expected {want.size}"
+    bad = np.flatnonzero(got != want)
+    if bad.size == 0:
+        return None
+    i = int(bad[0])
+    return (f"{what}: {bad.size} of {got.size} elements wrong, first at {i}: "
+            f"{got[i]!r} != {want[i]!r}")
+
+
+# -- metadata and progress ----------------------------------------------------------------
+
 def machine_info() -> dict[str, Any]:
-    """Describe this machine: cores, CPU model, kernel, versions, date, load average.
+    """Describe this machine: host, cores, CPU model, kernel, versions, date, load average.
 
     The load average (1, 5, 15 min) is there because other work on a 2-core machine moves
     every figure; a run with a load well above the rank count is suspect.
@@ -233,6 +405,7 @@ def machine_info() -> dict[str, Any]:
     except OSError:
         pass
     return {
+        "host": socket.gethostname(),
         "nproc": os.cpu_count(),
         "cpu_model": model,
         "kernel": platform.release(),
@@ -243,51 +416,44 @@ def machine_info() -> dict[str, Any]:
     }
 
 
-@dataclass
-class Report:
-    """Prints OSU-style header and rows on rank 0 and collects them for ``--json``.
+def run_metadata(c: Comm | None, benchmark: str, *, algorithm: str | None = None,
+                 dtype: str | None = None, **extra: Any) -> dict[str, Any]:
+    """Return the metadata written with every row of ``--json`` / ``--csv``.
 
-    Args:
-        title: e.g. ``"OSU MPI Latency Test"``.
-        label: library and transport, from :class:`Comm` (or ``"python sockets"``...).
-        columns: (JSON key, title, width, format) per column, e.g.
-            ``("latency_us", "Latency (us)", 18, ".2f")``; the first is the size in bytes.
-        enabled: print only where True (rank 0).
+    Keys: benchmark, library, library_version, world_size, transport, algorithm, dtype,
+    host, cpu_count, pycomm_version, date, loadavg (1-minute figure, and the three in JSON's
+    ``machine``), plus ``extra``.
     """
+    m = machine_info()
+    return {
+        "benchmark": benchmark,
+        "library": c.name if c else "none",
+        "library_version": c.version if c else "",
+        "world_size": c.size if c else 1,
+        "transport": c.transport if c else "none",
+        "algorithm": algorithm or ("auto" if c and c.name == "pycomm" else "default"),
+        "dtype": dtype or "",
+        "host": m["host"],
+        "cpu_count": m["nproc"],
+        "pycomm_version": pycomm_version(),
+        "date": m["date"],
+        "loadavg": m["loadavg"][0] if m["loadavg"] else None,
+        **extra,
+    }
 
-    title: str
-    label: str
-    columns: list[tuple[str, str, int, str]]
-    enabled: bool = True
-    meta: dict[str, Any] = field(default_factory=dict)
-    rows: list[dict[str, Any]] = field(default_factory=list)
 
-    def header(self, *extra: str) -> None:
-        """Print ``# TITLE (LABEL)``, any extra comment lines, then the column names."""
-        if not self.enabled:
-            return
-        print(f"# {self.title} ({self.label})")
-        for line in extra:
-            print(f"# {line}")
-        names = "".join(f"{title:>{width}}" for _, title, width, _ in self.columns[1:])
-        print(f"# {self.columns[0][1]:<{self.columns[0][2] - 2}}{names}", flush=True)
+class Progress:
+    """Progress of a sweep on stderr (rank 0), once the sweep has run for ``after`` s."""
 
-    def row(self, *values: Any) -> None:
-        """Print one row (size first) and keep it for the JSON file."""
-        if not self.enabled:
-            return
-        self.rows.append({key: v for (key, _, _, _), v in zip(self.columns, values, strict=True)})
-        cells = [f"{values[0]:<{self.columns[0][2]}d}"]
-        for (_, _, width, fmt), v in zip(self.columns[1:], values[1:], strict=True):
-            cells.append(f"{v:>{width}{fmt}}" if v is not None else f"{'-':>{width}}")
-        print("".join(cells), flush=True)
+    def __init__(self, name: str, total: int, enabled: bool, after: float = 2.0):
+        self.name, self.total, self.enabled, self.after = name, total, enabled, after
+        self.t0 = time.perf_counter()
+        self.done = 0
 
-    def write_json(self, path: str | None, benchmark: str, **extra: Any) -> None:
-        """Write benchmark name, label, machine, ``extra`` and the rows to ``path``."""
-        if not self.enabled or not path:
-            return
-        doc = {"benchmark": benchmark, "library": self.label, "machine": machine_info(),
-               **self.meta, **extra, "rows": self.rows}
-        with open(path, "w") as f:
-            json.dump(doc, f, indent=2)
-            f.write("\n")
+    def step(self, what: str) -> None:
+        """Count one finished step (a size, or a size x algorithm) named ``what``."""
+        self.done += 1
+        elapsed = time.perf_counter() - self.t0
+        if self.enabled and elapsed >= self.after:
+            print(f"# {self.name}: {self.done}/{self.total} done ({what}), "
+                  f"{elapsed:.0f} s", file=sys.stderr, flush=True)

@@ -1,13 +1,16 @@
 """Point-to-point latency between ranks 0 and 1, after OSU's ``osu_latency``.
 
 Rank 0 sends a message of ``size`` bytes to rank 1 with ``Send``, rank 1 receives it with
-``Recv`` and sends it back; the reported latency is half the average round trip, in µs.
-Each size runs ``-x`` warm-up round trips then ``-i`` timed ones (``--warmup-large`` /
-``--iter-large`` past 8 KiB), between two Barriers. Ranks above 1 only join the Barriers.
+``Recv`` and sends it back; the reported latency is half the average round trip, in µs
+(``-f``: also the fastest and slowest round trip, halved). ``--pickle`` sends the numpy
+array as an object (``send``/``recv``). Each size runs ``-x`` warm-up round trips then
+``-i`` timed ones (``--warmup-large`` / ``--iter-large`` past 8 KiB), between Barriers.
+Ranks above 1 only join the Barriers.
 
 Run::
 
     python launch.py -n 2 benchmarks/osu_latency.py            # pycomm
+    python launch.py -n 2 --transport tcp benchmarks/osu_latency.py
     mpiexec -n 2 python benchmarks/osu_latency.py --mpi4py     # reference
 """
 
@@ -17,56 +20,62 @@ import sys
 
 import numpy as np
 
-from _common import Report, agree_iterations, loop_counts, make_parser, parse_sizes, select_comm
+from _p2p import Checker, setup, stats_cols, sweep
 
 TAG = 1
 
 
-def ping_pong(c, sbuf: np.ndarray, rbuf: np.ndarray, count: int) -> float:
-    """Run ``count`` round trips between ranks 0 and 1; return the elapsed seconds."""
-    comm, rank = c.comm, c.rank
-    t0 = c.mod.Wtime()
-    if rank == 0:
-        for _ in range(count):
-            comm.Send(sbuf, 1, tag=TAG)
-            comm.Recv(rbuf, 1, tag=TAG)
-    elif rank == 1:
-        for _ in range(count):
-            comm.Recv(rbuf, 0, tag=TAG)
-            comm.Send(sbuf, 0, tag=TAG)
-    return c.mod.Wtime() - t0
-
-
 def main(argv: list[str] | None = None) -> int:
     """Parse options, run every size, print one row per size on rank 0."""
-    parser = make_parser(__doc__.splitlines()[0], iters=10000, warmup=1000, iters_large=1000,
-                         warmup_large=100)
-    args = parser.parse_args(argv)
-    sizes = parse_sizes(args.message_size, 0, 4 << 20)
-    c = select_comm(args.mpi4py)
-    if c.size < 2:
-        if c.rank == 0:
-            print("osu_latency needs at least 2 ranks", file=sys.stderr)
-        return 2
-    report = Report("OSU MPI Latency Test", c.label,
-                    [("size", "Size", 10, "d"), ("latency_us", "Latency (us)", 18, ".2f")],
-                    enabled=c.rank == 0)
-    report.header()
-    sbuf = np.full(max(sizes), 0x61, dtype=np.uint8)
-    rbuf = np.zeros(max(sizes), dtype=np.uint8)
-    for size in sizes:
-        iters, warmup = loop_counts(args, size)
-        s, r = sbuf[:size], rbuf[:size]
-        c.comm.Barrier()
-        warm = ping_pong(c, s, r, warmup)
-        if args.max_time is not None:
-            iters = agree_iterations(c, iters, warm, warmup, args.max_time)
-        c.comm.Barrier()
-        elapsed = ping_pong(c, s, r, iters)
-        c.comm.Barrier()
-        report.row(size, elapsed * 1e6 / (2 * iters))
-    report.write_json(args.json, "osu_latency", ranks=c.size)
-    return 0
+    run = setup("latency", "OSU MPI Latency Test", iters=(10000, 1000, 1000, 100),
+                sizes=(0, 4 << 20), min_ranks=2, argv=argv,
+                columns=[("size", "Size", 10, "d"), ("avg_us", "Avg Latency(us)", 18, ".2f")])
+    if isinstance(run, int):
+        return run
+    comm, rank, pat, checker = run.c.comm, run.c.rank, run.pattern, Checker()
+    validate, pickle = run.args.validate, run.args.pickle
+    big = max(run.sizes) // run.dtype.itemsize
+    sbuf_all = np.full(big, 1, dtype=run.dtype)
+    rbuf_all = np.zeros(big, dtype=run.dtype)
+
+    def make_one(count: int):
+        s, r = sbuf_all[:count], rbuf_all[:count]
+        peer = 1 - rank
+
+        def one(it: int) -> None:
+            if validate:
+                s[...] = pat.data(rank, it, count)
+            if rank == 0:
+                if pickle:
+                    comm.send(s, 1, tag=TAG)
+                    got = comm.recv(source=1, tag=TAG)
+                else:
+                    comm.Send(s, 1, tag=TAG)
+                    comm.Recv(r, 1, tag=TAG)
+                    got = r
+            else:
+                if pickle:
+                    got = comm.recv(source=0, tag=TAG)
+                    comm.send(s, 0, tag=TAG)
+                else:
+                    comm.Recv(r, 0, tag=TAG)
+                    comm.Send(s, 0, tag=TAG)
+                    got = r
+            if validate:
+                checker.check(got, pat.data(peer, it, count), "received message")
+
+        def idle(it: int) -> None:
+            return None
+
+        return one if rank < 2 else idle
+
+    def row(size, total, times, iters):
+        if rank != 0:
+            return None
+        return (size, total * 1e6 / (2 * iters),
+                *stats_cols(run.args.full, times or [], lambda t: t * 1e6 / 2, iters))
+
+    return sweep(run, make_one, row, checker)
 
 
 if __name__ == "__main__":
