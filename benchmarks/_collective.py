@@ -25,17 +25,37 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
+from _common import (
+    Comm,
+    Pattern,
+    Progress,
+    Report,
+    agree_iterations,
+    busbw_factor,
+    check_transport,
+    loop_counts,
+    make_parser,
+    run_metadata,
+    select_comm,
+    sizes_from_args,
+    summarize,
+)
 
-from _common import (Comm, Pattern, Progress, Report, agree_iterations, busbw_factor,
-                     check_transport, loop_counts, make_parser, run_metadata, select_comm,
-                     sizes_from_args, summarize)
-
-__all__ = ["Collective", "Case", "Ctx", "run", "main", "compute_busy", "compute_sleep",
-           "overlap_percent"]
+__all__ = [
+    "Case",
+    "Collective",
+    "Ctx",
+    "compute_busy",
+    "compute_sleep",
+    "main",
+    "overlap_percent",
+    "run",
+]
 
 
 @dataclass
@@ -207,7 +227,7 @@ def _algorithm_names(spec: Collective, c: Comm, wanted: str | None) -> list[str 
         return [wanted]
     try:
         names: list[str | None] = list(c.mod.algorithms(spec.registry))
-    except Exception:  # no registry entry (mpi4py, or a collective without algorithms)
+    except Exception:  # noqa: BLE001  (mpi4py, or a collective without a registry entry)
         names = []
     return names + ["auto"]
 
@@ -221,7 +241,7 @@ def _auto_choice(c: Comm, spec: Collective, size: int) -> str | None:
 
         return choose(spec.registry, spec.algbw_bytes(size, c.size), c.size,
                       requested="auto")[0]
-    except Exception:
+    except Exception:  # noqa: BLE001  (the label is informative only)
         return None
 
 
@@ -293,7 +313,7 @@ def run(spec: Collective, argv: list[str] | None = None) -> int:
             if algo is not None:
                 kw["algorithm"] = algo
             fn = getattr(c.comm, spec.method)
-            call = lambda: fn(*case.args, **kw)  # noqa: E731,B023
+            call = lambda: fn(*case.args, **kw)  # noqa: B023
             result = _one(spec, c, args, case, call, iters, warmup, errors, compute)
             cells[algo] = result
             progress.step(f"{size} B" + (f" {algo}" if algo else ""))
@@ -320,7 +340,7 @@ def _one(spec, c, args, case, call, iters, warmup, errors, compute) -> dict | No
             warm, _ = _overlapped(c, case, call, warmup, 0, args.validate, errors, None, 0)
         else:
             warm = _blocking(c, case, call, warmup, 0, args.validate, errors, barrier)
-    except Exception as exc:  # an algorithm that cannot serve this call: every rank raises
+    except Exception as exc:  # noqa: BLE001  (an algorithm that cannot serve this call)
         c.comm.Barrier()
         return {"error": f"{type(exc).__name__}: {exc}"} if c.rank == 0 else None
     if args.max_time is not None:

@@ -44,14 +44,31 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-
-from _report import Report  # noqa: F401  (re-exported: benchmarks import it from here)
+from _report import Report
 
 __all__ = [
-    "LARGE_MESSAGE_SIZE", "DTYPES", "BUSBW_FACTORS", "Comm", "make_parser", "parse_sizes",
-    "parse_size", "sizes_from_args", "select_comm", "loop_counts", "agree_iterations",
-    "machine_info", "run_metadata", "Report", "Progress", "Stats", "summarize", "busbw_factor",
-    "Pattern", "mismatch", "waitall", "pycomm_version",
+    "BUSBW_FACTORS",
+    "DTYPES",
+    "LARGE_MESSAGE_SIZE",
+    "Comm",
+    "Pattern",
+    "Progress",
+    "Report",
+    "Stats",
+    "agree_iterations",
+    "busbw_factor",
+    "loop_counts",
+    "machine_info",
+    "make_parser",
+    "mismatch",
+    "parse_size",
+    "parse_sizes",
+    "pycomm_version",
+    "run_metadata",
+    "select_comm",
+    "sizes_from_args",
+    "summarize",
+    "waitall",
 ]
 
 #: Sizes above this many bytes use the "large" iteration counts (OSU's rule).
@@ -140,12 +157,12 @@ def pycomm_version() -> str:
         import pycomm
 
         return str(getattr(pycomm, "__version__", "unknown"))
-    except Exception:
+    except Exception:  # noqa: BLE001  (metadata only: never fail a run over it)
         try:
             from importlib.metadata import version
 
             return version("pycomm")
-        except Exception:
+        except Exception:  # noqa: BLE001
             return "unknown"
 
 

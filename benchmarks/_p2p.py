@@ -17,16 +17,27 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
+from _common import (
+    Comm,
+    Pattern,
+    Progress,
+    Report,
+    agree_iterations,
+    check_transport,
+    loop_counts,
+    make_parser,
+    mismatch,
+    run_metadata,
+    select_comm,
+    sizes_from_args,
+)
 
-from _common import (Comm, Pattern, Progress, Report, agree_iterations, check_transport,
-                     loop_counts, make_parser, mismatch, run_metadata, select_comm,
-                     sizes_from_args)
-
-__all__ = ["P2P", "setup", "sweep", "Checker"]
+__all__ = ["P2P", "Checker", "setup", "sweep"]
 
 
 @dataclass

@@ -23,7 +23,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Report", "SCHEMA", "META_KEYS"]
+__all__ = ["META_KEYS", "SCHEMA", "Report"]
 
 SCHEMA = "pycomm-bench/1"
 

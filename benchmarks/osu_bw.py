@@ -20,7 +20,6 @@ from __future__ import annotations
 import sys
 
 import numpy as np
-
 from _common import waitall
 from _p2p import Checker, setup, stats_cols, sweep
 

@@ -11,7 +11,6 @@ Run::
 """
 
 import numpy as np
-
 from _collective import Case, Collective, Ctx, main
 from _common import mismatch
 

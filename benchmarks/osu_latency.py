@@ -19,7 +19,6 @@ from __future__ import annotations
 import sys
 
 import numpy as np
-
 from _p2p import Checker, setup, stats_cols, sweep
 
 TAG = 1

@@ -16,7 +16,6 @@ from __future__ import annotations
 import sys
 
 import numpy as np
-
 from _p2p import Checker, setup, sweep
 
 TAG = 1

@@ -27,8 +27,14 @@ import sys
 import time
 
 import numpy as np
-
-from _common import LARGE_MESSAGE_SIZE, Report, loop_counts, make_parser, parse_sizes
+from _common import (
+    LARGE_MESSAGE_SIZE,
+    Report,
+    loop_counts,
+    make_parser,
+    run_metadata,
+    sizes_from_args,
+)
 
 WINDOW = 64
 _CMD = struct.Struct("!iqq")  # mode, size, count
@@ -113,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.mpi4py:
         parser.error("reference.py uses no communication library; drop --mpi4py")
-    sizes = [s for s in parse_sizes(args.message_size, 8, 16 << 20) if s > 0]
+    sizes = [s for s in sizes_from_args(args, 8, 16 << 20) if s > 0]
     max_size = max(sizes)
 
     listener = socket.create_server(("127.0.0.1", 0))
@@ -157,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
         sock.sendall(_CMD.pack(QUIT, 0, 0))
         sock.close()
         child.join(timeout=10)
-    report.write_json(args.json, "reference", window=WINDOW)
+    report.meta = run_metadata(None, "reference", algorithm="-", dtype="uint8")
+    report.write(args.json, args.csv, window=WINDOW)
     return 0
 
 
