@@ -1,4 +1,13 @@
-"""Reduction operations: the predefined ``SUM``, ``PROD``, ``MIN``, ``MAX`` and user ops.
+"""Reduction operations: MPI's predefined ops and user ops.
+
+Predefined: ``SUM``, ``PROD``, ``MIN``, ``MAX``; the logical ``LAND``, ``LOR``, ``LXOR``
+(any non-zero is true; the result is 0 or 1 in the input dtype, MPI-4.0 section 6.9.2);
+the bitwise ``BAND``, ``BOR``, ``BXOR`` (integers and bool); and ``MAXLOC``, ``MINLOC`` on
+value/index pairs: a numpy structured dtype with two fields, the value first and an
+integer index second (:data:`DOUBLE_INT`, :data:`FLOAT_INT`, :data:`LONG_INT`,
+:data:`INT_INT`, or any such dtype from :func:`pair_dtype`). MAXLOC keeps the larger value
+and, on a tie, the lower index (MINLOC: the smaller value), so the result does not depend
+on the order of operands.
 
 An :class:`Op` combines two operands elementwise. MPI's convention is kept throughout:
 ``apply(inbuf, inoutbuf)`` computes ``inoutbuf = inbuf ∘ inoutbuf`` where ``inbuf`` holds
@@ -21,7 +30,9 @@ import numpy as np
 
 from pycomm.errors import ArgumentError
 
-__all__ = ["Op", "SUM", "PROD", "MIN", "MAX"]
+__all__ = ["Op", "SUM", "PROD", "MIN", "MAX", "LAND", "LOR", "LXOR", "BAND", "BOR", "BXOR",
+           "MAXLOC", "MINLOC", "DOUBLE_INT", "FLOAT_INT", "LONG_INT", "INT_INT", "SHORT_INT",
+           "TWOINT", "pair_dtype"]
 
 _KIND_NAMES = {"b": "boolean", "i": "signed integer", "u": "unsigned integer",
                "f": "floating point", "c": "complex", "V": "structured/void",
@@ -38,6 +49,67 @@ def _obj_max(a: Any, b: Any) -> Any:
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
         return np.maximum(a, b)
     return b if b > a else a
+
+
+def pair_dtype(value: Any, index: Any = np.int32) -> np.dtype:
+    """Return the MAXLOC/MINLOC pair dtype ``[("val", value), ("idx", index)]`` (packed).
+
+    Args:
+        value: a numeric (integer or floating) numpy dtype for the value.
+        index: an integer numpy dtype for the index (default int32, as MPI's ``*_INT``).
+    """
+    return np.dtype([("val", np.dtype(value)), ("idx", np.dtype(index))])
+
+
+# mpi4py's pair datatypes, as numpy structured dtypes (value first, index second). Packed:
+# no padding bytes, so equal pairs are equal bytes; any two-field layout is accepted too.
+DOUBLE_INT = pair_dtype(np.float64)
+FLOAT_INT = pair_dtype(np.float32)
+LONG_INT = pair_dtype(np.int64)      # C long on LP64 Linux
+INT_INT = pair_dtype(np.int32)
+TWOINT = INT_INT                     # MPI's name for the int/int pair
+SHORT_INT = pair_dtype(np.int16)
+
+
+def _pair_fields(dt: np.dtype) -> tuple[str, str] | None:
+    """Return (value field, index field) when ``dt`` is a value/index pair dtype."""
+    names = dt.names
+    if names is None or len(names) != 2:
+        return None
+    val, idx = (dt.fields[n][0] for n in names)
+    if val.kind not in "iuf" or idx.kind not in "iu" or val.shape or idx.shape:
+        return None
+    return names[0], names[1]
+
+
+def _loc(better: Callable) -> Callable[[np.ndarray, np.ndarray], None]:
+    """Build MAXLOC/MINLOC's in-place kernel: ``inout = in ∘ inout`` on pair arrays."""
+    def kernel(inbuf: np.ndarray, inoutbuf: np.ndarray) -> None:
+        fv, fi = inoutbuf.dtype.names
+        a_val, b_val = inbuf[fv], inoutbuf[fv]
+        take = better(a_val, b_val) | ((a_val == b_val) & (inbuf[fi] < inoutbuf[fi]))
+        np.copyto(inoutbuf, inbuf, where=take)
+    return kernel
+
+
+def _obj_loc(better: Callable) -> Callable[[Any, Any], Any]:
+    """MAXLOC/MINLOC on Python ``(value, index)`` pairs (mpi4py's object semantics)."""
+    def pick(a: Any, b: Any) -> Any:
+        (u, i), (v, j) = a, b
+        if better(u, v):
+            return a
+        if better(v, u):
+            return b
+        return a if i <= j else b
+    return pick
+
+
+def _obj_logical(fn: Callable, ufunc: np.ufunc) -> Callable[[Any, Any], Any]:
+    def combine(a: Any, b: Any) -> Any:
+        if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+            return ufunc(a, b)
+        return fn(a, b)
+    return combine
 
 
 def _arity(fn: Callable) -> int:
@@ -69,10 +141,12 @@ class Op:
 
     def __init__(self, name: str, *, ufunc: np.ufunc | None = None,
                  function: Callable | None = None, commutative: bool = True,
-                 kinds: str | None = None, pyfunc: Callable[[Any, Any], Any] | None = None):
+                 kinds: str | None = None, pyfunc: Callable[[Any, Any], Any] | None = None,
+                 kernel: Callable[[np.ndarray, np.ndarray], None] | None = None):
         self.name = name
         self.commutative = bool(commutative)
         self._ufunc = ufunc
+        self._kernel = kernel  # predefined non-ufunc ops (MAXLOC, MINLOC): inout = in ∘ inout
         self._function = function
         self._nargs = _arity(function) if function is not None else 2
         self._kinds = kinds
@@ -118,8 +192,8 @@ class Op:
 
     @property
     def is_predefined(self) -> bool:
-        """True for SUM/PROD/MIN/MAX."""
-        return self._ufunc is not None
+        """True for MPI's predefined ops (SUM ... MINLOC), False for user ops."""
+        return self._ufunc is not None or self._kernel is not None
 
     def Free(self) -> None:  # noqa: N802 (mpi4py name)
         """Do nothing: kept for mpi4py compatibility, ops hold no resources."""
@@ -132,17 +206,27 @@ class Op:
         """Check that this op is defined on ``dtype``; called before any byte moves.
 
         SUM and PROD take integer, unsigned, floating and complex dtypes; MIN and MAX take
-        integer, unsigned and floating ones (complex numbers have no order). User ops
-        accept any dtype.
+        integer, unsigned and floating ones (complex numbers have no order); LAND, LOR and
+        LXOR take bool, integer, unsigned and floating ones; BAND, BOR and BXOR bool,
+        integer and unsigned ones; MAXLOC and MINLOC a structured dtype of two fields, a
+        numeric value then an integer index (:func:`pair_dtype`). User ops accept any
+        dtype.
 
         Raises:
             ArgumentError: the op is not defined on ``dtype``; the message says which
-                kinds it accepts.
+                dtypes it accepts.
         """
         if self._kinds is None:
             return
         dt = np.dtype(dtype)
-        if dt.kind not in self._kinds:
+        if self._kinds == "pair":
+            if _pair_fields(dt) is None:
+                raise ArgumentError(f"op {self.name} is not defined for dtype {dt}; it needs "
+                                    "a value/index pair: a structured dtype of two fields, a "
+                                    "numeric value then an integer index, e.g. "
+                                    "pycomm.ops.DOUBLE_INT")
+            return
+        if dt.kind not in self._kinds or dt.names is not None:
             accepted = ", ".join(_KIND_NAMES[k] for k in self._kinds)
             raise ArgumentError(f"op {self.name} is not defined for dtype {dt} "
                                 f"({_KIND_NAMES.get(dt.kind, dt.kind)}); it accepts "
@@ -158,6 +242,8 @@ class Op:
         """
         if self._ufunc is not None:
             self._ufunc(inbuf, inoutbuf, out=inoutbuf)
+        elif self._kernel is not None:
+            self._kernel(inbuf, inoutbuf)
         else:
             self._call_user(inbuf, inoutbuf)
 
@@ -172,6 +258,9 @@ class Op:
         """
         if self._ufunc is not None:
             self._ufunc(inoutbuf, inbuf, out=inoutbuf)
+        elif self._kernel is not None:
+            self._kernel(inoutbuf, inbuf)
+            inoutbuf[...] = inbuf
         else:
             self._call_user(inoutbuf, inbuf)
             inoutbuf[...] = inbuf
@@ -186,7 +275,11 @@ class Op:
 
     # -- Python objects -----------------------------------------------------------------
     def reduce_objects(self, a: Any, b: Any) -> Any:
-        """Combine two Python objects, ``a`` from lower ranks: ``a + b``, ``a * b``, min, max.
+        """Combine two Python objects, ``a`` from lower ranks, as mpi4py does.
+
+        ``a + b``, ``a * b``, min, max; ``a and b``, ``a or b``, ``bool(a) != bool(b)``;
+        ``a & b``, ``a | b``, ``a ^ b``; MAXLOC/MINLOC on ``(value, index)`` tuples (lower
+        index on ties). Numpy arrays go through the matching ufunc.
 
         For a user op the function is called as ``function(a, b[, None])``; its return
         value is the result, or ``b`` when it returns None (it updated ``b`` in place).
@@ -206,3 +299,15 @@ SUM = Op("SUM", ufunc=np.add, kinds="iufc", pyfunc=operator.add)
 PROD = Op("PROD", ufunc=np.multiply, kinds="iufc", pyfunc=operator.mul)
 MIN = Op("MIN", ufunc=np.minimum, kinds="iuf", pyfunc=_obj_min)
 MAX = Op("MAX", ufunc=np.maximum, kinds="iuf", pyfunc=_obj_max)
+# Logical ufuncs return bool; ``out=`` casts it to 0/1 in the buffer's own dtype.
+LAND = Op("LAND", ufunc=np.logical_and, kinds="biuf",
+          pyfunc=_obj_logical(lambda a, b: a and b, np.logical_and))
+LOR = Op("LOR", ufunc=np.logical_or, kinds="biuf",
+         pyfunc=_obj_logical(lambda a, b: a or b, np.logical_or))
+LXOR = Op("LXOR", ufunc=np.logical_xor, kinds="biuf",
+          pyfunc=_obj_logical(lambda a, b: (not a) != (not b), np.logical_xor))
+BAND = Op("BAND", ufunc=np.bitwise_and, kinds="biu", pyfunc=operator.and_)
+BOR = Op("BOR", ufunc=np.bitwise_or, kinds="biu", pyfunc=operator.or_)
+BXOR = Op("BXOR", ufunc=np.bitwise_xor, kinds="biu", pyfunc=operator.xor)
+MAXLOC = Op("MAXLOC", kernel=_loc(np.greater), kinds="pair", pyfunc=_obj_loc(operator.gt))
+MINLOC = Op("MINLOC", kernel=_loc(np.less), kinds="pair", pyfunc=_obj_loc(operator.lt))

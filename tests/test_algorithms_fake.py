@@ -2,23 +2,27 @@
 
 Ranks are threads (tests/fakecomm.py) with strict, synchronous sends, so schedules that
 deadlock, mismatch sizes, touch send buffers early or leave messages behind fail here.
-Matrix: sizes 1..9, every root, counts 0, 1, 2, 7 (odd), 13 (> size), dtypes
-float32/float64/int32/int64 for reductions (float32/int64 for data movement), ops
-SUM/PROD/MIN/MAX, plus a non-commutative user op and a
-hypothesis run over random floats for bit-identical allreduce results. Inputs are small
-integers so every summation order gives the exact reference.
+Matrix: sizes 1..9, every root, counts 0, 1, 2, 7 (odd), 13 (> size, and more than one
+segment: ``PYCOMM_SEGMENT_BYTES`` is forced to 24 bytes here); reductions run every
+algorithm over a representative list of (dtype, op) pairs that covers each dtype and each
+op, and hypothesis draws from the full dtype × op product; data movement uses
+float32/int64. Plus a non-commutative user op through every algorithm that accepts one,
+hypothesis runs over random floats for bit-identical results, and the selection rules.
+Inputs are small integers so every summation order gives the exact reference. The
+v-variants, reduce_scatter with counts, scan and exscan are in test_algorithms_vscan.py.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
+import json
 import threading
 import time
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pycomm import ops
@@ -33,8 +37,26 @@ SIZES = list(range(1, 10))
 COUNTS = [0, 1, 2, 7, 13]
 DTYPES = [np.float32, np.float64, np.int32, np.int64]
 OPS = [ops.SUM, ops.PROD, ops.MIN, ops.MAX]
+ALL_OPS = OPS + [ops.LAND, ops.LOR, ops.LXOR, ops.BAND, ops.BOR, ops.BXOR]
+# Every dtype and every op at least once; the whole product runs under hypothesis below.
+REDUCTIONS = [(np.float32, ops.SUM), (np.float64, ops.PROD), (np.int32, ops.MIN),
+              (np.int64, ops.MAX), (np.int32, ops.BXOR), (np.float64, ops.LAND),
+              (np.bool_, ops.LXOR)]
 # Data movement never looks at values: one 4-byte and one 8-byte dtype cover it.
 MOVE_DTYPES = [np.float32, np.int64]
+SEGMENT_BYTES = 24  # 3 to 6 elements: counts 7 and 13 take several segments
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _small_segments():
+    """Force the multi-segment paths of the pipelined schedules (module-wide)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PYCOMM_SEGMENT_BYTES", str(SEGMENT_BYTES))
+        yield
+
+
+def reduction_id(case) -> str:
+    return f"{np.dtype(case[0]).name}-{case[1].name}"
 
 
 def contributions(size: int, n: int, dtype, op=None, seed: int = 0) -> list[np.ndarray]:
@@ -64,12 +86,12 @@ def usable(collective: str, name: str, size: int, commutative: bool = True) -> b
 
 
 # -- reductions -----------------------------------------------------------------------------
-@pytest.mark.parametrize("op", OPS, ids=lambda o: o.name)
-@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("case", REDUCTIONS, ids=reduction_id)
 @pytest.mark.parametrize("count", COUNTS)
 @pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("name", algorithm_cases("allreduce"))
-def test_allreduce(name, size, count, dtype, op):
+def test_allreduce(name, size, count, case):
+    dtype, op = case
     fn = algs.REGISTRY["allreduce"][name].fn
     xs = contributions(size, count, dtype, op)
     expected = fold(op, xs)
@@ -86,28 +108,50 @@ def test_allreduce(name, size, count, dtype, op):
     assert_same_bytes(results)
 
 
-@pytest.mark.parametrize("op", OPS, ids=lambda o: o.name)
-@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@settings(max_examples=80, deadline=None)
+@given(name=st.sampled_from(algs.algorithms("allreduce")), size=st.integers(1, 9),
+       count=st.integers(0, 20), dtype=st.sampled_from(DTYPES + [np.uint8, np.bool_]),
+       op=st.sampled_from(ALL_OPS), seed=st.integers(0, 1000))
+def test_allreduce_any_dtype_op(name, size, count, dtype, op, seed):
+    try:
+        op.check(dtype)
+    except ArgumentError:
+        return  # e.g. BAND on floats: the communicator rejects it before any byte moves
+    xs = contributions(size, count, dtype, op, seed)
+    fn = algs.REGISTRY["allreduce"][name].fn
+    with np.errstate(over="ignore"):
+        expected = fold(op, xs)
+        results = run_fake(size, lambda cc: (fn(cc, b := xs[cc.rank].copy(), op), b)[1])
+    for res in results:
+        np.testing.assert_array_equal(res, expected)
+        assert res.dtype == np.dtype(dtype)
+    assert_same_bytes(results)
+
+
+@pytest.mark.parametrize("case", REDUCTIONS, ids=reduction_id)
 @pytest.mark.parametrize("count", [0, 1, 7, 13])
 @pytest.mark.parametrize("size", SIZES)
-def test_reduce_binomial(size, count, dtype, op):
+@pytest.mark.parametrize("name", algorithm_cases("reduce"))
+def test_reduce(name, size, count, case):
+    dtype, op = case
+    fn = algs.REGISTRY["reduce"][name].fn
     xs = contributions(size, count, dtype, op)
     expected = fold(op, xs)
     for root in range(size):
         def body(cc):
             buf = xs[cc.rank].copy()
-            algs.REGISTRY["reduce"]["binomial"].fn(cc, buf, root, op)
+            fn(cc, buf, root, op)
             return buf
 
         np.testing.assert_array_equal(run_fake(size, body)[root], expected)
 
 
-@pytest.mark.parametrize("op", OPS, ids=lambda o: o.name)
-@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("case", REDUCTIONS, ids=reduction_id)
 @pytest.mark.parametrize("count", [0, 1, 3])  # the buffer holds size * count elements
 @pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("name", algorithm_cases("reduce_scatter_block"))
-def test_reduce_scatter_block(name, size, count, dtype, op):
+def test_reduce_scatter_block(name, size, count, case):
+    dtype, op = case
     fn = algs.REGISTRY["reduce_scatter_block"][name].fn
     xs = contributions(size, size * count, dtype, op)
     expected = fold(op, xs)
@@ -156,39 +200,49 @@ def affine_fold(xs):
     return acc
 
 
+def noncommutative_cases(*collectives: str):
+    return [pytest.param(c, n, id=f"{c}-{n}") for c in collectives for n in algs.algorithms(c)
+            if not algs.REGISTRY[c][n].commutative_only]
+
+
 @pytest.mark.parametrize("count", [0, 1, 5, 13])
 @pytest.mark.parametrize("size", SIZES)
-def test_noncommutative_rank_order(size, count):
+@pytest.mark.parametrize("collective,name", noncommutative_cases("allreduce", "reduce"))
+def test_noncommutative_rank_order(collective, name, size, count):
     xs = affine_inputs(size, count)
     expected = affine_fold(xs)
     assert size == 1 or count == 0 or not np.array_equal(expected, affine_fold(xs[::-1]))
+    fn = algs.REGISTRY[collective][name].fn
+    roots = [None] if collective == "allreduce" else range(size)
     with np.errstate(over="ignore"):
-        for name in algs.algorithms("allreduce"):
-            if not usable("allreduce", name, size, commutative=False):
-                continue
-            fn = algs.REGISTRY["allreduce"][name].fn
-            results = run_fake(size, lambda cc: (fn(cc, b := xs[cc.rank].copy(), AFFINE_OP), b)[1])
-            for res in results:
-                assert np.array_equal(res, expected), f"allreduce {name}"
-        for root in range(size):
-            results = run_fake(size, lambda cc: (algs.reduce_binomial(
-                cc, b := xs[cc.rank].copy(), root, AFFINE_OP), b)[1])
-            assert np.array_equal(results[root], expected), f"reduce root={root}"
-        per = max(count // size, 1)
-        xs2 = affine_inputs(size, size * per)
-        exp2 = affine_fold(xs2)
-        for name in algs.algorithms("reduce_scatter_block"):
-            if not usable("reduce_scatter_block", name, size, commutative=False):
-                continue
-            fn = algs.REGISTRY["reduce_scatter_block"][name].fn
-
+        for root in roots:
             def body(cc):
-                out = np.zeros(per, dtype=AFFINE)
-                fn(cc, xs2[cc.rank].copy(), out, AFFINE_OP)
-                return out
+                buf = xs[cc.rank].copy()
+                fn(cc, buf, AFFINE_OP) if root is None else fn(cc, buf, root, AFFINE_OP)
+                return buf
 
-            for rank, res in enumerate(run_fake(size, body)):
-                assert np.array_equal(res, exp2[rank * per:(rank + 1) * per]), name
+            results = run_fake(size, body)
+            for rank, res in enumerate(results):
+                if root in (None, rank):
+                    assert np.array_equal(res, expected), f"rank {rank} root {root}"
+
+
+@pytest.mark.parametrize("per", [0, 1, 3])
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("collective,name", noncommutative_cases("reduce_scatter_block"))
+def test_noncommutative_reduce_scatter_block(collective, name, size, per):
+    xs = affine_inputs(size, size * per)
+    expected = affine_fold(xs)
+    fn = algs.REGISTRY[collective][name].fn
+
+    def body(cc):
+        out = np.zeros(per, dtype=AFFINE)
+        fn(cc, xs[cc.rank].copy(), out, AFFINE_OP)
+        return out
+
+    with np.errstate(over="ignore"):
+        for rank, res in enumerate(run_fake(size, body)):
+            assert np.array_equal(res, expected[rank * per:(rank + 1) * per]), rank
 
 
 # -- bit-identical floats (hypothesis) ---------------------------------------------------------
@@ -295,7 +349,10 @@ def test_scatter(name, size, count, dtype):
 @pytest.mark.parametrize("dtype", MOVE_DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("count", COUNTS)
 @pytest.mark.parametrize("size", SIZES)
-def test_alltoall_pairwise(size, count, dtype):
+@pytest.mark.parametrize("name", algorithm_cases("alltoall"))
+def test_alltoall(name, size, count, dtype):
+    fn = algs.REGISTRY["alltoall"][name].fn
+
     # rank r's block d holds 1000*r + 10*d + position
     def sendbuf_of(r):
         return np.concatenate([1000 * r + 10 * d + np.arange(count) for d in range(size)]
@@ -304,7 +361,7 @@ def test_alltoall_pairwise(size, count, dtype):
     def body(cc):
         recvbuf = np.zeros(size * count, dtype)
         sendbuf = sendbuf_of(cc.rank)
-        algs.alltoall_pairwise(cc, sendbuf, recvbuf, count)
+        fn(cc, sendbuf, recvbuf, count)
         np.testing.assert_array_equal(sendbuf, sendbuf_of(cc.rank))
         return recvbuf
 
@@ -315,7 +372,10 @@ def test_alltoall_pairwise(size, count, dtype):
 
 
 @pytest.mark.parametrize("size", SIZES)
-def test_barrier_dissemination(size):
+@pytest.mark.parametrize("name", algorithm_cases("barrier"))
+def test_barrier(name, size):
+    fn = algs.REGISTRY["barrier"][name].fn
+
     arrived = []
     lock = threading.Lock()
 
@@ -323,7 +383,7 @@ def test_barrier_dissemination(size):
         time.sleep(0.002 * ((cc.rank * 5) % size))  # stagger arrivals
         with lock:
             arrived.append(cc.rank)
-        algs.barrier_dissemination(cc)
+        fn(cc)
         with lock:
             return len(arrived)
 
@@ -354,6 +414,29 @@ def test_message_counts(size):
     assert msgs == [1 if f else 2 * logq + i for f, i in zip(folded, in_fold, strict=True)]
     msgs, _ = traffic(lambda cc: algs.allreduce_recursive_doubling(cc, np.ones(count), ops.SUM))
     assert msgs == [1 if f else logq + i for f, i in zip(folded, in_fold, strict=True)]
+    msgs, nbytes = traffic(lambda cc: algs.barrier_binomial(cc))
+    assert sum(msgs) == 2 * (size - 1) and max(msgs) <= lg + 1 and sum(nbytes) == 0
+    segments = -(-count * 8 // SEGMENT_BYTES)
+    for root in range(size):
+        msgs, nbytes = traffic(lambda cc: algs.bcast_pipeline(cc, np.zeros(count), root))
+        assert sum(msgs) == (size - 1) * segments and sum(nbytes) == (size - 1) * count * 8
+        assert msgs[(root - 1) % size] == 0 or size == 1  # the chain ends before the root
+    msgs, _ = traffic(lambda cc: algs.allgather_bruck(cc, np.zeros(size * count), count))
+    assert msgs == [lg] * size
+    msgs, nbytes = traffic(lambda cc: algs.alltoall_bruck(
+        cc, np.zeros(size * count), np.zeros(size * count), count))
+    assert msgs == [lg] * size and all(b <= lg * (size + 1) // 2 * count * 8 for b in nbytes)
+    # double binary tree: each non-root sends every segment of its tree's half up once,
+    # every rank sends each segment down to each child once
+    half = [(count + 1) // 2, count // 2]
+    segs = [-(-h * 8 // SEGMENT_BYTES) for h in half]
+    expected = []
+    for r in range(size):
+        trees = topology.double_binary_tree(r, size)
+        expected.append(sum(segs[t] * ((parent is not None) + len(children))
+                            for t, (parent, children) in enumerate(trees)) if size > 1 else 0)
+    msgs, _ = traffic(lambda cc: algs.allreduce_double_binary_tree(cc, np.ones(count), ops.SUM))
+    assert msgs == expected
 
 
 def test_eager_mode_also_passes():
@@ -406,9 +489,22 @@ def test_registry_names_match_functions():
             assert algs.model_time(coll, name, 1024, 4) > 0
 
 
+@pytest.fixture
+def brief_constants(tmp_path, monkeypatch):
+    """A fixed table (the model's first estimates), so crossovers do not follow tune runs."""
+    table = {"shm": {"alpha": 8e-6, "beta": 1 / 6e9, "gamma": 1 / 4e9, "sigma": 1 / 5e9},
+             "tcp": {"alpha": 4e-5, "beta": 1 / 1e9, "gamma": 1 / 4e9, "sigma": 1 / 5e9}}
+    path = tmp_path / "tune.json"
+    path.write_text(json.dumps(table))
+    monkeypatch.setenv("PYCOMM_TUNE_FILE", str(path))
+    monkeypatch.setenv("PYCOMM_SEGMENT_BYTES", "65536")
+    for coll in algs.REGISTRY:
+        monkeypatch.delenv(f"PYCOMM_ALGORITHM_{coll.upper()}", raising=False)
+    return table
+
+
 @pytest.mark.parametrize("size", [2, 4, 8])
-def test_choose_allreduce_crossovers(size, monkeypatch):
-    monkeypatch.delenv("PYCOMM_ALGORITHM_ALLREDUCE", raising=False)
+def test_choose_allreduce_crossovers(size, brief_constants):
     assert algs.choose("allreduce", 8, size)[0] == "recursive_doubling"
     if size > 2:
         assert algs.choose("allreduce", 1 << 17, size)[0] == "rabenseifner"
@@ -417,7 +513,53 @@ def test_choose_allreduce_crossovers(size, monkeypatch):
     assert algs.choose("allreduce", 1 << 24, size, commutative=False)[0] != "ring"
 
 
-def test_choose_requested_and_environment(monkeypatch):
+def test_choose_uses_the_transport_table(brief_constants):
+    # tcp's larger alpha moves the bcast crossover to larger messages
+    shm = [algs.choose("bcast", 1 << k, 8)[0] for k in range(4, 26)]
+    tcp = [algs.choose("bcast", 1 << k, 8, transport="tcp")[0] for k in range(4, 26)]
+    assert shm != tcp and shm[0] == tcp[0] == "binomial"
+    assert algs.choose("bcast", 1 << 10, 8, transport="rdma") == algs.choose("bcast", 1 << 10, 8)
+    assert algs.model_time("bcast", "binomial", 1 << 10, 8, transport="tcp") > \
+        algs.model_time("bcast", "binomial", 1 << 10, 8)
+    assert algs.choose("allgather", 8, 6)[0] == "bruck"          # log p steps, any p
+    assert algs.choose("allgather", 8, 8)[0] == "recursive_doubling"
+    assert algs.choose("allgather", 1 << 24, 6)[0] == "ring"     # no scratch
+    assert algs.choose("alltoall", 64, 8)[0] == "bruck"
+    assert algs.choose("alltoall", 1 << 24, 8)[0] == "pairwise"
+    with pytest.raises(ArgumentError, match="unknown allreduce algorithm"):
+        algs.model_time("allreduce", "bogus", 8, 4)
+
+
+def test_tune_file_errors_name_the_file(tmp_path, monkeypatch):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"shm": {"alpha": "x"}}))
+    monkeypatch.setenv("PYCOMM_TUNE_FILE", str(bad))
+    with pytest.raises(ArgumentError, match="bad.json"):
+        algs.choose("allreduce", 8, 4)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(collective=st.sampled_from(sorted(algs.REGISTRY)), size=st.integers(1, 64),
+       nbytes=st.integers(0, 1 << 28), commutative=st.booleans(),
+       transport=st.sampled_from(["shm", "tcp", "rdma"]))
+def test_choose_never_picks_an_unfit_algorithm(collective, size, nbytes, commutative,
+                                               transport):
+    name, fn = algs.choose(collective, nbytes, size, requested="auto",
+                           commutative=commutative, transport=transport)
+    info = algs.REGISTRY[collective][name]
+    assert info.fn is fn and info.unfit_reason(size, commutative) is None
+    fit = [n for n, i in algs.REGISTRY[collective].items()
+           if i.unfit_reason(size, commutative) is None]
+    best = min(algs.model_time(collective, n, nbytes, size, transport=transport) for n in fit)
+    assert algs.model_time(collective, name, nbytes, size, transport=transport) == best
+    for other, i in algs.REGISTRY[collective].items():
+        if i.unfit_reason(size, commutative) is not None:
+            with pytest.raises(ArgumentError, match="cannot serve"):
+                algs.choose(collective, nbytes, size, requested=other,
+                            commutative=commutative)
+
+
+def test_choose_requested_and_environment(monkeypatch, brief_constants):
     monkeypatch.setenv("PYCOMM_ALGORITHM_ALLREDUCE", "ring")
     assert algs.choose("allreduce", 8, 4) == ("ring", algs.allreduce_ring)
     assert algs.choose("allreduce", 8, 4, requested="auto")[0] == "recursive_doubling"
@@ -425,14 +567,19 @@ def test_choose_requested_and_environment(monkeypatch):
     with pytest.raises(ArgumentError, match="PYCOMM_ALGORITHM_ALLREDUCE.*commutative"):
         algs.choose("allreduce", 8, 4, commutative=False)
     monkeypatch.setenv("PYCOMM_ALGORITHM_ALLREDUCE", "bogus")
-    with pytest.raises(ArgumentError, match="valid: auto, recursive_doubling, rabenseifner, ring"):
+    with pytest.raises(ArgumentError, match="valid: auto, recursive_doubling, rabenseifner, "
+                                            "ring, binomial, double_binary_tree"):
         algs.choose("allreduce", 8, 4)
     with pytest.raises(ArgumentError, match="power-of-two"):
         algs.choose("allgather", 8, 6, requested="recursive_doubling")
     with pytest.raises(ArgumentError, match="unknown collective"):
         algs.choose("allreduc", 8, 4)
-    assert algs.choose("allgather", 8, 6)[0] == "ring"
-    assert algs.choose("reduce_scatter_block", 64, 4, commutative=False)[0] == "pairwise"
+    assert algs.choose("reduce_scatter_block", 64, 4, commutative=False)[0] != "ring"
+    assert algs.choose("reduce_scatter", 64, 4, commutative=False)[0] != "ring"
+    with pytest.raises(ArgumentError, match="commutative"):
+        algs.choose("reduce_scatter", 64, 4, requested="ring", commutative=False)
+    for coll in ("gatherv", "scatterv", "allgatherv", "alltoallv", "scan", "exscan"):
+        assert algs.choose(coll, 0, 5)[0] in algs.algorithms(coll)
 
 
 # -- ops ---------------------------------------------------------------------------------------

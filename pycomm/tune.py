@@ -1,0 +1,250 @@
+"""Measure the cost model's constants on this machine: ``python -m pycomm.tune``.
+
+Usage::
+
+    python -m pycomm.tune [-n 2] [--transport shm|tcp|all] [--out FILE] [--quick]
+
+Writes the JSON table that :mod:`pycomm.algorithms.cost` reads (to stdout, or ``FILE``)::
+
+    {"shm": {"alpha": s, "beta": s/B, "gamma": s/B, "sigma": s/B},
+     "tcp": {...},
+     "source": {"date", "host", "cpu_count", "python", "numpy", "pycomm", "command",
+                "loadavg", "ranks", "points"}}
+
+Point ``PYCOMM_TUNE_FILE`` at the file to use it instead of the shipped table
+(``pycomm/algorithms/tuned.json``, measured the same way). What is measured:
+
+* **α, β** per transport: ranks started with :func:`pycomm.spawn`; ranks 0 and 1 ping-pong
+  ``Send``/``Recv`` messages (the others wait), one-way time = round trip / 2, the median
+  of several timed loops per size. α is the intercept of the least-squares line
+  ``t = α + mβ'`` over small messages (8 B .. 4 KiB: latency, Python overhead included),
+  β the slope of the line over large ones (1 .. 8 MiB: bandwidth, rendezvous protocol).
+* **γ**: seconds per byte of ``SUM.apply`` (an in-place ``np.add``) on float32 and
+  float64 arrays of 256 KiB .. 16 MiB, least-squares slope; the table keeps the larger of
+  the two (the model has one γ).
+* **σ**: seconds per byte of fresh scratch: ``np.empty`` + copy minus a copy into a
+  reused buffer, least-squares slope over the same sizes.
+
+γ and σ are properties of the CPU, not of the transport: every transport gets the same.
+The numbers are only as good as the machine is quiet: ``source.loadavg`` records the
+load when the run started, so a table measured under load says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import socket
+import statistics
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+__all__ = ["fit_line", "measure_pingpong", "measure_gamma", "measure_sigma", "tune", "main"]
+
+SMALL = [8, 64, 512, 4096]                        # bytes: α fit
+LARGE = [1 << 20, 2 << 20, 4 << 20, 8 << 20]      # bytes: β fit
+COMPUTE = [256 << 10, 1 << 20, 4 << 20, 16 << 20]  # bytes: γ and σ fits
+
+
+def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """Least-squares line through ``(xs, ys)``: return ``(intercept, slope)``.
+
+    Raises:
+        ValueError: fewer than two distinct ``xs``.
+    """
+    x, y = np.asarray(xs, dtype=float), np.asarray(ys, dtype=float)
+    if x.size < 2 or np.ptp(x) == 0:
+        raise ValueError("a line needs at least two distinct sizes")
+    design = np.stack([np.ones_like(x), x], axis=1)
+    (intercept, slope), *_ = np.linalg.lstsq(design, y, rcond=None)
+    return float(intercept), float(slope)
+
+
+def _iterations(nbytes: int, quick: bool) -> int:
+    budget = 2e6 if quick else 5e7  # bytes moved per timed loop: long enough to time
+    return int(min(200 if quick else 1000, max(3, budget // max(nbytes, 1))))
+
+
+def _pingpong_rank(sizes: list[int], reps: int, quick: bool) -> dict[int, float] | None:
+    """Run on every rank of a spawned world; rank 0 returns one-way seconds per size."""
+    import pycomm
+
+    comm = pycomm.COMM_WORLD
+    result = {}
+    for nbytes in sizes:
+        buf = np.zeros(nbytes, dtype=np.uint8)
+        iters = _iterations(nbytes, quick)
+        samples = []
+        for rep in range(reps + 1):  # the first loop warms up (connections, pages)
+            comm.Barrier()
+            if comm.rank == 0:
+                t0 = time.perf_counter()
+                for _ in range(iters):
+                    comm.Send(buf, 1)
+                    comm.Recv(buf, 1)
+                if rep:
+                    samples.append((time.perf_counter() - t0) / iters / 2)
+            elif comm.rank == 1:
+                for _ in range(iters):
+                    comm.Recv(buf, 0)
+                    comm.Send(buf, 0)
+        result[nbytes] = statistics.median(samples) if samples else 0.0
+    comm.Barrier()
+    return result if comm.rank == 0 else None
+
+
+def measure_pingpong(transport: str, nprocs: int = 2, *, quick: bool = False
+                     ) -> tuple[float, float, dict[int, float]]:
+    """Return ``(alpha, beta, {bytes: one-way seconds})`` for ``transport``.
+
+    Args:
+        transport: "shm" or "tcp".
+        nprocs: ranks to start (>= 2; only ranks 0 and 1 exchange messages).
+        quick: fewer iterations (for tests); the fit is then rough.
+
+    Raises:
+        ValueError: ``nprocs < 2``.
+        CommError: the ranks could not be started or failed.
+    """
+    from pycomm.spawn import spawn
+
+    if nprocs < 2:
+        raise ValueError(f"pycomm.tune needs at least 2 ranks, got -n {nprocs}")
+    sizes = SMALL + LARGE
+    times = spawn(_pingpong_rank, nprocs, (sizes, 2 if quick else 5, quick),
+                  transport=transport)[0]
+    alpha, _ = fit_line(SMALL, [times[m] for m in SMALL])
+    _, beta = fit_line(LARGE, [times[m] for m in LARGE])
+    # A noisy fit can cross zero; fall back to the smallest measured latency / slope.
+    alpha = alpha if alpha > 0 else min(times[m] for m in SMALL)
+    beta = beta if beta > 0 else times[LARGE[-1]] / LARGE[-1]
+    return alpha, beta, times
+
+
+def _median_time(fn, reps: int) -> float:
+    samples = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
+    return statistics.median(samples)
+
+
+def measure_gamma(*, quick: bool = False) -> dict[str, float]:
+    """Return seconds per byte of ``SUM.apply`` for ``float32`` and ``float64``."""
+    from pycomm.ops import SUM
+
+    sizes = COMPUTE[:2] if quick else COMPUTE
+    out = {}
+    for dtype in (np.float32, np.float64):
+        times = []
+        for nbytes in sizes:
+            a = np.ones(nbytes // np.dtype(dtype).itemsize, dtype=dtype)
+            b = np.ones_like(a)
+            times.append(_median_time(lambda a=a, b=b: SUM.apply(a, b), 3 if quick else 9))
+        out[np.dtype(dtype).name] = max(fit_line(sizes, times)[1], 0.0)
+    return out
+
+
+def measure_sigma(*, quick: bool = False) -> float:
+    """Return seconds per byte that a fresh scratch buffer costs over a reused one."""
+    sizes = COMPUTE[:2] if quick else COMPUTE
+    extra = []
+    for nbytes in sizes:
+        src = np.ones(nbytes, dtype=np.uint8)
+        reused = np.empty_like(src)
+
+        def fresh(src=src):
+            np.empty_like(src)[:] = src
+
+        def again(src=src, reused=reused):
+            reused[:] = src
+
+        reps = 3 if quick else 9
+        extra.append(_median_time(fresh, reps) - _median_time(again, reps))
+    return max(fit_line(sizes, extra)[1], 0.0)
+
+
+def tune(transports: list[str], nprocs: int = 2, *, quick: bool = False,
+         command: str = "python -m pycomm.tune") -> dict[str, Any]:
+    """Measure every constant and return the JSON-ready table (see the module docstring)."""
+    import pycomm
+
+    load = os.getloadavg()
+    gammas = measure_gamma(quick=quick)
+    gamma = max(gammas.values())
+    sigma = measure_sigma(quick=quick)
+    table: dict[str, Any] = {}
+    points = {}
+    for transport in transports:
+        alpha, beta, times = measure_pingpong(transport, nprocs, quick=quick)
+        table[transport] = {"alpha": alpha, "beta": beta, "gamma": gamma, "sigma": sigma}
+        points[transport] = {str(m): t for m, t in times.items()}
+    cores = os.cpu_count() or 1
+    table["source"] = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "host": socket.gethostname(),
+        "cpu_count": cores,
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "pycomm": pycomm.__version__,
+        "command": command,
+        "ranks": nprocs,
+        "quick": quick,
+        "loadavg": [round(x, 2) for x in load],
+        "loaded": load[0] > 0.5 * cores,
+        "gamma_per_dtype": gammas,
+        "points": points,
+    }
+    return table
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point; returns the exit status."""
+    parser = argparse.ArgumentParser(
+        prog="python -m pycomm.tune",
+        description="Measure the cost-model constants (alpha, beta, gamma, sigma) of this "
+                    "machine and write them as a JSON table for PYCOMM_TUNE_FILE.")
+    parser.add_argument("-n", "--nprocs", type=int, default=2, help="ranks to start (>= 2)")
+    parser.add_argument("--transport", choices=["shm", "tcp", "all"], default="all",
+                        help="transport(s) to measure (default: all)")
+    parser.add_argument("--out", default="-",
+                        help="file to write (default: stdout); a table already there keeps "
+                             "the transports not measured now")
+    parser.add_argument("--quick", action="store_true", help="fewer iterations (rough)")
+    args = parser.parse_args(argv)
+    if args.nprocs < 2:
+        parser.error(f"-n must be at least 2, got {args.nprocs}")
+    transports = ["shm", "tcp"] if args.transport == "all" else [args.transport]
+    command = "python -m pycomm.tune " + " ".join(sys.argv[1:] if argv is None else argv)
+    table = tune(transports, args.nprocs, quick=args.quick, command=command.strip())
+    if args.out != "-" and os.path.exists(args.out):
+        with open(args.out, encoding="utf-8") as fh:
+            old = json.load(fh)
+        kept = {k: v for k, v in old.items() if k not in table and k != "source"}
+        if kept:
+            table["source"]["kept_from"] = {"transports": sorted(kept),
+                                            "date": old.get("source", {}).get("date")}
+            table = {**kept, **table}
+    text = json.dumps(table, indent=1, sort_keys=True) + "\n"
+    if args.out == "-":
+        sys.stdout.write(text)
+    else:
+        with open(args.out, "w", encoding="utf-8") as fh:
+            fh.write(text)
+    for transport in transports:
+        c = table[transport]
+        print(f"{transport}: alpha {c['alpha'] * 1e6:.2f} us, beta {1 / c['beta'] / 1e9:.2f} GB/s, "
+              f"gamma {1 / c['gamma'] / 1e9 if c['gamma'] else float('inf'):.2f} GB/s, "
+              f"sigma {c['sigma'] * 1e9:.3f} ns/B", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
