@@ -163,7 +163,7 @@ def create_world(**options):
     """Create COMM_WORLD: connect to the store, link every peer, run the init barrier.
 
     Args:
-        transport: "auto" (default, or ``PYCOMM_TRANSPORT``), "shm" or "tcp".
+        transport: "auto" (default, or ``PYCOMM_TRANSPORT``), "shm", "tcp" or "rdma".
         timeout: seconds for start-up and the default for every wait (``PYCOMM_TIMEOUT``).
         eager_limit: bytes (``PYCOMM_EAGER_LIMIT``).
 
@@ -182,8 +182,8 @@ def create_world(**options):
                             f"{sorted(known)}")
     je = detect()
     transport = options.get("transport") or config.get("PYCOMM_TRANSPORT")
-    if transport not in ("auto", "shm", "tcp"):
-        raise ArgumentError(f"transport={transport!r} is invalid; use auto, shm or tcp")
+    if transport not in ("auto", "shm", "tcp", "rdma"):
+        raise ArgumentError(f"transport={transport!r} is invalid; use auto, shm, tcp or rdma")
     timeout = float(options.get("timeout") or config.get("PYCOMM_TIMEOUT"))
     local_size = config.get("PYCOMM_LOCAL_SIZE") or je.size
     spin_us = options.get("spin_us", config.get("PYCOMM_SPIN_US"))
@@ -206,7 +206,7 @@ def create_world(**options):
             infos = [msgpack.unpackb(store.get(f"info/{je.job_id}/{r}", timeout=timeout))
                      for r in range(je.size)]
             for tname, peers in sorted(_choose_transports(transport, je.rank, infos).items(),
-                                       key=lambda kv: ("shm", "tcp").index(kv[0])):
+                                       key=lambda kv: ("shm", "tcp", "rdma").index(kv[0])):
                 opts = {}
                 if tname == "shm":
                     opts = {"ring_bytes": int(options.get("ring_bytes") or
@@ -214,6 +214,9 @@ def create_world(**options):
                             "cma": config.get("PYCOMM_CMA")}
                 elif tname == "tcp":
                     opts = {"host": options.get("host") or config.get("PYCOMM_HOST")}
+                elif tname == "rdma":
+                    opts = {"host": options.get("host") or config.get("PYCOMM_HOST"),
+                            "cma": config.get("PYCOMM_CMA")}
                 t = get_transport_class(tname)(je.rank, je.size, je.job_id, je.token, engine,
                                                **opts)
                 engine.attach(t, peers)     # attach first so close() releases it on error

@@ -44,7 +44,7 @@ from pycomm.store import StoreServer
 
 __all__ = ["RankExit", "RankGroup", "main", "shm_prefix", "sweep_shm"]
 
-TRANSPORT_CHOICES = ("auto", "shm", "tcp")
+TRANSPORT_CHOICES = ("auto", "shm", "tcp", "rdma")
 SHM_DIR = "/dev/shm"
 _POLL_S = 0.02  # seconds between liveness checks while supervising
 _PR_SET_PDEATHSIG = 1
@@ -173,7 +173,7 @@ class RankGroup:
 
     Args:
         nprocs: number of ranks (>= 1).
-        transport: ``PYCOMM_TRANSPORT`` for the ranks: "auto", "shm" or "tcp".
+        transport: ``PYCOMM_TRANSPORT`` for the ranks: "auto", "shm", "tcp" or "rdma".
         timeout: ``PYCOMM_TIMEOUT`` for the ranks, seconds (None: inherit / default).
         prefix: prefix each output line with ``[rank] `` (else ranks inherit our stdio).
         master_addr: address the store binds and ranks connect to (loopback by default).

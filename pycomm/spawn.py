@@ -62,7 +62,7 @@ def spawn(fn: Callable[..., Any], nprocs: int, args: tuple = (), *, transport: s
             ``pycomm.init()``, so ``pycomm.COMM_WORLD`` is ready in it.
         nprocs: number of ranks.
         args: positional arguments, the same for every rank (cloudpickled).
-        transport: "auto", "shm" or "tcp".
+        transport: "auto", "shm", "tcp" or "rdma".
         timeout: seconds: ``PYCOMM_TIMEOUT`` of the ranks and the limit on the whole call
             (default ``PYCOMM_TIMEOUT``).
 
@@ -91,7 +91,7 @@ class Pool:
 
     Args:
         nprocs: number of ranks.
-        transport: "auto", "shm" or "tcp" (``PYCOMM_TRANSPORT`` of the ranks).
+        transport: "auto", "shm", "tcp" or "rdma" (``PYCOMM_TRANSPORT`` of the ranks).
         timeout: seconds: ``PYCOMM_TIMEOUT`` of the ranks, the limit on start-up and the
             default limit on each :meth:`run` (default ``PYCOMM_TIMEOUT``).
         prefix: prefix the ranks' output lines with ``[rank] ``.

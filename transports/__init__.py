@@ -10,6 +10,10 @@ Transports, in the order ``auto`` prefers them:
 * ``shm`` (:mod:`transports.shm`): ranks of one host, through shared-memory rings and,
   for large messages, Linux cross-memory attach (one copy).
 * ``tcp`` (:mod:`transports.tcp`): any two ranks, through authenticated TCP connections.
+
+Not part of ``auto``, chosen by name only:
+
+* ``rdma`` (:mod:`transports.rdma`): emulated RDMA queue pairs (verbs over a software NIC).
 """
 
 from .base import (  # noqa: F401
@@ -19,11 +23,11 @@ from .base import (  # noqa: F401
 __all__ = ["Transport", "Sink", "Store", "TransportError", "PeerLostError", "HandshakeError",
            "host_identity", "get_transport_class", "TRANSPORTS"]
 
-TRANSPORTS = ("shm", "tcp")
+TRANSPORTS = ("shm", "tcp", "rdma")
 
 
 def get_transport_class(name: str) -> type[Transport]:
-    """Return the transport class registered under ``name`` ("shm" or "tcp").
+    """Return the transport class registered under ``name`` ("shm", "tcp" or "rdma").
 
     Raises:
         KeyError: no transport has that name.
@@ -34,4 +38,7 @@ def get_transport_class(name: str) -> type[Transport]:
     if name == "tcp":
         from .tcp import TcpTransport
         return TcpTransport
+    if name == "rdma":
+        from .rdma.transport import RdmaTransport
+        return RdmaTransport
     raise KeyError(f"unknown transport {name!r}; known: {', '.join(TRANSPORTS)}")
