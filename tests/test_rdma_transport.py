@@ -1,0 +1,84 @@
+"""The communicator on ``transport="rdma"``: p2p and collectives against numpy references.
+
+Worlds of 2, 3 and 4 ranks (a pair, an odd size, a power of two) through one
+:class:`pycomm.Pool` each; message sizes cover empty, eager (bounce buffers, several
+chunks per frame) and rendezvous (RDMA READ) messages, and the eager limit boundary.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import cloudpickle
+import numpy as np
+import pytest
+
+import pycomm
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+COUNTS = [0, 1, 1000, 8193, 70000, 1 << 20]     # float64 elements
+
+
+@pytest.fixture(scope="module", params=[2, 3, 4], ids=lambda n: f"n{n}")
+def pool(request):
+    with pycomm.Pool(request.param, transport="rdma", timeout=60.0) as p:
+        yield p
+
+
+def _transport():
+    return pycomm.COMM_WORLD.transport_name
+
+
+def _ring(counts):
+    comm = pycomm.COMM_WORLD
+    r, s = comm.rank, comm.size
+    for n in counts:
+        out = np.arange(n, dtype=np.float64) + r
+        got = np.full(n, -1.0)
+        comm.Sendrecv(out, (r + 1) % s, 3, got, (r - 1) % s, 3)
+        assert (got == np.arange(n) + (r - 1) % s).all(), n
+    big = np.ones(300000)                          # a burst of Isends: credits and RNR
+    reqs = [comm.Isend(big[:k * 1000], (r + 1) % s, k) for k in range(40)]
+    bufs = [np.zeros(k * 1000) for k in range(40)]
+    reqs += [comm.Irecv(bufs[k], (r - 1) % s, k) for k in range(40)]
+    pycomm.Request.Waitall(reqs)
+    return all((b == 1).all() for b in bufs)
+
+
+def _collectives(counts):
+    comm = pycomm.COMM_WORLD
+    r, s = comm.rank, comm.size
+    for n in counts:
+        x = np.random.default_rng((r, n)).standard_normal(n)
+        ref = np.sum([np.random.default_rng((k, n)).standard_normal(n) for k in range(s)],
+                     axis=0)
+        y = np.empty_like(x)
+        comm.Allreduce(x, y, op=pycomm.SUM)
+        np.testing.assert_allclose(y, ref, rtol=1e-12, atol=1e-12)
+        for root in range(s):
+            b = np.arange(n, dtype=np.float64) * (root + 1) if r == root else np.empty(n)
+            comm.Bcast(b, root=root)
+            assert (b == np.arange(n) * (root + 1)).all()
+        g = np.empty((s, n))
+        comm.Allgather(np.full(n, float(r)), g)
+        assert (g == np.arange(s)[:, None]).all()
+        a = np.empty((s, max(n // s, 1)))
+        comm.Alltoall(np.tile(np.arange(s, dtype=np.float64)[:, None] * 10 + r,
+                              (1, a.shape[1])), a)
+        assert (a == r * 10 + np.arange(s)[:, None]).all()
+    comm.Barrier()
+    return comm.allgather(r)
+
+
+def test_world_is_on_rdma(pool):
+    assert set(pool.run(_transport)) == {"rdma"}
+
+
+def test_p2p_sizes_and_bursts(pool):
+    assert all(pool.run(_ring, COUNTS))
+
+
+def test_collectives_against_numpy(pool):
+    res = pool.run(_collectives, COUNTS)
+    assert all(x == list(range(len(res))) for x in res)
