@@ -116,3 +116,61 @@ def test_dissemination(size):
             assert rounds[to][k][1] == r and rounds[frm][k][0] == r  # sends match receives
         heard = [heard[r] | heard[rounds[r][k][1]] for r in range(size)]
     assert all(h == set(range(size)) for h in heard)
+
+
+@pytest.mark.parametrize("nbits", range(0, 6))
+def test_bit_reverse(nbits):
+    values = [t.bit_reverse(v, nbits) for v in range(1 << nbits)]
+    assert sorted(values) == list(range(1 << nbits))  # a permutation
+    assert all(t.bit_reverse(w, nbits) == v for v, w in enumerate(values))  # an involution
+    assert nbits < 3 or t.bit_reverse(1, nbits) == 1 << (nbits - 1)
+
+
+def _check_in_order_tree(size, parent_of, children_of, root):
+    """Spanning tree, at most two children, depth <= ceil(log2 size), and every subtree a
+    contiguous rank range with at most one child below its rank and one above."""
+    assert parent_of(root) is None
+    for r in range(size):
+        kids = children_of(r)
+        assert kids == sorted(kids) and len(kids) <= 2
+        assert sum(k < r for k in kids) <= 1 and sum(k > r for k in kids) <= 1
+        assert all(parent_of(k) == r for k in kids)
+        assert sorted(k for k in range(size) if parent_of(k) == r) == kids
+    members = {}
+
+    def walk(r, depth):
+        assert depth <= t.ceil_log2(size), "too deep"
+        got = {r}
+        for k in children_of(r):
+            got |= walk(k, depth + 1)
+        assert got == set(range(min(got), max(got) + 1)), f"subtree of {r} not contiguous"
+        members[r] = got
+        return got
+
+    assert walk(root, 0) == set(range(size))
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_btree(size):
+    _check_in_order_tree(size, lambda r: t.btree_parent(r, size),
+                         lambda r: t.btree_children(r, size), 0)
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_double_binary_tree(size):
+    trees = [t.double_binary_tree(r, size) for r in range(size)]
+    for k, root in ((0, 0), (1, size - 1)):
+        _check_in_order_tree(size, lambda r: trees[r][k][0], lambda r: trees[r][k][1], root)
+    if size % 2 == 0:  # complementary: no rank is inner in both trees
+        inner = [[bool(trees[r][k][1]) for r in range(size)] for k in (0, 1)]
+        assert not any(a and b for a, b in zip(*inner, strict=True))
+
+
+@pytest.mark.parametrize("count", [0, 1, 5, 16, 17])
+@pytest.mark.parametrize("segment", [1, 3, 16, 100])
+def test_segment_offsets(count, segment):
+    offs = t.segment_offsets(count, segment)
+    assert offs[0] == 0 and offs[-1] == count
+    sizes = [b - a for a, b in zip(offs[:-1], offs[1:], strict=True)]
+    assert len(sizes) == -(-count // segment)
+    assert all(s == segment for s in sizes[:-1]) and all(0 < s <= segment for s in sizes)
