@@ -292,7 +292,7 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
         hit = _CHOICES.get(key)
         if hit is None or hit[2] != self.size:
             name, fn = choose(collective, nbytes, self.size, requested=algorithm,
-                              commutative=commutative)
+                              commutative=commutative, transport=self._model_transport())
             if len(_CHOICES) > 4096:
                 _CHOICES.clear()
             _CHOICES[key] = (name, fn, self.size)
@@ -307,13 +307,20 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
         out = call(fn)
         measured = time.perf_counter() - t0
         try:
-            modelled = f"{1e6 * model_time(collective, name, nbytes, self.size):.1f} us"
+            modelled = 1e6 * model_time(collective, name, nbytes, self.size,
+                                        transport=self._model_transport())
+            modelled = f"{modelled:.1f} us"
         except Exception:                 # a collective the model does not cover
             modelled = "n/a"
         print(f"[pycomm rank {self.rank}] {collective}({nbytes} B, {self.size} ranks): "
               f"{name}, modelled {modelled}, measured {1e6 * measured:.1f} us",
               file=sys.stderr)
         return out
+
+    def _model_transport(self) -> str:
+        """The transport whose cost constants model this communicator (slowest link)."""
+        name = getattr(self, "transport_name", None) or "shm"
+        return "tcp" if "tcp" in name else ("rdma" if "rdma" in name else "shm")
 
     def _check_op(self, op, dtype) -> Op:
         if not isinstance(op, Op):
