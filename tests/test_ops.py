@@ -148,3 +148,45 @@ def test_reduce_objects_follow_mpi4py():
     assert ops.MAXLOC((2.0, 1), (2.0, 3)) == (2.0, 1)
     assert ops.MINLOC((1.0, 7), (2.0, 3)) == (1.0, 7)
     np.testing.assert_array_equal(ops.LOR(np.array([0, 1]), np.array([0, 0])), [False, True])
+
+
+def test_op_check_dtypes():
+    for op in (ops.SUM, ops.PROD, ops.MIN, ops.MAX):
+        for dt in (np.float32, np.float64, np.int32, np.int64, np.uint8, np.float16):
+            op.check(dt)
+    ops.SUM.check(np.complex128)
+    for op in (ops.MIN, ops.MAX):
+        with pytest.raises(ArgumentError, match="complex"):
+            op.check(np.complex64)
+    with pytest.raises(ArgumentError, match="SUM.*bool"):
+        ops.SUM.check(np.bool_)
+    with pytest.raises(ArgumentError):
+        ops.PROD.check(np.dtype("U3"))
+    ops.Op.Create(lambda a, b: None).check(np.dtype([("a", "u8"), ("b", "u8")]))  # any dtype
+
+
+def test_op_apply_order_and_objects():
+    a, b = np.array([1.0, 5.0]), np.array([3.0, 2.0])
+    inout = b.copy()
+    ops.MIN.apply(a, inout)
+    np.testing.assert_array_equal(inout, [1.0, 2.0])
+    sub = ops.Op.Create(lambda x, y: x - y)           # 2-argument, returns the result
+    sub3 = ops.Op.Create(lambda x, y, dt: np.subtract(x, y, out=y))
+    for op in (sub, sub3):
+        assert not op.commutative and not op.Is_commutative()
+        inout = b.copy()
+        op.apply(a, inout)                              # inout = a - b
+        np.testing.assert_array_equal(inout, a - b)
+        left, scratch = a.copy(), b.copy()
+        op.apply_left(left, scratch)                    # left = a - b
+        np.testing.assert_array_equal(left, a - b)
+    assert ops.SUM.reduce_objects("ab", "cd") == "abcd"
+    assert ops.PROD(3, 4) == 12
+    assert ops.MIN.reduce_objects(3, 2) == 2 and ops.MAX.reduce_objects(3, 2) == 3
+    np.testing.assert_array_equal(ops.MAX.reduce_objects(a, b), [3.0, 5.0])
+    assert sub.reduce_objects(10, 3) == 7
+    assert ops.Op.Create(lambda x, y: None, commute=True).commutative
+    with pytest.raises(ArgumentError):
+        ops.Op.Create(lambda x: x)
+    with pytest.raises(ArgumentError):
+        ops.Op.Create(42)

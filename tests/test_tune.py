@@ -1,4 +1,4 @@
-"""pycomm.tune and the cost-model tables: fitting, the shipped table, PYCOMM_TUNE_FILE."""
+"""The cost model: registry, selection rules, tables (shipped, PYCOMM_TUNE_FILE) and tune."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import os
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from pycomm import tune
 from pycomm.errors import ArgumentError
@@ -95,3 +97,106 @@ def test_tune_end_to_end_quick(tmp_path):
 def test_tune_rejects_one_rank():
     with pytest.raises(SystemExit):
         tune.main(["-n", "1"])
+
+
+# -- registry and selection ------------------------------------------------------------------
+def test_registry_names_match_functions():
+    for coll, table in algs.REGISTRY.items():
+        assert table, coll
+        for name, info in table.items():
+            assert info.fn.__name__ == f"{coll}_{name}"
+            assert info.doc
+            assert algs.model_time(coll, name, 1024, 4) > 0
+
+
+@pytest.fixture
+def brief_constants(tmp_path, monkeypatch):
+    """A fixed table (the model's first estimates), so crossovers do not follow tune runs."""
+    table = {"shm": {"alpha": 8e-6, "beta": 1 / 6e9, "gamma": 1 / 4e9, "sigma": 1 / 5e9},
+             "tcp": {"alpha": 4e-5, "beta": 1 / 1e9, "gamma": 1 / 4e9, "sigma": 1 / 5e9}}
+    path = tmp_path / "tune.json"
+    path.write_text(json.dumps(table))
+    monkeypatch.setenv("PYCOMM_TUNE_FILE", str(path))
+    monkeypatch.setenv("PYCOMM_SEGMENT_BYTES", "65536")
+    for coll in algs.REGISTRY:
+        monkeypatch.delenv(f"PYCOMM_ALGORITHM_{coll.upper()}", raising=False)
+    return table
+
+
+@pytest.mark.parametrize("size", [2, 4, 8])
+def test_choose_allreduce_crossovers(size, brief_constants):
+    assert algs.choose("allreduce", 8, size)[0] == "recursive_doubling"
+    if size > 2:
+        assert algs.choose("allreduce", 1 << 17, size)[0] == "rabenseifner"
+        assert algs.choose("allreduce", 1 << 24, size)[0] == "ring"
+    # ring is never chosen for a non-commutative op
+    assert algs.choose("allreduce", 1 << 24, size, commutative=False)[0] != "ring"
+
+
+def test_choose_uses_the_transport_table(brief_constants):
+    # tcp's larger alpha moves the bcast crossover to larger messages
+    shm = [algs.choose("bcast", 1 << k, 8)[0] for k in range(4, 26)]
+    tcp = [algs.choose("bcast", 1 << k, 8, transport="tcp")[0] for k in range(4, 26)]
+    assert shm != tcp and shm[0] == tcp[0] == "binomial"
+    assert algs.choose("bcast", 1 << 10, 8, transport="rdma") == algs.choose("bcast", 1 << 10, 8)
+    assert algs.model_time("bcast", "binomial", 1 << 10, 8, transport="tcp") > \
+        algs.model_time("bcast", "binomial", 1 << 10, 8)
+    assert algs.choose("allgather", 8, 6)[0] == "bruck"          # log p steps, any p
+    assert algs.choose("allgather", 8, 8)[0] == "recursive_doubling"
+    assert algs.choose("allgather", 1 << 24, 6)[0] == "ring"     # no scratch
+    assert algs.choose("alltoall", 64, 8)[0] == "bruck"
+    assert algs.choose("alltoall", 1 << 24, 8)[0] == "pairwise"
+    with pytest.raises(ArgumentError, match="unknown allreduce algorithm"):
+        algs.model_time("allreduce", "bogus", 8, 4)
+
+
+def test_tune_file_errors_name_the_file(tmp_path, monkeypatch):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"shm": {"alpha": "x"}}))
+    monkeypatch.setenv("PYCOMM_TUNE_FILE", str(bad))
+    with pytest.raises(ArgumentError, match="bad.json"):
+        algs.choose("allreduce", 8, 4)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(collective=st.sampled_from(sorted(algs.REGISTRY)), size=st.integers(1, 64),
+       nbytes=st.integers(0, 1 << 28), commutative=st.booleans(),
+       transport=st.sampled_from(["shm", "tcp", "rdma"]))
+def test_choose_never_picks_an_unfit_algorithm(collective, size, nbytes, commutative,
+                                               transport):
+    name, fn = algs.choose(collective, nbytes, size, requested="auto",
+                           commutative=commutative, transport=transport)
+    info = algs.REGISTRY[collective][name]
+    assert info.fn is fn and info.unfit_reason(size, commutative) is None
+    fit = [n for n, i in algs.REGISTRY[collective].items()
+           if i.unfit_reason(size, commutative) is None]
+    best = min(algs.model_time(collective, n, nbytes, size, transport=transport) for n in fit)
+    assert algs.model_time(collective, name, nbytes, size, transport=transport) == best
+    for other, i in algs.REGISTRY[collective].items():
+        if i.unfit_reason(size, commutative) is not None:
+            with pytest.raises(ArgumentError, match="cannot serve"):
+                algs.choose(collective, nbytes, size, requested=other,
+                            commutative=commutative)
+
+
+def test_choose_requested_and_environment(monkeypatch, brief_constants):
+    monkeypatch.setenv("PYCOMM_ALGORITHM_ALLREDUCE", "ring")
+    assert algs.choose("allreduce", 8, 4) == ("ring", algs.allreduce_ring)
+    assert algs.choose("allreduce", 8, 4, requested="auto")[0] == "recursive_doubling"
+    assert algs.choose("allreduce", 8, 4, requested="rabenseifner")[0] == "rabenseifner"
+    with pytest.raises(ArgumentError, match="PYCOMM_ALGORITHM_ALLREDUCE.*commutative"):
+        algs.choose("allreduce", 8, 4, commutative=False)
+    monkeypatch.setenv("PYCOMM_ALGORITHM_ALLREDUCE", "bogus")
+    with pytest.raises(ArgumentError, match="valid: auto, recursive_doubling, rabenseifner, "
+                                            "ring, binomial, double_binary_tree"):
+        algs.choose("allreduce", 8, 4)
+    with pytest.raises(ArgumentError, match="power-of-two"):
+        algs.choose("allgather", 8, 6, requested="recursive_doubling")
+    with pytest.raises(ArgumentError, match="unknown collective"):
+        algs.choose("allreduc", 8, 4)
+    assert algs.choose("reduce_scatter_block", 64, 4, commutative=False)[0] != "ring"
+    assert algs.choose("reduce_scatter", 64, 4, commutative=False)[0] != "ring"
+    with pytest.raises(ArgumentError, match="commutative"):
+        algs.choose("reduce_scatter", 64, 4, requested="ring", commutative=False)
+    for coll in ("gatherv", "scatterv", "allgatherv", "alltoallv", "scan", "exscan"):
+        assert algs.choose(coll, 0, 5)[0] in algs.algorithms(coll)

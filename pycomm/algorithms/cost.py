@@ -26,7 +26,7 @@ import json
 import math
 import os
 from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
 
 from pycomm import config
 from pycomm.algorithms.topology import ceil_log2, pof2_floor
