@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from .errors import ArgumentError, CommError
+from .p2p import PROC_NULL
 
 __all__ = ["Group", "UNDEFINED", "COMM_NULL", "GroupMethods", "IDENT", "CONGRUENT",
            "SIMILAR", "UNEQUAL"]
@@ -100,13 +101,27 @@ class Group:
     def Difference(self, other: "Group") -> "Group":
         return Group([w for w in self._world if w not in other._index], self._me)
 
-    @staticmethod
-    def Translate_ranks(group1: "Group", ranks1, group2: "Group | None" = None) -> list[int]:
-        """Ranks in ``group2`` of ``ranks1`` of ``group1`` (UNDEFINED where absent)."""
-        if group2 is None:
-            return group1._check(ranks1, "Group.Translate_ranks")
-        return [group2._index.get(group1._world[r], UNDEFINED)
-                for r in group1._check(ranks1, "Group.Translate_ranks")]
+    def Translate_ranks(self, ranks=None, group: Group | None = None) -> list[int]:
+        """Ranks in ``group`` of ``ranks`` of this group (UNDEFINED where absent).
+
+        mpi4py 4's signature; ``Group.Translate_ranks(group1, ranks1, group2)`` (mpi4py 3's
+        class form) binds the same way. ``ranks`` None: every rank of this group;
+        ``group`` None: the group of COMM_WORLD (the answer is then world ranks).
+        PROC_NULL translates to PROC_NULL (MPI-2 errata).
+        """
+        if ranks is None:
+            ranks = range(self.size)
+        ranks = list(ranks)
+        valid = self._check([r for r in ranks if r != PROC_NULL], "Group.Translate_ranks")
+        it = iter(valid)
+        out = []
+        for r in ranks:
+            if r == PROC_NULL:
+                out.append(PROC_NULL)
+                continue
+            w = self._world[next(it)]
+            out.append(w if group is None else group._index.get(w, UNDEFINED))
+        return out
 
     def Compare(self, other: "Group") -> int:
         """IDENT (same members, same order), SIMILAR (same members) or UNEQUAL."""
