@@ -22,7 +22,8 @@ from .comm import TAG_UB, Communicator, Status
 from .groups import COMM_NULL, CONGRUENT, IDENT, SIMILAR, UNDEFINED, UNEQUAL, Group
 from .errors import (ArgumentError, CommError, CommTimeoutError, InvalidBufferError,
                      PeerError, ProtocolError, RemoteError, TruncationError)
-from .ops import MAX, MIN, PROD, SUM, Op
+from .ops import (BAND, BOR, BXOR, DOUBLE_INT, FLOAT_INT, INT_INT, LAND, LONG_INT, LOR, LXOR,
+                  MAX, MAXLOC, MIN, MINLOC, PROD, SUM, Op)
 from .p2p import ANY_SOURCE, ANY_TAG, PROC_NULL, Request
 from .spawn import Pool, spawn  # noqa: E402  (rebinds the name spawn to the function)
 
@@ -30,7 +31,9 @@ __version__ = "0.1.0"
 
 __all__ = [
     "init", "finalize", "is_initialized", "COMM_WORLD", "spawn", "Pool", "Wtime", "Wtick",
-    "Communicator", "Status", "Request", "Op", "SUM", "PROD", "MIN", "MAX", "IN_PLACE",
+    "Communicator", "Status", "Request", "Op", "SUM", "PROD", "MIN", "MAX", "LAND", "LOR",
+    "LXOR", "BAND", "BOR", "BXOR", "MAXLOC", "MINLOC", "DOUBLE_INT", "FLOAT_INT", "LONG_INT",
+    "INT_INT", "IN_PLACE",
     "ANY_SOURCE", "ANY_TAG", "PROC_NULL", "TAG_UB", "algorithms", "CommError",
     "ArgumentError", "InvalidBufferError", "TruncationError", "PeerError",
     "CommTimeoutError", "ProtocolError", "RemoteError", "__version__", "Group", "COMM_NULL",

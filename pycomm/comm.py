@@ -207,6 +207,8 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
         Raises:
             ArgumentError: invalid ``dest`` or ``tag``; InvalidBufferError: bad ``buf``.
         """
+        if self._freed:
+            raise CommError(f"rank {self.rank}: {self.name} has been freed")
         arr = as_array(buf, self.rank, "buf")
         dest = self._check_rank(dest, "dest")
         tag = self._check_tag(tag, "tag")
@@ -227,6 +229,8 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
             ArgumentError: invalid ``source`` or ``tag``; InvalidBufferError: bad or
                 read-only ``buf``.
         """
+        if self._freed:
+            raise CommError(f"rank {self.rank}: {self.name} has been freed")
         arr = as_array(buf, self.rank, "buf", writable=True)
         source = self._check_rank(source, "source", allow_any=True)
         tag = self._check_tag(tag, "tag", allow_any=True)
@@ -258,6 +262,7 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
     def Iprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG,
                status: Status | None = None) -> bool:
         """Whether a matching message has arrived (fills ``status`` if so)."""
+        self._check_alive()
         source = self._check_rank(source, "source", allow_any=True)
         tag = self._check_tag(tag, "tag", allow_any=True)
         if source == PROC_NULL:         # MPI: succeeds at once, as a receive from it would
@@ -325,7 +330,10 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
     def _check_op(self, op, dtype) -> Op:
         if not isinstance(op, Op):
             raise ArgumentError(f"rank {self.rank}: op={op!r} is not a pycomm.Op")
-        op.check(dtype)
+        try:
+            op.check(dtype)
+        except ArgumentError as exc:
+            raise ArgumentError(f"rank {self.rank}: {exc}") from None
         return op
 
     def _pair(self, sendbuf, recvbuf, what: str):

@@ -58,6 +58,7 @@ class ObjectMethods:
         ``buf`` is accepted for mpi4py compatibility and ignored: the receive buffer is
         allocated to the incoming message's size.
         """
+        self._check_alive()
         source = self._check_rank(source, "source", allow_any=True)
         tag = self._check_tag(tag, "tag", allow_any=True)
         if source == PROC_NULL:

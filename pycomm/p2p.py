@@ -389,11 +389,14 @@ class Engine:
         progress = self.progress
         now = _perf()
         spin_end = now + self.spin_s
+        threaded = self._threaded
         while not cond():
             if progress():
                 continue
             if _perf() >= spin_end:
                 break
+            if threaded:        # let the other thread have the GIL (switch interval: 5 ms)
+                time.sleep(0)
         else:
             return
         limit = self.timeout if timeout is None else timeout
@@ -461,6 +464,8 @@ class Engine:
         if self._threaded:
             with self._cv:
                 self._cv.notify_all()
+            for t in self.transports:       # and whichever thread sleeps in a transport
+                t.wakeup()
 
     def _block_shared(self, cond, slice_: float) -> None:
         ts = self.transports

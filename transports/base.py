@@ -153,6 +153,13 @@ class Transport(ABC):
         multi-threaded caller can wait without holding its lock.
         """
 
+    def wakeup(self) -> None:
+        """Wake a thread of this process sleeping in :meth:`block` (callable from any thread).
+
+        Used when a request completes outside ``progress()`` (a nonblocking collective
+        finishing on the progress thread). Default: nothing; the sleeper's slice ends it.
+        """
+
     def check_peers(self) -> None:
         """Raise PeerLostError if a peer is known to be dead (called while waiting long)."""
 

@@ -410,6 +410,11 @@ class ShmTransport(Transport):
         finally:
             c[1] = 0
 
+    def wakeup(self) -> None:
+        """Bump our own doorbell: a thread of ours asleep on it wakes (FUTEX_WAKE)."""
+        if self._own is not None:
+            self._own.ring_doorbell()
+
     def check_peers(self) -> None:
         for peer, pid in self._pids.items():
             try:

@@ -85,6 +85,11 @@ class TcpTransport(Transport):
         self._conns: dict[int, _Conn] = {}
         self._by_fd: dict[int, _Conn] = {}
         self._sel = selectors.DefaultSelector()
+        # A socket pair another thread of ours writes to, to end a sleep in select().
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._sel.register(self._wake_r, selectors.EVENT_READ, None)
         self._listener: socket.socket | None = None
         self._closed = False
 
@@ -219,6 +224,9 @@ class TcpTransport(Transport):
         busy = False
         for key, mask in events:
             conn = key.data
+            if conn is None:                # the wake-up socket
+                self._drain_wakeups()
+                continue
             if mask & selectors.EVENT_WRITE and conn.queue:
                 busy = self._flush(conn) or busy
             if mask & selectors.EVENT_READ:
@@ -296,7 +304,22 @@ class TcpTransport(Transport):
     # -- waiting --------------------------------------------------------------------------
     def block(self, timeout: float) -> None:
         # Only wait: the events are handled by the next progress(), under the caller's lock.
-        self._sel.select(max(timeout, 0.0))
+        for key, _ in self._sel.select(max(timeout, 0.0)):
+            if key.data is None:
+                self._drain_wakeups()
+
+    def wakeup(self) -> None:
+        try:
+            self._wake_w.send(b"w")
+        except (BlockingIOError, OSError):   # already pending, or closing
+            pass
+
+    def _drain_wakeups(self) -> None:
+        try:
+            while self._wake_r.recv(4096):
+                pass
+        except (BlockingIOError, OSError):
+            pass
 
     def close(self) -> None:
         if self._closed:
@@ -311,5 +334,7 @@ class TcpTransport(Transport):
         self._conns.clear()
         self._by_fd.clear()
         self._sel.close()
+        self._wake_r.close()
+        self._wake_w.close()
         if self._listener is not None:
             self._listener.close()
