@@ -104,7 +104,7 @@ class _Segment:
         self.map = mmap.mmap(fd, nbytes)
         self.view = memoryview(self.map)
         self.ctl32 = self.view[:8].cast("I")       # [doorbell, waiting]
-        self.ctl64 = self.view[8:16].cast("Q")     # [pid]
+        self.ctl64 = self.view[8:24].cast("Q")     # [pid, said goodbye]
         self._anchor = ctypes.c_uint32.from_buffer(self.map, 0)
         self.futex = ctypes.c_void_p(ctypes.addressof(self._anchor))
 
@@ -417,6 +417,8 @@ class ShmTransport(Transport):
 
     def check_peers(self) -> None:
         for peer, pid in self._pids.items():
+            if self._others[peer].ctl64[1]:      # it closed cleanly: its exit is no failure
+                continue
             try:
                 with open(f"/proc/{pid}/stat", "rb") as fh:
                     state = fh.read().rsplit(b")", 1)[1].split()[0]
@@ -457,6 +459,8 @@ class ShmTransport(Transport):
         if self._closed:
             return
         self._closed = True
+        if self._own is not None:
+            self._own.ctl64[1] = 1              # goodbye: peers must not take our exit as a crash
         self._in.clear()
         self._out.clear()
         self._pending.clear()

@@ -54,7 +54,7 @@ def _recv_exact(sock: socket.socket, n: int, deadline: float) -> bytes:
 
 class _Conn:
     __slots__ = ("peer", "sock", "fd", "stage", "sview", "start", "end", "state", "dest",
-                 "off", "left", "queue", "wants_write")
+                 "off", "left", "queue", "wants_write", "bye")
 
     def __init__(self, peer: int, sock: socket.socket):
         self.peer, self.sock = peer, sock
@@ -67,6 +67,7 @@ class _Conn:
         self.off = self.left = 0
         self.queue: deque = deque()     # [list of views, token]
         self.wants_write = False
+        self.bye = False                # the peer announced a clean close
 
 
 class TcpTransport(Transport):
@@ -238,7 +239,7 @@ class TcpTransport(Transport):
             if conn.state == _PAYLOAD and conn.start == conn.end and conn.left > _STAGE // 4:
                 n = conn.sock.recv_into(conn.dest[conn.off:], conn.left)
                 if n == 0:
-                    raise PeerLostError(conn.peer, "connection closed by peer")
+                    return self._closed_by_peer(conn)
                 conn.off += n
                 conn.left -= n
                 if not conn.left:
@@ -259,9 +260,19 @@ class TcpTransport(Transport):
                 return False
             raise PeerLostError(conn.peer, str(exc)) from None
         if n == 0:
-            raise PeerLostError(conn.peer, "connection closed by peer")
+            return self._closed_by_peer(conn)
         conn.end += n
         self._parse(conn)
+        return True
+
+    def _closed_by_peer(self, conn: _Conn) -> bool:
+        """EOF: fine after the peer's goodbye frame (forget it), a failure otherwise."""
+        if not conn.bye:
+            raise PeerLostError(conn.peer, "connection closed by peer")
+        try:
+            self._sel.unregister(conn.sock)
+        except (KeyError, ValueError):
+            pass
         return True
 
     def _parse(self, conn: _Conn) -> None:
@@ -272,6 +283,10 @@ class TcpTransport(Transport):
                 if avail < 12:
                     return
                 hlen, plen = PREFIX.unpack_from(view, conn.start)
+                if hlen == 0 and plen == 0:      # goodbye frame: EOF follows, not a crash
+                    conn.bye = True
+                    conn.start += 12
+                    continue
                 if hlen > MAX_HEADER:
                     raise TransportError(f"rank {peer} sent a {hlen}-byte header")
                 if avail < 12 + hlen:
@@ -325,11 +340,23 @@ class TcpTransport(Transport):
         if self._closed:
             return
         self._closed = True
+        deadline = time.monotonic() + 5.0
         for conn in self._conns.values():
             try:
                 self._sel.unregister(conn.sock)
             except (KeyError, ValueError):
                 pass
+            try:                            # finish queued sends, then say goodbye
+                conn.sock.setblocking(True)
+                for item in conn.queue:
+                    conn.sock.settimeout(max(deadline - time.monotonic(), 0.01))
+                    for part in item[0]:
+                        conn.sock.sendall(part)
+                conn.sock.settimeout(max(deadline - time.monotonic(), 0.01))
+                conn.sock.sendall(PREFIX.pack(0, 0))
+                conn.sock.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass                        # the peer is gone already: nothing to tell it
             conn.sock.close()
         self._conns.clear()
         self._by_fd.clear()
