@@ -266,6 +266,11 @@ class RdmaTransport(Transport):
             return
         self.cq.wait(max(timeout, 0.0))
 
+    def wakeup(self) -> None:
+        """Wake a thread sleeping in :meth:`block` (the CQ's completion channel)."""
+        if self.ctx is not None:
+            self.cq.notify()
+
     def check_peers(self) -> None:
         for p in self._peers.values():
             if p.bye:

@@ -291,6 +291,11 @@ class CompletionQueue:
                 self._cv.wait(max(timeout, 0.0))
             return bool(self._q) or self.overrun
 
+    def notify(self) -> None:
+        """Wake threads sleeping in :meth:`wait` (callable from any thread)."""
+        with self._cv:
+            self._cv.notify_all()
+
     def __len__(self) -> int:
         return len(self._q)
 
