@@ -1,0 +1,138 @@
+"""Shared worlds for the multi-process tests: one persistent pycomm.Pool per (size, transport).
+
+Starting N rank processes and connecting them costs about a second, so the tests that need
+a world share one :class:`pycomm.Pool` per (size, transport) for the whole session:
+
+* ``world``: sizes {1, 2, 3, 4, 5, 7, 8} x transports {shm, tcp}, for the cheap tests;
+* ``world_small``: sizes {1, 2, 3, 5, 8} x {shm, tcp}, for the expensive ones (one rank,
+  the smallest pair, an odd size, a prime, the largest power of two).
+
+Both fixtures are session-scoped and parametrized; items are then sorted so that every
+test of one world runs back to back, whichever fixture it asked for, and the cache below
+keeps only ONE pool alive: asking for another world closes the previous one. A pool that
+a test broke (a dead rank, an overrun task) is replaced for the next test.
+
+A test ships a function to the ranks with ``world.run(fn, *args)`` and gets the list of
+per-rank return values; a rank's exception comes back as :class:`pycomm.RemoteError`
+carrying its traceback. Test modules that ship functions call
+``cloudpickle.register_pickle_by_value(sys.modules[__name__])`` so that their functions
+travel by value (the ranks then never import the test module, pytest or hypothesis).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import pycomm
+
+SIZES = (1, 2, 3, 4, 5, 7, 8)
+SMALL_SIZES = (1, 2, 3, 5, 8)
+TRANSPORTS = ("shm", "tcp")
+WORLDS = [(n, t) for t in TRANSPORTS for n in SIZES]
+SMALL_WORLDS = [(n, t) for t in TRANSPORTS for n in SMALL_SIZES]
+# Seconds one task may take (also PYCOMM_TIMEOUT of the ranks): a deadlock fails the test
+# well before pytest-timeout kills the whole session.
+WORLD_TIMEOUT = 120.0
+
+
+def _world_id(param: tuple[int, str]) -> str:
+    return f"n{param[0]}-{param[1]}"
+
+
+def _noop() -> None:
+    return None
+
+
+class _PoolCache:
+    """Holds at most one live Pool; asking for another (size, transport) closes it."""
+
+    def __init__(self) -> None:
+        self.key: tuple[int, str] | None = None
+        self.pool: pycomm.Pool | None = None
+
+    def get(self, size: int, transport: str) -> pycomm.Pool:
+        if self.pool is not None and self.key != (size, transport):
+            self.close()
+        if self.pool is None:
+            self.pool = pycomm.Pool(size, transport=transport, timeout=WORLD_TIMEOUT)
+            self.key = (size, transport)
+        return self.pool
+
+    def check(self) -> None:
+        """After a failed task: drop the pool unless it still answers."""
+        if self.pool is None:
+            return
+        try:
+            self.pool.run(_noop, timeout=10.0)
+        except pycomm.CommError:
+            self.close()
+
+    def close(self) -> None:
+        pool, self.pool, self.key = self.pool, None, None
+        if pool is not None:
+            pool.close()
+
+
+_CACHE = _PoolCache()
+
+
+class World:
+    """A handle on the shared pool of one (size, transport); the pool is made on demand."""
+
+    def __init__(self, size: int, transport: str):
+        self.size = size
+        self.transport = transport
+
+    def __repr__(self) -> str:
+        return f"World(size={self.size}, transport={self.transport!r})"
+
+    @property
+    def pool(self) -> pycomm.Pool:
+        return _CACHE.get(self.size, self.transport)
+
+    def run(self, fn, *args, timeout: float | None = None) -> list:
+        """Run ``fn(*args)`` on every rank; return the per-rank results in rank order."""
+        pool = self.pool
+        try:
+            return pool.run(fn, *args, timeout=timeout)
+        except pycomm.CommError:
+            _CACHE.check()
+            raise
+
+
+@pytest.fixture(scope="session", params=WORLDS, ids=_world_id)
+def world(request) -> World:
+    """Every world size x transport (see the module docstring)."""
+    return World(*request.param)
+
+
+@pytest.fixture(scope="session", params=SMALL_WORLDS, ids=_world_id)
+def world_small(request) -> World:
+    """The reduced matrix for expensive tests: sizes {1, 2, 3, 5, 8} x {shm, tcp}."""
+    return World(*request.param)
+
+
+@pytest.fixture
+def no_shared_world():
+    """Close the shared pool first, for tests that start their own ranks."""
+    _CACHE.close()
+
+
+def _world_order(item) -> int:
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None:
+        for name in ("world", "world_small"):
+            if name in callspec.params:
+                return 1 + WORLDS.index(tuple(callspec.params[name]))
+    return 0
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items) -> None:
+    # Tests without a shared world first, then one block per world (stable otherwise), so
+    # each pool is started once even though two fixtures share it.
+    items.sort(key=_world_order)
+
+
+def pytest_sessionfinish(session) -> None:
+    _CACHE.close()
