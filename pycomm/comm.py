@@ -373,10 +373,14 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
             if send.size != recv.size:
                 raise InvalidBufferError(f"rank {self.rank}: Allreduce: sendbuf has "
                                          f"{send.size} elements, recvbuf {recv.size}")
-            np.copyto(recv, send)
         op = self._check_op(op, recv.dtype)
         cc = self._coll()
-        self._run("allreduce", recv.nbytes, algorithm, op, lambda fn: fn(cc, recv, op))
+
+        def call(fn):           # recvbuf is written only once the algorithm is known
+            if send is not None:
+                np.copyto(recv, send)
+            fn(cc, recv, op)
+        self._run("allreduce", recv.nbytes, algorithm, op, call)
 
     def Reduce(self, sendbuf, recvbuf, op: Op = SUM, root: int = 0, *,
                algorithm: str | None = None) -> None:
@@ -392,26 +396,34 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
                 if send.size != recv.size:
                     raise InvalidBufferError(f"rank {self.rank}: Reduce: sendbuf has "
                                              f"{send.size} elements, recvbuf {recv.size}")
-                np.copyto(recv, send)
             work = recv
         else:
             if sendbuf is IN_PLACE:
                 raise ArgumentError(f"rank {self.rank}: Reduce: IN_PLACE is only valid at "
                                     "the root")
+            send = None
             work = as_array(sendbuf, self.rank, "sendbuf").copy()
         op = self._check_op(op, work.dtype)
         cc = self._coll()
-        self._run("reduce", work.nbytes, algorithm, op, lambda fn: fn(cc, work, root, op))
+
+        def call(fn):           # recvbuf is written only once the algorithm is known
+            if send is not None:
+                np.copyto(work, send)
+            fn(cc, work, root, op)
+        self._run("reduce", work.nbytes, algorithm, op, call)
 
     def Allgather(self, sendbuf, recvbuf, *, algorithm: str | None = None) -> None:
         """Gather every rank's ``sendbuf`` (n elements) into every ``recvbuf`` (size*n),
         in rank order. IN_PLACE: this rank's block is already in ``recvbuf``."""
         send, recv = self._pair(sendbuf, recvbuf, "Allgather")
         count = self._blocks(recv, send, "Allgather")
-        if send is not None:
-            recv[self.rank * count:(self.rank + 1) * count] = send
         cc = self._coll()
-        self._run("allgather", recv.nbytes, algorithm, None, lambda fn: fn(cc, recv, count))
+
+        def call(fn):           # recvbuf is written only once the algorithm is known
+            if send is not None:
+                recv[self.rank * count:(self.rank + 1) * count] = send
+            fn(cc, recv, count)
+        self._run("allgather", recv.nbytes, algorithm, None, call)
 
     def Gather(self, sendbuf, recvbuf, root: int = 0, *,
                algorithm: str | None = None) -> None:
