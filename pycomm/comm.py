@@ -254,6 +254,11 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
         """Send ``sendbuf`` to ``dest`` and receive into ``recvbuf``; both progress together."""
         if recvbuf is None:
             raise ArgumentError(f"rank {self.rank}: Sendrecv needs a recvbuf")
+        # Check the send side before the receive is posted: a receive left posted by a
+        # call that raised would swallow a later message.
+        sendbuf = as_array(sendbuf, self.rank, "sendbuf")
+        self._check_rank(dest, "dest")
+        self._check_tag(sendtag, "sendtag")
         r = self.Irecv(recvbuf, source, recvtag)
         s = self.Isend(sendbuf, dest, sendtag)
         self._engine.wait_all([s, r], timeout)

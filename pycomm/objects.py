@@ -79,8 +79,13 @@ class ObjectMethods:
                  source: int = ANY_SOURCE, recvtag: int = ANY_TAG, status=None, *,
                  timeout: float | None = None) -> Any:
         """Send ``sendobj`` to ``dest`` and return the object received from ``source``."""
+        # Check and pickle the send side before the receive is posted: a receive left
+        # posted by a call that raised would swallow a later message.
+        self._check_rank(dest, "dest")
+        self._check_tag(sendtag, "sendtag")
+        payload = np.frombuffer(dumps(sendobj), dtype=np.uint8)
         r = self.irecv(recvbuf, source, recvtag)
-        s = self.isend(sendobj, dest, sendtag)
+        s = self.Isend(payload, dest, sendtag)
         self._engine.wait_all([s, r], timeout)
         return r.wait(status)
 
