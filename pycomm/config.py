@@ -46,7 +46,7 @@ _DECLARED = [
         "Job identifier; names the job's /dev/shm segments so the launcher can sweep them."),
     Var("PYCOMM_LAUNCHER_PID", int, None, "PID of the supervising launcher, if any."),
     # -- behaviour -----------------------------------------------------------------------
-    Var("PYCOMM_TRANSPORT", str, "auto", "Transport to use: auto, shm or tcp."),
+    Var("PYCOMM_TRANSPORT", str, "auto", "Transport to use: auto, shm, tcp or rdma (emulated)."),
     Var("PYCOMM_TIMEOUT", float, 300.0,
         "Seconds any blocking operation may wait before raising TimeoutError."),
     Var("PYCOMM_HOST", str, None,
