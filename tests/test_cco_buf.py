@@ -1,0 +1,483 @@
+"""Collective buffer API on real worlds: every collective x every algorithm (and the
+automatic choice) x every root x counts {0, 1, 2, 7, 1000, past the eager limit} x
+IN_PLACE where MPI allows it x ops x dtypes.
+
+One ``world.run`` per (collective, algorithm) executes a whole list of cases; each rank
+rebuilds every rank's input from the same seeds, computes the numpy reference and returns,
+per case, a label, an error description (None when right) and a digest of its result bytes.
+The parent asserts that no case failed and that results meant to be equal on all ranks
+(allreduce, allgather, bcast) are bit-identical across ranks.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import sys
+import time
+
+import cloudpickle
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import pycomm
+from pycomm.algorithms import REGISTRY
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+EAGER_LIMIT = 65536
+REDUCTIONS = ("allreduce", "reduce", "reduce_scatter_block")
+ROOTED = ("bcast", "reduce", "gather", "scatter")
+SAME_ON_ALL = ("allreduce", "allgather", "bcast")
+IN_PLACE_OK = ("allreduce", "reduce", "gather", "scatter", "allgather", "alltoall",
+               "reduce_scatter_block")
+# The collectives tested here (the vector ones and the scans: test_vcoll.py), each with
+# every registered algorithm and None (the automatic choice).
+COLLECTIVES = ("bcast", "reduce", "allreduce", "allgather", "gather", "scatter", "alltoall",
+               "reduce_scatter_block")
+PAIRS = [(c, a) for c in COLLECTIVES for a in [*pycomm.algorithms(c), None]]
+NUMERIC = ["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+           "float32", "float64", "complex128"]
+OPS = ("SUM", "PROD", "MIN", "MAX")
+UFUNC = {"SUM": np.add, "PROD": np.multiply, "MIN": np.minimum, "MAX": np.maximum}
+
+
+def _pair_id(pair) -> str:
+    coll, alg = pair
+    return f"{coll}-{alg or 'auto'}"
+
+
+def op_accepts(op: str, dtype: str) -> bool:
+    kind = np.dtype(dtype).kind
+    return kind in ("iufc" if op in ("SUM", "PROD") else "iuf")
+
+
+def unfit(coll: str, alg: str | None, size: int, commutative: bool = True) -> str | None:
+    """Why the registry says ``alg`` cannot serve this call (None: it can)."""
+    if alg is None:
+        return None
+    return REGISTRY[coll][alg].unfit_reason(size, commutative)
+
+
+# -- what runs on the ranks ----------------------------------------------------------------
+
+def make_input(seed: int, rank: int, n: int, dtype: str) -> np.ndarray:
+    """Rank ``rank``'s input: values that keep PROD finite and SUM inexact for floats."""
+    rng = np.random.default_rng([seed, rank, n])
+    dt = np.dtype(dtype)
+    if dt.kind == "b":
+        return rng.integers(0, 2, n).astype(dt)
+    if dt.kind == "i":
+        return rng.integers(-6, 7, n).astype(dt)
+    if dt.kind == "u":
+        return rng.integers(0, 7, n).astype(dt)
+    if dt.kind == "f":
+        return rng.uniform(0.5, 1.5, n).astype(dt)
+    return (rng.uniform(0.5, 1.5, n) + 1j * rng.uniform(-0.5, 0.5, n)).astype(dt)
+
+
+def reference_reduce(op: str, arrays: list) -> np.ndarray:
+    """``x_0 op x_1 op ... op x_{p-1}`` in rank order, in the arrays' dtype."""
+    return functools.reduce(lambda a, b: UFUNC[op](a, b), arrays).astype(arrays[0].dtype)
+
+
+def compare(got, want, dtype: str, op: str | None) -> str | None:
+    if got.shape != want.shape:
+        return f"shape {got.shape}, expected {want.shape}"
+    kind = np.dtype(dtype).kind
+    if kind in "fc" and op in ("SUM", "PROD"):
+        rtol = 1e-5 if np.dtype(dtype) == np.float32 else 1e-12
+        ok = np.allclose(got, want, rtol=rtol, atol=0)
+    else:
+        ok = np.array_equal(got, want)
+    if ok:
+        return None
+    bad = np.flatnonzero(got != want)
+    i = int(bad[0]) if bad.size else 0
+    return f"{bad.size} wrong elements, first at {i}: got {got[i]!r}, expected {want[i]!r}"
+
+
+def run_case(comm, coll: str, alg, case: dict):
+    """Run one collective call; return (result or None, expected or None, sendbuf intact)."""
+    n, root, inplace = case["n"], case["root"], case["inplace"]
+    dt, opname, seed = case["dtype"], case["op"], case["seed"]
+    op = getattr(pycomm, opname) if opname else None
+    size, rank = comm.size, comm.rank
+
+    def inp(r, m):
+        return make_input(seed, r, m, dt)
+
+    def block(a, i):
+        return a[i * n:(i + 1) * n]
+
+    send = None
+    if coll == "bcast":
+        buf = inp(root, n) if rank == root else np.zeros(n, dt)
+        comm.Bcast(buf, root, algorithm=alg)
+        return buf, inp(root, n), True
+    if coll == "allreduce":
+        want = reference_reduce(opname, [inp(r, n) for r in range(size)])
+        if inplace:
+            recv = inp(rank, n)
+            comm.Allreduce(pycomm.IN_PLACE, recv, op, algorithm=alg)
+        else:
+            send, recv = inp(rank, n), np.zeros(n, dt)
+            comm.Allreduce(send, recv, op, algorithm=alg)
+        return recv, want, send is None or np.array_equal(send, inp(rank, n))
+    if coll == "reduce":
+        want = reference_reduce(opname, [inp(r, n) for r in range(size)])
+        if rank != root:
+            send = inp(rank, n)
+            comm.Reduce(send, None, op, root, algorithm=alg)
+            return None, None, np.array_equal(send, inp(rank, n))
+        if inplace:
+            recv = inp(rank, n)
+            comm.Reduce(pycomm.IN_PLACE, recv, op, root, algorithm=alg)
+        else:
+            send, recv = inp(rank, n), np.zeros(n, dt)
+            comm.Reduce(send, recv, op, root, algorithm=alg)
+        return recv, want, send is None or np.array_equal(send, inp(rank, n))
+    if coll == "gather":
+        want = np.concatenate([inp(r, n) for r in range(size)])
+        if rank != root:
+            send = inp(rank, n)
+            comm.Gather(send, None, root, algorithm=alg)
+            return None, None, np.array_equal(send, inp(rank, n))
+        recv = np.zeros(size * n, dt)
+        if inplace:
+            block(recv, rank)[:] = inp(rank, n)
+            comm.Gather(pycomm.IN_PLACE, recv, root, algorithm=alg)
+        else:
+            send = inp(rank, n)
+            comm.Gather(send, recv, root, algorithm=alg)
+        return recv, want, send is None or np.array_equal(send, inp(rank, n))
+    if coll == "scatter":
+        want = block(inp(root, size * n), rank)
+        if rank != root:
+            recv = np.zeros(n, dt)
+            comm.Scatter(None, recv, root, algorithm=alg)
+            return recv, want, True
+        send = inp(root, size * n)
+        if inplace:
+            comm.Scatter(send, pycomm.IN_PLACE, root, algorithm=alg)
+            return block(send, rank).copy(), want, np.array_equal(send, inp(root, size * n))
+        recv = np.zeros(n, dt)
+        comm.Scatter(send, recv, root, algorithm=alg)
+        return recv, want, np.array_equal(send, inp(root, size * n))
+    if coll == "allgather":
+        want = np.concatenate([inp(r, n) for r in range(size)])
+        recv = np.zeros(size * n, dt)
+        if inplace:
+            block(recv, rank)[:] = inp(rank, n)
+            comm.Allgather(pycomm.IN_PLACE, recv, algorithm=alg)
+        else:
+            send = inp(rank, n)
+            comm.Allgather(send, recv, algorithm=alg)
+        return recv, want, send is None or np.array_equal(send, inp(rank, n))
+    if coll == "alltoall":
+        want = np.concatenate([block(inp(r, size * n), rank) for r in range(size)])
+        if inplace:
+            recv = inp(rank, size * n)
+            comm.Alltoall(pycomm.IN_PLACE, recv, algorithm=alg)
+        else:
+            send, recv = inp(rank, size * n), np.zeros(size * n, dt)
+            comm.Alltoall(send, recv, algorithm=alg)
+        return recv, want, send is None or np.array_equal(send, inp(rank, size * n))
+    if coll == "reduce_scatter_block":
+        want = reference_reduce(opname, [block(inp(r, size * n), rank) for r in range(size)])
+        if inplace:
+            recv = inp(rank, size * n)
+            comm.Reduce_scatter_block(pycomm.IN_PLACE, recv, op, algorithm=alg)
+            return recv[:n], want, True
+        send, recv = inp(rank, size * n), np.zeros(n, dt)
+        comm.Reduce_scatter_block(send, recv, op, algorithm=alg)
+        return recv, want, np.array_equal(send, inp(rank, size * n))
+    raise ValueError(f"unknown collective {coll}")
+
+
+def label(case: dict) -> str:
+    return (f"n={case['n']} root={case['root']} inplace={case['inplace']} "
+            f"op={case['op']} dtype={case['dtype']}")
+
+
+def _rank_cases(coll: str, alg, cases: list) -> list:
+    """Run every case; per case (label, error or None, digest of the result bytes)."""
+    comm = pycomm.COMM_WORLD
+    out = []
+    for case in cases:
+        try:
+            got, want, intact = run_case(comm, coll, alg, case)
+        except pycomm.CommError as exc:   # report, then stop: the world may be unusable
+            out.append((label(case), f"{type(exc).__name__}: {exc}", None))
+            break
+        err = None if got is None else compare(got, want, case["dtype"], case["op"])
+        if not intact:
+            err = (err + "; " if err else "") + "the send buffer was modified"
+        digest = None if got is None else hashlib.blake2b(got.tobytes()).hexdigest()[:16]
+        out.append((label(case), err, digest))
+    return out
+
+
+def _rank_expect_unfit(coll: str, alg, cases: list) -> list:
+    """An algorithm that cannot serve this size must refuse every call, on every rank."""
+    comm = pycomm.COMM_WORLD
+    out = []
+    for case in cases:
+        try:
+            run_case(comm, coll, alg, case)
+            out.append(f"{label(case)}: ran instead of raising ArgumentError")
+        except pycomm.ArgumentError as exc:
+            if alg not in str(exc):
+                out.append(f"{label(case)}: message does not name {alg!r}: {exc}")
+    comm.Barrier()
+    return out
+
+
+# -- cases, built in the parent ------------------------------------------------------------
+
+def big_count(coll: str, size: int, itemsize: int) -> int:
+    """Elements per call (or per block) so that every message of every schedule (chunked
+    by ``size`` for the vector collectives) exceeds the eager limit: rendezvous."""
+    per_message = EAGER_LIMIT // itemsize + 3
+    return per_message * size if coll in ("allreduce", "reduce", "bcast") else per_message
+
+
+def shape_cases(coll: str, size: int, seed: int = 1) -> list:
+    """Counts x roots x in-place, for one dtype (and SUM for the reductions)."""
+    dtype = "float64" if coll in REDUCTIONS else "int32"
+    op = "SUM" if coll in REDUCTIONS else None
+    inplaces = (False, True) if coll in IN_PLACE_OK else (False,)
+    cases = []
+    for n in (0, 1, 2, 7, 1000, big_count(coll, size, 8 if coll in REDUCTIONS else 4)):
+        roots = range(size) if coll in ROOTED else (0,)
+        if n > 1000 and coll in ROOTED:
+            roots = sorted({0, size - 1})
+        for root in roots:
+            for inplace in inplaces:
+                cases.append({"n": n, "root": root, "inplace": inplace, "op": op,
+                              "dtype": dtype, "seed": seed + len(cases)})
+    return cases
+
+
+def op_dtype_cases(coll: str, size: int, seed: int = 2) -> list:
+    cases = []
+    for op in OPS:
+        for dt in NUMERIC:
+            if not op_accepts(op, dt):
+                continue
+            for n in (1, 7):
+                cases.append({"n": n, "root": size - 1, "inplace": n == 7, "op": op,
+                              "dtype": dt, "seed": seed + len(cases)})
+    return cases
+
+
+def check_results(results: list, coll: str) -> None:
+    failures = [f"rank {r}: {lab}: {err}" for r, res in enumerate(results)
+                for lab, err, _ in res if err]
+    assert not failures, f"{len(failures)} failing cases:\n" + "\n".join(failures[:25])
+    if coll in SAME_ON_ALL:
+        for i, (lab, _, _) in enumerate(results[0]):
+            digests = {res[i][2] for res in results}
+            assert len(digests) == 1, f"{lab}: ranks hold different bytes ({digests})"
+
+
+def run_matrix(world, coll: str, alg, cases: list) -> None:
+    reason = unfit(coll, alg, world.size)
+    if reason is not None:
+        for r, problems in enumerate(world.run(_rank_expect_unfit, coll, alg, cases[:3])):
+            assert problems == [], f"rank {r}: {problems}"
+        return
+    check_results(world.run(_rank_cases, coll, alg, cases), coll)
+
+
+# -- tests ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("pair", PAIRS, ids=_pair_id)
+def test_counts_roots_in_place(world, pair):
+    coll, alg = pair
+    run_matrix(world, coll, alg, shape_cases(coll, world.size))
+
+
+@pytest.mark.parametrize("pair", [p for p in PAIRS if p[0] in REDUCTIONS], ids=_pair_id)
+def test_ops_and_dtypes(world, pair):
+    coll, alg = pair
+    run_matrix(world, coll, alg, op_dtype_cases(coll, world.size))
+
+
+@pytest.mark.parametrize("pair", [p for p in PAIRS if p[0] not in REDUCTIONS], ids=_pair_id)
+def test_every_dtype_moves_exactly(world, pair):
+    coll, alg = pair
+    cases = [{"n": 5, "root": world.size // 2, "inplace": False, "op": None, "dtype": dt,
+              "seed": i} for i, dt in enumerate([*NUMERIC, "complex64", "bool"])]
+    run_matrix(world, coll, alg, cases)
+
+
+def _rank_barrier(alg, rounds: int):
+    """Rank 0 arrives late; nobody may leave the barrier before it arrived."""
+    comm = pycomm.COMM_WORLD
+    for _ in range(rounds):
+        comm.Barrier(algorithm=alg)
+    if comm.rank == 0:
+        time.sleep(0.2)
+    t0 = time.monotonic()
+    comm.Barrier(algorithm=alg)
+    return time.monotonic() - t0
+
+
+@pytest.mark.parametrize("alg", [*pycomm.algorithms("barrier"), None],
+                         ids=lambda a: a or "auto")
+def test_barrier_waits_for_the_last_rank(world, alg):
+    waited = world.run(_rank_barrier, alg, 20)
+    for rank in range(1, world.size):
+        assert waited[rank] > 0.1, f"rank {rank} left the barrier after {waited[rank]:.3f} s"
+
+
+# -- non-commutative user op: rank order ---------------------------------------------------
+
+def _concat_digits(invec, inoutvec):
+    """(v1, p1) o (v2, p2) = (v1*p2 + v2, p1*p2): appends base-8 digit strings; associative,
+    not commutative, one complex number per element (so any chunking is legal)."""
+    return (invec.real * inoutvec.imag + inoutvec.real) + 1j * (invec.imag * inoutvec.imag)
+
+
+def _rank_noncommutative(coll: str, alg, n: int):
+    comm = pycomm.COMM_WORLD
+    op = pycomm.Op.Create(_concat_digits, commute=False)
+    size, rank = comm.size, comm.rank
+    try:
+        if coll == "allreduce":
+            buf = np.full(n, rank + 8j)
+            comm.Allreduce(pycomm.IN_PLACE, buf, op, algorithm=alg)
+        elif coll == "reduce":
+            buf = np.full(n, rank + 8j)
+            out = np.zeros(n, complex)
+            comm.Reduce(buf, out, op, root=size - 1, algorithm=alg)
+            buf = out if rank == size - 1 else None
+        else:
+            buf = np.zeros(n, complex)
+            comm.Reduce_scatter_block(np.full(size * n, rank + 8j), buf, op, algorithm=alg)
+    except pycomm.ArgumentError as exc:
+        return "refused", str(exc)
+    return "ran", None if buf is None else buf.real.tolist()
+
+
+@pytest.mark.parametrize("n", [1, 37])
+@pytest.mark.parametrize("pair", [p for p in PAIRS if p[0] in REDUCTIONS], ids=_pair_id)
+def test_non_commutative_op_keeps_rank_order(world, pair, n):
+    coll, alg = pair
+    want = float(int("".join(str(r) for r in range(world.size)), 8))
+    results = world.run(_rank_noncommutative, coll, alg, n)
+    if unfit(coll, alg, world.size, commutative=False):
+        assert all(kind == "refused" and "commutative" in msg for kind, msg in results)
+        return
+    for rank, (kind, values) in enumerate(results):
+        assert kind == "ran", f"rank {rank}: {values}"
+        if values is not None:
+            assert values == [want] * n, f"rank {rank}: operands combined out of rank order"
+
+
+# -- algorithm override through the environment --------------------------------------------
+
+def _rank_env_override():
+    import pycomm.comm as comm_module
+    comm = pycomm.COMM_WORLD
+    chosen = []
+    real_choose = comm_module.choose
+
+    def spy(collective, *args, **kwargs):
+        name, fn = real_choose(collective, *args, **kwargs)
+        chosen.append(name)
+        return name, fn
+
+    var = "PYCOMM_ALGORITHM_ALLREDUCE"
+    out = {}
+    comm_module.choose = spy
+    comm_module._CHOICES.clear()
+    try:
+        x = np.arange(10.0) + comm.rank
+        os.environ[var] = "ring"
+        comm.Allreduce(pycomm.IN_PLACE, x)
+        out["env=ring"] = chosen[-1]
+        comm.Allreduce(pycomm.IN_PLACE, x, algorithm="recursive_doubling")
+        out["env=ring, algorithm= wins"] = chosen[-1]
+        try:
+            comm.Allreduce(pycomm.IN_PLACE, x, op=pycomm.Op.Create(np.add, commute=False))
+            out["ring + non-commutative op"] = "ran"
+        except pycomm.ArgumentError as exc:
+            out["ring + non-commutative op"] = str(exc)
+        os.environ[var] = "no_such_algorithm"
+        try:
+            comm.Allreduce(pycomm.IN_PLACE, x)
+            out["bad name"] = "ran"
+        except pycomm.ArgumentError as exc:
+            out["bad name"] = str(exc)
+        del os.environ[var]
+        comm.Allreduce(pycomm.IN_PLACE, x)
+        out["unset"] = chosen[-1]
+        out["model"] = real_choose("allreduce", x.nbytes, comm.size)[0]
+        comm.Allreduce(pycomm.IN_PLACE, x)
+        out["value"] = x.tolist()
+    finally:
+        os.environ.pop(var, None)
+        comm_module.choose = real_choose
+        comm_module._CHOICES.clear()
+    return out
+
+
+def test_algorithm_environment_override(world):
+    for rank, out in enumerate(world.run(_rank_env_override)):
+        assert out["env=ring"] == "ring"
+        assert out["env=ring, algorithm= wins"] == "recursive_doubling"
+        if world.size > 1:
+            assert "commutative" in out["ring + non-commutative op"]
+            assert "PYCOMM_ALGORITHM_ALLREDUCE" in out["ring + non-commutative op"]
+        assert "PYCOMM_ALGORITHM_ALLREDUCE" in out["bad name"] and "ring" in out["bad name"]
+        assert out["unset"] == out["model"]
+        # 4 Allreduce calls of SUM actually ran (the refused ones moved nothing)
+        s = world.size
+        base = np.arange(10.0) * s + s * (s - 1) / 2
+        assert out["value"] == (base * s ** 3).tolist()
+
+
+# -- properties ----------------------------------------------------------------------------
+
+@st.composite
+def reduction_case(draw):
+    coll = draw(st.sampled_from(REDUCTIONS))
+    alg = draw(st.sampled_from([*pycomm.algorithms(coll), None]))
+    dtype = draw(st.sampled_from(NUMERIC))
+    op = draw(st.sampled_from([o for o in OPS if op_accepts(o, dtype)]))
+    case = {"n": draw(st.integers(0, 300)), "root": draw(st.integers(0, 7)),
+            "inplace": draw(st.booleans()), "op": op, "dtype": dtype,
+            "seed": draw(st.integers(0, 2**32 - 1))}
+    return coll, alg, case
+
+
+@settings(max_examples=8, deadline=None)
+@given(reduction_case())
+def test_reduction_property(world_small, drawn):
+    coll, alg, case = drawn
+    case["root"] %= world_small.size
+    run_matrix(world_small, coll, alg, [case])
+
+
+@st.composite
+def movement_case(draw):
+    coll = draw(st.sampled_from([c for c in COLLECTIVES if c not in REDUCTIONS]))
+    alg = draw(st.sampled_from([*pycomm.algorithms(coll), None]))
+    case = {"n": draw(st.integers(0, 3000)), "root": draw(st.integers(0, 7)),
+            "inplace": draw(st.booleans()) and coll in IN_PLACE_OK, "op": None,
+            "dtype": draw(st.sampled_from([*NUMERIC, "bool"])),
+            "seed": draw(st.integers(0, 2**32 - 1))}
+    return coll, alg, case
+
+
+@settings(max_examples=8, deadline=None)
+@given(movement_case())
+def test_data_movement_property(world_small, drawn):
+    coll, alg, case = drawn
+    case["root"] %= world_small.size
+    run_matrix(world_small, coll, alg, [case])
