@@ -49,9 +49,11 @@ segment ``k`` is reduced up its tree (a rank folds ``lower child ∘ own ∘ hig
 subtrees are contiguous rank ranges, so rank order is kept) and, ``L + 1`` steps later,
 broadcast back down from the root, so reduction and broadcast of different segments
 overlap. For even ``p`` every rank is inner in one tree and a leaf in the other, so the
-load is balanced. With ``S = ceil(n / 2s)`` segments per tree: ``2L + S - 1`` pipeline
-steps, each about ``3α + 3(n/2S)β + 2(n/2S)γ``; latency ``O(log p)`` like a tree,
-bandwidth close to the ring's for large ``n``. Results come from each tree's root by
+load is balanced. With ``S = ceil(n / 2s)`` segments per tree: ``S + L + 1`` pipeline
+steps, each about ``4α + 3(n/2S)β + 2(n/2S)γ``; latency ``O(log p)`` like a tree,
+bandwidth close to the ring's for large ``n``. Every step synchronises a rank with its
+tree neighbours, so in Python (α of tens of µs, ranks that sleep while they wait) it pays
+only where α is small against a segment's transfer time. Results come from each tree's root by
 broadcast, so every rank holds the same bytes. Scratch: two segments per tree.
 """
 

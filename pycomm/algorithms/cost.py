@@ -150,9 +150,12 @@ def _pipeline(n: float, p: int, k: Constants) -> float:
 
 
 def _double_tree(n: float, p: int, k: Constants) -> float:
+    # S + L + 1 steps (the schedule's lag is L + 1); per step an inner rank waits for two
+    # children and a parent and sends about three segments of b bytes. Every step is a
+    # synchronisation with tree neighbours, which is what makes it slow in Python.
     segs = max(1.0, math.ceil(n / 2 / _segment()))
     b = n / 2 / segs  # bytes per segment per tree
-    return (2 * _lg(p) + segs - 1) * (3 * k.alpha + 3 * b * k.beta + 2 * b * k.gamma)
+    return (segs + _lg(p) + 1) * (4 * k.alpha + 3 * b * k.beta + 2 * b * k.gamma)
 
 
 def _reduce_binomial(n: float, p: int, k: Constants) -> float:
