@@ -375,8 +375,6 @@ def _rank_free_p2p():
     return out
 
 
-@pytest.mark.xfail(strict=True, reason="comm.py: Isend/Irecv/Iprobe do not check that the "
-                   "communicator was freed (only _coll and the constructors do)")
 def test_free_then_point_to_point_raises(world_small):
     for rank, got in enumerate(world_small.run(_rank_free_p2p)):
         assert got == {"Isend": "CommError", "Irecv": "CommError", "Iprobe": "CommError"}, \

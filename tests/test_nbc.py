@@ -388,9 +388,6 @@ def _rank_op_message():
     return "posted"
 
 
-@pytest.mark.xfail(strict=True, reason="comm.py _check_op: the ArgumentError from "
-                   "Op.check names the op and dtype but not the rank (DESIGN: bad input "
-                   "names the argument, the value and the rank)")
 def test_op_dtype_error_names_the_rank(world_small):
     for rank, msg in enumerate(world_small.run(_rank_op_message)):
         assert f"rank {rank}" in msg and "op" in msg, msg
@@ -411,10 +408,5 @@ def test_wait_wakes_up_when_the_schedule_completes(world_small, request):
     """A waiter must not sleep out its whole wait slice after the collective completed."""
     if world_small.size != 2:
         pytest.skip("one pair is enough")
-    if world_small.transport == "tcp":
-        request.node.add_marker(pytest.mark.xfail(strict=True, reason=(
-            "p2p Engine.notify() wakes only the condition-variable waiters, not a thread "
-            "asleep in the transport's block() (tcp: selector.select up to 50 ms), so "
-            "Ibarrier().Wait() takes ~48 ms on tcp against ~50 us for Barrier()")))
     medians = world_small.run(_rank_wake_latency, 20)
     assert max(medians) < 0.02, f"median Ibarrier+Wait {max(medians) * 1e3:.1f} ms"

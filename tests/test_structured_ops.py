@@ -273,8 +273,6 @@ def test_ops_refuse_dtypes_they_do_not_define(world_small):
         assert set(got.values()) == {"ArgumentError"}, f"rank {rank}: {got}"
 
 
-@pytest.mark.xfail(strict=True, reason="pycomm/__init__.py does not re-export the new ops "
-                   "(mpi4py has MPI.MAXLOC, MPI.LAND, ...): only pycomm.ops.MAXLOC works")
 def test_new_ops_are_exported_at_top_level():
     for name in PAIR_OPS + LOGICAL + BITWISE:
         assert getattr(pycomm, name, None) is getattr(ops, name), name
