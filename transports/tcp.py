@@ -41,7 +41,8 @@ _SOCKBUF = 4 * 1024 * 1024
 _HDR, _PAYLOAD = 0, 1
 
 
-def _recv_exact(sock: socket.socket, n: int, deadline: float) -> bytes:
+def recv_exact(sock: socket.socket, n: int, deadline: float) -> bytes:
+    """Read exactly ``n`` bytes from a blocking socket before ``deadline`` (handshakes)."""
     buf = bytearray()
     while len(buf) < n:
         sock.settimeout(max(deadline - time.monotonic(), 0.001))
@@ -116,9 +117,9 @@ class TcpTransport(Transport):
             try:
                 hs = handshake.Connector(self.token, self.rank, peer)
                 sock.sendall(hs.hello())
-                sock.sendall(hs.on_challenge(_recv_exact(sock, handshake.CHALL.size,
+                sock.sendall(hs.on_challenge(recv_exact(sock, handshake.CHALL.size,
                                                          deadline)))
-                hs.on_ok(_recv_exact(sock, len(handshake.OK), deadline))
+                hs.on_ok(recv_exact(sock, len(handshake.OK), deadline))
             except (OSError, HandshakeError) as exc:
                 sock.close()
                 raise TransportError(f"rank {self.rank}: handshake with rank {peer} at "
@@ -137,8 +138,8 @@ class TcpTransport(Transport):
                 continue
             hs = handshake.Acceptor(self.token, self.rank, self.size)
             try:
-                sock.sendall(hs.on_hello(_recv_exact(sock, handshake.HELLO.size, deadline)))
-                sock.sendall(hs.on_proof(_recv_exact(sock, handshake.PROOF_LEN, deadline)))
+                sock.sendall(hs.on_hello(recv_exact(sock, handshake.HELLO.size, deadline)))
+                sock.sendall(hs.on_proof(recv_exact(sock, handshake.PROOF_LEN, deadline)))
             except (OSError, HandshakeError):
                 sock.close()            # a stranger or a confused peer: refuse, keep waiting
                 continue

@@ -51,6 +51,7 @@ import msgpack
 
 from .. import handshake
 from ..base import HandshakeError, TransportError, host_identity
+from ..tcp import recv_exact as _recv_exact
 from . import verbs as v
 
 __all__ = ["Nic", "address_view"]
@@ -607,16 +608,6 @@ class Nic:
         if finish is not None:
             finish()
 
-
-def _recv_exact(sock: socket.socket, n: int, deadline: float) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        sock.settimeout(max(deadline - time.monotonic(), 0.001))
-        chunk = sock.recv(n - len(buf))
-        if not chunk:
-            raise HandshakeError("connection closed during handshake")
-        buf += chunk
-    return bytes(buf)
 
 
 def _exchange(sock: socket.socket, mine: dict, deadline: float) -> dict:
