@@ -389,7 +389,7 @@ class Engine:
         progress = self.progress
         now = _perf()
         spin_end = now + self.spin_s
-        threaded = self._threaded
+        threaded = self._threaded or any(t.background_thread for t in self.transports)
         while not cond():
             if progress():
                 continue

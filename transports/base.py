@@ -105,6 +105,9 @@ class Transport(ABC):
     name: ClassVar[str]
     #: True when ``read_remote`` can copy a peer's memory in one step (single-copy path).
     one_sided_read: bool = False
+    #: True when a thread of this process does the transport's work (an emulated NIC):
+    #: a waiting caller must then yield the GIL while it spins, or it starves that thread.
+    background_thread: bool = False
 
     def __init__(self, rank: int, size: int, job_id: str, token: bytes, sink: Sink,
                  **options: Any):

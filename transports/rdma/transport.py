@@ -77,6 +77,7 @@ class RdmaTransport(Transport):
     """
 
     name = "rdma"
+    background_thread = True     # the NIC engine thread moves the bytes
     one_sided_read = True
 
     def __init__(self, rank, size, job_id, token, sink, *, slot_bytes: int = 69632,
