@@ -25,7 +25,8 @@ import numpy as np
 from . import config
 from .algorithms import choose, model_time
 from .buffers import IN_PLACE, as_array, byte_view
-from .errors import ArgumentError, CommError, InvalidBufferError, TruncationError
+from .errors import (ArgumentError, CommError, CommTimeoutError, InvalidBufferError,
+                     TruncationError)
 from .groups import GroupMethods
 from .nbc import NonblockingMethods
 from .objects import ObjectMethods
@@ -245,7 +246,7 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
              status: Status | None = None, *, timeout: float | None = None) -> None:
         """Blocking receive into ``buf``; fills ``status`` (source, tag, count in bytes)."""
         req = self.Irecv(buf, source, tag)
-        self._engine.wait(req, timeout)
+        self._wait_posted([req], timeout)
         self._status_of(req, status)
 
     def Sendrecv(self, sendbuf, dest: int, sendtag: int = 0, recvbuf=None,
@@ -261,8 +262,18 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
         self._check_tag(sendtag, "sendtag")
         r = self.Irecv(recvbuf, source, recvtag)
         s = self.Isend(sendbuf, dest, sendtag)
-        self._engine.wait_all([s, r], timeout)
+        self._wait_posted([s, r], timeout)
         self._status_of(r, status)
+
+    def _wait_posted(self, reqs: list, timeout: float | None) -> None:
+        """Wait for the requests a blocking call posted; on timeout, withdraw its receives
+        that have not matched, so that they cannot swallow a later message."""
+        try:
+            self._engine.wait_all(reqs, timeout)
+        except CommTimeoutError:
+            for r in reqs:
+                self._engine.cancel(r)      # no effect on sends and matched receives
+            raise
 
     def Iprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG,
                status: Status | None = None) -> bool:

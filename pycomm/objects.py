@@ -73,7 +73,8 @@ class ObjectMethods:
              timeout: float | None = None) -> Any:
         """Receive and return an object; fills ``status`` (source, tag, count in bytes)."""
         req = self.irecv(buf, source, tag)
-        return req.wait(status, timeout=timeout)
+        self._wait_posted([req], timeout)
+        return req.wait(status)
 
     def sendrecv(self, sendobj: Any, dest: int, sendtag: int = 0, recvbuf=None,
                  source: int = ANY_SOURCE, recvtag: int = ANY_TAG, status=None, *,
@@ -86,7 +87,7 @@ class ObjectMethods:
         payload = np.frombuffer(dumps(sendobj), dtype=np.uint8)
         r = self.irecv(recvbuf, source, recvtag)
         s = self.Isend(payload, dest, sendtag)
-        self._engine.wait_all([s, r], timeout)
+        self._wait_posted([s, r], timeout)
         return r.wait(status)
 
     # -- collectives ----------------------------------------------------------------------
