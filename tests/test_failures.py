@@ -1,0 +1,249 @@
+"""Failures on fresh, throwaway worlds: dead peers, timeouts, and what is left afterwards.
+
+The promise under test (DESIGN.md, "Timeouts and failure" and "Cleanup"): a peer that dies
+turns every operation waiting on it into an exception naming the peer, on every surviving
+rank, within a few seconds, never a hang; every blocking wait is bounded by ``timeout=``;
+no process or /dev/shm segment outlives the job.
+
+The survivors' side is observed with a bare :class:`pycomm.launcher.RankGroup`, which does
+not stop the other ranks when one dies (a Pool or ``launch.py`` would SIGTERM them at
+once): each survivor writes what its blocked call raised to a file and exits. The parent's
+side is observed through :class:`pycomm.Pool` and :func:`pycomm.spawn`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import cloudpickle
+import numpy as np
+import pytest
+
+import pycomm
+from pycomm.launcher import RankGroup, shm_prefix
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+ROOT = Path(__file__).resolve().parents[1]
+FEW_SECONDS = 5.0
+TRANSPORTS = ("shm", "tcp")
+
+pytestmark = pytest.mark.usefixtures("no_shared_world")
+
+# One rank (the victim) dies half a second after a barrier, while the others are blocked
+# in a call that needs it; each survivor records what that call raised and how long it took
+# (not counting the half second).
+SURVIVOR_PROGRAM = textwrap.dedent("""
+    import json, os, signal, sys, time
+    import numpy as np
+    import pycomm
+
+    out_dir, how, victim, call = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+    comm = pycomm.COMM_WORLD
+    comm.Barrier()
+    if comm.rank == victim:
+        time.sleep(0.5)
+        if how == "exit":
+            os._exit(3)
+        os.kill(os.getpid(), signal.SIGKILL)
+    t0 = time.monotonic()
+    result = {"error": None, "pid": os.getpid()}
+    try:
+        if call == "recv":
+            comm.Recv(np.zeros(4), victim, 0)
+        else:
+            comm.Allreduce(pycomm.IN_PLACE, np.ones(1000))
+    except Exception as exc:
+        result.update(error=type(exc).__name__, message=str(exc),
+                      peer=getattr(exc, "peer", None))
+    result["seconds"] = time.monotonic() - t0 - 0.5
+    with open(os.path.join(out_dir, f"rank{comm.rank}.json.tmp"), "w") as fh:
+        json.dump(result, fh)
+    os.rename(os.path.join(out_dir, f"rank{comm.rank}.json.tmp"),
+              os.path.join(out_dir, f"rank{comm.rank}.json"))
+    if call == "recv":
+        # Stay until every survivor has reported, so that the victim is the only rank
+        # gone while the others wait (else a survivor could see this one leave first).
+        others = [r for r in range(comm.size) if r != victim]
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not all(
+                os.path.exists(os.path.join(out_dir, f"rank{r}.json")) for r in others):
+            time.sleep(0.02)
+    os._exit(0)     # the world is broken: do not linger in finalize
+""")
+
+
+def shm_segments(job_id: str) -> list[str]:
+    return sorted(n for n in os.listdir("/dev/shm") if n.startswith(shm_prefix(job_id)))
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` is still a live (non-zombie) process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            state = fh.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in (b"Z", b"X")
+
+
+def run_survivors(tmp_path, transport: str, nprocs: int, how: str, victim: int,
+                  call: str) -> tuple[dict, str]:
+    script = tmp_path / "rank.py"
+    script.write_text(SURVIVOR_PROGRAM)
+    group = RankGroup(nprocs, transport=transport, timeout=30.0)
+    try:
+        group.start([str(script), str(tmp_path), how, str(victim), call],
+                    {"PYTHONPATH": str(ROOT)})
+        finished = group.wait_exit(30.0)
+        results = {r: json.loads((tmp_path / f"rank{r}.json").read_text())
+                   for r in range(nprocs) if (tmp_path / f"rank{r}.json").exists()}
+    finally:
+        group.close()
+    assert finished, "a survivor hung instead of failing"
+    assert not shm_segments(group.job_id), "segments left in /dev/shm"
+    assert not any(alive(p.pid) for p in group.procs), "a rank process outlived the job"
+    return results, group.job_id
+
+
+@pytest.mark.parametrize("how", ["exit", "sigkill"])
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_blocked_recv_fails_naming_the_dead_peer(tmp_path, transport, how):
+    results, _ = run_survivors(tmp_path, transport, 3, how, victim=2, call="recv")
+    assert sorted(results) == [0, 1]
+    for rank, res in results.items():
+        assert res["error"] == "PeerError", f"rank {rank}: {res}"
+        assert res["peer"] == 2 and "rank 2" in res["message"], f"rank {rank}: {res}"
+        assert res["seconds"] < FEW_SECONDS, f"rank {rank} noticed after {res['seconds']:.1f} s"
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_blocked_collective_fails_instead_of_hanging(tmp_path, transport):
+    """In a collective a survivor may be waiting on another survivor that already failed
+    and left, so the rank named is one that is gone, not necessarily the victim."""
+    results, _ = run_survivors(tmp_path, transport, 4, "sigkill", victim=1, call="allreduce")
+    assert sorted(results) == [0, 2, 3]
+    for rank, res in results.items():
+        assert res["error"] == "PeerError", f"rank {rank}: {res}"
+        assert res["peer"] != rank and f"rank {res['peer']}" in res["message"]
+        assert res["seconds"] < 2 * FEW_SECONDS, f"rank {rank}: {res['seconds']:.1f} s"
+
+
+def _die_while_peer_receives(how: str):
+    import signal
+    comm = pycomm.COMM_WORLD
+    if comm.rank == 1:
+        time.sleep(0.3)
+        if how == "exit":
+            os._exit(3)
+        os.kill(os.getpid(), signal.SIGKILL)
+    comm.Recv(np.zeros(1), 1)
+
+
+@pytest.mark.parametrize("how", ["exit", "sigkill"])
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_pool_reports_the_dead_rank_and_cleans_up(transport, how):
+    pool = pycomm.Pool(2, transport=transport, timeout=30.0)
+    job_id, pids = pool.job_id, pool.pids
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(pycomm.PeerError, match="rank 1") as info:
+            pool.run(_die_while_peer_receives, how)
+        assert time.monotonic() - t0 < FEW_SECONDS
+        assert info.value.peer == 1
+        with pytest.raises(pycomm.CommError, match="broken"):
+            pool.run(os.getpid)
+    finally:
+        pool.close()
+    assert not shm_segments(job_id)
+    assert not any(alive(p) for p in pids)
+
+
+def _recv_timeouts():
+    """Rank 0 times out on receives nobody answers; then rank 1 sends, and it must land in
+    the receive posted afterwards (a receive that timed out must not swallow it)."""
+    comm = pycomm.COMM_WORLD
+    out = {}
+    if comm.rank == 0:
+        for name, call in [
+            ("Recv", lambda: comm.Recv(np.zeros(2), 1, 5, timeout=0.5)),
+            ("recv", lambda: comm.recv(source=1, tag=6, timeout=0.5)),
+            ("Probe", lambda: comm.Probe(1, 7, timeout=0.5)),
+            ("Irecv.Wait", lambda: out.setdefault("req", comm.Irecv(np.zeros(2), 1, 8))
+             .Wait(timeout=0.5)),
+        ]:
+            t0 = time.monotonic()
+            try:
+                call()
+                out[name] = ("no error", "", 0.0)
+            except Exception as exc:  # noqa: BLE001 - the parent checks the type
+                out[name] = (type(exc).__name__, str(exc), time.monotonic() - t0)
+    comm.Barrier()
+    if comm.rank == 1:
+        comm.Send(np.array([1.0, 2.0]), 0, 5)
+        comm.send("object", 0, 6)
+        comm.Send(np.array([3.0, 4.0]), 0, 8)
+        return None
+    buf = np.zeros(2)
+    comm.Recv(buf, 1, 5, timeout=10)
+    out["after Recv"] = buf.tolist()
+    out["after recv"] = comm.recv(source=1, tag=6, timeout=10)
+    req = out.pop("req")
+    req.Wait(timeout=10)        # the nonblocking request survives its own timeout
+    out["after Wait"] = True
+    return out
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_timeout_on_blocking_calls(transport):
+    with pycomm.Pool(2, transport=transport, timeout=30.0) as pool:
+        out = pool.run(_recv_timeouts)[0]
+    for name in ("Recv", "recv", "Probe", "Irecv.Wait"):
+        kind, message, seconds = out[name]
+        assert kind == "CommTimeoutError", f"{name}: {kind} {message}"
+        assert "rank 0" in message and "0.5 s" in message, f"{name}: {message}"
+        assert 0.5 <= seconds < 2.5, f"{name} took {seconds:.2f} s"
+    assert "receive from rank 1" in out["Recv"][1]
+    assert out["after Recv"] == [1.0, 2.0]
+    assert out["after recv"] == "object"
+    assert out["after Wait"] is True
+
+
+def _identity():
+    return os.getpid(), os.environ["PYCOMM_JOB_ID"], sorted(os.listdir("/dev/shm"))
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_spawn_leaves_no_process_or_segment(transport):
+    results = pycomm.spawn(_identity, 3, transport=transport)
+    job_id = results[0][1]
+    assert {r[1] for r in results} == {job_id}
+    assert not shm_segments(job_id)
+    deadline = time.monotonic() + 5
+    while any(alive(pid) for pid, _, _ in results) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(alive(pid) for pid, _, _ in results), "spawn left a rank process behind"
+
+
+def _raise_on_rank(bad: int):
+    comm = pycomm.COMM_WORLD
+    comm.Barrier()
+    if comm.rank == bad:
+        raise ValueError(f"deliberate failure on rank {bad}")
+    return comm.rank
+
+
+def test_rank_exception_comes_back_with_traceback_and_pool_survives():
+    with pycomm.Pool(3, transport="shm", timeout=30.0) as pool:
+        with pytest.raises(pycomm.RemoteError) as info:
+            pool.run(_raise_on_rank, 2)
+        err = info.value
+        assert err.rank == 2 and err.exc_type == "ValueError"
+        assert "deliberate failure on rank 2" in str(err)
+        assert "_raise_on_rank" in err.remote_traceback
+        assert pool.run(_raise_on_rank, -1) == [0, 1, 2]
