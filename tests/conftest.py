@@ -5,7 +5,10 @@ a world share one :class:`pycomm.Pool` per (size, transport) for the whole sessi
 
 * ``world``: sizes {1, 2, 3, 4, 5, 7, 8} x transports {shm, tcp}, for the cheap tests;
 * ``world_small``: sizes {1, 2, 3, 5, 8} x {shm, tcp}, for the expensive ones (one rank,
-  the smallest pair, an odd size, a prime, the largest power of two).
+  the smallest pair, an odd size, a prime, the largest power of two);
+* ``world_tiny``: sizes {3, 4} x {shm, tcp} with a 64-byte eager limit, 24-byte segments
+  and 4 KiB shared-memory rings, so that small inputs already take the rendezvous,
+  multi-segment and ring wrap-around paths (Gloo's trick of a tiny maximum segment).
 
 Both fixtures are session-scoped and parametrized; items are then sorted so that every
 test of one world runs back to back, whichever fixture it asked for, and the cache below
@@ -21,6 +24,9 @@ travel by value (the ranks then never import the test module, pytest or hypothes
 
 from __future__ import annotations
 
+import contextlib
+import os
+
 import pytest
 
 import pycomm
@@ -30,13 +36,17 @@ SMALL_SIZES = (1, 2, 3, 5, 8)
 TRANSPORTS = ("shm", "tcp")
 WORLDS = [(n, t) for t in TRANSPORTS for n in SIZES]
 SMALL_WORLDS = [(n, t) for t in TRANSPORTS for n in SMALL_SIZES]
+TINY_WORLDS = [(n, t, "tiny") for t in TRANSPORTS for n in (3, 4)]
+TINY_ENV = {"PYCOMM_EAGER_LIMIT": "64", "PYCOMM_SEGMENT_BYTES": "24",
+            "PYCOMM_SHM_RING_BYTES": "4096"}
+VARIANT_ENV = {"": {}, "tiny": TINY_ENV}
 # Seconds one task may take (also PYCOMM_TIMEOUT of the ranks): a deadlock fails the test
 # well before pytest-timeout kills the whole session.
 WORLD_TIMEOUT = 120.0
 
 
-def _world_id(param: tuple[int, str]) -> str:
-    return f"n{param[0]}-{param[1]}"
+def _world_id(param: tuple) -> str:
+    return "-".join([f"n{param[0]}", *param[1:]])
 
 
 def _noop() -> None:
@@ -47,15 +57,17 @@ class _PoolCache:
     """Holds at most one live Pool; asking for another (size, transport) closes it."""
 
     def __init__(self) -> None:
-        self.key: tuple[int, str] | None = None
+        self.key: tuple | None = None
         self.pool: pycomm.Pool | None = None
 
-    def get(self, size: int, transport: str) -> pycomm.Pool:
-        if self.pool is not None and self.key != (size, transport):
+    def get(self, size: int, transport: str, variant: str = "") -> pycomm.Pool:
+        key = (size, transport, variant)
+        if self.pool is not None and self.key != key:
             self.close()
         if self.pool is None:
-            self.pool = pycomm.Pool(size, transport=transport, timeout=WORLD_TIMEOUT)
-            self.key = (size, transport)
+            with _environment(VARIANT_ENV[variant]):    # the ranks inherit it at start
+                self.pool = pycomm.Pool(size, transport=transport, timeout=WORLD_TIMEOUT)
+            self.key = key
         return self.pool
 
     def check(self) -> None:
@@ -79,16 +91,19 @@ _CACHE = _PoolCache()
 class World:
     """A handle on the shared pool of one (size, transport); the pool is made on demand."""
 
-    def __init__(self, size: int, transport: str):
+    def __init__(self, size: int, transport: str, variant: str = ""):
         self.size = size
         self.transport = transport
+        self.variant = variant
+        self.env = VARIANT_ENV[variant]
 
     def __repr__(self) -> str:
-        return f"World(size={self.size}, transport={self.transport!r})"
+        extra = f", variant={self.variant!r}" if self.variant else ""
+        return f"World(size={self.size}, transport={self.transport!r}{extra})"
 
     @property
     def pool(self) -> pycomm.Pool:
-        return _CACHE.get(self.size, self.transport)
+        return _CACHE.get(self.size, self.transport, self.variant)
 
     def run(self, fn, *args, timeout: float | None = None) -> list:
         """Run ``fn(*args)`` on every rank; return the per-rank results in rank order."""
@@ -112,6 +127,12 @@ def world_small(request) -> World:
     return World(*request.param)
 
 
+@pytest.fixture(scope="session", params=TINY_WORLDS, ids=_world_id)
+def world_tiny(request) -> World:
+    """Sizes {3, 4} x {shm, tcp} with tiny eager limit, segments and rings (see above)."""
+    return World(*request.param)
+
+
 @pytest.fixture
 def no_shared_world():
     """Close the shared pool first, for tests that start their own ranks."""
@@ -121,9 +142,9 @@ def no_shared_world():
 def _world_order(item) -> int:
     callspec = getattr(item, "callspec", None)
     if callspec is not None:
-        for name in ("world", "world_small"):
+        for name in ("world", "world_small", "world_tiny"):
             if name in callspec.params:
-                return 1 + WORLDS.index(tuple(callspec.params[name]))
+                return 1 + (WORLDS + TINY_WORLDS).index(tuple(callspec.params[name]))
     return 0
 
 
@@ -132,6 +153,20 @@ def pytest_collection_modifyitems(items) -> None:
     # Tests without a shared world first, then one block per world (stable otherwise), so
     # each pool is started once even though two fixtures share it.
     items.sort(key=_world_order)
+
+
+@contextlib.contextmanager
+def _environment(env: dict):
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def pytest_sessionfinish(session) -> None:

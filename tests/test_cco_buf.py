@@ -301,6 +301,15 @@ def test_counts_roots_in_place(world, pair):
     run_matrix(world, coll, alg, shape_cases(coll, world.size))
 
 
+@pytest.mark.parametrize("pair", PAIRS, ids=_pair_id)
+def test_counts_roots_in_place_tiny_segments(world_tiny, pair):
+    """The same matrix with a 64-byte eager limit and 24-byte segments: every schedule's
+    multi-segment and rendezvous paths, on small inputs."""
+    coll, alg = pair
+    cases = [c for c in shape_cases(coll, world_tiny.size) if c["n"] <= 1000]
+    run_matrix(world_tiny, coll, alg, cases)
+
+
 @pytest.mark.parametrize("pair", [p for p in PAIRS if p[0] in REDUCTIONS], ids=_pair_id)
 def test_ops_and_dtypes(world, pair):
     coll, alg = pair

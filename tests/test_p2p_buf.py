@@ -115,6 +115,17 @@ def test_send_recv_sizes_across_eager_and_rendezvous(world):
         assert bad == [], f"rank {rank}: {bad}"
 
 
+def test_send_recv_sizes_tiny_eager_limit_and_rings(world_tiny):
+    """A 64-byte eager limit and 4 KiB rings: messages wrap around the rings many times."""
+    sizes = [0, 63, 64, 65, 4095, 4096, 4097, 100000]
+    for rank, bad in enumerate(world_tiny.run(_rank_sizes, sizes)):
+        assert bad == [], f"rank {rank}: {bad}"
+    count = 40
+    for rank, order in enumerate(world_tiny.run(_rank_non_overtaking, count, [10, 64, 65, 9000])):
+        assert [n for n, _, _ in order] == [[10, 64, 65, 9000][i % 4] for i in range(count)]
+        assert [f for _, f, _ in order] == [i % 251 for i in range(count)], f"rank {rank}"
+
+
 def _rank_buffer_kinds():
     import array
     comm = pycomm.COMM_WORLD
@@ -434,3 +445,25 @@ def test_proc_null(world):
         # MPI: probing PROC_NULL succeeds at once with source PROC_NULL, tag ANY_TAG, count 0
         assert probed is True
         assert iprobe_status == (P, A, 0) and probe_status == (P, A, 0)
+
+
+def _rank_cancel():
+    """A cancelled receive completes as cancelled and never takes a later message."""
+    comm = pycomm.COMM_WORLD
+    right, left = ring(comm)
+    stale = np.zeros(1)
+    req = comm.Irecv(stale, left, 11)
+    req.Cancel()
+    st_ = pycomm.Status()
+    req.Wait(st_)
+    cancelled = st_.Is_cancelled()
+    s = comm.Isend(np.array([float(comm.rank)]), right, 11)
+    buf = np.zeros(1)
+    comm.Recv(buf, left, 11)
+    s.Wait()
+    return cancelled, stale[0], buf[0]
+
+
+def test_cancelled_receive(world):
+    for rank, got in enumerate(world.run(_rank_cancel)):
+        assert got == (True, 0.0, float((rank - 1) % world.size))
