@@ -56,6 +56,10 @@ SURVIVOR_PROGRAM = textwrap.dedent("""
     try:
         if call == "recv":
             comm.Recv(np.zeros(4), victim, 0)
+        elif call == "recv_any":
+            comm.Recv(np.zeros(4), pycomm.ANY_SOURCE, 0)
+        elif call == "send":          # 1 MiB: rendezvous, waits for the receiver's answer
+            comm.Send(np.zeros(1 << 17), victim, 0)
         else:
             comm.Allreduce(pycomm.IN_PLACE, np.ones(1000))
     except Exception as exc:
@@ -66,7 +70,7 @@ SURVIVOR_PROGRAM = textwrap.dedent("""
         json.dump(result, fh)
     os.rename(os.path.join(out_dir, f"rank{comm.rank}.json.tmp"),
               os.path.join(out_dir, f"rank{comm.rank}.json"))
-    if call == "recv":
+    if call != "allreduce":
         # Stay until every survivor has reported, so that the victim is the only rank
         # gone while the others wait (else a survivor could see this one leave first).
         others = [r for r in range(comm.size) if r != victim]
@@ -111,10 +115,11 @@ def run_survivors(tmp_path, transport: str, nprocs: int, how: str, victim: int,
     return results, group.job_id
 
 
-@pytest.mark.parametrize("how", ["exit", "sigkill"])
+@pytest.mark.parametrize("how,call", [("exit", "recv"), ("sigkill", "recv"),
+                                      ("sigkill", "recv_any"), ("sigkill", "send")])
 @pytest.mark.parametrize("transport", TRANSPORTS)
-def test_blocked_recv_fails_naming_the_dead_peer(tmp_path, transport, how):
-    results, _ = run_survivors(tmp_path, transport, 3, how, victim=2, call="recv")
+def test_blocked_p2p_fails_naming_the_dead_peer(tmp_path, transport, how, call):
+    results, _ = run_survivors(tmp_path, transport, 3, how, victim=2, call=call)
     assert sorted(results) == [0, 1]
     for rank, res in results.items():
         assert res["error"] == "PeerError", f"rank {rank}: {res}"
@@ -247,3 +252,30 @@ def test_rank_exception_comes_back_with_traceback_and_pool_survives():
         assert "deliberate failure on rank 2" in str(err)
         assert "_raise_on_rank" in err.remote_traceback
         assert pool.run(_raise_on_rank, -1) == [0, 1, 2]
+
+
+def _default_timeouts():
+    """No ``timeout=``: PYCOMM_TIMEOUT (the pool's timeout) bounds the wait. Rank 1 never
+    sends and never joins the barrier."""
+    comm = pycomm.COMM_WORLD
+    if comm.rank == 1:
+        return None
+    out = {}
+    for name, call in [("Recv", lambda: comm.Recv(np.zeros(1), 1, 0)),
+                       ("Barrier", lambda: comm.Barrier())]:
+        t0 = time.monotonic()
+        try:
+            call()
+            out[name] = ("no error", "", 0.0)
+        except Exception as exc:  # noqa: BLE001 - the parent checks the type
+            out[name] = (type(exc).__name__, str(exc), time.monotonic() - t0)
+    return out
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_pycomm_timeout_bounds_waits_without_timeout_argument(transport):
+    with pycomm.Pool(2, transport=transport, timeout=1.0) as pool:
+        out = pool.run(_default_timeouts, timeout=20.0)[0]
+    for name, (kind, message, seconds) in out.items():
+        assert kind == "CommTimeoutError", f"{name}: {kind} {message}"
+        assert 1.0 <= seconds < 3.0, f"{name} took {seconds:.2f} s"
