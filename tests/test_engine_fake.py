@@ -22,6 +22,7 @@ class FakeLink:
     """A transport joining this engine to the others of a :class:`FakeWorld`."""
 
     name = "fake"
+    background_thread = False
 
     def __init__(self, world: "FakeWorld", rank: int, one_sided: bool, piece: int):
         self.world, self.rank = world, rank
