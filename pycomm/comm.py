@@ -269,7 +269,10 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
         """Wait for the requests a blocking call posted; on timeout, withdraw its receives
         that have not matched, so that they cannot swallow a later message."""
         try:
-            self._engine.wait_all(reqs, timeout)
+            if len(reqs) == 1:
+                self._engine.wait(reqs[0], timeout)
+            else:
+                self._engine.wait_all(reqs, timeout)
         except CommTimeoutError:
             for r in reqs:
                 self._engine.cancel(r)      # no effect on sends and matched receives

@@ -126,12 +126,14 @@ class Engine:
         self.next_cid = 1                         # context ids: see pycomm.groups
         self._failed: PeerError | None = None
         self._threaded = False
+        self._yield_gil = False       # spinning waiters must yield the GIL (threads in use)
         self.lock = None
 
     # -- set-up ---------------------------------------------------------------------------
     def attach(self, transport, peers: list[int]) -> None:
         """Route ``peers`` through ``transport`` (already connected)."""
         self.transports.append(transport)
+        self._yield_gil = self._yield_gil or transport.background_thread
         for p in peers:
             self.route[p] = transport
 
@@ -389,7 +391,7 @@ class Engine:
         progress = self.progress
         now = _perf()
         spin_end = now + self.spin_s
-        threaded = self._threaded or any(t.background_thread for t in self.transports)
+        threaded = self._yield_gil
         while not cond():
             if progress():
                 continue
@@ -458,6 +460,7 @@ class Engine:
 
         self.progress = progress
         self._threaded = True
+        self._yield_gil = True
 
     def notify(self) -> None:
         """Wake the threads waiting in this engine (a request completed off-progress)."""

@@ -266,7 +266,26 @@ class ShmTransport(Transport):
     # -- sending --------------------------------------------------------------------------
     def send(self, peer: int, header: bytes, payload, token: Any) -> bool:
         ring = self._out[peer]
-        hb = PREFIX.pack(len(header), len(payload) if payload is not None else 0) + header
+        hlen = len(header)
+        plen = len(payload) if payload is not None else 0
+        if not ring.queue:
+            # Fast path: the whole frame fits before the end of the ring: write it in place.
+            ctl = ring.ctl
+            head = ctl[_HEAD]
+            end = 12 + hlen + plen
+            pos = head % ring.size
+            if pos + end <= ring.size and end <= ring.size - (head - ctl[_TAIL]):
+                data = ring.data
+                PREFIX.pack_into(data, pos, hlen, plen)
+                pos += 12
+                data[pos:pos + hlen] = header
+                if plen:
+                    pos += hlen
+                    data[pos:pos + plen] = payload
+                ctl[_HEAD] = head + end
+                ring.seg.ring_doorbell()
+                return True
+        hb = PREFIX.pack(hlen, plen) + header
         if not ring.queue:
             ctl = ring.ctl
             head = ctl[_HEAD]
@@ -346,12 +365,26 @@ class ShmTransport(Transport):
         ctl = ring.ctl
         tail = start = ctl[_TAIL]
         sink, peer = self.sink, ring.peer
+        size, data = ring.size, ring.data
         while True:
             avail = head - tail
             if ring.state == _HDR:
                 if avail < 12:
                     break
-                pos = tail % ring.size
+                pos = tail % size
+                if pos + 12 <= size:
+                    hlen, plen = PREFIX.unpack_from(data, pos)
+                    end = 12 + hlen + plen
+                    if end <= avail and pos + end <= size and hlen <= MAX_HEADER:
+                        # Fast path: a whole frame, contiguous: no state to keep.
+                        pos += 12
+                        dest = sink.on_header(peer, bytes(data[pos:pos + hlen]), plen)
+                        if plen:
+                            pos += hlen
+                            dest[:plen] = data[pos:pos + plen]
+                        tail += end
+                        sink.on_payload(peer)
+                        continue
                 if pos + 12 <= ring.size:          # the usual case: no wrap, no copy
                     hlen, plen = PREFIX.unpack_from(ring.data, pos)
                 else:
