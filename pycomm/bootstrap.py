@@ -37,11 +37,14 @@ import re
 from dataclasses import dataclass
 
 import msgpack
+import numpy as np
 
 from transports import TransportError, get_transport_class, host_identity
 
 from . import config
 from .errors import ArgumentError, CommError
+from .buffers import IN_PLACE as pycomm_IN_PLACE
+from .ops import MAX as _MAX
 from .p2p import Engine, default_spin_seconds
 
 __all__ = ["JobEnv", "detect", "create_world"]
@@ -223,6 +226,15 @@ def create_world(**options):
                 t.connect(store, peers, timeout)
         world = Communicator(engine, 0, list(range(je.size)), je.rank)
         world.transport = transport
+        if je.size > 1:
+            # Ranks per core on the busiest host, and the fewest cores of any host, agreed
+            # by every rank: the cost model uses them, and all ranks must choose alike.
+            mine = sum(1 for i in infos if i["host"] == infos[je.rank]["host"])
+            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+                else (os.cpu_count() or 1)
+            agreed = np.array([mine / cores, -cores], dtype=np.float64)
+            world.Allreduce(pycomm_IN_PLACE, agreed, op=_MAX)
+            engine.oversubscription, engine.min_cores = float(agreed[0]), int(-agreed[1])
         world.transport_name = "+".join(t.name for t in engine.transports) or "self"
         world.Barrier()
         if store is not None:

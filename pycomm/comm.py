@@ -316,7 +316,8 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
         hit = _CHOICES.get(key)
         if hit is None or hit[2] != self.size:
             name, fn = choose(collective, nbytes, self.size, requested=algorithm,
-                              commutative=commutative, transport=self._model_transport())
+                              commutative=commutative, transport=self._model_transport(),
+                              oversubscription=self._oversubscription())
             if len(_CHOICES) > 4096:
                 _CHOICES.clear()
             _CHOICES[key] = (name, fn, self.size)
@@ -332,7 +333,8 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
         measured = time.perf_counter() - t0
         try:
             modelled = 1e6 * model_time(collective, name, nbytes, self.size,
-                                        transport=self._model_transport())
+                                        transport=self._model_transport(),
+                                        oversubscription=self._oversubscription())
             modelled = f"{modelled:.1f} us"
         except Exception:                 # a collective the model does not cover
             modelled = "n/a"
@@ -345,6 +347,16 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
         """The transport whose cost constants model this communicator (slowest link)."""
         name = getattr(self, "transport_name", None) or "shm"
         return "tcp" if "tcp" in name else ("rdma" if "rdma" in name else "shm")
+
+    def _oversubscription(self) -> float:
+        """Ranks per core (the cost model's oversubscription factor).
+
+        Every rank of a communicator must choose the same algorithm, so this uses only
+        values all ranks agreed on at start-up (the busiest host's ranks per core, the
+        fewest cores of any host), capped by this communicator's size.
+        """
+        eng = self._engine
+        return max(1.0, min(eng.oversubscription, self.size / eng.min_cores))
 
     def _check_op(self, op, dtype) -> Op:
         if not isinstance(op, Op):

@@ -124,6 +124,8 @@ class Engine:
         self._exposed: dict[int, tuple] = {}     # sid -> (transport, descriptor)
         self._next_id = 1
         self.next_cid = 1                         # context ids: see pycomm.groups
+        self.oversubscription = 1.0               # agreed ranks per core (bootstrap)
+        self.min_cores = 1
         self._failed: PeerError | None = None
         self._threaded = False
         self._yield_gil = False       # spinning waiters must yield the GIL (threads in use)

@@ -127,6 +127,44 @@ def measure_pingpong(transport: str, nprocs: int = 2, *, quick: bool = False
     return alpha, beta, times
 
 
+def _token_ring_rank(rounds: int) -> float | None:
+    """Pass an 8-byte token around all ranks ``rounds`` times; rank 0 returns s per hop."""
+    import pycomm
+
+    comm = pycomm.COMM_WORLD
+    p, r = comm.size, comm.rank
+    buf = np.zeros(1, dtype=np.float64)
+    samples = []
+    for rep in range(4):
+        comm.Barrier()
+        t0 = time.perf_counter()
+        for _ in range(rounds):
+            if r == 0:
+                comm.Send(buf, 1 % p)
+                comm.Recv(buf, p - 1)
+            else:
+                comm.Recv(buf, r - 1)
+                comm.Send(buf, (r + 1) % p)
+        if rep:
+            samples.append((time.perf_counter() - t0) / rounds / p)
+    return statistics.median(samples) if r == 0 else None
+
+
+def measure_wake(transport: str, alpha: float, *, quick: bool = False) -> float:
+    """Extra seconds per message when a host's ranks outnumber its cores (2 per core).
+
+    Each hop of a token ring then waits for a sleeping rank to be woken and scheduled;
+    ``wake`` = measured seconds per hop - ``alpha`` (never negative).
+    """
+    from pycomm.spawn import spawn
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+        (os.cpu_count() or 1)
+    hop = spawn(_token_ring_rank, 2 * cores, (50 if quick else 300,),
+                transport=transport)[0]
+    return max(0.0, hop - alpha)
+
+
 def _median_time(fn, reps: int) -> float:
     samples = []
     for _ in range(reps):
@@ -184,7 +222,9 @@ def tune(transports: list[str], nprocs: int = 2, *, quick: bool = False,
     points = {}
     for transport in transports:
         alpha, beta, times = measure_pingpong(transport, nprocs, quick=quick)
-        table[transport] = {"alpha": alpha, "beta": beta, "gamma": gamma, "sigma": sigma}
+        wake = measure_wake(transport, alpha, quick=quick)
+        table[transport] = {"alpha": alpha, "beta": beta, "gamma": gamma, "sigma": sigma,
+                            "wake": wake}
         points[transport] = {str(m): t for m, t in times.items()}
     cores = os.cpu_count() or 1
     table["source"] = {
@@ -242,7 +282,8 @@ def main(argv: list[str] | None = None) -> int:
         c = table[transport]
         print(f"{transport}: alpha {c['alpha'] * 1e6:.2f} us, beta {1 / c['beta'] / 1e9:.2f} GB/s, "
               f"gamma {1 / c['gamma'] / 1e9 if c['gamma'] else float('inf'):.2f} GB/s, "
-              f"sigma {c['sigma'] * 1e9:.3f} ns/B", file=sys.stderr)
+              f"sigma {c['sigma'] * 1e9:.3f} ns/B, wake {c['wake'] * 1e6:.1f} us",
+              file=sys.stderr)
     return 0
 
 

@@ -3,7 +3,8 @@
 Starting N rank processes and connecting them costs about a second, so the tests that need
 a world share one :class:`pycomm.Pool` per (size, transport) for the whole session:
 
-* ``world``: sizes {1, 2, 3, 4, 5, 7, 8} x transports {shm, tcp}, for the cheap tests;
+* ``world``: sizes {1, 2, 3, 4, 5, 7, 8} x transports {shm, tcp}, plus sizes {2, 3} on
+  the emulated rdma transport, for the cheap tests;
 * ``world_small``: sizes {1, 2, 3, 5, 8} x {shm, tcp}, for the expensive ones (one rank,
   the smallest pair, an odd size, a prime, the largest power of two);
 * ``world_tiny``: sizes {3, 4} x {shm, tcp} with a 64-byte eager limit, 24-byte segments
@@ -34,7 +35,10 @@ import pycomm
 SIZES = (1, 2, 3, 4, 5, 7, 8)
 SMALL_SIZES = (1, 2, 3, 5, 8)
 TRANSPORTS = ("shm", "tcp")
-WORLDS = [(n, t) for t in TRANSPORTS for n in SIZES]
+# The emulated-RDMA transport runs the same conformance tests on two world sizes (its NIC
+# threads make every world slower to start and to drive).
+RDMA_WORLDS = [(2, "rdma"), (3, "rdma")]
+WORLDS = [(n, t) for t in TRANSPORTS for n in SIZES] + RDMA_WORLDS
 SMALL_WORLDS = [(n, t) for t in TRANSPORTS for n in SMALL_SIZES]
 TINY_WORLDS = [(n, t, "tiny") for t in TRANSPORTS for n in (3, 4)]
 TINY_ENV = {"PYCOMM_EAGER_LIMIT": "64", "PYCOMM_SEGMENT_BYTES": "24",

@@ -219,7 +219,7 @@ def algorithms(collective: str) -> list[str]:
 
 
 def model_time(collective: str, algorithm: str, nbytes: int, size: int, *,
-               transport: str = DEFAULT_TRANSPORT) -> float:
+               transport: str = DEFAULT_TRANSPORT, oversubscription: float = 1.0) -> float:
     """Return the cost model's predicted seconds for one call.
 
     For benchmarks, tests and the communicator's ``PYCOMM_DEBUG=1`` log (modelled vs
@@ -239,12 +239,13 @@ def model_time(collective: str, algorithm: str, nbytes: int, size: int, *,
     if algorithm not in table:
         raise ArgumentError(f"unknown {collective} algorithm {algorithm!r}; valid: "
                             f"{', '.join(table)}")
-    return cost(collective, algorithm, nbytes, size, transport)
+    return cost(collective, algorithm, nbytes, size, transport, oversubscription)
 
 
 def choose(collective: str, nbytes: int, size: int, *, requested: str | None = None,
            commutative: bool = True,
-           transport: str = DEFAULT_TRANSPORT) -> tuple[str, Callable]:
+           transport: str = DEFAULT_TRANSPORT,
+           oversubscription: float = 1.0) -> tuple[str, Callable]:
     """Pick the algorithm for one collective call.
 
     Every rank must call this with the same arguments so that all ranks run the same
@@ -293,5 +294,6 @@ def choose(collective: str, nbytes: int, size: int, *, requested: str | None = N
                                 f"{AUTO}, {', '.join(fit)}")
         return info.name, info.fn
     candidates = [i for i in table.values() if i.unfit_reason(size, commutative) is None]
-    best = min(candidates, key=lambda i: cost(collective, i.name, nbytes, size, transport))
+    best = min(candidates, key=lambda i: cost(collective, i.name, nbytes, size, transport,
+                                              oversubscription))
     return best.name, best.fn

@@ -47,6 +47,7 @@ class Constants:
     beta: float    # s per byte moved between two ranks
     gamma: float   # s per byte combined by a reduction op
     sigma: float   # s per byte of newly allocated scratch (first-touch page faults)
+    wake: float = 0.0  # extra s per message when ranks outnumber cores (waking a sleeper)
 
 
 # Used only when the shipped table is missing or unreadable (e.g. a broken install):
@@ -75,6 +76,11 @@ def _parse(path: str) -> dict[str, Constants]:
         if not all(math.isfinite(v) and v >= 0 for v in values.values()):
             raise ArgumentError(f"cost-model table {path!r}: entry {transport!r} has a "
                                 f"negative or non-finite constant: {values}")
+        try:
+            values["wake"] = float(entry.get("wake", 0.0))
+        except (TypeError, ValueError):
+            raise ArgumentError(f"cost-model table {path!r}: entry {transport!r} has a "
+                                "non-numeric wake") from None
         table[transport] = Constants(**values)
     return table
 
@@ -234,7 +240,7 @@ for _alg in ("ring", "pairwise", "recursive_halving"):
 
 
 def cost(collective: str, algorithm: str, nbytes: int, size: int,
-         transport: str = DEFAULT_TRANSPORT) -> float:
+         transport: str = DEFAULT_TRANSPORT, oversubscription: float = 1.0) -> float:
     """Return the modelled seconds of one call.
 
     Args:
@@ -243,9 +249,19 @@ def cost(collective: str, algorithm: str, nbytes: int, size: int,
         nbytes: bytes of the call (see :func:`pycomm.algorithms.choose`), ``>= 0``.
         size: number of ranks, ``>= 1``.
         transport: whose constants to use (``"shm"``, ``"tcp"``; others use ``shm``'s).
+        oversubscription: ranks per core on the busiest host (> 1: more ranks than
+            cores). Then every message also pays ``wake`` (its receiver must be woken and
+            scheduled) and copies and reductions share cores, so β, γ and σ scale by it.
 
     Raises:
         KeyError: the model has no formula for the pair.
     """
     formula = FORMULAS[(collective, algorithm)]
-    return 0.0 if size <= 1 else formula(float(nbytes), size, constants(transport))
+    if size <= 1:
+        return 0.0
+    k = constants(transport)
+    if oversubscription > 1.0:
+        f = oversubscription
+        k = Constants(alpha=k.alpha + k.wake, beta=k.beta * f, gamma=k.gamma * f,
+                      sigma=k.sigma * f, wake=k.wake)
+    return formula(float(nbytes), size, k)
