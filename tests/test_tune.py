@@ -200,3 +200,40 @@ def test_choose_requested_and_environment(monkeypatch, brief_constants):
         algs.choose("reduce_scatter", 64, 4, requested="ring", commutative=False)
     for coll in ("gatherv", "scatterv", "allgatherv", "alltoallv", "scan", "exscan"):
         assert algs.choose(coll, 0, 5)[0] in algs.algorithms(coll)
+
+
+def test_every_formula_has_a_step_model_or_is_a_listed_exception():
+    # the oversubscribed model costs schedules step by step; only these fall back to the
+    # closed form scaled by ranks per core
+    fallback = {("allreduce", "double_binary_tree"), ("gatherv", "linear"),
+                ("scatterv", "linear"), ("alltoallv", "pairwise")}
+    assert set(cost.FORMULAS) - set(cost.SCHEDULES) == fallback
+    assert set(cost.SCHEDULES) <= set(cost.FORMULAS)
+
+
+@pytest.mark.parametrize("coll, alg", [("allreduce", "ring"), ("allreduce", "rabenseifner"),
+                                       ("allreduce", "recursive_doubling"),
+                                       ("bcast", "binomial"), ("allgather", "ring"),
+                                       ("allgather", "recursive_doubling"),
+                                       ("reduce_scatter", "ring")])
+@pytest.mark.parametrize("p", [2, 4, 8])
+def test_step_model_reduces_to_the_closed_form_without_sharing(coll, alg, p):
+    # with a core per rank and no wake-up cost the step-by-step sum is Thakur et al.'s formula
+    k = cost.Constants(alpha=8e-6, beta=1 / 6e9, gamma=1 / 4e9, sigma=1 / 5e9, wake=0.0)
+    for n in (8.0, 4096.0, float(1 << 20), float(1 << 24)):
+        assert cost.SCHEDULES[(coll, alg)](n, p, k, float(p)) == \
+            pytest.approx(cost.FORMULAS[(coll, alg)](n, p, k), rel=1e-9)
+
+
+def test_oversubscribed_model_prefers_trees_that_leave_cores_free(brief_constants):
+    # measured on 2 cores (benchmarks/README.md, algorithm sweep): with 4 or 8 ranks a
+    # binomial broadcast beats van de Geijn's scatter + all-gather at every size, because its
+    # early rounds use fewer ranks than cores while the ring step of the all-gather needs
+    # every rank to be scheduled; the closed forms alone predict the opposite
+    for p in (4, 8):
+        f = p / 2
+        for n in (8, 1 << 16, 1 << 21, 1 << 24, 1 << 26):
+            assert algs.choose("bcast", n, p, oversubscription=f)[0] == "binomial"
+        assert algs.choose("bcast", 1 << 24, p)[0] != "binomial"   # a core per rank
+        a = algs.model_time("allreduce", "ring", 1 << 20, p, oversubscription=f)
+        assert a > algs.model_time("allreduce", "ring", 1 << 20, p)

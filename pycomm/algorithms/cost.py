@@ -32,8 +32,8 @@ from pycomm import config
 from pycomm.algorithms.topology import ceil_log2, pof2_floor
 from pycomm.errors import ArgumentError
 
-__all__ = ["Constants", "FORMULAS", "DEFAULT_TRANSPORT", "SHIPPED_TABLE", "constants", "cost",
-           "load_table"]
+__all__ = ["Constants", "FORMULAS", "SCHEDULES", "DEFAULT_TRANSPORT", "SHIPPED_TABLE",
+           "constants", "cost", "load_table"]
 
 DEFAULT_TRANSPORT = "shm"
 SHIPPED_TABLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tuned.json")
@@ -239,6 +239,160 @@ for _alg in ("ring", "pairwise", "recursive_halving"):
     FORMULAS[("reduce_scatter_block", _alg)] = FORMULAS[("reduce_scatter", _alg)]
 
 
+
+# ---------------------------------------------------------------------------------------
+# Oversubscribed hosts: a step-by-step model.
+#
+# When ranks outnumber cores, the closed forms above mislead: they assume every rank runs
+# whenever it has work. On ``c`` cores, a step of a schedule in which ``a`` ranks take part
+# needs ``a / c`` turns of the cores to let each of them run, and ``m`` copies (or
+# reductions) that would run side by side on ``m`` cores share ``c`` of them. A binomial
+# tree, whose early rounds involve 2 or 4 ranks, therefore keeps whole cores to itself
+# where a ring, in which all ``p`` ranks are busy at every step, shares them at every step.
+# So each schedule is written out below as its sequence of steps; a step costs
+#
+#     α + wake · max(1, a / c)  +  b β · max(1, m / c)  +  r γ · max(1, m_r / c)
+#
+# for ``a`` ranks taking part, ``m`` concurrent copies of ``b`` bytes (a shared-memory
+# rendezvous copies once, on the receiver's core) and ``m_r`` concurrent reductions of
+# ``r`` bytes. ``wake`` is the measured cost of waking a sleeping rank (``pycomm.tune``'s
+# token ring). No fitted constant enters: α, β, γ, σ and wake are the measured ones.
+# ---------------------------------------------------------------------------------------
+
+
+def _share(m: float, cores: float) -> float:
+    return 1.0 if m <= cores else m / cores
+
+
+def _step(k: Constants, c: float, active: float, copy: float = 0.0, copies: float = 0,
+          red: float = 0.0, reducers: float = 0) -> float:
+    """Seconds of one synchronous step on ``c`` cores (see the comment above)."""
+    return (k.alpha + k.wake * max(1.0, active / c) + copy * k.beta * _share(copies, c)
+            + red * k.gamma * _share(reducers, c))
+
+
+def _rounds(p: int) -> list[int]:
+    """Concurrent transfers in each round of a binomial tree on ``p`` ranks (1, 2, 4, ...)."""
+    out, k = [], 1
+    while k < p:
+        out.append(min(k, p - k))
+        k *= 2
+    return out
+
+
+def _o_bcast_binomial(n, p, k, c):
+    return sum(_step(k, c, 2 * m, n, m) for m in _rounds(p))
+
+
+def _o_scatter_binomial(n, p, k, c):
+    # the root's subtree halves every round: round with m senders moves about n/2^(i+1)
+    t, b = 0.0, float(n)
+    for m in _rounds(p):
+        b /= 2
+        t += _step(k, c, 2 * m, b, m)
+    return t
+
+
+def _o_ring_steps(n, p, k, c, reduce: bool) -> float:
+    b = n / p
+    return (p - 1) * _step(k, c, p, b, p, b if reduce else 0.0, p if reduce else 0)
+
+
+def _o_fold(n, p, k, c, reduce: bool) -> float:
+    r = p - pof2_floor(p)
+    if not r:
+        return 0.0
+    return _step(k, c, 2 * r, n, r, n if reduce else 0.0, r if reduce else 0)
+
+
+def _o_halving(n, p, k, c) -> float:
+    q, t, b = pof2_floor(p), 0.0, float(n)
+    for _ in range(_lq(p)):
+        b /= 2
+        t += _step(k, c, q, b, q, b, q)
+    return t
+
+
+def _o_doubling(n, p, k, c) -> float:
+    q, t, b = pof2_floor(p), 0.0, n / pof2_floor(p)
+    for _ in range(_lq(p)):
+        t += _step(k, c, q, b, q)
+        b *= 2
+    return t
+
+
+def _o_reduce_binomial(n, p, k, c):
+    return sum(_step(k, c, 2 * m, n, m, n, m) for m in reversed(_rounds(p))) + n * k.sigma
+
+
+def _o_gather_binomial(n, p, k, c):
+    # leaves first: the round with m senders moves subtrees of about n/(2m) bytes each
+    return sum(_step(k, c, 2 * m, n / (2 * m), m) for m in reversed(_rounds(p))) + n * k.sigma
+
+
+def _o_linear(n, p, k, c):
+    # the root posts all p-1 transfers; the peers wake together, the root copies serially
+    return _step(k, c, p) + (p - 2) * k.alpha + n * _frac(p) * k.beta
+
+
+SCHEDULES: dict[tuple[str, str], Callable[[float, int, Constants, float], float]] = {
+    ("barrier", "dissemination"): lambda n, p, k, c: _lg(p) * _step(k, c, p),
+    ("barrier", "binomial"): lambda n, p, k, c: 2 * sum(_step(k, c, 2 * m) for m in _rounds(p)),
+    ("bcast", "binomial"): _o_bcast_binomial,
+    ("bcast", "scatter_allgather"):
+        lambda n, p, k, c: _o_scatter_binomial(n, p, k, c) + _o_ring_steps(n, p, k, c, False),
+    ("bcast", "pipeline"):
+        lambda n, p, k, c: sum(
+            _step(k, c, min(p, s + 2), n / max(1.0, math.ceil(n / _segment())), min(p - 1, s + 1))
+            for s in range(int(max(1.0, math.ceil(n / _segment()))) + p - 2)),
+    ("reduce", "binomial"): _o_reduce_binomial,
+    ("reduce", "rabenseifner"):
+        lambda n, p, k, c: (_o_fold(n, p, k, c, True) + _o_halving(n, p, k, c)
+                            + _o_gather_binomial(n * _qfrac(p), pof2_floor(p), k, c)
+                            + (n if _folds(p) else n / 2) * k.sigma),
+    ("allreduce", "ring"):
+        lambda n, p, k, c: (_o_ring_steps(n, p, k, c, True) + _o_ring_steps(n, p, k, c, False)
+                            + n / p * k.sigma),
+    ("allreduce", "rabenseifner"):
+        lambda n, p, k, c: (2 * _o_fold(n, p, k, c, True) + _o_halving(n, p, k, c)
+                            + _o_doubling(n, p, k, c) + (n if _folds(p) else n / 2) * k.sigma),
+    ("allreduce", "recursive_doubling"):
+        lambda n, p, k, c: (2 * _o_fold(n, p, k, c, True) + n * k.sigma
+                            + _lq(p) * _step(k, c, pof2_floor(p), n, pof2_floor(p), n,
+                                             pof2_floor(p))),
+    ("allreduce", "binomial"):
+        lambda n, p, k, c: _o_reduce_binomial(n, p, k, c) + _o_bcast_binomial(n, p, k, c),
+    ("allgather", "ring"): lambda n, p, k, c: _o_ring_steps(n, p, k, c, False),
+    ("allgather", "recursive_doubling"):
+        lambda n, p, k, c: sum(_step(k, c, p, n / p * 2 ** i, p) for i in range(_lg(p))),
+    ("allgather", "bruck"):
+        lambda n, p, k, c: (sum(_step(k, c, p, n / p * 2 ** i, p) for i in range(_lg(p)))
+                            + n * (k.beta * _share(p, c) + k.sigma)),
+    ("allgatherv", "ring"): lambda n, p, k, c: _o_ring_steps(n, p, k, c, False),
+    ("gather", "linear"): _o_linear,
+    ("gather", "binomial"): _o_gather_binomial,
+    ("scatter", "linear"): _o_linear,
+    ("scatter", "binomial"): lambda n, p, k, c: _o_scatter_binomial(n, p, k, c) + n * k.sigma,
+    ("alltoall", "pairwise"): lambda n, p, k, c: _o_ring_steps(n, p, k, c, False),
+    ("alltoall", "bruck"):
+        lambda n, p, k, c: _lg(p) * _step(k, c, p, n / 2, p) + 2 * n * k.sigma,
+    ("reduce_scatter", "ring"):
+        lambda n, p, k, c: _o_ring_steps(n, p, k, c, True) + n / p * k.sigma,
+    ("reduce_scatter", "pairwise"):
+        lambda n, p, k, c: _o_ring_steps(n, p, k, c, True) + 2 * n / p * k.sigma,
+    ("reduce_scatter", "recursive_halving"):
+        lambda n, p, k, c: (_o_fold(n, p, k, c, True) + _o_halving(n, p, k, c)
+                            + _o_fold(n / p, p, k, c, False)
+                            + (2 * n if _folds(p) else 1.5 * n) * k.sigma),
+    ("scan", "recursive_doubling"):
+        lambda n, p, k, c: _lg(p) * _step(k, c, p, n, p, 2 * n, p) + 2 * n * k.sigma,
+    ("exscan", "recursive_doubling"):
+        lambda n, p, k, c: _lg(p) * _step(k, c, p, n, p, 2 * n, p) + 2 * n * k.sigma,
+}
+for _alg in ("ring", "pairwise", "recursive_halving"):
+    SCHEDULES[("reduce_scatter_block", _alg)] = SCHEDULES[("reduce_scatter", _alg)]
+
+
 def cost(collective: str, algorithm: str, nbytes: int, size: int,
          transport: str = DEFAULT_TRANSPORT, oversubscription: float = 1.0) -> float:
     """Return the modelled seconds of one call.
@@ -250,8 +404,11 @@ def cost(collective: str, algorithm: str, nbytes: int, size: int,
         size: number of ranks, ``>= 1``.
         transport: whose constants to use (``"shm"``, ``"tcp"``; others use ``shm``'s).
         oversubscription: ranks per core on the busiest host (> 1: more ranks than
-            cores). Then every message also pays ``wake`` (its receiver must be woken and
-            scheduled) and copies and reductions share cores, so β, γ and σ scale by it.
+            cores, ``size / oversubscription`` cores in all). Then the schedule is costed
+            step by step (:data:`SCHEDULES`): every step pays ``wake`` once per turn of the
+            cores its ranks need, and concurrent copies and reductions share the cores.
+            Pairs without a step model scale β, γ and σ by ``oversubscription`` and add
+            ``wake`` to every message.
 
     Raises:
         KeyError: the model has no formula for the pair.
@@ -261,6 +418,11 @@ def cost(collective: str, algorithm: str, nbytes: int, size: int,
         return 0.0
     k = constants(transport)
     if oversubscription > 1.0:
+        schedule = SCHEDULES.get((collective, algorithm))
+        if schedule is not None:
+            return schedule(float(nbytes), size, k, size / oversubscription)
+        # no step model (double_binary_tree, the v-variants' single algorithms): every
+        # message wakes a sleeper and every byte shares a core
         f = oversubscription
         k = Constants(alpha=k.alpha + k.wake, beta=k.beta * f, gamma=k.gamma * f,
                       sigma=k.sigma * f, wake=k.wake)
