@@ -237,10 +237,8 @@ def _auto_choice(c: Comm, spec: Collective, size: int) -> str | None:
     if c.name != "pycomm" or not spec.registry:
         return None
     try:
-        from pycomm.algorithms import choose
-
-        return choose(spec.registry, spec.algbw_bytes(size, c.size), c.size,
-                      requested="auto")[0]
+        return c.comm.chosen_algorithm(spec.registry, spec.algbw_bytes(size, c.size),
+                                       algorithm="auto")
     except Exception:  # noqa: BLE001  (the label is informative only)
         return None
 
@@ -252,6 +250,10 @@ def _parser(spec: Collective):
                    help="pycomm only: algorithm=NAME on every call; 'all' runs each of "
                         "pycomm.algorithms() and the automatic choice side by side")
     p.add_argument("--root", type=int, default=0, help="root rank where there is one")
+    p.add_argument("--rounds", type=int, default=1, metavar="R",
+                   help="measure every (size, algorithm) R times, the algorithms taking "
+                        "turns, and report the round with the lowest average (steadies "
+                        "side-by-side comparisons on a noisy machine; default 1)")
     if spec.nonblocking:
         p.add_argument("--compute", choices=("sleep", "busy"), default="sleep",
                        help="dummy compute: sleep (off the CPU, default) or busy (OSU's "
@@ -262,6 +264,9 @@ def _parser(spec: Collective):
 def run(spec: Collective, argv: list[str] | None = None) -> int:
     """Parse ``argv``, run every size (and algorithm), print rows on rank 0; exit status."""
     args = _parser(spec).parse_args(argv)
+    if args.rounds < 1:
+        print(f"--rounds must be at least 1, not {args.rounds}", file=sys.stderr)
+        return 2
     if args.mpi4py and args.algorithm:
         print("--algorithm is a pycomm keyword; mpi4py has none", file=sys.stderr)
         return 2
@@ -282,7 +287,7 @@ def run(spec: Collective, argv: list[str] | None = None) -> int:
     report = Report(spec.title, c.label, cols, enabled=c.rank == 0,
                     meta=run_metadata(c, f"osu_{spec.name}", algorithm=args.algorithm,
                                       dtype=dtype.name, op="SUM", root=args.root,
-                                      validate=args.validate,
+                                      validate=args.validate, rounds=args.rounds,
                                       compute=getattr(args, "compute", None)))
     notes = [f"{n} ranks, {dtype.name}" + (", SUM" if "reduce" in spec.name
                                            or "scan" in spec.name else "")
@@ -297,7 +302,7 @@ def run(spec: Collective, argv: list[str] | None = None) -> int:
     if side_by_side:
         notes.append("avg latency (us) per algorithm; auto = pycomm's choice")
     report.header(*notes)
-    progress = Progress(f"osu_{spec.name}", len(sizes) * len(algos),
+    progress = Progress(f"osu_{spec.name}", len(sizes) * len(algos) * args.rounds,
                         c.rank == 0 and not args.quiet)
     compute = compute_busy if getattr(args, "compute", "") == "busy" else compute_sleep
     errors = _Errors()
@@ -308,21 +313,31 @@ def run(spec: Collective, argv: list[str] | None = None) -> int:
         case.fill(0)
         iters, warmup = loop_counts(args, size)
         cells: dict[str | None, Any] = {}
-        for algo in algos:
-            kw = dict(case.kwargs)
-            if algo is not None:
-                kw["algorithm"] = algo
-            fn = getattr(c.comm, spec.method)
-            call = lambda: fn(*case.args, **kw)  # noqa: B023
-            result = _one(spec, c, args, case, call, iters, warmup, errors, compute)
-            cells[algo] = result
-            progress.step(f"{size} B" + (f" {algo}" if algo else ""))
+        for _ in range(args.rounds):
+            for algo in algos:
+                kw = dict(case.kwargs)
+                if algo is not None:
+                    kw["algorithm"] = algo
+                fn = getattr(c.comm, spec.method)
+                call = lambda: fn(*case.args, **kw)  # noqa: B023
+                result = _one(spec, c, args, case, call, iters, warmup, errors, compute)
+                cells[algo] = _better(cells.get(algo), result)
+                progress.step(f"{size} B" + (f" {algo}" if algo else ""))
         failed |= _report_errors(c, errors, size)
         if c.rank == 0:
             _emit(report, spec, c, size, cells, side_by_side, args.full, factor)
     report.write(args.json, args.csv)
     failed = bool(c.comm.bcast(failed, root=0))
     return 1 if failed else 0
+
+
+def _better(old: dict | None, new: dict | None) -> dict | None:
+    """Of two measurements of one (size, algorithm), the one with the lower average."""
+    if old is None or "stats" not in old:
+        return new if new is not None else old
+    if new is None or "stats" not in new:
+        return old
+    return new if new["stats"].avg < old["stats"].avg else old
 
 
 def _kw_names(spec: Collective) -> set[str]:

@@ -309,6 +309,30 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
         self._seq = (self._seq + 1) & _SEQ_MASK
         return _Coll(self, self._seq)
 
+    def chosen_algorithm(self, collective: str, nbytes: int, *, commutative: bool = True,
+                         algorithm: str | None = None) -> str:
+        """Name the algorithm a call on this communicator would run.
+
+        The same choice the collective itself makes (:func:`pycomm.algorithms.choose` with
+        this communicator's size, transport and agreed ranks per core), for logs and
+        benchmarks. Sends nothing.
+
+        Args:
+            collective: e.g. ``"allreduce"`` (a key of ``pycomm.algorithms.REGISTRY``).
+            nbytes: bytes of the call as defined in :mod:`pycomm.algorithms` (e.g. the
+                whole receive buffer for allgather).
+            commutative: whether the reduction op commutes.
+            algorithm: as the collective's ``algorithm=``; None honours
+                ``PYCOMM_ALGORITHM_<COLLECTIVE>``, ``"auto"`` ignores it.
+
+        Raises:
+            ArgumentError: unknown collective or algorithm, or a named algorithm that
+                cannot serve the call.
+        """
+        return choose(collective, int(nbytes), self.size, requested=algorithm,
+                      commutative=commutative, transport=self._model_transport(),
+                      oversubscription=self._oversubscription())[0]
+
     def _run(self, collective: str, nbytes: int, algorithm, op: Op | None, call):
         commutative = op.commutative if op is not None else True
         # The choice is a pure function of these (and the override variable), so cache it.

@@ -244,3 +244,28 @@ def test_short_launch_validates_and_writes_json(tmp_path):
     assert doc["meta"]["world_size"] == 2 and doc["meta"]["validate"] is True
     assert [r["size"] for r in doc["rows"]] == [8, 4096]
     assert all(r["iterations"] == 3 and r["busbw_gbps"] > 0 for r in doc["rows"])
+
+
+def test_better_keeps_the_lower_average():
+    _better = _collective._better
+    a, b = {"stats": _common.summarize([2.0], 1)}, {"stats": _common.summarize([1.0], 1)}
+    assert _better(None, a) is a and _better(a, b) is b and _better(b, a) is b
+    err = {"error": "cannot"}
+    assert _better(err, a) is a and _better(a, err) is a and _better(None, None) is None
+
+
+def test_algorithm_sweep_with_rounds(tmp_path):
+    out = tmp_path / "bcast.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "launch.py"), "-n", "3", str(ROOT / "benchmarks" /
+         "osu_bcast.py"), "--algorithm", "all", "--rounds", "2", "--sizes", "8,64K", "-i",
+         "2", "-x", "1", "-c", "-q", "--json", str(out)], check=False, cwd=ROOT,
+        capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = json.loads(out.read_text())
+    assert doc["meta"]["rounds"] == 2
+    names = {"binomial", "scatter_allgather", "pipeline", "auto"}
+    for size in (8, 65536):
+        rows = {r["algorithm"]: r for r in doc["rows"] if r["size"] == size}
+        assert set(rows) == names and all(r["avg_us"] > 0 for r in rows.values())
+        assert rows["auto"]["auto_choice"] in names - {"auto"}
