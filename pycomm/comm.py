@@ -218,8 +218,15 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
         return self._engine.isend(byte_view(arr), self._world[dest], self._pctx, tag)
 
     def Send(self, buf, dest: int, tag: int = 0, *, timeout: float | None = None) -> None:
-        """Blocking send; returns when ``buf`` may be reused. See :meth:`Isend`."""
-        self._engine.wait(self.Isend(buf, dest, tag), timeout)
+        """Blocking send; returns when ``buf`` may be reused. See :meth:`Isend`.
+
+        Raises:
+            CommTimeoutError: not handed over within ``timeout`` seconds (default
+                ``PYCOMM_TIMEOUT``); a large (rendezvous) message is then withdrawn, so a
+                receive posted later never reads ``buf`` (see :mod:`pycomm.p2p`).
+            PeerError: ``dest`` died.
+        """
+        self._wait_posted([self.Isend(buf, dest, tag)], timeout)
 
     Ssend = Send
 
@@ -267,7 +274,8 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
 
     def _wait_posted(self, reqs: list, timeout: float | None) -> None:
         """Wait for the requests a blocking call posted; on timeout, withdraw its receives
-        that have not matched, so that they cannot swallow a later message."""
+        that have not matched, so that they cannot swallow a later message, and its large
+        sends not yet handed over, so that the buffer is not read after the call."""
         try:
             if len(reqs) == 1:
                 self._engine.wait(reqs[0], timeout)
@@ -275,7 +283,7 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
                 self._engine.wait_all(reqs, timeout)
         except CommTimeoutError:
             for r in reqs:
-                self._engine.cancel(r)      # no effect on sends and matched receives
+                self._engine.cancel(r)      # no effect on eager sends, matched receives
             raise
 
     def Iprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG,
@@ -335,16 +343,21 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
 
     def _run(self, collective: str, nbytes: int, algorithm, op: Op | None, call):
         commutative = op.commutative if op is not None else True
-        # The choice is a pure function of these (and the override variable), so cache it.
+        # The choice is a pure function of these, the override variable and the model's
+        # inputs (size, transport, ranks per core: the world's change once, at start-up,
+        # after its first collectives), so cache it.
         key = (collective, nbytes, algorithm, commutative, _override(collective))
         hit = _CHOICES.get(key)
-        if hit is None or hit[2] != self.size:
+        eng = self._engine
+        model = (self.size, eng.oversubscription, eng.min_cores,
+                 getattr(self, "transport_name", None))
+        if hit is None or hit[2] != model:
             name, fn = choose(collective, nbytes, self.size, requested=algorithm,
                               commutative=commutative, transport=self._model_transport(),
                               oversubscription=self._oversubscription())
             if len(_CHOICES) > 4096:
                 _CHOICES.clear()
-            _CHOICES[key] = (name, fn, self.size)
+            _CHOICES[key] = (name, fn, model)
         else:
             name, fn = hit[0], hit[1]
         if self._defer is not None:       # a nonblocking twin: the progress thread runs it

@@ -47,8 +47,9 @@ class ObjectMethods:
         return self.Isend(np.frombuffer(dumps(obj), dtype=np.uint8), dest, tag)
 
     def send(self, obj: Any, dest: int, tag: int = 0, *, timeout: float | None = None):
-        """Send a picklable object to ``dest`` (blocking until its bytes are out)."""
-        self._engine.wait(self.isend(obj, dest, tag), timeout)
+        """Send a picklable object to ``dest`` (blocking until its bytes are out); a large
+        one that times out is withdrawn, as in :meth:`Send`."""
+        self._wait_posted([self.isend(obj, dest, tag)], timeout)
 
     ssend = send
 

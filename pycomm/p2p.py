@@ -14,6 +14,9 @@ RTS      [1, ctx, tag, nbytes, sid, desc]        request to send a large message
 CTS      [2, sid, rid]                           receiver matched it: stream into rid
 DATA     [3, rid]               + payload        the large message, landing in place
 FIN      [4, sid]                                receiver copied it one-sidedly: sender done
+CANCEL   [5, sid]                                sender withdraws its RTS (a Send that timed
+                                                 out, or Request.Cancel on a pending send)
+NAK      [6, rid]                                answer to a CTS for a withdrawn message
 ======== ====================================== ==========================================
 
 Eager: the sender's buffer is free as soon as the transport has copied it out. The
@@ -28,6 +31,15 @@ into its own with the transport's one-sided read and answers FIN (shm + cross-me
 attach: one copy in all), or answers CTS and the sender streams the payload, which the
 transport lands directly in the posted buffer (no extra copy: the payload is never staged
 as an unexpected message). The same pattern as MPICH's LMT and Open MPI's ob1 PML.
+
+Withdrawing a large send (:meth:`Engine.cancel`; a blocking ``Send`` does it when it times
+out, so that its buffer, handed back to the caller, is never read afterwards): the sender
+forgets the message and sends CANCEL. A receiver that has not matched the RTS drops it and
+answers FIN, so the message is never received. One that matched it already either copied
+it (its FIN is then discarded) or is waiting for the payload: the sender answers its CTS
+with NAK, and that receive fails with a :class:`~pycomm.errors.CommError` naming the
+sender. The one race left: a receiver reading the buffer one-sidedly at the very moment the
+sender withdraws it may copy bytes the caller is already overwriting.
 
 Matching follows MPI: a receive matches the earliest arrived message with the same
 context, a matching source (or ANY_SOURCE) and tag (or ANY_TAG); messages between a pair
@@ -50,7 +62,7 @@ import msgpack
 
 from transports import PeerLostError, TransportError
 
-from .errors import CommTimeoutError, PeerError, TruncationError
+from .errors import CommError, CommTimeoutError, PeerError, TruncationError
 from .request import Request
 
 __all__ = ["Engine", "Request", "ANY_SOURCE", "ANY_TAG", "PROC_NULL"]
@@ -59,7 +71,7 @@ ANY_SOURCE = -2
 ANY_TAG = -1
 PROC_NULL = -1
 
-EAGER, RTS, CTS, DATA, FIN = 0, 1, 2, 3, 4
+EAGER, RTS, CTS, DATA, FIN, CANCEL, NAK = 0, 1, 2, 3, 4, 5, 6
 _pack = msgpack.packb
 _unpack = msgpack.unpackb
 _perf = time.perf_counter
@@ -122,6 +134,7 @@ class Engine:
         self._sends: dict[int, Request] = {}
         self._recvs: dict[int, Request] = {}
         self._exposed: dict[int, tuple] = {}     # sid -> (transport, descriptor)
+        self._withdrawn: set[int] = set()         # sids of cancelled sends (see cancel)
         self._next_id = 1
         self.next_cid = 1                         # context ids: see pycomm.groups
         self.oversubscription = 1.0               # agreed ranks per core (bootstrap)
@@ -198,13 +211,40 @@ class Engine:
         return None
 
     def cancel(self, req: Request) -> bool:
-        """Cancel a receive that has not matched yet; True when it was cancelled."""
+        """Cancel a receive that has not matched yet, or withdraw a rendezvous send.
+
+        A send is withdrawn while its payload has not been handed over (no CTS or FIN has
+        arrived; frames that have are taken in first): see the module docstring for the
+        CANCEL/NAK exchange and its one race. Eager sends, completed requests and matched
+        receives are left alone.
+
+        Returns:
+            True when ``req`` was cancelled (it is then complete, ``cancelled`` set).
+        """
         if req in self.posted:
             self.posted.remove(req)
             req.cancelled = True
             req._complete()
             return True
-        return False
+        if req.done or req.expect != -2:
+            return False
+        try:
+            self.progress()             # take in a CTS or FIN that has arrived already
+        except PeerError:
+            pass                        # the peer is gone; withdrawing is still right
+        sid = next((k for k, v in self._sends.items() if v is req), None)
+        if sid is None:
+            return False
+        del self._sends[sid]
+        self._release(sid)
+        self._withdrawn.add(sid)
+        try:
+            self.route[req.peer].send(req.peer, _pack((CANCEL, sid)), None, None)
+        except TransportError:          # the peer is gone: nothing can read the buffer now
+            self._withdrawn.discard(sid)
+        req.cancelled = True
+        req._complete()
+        return True
 
     # -- matching helpers -----------------------------------------------------------------
     def _dest_for(self, req: Request, src: int, tag: int, nbytes: int):
@@ -298,6 +338,10 @@ class Engine:
             self.unexpected.append(u)
             return None
         if kind == CTS:
+            if h[1] in self._withdrawn:
+                self._withdrawn.discard(h[1])
+                self.route[peer].send(peer, _pack((NAK, h[2])), None, None)
+                return None
             req = self._sends.pop(h[1])
             self._release(h[1])
             if self.route[peer].send(peer, _pack((DATA, h[2])), req.view, req):
@@ -308,8 +352,25 @@ class Engine:
             self._incoming[peer] = req
             return req.view
         if kind == FIN:
+            if h[1] in self._withdrawn:
+                self._withdrawn.discard(h[1])
+                return None
             self._sends.pop(h[1])._complete()
             self._release(h[1])
+            return None
+        if kind == CANCEL:
+            for i, u in enumerate(self.unexpected):
+                if u.kind == RTS and u.src == peer and u.sid == h[1]:
+                    del self.unexpected[i]
+                    self.route[peer].send(peer, _pack((FIN, h[1])), None, None)
+                    break
+            return None
+        if kind == NAK:
+            req = self._recvs.pop(h[1])
+            req.error = CommError(f"rank {self.rank}: the message of {req.count} bytes from "
+                                  f"rank {peer} (tag {req.tag}) was withdrawn by its sender "
+                                  "(its Send timed out or was cancelled)")
+            req._complete()
             return None
         raise TransportError(f"rank {peer} sent an unknown frame kind {kind!r}")
 

@@ -68,7 +68,9 @@ class Request:
         return True
 
     def Cancel(self) -> None:
-        """Cancel a receive that has not matched a message yet (no effect otherwise)."""
+        """Cancel a receive that has not matched a message yet, or withdraw a large send
+        whose payload has not been handed over (no effect otherwise; ``Status.cancelled``
+        tells). See :meth:`pycomm.p2p.Engine.cancel`."""
         self.engine.cancel(self)
 
     def Free(self) -> None:

@@ -14,7 +14,7 @@ from collections import deque
 import numpy as np
 import pytest
 
-from pycomm.errors import CommTimeoutError, TruncationError
+from pycomm.errors import CommError, CommTimeoutError, TruncationError
 from pycomm.p2p import ANY_SOURCE, ANY_TAG, Engine
 
 
@@ -210,3 +210,52 @@ def test_cancel_unmatched_receive():
     w = FakeWorld(2)
     r = w.irecv(1, np.zeros(1, np.uint8), 0, 3)
     assert w.engines[1].cancel(r) and r.cancelled and r.done
+
+
+@pytest.mark.parametrize("one_sided", [False, True])
+def test_withdrawn_send_is_never_received(one_sided):
+    # cancelled before the receiver saw the RTS: dropped there, FIN back, nothing left over
+    w = FakeWorld(2, one_sided=one_sided)
+    s = w.isend(0, np.full(100, 1, np.uint8), 1, 3)
+    assert w.engines[0].cancel(s) and s.done and s.cancelled
+    w.isend(0, np.full(100, 2, np.uint8), 1, 3)
+    w.run_all()                            # RTS, CANCEL, RTS arrive before any receive
+    buf = np.zeros(100, np.uint8)
+    r = w.irecv(1, buf, 0, 3)
+    w.run_all()
+    w.engines[1].wait(r)
+    assert (buf == 2).all()
+    assert not w.engines[0]._withdrawn and not w.engines[0]._sends
+    assert not w.engines[1].unexpected
+
+
+def test_withdrawn_send_after_cts_fails_the_receive():
+    # the receiver matched and answered CTS while the CANCEL was in flight: NAK
+    w = FakeWorld(2, one_sided=False)
+    buf = np.zeros(100, np.uint8)
+    r = w.irecv(1, buf, 0, 3)
+    s = w.isend(0, np.full(100, 1, np.uint8), 1, 3)
+    assert w.engines[0].cancel(s)          # before the receiver has run
+    w.run_all()
+    with pytest.raises(CommError, match="100 bytes from rank 0 .tag 3. was withdrawn"):
+        w.engines[1].wait(r)
+    assert not w.engines[0]._withdrawn and not w.engines[1]._recvs
+    # the pair still works
+    r2 = w.irecv(1, buf, 0, 4)
+    w.isend(0, np.full(100, 7, np.uint8), 1, 4)
+    w.run_all()
+    w.engines[1].wait(r2)
+    assert (buf == 7).all()
+
+
+def test_cancel_after_hand_over_fails():
+    # the CTS has arrived: the payload is being handed over, so the send cannot be withdrawn
+    w = FakeWorld(2, one_sided=False)
+    buf = np.zeros(100, np.uint8)
+    r = w.irecv(1, buf, 0, 3)
+    s = w.isend(0, np.full(100, 5, np.uint8), 1, 3)
+    w.engines[1].progress()                # CTS on its way to rank 0
+    assert not w.engines[0].cancel(s) and not s.cancelled
+    w.run_all()
+    w.engines[1].wait(r)
+    assert (buf == 5).all()

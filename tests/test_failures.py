@@ -219,6 +219,69 @@ def test_timeout_on_blocking_calls(transport):
     assert out["after Wait"] is True
 
 
+def _send_timeouts():
+    """Large (rendezvous) sends that time out or are cancelled are withdrawn: a receive
+    posted later never gets them, and one that matched already fails or has the data."""
+    comm = pycomm.COMM_WORLD
+    n = 1 << 18                                  # 2 MiB of float64: above the eager limit
+    out = {}
+    if comm.rank == 0:
+        first = np.full(n, 1.0)
+        t0 = time.monotonic()
+        try:
+            comm.Send(first, 1, 5, timeout=0.5)  # rank 1 is not receiving yet
+            out["Send"] = ("no error", "", 0.0)
+        except Exception as exc:  # noqa: BLE001 - the parent checks the type
+            out["Send"] = (type(exc).__name__, str(exc), time.monotonic() - t0)
+        first[:] = -1.0                          # the caller owns the buffer again
+        comm.Barrier()
+        comm.Send(np.full(n, 2.0), 1, 5, timeout=10)
+        # Cancel after the receiver matched: it has answered CTS (tcp) or read (shm)
+        req = comm.Isend(np.full(n, 3.0), 1, 9)
+        comm.Barrier()                           # rank 1 posts its receive after this
+        time.sleep(1.0)                          # ... and matches it while we do not progress
+        req.Cancel()
+        req.Wait(timeout=10)
+        out["cancelled"] = req.cancelled
+        comm.Barrier()
+        return out
+    comm.Barrier()
+    buf = np.zeros(n)
+    comm.Recv(buf, 0, 5, timeout=10)
+    out["after Send timeout"] = sorted(set(buf.tolist()))
+    comm.Barrier()
+    late = np.zeros(n)
+    r = comm.Irecv(late, 0, 9)
+    t_end = time.monotonic() + 0.5
+    while time.monotonic() < t_end and not r.done:
+        r.Test()
+    try:
+        r.Wait(timeout=10)
+        out["late"] = ("data", sorted(set(late.tolist())))
+    except Exception as exc:  # noqa: BLE001 - the parent checks the type
+        out["late"] = (type(exc).__name__, str(exc))
+    comm.Barrier()
+    return out
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_timed_out_or_cancelled_large_send_is_withdrawn(transport):
+    with pycomm.Pool(2, transport=transport, timeout=30.0) as pool:
+        sender, receiver = pool.run(_send_timeouts, timeout=60.0)
+    kind, message, seconds = sender["Send"]
+    assert kind == "CommTimeoutError" and "rank 0" in message, message
+    assert 0.5 <= seconds < 2.5
+    # the withdrawn message never arrives: the next Recv gets the second one, intact
+    assert receiver["after Send timeout"] == [2.0]
+    # the receiver matched during the sender's sleep: its CTS or FIN is waiting, so the
+    # cancel finds the message handed over and fails (MPI's Test_cancelled: False)
+    late = receiver["late"]
+    if sender["cancelled"]:     # withdrawn in a race with the receiver: told so
+        assert late[0] == "CommError" and "withdrawn by its sender" in late[1], late
+    else:
+        assert late == ("data", [3.0])
+
+
 def _identity():
     return os.getpid(), os.environ["PYCOMM_JOB_ID"], sorted(os.listdir("/dev/shm"))
 
