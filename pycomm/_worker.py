@@ -28,6 +28,7 @@ from pycomm import config
 from pycomm.errors import CommTimeoutError
 from pycomm.store import StoreClient
 
+FLUSH_S = 10.0  # seconds a finished task may spend handing over held-back frames
 IDLE_POLL_S = 30.0  # seconds one store wait for the next task may take before re-asking
 
 
@@ -43,6 +44,15 @@ def _outcome(rank: int, exc: BaseException | None = None, value: object = None) 
         frames = frames.tb_next  # start the traceback at the user's code, not ours
     tb = "".join(traceback.format_exception(type(exc), exc, frames))
     return cloudpickle.dumps((rank, "err", type(exc).__qualname__, str(exc), tb))
+
+
+def _flush(pycomm) -> None:
+    """Before idling until the next task, let frames held back by flow control (a FIN a
+    peer's Send waits for) leave: nothing drives this rank's progress while it idles."""
+    try:
+        pycomm.COMM_WORLD._engine.flush(FLUSH_S)
+    except Exception:  # noqa: BLE001 - a dead peer is reported by the next task
+        pass
 
 
 def _finish(client: StoreClient, seq: int, payload: bytes) -> None:
@@ -88,6 +98,7 @@ def main() -> int:
                 payload = _outcome(rank, value=fn(*args))
             except BaseException as exc:  # noqa: BLE001 - SystemExit too: the parent decides
                 payload = _outcome(rank, exc)
+            _flush(pycomm)
             _finish(client, seq, payload)
         finalize = getattr(pycomm, "finalize", None)
         if callable(finalize):

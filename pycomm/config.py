@@ -70,6 +70,9 @@ _DECLARED = [
     Var("PYCOMM_SEGMENT_BYTES", int, 65536,
         "Bytes per segment of pipelined collectives (bcast pipeline, allreduce "
         "double_binary_tree); must be the same on every rank."),
+    Var("PYCOMM_SCRATCH_KEEP_BYTES", int, 1 << 28,
+        "Bytes of collective scratch buffers (1 MiB and larger) kept for reuse between calls "
+        "(0: allocate afresh every call)."),
     Var("PYCOMM_TUNE_FILE", str, None,
         "JSON table of cost-model constants written by python -m pycomm.tune (default: the "
         "table shipped in pycomm/algorithms/tuned.json)."),

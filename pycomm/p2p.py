@@ -496,6 +496,32 @@ class Engine:
             except TransportError as exc:
                 raise self._peer_error(exc) from None
 
+    def flush(self, timeout: float) -> bool:
+        """Drive progress until no transport holds frames back (e.g. a FIN waiting for flow
+        control credit), or ``timeout`` seconds pass. Call before going idle outside pycomm
+        (a pool worker between tasks): a peer may be waiting for those frames.
+
+        Returns:
+            True when nothing is held back any more.
+
+        Raises:
+            PeerError: a peer died or a link failed.
+        """
+        deadline = _perf() + timeout
+        ts = self.transports
+        while any(t.has_backlog() for t in ts):
+            if self.progress():
+                continue
+            left = deadline - _perf()
+            if left <= 0:
+                return False
+            if self._threaded:          # the progress thread may be blocked in a transport
+                time.sleep(min(left, 0.001))
+            else:
+                for t in ts:
+                    t.block(min(left, 0.001 if len(ts) > 1 else 0.05))
+        return True
+
     # -- threads --------------------------------------------------------------------------
     # Single-threaded use (the default) takes no locks. The first nonblocking collective
     # calls enable_threads(): from then on every entry point runs under one re-entrant

@@ -31,6 +31,7 @@ from fakecomm import FakeCommError, run_fake  # tests/ is on sys.path under pyte
 
 # ``pycomm.algorithms`` the attribute is the re-exported function; take the module itself.
 algs = importlib.import_module("pycomm.algorithms")
+scratch = importlib.import_module("pycomm.algorithms.scratch")
 
 SIZES = list(range(1, 10))
 COUNTS = [0, 1, 2, 7, 13]
@@ -48,10 +49,14 @@ SEGMENT_BYTES = 24  # 3 to 6 elements: counts 7 and 13 take several segments
 
 @pytest.fixture(autouse=True, scope="module")
 def _small_segments():
-    """Force the multi-segment paths of the pipelined schedules (module-wide)."""
+    """Force the multi-segment paths of the pipelined schedules, and scratch of every size
+    through the shared pool that the fake ranks (threads) take turns on (module-wide)."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PYCOMM_SEGMENT_BYTES", str(SEGMENT_BYTES))
+        mp.setenv("PYCOMM_SCRATCH_KEEP_BYTES", str(4 << 20))
+        mp.setattr(scratch, "POOL_MIN_BYTES", 0)
         yield
+        scratch.POOL.clear()
 
 
 def reduction_id(case) -> str:

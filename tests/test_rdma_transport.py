@@ -82,3 +82,29 @@ def test_p2p_sizes_and_bursts(pool):
 def test_collectives_against_numpy(pool):
     res = pool.run(_collectives, COUNTS)
     assert all(x == list(range(len(res))) for x in res)
+
+
+def _both_ways_backlog(count):
+    """Every rank queues ``count`` messages to its right neighbour before receiving any
+    (eager ones and, every fifth, a rendezvous one whose FIN then queues behind data):
+    both directions run out of send credits at once, each holding only the reserved one
+    with data queued, and must still hand each other their credits back."""
+    comm = pycomm.COMM_WORLD
+    r, s = comm.rank, comm.size
+    sizes = [10, 8300, 0, 3, 25000]                 # float64: 200 KB is a rendezvous
+    out = [np.full(sizes[i % 5], float(i)) for i in range(count)]
+    reqs = [comm.Isend(m, (r + 1) % s, 7) for m in out]
+    ok = True
+    got = np.empty(max(sizes))
+    for i in range(count):
+        st = pycomm.Status()
+        comm.Recv(got, (r - 1) % s, 7, st, timeout=30)
+        n = st.Get_count() // 8
+        ok &= n == sizes[i % 5] and bool((got[:n] == i).all())
+    pycomm.Request.Waitall(reqs, timeout=30)
+    return ok
+
+
+def test_credits_flow_back_when_both_directions_are_backlogged(pool):
+    for _ in range(3):
+        assert all(pool.run(_both_ways_backlog, 60))

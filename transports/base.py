@@ -166,6 +166,11 @@ class Transport(ABC):
     def check_peers(self) -> None:
         """Raise PeerLostError if a peer is known to be dead (called while waiting long)."""
 
+    def has_backlog(self) -> bool:
+        """True while frames accepted by :meth:`send` still wait in this process for the
+        medium (a full ring, socket or credit window); ``progress()`` moves them on."""
+        return False
+
     # -- one-sided capability (used by the rendezvous protocol when one_sided_read) -------
     def expose(self, view: memoryview) -> Any:
         """Make ``view`` (a send buffer) readable by peers; return a msgpack-able descriptor.

@@ -423,6 +423,9 @@ class ShmTransport(Transport):
         return False
 
     # -- waiting --------------------------------------------------------------------------
+    def has_backlog(self) -> bool:
+        return bool(self._pending)
+
     def _changed(self) -> bool:
         for ring in self._in:
             if ring.ctl[_HEAD] != ring.seen_head:

@@ -219,6 +219,9 @@ class TcpTransport(Transport):
         return moved
 
     # -- receiving ------------------------------------------------------------------------
+    def has_backlog(self) -> bool:
+        return any(c.queue for c in self._conns.values())
+
     def progress(self) -> bool:
         return self._handle(self._sel.select(0))
 

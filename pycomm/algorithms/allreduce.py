@@ -66,6 +66,7 @@ import numpy as np
 from pycomm.algorithms.bcast import SEND_WINDOW, bcast_binomial, segment_elements
 from pycomm.algorithms.halving import fold_in, fold_out, halve
 from pycomm.algorithms.reduce import reduce_binomial
+from pycomm.algorithms.scratch import give, take
 from pycomm.algorithms.topology import (ceil_log2, chunk_offsets, double_binary_tree,
                                         fold_real_rank, pof2_floor, ring_neighbors,
                                         segment_offsets)
@@ -87,7 +88,7 @@ def allreduce_ring(cc, buf: np.ndarray, op) -> None:
         return
     offs = chunk_offsets(buf.size, size)
     left, right = ring_neighbors(rank, size)
-    scratch = np.empty(offs[1] - offs[0], dtype=buf.dtype)  # chunk 0 is a largest chunk
+    scratch = take(offs[1] - offs[0], buf.dtype)  # chunk 0 is a largest chunk
 
     def chunk(c: int) -> np.ndarray:
         c %= size
@@ -98,6 +99,7 @@ def allreduce_ring(cc, buf: np.ndarray, op) -> None:
         incoming = scratch[:mine.size]
         cc.sendrecv(chunk(rank - step), right, incoming, left)
         op.apply(incoming, mine)  # incoming is the partial of the ranks before us on the ring
+    give(scratch)
     for step in range(size - 1):  # all-gather: rank owns chunk rank+1
         cc.sendrecv(chunk(rank + 1 - step), right, chunk(rank - step), left)
 
@@ -118,13 +120,14 @@ def allreduce_rabenseifner(cc, buf: np.ndarray, op) -> None:
     folding = pof2 != size
     offs = chunk_offsets(count, pof2)
     # The fold receives a whole vector; halving receives at most the first half.
-    scratch = np.empty(count if folding else offs[pof2 // 2], dtype=buf.dtype)
+    scratch = take(count if folding else offs[pof2 // 2], buf.dtype)
     new_rank = fold_in(cc, buf, op, scratch)
     if new_rank is not None:
         steps = halve(cc, buf, op, offs, new_rank, scratch)
-        for partner, _, keep, give in reversed(steps):  # recursive-doubling all-gather
+        for partner, _, keep, other in reversed(steps):  # recursive-doubling all-gather
             cc.sendrecv(buf[offs[keep[0]]:offs[keep[1]]], partner,
-                        buf[offs[give[0]]:offs[give[1]]], partner)
+                        buf[offs[other[0]]:offs[other[1]]], partner)
+    give(scratch)
     fold_out(cc, buf, new_rank)
 
 
@@ -140,7 +143,7 @@ def allreduce_recursive_doubling(cc, buf: np.ndarray, op) -> None:
     if size == 1:
         return
     pof2 = pof2_floor(size)
-    scratch = np.empty_like(buf)
+    scratch = take(buf.size, buf.dtype)
     new_rank = fold_in(cc, buf, op, scratch)
     if new_rank is not None:
         mask = 1
@@ -153,6 +156,7 @@ def allreduce_recursive_doubling(cc, buf: np.ndarray, op) -> None:
             else:
                 op.apply(scratch, buf)
             mask <<= 1
+    give(scratch)
     fold_out(cc, buf, new_rank)
 
 

@@ -9,6 +9,11 @@ the bytes of the call as defined in :func:`pycomm.algorithms.choose`, ``p``, the
 ranks, and the transport's :class:`Constants`, and returns seconds. Only the ranking
 matters: constants shift the crossovers, not the shapes.
 
+When ranks outnumber cores (``oversubscription > 1``), the closed forms are replaced by
+step-by-step sums over each schedule (:data:`SCHEDULES`), in which a step pays a measured
+wake-up per turn of the cores it needs and concurrent copies and reductions share the
+cores: see the comment above :data:`SCHEDULES`.
+
 Why σ: numpy scratch buffers come from fresh pages whose first touch page-faults; it is
 what separates Rabenseifner (scratch ``n/2``) from the ring (scratch ``n/p``) at large
 ``n``, where α-β-γ alone calls them even.

@@ -36,6 +36,7 @@ from __future__ import annotations
 import numpy as np
 
 from pycomm.algorithms.halving import fold_in, halve
+from pycomm.algorithms.scratch import give, take
 from pycomm.algorithms.topology import (binomial_children, binomial_parent, chunk_offsets,
                                         fold_new_rank, pof2_floor)
 
@@ -59,10 +60,11 @@ def reduce_binomial(cc, buf: np.ndarray, root: int, op) -> None:
     tree_root = root if op.commutative else 0
     children = binomial_children(rank, size, tree_root)
     if children:
-        incoming = np.empty_like(buf)
+        incoming = take(buf.size, buf.dtype)
         for child in children:
             cc.recv(incoming, child)
             op.apply_left(buf, incoming)  # own partial covers the lower vranks
+        give(incoming)
     parent = binomial_parent(rank, size, tree_root)
     if parent is not None:
         cc.send(buf, parent)
@@ -89,17 +91,18 @@ def reduce_rabenseifner(cc, buf: np.ndarray, root: int, op) -> None:
     pof2 = pof2_floor(size)
     count = buf.size
     offs = chunk_offsets(count, pof2)
-    scratch = np.empty(count if pof2 != size else offs[pof2 // 2], dtype=buf.dtype)
+    scratch = take(count if pof2 != size else offs[pof2 // 2], buf.dtype)
     new_rank = fold_in(cc, buf, op, scratch)
     gatherer = root if fold_new_rank(root, size) is not None else root + 1
     new_root = fold_new_rank(gatherer, size)
     if new_rank is not None:
         steps = halve(cc, buf, op, offs, new_rank, scratch)
-        for partner, partner_new, keep, give in reversed(steps):
+        for partner, partner_new, keep, other in reversed(steps):
             if (new_rank ^ new_root) & (new_rank ^ partner_new):
                 cc.send(buf[offs[keep[0]]:offs[keep[1]]], partner)
                 break  # this rank's range now lives with the partner
-            cc.recv(buf[offs[give[0]]:offs[give[1]]], partner)
+            cc.recv(buf[offs[other[0]]:offs[other[1]]], partner)
+    give(scratch)
     if gatherer != root:
         if cc.rank == gatherer:
             cc.send(buf, root)

@@ -43,6 +43,7 @@ from itertools import accumulate
 import numpy as np
 
 from pycomm.algorithms.halving import fold_in, halve
+from pycomm.algorithms.scratch import give, take
 from pycomm.algorithms.topology import bit_reverse, pof2_floor, ring_neighbors
 
 __all__ = ["reduce_scatter_ring", "reduce_scatter_pairwise", "reduce_scatter_recursive_halving",
@@ -75,12 +76,13 @@ def reduce_scatter_ring(cc, sendbuf: np.ndarray, recvbuf: np.ndarray, counts, op
         b %= size
         return sendbuf[displs[b]:displs[b + 1]]
 
-    scratch = np.empty(max(counts), dtype=sendbuf.dtype)
+    scratch = take(max(counts), sendbuf.dtype)
     for step in range(size - 1):
         mine = block(rank - step - 2)
         incoming = scratch[:mine.size]
         cc.sendrecv(block(rank - step - 1), right, incoming, left)
         op.apply(incoming, mine)  # incoming: earlier ranks on the ring
+    give(scratch)
     recvbuf[:] = block(rank)
 
 
@@ -152,16 +154,18 @@ def reduce_scatter_recursive_halving(cc, sendbuf: np.ndarray, recvbuf: np.ndarra
     offs = [0, *accumulate(span(j)[1] - span(j)[0] for j in owner)]
     # The fold receives a whole vector; halving at most the larger half of the first step.
     half = offs[pof2 // 2]
-    scratch = np.empty(total if rem else max(half, total - half), dtype=sendbuf.dtype)
+    scratch = take(total if rem else max(half, total - half), sendbuf.dtype)
     new_rank = fold_in(cc, sendbuf, op, scratch)
     if new_rank is None:  # an even rank of the fold: its block comes back from rank + 1
+        give(scratch)
         cc.recv(recvbuf, rank + 1)
         return
-    work = np.empty(total, dtype=sendbuf.dtype)
+    work = take(total, sendbuf.dtype)
     for pos, j in enumerate(owner):
         lo, hi = span(j)
         work[offs[pos]:offs[pos + 1]] = sendbuf[lo:hi]
     halve(cc, work, op, offs, new_rank, scratch)
+    give(scratch)
     pos = bit_reverse(new_rank, nbits)
     mine = work[offs[pos]:offs[pos + 1]]
     if rank < 2 * rem:  # an odd rank of the fold: it holds its even partner's block too
@@ -169,6 +173,7 @@ def reduce_scatter_recursive_halving(cc, sendbuf: np.ndarray, recvbuf: np.ndarra
         cc.send(mine[:even], rank - 1)
         mine = mine[even:]
     recvbuf[:] = mine
+    give(work)
 
 
 def reduce_scatter_block_ring(cc, sendbuf: np.ndarray, recvbuf: np.ndarray, op) -> None:

@@ -15,8 +15,9 @@ Flow control by credits (no RNR in steady state): a sender may post a SEND only 
 holds a credit, i.e. a receive slot the peer has re-posted; the ``imm_data`` of every SEND
 returns the slots this side re-posted since its last report, and a zero-length
 credit-only SEND goes out when half a window is owed and no data is flowing. Data SENDs
-keep the last credit in reserve for credit-only messages, so two ranks sending to each
-other cannot both run out. RNR retry (rnr_retry=7) remains as the safety net.
+keep the last credit in reserve for credit-only messages, and a rank whose queued data
+waits behind that reserve spends it on returning what it owes, so two ranks sending to
+each other cannot both run out. RNR retry (rnr_retry=7) remains as the safety net.
 
 Rendezvous (large messages): zero-copy RDMA READ by the receiver. ``expose`` registers the
 send buffer (through a registration cache) and returns ``[addr, rkey]``; the engine puts
@@ -210,7 +211,13 @@ class RdmaTransport(Transport):
                 self.sink.on_sent(t)
             busy = True
         for p in self._peers.values():
-            if p.owed >= self.nrecv // 2 and not p.queue and p.credits >= 1:
+            # Return credits when half a window is owed and no data SEND will carry them;
+            # and when data is stuck behind the reserved last credit, spend that credit on
+            # them: otherwise two ranks that both hold one credit and queued data wait for
+            # each other's credits forever.
+            if p.owed and p.credits >= 1 and (
+                    (p.owed >= self.nrecv // 2 and not p.queue)
+                    or (p.queue and p.credits == 1)):
                 self._post_send(p, _CREDIT, [])
         return busy
 
@@ -262,6 +269,9 @@ class RdmaTransport(Transport):
             sink.on_payload(p.rank)
 
     # -- waiting and liveness -------------------------------------------------------------
+    def has_backlog(self) -> bool:
+        return any(p.queue for p in self._peers.values())
+
     def block(self, timeout: float) -> None:
         if self._wcs or self._sent_tokens:
             return
