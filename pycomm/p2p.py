@@ -45,27 +45,24 @@ Matching follows MPI: a receive matches the earliest arrived message with the sa
 context, a matching source (or ANY_SOURCE) and tag (or ANY_TAG); messages between a pair
 never overtake each other, since transports deliver in order.
 
-Progress happens only inside pycomm calls: blocking calls and ``Wait``/``Test`` drive every
-transport until their request completes (no background thread). A waiting rank spins for
-``PYCOMM_SPIN_US`` microseconds and then sleeps in the kernel (futex or select), waking
-every 0.25 s to check that its peers are alive.
+Progress and waiting (spin, then sleep in the kernel; liveness checks; the lock a second
+thread needs) are :class:`pycomm.waiting.Waiting`, which the engine inherits.
 """
 
 from __future__ import annotations
 
-import os
-import threading
-import time
 from typing import Any
 
 import msgpack
 
-from transports import PeerLostError, TransportError
+from transports import TransportError
 
-from .errors import CommError, CommTimeoutError, PeerError, TruncationError
+from .errors import CommError, PeerError, TruncationError
 from .request import Request
+from .waiting import Waiting, default_spin_seconds
 
-__all__ = ["Engine", "Request", "ANY_SOURCE", "ANY_TAG", "PROC_NULL"]
+__all__ = ["Engine", "Request", "ANY_SOURCE", "ANY_TAG", "PROC_NULL",
+           "default_spin_seconds"]
 
 ANY_SOURCE = -2
 ANY_TAG = -1
@@ -74,8 +71,6 @@ PROC_NULL = -1
 EAGER, RTS, CTS, DATA, FIN, CANCEL, NAK = 0, 1, 2, 3, 4, 5, 6
 _pack = msgpack.packb
 _unpack = msgpack.unpackb
-_perf = time.perf_counter
-_LIVENESS_S = 0.25
 
 
 # Eager headers depend only on (context, tag): pack each once, parse each once.
@@ -109,7 +104,7 @@ def _matches(ctx, src, tag, r_ctx, r_src, r_tag) -> bool:
         (r_tag == tag or (r_tag == ANY_TAG and tag >= 0))
 
 
-class Engine:
+class Engine(Waiting):
     """Matching and protocol engine for one process (one per world).
 
     Args:
@@ -396,185 +391,6 @@ class Engine:
     def on_sent(self, token) -> None:
         token._complete()
 
-    # -- progress and waiting -------------------------------------------------------------
-    def progress(self) -> bool:
-        """Drive every transport once; True when anything moved."""
-        busy = False
-        try:
-            for t in self.transports:
-                if t.progress():
-                    busy = True
-        except TransportError as exc:
-            raise self._peer_error(exc) from None
-        return busy
-
-    def _peer_error(self, exc: TransportError) -> PeerError:
-        if isinstance(exc, PeerLostError):
-            err = PeerError(f"rank {self.rank}: {exc}", exc.peer)
-        else:
-            err = PeerError(f"rank {self.rank}: transport failure: {exc}")
-        self._failed = err
-        return err
-
-    def wait(self, req: Request, timeout: float | None = None) -> None:
-        """Drive progress until ``req`` completes; raise its error if it has one.
-
-        Raises:
-            CommTimeoutError: not complete within ``timeout`` seconds (default: engine's).
-            PeerError: a peer died or a link failed while waiting.
-            TruncationError: the message was larger than the receive buffer.
-        """
-        if not req.done:
-            self.progress()
-            if not req.done:
-                self._wait_slow(lambda: req.done, timeout, req)
-        if req.error is not None:
-            raise req.error
-
-    def wait_all(self, reqs, timeout: float | None = None) -> None:
-        """Drive progress until every request in ``reqs`` completes (errors raised after)."""
-        for r in reqs:
-            if not r.done:
-                self.progress()
-                pending = [x for x in reqs if not x.done]
-                if pending:
-                    self._wait_slow(lambda: all(x.done for x in pending), timeout, pending[0])
-                break
-        for r in reqs:
-            if r.error is not None:
-                raise r.error
-
-    def wait_until(self, cond, timeout: float | None = None, what: str = "operation") -> None:
-        """Drive progress until ``cond()`` is true (used by Probe and the object layer)."""
-        if not cond():
-            self.progress()
-            self._wait_slow(cond, timeout, None, what)
-
-    def _wait_slow(self, cond, timeout, req, what: str = "operation") -> None:
-        progress = self.progress
-        now = _perf()
-        spin_end = now + self.spin_s
-        threaded = self._yield_gil
-        while not cond():
-            if progress():
-                continue
-            if _perf() >= spin_end:
-                break
-            if threaded:        # let the other thread have the GIL (switch interval: 5 ms)
-                time.sleep(0)
-        else:
-            return
-        limit = self.timeout if timeout is None else timeout
-        deadline = now + limit
-        next_check = _perf() + _LIVENESS_S
-        ts = self.transports
-        single = ts[0] if len(ts) == 1 else None
-        while not cond():
-            if progress():
-                continue
-            t = _perf()
-            if t >= deadline:
-                raise CommTimeoutError(self._describe_timeout(req, what, limit))
-            if t >= next_check:
-                next_check = t + _LIVENESS_S
-                try:
-                    for tr in ts:
-                        tr.check_peers()
-                except TransportError as exc:
-                    raise self._peer_error(exc) from None
-            slice_ = min(deadline - t, next_check - t)
-            try:
-                if self._threaded:
-                    self._block_shared(cond, slice_)
-                elif single is not None:
-                    single.block(slice_)
-                elif ts:                    # several media: share the wait between them
-                    for tr in ts:
-                        tr.block(min(slice_, 0.001))
-                else:                       # no peers at all: nothing can wake us early
-                    time.sleep(min(slice_, 0.001))
-            except TransportError as exc:
-                raise self._peer_error(exc) from None
-
-    def flush(self, timeout: float) -> bool:
-        """Drive progress until no transport holds frames back (e.g. a FIN waiting for flow
-        control credit), or ``timeout`` seconds pass. Call before going idle outside pycomm
-        (a pool worker between tasks): a peer may be waiting for those frames.
-
-        Returns:
-            True when nothing is held back any more.
-
-        Raises:
-            PeerError: a peer died or a link failed.
-        """
-        deadline = _perf() + timeout
-        ts = self.transports
-        while any(t.has_backlog() for t in ts):
-            if self.progress():
-                continue
-            left = deadline - _perf()
-            if left <= 0:
-                return False
-            if self._threaded:          # the progress thread may be blocked in a transport
-                time.sleep(min(left, 0.001))
-            else:
-                for t in ts:
-                    t.block(min(left, 0.001 if len(ts) > 1 else 0.05))
-        return True
-
-    # -- threads --------------------------------------------------------------------------
-    # Single-threaded use (the default) takes no locks. The first nonblocking collective
-    # calls enable_threads(): from then on every entry point runs under one re-entrant
-    # lock, and of the threads that wait, one at a time sleeps in the transport while the
-    # others sleep on a condition variable that any progress, or the completion of a
-    # nonblocking collective, signals.
-    def enable_threads(self) -> None:
-        """Make the engine safe for a second thread (idempotent; call from the owner)."""
-        if self._threaded:
-            return
-        lock = threading.RLock()
-        self.lock = lock
-        self._cv = threading.Condition(lock)
-        self._blocker = threading.Lock()
-        for name in ("isend", "irecv", "iprobe", "cancel"):
-            setattr(self, name, _locked(lock, getattr(self, name)))
-        raw = self.progress
-
-        def progress() -> bool:
-            with lock:
-                busy = raw()
-                if busy:
-                    self._cv.notify_all()
-                return busy
-
-        self.progress = progress
-        self._threaded = True
-        self._yield_gil = True
-
-    def notify(self) -> None:
-        """Wake the threads waiting in this engine (a request completed off-progress)."""
-        if self._threaded:
-            with self._cv:
-                self._cv.notify_all()
-            for t in self.transports:       # and whichever thread sleeps in a transport
-                t.wakeup()
-
-    def _block_shared(self, cond, slice_: float) -> None:
-        ts = self.transports
-        if ts and self._blocker.acquire(blocking=False):
-            try:
-                if len(ts) == 1:
-                    ts[0].block(min(slice_, 0.05))
-                else:
-                    for tr in ts:
-                        tr.block(min(slice_, 0.001))
-            finally:
-                self._blocker.release()
-            return
-        with self._cv:
-            if not cond():
-                self._cv.wait(min(slice_, 0.05))
-
     def _describe_timeout(self, req, what, limit) -> str:
         if req is None:
             return f"rank {self.rank}: {what} did not complete within {limit:g} s"
@@ -582,19 +398,3 @@ class Engine:
         peer = "any rank" if req.peer == ANY_SOURCE else f"rank {req.peer}"
         return (f"rank {self.rank}: {kind} {peer} (tag {req.tag}) did not complete within "
                 f"{limit:g} s; is the peer posting the matching call? (PYCOMM_TIMEOUT)")
-
-
-def _locked(lock, fn):
-    def call(*args, **kwargs):
-        with lock:
-            return fn(*args, **kwargs)
-    call.__name__ = fn.__name__
-    call.__doc__ = fn.__doc__
-    return call
-
-
-def default_spin_seconds(local_size: int) -> float:
-    """50 µs of spinning, or 5 µs when this host's ranks outnumber its cores."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
-        (os.cpu_count() or 1)
-    return 50e-6 if local_size <= cores else 5e-6

@@ -391,7 +391,7 @@ def test_non_commutative_op_keeps_rank_order(world, pair, n):
 # -- algorithm override through the environment --------------------------------------------
 
 def _rank_env_override():
-    import pycomm.comm as comm_module
+    import pycomm.selection as comm_module
     comm = pycomm.COMM_WORLD
     chosen = []
     real_choose = comm_module.choose
@@ -426,7 +426,7 @@ def _rank_env_override():
         del os.environ[var]
         comm.Allreduce(pycomm.IN_PLACE, x)
         out["unset"] = chosen[-1]
-        out["model"] = real_choose("allreduce", x.nbytes, comm.size)[0]
+        out["model"] = comm.chosen_algorithm("allreduce", x.nbytes, algorithm="auto")
         comm.Allreduce(pycomm.IN_PLACE, x)
         out["value"] = x.tolist()
     finally:

@@ -1,0 +1,113 @@
+"""Which algorithm a communicator's collective runs: the choice, its cache, the debug log.
+
+:class:`AlgorithmSelection` is mixed into :class:`pycomm.comm.Communicator`. Every rank of a
+communicator must run the same schedule, so the inputs of the choice are the same on every
+rank: the collective, its byte count, the op's commutativity, ``algorithm=`` or
+``PYCOMM_ALGORITHM_<COLLECTIVE>``, and the model's inputs agreed at start-up (size,
+transport, ranks per core). The rule itself is :func:`pycomm.algorithms.choose`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from .algorithms import choose, model_time
+from .ops import Op
+
+__all__ = ["AlgorithmSelection"]
+
+_CHOICES: dict = {}
+_ENV_DATA = getattr(os.environ, "_data", None)   # CPython's raw mapping: a fast lookup
+
+
+def _override(collective: str):
+    """Current ``PYCOMM_ALGORITHM_<COLLECTIVE>`` (raw), read on every call, cheaply."""
+    if type(_ENV_DATA) is dict:
+        return _ENV_DATA.get(b"PYCOMM_ALGORITHM_" + collective.upper().encode())
+    return os.environ.get("PYCOMM_ALGORITHM_" + collective.upper())
+
+
+class AlgorithmSelection:
+    """Choosing, caching and logging the algorithm of each collective call (a mixin: it
+    uses the communicator's ``size``, ``rank``, ``_engine``, ``_defer``, ``_debug`` and
+    ``transport_name``)."""
+
+    def chosen_algorithm(self, collective: str, nbytes: int, *, commutative: bool = True,
+                         algorithm: str | None = None) -> str:
+        """Name the algorithm a call on this communicator would run.
+
+        The same choice the collective itself makes (:func:`pycomm.algorithms.choose` with
+        this communicator's size, transport and agreed ranks per core), for logs and
+        benchmarks. Sends nothing.
+
+        Args:
+            collective: e.g. ``"allreduce"`` (a key of ``pycomm.algorithms.REGISTRY``).
+            nbytes: bytes of the call as defined in :mod:`pycomm.algorithms` (e.g. the
+                whole receive buffer for allgather).
+            commutative: whether the reduction op commutes.
+            algorithm: as the collective's ``algorithm=``; None honours
+                ``PYCOMM_ALGORITHM_<COLLECTIVE>``, ``"auto"`` ignores it.
+
+        Raises:
+            ArgumentError: unknown collective or algorithm, or a named algorithm that
+                cannot serve the call.
+        """
+        return choose(collective, int(nbytes), self.size, requested=algorithm,
+                      commutative=commutative, transport=self._model_transport(),
+                      oversubscription=self._oversubscription())[0]
+
+    def _run(self, collective: str, nbytes: int, algorithm, op: Op | None, call):
+        commutative = op.commutative if op is not None else True
+        # The choice is a pure function of these, the override variable and the model's
+        # inputs (size, transport, ranks per core: the world's change once, at start-up,
+        # after its first collectives), so cache it.
+        key = (collective, nbytes, algorithm, commutative, _override(collective))
+        hit = _CHOICES.get(key)
+        eng = self._engine
+        model = (self.size, eng.oversubscription, eng.min_cores,
+                 getattr(self, "transport_name", None))
+        if hit is None or hit[2] != model:
+            name, fn = choose(collective, nbytes, self.size, requested=algorithm,
+                              commutative=commutative, transport=self._model_transport(),
+                              oversubscription=self._oversubscription())
+            if len(_CHOICES) > 4096:
+                _CHOICES.clear()
+            _CHOICES[key] = (name, fn, model)
+        else:
+            name, fn = hit[0], hit[1]
+        if self._defer is not None:       # a nonblocking twin: the progress thread runs it
+            self._defer.append(lambda: call(fn))
+            return None
+        if not self._debug:
+            return call(fn)
+        t0 = time.perf_counter()
+        out = call(fn)
+        measured = time.perf_counter() - t0
+        try:
+            modelled = 1e6 * model_time(collective, name, nbytes, self.size,
+                                        transport=self._model_transport(),
+                                        oversubscription=self._oversubscription())
+            modelled = f"{modelled:.1f} us"
+        except Exception:                 # a collective the model does not cover
+            modelled = "n/a"
+        print(f"[pycomm rank {self.rank}] {collective}({nbytes} B, {self.size} ranks): "
+              f"{name}, modelled {modelled}, measured {1e6 * measured:.1f} us",
+              file=sys.stderr)
+        return out
+
+    def _model_transport(self) -> str:
+        """The transport whose cost constants model this communicator (slowest link)."""
+        name = getattr(self, "transport_name", None) or "shm"
+        return "tcp" if "tcp" in name else ("rdma" if "rdma" in name else "shm")
+
+    def _oversubscription(self) -> float:
+        """Ranks per core (the cost model's oversubscription factor).
+
+        Every rank of a communicator must choose the same algorithm, so this uses only
+        values all ranks agreed on at start-up (the busiest host's ranks per core, the
+        fewest cores of any host), capped by this communicator's size.
+        """
+        eng = self._engine
+        return max(1.0, min(eng.oversubscription, self.size / eng.min_cores))

@@ -1,0 +1,228 @@
+"""Progress and waiting for the p2p engine: spin, then sleep in the kernel.
+
+Progress happens only inside pycomm calls: blocking calls and ``Wait``/``Test`` drive every
+transport until their request completes (no background thread unless a nonblocking
+collective starts one). A waiting rank spins for ``PYCOMM_SPIN_US`` microseconds and then
+sleeps in the kernel (futex or select), waking every 0.25 s to check that its peers are
+alive. :class:`Waiting` is the half of :class:`pycomm.p2p.Engine` that does this; it reads
+the engine's ``transports``, ``timeout``, ``spin_s`` and thread flags, and its
+``_describe_timeout`` names what timed out.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from transports import PeerLostError, TransportError
+
+from .errors import CommTimeoutError, PeerError
+
+if TYPE_CHECKING:
+    from .request import Request
+
+__all__ = ["Waiting", "default_spin_seconds"]
+
+_perf = time.perf_counter
+_LIVENESS_S = 0.25
+
+
+class Waiting:
+    """Progress, waits with timeouts, flush, and the switch to thread safety."""
+
+    # -- progress and waiting -------------------------------------------------------------
+    def progress(self) -> bool:
+        """Drive every transport once; True when anything moved."""
+        busy = False
+        try:
+            for t in self.transports:
+                if t.progress():
+                    busy = True
+        except TransportError as exc:
+            raise self._peer_error(exc) from None
+        return busy
+
+    def _peer_error(self, exc: TransportError) -> PeerError:
+        if isinstance(exc, PeerLostError):
+            err = PeerError(f"rank {self.rank}: {exc}", exc.peer)
+        else:
+            err = PeerError(f"rank {self.rank}: transport failure: {exc}")
+        self._failed = err
+        return err
+
+    def wait(self, req: "Request", timeout: float | None = None) -> None:
+        """Drive progress until ``req`` completes; raise its error if it has one.
+
+        Raises:
+            CommTimeoutError: not complete within ``timeout`` seconds (default: engine's).
+            PeerError: a peer died or a link failed while waiting.
+            TruncationError: the message was larger than the receive buffer.
+        """
+        if not req.done:
+            self.progress()
+            if not req.done:
+                self._wait_slow(lambda: req.done, timeout, req)
+        if req.error is not None:
+            raise req.error
+
+    def wait_all(self, reqs, timeout: float | None = None) -> None:
+        """Drive progress until every request in ``reqs`` completes (errors raised after)."""
+        for r in reqs:
+            if not r.done:
+                self.progress()
+                pending = [x for x in reqs if not x.done]
+                if pending:
+                    self._wait_slow(lambda: all(x.done for x in pending), timeout, pending[0])
+                break
+        for r in reqs:
+            if r.error is not None:
+                raise r.error
+
+    def wait_until(self, cond, timeout: float | None = None, what: str = "operation") -> None:
+        """Drive progress until ``cond()`` is true (used by Probe and the object layer)."""
+        if not cond():
+            self.progress()
+            self._wait_slow(cond, timeout, None, what)
+
+    def _wait_slow(self, cond, timeout, req, what: str = "operation") -> None:
+        progress = self.progress
+        now = _perf()
+        spin_end = now + self.spin_s
+        threaded = self._yield_gil
+        while not cond():
+            if progress():
+                continue
+            if _perf() >= spin_end:
+                break
+            if threaded:        # let the other thread have the GIL (switch interval: 5 ms)
+                time.sleep(0)
+        else:
+            return
+        limit = self.timeout if timeout is None else timeout
+        deadline = now + limit
+        next_check = _perf() + _LIVENESS_S
+        ts = self.transports
+        single = ts[0] if len(ts) == 1 else None
+        while not cond():
+            if progress():
+                continue
+            t = _perf()
+            if t >= deadline:
+                raise CommTimeoutError(self._describe_timeout(req, what, limit))
+            if t >= next_check:
+                next_check = t + _LIVENESS_S
+                try:
+                    for tr in ts:
+                        tr.check_peers()
+                except TransportError as exc:
+                    raise self._peer_error(exc) from None
+            slice_ = min(deadline - t, next_check - t)
+            try:
+                if self._threaded:
+                    self._block_shared(cond, slice_)
+                elif single is not None:
+                    single.block(slice_)
+                elif ts:                    # several media: share the wait between them
+                    for tr in ts:
+                        tr.block(min(slice_, 0.001))
+                else:                       # no peers at all: nothing can wake us early
+                    time.sleep(min(slice_, 0.001))
+            except TransportError as exc:
+                raise self._peer_error(exc) from None
+
+    def flush(self, timeout: float) -> bool:
+        """Drive progress until no transport holds frames back (e.g. a FIN waiting for flow
+        control credit), or ``timeout`` seconds pass. Call before going idle outside pycomm
+        (a pool worker between tasks): a peer may be waiting for those frames.
+
+        Returns:
+            True when nothing is held back any more.
+
+        Raises:
+            PeerError: a peer died or a link failed.
+        """
+        deadline = _perf() + timeout
+        ts = self.transports
+        while any(t.has_backlog() for t in ts):
+            if self.progress():
+                continue
+            left = deadline - _perf()
+            if left <= 0:
+                return False
+            if self._threaded:          # the progress thread may be blocked in a transport
+                time.sleep(min(left, 0.001))
+            else:
+                for t in ts:
+                    t.block(min(left, 0.001 if len(ts) > 1 else 0.05))
+        return True
+
+    # -- threads --------------------------------------------------------------------------
+    # Single-threaded use (the default) takes no locks. The first nonblocking collective
+    # calls enable_threads(): from then on every entry point runs under one re-entrant
+    # lock, and of the threads that wait, one at a time sleeps in the transport while the
+    # others sleep on a condition variable that any progress, or the completion of a
+    # nonblocking collective, signals.
+    def enable_threads(self) -> None:
+        """Make the engine safe for a second thread (idempotent; call from the owner)."""
+        if self._threaded:
+            return
+        lock = threading.RLock()
+        self.lock = lock
+        self._cv = threading.Condition(lock)
+        self._blocker = threading.Lock()
+        for name in ("isend", "irecv", "iprobe", "cancel"):
+            setattr(self, name, _locked(lock, getattr(self, name)))
+        raw = self.progress
+
+        def progress() -> bool:
+            with lock:
+                busy = raw()
+                if busy:
+                    self._cv.notify_all()
+                return busy
+
+        self.progress = progress
+        self._threaded = True
+        self._yield_gil = True
+
+    def notify(self) -> None:
+        """Wake the threads waiting in this engine (a request completed off-progress)."""
+        if self._threaded:
+            with self._cv:
+                self._cv.notify_all()
+            for t in self.transports:       # and whichever thread sleeps in a transport
+                t.wakeup()
+
+    def _block_shared(self, cond, slice_: float) -> None:
+        ts = self.transports
+        if ts and self._blocker.acquire(blocking=False):
+            try:
+                if len(ts) == 1:
+                    ts[0].block(min(slice_, 0.05))
+                else:
+                    for tr in ts:
+                        tr.block(min(slice_, 0.001))
+            finally:
+                self._blocker.release()
+            return
+        with self._cv:
+            if not cond():
+                self._cv.wait(min(slice_, 0.05))
+
+
+def _locked(lock, fn):
+    def call(*args, **kwargs):
+        with lock:
+            return fn(*args, **kwargs)
+    call.__name__ = fn.__name__
+    call.__doc__ = fn.__doc__
+    return call
+
+
+def default_spin_seconds(local_size: int) -> float:
+    """50 µs of spinning, or 5 µs when this host's ranks outnumber its cores."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+        (os.cpu_count() or 1)
+    return 50e-6 if local_size <= cores else 5e-6
