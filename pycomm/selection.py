@@ -54,12 +54,10 @@ class AlgorithmSelection:
             ArgumentError: unknown collective or algorithm, or a named algorithm that
                 cannot serve the call.
         """
-        return choose(collective, int(nbytes), self.size, requested=algorithm,
-                      commutative=commutative, transport=self._model_transport(),
-                      oversubscription=self._oversubscription())[0]
+        return self._choose(collective, int(nbytes), algorithm, commutative)[0]
 
-    def _run(self, collective: str, nbytes: int, algorithm, op: Op | None, call):
-        commutative = op.commutative if op is not None else True
+    def _choose(self, collective: str, nbytes: int, algorithm, commutative: bool):
+        """``(name, fn)`` of :func:`pycomm.algorithms.choose` for this communicator, cached."""
         # The choice is a pure function of these, the override variable and the model's
         # inputs (size, transport, ranks per core: the world's change once, at start-up,
         # after its first collectives), so cache it.
@@ -75,8 +73,12 @@ class AlgorithmSelection:
             if len(_CHOICES) > 4096:
                 _CHOICES.clear()
             _CHOICES[key] = (name, fn, model)
-        else:
-            name, fn = hit[0], hit[1]
+            return name, fn
+        return hit[0], hit[1]
+
+    def _run(self, collective: str, nbytes: int, algorithm, op: Op | None, call):
+        commutative = op.commutative if op is not None else True
+        name, fn = self._choose(collective, nbytes, algorithm, commutative)
         if self._defer is not None:       # a nonblocking twin: the progress thread runs it
             self._defer.append(lambda: call(fn))
             return None

@@ -259,3 +259,38 @@ def test_cancel_after_hand_over_fails():
     w.run_all()
     w.engines[1].wait(r)
     assert (buf == 5).all()
+
+
+class _HeldBack:
+    """A transport stub whose frames stay held back for ``rounds`` progress calls."""
+
+    background_thread = False
+
+    def __init__(self, rounds):
+        self.rounds, self.blocked = rounds, 0
+
+    def has_backlog(self):
+        return self.rounds > 0
+
+    def progress(self):
+        self.rounds -= 1
+        return False
+
+    def block(self, timeout):
+        self.blocked += 1
+
+    def close(self):
+        pass
+
+
+def test_flush_drives_progress_until_nothing_is_held_back():
+    eng = Engine(0, 2, eager_limit=64, spin_s=0.0, timeout=2.0)
+    stub = _HeldBack(3)
+    eng.attach(stub, [1])
+    assert eng.flush(5.0) is True and stub.rounds == 0 and stub.blocked >= 1
+
+
+def test_flush_gives_up_after_its_timeout():
+    eng = Engine(0, 2, eager_limit=64, spin_s=0.0, timeout=2.0)
+    eng.attach(_HeldBack(10 ** 9), [1])
+    assert eng.flush(0.05) is False

@@ -234,8 +234,14 @@ def _send_timeouts():
         except Exception as exc:  # noqa: BLE001 - the parent checks the type
             out["Send"] = (type(exc).__name__, str(exc), time.monotonic() - t0)
         first[:] = -1.0                          # the caller owns the buffer again
+        try:                                     # the object form withdraws its bytes too
+            comm.send(np.full(n, 4.0), 1, 6, timeout=0.5)
+            out["send"] = "no error"
+        except Exception as exc:  # noqa: BLE001 - the parent checks the type
+            out["send"] = type(exc).__name__
         comm.Barrier()
         comm.Send(np.full(n, 2.0), 1, 5, timeout=10)
+        comm.send("second object", 1, 6, timeout=10)
         # Cancel after the receiver matched: it has answered CTS (tcp) or read (shm)
         req = comm.Isend(np.full(n, 3.0), 1, 9)
         comm.Barrier()                           # rank 1 posts its receive after this
@@ -249,6 +255,7 @@ def _send_timeouts():
     buf = np.zeros(n)
     comm.Recv(buf, 0, 5, timeout=10)
     out["after Send timeout"] = sorted(set(buf.tolist()))
+    out["after send timeout"] = comm.recv(source=0, tag=6, timeout=10)
     comm.Barrier()
     late = np.zeros(n)
     r = comm.Irecv(late, 0, 9)
@@ -273,6 +280,8 @@ def test_timed_out_or_cancelled_large_send_is_withdrawn(transport):
     assert 0.5 <= seconds < 2.5
     # the withdrawn message never arrives: the next Recv gets the second one, intact
     assert receiver["after Send timeout"] == [2.0]
+    assert sender["send"] == "CommTimeoutError"
+    assert receiver["after send timeout"] == "second object"
     # the receiver matched during the sender's sleep: its CTS or FIN is waiting, so the
     # cancel finds the message handed over and fails (MPI's Test_cancelled: False)
     late = receiver["late"]

@@ -211,15 +211,17 @@ class RdmaTransport(Transport):
                 self.sink.on_sent(t)
             busy = True
         for p in self._peers.values():
-            # Return credits when half a window is owed and no data SEND will carry them;
-            # and when data is stuck behind the reserved last credit, spend that credit on
-            # them: otherwise two ranks that both hold one credit and queued data wait for
-            # each other's credits forever.
-            if p.owed and p.credits >= 1 and (
-                    (p.owed >= self.nrecv // 2 and not p.queue)
-                    or (p.queue and p.credits == 1)):
+            if self._credit_return_due(p):
                 self._post_send(p, _CREDIT, [])
         return busy
+
+    def _credit_return_due(self, p: _Peer) -> bool:
+        """Whether a credit-only SEND should go to ``p`` now: half a window is owed and no
+        data SEND will carry it, or data is stuck behind the reserved last credit (then
+        that credit returns what is owed: two ranks that both hold one credit and queued
+        data would otherwise wait for each other's credits forever)."""
+        return bool(p.owed) and p.credits >= 1 and (
+            (p.owed >= self.nrecv // 2 and not p.queue) or (bool(p.queue) and p.credits == 1))
 
     def _complete(self, wc) -> None:
         p = self._by_qpn.get(wc.qp_num)
@@ -405,8 +407,7 @@ class RdmaTransport(Transport):
                     p.owed += 1
             for p in live:
                 self._pump(p)
-                if p.owed >= self.nrecv // 2 and not p.queue and p.credits >= 1 and \
-                        p.rank not in said_bye:
+                if p.rank not in said_bye and self._credit_return_due(p):
                     self._post_send(p, _CREDIT, [])
             self.cq.wait(0.01)
 
