@@ -70,6 +70,9 @@ _DECLARED = [
     Var("PYCOMM_SEGMENT_BYTES", int, 65536,
         "Bytes per segment of pipelined collectives (bcast pipeline, allreduce "
         "double_binary_tree); must be the same on every rank."),
+    Var("PYCOMM_RING_SEGMENT_BYTES", int, 1 << 20,
+        "Bytes per segment of the ring all-reduce's chunks: a segment is forwarded as soon "
+        "as it is reduced, and scratch is two segments; must be the same on every rank."),
     Var("PYCOMM_SCRATCH_KEEP_BYTES", int, 1 << 28,
         "Bytes of collective scratch buffers (1 MiB and larger) kept for reuse between calls "
         "(0: allocate afresh every call)."),

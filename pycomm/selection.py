@@ -76,16 +76,34 @@ class AlgorithmSelection:
             return name, fn
         return hit[0], hit[1]
 
-    def _run(self, collective: str, nbytes: int, algorithm, op: Op | None, call):
+    def _run(self, collective: str, nbytes: int, algorithm, op: Op | None, call, *,
+             log_bytes: int | None = None):
+        """Choose the algorithm and run ``call(fn)`` (queue it, inside a nonblocking twin).
+
+        ``log_bytes``: the bytes the debug log models when ``nbytes`` is not this rank's
+        view of the call (the v-variants choose on 0 bytes: their counts are not known to
+        every rank).
+        """
         commutative = op.commutative if op is not None else True
         name, fn = self._choose(collective, nbytes, algorithm, commutative)
+        debug = self._debug
+
+        def run(kind: str = ""):
+            if not debug:
+                return call(fn)
+            return self._logged(collective, nbytes if log_bytes is None else log_bytes,
+                                name, kind, lambda: call(fn))
+
         if self._defer is not None:       # a nonblocking twin: the progress thread runs it
-            self._defer.append(lambda: call(fn))
+            self._defer.append(lambda: run("nonblocking "))
             return None
-        if not self._debug:
-            return call(fn)
+        return run()
+
+    def _logged(self, collective: str, nbytes: int, name: str, kind: str, call):
+        """Run ``call()`` and print the PYCOMM_DEBUG line: algorithm, modelled and measured
+        seconds (for a nonblocking collective, measured on the progress thread)."""
         t0 = time.perf_counter()
-        out = call(fn)
+        out = call()
         measured = time.perf_counter() - t0
         try:
             modelled = 1e6 * model_time(collective, name, nbytes, self.size,
@@ -94,7 +112,7 @@ class AlgorithmSelection:
             modelled = f"{modelled:.1f} us"
         except Exception:                 # a collective the model does not cover
             modelled = "n/a"
-        print(f"[pycomm rank {self.rank}] {collective}({nbytes} B, {self.size} ranks): "
+        print(f"[pycomm rank {self.rank}] {kind}{collective}({nbytes} B, {self.size} ranks): "
               f"{name}, modelled {modelled}, measured {1e6 * measured:.1f} us",
               file=sys.stderr)
         return out

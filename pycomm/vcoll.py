@@ -84,7 +84,8 @@ class VectorMethods:
             send = as_array(sendbuf, self.rank, "sendbuf")
         cc = self._coll()
         self._run("gatherv", 0, algorithm, None,
-                  lambda fn: fn(cc, send, recv, counts, displs, root))
+                  lambda fn: fn(cc, send, recv, counts, displs, root),
+                  log_bytes=(recv if self.rank == root else send).nbytes)
 
     def Scatterv(self, sendbuf, recvbuf, root: int = 0, *, algorithm: str | None = None):
         """Send block i (``counts[i]`` elements at ``displs[i]``) of root's buffer to rank i.
@@ -109,7 +110,8 @@ class VectorMethods:
             recv = as_array(recvbuf, self.rank, "recvbuf", writable=True)
         cc = self._coll()
         self._run("scatterv", 0, algorithm, None,
-                  lambda fn: fn(cc, send, counts, displs, recv, root))
+                  lambda fn: fn(cc, send, counts, displs, recv, root),
+                  log_bytes=(send if self.rank == root else recv).nbytes)
 
     def Allgatherv(self, sendbuf, recvbuf, *, algorithm: str | None = None):
         """Every rank gets every rank's block in ``[recvbuf, counts, displs]``."""
@@ -138,7 +140,8 @@ class VectorMethods:
                                          f"{send.dtype} differs from recvbuf {recv.dtype}")
         cc = self._coll()
         self._run("alltoallv", 0, algorithm, None,
-                  lambda fn: fn(cc, send, scounts, sdispls, recv, rcounts, rdispls))
+                  lambda fn: fn(cc, send, scounts, sdispls, recv, rcounts, rdispls),
+                  log_bytes=sum(scounts) * send.itemsize)
 
     def Reduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=SUM, *,
                        algorithm: str | None = None):

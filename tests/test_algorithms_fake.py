@@ -53,6 +53,7 @@ def _small_segments():
     through the shared pool that the fake ranks (threads) take turns on (module-wide)."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PYCOMM_SEGMENT_BYTES", str(SEGMENT_BYTES))
+        mp.setenv("PYCOMM_RING_SEGMENT_BYTES", str(SEGMENT_BYTES))
         mp.setenv("PYCOMM_SCRATCH_KEEP_BYTES", str(4 << 20))
         mp.setattr(scratch, "POOL_MIN_BYTES", 0)
         yield
@@ -109,6 +110,33 @@ def test_allreduce(name, size, count, case):
     for res in results:
         np.testing.assert_array_equal(res, expected)
         assert res.dtype == np.dtype(dtype)
+    assert_same_bytes(results)
+
+
+@pytest.mark.parametrize("size", (2, 3, 5, 8))
+@pytest.mark.parametrize("name", algorithm_cases("allreduce"))
+@pytest.mark.parametrize("dtype,op", [(np.int8, ops.SUM), (np.uint16, ops.SUM),
+                                      (np.int32, ops.PROD)], ids=["int8-SUM", "uint16-SUM",
+                                                                  "int32-PROD"])
+def test_allreduce_integer_overflow_wraps_like_numpy(name, size, dtype, op):
+    """Sums and products past the dtype's range wrap modulo 2**bits, as numpy's do, and
+    every rank ends with the same bytes."""
+    info = np.iinfo(dtype)
+    base = info.max - 3 if op is ops.SUM else 1 << 20
+    xs = [np.array([base, info.max, info.min + r, r], dtype=dtype) for r in range(size)]
+    fn = algs.REGISTRY["allreduce"][name].fn
+    with np.errstate(over="ignore"):
+        expected = fold(op, xs)
+        results = run_fake(size, lambda cc: (fn(cc, b := xs[cc.rank].copy(), op), b)[1])
+    wide = [x.astype(object) for x in xs]      # exact integers, then wrapped by hand
+    exact = functools.reduce((lambda a, b: a + b) if op is ops.SUM else (lambda a, b: a * b),
+                             wide)
+    bits = 8 * np.dtype(dtype).itemsize
+    wrapped = [((int(v) - info.min) % (1 << bits)) + info.min for v in exact]
+    assert expected.tolist() == wrapped          # the reference itself wraps
+    assert any(int(v) != w for v, w in zip(exact, wrapped, strict=True))  # and overflowed
+    for res in results:
+        np.testing.assert_array_equal(res, expected)
     assert_same_bytes(results)
 
 
@@ -410,8 +438,13 @@ def test_message_counts(size):
     assert msgs == [lg] * size and nbytes == [0] * size
     msgs, _ = traffic(lambda cc: algs.bcast_binomial(cc, np.zeros(count), 0))
     assert sum(msgs) == size - 1
+    # ring: rank r forwards every chunk but r+1 in the reduce-scatter and every chunk but
+    # r+2 in the all-gather, each chunk as ceil(bytes / segment) messages
+    offs = topology.chunk_offsets(count, size)
+    chunk_segs = [-(-(offs[c + 1] - offs[c]) * 8 // SEGMENT_BYTES) for c in range(size)]
     msgs, nbytes = traffic(lambda cc: algs.allreduce_ring(cc, np.ones(count), ops.SUM))
-    assert msgs == [2 * (size - 1)] * size
+    assert msgs == [0 if size == 1 else 2 * sum(chunk_segs) - chunk_segs[(r + 1) % size]
+                    - chunk_segs[(r + 2) % size] for r in range(size)]
     assert all(b <= 2 * 8 * (count * (size - 1) // size + 2) for b in nbytes)
     msgs, _ = traffic(lambda cc: algs.allreduce_rabenseifner(cc, np.ones(count), ops.SUM))
     logq = q.bit_length() - 1

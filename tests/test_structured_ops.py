@@ -276,3 +276,48 @@ def test_ops_refuse_dtypes_they_do_not_define(world_small):
 def test_new_ops_are_exported_at_top_level():
     for name in PAIR_OPS + LOGICAL + BITWISE:
         assert getattr(pycomm, name, None) is getattr(ops, name), name
+
+
+# -- MAXLOC/MINLOC through the prefix and reduce-scatter collectives ------------------------
+
+def _rank_loc_others(op_name: str, dname: str, seed: int):
+    comm = pycomm.COMM_WORLD
+    p, r = comm.size, comm.rank
+    dt, op = pair_dtype(dname), getattr(ops, op_name)
+    counts = [(q * 5) % 4 for q in range(p)]          # uneven, with zeros
+    total = sum(counts)
+    mine = pairs(seed, r, p, max(total, 3 * p), dt)
+    scan, exscan = np.zeros_like(mine), np.zeros_like(mine)
+    comm.Scan(mine, scan, op)
+    comm.Exscan(mine, exscan, op)
+    block = np.zeros(3, dtype=dt)
+    comm.Reduce_scatter_block(mine[:3 * p], block, op)
+    part = np.zeros(counts[r], dtype=dt)
+    comm.Reduce_scatter(mine[:total], part, counts, op)
+    return scan, exscan, block, part, counts
+
+
+@pytest.mark.parametrize("op_name", PAIR_OPS)
+def test_maxloc_minloc_scan_exscan_reduce_scatter(world_small, op_name):
+    p = world_small.size
+    results = world_small.run(_rank_loc_others, op_name, "DOUBLE_INT", 11)
+    counts = results[0][4]
+    n = max(sum(counts), 3 * p)
+    inputs = [pairs(11, r, p, n, pair_dtype("DOUBLE_INT")) for r in range(p)]
+    starts = np.cumsum([0] + counts)
+
+    def check(got, want, what):
+        (v, i), (fv, fi) = want, got.dtype.names
+        assert np.array_equal(got[fv], v) and np.array_equal(got[fi].astype(np.int64), i), \
+            f"{what}: got {got[:6]}, expected values {v[:6]} indices {i[:6]} (lowest index)"
+
+    for r, (scan, exscan, block, part, _) in enumerate(results):
+        check(scan, loc_reference(op_name, inputs[:r + 1]), f"rank {r} Scan")
+        if r > 0:                                     # Exscan leaves rank 0 undefined
+            check(exscan, loc_reference(op_name, inputs[:r]), f"rank {r} Exscan")
+        whole = loc_reference(op_name, [a[:3 * p] for a in inputs])
+        check(block, (whole[0][3 * r:3 * r + 3], whole[1][3 * r:3 * r + 3]),
+              f"rank {r} Reduce_scatter_block")
+        whole = loc_reference(op_name, [a[:sum(counts)] for a in inputs])
+        lo, hi = starts[r], starts[r + 1]
+        check(part, (whole[0][lo:hi], whole[1][lo:hi]), f"rank {r} Reduce_scatter")

@@ -3,15 +3,21 @@
 Notation: ``p`` ranks, ``n`` bytes per vector, ``α`` latency per message, ``β`` seconds per
 byte moved, ``γ`` seconds per byte reduced; ``q = pof2_floor(p)``, ``rem = p - q``.
 
-**ring** (Patarasuk & Yuan 2009; Gloo ``allreduce_ring.h``; NCCL ring allreduce).
+**ring** (Patarasuk & Yuan 2009; Gloo ``allreduce_ring_chunked.h``; NCCL ring allreduce).
 The vector is cut into ``p`` chunks (sizes differ by at most one element, some may be
-empty). Reduce-scatter: in step ``s = 0..p-2`` rank ``r`` sends chunk ``r-s`` to its right
-neighbour, receives chunk ``r-s-1`` from its left neighbour and folds it into its own
-copy; afterwards rank ``r`` owns the fully reduced chunk ``r+1``. All-gather: ``p-1`` more
-steps pass the reduced chunks around the ring, copied, never re-reduced, so every rank
-holds bit-identical bytes. Chunk ``c`` is reduced in ring order ``c, c+1, ..., c-1``: the
-op must be commutative. Per rank ``2(p-1)`` messages, ``2n(p-1)/p`` bytes sent.
-Time ``2(p-1)α + 2n(p-1)/p β + n(p-1)/p γ``; scratch one chunk.
+empty), and each chunk into segments of ``s`` bytes (``PYCOMM_RING_SEGMENT_BYTES``; Gloo's
+words: one chunk per rank, many segments per chunk). Reduce-scatter: in step
+``t = 0..p-2`` rank ``r`` sends chunk ``r-t`` to its right neighbour, receives chunk
+``r-t-1`` from its left neighbour and folds it into its own copy; afterwards rank ``r``
+owns the fully reduced chunk ``r+1``. All-gather: ``p-1`` more steps pass the reduced
+chunks around the ring, copied, never re-reduced, so every rank holds bit-identical
+bytes. Step ``t`` forwards exactly the chunk received at step ``t-1``, so the schedule is
+pipelined by segment, as NCCL's: a segment goes on to the right as soon as it has been
+received and reduced, while the next one is still arriving (two receives in flight into
+two scratch segments). Chunk ``c`` is reduced in ring order ``c, c+1, ..., c-1``: the op
+must be commutative. Per rank ``2(p-1)`` steps of ``S = ceil(n/(ps))`` messages,
+``2n(p-1)/p`` bytes sent. Time ``2(p-1)Sα + 2n(p-1)/p β + n(p-1)/p γ``; scratch two
+segments.
 
 **rabenseifner** (Thakur, Rabenseifner & Gropp 2005, section 4.3; MPICH
 ``allreduce_intra_reduce_scatter_allgather``). Fold to ``q`` ranks (below), then a
@@ -63,6 +69,7 @@ import collections
 
 import numpy as np
 
+from pycomm import config
 from pycomm.algorithms.bcast import SEND_WINDOW, bcast_binomial, segment_elements
 from pycomm.algorithms.halving import fold_in, fold_out, halve
 from pycomm.algorithms.reduce import reduce_binomial
@@ -71,37 +78,82 @@ from pycomm.algorithms.topology import (ceil_log2, chunk_offsets, double_binary_
                                         fold_real_rank, pof2_floor, ring_neighbors,
                                         segment_offsets)
 
+# Segments of the ring's reduce-scatter in flight into scratch at once (double buffering).
+RING_DEPTH = 2
+
 __all__ = ["allreduce_ring", "allreduce_rabenseifner", "allreduce_recursive_doubling",
            "allreduce_binomial", "allreduce_double_binary_tree"]
 
 
-def allreduce_ring(cc, buf: np.ndarray, op) -> None:
-    """Ring allreduce (reduce-scatter + all-gather), in place.
+def allreduce_ring(cc, buf: np.ndarray, op, *, segment_bytes: int | None = None) -> None:
+    """Segmented ring allreduce (reduce-scatter + all-gather), in place.
 
     Args:
-        cc: the collective context (``rank``, ``size``, ``sendrecv``).
+        cc: the collective context (``rank``, ``size``, ``isend``, ``irecv``, ``waitall``).
         buf: 1-D C-contiguous array, this rank's contribution; ends with the result.
         op: a commutative :class:`pycomm.ops.Op`.
+        segment_bytes: bytes per segment of a chunk (default
+            ``PYCOMM_RING_SEGMENT_BYTES``); the same on every rank.
     """
     size, rank = cc.size, cc.rank
-    if size == 1:
+    if size == 1 or buf.size == 0:
         return
+    if segment_bytes is None:
+        segment_bytes = config.get("PYCOMM_RING_SEGMENT_BYTES")
+    seg = segment_elements(buf.itemsize, segment_bytes)
     offs = chunk_offsets(buf.size, size)
     left, right = ring_neighbors(rank, size)
-    scratch = take(offs[1] - offs[0], buf.dtype)  # chunk 0 is a largest chunk
+    steps = 2 * (size - 1)  # reduce-scatter steps 0..p-2, all-gather steps p-1..2p-3
 
-    def chunk(c: int) -> np.ndarray:
-        c %= size
-        return buf[offs[c]:offs[c + 1]]
+    def segments(c: int) -> list[tuple[tuple[int, int], np.ndarray]]:
+        chunk = buf[offs[c]:offs[c + 1]]
+        cut = segment_offsets(chunk.size, seg)
+        return [((c, j), chunk[cut[j]:cut[j + 1]]) for j in range(len(cut) - 1)]
 
-    for step in range(size - 1):  # reduce-scatter
-        mine = chunk(rank - step - 1)
-        incoming = scratch[:mine.size]
-        cc.sendrecv(chunk(rank - step), right, incoming, left)
-        op.apply(incoming, mine)  # incoming is the partial of the ranks before us on the ring
-    give(scratch)
-    for step in range(size - 1):  # all-gather: rank owns chunk rank+1
-        cc.sendrecv(chunk(rank + 1 - step), right, chunk(rank - step), left)
+    # Every segment this rank receives, in the order its left neighbour sends them: at step
+    # t chunk rank-t-1 (the same formula serves both halves), forwarded at step t+1.
+    arrivals = [(step, key, piece) for step in range(steps)
+                for key, piece in segments((rank - step - 1) % size)]
+    slots = [take(min(seg, offs[1] - offs[0]), buf.dtype) for _ in range(RING_DEPTH)]
+    recvs: collections.deque = collections.deque()
+    # Reduce-scatter sends by segment: the all-gather later receives into those same bytes
+    # and waits for the send first (causally it has completed by then, since the final
+    # chunk comes round the ring only after the right neighbour took this rank's partial).
+    scattered: dict[tuple[int, int], object] = {}
+    gathered = []
+
+    posted = 0
+
+    def post_receives() -> None:
+        """Post receives ahead, at most RING_DEPTH in flight, in arrival order."""
+        nonlocal posted
+        while posted < len(arrivals) and len(recvs) < RING_DEPTH:
+            step, key, piece = arrivals[posted]
+            if step < size - 1:
+                recvs.append(cc.irecv(slots[posted % RING_DEPTH][:piece.size], left))
+            elif key in scattered:
+                cc.waitall([scattered.pop(key)])
+                recvs.append(cc.irecv(piece, left))
+            else:  # not forwarded yet (empty chunks shorten the schedule): post it later
+                return
+            posted += 1
+
+    for key, piece in segments(rank):  # step 0: this rank's own chunk
+        scattered[key] = cc.isend(piece, right)
+    post_receives()
+    for i, (step, key, piece) in enumerate(arrivals):
+        cc.waitall([recvs.popleft()])
+        if step < size - 1:
+            # the incoming partial covers the ranks before this one on the ring
+            op.apply(slots[i % RING_DEPTH][:piece.size], piece)
+        if step + 1 < size - 1:
+            scattered[key] = cc.isend(piece, right)
+        elif step + 1 < steps:
+            gathered.append(cc.isend(piece, right))
+        post_receives()  # the slot just read is free again
+    cc.waitall(list(scattered.values()) + gathered)
+    for s in slots:
+        give(s)
 
 
 def allreduce_rabenseifner(cc, buf: np.ndarray, op) -> None:

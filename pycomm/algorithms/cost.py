@@ -127,6 +127,16 @@ def _segment() -> float:
     return float(max(1, config.get("PYCOMM_SEGMENT_BYTES")))
 
 
+def _ring_segs(n: float, p: int) -> float:
+    """Messages per chunk of the segmented ring all-reduce (``PYCOMM_RING_SEGMENT_BYTES``)."""
+    return max(1.0, math.ceil(n / p / max(1, config.get("PYCOMM_RING_SEGMENT_BYTES"))))
+
+
+def _ring_scratch(n: float, p: int) -> float:
+    """Scratch bytes of the segmented ring all-reduce: two segments of a chunk."""
+    return min(n / p, 2.0 * max(1, config.get("PYCOMM_RING_SEGMENT_BYTES")))
+
+
 def _lg(p: int) -> int:
     """ceil(log2 p): rounds of a binomial tree."""
     return ceil_log2(p)
@@ -198,8 +208,8 @@ FORMULAS: dict[tuple[str, str], Formula] = {
                          + (n if _folds(p) else n / 2) * k.sigma
                          + (k.alpha + n * k.beta + n * k.gamma if _folds(p) else 0.0)),
     ("allreduce", "ring"):
-        lambda n, p, k: (2 * (p - 1) * k.alpha + 2 * n * _frac(p) * k.beta
-                         + n * _frac(p) * k.gamma + n / p * k.sigma),
+        lambda n, p, k: (2 * (p - 1) * _ring_segs(n, p) * k.alpha + 2 * n * _frac(p) * k.beta
+                         + n * _frac(p) * k.gamma + _ring_scratch(n, p) * k.sigma),
     ("allreduce", "rabenseifner"):
         lambda n, p, k: (_halving(n, p, k) + _lq(p) * k.alpha + n * _qfrac(p) * k.beta
                          + (n if _folds(p) else n / 2) * k.sigma + _fold(n, p, k)),
@@ -298,9 +308,11 @@ def _o_scatter_binomial(n, p, k, c):
     return t
 
 
-def _o_ring_steps(n, p, k, c, reduce: bool) -> float:
+def _o_ring_steps(n, p, k, c, reduce: bool, segs: float = 1.0) -> float:
+    # a step of ``segs`` segments: one wake-up, but one message overhead per segment
     b = n / p
-    return (p - 1) * _step(k, c, p, b, p, b if reduce else 0.0, p if reduce else 0)
+    return (p - 1) * (_step(k, c, p, b, p, b if reduce else 0.0, p if reduce else 0)
+                      + (segs - 1) * k.alpha)
 
 
 def _o_fold(n, p, k, c, reduce: bool) -> float:
@@ -356,8 +368,9 @@ SCHEDULES: dict[tuple[str, str], Callable[[float, int, Constants, float], float]
                             + _o_gather_binomial(n * _qfrac(p), pof2_floor(p), k, c)
                             + (n if _folds(p) else n / 2) * k.sigma),
     ("allreduce", "ring"):
-        lambda n, p, k, c: (_o_ring_steps(n, p, k, c, True) + _o_ring_steps(n, p, k, c, False)
-                            + n / p * k.sigma),
+        lambda n, p, k, c: (_o_ring_steps(n, p, k, c, True, _ring_segs(n, p))
+                            + _o_ring_steps(n, p, k, c, False, _ring_segs(n, p))
+                            + _ring_scratch(n, p) * k.sigma),
     ("allreduce", "rabenseifner"):
         lambda n, p, k, c: (2 * _o_fold(n, p, k, c, True) + _o_halving(n, p, k, c)
                             + _o_doubling(n, p, k, c) + (n if _folds(p) else n / 2) * k.sigma),
