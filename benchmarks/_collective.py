@@ -252,7 +252,8 @@ def _parser(spec: Collective):
     p.add_argument("--root", type=int, default=0, help="root rank where there is one")
     p.add_argument("--rounds", type=int, default=1, metavar="R",
                    help="measure every (size, algorithm) R times, the algorithms taking "
-                        "turns, and report the round with the lowest average (steadies "
+                        "turns (in reverse order every other round), and report the round "
+                        "with the lowest average (steadies "
                         "side-by-side comparisons on a noisy machine; default 1)")
     if spec.nonblocking:
         p.add_argument("--compute", choices=("sleep", "busy"), default="sleep",
@@ -313,8 +314,10 @@ def run(spec: Collective, argv: list[str] | None = None) -> int:
         case.fill(0)
         iters, warmup = loop_counts(args, size)
         cells: dict[str | None, Any] = {}
-        for _ in range(args.rounds):
-            for algo in algos:
+        for rnd in range(args.rounds):
+            # alternate the order, so that no algorithm always runs right after the same
+            # neighbour (caches, page state and the scheduler's placement carry over)
+            for algo in (algos if rnd % 2 == 0 else algos[::-1]):
                 kw = dict(case.kwargs)
                 if algo is not None:
                     kw["algorithm"] = algo

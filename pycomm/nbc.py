@@ -25,6 +25,7 @@ import threading
 from .errors import CommError
 from .ops import SUM
 from .p2p import ANY_TAG, PROC_NULL, Request
+from .waiting import OFFLOADED
 
 __all__ = ["NonblockingMethods", "shutdown"]
 
@@ -41,16 +42,20 @@ class _ProgressThread(threading.Thread):
         self.tasks: queue.SimpleQueue = queue.SimpleQueue()
 
     def run(self) -> None:
+        self.engine.offload_ident = threading.get_ident()
         while True:
             item = self.tasks.get()
             if item is None:
                 return
             jobs, req = item
+            self.engine.offload_running += 1   # only this thread writes it
             try:
                 for job in jobs:
                     job()
             except BaseException as exc:       # delivered to whoever waits on the request
                 req.error = exc
+            finally:
+                self.engine.offload_running -= 1
             req._complete()
             self.engine.notify()
 
@@ -91,7 +96,7 @@ class NonblockingMethods:
         finally:
             self._defer = None
         req = Request(self._engine, None, -1, PROC_NULL, ANY_TAG)
-        req.expect = -3                   # a collective request
+        req.expect = OFFLOADED            # completed by the progress thread alone
         worker.tasks.put((jobs, req))
         return req
 

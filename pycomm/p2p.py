@@ -136,7 +136,9 @@ class Engine(Waiting):
         self.min_cores = 1
         self._failed: PeerError | None = None
         self._threaded = False
-        self._yield_gil = False       # spinning waiters must yield the GIL (threads in use)
+        self._yield_gil = False       # spinning waiters must yield the GIL (a transport thread)
+        self.offload_running = 0      # collectives the progress thread is running now
+        self.offload_ident = None     # that thread's threading.get_ident()
         self.lock = None
 
     # -- set-up ---------------------------------------------------------------------------

@@ -87,6 +87,8 @@ class AlgorithmSelection:
         commutative = op.commutative if op is not None else True
         name, fn = self._choose(collective, nbytes, algorithm, commutative)
         debug = self._debug
+        if not debug and self._defer is None:  # the common case: no closure, no log
+            return call(fn)
 
         def run(kind: str = ""):
             if not debug:

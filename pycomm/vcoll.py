@@ -85,7 +85,7 @@ class VectorMethods:
         cc = self._coll()
         self._run("gatherv", 0, algorithm, None,
                   lambda fn: fn(cc, send, recv, counts, displs, root),
-                  log_bytes=(recv if self.rank == root else send).nbytes)
+                  log_bytes=sum(counts) * recv.itemsize if self.rank == root else send.nbytes)
 
     def Scatterv(self, sendbuf, recvbuf, root: int = 0, *, algorithm: str | None = None):
         """Send block i (``counts[i]`` elements at ``displs[i]``) of root's buffer to rank i.
@@ -111,7 +111,7 @@ class VectorMethods:
         cc = self._coll()
         self._run("scatterv", 0, algorithm, None,
                   lambda fn: fn(cc, send, counts, displs, recv, root),
-                  log_bytes=(send if self.rank == root else recv).nbytes)
+                  log_bytes=sum(counts) * send.itemsize if self.rank == root else recv.nbytes)
 
     def Allgatherv(self, sendbuf, recvbuf, *, algorithm: str | None = None):
         """Every rank gets every rank's block in ``[recvbuf, counts, displs]``."""

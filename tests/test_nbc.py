@@ -379,6 +379,37 @@ def test_timeout_inside_schedule_surfaces_on_wait(world_small):
     assert world_small.run(_rank_timeout_in_schedule)[0] == ("CommTimeoutError", True)
 
 
+def _rank_wait_timeout_then_complete():
+    world = pycomm.COMM_WORLD
+    d = world.Dup()
+    out = None
+    if world.rank == 0:
+        req = d.Ibarrier()                     # the others join only after a world barrier
+        t0 = time.monotonic()
+        try:
+            req.Wait(timeout=0.3)              # the caller's own limit, not the schedule's
+            out = ["completed early"]
+        except pycomm.CommTimeoutError as exc:
+            out = ["CommTimeoutError", time.monotonic() - t0 < 5, "rank 0" in str(exc)]
+        world.Barrier()
+        pycomm.Request.Waitall([req], timeout=30)  # still pending; completes now
+        out.append(req.Test())
+    else:
+        world.Barrier()
+        d.Ibarrier().Wait(timeout=30)
+    d.Free()
+    return out
+
+
+def test_wait_timeout_on_a_pending_collective_leaves_it_pending(world_small):
+    """Wait(timeout=) on a nonblocking collective gives up after the caller's limit; the
+    collective goes on and completes once the other ranks post theirs."""
+    if world_small.size == 1:
+        pytest.skip("needs a peer")
+    assert world_small.run(_rank_wait_timeout_then_complete)[0] == [
+        "CommTimeoutError", True, True, True]
+
+
 def _rank_op_message():
     comm = pycomm.COMM_WORLD
     try:

@@ -121,7 +121,8 @@ REGISTRY: dict[str, dict[str, AlgorithmInfo]] = {
         ("rabenseifner", allreduce_rabenseifner, False, False,
          "recursive halving reduce-scatter + doubling allgather; medium messages"),
         ("ring", allreduce_ring, True, False,
-         "ring reduce-scatter + allgather; large messages, commutative ops"),
+         "ring reduce-scatter + allgather, pipelined in segments of "
+         "PYCOMM_RING_SEGMENT_BYTES; large messages, commutative ops"),
         ("binomial", allreduce_binomial, False, False,
          "binomial reduce to rank 0 + binomial broadcast"),
         ("double_binary_tree", allreduce_double_binary_tree, False, False,

@@ -116,9 +116,9 @@ def allreduce_ring(cc, buf: np.ndarray, op, *, segment_bytes: int | None = None)
                 for key, piece in segments((rank - step - 1) % size)]
     slots = [take(min(seg, offs[1] - offs[0]), buf.dtype) for _ in range(RING_DEPTH)]
     recvs: collections.deque = collections.deque()
-    # Reduce-scatter sends by segment: the all-gather later receives into those same bytes
-    # and waits for the send first (causally it has completed by then, since the final
-    # chunk comes round the ring only after the right neighbour took this rank's partial).
+    # Reduce-scatter sends by segment: the all-gather later receives into those same bytes,
+    # so it waits for that send before posting the receive (usually long complete: the
+    # final chunk comes round only after the right neighbour has taken the partial).
     scattered: dict[tuple[int, int], object] = {}
     gathered = []
 
