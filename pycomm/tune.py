@@ -6,19 +6,24 @@ Usage::
 
 Writes the JSON table that :mod:`pycomm.algorithms.cost` reads (to stdout, or ``FILE``)::
 
-    {"shm": {"alpha": s, "beta": s/B, "gamma": s/B, "sigma": s/B},
+    {"shm": {"alpha": s, "beta": s/B, "alpha_rndv": s, "beta_rndv": s/B,
+             "gamma": s/B, "sigma": s/B, "wake": s},
      "tcp": {...},
      "source": {"date", "host", "cpu_count", "python", "numpy", "pycomm", "command",
-                "loadavg", "ranks", "points"}}
+                "loadavg", "ranks", "eager_limit", "points"}}
 
 Point ``PYCOMM_TUNE_FILE`` at the file to use it instead of the shipped table
 (``pycomm/algorithms/tuned.json``, measured the same way). What is measured:
 
-* **α, β** per transport: ranks started with :func:`pycomm.spawn`; ranks 0 and 1 ping-pong
-  ``Send``/``Recv`` messages (the others wait), one-way time = round trip / 2, the median
-  of several timed loops per size. α is the intercept of the least-squares line
-  ``t = α + mβ'`` over small messages (8 B .. 4 KiB: latency, Python overhead included),
-  β the slope of the line over large ones (1 .. 8 MiB: bandwidth, rendezvous protocol).
+* **α, β, α_rndv, β_rndv** per transport: ranks started with :func:`pycomm.spawn`; ranks 0
+  and 1 ping-pong ``Send``/``Recv`` messages (the others wait), one-way time = round trip
+  / 2, the median of several timed loops per size. α is the intercept of the
+  least-squares line ``t = α + mβ'`` over small messages (8 B .. 4 KiB: latency, Python
+  overhead included), β the slope over 4 .. 64 KiB (eager protocol: copied through the
+  transport); α_rndv and β_rndv are intercept and slope of the line over the sizes past
+  ``PYCOMM_EAGER_LIMIT`` up to 8 MiB (rendezvous: handshake and one copy), fitted on
+  relative residuals (the times span two decades, and per-byte cost grows past the
+  caches: an absolute fit lets 4-8 MiB set an intercept three times the measured one).
 * **γ**: seconds per byte of ``SUM.apply`` (an in-place ``np.add``) on float32 and
   float64 arrays of 256 KiB .. 16 MiB, least-squares slope; the table keeps the larger of
   the two (the model has one γ).
@@ -48,12 +53,19 @@ import numpy as np
 __all__ = ["fit_line", "measure_pingpong", "measure_gamma", "measure_sigma", "tune", "main"]
 
 SMALL = [8, 64, 512, 4096]                        # bytes: α fit
-LARGE = [1 << 20, 2 << 20, 4 << 20, 8 << 20]      # bytes: β fit
+EAGER = [4096, 16384, 65536]                      # bytes: β fit (eager protocol)
+LARGE = [1 << 17, 1 << 18, 1 << 19, 1 << 20, 2 << 20, 4 << 20, 8 << 20]  # rendezvous fit
 COMPUTE = [256 << 10, 1 << 20, 4 << 20, 16 << 20]  # bytes: γ and σ fits
 
 
-def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
+def fit_line(xs: list[float], ys: list[float], *, relative: bool = False
+             ) -> tuple[float, float]:
     """Least-squares line through ``(xs, ys)``: return ``(intercept, slope)``.
+
+    Args:
+        relative: minimise relative rather than absolute residuals (each point weighted
+            by ``1 / y``): for sizes spanning decades, so that the largest do not decide
+            the intercept alone.
 
     Raises:
         ValueError: fewer than two distinct ``xs``.
@@ -61,8 +73,9 @@ def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
     x, y = np.asarray(xs, dtype=float), np.asarray(ys, dtype=float)
     if x.size < 2 or np.ptp(x) == 0:
         raise ValueError("a line needs at least two distinct sizes")
-    design = np.stack([np.ones_like(x), x], axis=1)
-    (intercept, slope), *_ = np.linalg.lstsq(design, y, rcond=None)
+    w = 1.0 / np.abs(y) if relative and np.all(y != 0) else np.ones_like(y)
+    design = np.stack([np.ones_like(x), x], axis=1) * w[:, None]
+    (intercept, slope), *_ = np.linalg.lstsq(design, y * w, rcond=None)
     return float(intercept), float(slope)
 
 
@@ -100,31 +113,48 @@ def _pingpong_rank(sizes: list[int], reps: int, quick: bool) -> dict[int, float]
 
 
 def measure_pingpong(transport: str, nprocs: int = 2, *, quick: bool = False
-                     ) -> tuple[float, float, dict[int, float]]:
-    """Return ``(alpha, beta, {bytes: one-way seconds})`` for ``transport``.
+                     ) -> tuple[dict[str, float], dict[int, float]]:
+    """Fit both protocols' lines to ping-pong times of ``transport``.
 
     Args:
         transport: "shm" or "tcp".
         nprocs: ranks to start (>= 2; only ranks 0 and 1 exchange messages).
         quick: fewer iterations (for tests); the fit is then rough.
 
+    Returns:
+        ``({"alpha", "beta", "alpha_rndv", "beta_rndv"}, {bytes: one-way seconds})``:
+        α the intercept over 8 B .. 4 KiB, β the slope over 4 .. 64 KiB (eager messages),
+        α_rndv and β_rndv intercept and slope over the sizes above ``PYCOMM_EAGER_LIMIT``
+        up to 8 MiB (rendezvous messages).
+
     Raises:
-        ValueError: ``nprocs < 2``.
+        ValueError: ``nprocs < 2``, or an eager limit that leaves fewer than two sizes on
+            either side.
         CommError: the ranks could not be started or failed.
     """
+    from pycomm import config
     from pycomm.spawn import spawn
 
     if nprocs < 2:
         raise ValueError(f"pycomm.tune needs at least 2 ranks, got -n {nprocs}")
-    sizes = SMALL + LARGE
+    limit = config.get("PYCOMM_EAGER_LIMIT")
+    eager = [m for m in EAGER if m <= limit]
+    rndv = [m for m in LARGE if m > limit]
+    if len(eager) < 2 or len(rndv) < 2:
+        raise ValueError(f"PYCOMM_EAGER_LIMIT={limit} leaves too few sizes to fit: eager "
+                         f"{eager}, rendezvous {rndv} (needs 16 KiB .. 2 MiB)")
+    sizes = sorted(set(SMALL + eager + rndv))
     times = spawn(_pingpong_rank, nprocs, (sizes, 2 if quick else 5, quick),
                   transport=transport)[0]
     alpha, _ = fit_line(SMALL, [times[m] for m in SMALL])
-    _, beta = fit_line(LARGE, [times[m] for m in LARGE])
-    # A noisy fit can cross zero; fall back to the smallest measured latency / slope.
-    alpha = alpha if alpha > 0 else min(times[m] for m in SMALL)
-    beta = beta if beta > 0 else times[LARGE[-1]] / LARGE[-1]
-    return alpha, beta, times
+    _, beta = fit_line(eager, [times[m] for m in eager])
+    alpha_rndv, beta_rndv = fit_line(rndv, [times[m] for m in rndv], relative=True)
+    # A noisy fit can cross zero; fall back to the measured latency / time per byte.
+    fit = {"alpha": alpha if alpha > 0 else min(times[m] for m in SMALL),
+           "beta": beta if beta > 0 else times[eager[-1]] / eager[-1],
+           "alpha_rndv": alpha_rndv if alpha_rndv > 0 else times[rndv[0]],
+           "beta_rndv": beta_rndv if beta_rndv > 0 else times[rndv[-1]] / rndv[-1]}
+    return fit, times
 
 
 def _token_ring_rank(rounds: int) -> float | None:
@@ -213,6 +243,7 @@ def tune(transports: list[str], nprocs: int = 2, *, quick: bool = False,
          command: str = "python -m pycomm.tune") -> dict[str, Any]:
     """Measure every constant and return the JSON-ready table (see the module docstring)."""
     import pycomm
+    from pycomm import config
 
     load = os.getloadavg()
     gammas = measure_gamma(quick=quick)
@@ -221,10 +252,9 @@ def tune(transports: list[str], nprocs: int = 2, *, quick: bool = False,
     table: dict[str, Any] = {}
     points = {}
     for transport in transports:
-        alpha, beta, times = measure_pingpong(transport, nprocs, quick=quick)
-        wake = measure_wake(transport, alpha, quick=quick)
-        table[transport] = {"alpha": alpha, "beta": beta, "gamma": gamma, "sigma": sigma,
-                            "wake": wake}
+        fit, times = measure_pingpong(transport, nprocs, quick=quick)
+        wake = measure_wake(transport, fit["alpha"], quick=quick)
+        table[transport] = {**fit, "gamma": gamma, "sigma": sigma, "wake": wake}
         points[transport] = {str(m): t for m, t in times.items()}
     cores = os.cpu_count() or 1
     table["source"] = {
@@ -239,6 +269,7 @@ def tune(transports: list[str], nprocs: int = 2, *, quick: bool = False,
         "quick": quick,
         "loadavg": [round(x, 2) for x in load],
         "loaded": load[0] > 0.5 * cores,
+        "eager_limit": config.get("PYCOMM_EAGER_LIMIT"),
         "gamma_per_dtype": gammas,
         "points": points,
     }
@@ -280,7 +311,9 @@ def main(argv: list[str] | None = None) -> int:
             fh.write(text)
     for transport in transports:
         c = table[transport]
-        print(f"{transport}: alpha {c['alpha'] * 1e6:.2f} us, beta {1 / c['beta'] / 1e9:.2f} GB/s, "
+        print(f"{transport}: alpha {c['alpha'] * 1e6:.2f} us, "
+              f"beta {1 / c['beta'] / 1e9:.2f} GB/s, rendezvous alpha {c['alpha_rndv'] * 1e6:.2f} us, "
+              f"beta {1 / c['beta_rndv'] / 1e9:.2f} GB/s, "
               f"gamma {1 / c['gamma'] / 1e9 if c['gamma'] else float('inf'):.2f} GB/s, "
               f"sigma {c['sigma'] * 1e9:.3f} ns/B, wake {c['wake'] * 1e6:.1f} us",
               file=sys.stderr)

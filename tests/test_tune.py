@@ -34,9 +34,10 @@ def test_shipped_table_is_valid_and_cites_its_run():
         c = raw[transport]
         assert 0 < c["alpha"] < 1e-2 and 0 < c["beta"] < 1e-8
         assert 0 < c["gamma"] < 1e-8 and 0 <= c["sigma"] < 1e-8
+        assert 0 < c["alpha_rndv"] < 1e-2 and 0 < c["beta_rndv"] < 1e-8
     src = raw["source"]
     for key in ("date", "host", "cpu_count", "python", "numpy", "pycomm", "command",
-                "loadavg"):
+                "loadavg", "eager_limit"):
         assert key in src, key
     assert src["command"].startswith("python -m pycomm.tune")
     assert not src["quick"]
@@ -47,7 +48,9 @@ def test_user_table_overrides_per_transport(tmp_path, monkeypatch):
     path.write_text(json.dumps({"tcp": {"alpha": 1.0, "beta": 2e-9, "gamma": 1e-10,
                                         "sigma": 0}, "source": {"note": "test"}}))
     monkeypatch.setenv("PYCOMM_TUNE_FILE", str(path))
-    assert cost.constants("tcp") == cost.Constants(1.0, 2e-9, 1e-10, 0.0)
+    # a table without the rendezvous figures prices every message like an eager one
+    assert cost.constants("tcp") == cost.Constants(1.0, 2e-9, 1e-10, 0.0, alpha_rndv=1.0,
+                                                   beta_rndv=2e-9)
     assert cost.constants("shm") == cost.load_table(cost.SHIPPED_TABLE)["shm"]  # not in file
     monkeypatch.delenv("PYCOMM_TUNE_FILE")
     assert cost.constants("tcp").alpha != 1.0  # back to the shipped table
@@ -58,6 +61,10 @@ def test_user_table_overrides_per_transport(tmp_path, monkeypatch):
     ("not json", "cannot be read"),
     (json.dumps({"shm": {"alpha": 1}}), "needs numeric"),
     (json.dumps({"shm": {"alpha": -1, "beta": 0, "gamma": 0, "sigma": 0}}), "negative"),
+    (json.dumps({"shm": {"alpha": 1, "beta": 0, "gamma": 0, "sigma": 0,
+                         "alpha_rndv": -1}}), "negative"),
+    (json.dumps({"shm": {"alpha": 1, "beta": 0, "gamma": 0, "sigma": 0,
+                         "beta_rndv": "fast"}}), "non-numeric"),
 ])
 def test_bad_user_tables_raise(tmp_path, monkeypatch, content, match):
     path = tmp_path / "bad.json"
@@ -68,6 +75,48 @@ def test_bad_user_tables_raise(tmp_path, monkeypatch, content, match):
     monkeypatch.setenv("PYCOMM_TUNE_FILE", str(tmp_path / "missing.json"))
     with pytest.raises(ArgumentError, match="missing.json"):
         algs.choose("allreduce", 1024, 4)
+
+
+def test_fit_line_relative_weights_small_sizes():
+    # a curve bending upwards at large sizes: the absolute fit's intercept follows the
+    # large points, the relative one stays near the small sizes' time
+    xs = [1 << 17, 1 << 19, 1 << 21, 1 << 23]
+    ys = [3e-5 + 1e-10 * x + (4e-4 if x == xs[-1] else 0.0) for x in xs]
+    absolute, _ = tune.fit_line(xs, ys)
+    relative, _ = tune.fit_line(xs, ys, relative=True)
+    assert abs(relative - 3e-5) < abs(absolute - 3e-5)
+    exact = [2e-5 + 1e-10 * x for x in xs]
+    assert tune.fit_line(xs, exact, relative=True) == pytest.approx((2e-5, 1e-10))
+
+
+def test_messages_past_the_eager_limit_pay_the_rendezvous_constants(tmp_path, monkeypatch):
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"shm": {"alpha": 1e-5, "beta": 1e-10, "gamma": 1e-10,
+                                        "sigma": 0, "alpha_rndv": 1e-3,
+                                        "beta_rndv": 1e-10}}))
+    monkeypatch.setenv("PYCOMM_TUNE_FILE", str(path))
+    monkeypatch.setenv("PYCOMM_EAGER_LIMIT", "65536")
+    p, rounds = 8, 3          # binomial broadcast: 3 rounds of one whole-vector message
+
+    def jump(n):
+        return (algs.model_time("bcast", "binomial", n + 1, p)
+                - algs.model_time("bcast", "binomial", n, p))
+
+    assert jump(65536) == pytest.approx(rounds * (1e-3 - 1e-5), rel=1e-3)
+    assert jump(4096) == pytest.approx(rounds * 1e-10, rel=1e-3)     # both eager
+    monkeypatch.setenv("PYCOMM_EAGER_LIMIT", "4096")                  # the switch moves
+    assert jump(4096) == pytest.approx(rounds * (1e-3 - 1e-5), rel=1e-3)
+    # one rendezvous exchange of the whole vector against two of half of it: at 2 ranks
+    # recursive doubling wins where ring and Rabenseifner pay the handshake twice
+    monkeypatch.setenv("PYCOMM_EAGER_LIMIT", "65536")
+    doubling = algs.model_time("allreduce", "recursive_doubling", 1 << 18, 2)
+    for other in ("ring", "rabenseifner"):
+        assert algs.model_time("allreduce", other, 1 << 18, 2) > doubling + 0.9e-3
+    # the double binary tree's segments (PYCOMM_SEGMENT_BYTES) go by their own protocol
+    monkeypatch.setenv("PYCOMM_SEGMENT_BYTES", "65536")
+    eager_segments = algs.model_time("allreduce", "double_binary_tree", 1 << 20, 4)
+    monkeypatch.setenv("PYCOMM_SEGMENT_BYTES", "131072")
+    assert algs.model_time("allreduce", "double_binary_tree", 1 << 20, 4) > eager_segments
 
 
 def test_measure_gamma_and_sigma_quick():
@@ -88,7 +137,10 @@ def test_tune_end_to_end_quick(tmp_path):
     assert table["source"]["kept_from"] == {"transports": ["tcp"], "date": "earlier"}
     shm = table["shm"]
     assert 0 < shm["alpha"] < 0.05 and 0 < shm["beta"] < 1e-6
+    assert 0 < shm["alpha_rndv"] < 0.05 and 0 < shm["beta_rndv"] < 1e-6
     src = table["source"]
+    assert src["eager_limit"] == 65536
+    assert set(map(int, src["points"]["shm"])) >= {8, 4096, 65536, 1 << 17, 8 << 20}
     assert src["ranks"] == 2 and src["quick"] and src["cpu_count"] == os.cpu_count()
     assert "--quick" in src["command"] and set(src["points"]) == {"shm"}
     assert np.isfinite(list(src["points"]["shm"].values())).all()

@@ -1,7 +1,10 @@
 """The α-β-γ-σ cost model the automatic algorithm choice minimises.
 
 Modelled time of one call = ``α`` per message on the critical path + ``β`` per byte moved
-+ ``γ`` per byte reduced + ``σ`` per byte of freshly allocated scratch (the formulas are
++ ``γ`` per byte reduced + ``σ`` per byte of freshly allocated scratch, where a message
+larger than the eager limit pays the rendezvous protocol's ``α_rndv`` and ``β_rndv``
+instead (two regimes of one Hockney line, as NCCL's tuner keeps a latency and a bandwidth
+per protocol in ``graph/tuning.cc``; the formulas are
 those of Thakur, Rabenseifner & Gropp 2005, "Optimization of collective communication
 operations in MPICH", and of each algorithm's module docstring, plus the σ term; pipelined
 schedules also read the segment size ``PYCOMM_SEGMENT_BYTES``). Each formula takes ``n``,
@@ -9,9 +12,10 @@ the bytes of the call as defined in :func:`pycomm.algorithms.choose`, ``p``, the
 ranks, and the transport's :class:`Constants`, and returns seconds. Only the ranking
 matters: constants shift the crossovers, not the shapes.
 
-When ranks outnumber cores (``oversubscription > 1``), the closed forms are replaced by
-step-by-step sums over each schedule (:data:`SCHEDULES`), in which a step pays a measured
-wake-up per turn of the cores it needs and concurrent copies and reductions share the
+The closed forms (:data:`FORMULAS`) document each algorithm; the choice evaluates the
+same schedules step by step (:data:`SCHEDULES`), which prices each message by its protocol
+and, when ranks outnumber cores (``oversubscription > 1``), makes a step pay a measured
+wake-up per turn of the cores it needs while concurrent copies and reductions share the
 cores: see the comment above :data:`SCHEDULES`.
 
 Why σ: numpy scratch buffers come from fresh pages whose first touch page-faults; it is
@@ -30,7 +34,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from collections.abc import Callable
 
 from pycomm import config
@@ -46,13 +50,22 @@ SHIPPED_TABLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tuned.
 
 @dataclass(frozen=True)
 class Constants:
-    """Cost-model constants of one transport (seconds, seconds per byte)."""
+    """Cost-model constants of one transport (seconds, seconds per byte).
 
-    alpha: float   # s per message (latency, incl. Python overhead per p2p call)
-    beta: float    # s per byte moved between two ranks
+    ``alpha`` and ``beta`` price a message sent eagerly (up to ``eager`` bytes);
+    ``alpha_rndv`` and ``beta_rndv`` one sent by the rendezvous protocol (RTS, a one-sided
+    or in-place copy, FIN), whose handshake costs more than one eager message and whose
+    single copy runs at another rate. None: the eager figures serve both.
+    """
+
+    alpha: float   # s per eager message (latency, incl. Python overhead per p2p call)
+    beta: float    # s per byte moved between two ranks (eager; memory copies)
     gamma: float   # s per byte combined by a reduction op
     sigma: float   # s per byte of newly allocated scratch (first-touch page faults)
     wake: float = 0.0  # extra s per message when ranks outnumber cores (waking a sleeper)
+    alpha_rndv: float | None = None  # s per rendezvous message (handshake included)
+    beta_rndv: float | None = None   # s per byte of a rendezvous message
+    eager: float = math.inf  # bytes: larger messages go by rendezvous (PYCOMM_EAGER_LIMIT)
 
 
 # Used only when the shipped table is missing or unreadable (e.g. a broken install):
@@ -83,9 +96,15 @@ def _parse(path: str) -> dict[str, Constants]:
                                 f"negative or non-finite constant: {values}")
         try:
             values["wake"] = float(entry.get("wake", 0.0))
+            for name in ("alpha_rndv", "beta_rndv"):  # tables from before: eager figures
+                values[name] = float(entry.get(name, values[name.split("_")[0]]))
         except (TypeError, ValueError):
             raise ArgumentError(f"cost-model table {path!r}: entry {transport!r} has a "
-                                "non-numeric wake") from None
+                                "non-numeric wake, alpha_rndv or beta_rndv") from None
+        if not all(math.isfinite(values[n]) and values[n] >= 0
+                   for n in ("wake", "alpha_rndv", "beta_rndv")):
+            raise ArgumentError(f"cost-model table {path!r}: entry {transport!r} has a "
+                                f"negative or non-finite constant: {values}")
         table[transport] = Constants(**values)
     return table
 
@@ -170,13 +189,21 @@ def _pipeline(n: float, p: int, k: Constants) -> float:
     return (p - 2 + segs) * (k.alpha + n / segs * k.beta)
 
 
+def _protocol(k: Constants, nbytes: float) -> tuple[float, float]:
+    """``(α, β)`` of one message of ``nbytes``: eager up to ``k.eager``, else rendezvous."""
+    if nbytes > k.eager:
+        return k.alpha_rndv, k.beta_rndv
+    return k.alpha, k.beta
+
+
 def _double_tree(n: float, p: int, k: Constants) -> float:
     # S + L + 1 steps (the schedule's lag is L + 1); per step an inner rank waits for two
     # children and a parent and sends about three segments of b bytes. Every step is a
     # synchronisation with tree neighbours, which is what makes it slow in Python.
     segs = max(1.0, math.ceil(n / 2 / _segment()))
     b = n / 2 / segs  # bytes per segment per tree
-    return (segs + _lg(p) + 1) * (4 * k.alpha + 3 * b * k.beta + 2 * b * k.gamma)
+    alpha, beta = _protocol(k, b)
+    return (segs + _lg(p) + 1) * (4 * alpha + 3 * b * beta + 2 * b * k.gamma)
 
 
 def _reduce_binomial(n: float, p: int, k: Constants) -> float:
@@ -282,7 +309,8 @@ def _share(m: float, cores: float) -> float:
 def _step(k: Constants, c: float, active: float, copy: float = 0.0, copies: float = 0,
           red: float = 0.0, reducers: float = 0) -> float:
     """Seconds of one synchronous step on ``c`` cores (see the comment above)."""
-    return (k.alpha + k.wake * max(1.0, active / c) + copy * k.beta * _share(copies, c)
+    alpha, beta = _protocol(k, copy)
+    return (alpha + k.wake * max(1.0, active / c) + copy * beta * _share(copies, c)
             + red * k.gamma * _share(reducers, c))
 
 
@@ -425,11 +453,15 @@ def cost(collective: str, algorithm: str, nbytes: int, size: int,
         size: number of ranks, ``>= 1``.
         transport: whose constants to use (``"shm"``, ``"tcp"``; others use ``shm``'s).
         oversubscription: ranks per core on the busiest host (> 1: more ranks than
-            cores, ``size / oversubscription`` cores in all). Then the schedule is costed
-            step by step (:data:`SCHEDULES`): every step pays ``wake`` once per turn of the
-            cores its ranks need, and concurrent copies and reductions share the cores.
-            Pairs without a step model scale β, γ and σ by ``oversubscription`` and add
-            ``wake`` to every message.
+            cores, ``size / oversubscription`` cores in all). Then every step of the
+            schedule pays ``wake`` once per turn of the cores its ranks need, and
+            concurrent copies and reductions share the cores. Pairs without a step model
+            scale β, γ and σ by ``oversubscription`` and add ``wake`` to every message.
+
+    Pairs with a step model (:data:`SCHEDULES`) are always costed step by step, so that
+    each message is priced by the protocol it goes by: ``alpha``/``beta`` up to
+    ``PYCOMM_EAGER_LIMIT`` bytes, ``alpha_rndv``/``beta_rndv`` above. With a core per rank
+    and one protocol that sum is the closed form of :data:`FORMULAS`.
 
     Raises:
         KeyError: the model has no formula for the pair.
@@ -438,10 +470,14 @@ def cost(collective: str, algorithm: str, nbytes: int, size: int,
     if size <= 1:
         return 0.0
     k = constants(transport)
-    if oversubscription > 1.0:
-        schedule = SCHEDULES.get((collective, algorithm))
-        if schedule is not None:
+    if k.alpha_rndv is not None:  # each message priced by the protocol it goes by
+        k = replace(k, eager=float(config.get("PYCOMM_EAGER_LIMIT")))
+    schedule = SCHEDULES.get((collective, algorithm))
+    if schedule is not None:
+        if oversubscription > 1.0:
             return schedule(float(nbytes), size, k, size / oversubscription)
+        return schedule(float(nbytes), size, replace(k, wake=0.0), float(size))
+    if oversubscription > 1.0:
         # no step model (double_binary_tree, the v-variants' single algorithms): every
         # message wakes a sleeper and every byte shares a core
         f = oversubscription
