@@ -269,3 +269,36 @@ def test_algorithm_sweep_with_rounds(tmp_path):
         rows = {r["algorithm"]: r for r in doc["rows"] if r["size"] == size}
         assert set(rows) == names and all(r["avg_us"] > 0 for r in rows.values())
         assert rows["auto"]["auto_choice"] in names - {"auto"}
+
+
+# -- sweep_report ----------------------------------------------------------------------------
+
+def _sweep_doc(tmp_path, name: str, rows: list[dict]) -> str:
+    path = tmp_path / name
+    path.write_text(json.dumps({"benchmark": "osu_allgather", "rows": rows,
+                                "meta": {"world_size": 2, "cpu_count": 2}}))
+    return str(path)
+
+
+def test_sweep_report_compares_the_model_choice_with_the_best_launch(tmp_path):
+    from benchmarks import sweep_report
+    from pycomm.algorithms import choose
+
+    picked = choose("allgather", 2 * 64, 2, requested="auto")[0]
+    other = next(a for a in ("ring", "recursive_doubling") if a != picked)
+    a = _sweep_doc(tmp_path, "a.json", [
+        {"size": 64, "algorithm": picked, "avg_us": 30.0},
+        {"size": 64, "algorithm": other, "avg_us": 20.0},
+        {"size": 64, "algorithm": "auto", "avg_us": 1.0},          # not an algorithm
+        {"size": 64, "algorithm": "bruck", "error": "cannot serve"}])
+    b = _sweep_doc(tmp_path, "b.json", [
+        {"size": 64, "algorithm": picked, "avg_us": 21.0},         # its better launch
+        {"size": 64, "algorithm": other, "avg_us": 25.0}])
+    runs = sweep_report.load([a, b])
+    lines, hits, total = sweep_report.table(runs, 1.10)
+    assert (hits, total) == (1, 1) and lines[-1] == "| allgather | 2 | 1.05 | 1/1 |"
+    lines, hits, _ = sweep_report.table(runs, 1.01)
+    assert hits == 0 and f"1.05 ({other})" in lines[-1]
+    notes = sweep_report.noise(runs)
+    assert "median 1.34, max 1.43" in notes[0]             # 30/21 and 25/20
+    assert "64 B 1.50/1.19" in notes[1]                    # the identical-schedule control

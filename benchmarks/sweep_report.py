@@ -1,0 +1,125 @@
+"""How close the automatic algorithm choice comes to the best measured algorithm.
+
+Reads the JSON of ``--algorithm all`` sweeps (``osu_allreduce``, ``osu_bcast``,
+``osu_allgather``, ...), one file per launch or several launches of the same (benchmark,
+world size), keeps for every (size, algorithm) the best average over the launches, and
+prints a Markdown table: for each size, the measured time of the algorithm the cost model
+picks now (:func:`pycomm.algorithms.choose` with the shipped or ``PYCOMM_TUNE_FILE``
+constants, shared memory, and the ranks per core of the sweep: world size over the
+``cpu_count`` its JSON records) divided by the best algorithm's time, naming the best where
+the ratio passes ``--within``.
+
+It also prints the noise of the measurement itself, which bounds what any choice can be
+judged to: for each (size, algorithm) measured in more than one launch, max/min of the
+launches; and on 2 ranks, where allgather's ``ring`` and ``recursive_doubling`` send the very
+same single message, their ratio.
+
+Run::
+
+    python -m benchmarks.sweep_report results/sweep/*-sweep-*.json [--within 1.10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from collections import defaultdict
+
+from pycomm.algorithms import choose
+
+__all__ = ["load", "table", "main"]
+
+
+def load(paths: list[str]) -> dict:
+    """``{(benchmark, ranks, cores): {size: {algorithm: [avg_us per launch]}}}``."""
+    runs: dict = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
+    for path in paths:
+        with open(path, encoding="utf-8") as fh:
+            doc = json.load(fh)
+        meta = doc["meta"]
+        key = (doc["benchmark"].removeprefix("osu_"), int(meta["world_size"]),
+               int(meta["cpu_count"]))
+        for row in doc["rows"]:
+            if "avg_us" in row and row["algorithm"] != "auto":
+                runs[key][row["size"]][row["algorithm"]].append(row["avg_us"])
+    return runs
+
+
+def _label(size: int) -> str:
+    for unit, shift in (("MiB", 20), ("KiB", 10)):
+        if size >= 1 << shift and size % (1 << shift) == 0:
+            return f"{size >> shift} {unit}"
+    return f"{size} B"
+
+
+def table(runs: dict, within: float) -> tuple[list[str], int, int]:
+    """Markdown rows, points within ``within`` of the best, and points in all."""
+    sizes = sorted({s for per_size in runs.values() for s in per_size})
+    lines = ["| collective | ranks | " + " | ".join(_label(s) for s in sizes)
+             + f" | within {round((within - 1) * 100)}% |",
+             "|---|---|" + "---|" * (len(sizes) + 1)]
+    hits = total = 0
+    for (coll, n, cores), per_size in sorted(runs.items()):
+        cells, row_hits = [], 0
+        for s in sizes:
+            times = {a: min(v) for a, v in per_size.get(s, {}).items()}
+            if not times:
+                cells.append("")
+                continue
+            best = min(times, key=times.get)
+            nbytes = s * n if coll == "allgather" else s   # the model's bytes of the call
+            picked = choose(coll, nbytes, n, requested="auto",
+                            oversubscription=max(1.0, n / cores))[0]
+            ratio = times[picked] / times[best]
+            total += 1
+            if ratio <= within:
+                hits += 1
+                row_hits += 1
+                cells.append(f"{ratio:.2f}")
+            else:
+                cells.append(f"{ratio:.2f} ({best})")
+        lines.append(f"| {coll} | {n} | " + " | ".join(cells)
+                     + f" | {row_hits}/{len([c for c in cells if c])} |")
+    return lines, hits, total
+
+
+def noise(runs: dict) -> list[str]:
+    """Lines describing launch-to-launch spread and the identical-schedule control."""
+    out = []
+    for (coll, n, _), per_size in sorted(runs.items()):
+        spread = [max(v) / min(v) for algs in per_size.values() for v in algs.values()
+                  if len(v) > 1]
+        if spread:
+            out.append(f"{coll}, {n} ranks: launch-to-launch max/min of one (size, "
+                       f"algorithm): median {statistics.median(spread):.2f}, "
+                       f"max {max(spread):.2f}")
+    same = next((v for (c, n, _), v in runs.items() if (c, n) == ("allgather", 2)), {})
+    pairs = [(s, [max(a, b) / min(a, b) for a, b in zip(v["ring"], v["recursive_doubling"])])
+             for s, v in sorted(same.items()) if "ring" in v and "recursive_doubling" in v]
+    if pairs:
+        out.append("allgather, 2 ranks, ring vs recursive_doubling (the same message), per "
+                   "launch: " + "; ".join(f"{_label(s)} " + "/".join(f"{r:.2f}" for r in rs)
+                                          for s, rs in pairs))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point; returns the exit status."""
+    p = argparse.ArgumentParser(prog="python -m benchmarks.sweep_report",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("json", nargs="+", help="--json files of --algorithm all sweeps")
+    p.add_argument("--within", type=float, default=1.10,
+                   help="a choice counts as good within this factor of the best (1.10)")
+    args = p.parse_args(argv)
+    runs = load(args.json)
+    lines, hits, total = table(runs, args.within)
+    print("\n".join(lines))
+    print(f"\n{hits} of {total} points within {args.within:g}x of the best algorithm")
+    for line in noise(runs):
+        print(f"- {line}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
