@@ -6,7 +6,8 @@ a world share one :class:`pycomm.Pool` per (size, transport) for the whole sessi
 * ``world``: sizes {1, 2, 3, 4, 5, 7, 8} x transports {shm, tcp}, plus sizes {2, 3} on
   the emulated rdma transport, for the cheap tests;
 * ``world_small``: sizes {1, 2, 3, 5, 8} x {shm, tcp}, for the expensive ones (one rank,
-  the smallest pair, an odd size, a prime, the largest power of two);
+  the smallest pair, an odd size, a prime, the largest power of two), and 6 and 9 ranks
+  on shm, so that the real processes cover every size 1..9;
 * ``world_tiny``: sizes {3, 4} x {shm, tcp} with a 64-byte eager limit, 24-byte segments
   and 4 KiB shared-memory rings, so that small inputs already take the rendezvous,
   multi-segment and ring wrap-around paths (Gloo's trick of a tiny maximum segment).
@@ -39,7 +40,8 @@ TRANSPORTS = ("shm", "tcp")
 # threads make every world slower to start and to drive).
 RDMA_WORLDS = [(2, "rdma"), (3, "rdma")]
 WORLDS = [(n, t) for t in TRANSPORTS for n in SIZES] + RDMA_WORLDS
-SMALL_WORLDS = [(n, t) for t in TRANSPORTS for n in SMALL_SIZES]
+# 6 and 9 ranks (shm only) complete 1..9 on real processes for the reduced matrix
+SMALL_WORLDS = [(n, t) for t in TRANSPORTS for n in SMALL_SIZES] + [(6, "shm"), (9, "shm")]
 TINY_WORLDS = [(n, t, "tiny") for t in TRANSPORTS for n in (3, 4)]
 TINY_ENV = {"PYCOMM_EAGER_LIMIT": "64", "PYCOMM_SEGMENT_BYTES": "24",
             "PYCOMM_RING_SEGMENT_BYTES": "24", "PYCOMM_SHM_RING_BYTES": "4096"}
@@ -148,7 +150,8 @@ def _world_order(item) -> int:
     if callspec is not None:
         for name in ("world", "world_small", "world_tiny"):
             if name in callspec.params:
-                return 1 + (WORLDS + TINY_WORLDS).index(tuple(callspec.params[name]))
+                order = WORLDS + [w for w in SMALL_WORLDS if w not in WORLDS] + TINY_WORLDS
+                return 1 + order.index(tuple(callspec.params[name]))
     return 0
 
 

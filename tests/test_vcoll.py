@@ -302,8 +302,8 @@ def test_reduce_scatter_scan_exscan(world_small, pair):
 
 
 def _concat_digits(invec, inoutvec):
-    """(v1, p1) o (v2, p2) = (v1*p2 + v2, p1*p2): appends base-8 digit strings; associative,
-    not commutative (as in test_cco_buf.py)."""
+    """(v1, p1) o (v2, p2) = (v1*p2 + v2, p1*p2): appends base-16 digit strings (a digit per
+    rank, up to 16 ranks); associative, not commutative (as in test_cco_buf.py)."""
     return (invec.real * inoutvec.imag + inoutvec.real) + 1j * (invec.imag * inoutvec.imag)
 
 
@@ -315,11 +315,11 @@ def _rank_noncommutative(coll: str, alg, n: int):
         if coll == "reduce_scatter":
             counts = [n * (r % 2 + 1) for r in range(size)]
             buf = np.full(counts[rank], -1 + 0j)
-            comm.Reduce_scatter(np.full(sum(counts), rank + 8j), buf, counts, op,
+            comm.Reduce_scatter(np.full(sum(counts), rank + 16j), buf, counts, op,
                                 algorithm=alg)
         else:
             buf = np.full(n, -1 + 0j)
-            getattr(comm, coll.capitalize())(np.full(n, rank + 8j), buf, op, algorithm=alg)
+            getattr(comm, coll.capitalize())(np.full(n, rank + 16j), buf, op, algorithm=alg)
     except pycomm.ArgumentError as exc:
         return "refused", str(exc)
     return "ran", buf.real.tolist()
@@ -332,7 +332,7 @@ def test_non_commutative_op_keeps_rank_order(world_small, pair, n):
     s = world_small.size
 
     def digits(hi):
-        return float(int("".join(str(r) for r in range(hi + 1)), 8)) if hi >= 0 else -1.0
+        return float(int("".join(f"{r:x}" for r in range(hi + 1)), 16)) if hi >= 0 else -1.0
 
     results = world_small.run(_rank_noncommutative, coll, alg, n)
     if alg is not None and REGISTRY[coll][alg].unfit_reason(s, False):
