@@ -19,8 +19,9 @@ wake-up per turn of the cores it needs while concurrent copies and reductions sh
 cores: see the comment above :data:`SCHEDULES`.
 
 Why σ: numpy scratch buffers come from fresh pages whose first touch page-faults; it is
-what separates Rabenseifner (scratch ``n/2``) from the ring (scratch ``n/p``) at large
-``n``, where α-β-γ alone calls them even.
+what separates Rabenseifner (scratch ``n/2``) from the ring (scratch two segments of a
+chunk) at large ``n``, where α-β-γ alone calls them even. (Scratch of 1 MiB and more is
+reused between calls, :mod:`pycomm.algorithms.scratch`, so the measured σ is near 0.)
 
 Constants: one :class:`Constants` per transport, measured by ``python -m pycomm.tune`` (see
 :mod:`pycomm.tune`). The table shipped in ``pycomm/algorithms/tuned.json`` records the run
@@ -250,7 +251,7 @@ FORMULAS: dict[tuple[str, str], Formula] = {
     ("allgather", "recursive_doubling"):
         lambda n, p, k: _lg(p) * k.alpha + n * _frac(p) * k.beta,
     ("allgather", "bruck"):
-        lambda n, p, k: _lg(p) * k.alpha + n * _frac(p) * k.beta + n * k.sigma,
+        lambda n, p, k: _lg(p) * k.alpha + n * _frac(p) * k.beta + n * (k.beta + k.sigma),
     ("allgatherv", "ring"): lambda n, p, k: (p - 1) * k.alpha + n * _frac(p) * k.beta,
     ("gather", "linear"): lambda n, p, k: (p - 1) * k.alpha + n * _frac(p) * k.beta,
     ("gather", "binomial"):
@@ -271,7 +272,8 @@ FORMULAS: dict[tuple[str, str], Formula] = {
                          + 2 * n / p * k.sigma),
     ("reduce_scatter", "recursive_halving"):
         lambda n, p, k: (_halving(n, p, k) + (2 * n if _folds(p) else 1.5 * n) * k.sigma
-                         + (2 * k.alpha + n * k.beta + n * k.gamma if _folds(p) else 0.0)),
+                         + (2 * k.alpha + (n + n / p) * k.beta + n * k.gamma if _folds(p)
+                            else 0.0)),
     ("scan", "recursive_doubling"):
         lambda n, p, k: _lg(p) * (k.alpha + n * k.beta + 2 * n * k.gamma) + 2 * n * k.sigma,
     ("exscan", "recursive_doubling"):
@@ -327,13 +329,20 @@ def _o_bcast_binomial(n, p, k, c):
     return sum(_step(k, c, 2 * m, n, m) for m in _rounds(p))
 
 
+def _subtree_rounds(p: int) -> list[tuple[int, int]]:
+    """Rounds of a binomial scatter from vrank 0, largest distance ``d`` first: ``(senders,
+    blocks)``, the senders being the vranks ``v = 0 mod 2d`` with ``v + d < p``, the
+    largest transfer the root's ``min(d, p - d)`` blocks (of ``p``). Along the root the
+    blocks add up to ``p - 1``: the closed form's ``n(p-1)/p``."""
+    out, d = [], (1 << (ceil_log2(p) - 1)) if p > 1 else 0
+    while d >= 1:
+        out.append((len(range(0, p - d, 2 * d)), min(d, p - d)))
+        d //= 2
+    return out
+
+
 def _o_scatter_binomial(n, p, k, c):
-    # the root's subtree halves every round: round with m senders moves about n/2^(i+1)
-    t, b = 0.0, float(n)
-    for m in _rounds(p):
-        b /= 2
-        t += _step(k, c, 2 * m, b, m)
-    return t
+    return sum(_step(k, c, 2 * m, n * blocks / p, m) for m, blocks in _subtree_rounds(p))
 
 
 def _o_ring_steps(n, p, k, c, reduce: bool, segs: float = 1.0) -> float:
@@ -373,9 +382,13 @@ def _o_reduce_binomial(n, p, k, c):
     return sum(_step(k, c, 2 * m, n, m, n, m) for m in reversed(_rounds(p))) + n * k.sigma
 
 
+def _o_gather_steps(n, p, k, c):
+    # the scatter's rounds backwards: leaves first, the root's largest subtree last
+    return sum(_step(k, c, 2 * m, n * blocks / p, m) for m, blocks in reversed(_subtree_rounds(p)))
+
+
 def _o_gather_binomial(n, p, k, c):
-    # leaves first: the round with m senders moves subtrees of about n/(2m) bytes each
-    return sum(_step(k, c, 2 * m, n / (2 * m), m) for m in reversed(_rounds(p))) + n * k.sigma
+    return _o_gather_steps(n, p, k, c) + n * k.sigma
 
 
 def _o_linear(n, p, k, c):
@@ -396,26 +409,30 @@ SCHEDULES: dict[tuple[str, str], Callable[[float, int, Constants, float], float]
     ("reduce", "binomial"): _o_reduce_binomial,
     ("reduce", "rabenseifner"):
         lambda n, p, k, c: (_o_fold(n, p, k, c, True) + _o_halving(n, p, k, c)
-                            + _o_gather_binomial(n * _qfrac(p), pof2_floor(p), k, c)
+                            + _o_gather_steps(n, pof2_floor(p), k, c)
                             + (n if _folds(p) else n / 2) * k.sigma),
     ("allreduce", "ring"):
         lambda n, p, k, c: (_o_ring_steps(n, p, k, c, True, _ring_segs(n, p))
                             + _o_ring_steps(n, p, k, c, False, _ring_segs(n, p))
                             + _ring_scratch(n, p) * k.sigma),
     ("allreduce", "rabenseifner"):
-        lambda n, p, k, c: (2 * _o_fold(n, p, k, c, True) + _o_halving(n, p, k, c)
+        lambda n, p, k, c: (_o_fold(n, p, k, c, True) + _o_fold(n, p, k, c, False)
+                            + _o_halving(n, p, k, c)
                             + _o_doubling(n, p, k, c) + (n if _folds(p) else n / 2) * k.sigma),
     ("allreduce", "recursive_doubling"):
-        lambda n, p, k, c: (2 * _o_fold(n, p, k, c, True) + n * k.sigma
+        lambda n, p, k, c: (_o_fold(n, p, k, c, True) + _o_fold(n, p, k, c, False)
+                            + n * k.sigma
                             + _lq(p) * _step(k, c, pof2_floor(p), n, pof2_floor(p), n,
                                              pof2_floor(p))),
     ("allreduce", "binomial"):
         lambda n, p, k, c: _o_reduce_binomial(n, p, k, c) + _o_bcast_binomial(n, p, k, c),
     ("allgather", "ring"): lambda n, p, k, c: _o_ring_steps(n, p, k, c, False),
     ("allgather", "recursive_doubling"):
-        lambda n, p, k, c: sum(_step(k, c, p, n / p * 2 ** i, p) for i in range(_lg(p))),
+        lambda n, p, k, c: sum(_step(k, c, p, n / p * min(2 ** i, p - 2 ** i), p)
+                               for i in range(_lg(p))),
     ("allgather", "bruck"):
-        lambda n, p, k, c: (sum(_step(k, c, p, n / p * 2 ** i, p) for i in range(_lg(p)))
+        lambda n, p, k, c: (sum(_step(k, c, p, n / p * min(2 ** i, p - 2 ** i), p)
+                                for i in range(_lg(p)))
                             + n * (k.beta * _share(p, c) + k.sigma)),
     ("allgatherv", "ring"): lambda n, p, k, c: _o_ring_steps(n, p, k, c, False),
     ("gather", "linear"): _o_linear,

@@ -31,7 +31,7 @@ chunk position ``i`` holds the blocks of new rank ``bit_reverse(i)``, then reduc
 recursive halving with distance 1 first: rank order is kept and new rank ``j`` ends with
 position ``bit_reverse(j)``, i.e. its own blocks. Each odd rank of the fold sends its even
 partner's block back. Time ``log2(q) α + n(q-1)/q (β + γ)`` plus, for non-power-of-two
-``p``, ``2α + nβ + nγ``; scratch ``3n/2`` for equal blocks (work copy and halving
+``p``, ``2α + (n + n/p)β + nγ`` (the fold in, and the block sent back); scratch ``3n/2`` for equal blocks (work copy and halving
 buffer; ``2n`` with a fold).
 **sendbuf may be overwritten** (on the odd ranks of the fold).
 """
