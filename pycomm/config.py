@@ -73,6 +73,10 @@ _DECLARED = [
     Var("PYCOMM_RING_SEGMENT_BYTES", int, 1 << 20,
         "Bytes per segment of the ring all-reduce's chunks: a segment is forwarded as soon "
         "as it is reduced, and scratch is two segments; must be the same on every rank."),
+    Var("PYCOMM_HALVING_SEGMENT_BYTES", int, 1 << 20,
+        "Bytes per segment of the recursive-halving exchanges and the fold (allreduce and "
+        "reduce rabenseifner, reduce_scatter recursive_halving): a segment is reduced as "
+        "soon as it arrives, and scratch is two segments; must be the same on every rank."),
     Var("PYCOMM_SCRATCH_KEEP_BYTES", int, 1 << 28,
         "Bytes of collective scratch buffers (1 MiB and larger) kept for reuse between calls "
         "(0: allocate afresh every call)."),

@@ -44,7 +44,8 @@ WORLDS = [(n, t) for t in TRANSPORTS for n in SIZES] + RDMA_WORLDS
 SMALL_WORLDS = [(n, t) for t in TRANSPORTS for n in SMALL_SIZES] + [(6, "shm"), (9, "shm")]
 TINY_WORLDS = [(n, t, "tiny") for t in TRANSPORTS for n in (3, 4)]
 TINY_ENV = {"PYCOMM_EAGER_LIMIT": "64", "PYCOMM_SEGMENT_BYTES": "24",
-            "PYCOMM_RING_SEGMENT_BYTES": "24", "PYCOMM_SHM_RING_BYTES": "4096"}
+            "PYCOMM_RING_SEGMENT_BYTES": "24", "PYCOMM_HALVING_SEGMENT_BYTES": "24",
+            "PYCOMM_SHM_RING_BYTES": "4096"}
 VARIANT_ENV = {"": {}, "tiny": TINY_ENV}
 # Seconds one task may take (also PYCOMM_TIMEOUT of the ranks): a deadlock fails the test
 # well before pytest-timeout kills the whole session.

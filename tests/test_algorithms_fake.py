@@ -54,6 +54,7 @@ def _small_segments():
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PYCOMM_SEGMENT_BYTES", str(SEGMENT_BYTES))
         mp.setenv("PYCOMM_RING_SEGMENT_BYTES", str(SEGMENT_BYTES))
+        mp.setenv("PYCOMM_HALVING_SEGMENT_BYTES", str(SEGMENT_BYTES))
         mp.setenv("PYCOMM_SCRATCH_KEEP_BYTES", str(4 << 20))
         mp.setattr(scratch, "POOL_MIN_BYTES", 0)
         yield
@@ -446,11 +447,31 @@ def test_message_counts(size):
     assert msgs == [0 if size == 1 else 2 * sum(chunk_segs) - chunk_segs[(r + 1) % size]
                     - chunk_segs[(r + 2) % size] for r in range(size)]
     assert all(b <= 2 * 8 * (count * (size - 1) // size + 2) for b in nbytes)
-    msgs, _ = traffic(lambda cc: algs.allreduce_rabenseifner(cc, np.ones(count), ops.SUM))
+    # rabenseifner: the fold and each halving exchange go as segments
+    # (PYCOMM_HALVING_SEGMENT_BYTES), the all-gather as one message per step
+    def nsegs(elements):
+        return -(-elements * 8 // SEGMENT_BYTES)
+
     logq = q.bit_length() - 1
-    assert msgs == [1 if f else 2 * logq + i for f, i in zip(folded, in_fold, strict=True)]
+    qoffs = topology.chunk_offsets(count, q)
+    expected = []
+    for r in range(size):
+        new = topology.fold_new_rank(r, size)
+        if new is None:
+            expected.append(nsegs(count))
+            continue
+        lo, hi, sent, mask = 0, q, 0, 1
+        while mask < q:
+            mid = (lo + hi) // 2
+            give_, keep = ((mid, hi), (lo, mid)) if new < new ^ mask else ((lo, mid), (mid, hi))
+            sent += nsegs(qoffs[give_[1]] - qoffs[give_[0]])
+            lo, hi = keep
+            mask <<= 1
+        expected.append(sent + logq + in_fold[r])
+    msgs, _ = traffic(lambda cc: algs.allreduce_rabenseifner(cc, np.ones(count), ops.SUM))
+    assert msgs == expected
     msgs, _ = traffic(lambda cc: algs.allreduce_recursive_doubling(cc, np.ones(count), ops.SUM))
-    assert msgs == [1 if f else logq + i for f, i in zip(folded, in_fold, strict=True)]
+    assert msgs == [nsegs(count) if f else logq + i for f, i in zip(folded, in_fold, strict=True)]
     msgs, nbytes = traffic(lambda cc: algs.barrier_binomial(cc))
     assert sum(msgs) == 2 * (size - 1) and max(msgs) <= lg + 1 and sum(nbytes) == 0
     segments = -(-count * 8 // SEGMENT_BYTES)

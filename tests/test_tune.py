@@ -175,12 +175,16 @@ def brief_constants(tmp_path, monkeypatch):
     return table
 
 
-@pytest.mark.parametrize("size", [2, 4, 8])
+@pytest.mark.parametrize("size", [2, 3, 4, 6, 8])
 def test_choose_allreduce_crossovers(size, brief_constants):
     assert algs.choose("allreduce", 8, size)[0] == "recursive_doubling"
-    if size > 2:
+    pof2 = size & (size - 1) == 0
+    if size > 2 and pof2:
         assert algs.choose("allreduce", 1 << 17, size)[0] == "rabenseifner"
-        assert algs.choose("allreduce", 1 << 24, size)[0] == "ring"
+    # Large vectors go to a bandwidth-optimal schedule: Rabenseifner where it needs no fold
+    # (the same bytes as the ring in fewer messages, the same two segments of scratch),
+    # the ring where Rabenseifner would fold (2n more bytes through one pair of ranks)
+    assert algs.choose("allreduce", 1 << 24, size)[0] == ("rabenseifner" if pof2 else "ring")
     # ring is never chosen for a non-commutative op
     assert algs.choose("allreduce", 1 << 24, size, commutative=False)[0] != "ring"
 

@@ -26,8 +26,11 @@ pair splits its current chunk range in halves, the lower new rank keeps the lowe
 each sends the other half and folds in what it receives. Distance 1 first means every
 fold joins two adjacent aligned blocks of ranks, so rank order is kept (non-commutative ops
 are served) and ownership ends bit-reversed; the recursive-doubling all-gather retraces the
-steps backwards, copying. Time ``2 log2(q) α + 2n(q-1)/q β + n(q-1)/q γ`` plus the fold;
-scratch ``n/2`` (``n`` with a fold).
+steps backwards, copying. The fold and every halving exchange go as segments of ``s``
+bytes (``PYCOMM_HALVING_SEGMENT_BYTES``), each reduced as soon as it arrives, while it is
+still in cache (:class:`~pycomm.algorithms.halving.Pipe`). Time
+``(Σ_i ceil(n/(2^i s)) + log2 q) α + 2n(q-1)/q β + n(q-1)/q γ`` plus the fold; scratch two
+segments.
 
 **recursive_doubling** (Thakur et al. 2005, section 4.2; MPICH
 ``allreduce_intra_recursive_doubling``). Fold to ``q`` ranks, then ``log2 q`` exchanges of
@@ -39,7 +42,8 @@ latency-optimal for small vectors. Scratch ``n``.
 **The fold** (non-power-of-two ``p``; :mod:`pycomm.algorithms.halving`): ranks
 ``0..2rem-1`` pair up, each even rank sends its vector to the odd rank above, which computes
 ``op(even, odd)`` and plays new rank ``r // 2``; ranks ``>= 2rem`` play ``r - rem``. At the
-end each odd rank sends the result back to its even partner. Cost ``2α + 2nβ + nγ``.
+end each odd rank sends the result back to its even partner. Cost
+``(ceil(n/s) + 1)α + 2nβ + nγ`` (the fold in is segmented).
 
 **binomial** (MPICH's fallback "reduce + bcast"; Thakur et al. 2005, section 4): a binomial
 reduce to rank 0 (:func:`~pycomm.algorithms.reduce.reduce_binomial`, rank order kept)
@@ -71,7 +75,7 @@ import numpy as np
 
 from pycomm import config
 from pycomm.algorithms.bcast import SEND_WINDOW, bcast_binomial, segment_elements
-from pycomm.algorithms.halving import fold_in, fold_out, halve
+from pycomm.algorithms.halving import Pipe, fold_in, fold_out, halve
 from pycomm.algorithms.reduce import reduce_binomial
 from pycomm.algorithms.scratch import give, take
 from pycomm.algorithms.topology import (ceil_log2, chunk_offsets, double_binary_tree,
@@ -172,14 +176,14 @@ def allreduce_rabenseifner(cc, buf: np.ndarray, op) -> None:
     folding = pof2 != size
     offs = chunk_offsets(count, pof2)
     # The fold receives a whole vector; halving receives at most the first half.
-    scratch = take(count if folding else offs[pof2 // 2], buf.dtype)
-    new_rank = fold_in(cc, buf, op, scratch)
+    pipe = Pipe(buf.dtype, count if folding else offs[pof2 // 2])
+    new_rank = fold_in(cc, buf, op, pipe)
     if new_rank is not None:
-        steps = halve(cc, buf, op, offs, new_rank, scratch)
+        steps = halve(cc, buf, op, offs, new_rank, pipe)
         for partner, _, keep, other in reversed(steps):  # recursive-doubling all-gather
             cc.sendrecv(buf[offs[keep[0]]:offs[keep[1]]], partner,
                         buf[offs[other[0]]:offs[other[1]]], partner)
-    give(scratch)
+    pipe.close()
     fold_out(cc, buf, new_rank)
 
 
@@ -196,7 +200,9 @@ def allreduce_recursive_doubling(cc, buf: np.ndarray, op) -> None:
         return
     pof2 = pof2_floor(size)
     scratch = take(buf.size, buf.dtype)
-    new_rank = fold_in(cc, buf, op, scratch)
+    pipe = Pipe(buf.dtype, buf.size if pof2 != size else 0)  # the fold's segments
+    new_rank = fold_in(cc, buf, op, pipe)
+    pipe.close()
     if new_rank is not None:
         mask = 1
         while mask < pof2:

@@ -19,9 +19,9 @@ wake-up per turn of the cores it needs while concurrent copies and reductions sh
 cores: see the comment above :data:`SCHEDULES`.
 
 Why σ: numpy scratch buffers come from fresh pages whose first touch page-faults; it is
-what separates Rabenseifner (scratch ``n/2``) from the ring (scratch two segments of a
-chunk) at large ``n``, where α-β-γ alone calls them even. (Scratch of 1 MiB and more is
-reused between calls, :mod:`pycomm.algorithms.scratch`, so the measured σ is near 0.)
+what separates recursive doubling (scratch ``n``) from the segmented schedules (ring,
+Rabenseifner: scratch two segments) at large ``n``. (Scratch of 1 MiB and more is reused
+between calls, :mod:`pycomm.algorithms.scratch`, so the measured σ is near 0.)
 
 Constants: one :class:`Constants` per transport, measured by ``python -m pycomm.tune`` (see
 :mod:`pycomm.tune`). The table shipped in ``pycomm/algorithms/tuned.json`` records the run
@@ -157,6 +157,22 @@ def _ring_scratch(n: float, p: int) -> float:
     return 2.0 * min(n / p, max(1, config.get("PYCOMM_RING_SEGMENT_BYTES")))
 
 
+def _hsegs(b: float) -> float:
+    """Messages of a segmented halving or fold exchange of ``b`` bytes
+    (``PYCOMM_HALVING_SEGMENT_BYTES``)."""
+    return max(1.0, math.ceil(b / max(1, config.get("PYCOMM_HALVING_SEGMENT_BYTES"))))
+
+
+def _pipe_scratch(b: float) -> float:
+    """Scratch bytes of the segmented halving exchanges receiving at most ``b`` bytes."""
+    return 2.0 * min(b, max(1, config.get("PYCOMM_HALVING_SEGMENT_BYTES")))
+
+
+def _halving_scratch(n: float, p: int) -> float:
+    """Scratch of the halving schedules: the fold receives ``n``, the first halving ``n/2``."""
+    return _pipe_scratch(n if _folds(p) else n / 2)
+
+
 def _lg(p: int) -> int:
     """ceil(log2 p): rounds of a binomial tree."""
     return ceil_log2(p)
@@ -181,8 +197,9 @@ def _folds(p: int) -> bool:
 
 
 def _fold(n: float, p: int, k: Constants) -> float:
-    """Fold in and out for a non-power-of-two p (Thakur et al. 2005, 4.3); else 0."""
-    return 2 * k.alpha + 2 * n * k.beta + n * k.gamma if _folds(p) else 0.0
+    """Fold in (segmented) and out for a non-power-of-two p (Thakur et al. 2005, 4.3);
+    else 0."""
+    return (_hsegs(n) + 1) * k.alpha + 2 * n * k.beta + n * k.gamma if _folds(p) else 0.0
 
 
 def _pipeline(n: float, p: int, k: Constants) -> float:
@@ -216,8 +233,10 @@ def _bcast_binomial(n: float, p: int, k: Constants) -> float:
 
 
 def _halving(n: float, p: int, k: Constants) -> float:
-    """Recursive-halving reduce-scatter over the power-of-two group."""
-    return _lq(p) * k.alpha + n * _qfrac(p) * (k.beta + k.gamma)
+    """Recursive-halving reduce-scatter over the power-of-two group, each exchange of
+    ``b`` bytes sent as ``ceil(b / s)`` segments."""
+    return (sum(_hsegs(n / 2 ** i) for i in range(1, _lq(p) + 1)) * k.alpha
+            + n * _qfrac(p) * (k.beta + k.gamma))
 
 
 Formula = Callable[[float, int, Constants], float]
@@ -233,16 +252,18 @@ FORMULAS: dict[tuple[str, str], Formula] = {
     ("reduce", "binomial"): _reduce_binomial,
     ("reduce", "rabenseifner"):
         lambda n, p, k: (_halving(n, p, k) + _lq(p) * k.alpha + n * _qfrac(p) * k.beta
-                         + (n if _folds(p) else n / 2) * k.sigma
-                         + (k.alpha + n * k.beta + n * k.gamma if _folds(p) else 0.0)),
+                         + _halving_scratch(n, p) * k.sigma
+                         + (_hsegs(n) * k.alpha + n * k.beta + n * k.gamma if _folds(p)
+                            else 0.0)),
     ("allreduce", "ring"):
         lambda n, p, k: (2 * (p - 1) * _ring_segs(n, p) * k.alpha + 2 * n * _frac(p) * k.beta
                          + n * _frac(p) * k.gamma + _ring_scratch(n, p) * k.sigma),
     ("allreduce", "rabenseifner"):
         lambda n, p, k: (_halving(n, p, k) + _lq(p) * k.alpha + n * _qfrac(p) * k.beta
-                         + (n if _folds(p) else n / 2) * k.sigma + _fold(n, p, k)),
+                         + _halving_scratch(n, p) * k.sigma + _fold(n, p, k)),
     ("allreduce", "recursive_doubling"):
-        lambda n, p, k: (_lq(p) * (k.alpha + n * k.beta + n * k.gamma) + n * k.sigma
+        lambda n, p, k: (_lq(p) * (k.alpha + n * k.beta + n * k.gamma)
+                         + (n + (_pipe_scratch(n) if _folds(p) else 0.0)) * k.sigma
                          + _fold(n, p, k)),
     ("allreduce", "binomial"):
         lambda n, p, k: _reduce_binomial(n, p, k) + _bcast_binomial(n, p, k),
@@ -271,9 +292,9 @@ FORMULAS: dict[tuple[str, str], Formula] = {
         lambda n, p, k: ((p - 1) * k.alpha + n * _frac(p) * (k.beta + k.gamma)
                          + 2 * n / p * k.sigma),
     ("reduce_scatter", "recursive_halving"):
-        lambda n, p, k: (_halving(n, p, k) + (2 * n if _folds(p) else 1.5 * n) * k.sigma
-                         + (2 * k.alpha + (n + n / p) * k.beta + n * k.gamma if _folds(p)
-                            else 0.0)),
+        lambda n, p, k: (_halving(n, p, k) + (n + _halving_scratch(n, p)) * k.sigma
+                         + ((_hsegs(n) + 1) * k.alpha + (n + n / p) * k.beta + n * k.gamma
+                            if _folds(p) else 0.0)),
     ("scan", "recursive_doubling"):
         lambda n, p, k: _lg(p) * (k.alpha + n * k.beta + 2 * n * k.gamma) + 2 * n * k.sigma,
     ("exscan", "recursive_doubling"):
@@ -359,14 +380,16 @@ def _o_fold(n, p, k, c, reduce: bool) -> float:
     r = p - pof2_floor(p)
     if not r:
         return 0.0
-    return _step(k, c, 2 * r, n, r, n if reduce else 0.0, r if reduce else 0)
+    if reduce:  # the fold in: segmented, one wake-up (see _o_ring_steps)
+        return _step(k, c, 2 * r, n, r, n, r) + (_hsegs(n) - 1) * k.alpha
+    return _step(k, c, 2 * r, n, r)
 
 
 def _o_halving(n, p, k, c) -> float:
     q, t, b = pof2_floor(p), 0.0, float(n)
     for _ in range(_lq(p)):
         b /= 2
-        t += _step(k, c, q, b, q, b, q)
+        t += _step(k, c, q, b, q, b, q) + (_hsegs(b) - 1) * k.alpha
     return t
 
 
@@ -410,7 +433,7 @@ SCHEDULES: dict[tuple[str, str], Callable[[float, int, Constants, float], float]
     ("reduce", "rabenseifner"):
         lambda n, p, k, c: (_o_fold(n, p, k, c, True) + _o_halving(n, p, k, c)
                             + _o_gather_steps(n, pof2_floor(p), k, c)
-                            + (n if _folds(p) else n / 2) * k.sigma),
+                            + _halving_scratch(n, p) * k.sigma),
     ("allreduce", "ring"):
         lambda n, p, k, c: (_o_ring_steps(n, p, k, c, True, _ring_segs(n, p))
                             + _o_ring_steps(n, p, k, c, False, _ring_segs(n, p))
@@ -418,10 +441,10 @@ SCHEDULES: dict[tuple[str, str], Callable[[float, int, Constants, float], float]
     ("allreduce", "rabenseifner"):
         lambda n, p, k, c: (_o_fold(n, p, k, c, True) + _o_fold(n, p, k, c, False)
                             + _o_halving(n, p, k, c)
-                            + _o_doubling(n, p, k, c) + (n if _folds(p) else n / 2) * k.sigma),
+                            + _o_doubling(n, p, k, c) + _halving_scratch(n, p) * k.sigma),
     ("allreduce", "recursive_doubling"):
         lambda n, p, k, c: (_o_fold(n, p, k, c, True) + _o_fold(n, p, k, c, False)
-                            + n * k.sigma
+                            + (n + (_pipe_scratch(n) if _folds(p) else 0.0)) * k.sigma
                             + _lq(p) * _step(k, c, pof2_floor(p), n, pof2_floor(p), n,
                                              pof2_floor(p))),
     ("allreduce", "binomial"):
@@ -449,7 +472,7 @@ SCHEDULES: dict[tuple[str, str], Callable[[float, int, Constants, float], float]
     ("reduce_scatter", "recursive_halving"):
         lambda n, p, k, c: (_o_fold(n, p, k, c, True) + _o_halving(n, p, k, c)
                             + _o_fold(n / p, p, k, c, False)
-                            + (2 * n if _folds(p) else 1.5 * n) * k.sigma),
+                            + (n + _halving_scratch(n, p)) * k.sigma),
     ("scan", "recursive_doubling"):
         lambda n, p, k, c: _lg(p) * _step(k, c, p, n, p, 2 * n, p) + 2 * n * k.sigma,
     ("exscan", "recursive_doubling"):

@@ -18,21 +18,109 @@ receives, lower group's partial on the left. Distance 1 first means every fold j
 adjacent aligned groups of new ranks, so rank order is kept; new rank ``r`` ends owning
 position ``bit_reverse(r, log2 q)``, fully reduced over all ranks. ``log2 q`` messages,
 ``n(q-1)/q`` bytes sent and reduced per rank.
+
+**Segmented exchanges** (:class:`Pipe`; the pipelining of Gloo's chunked ring and NCCL's
+primitives, applied to each exchange): every reducing exchange above, the fold's
+included, moves its range as segments of ``PYCOMM_HALVING_SEGMENT_BYTES`` and folds each
+segment into the kept range as soon as it has arrived, while the next one is arriving
+(two receives in flight into two scratch segments). A segment is reduced while it is still
+in cache, where an unsegmented exchange copies the whole half out of cache and reads it
+back to reduce it. Measured here (2-core KVM guest, float32 SUM in place, median of 18
+alternating calls): all-reduce ``rabenseifner`` on 4 ranks 64 MiB 37.4 ms segmented
+against 43.1 ms whole (16 MiB: 10.0 against 11.5), on 2 ranks 64 MiB 12.1 against 15.4 ms;
+the whole-half exchange was what put it 13-15% behind the segmented ring at 64 MiB.
+Scratch is two segments instead of ``n/2``. ``S = ceil(b / s)`` messages for ``b`` bytes.
 """
 
 from __future__ import annotations
 
+import collections
+
 import numpy as np
 
-from pycomm.algorithms.topology import fold_new_rank, fold_real_rank, pof2_floor
+from pycomm import config
+from pycomm.algorithms.scratch import give, take
+from pycomm.algorithms.topology import (fold_new_rank, fold_real_rank, pof2_floor,
+                                        segment_offsets)
 
-__all__ = ["fold_in", "fold_out", "halve", "Step"]
+__all__ = ["Pipe", "fold_in", "fold_out", "halve", "Step", "DEPTH"]
+
+# Segments in flight into scratch at once (double buffering).
+DEPTH = 2
 
 # One halving step: (partner real rank, partner new rank, kept positions, given positions).
 Step = tuple[int, int, tuple[int, int], tuple[int, int]]
 
 
-def fold_in(cc, buf: np.ndarray, op, scratch: np.ndarray) -> int | None:
+class Pipe:
+    """Segmented, double-buffered exchanges that reduce what they receive.
+
+    Args:
+        dtype: element type of the vectors.
+        largest: elements of the largest range this pipe will receive (sizes its scratch).
+        segment_bytes: bytes per segment (default ``PYCOMM_HALVING_SEGMENT_BYTES``); the
+            same on every rank, since both partners cut a range into the same segments.
+
+    Call :meth:`close` when done (gives the scratch back).
+    """
+
+    __slots__ = ("seg", "slots")
+
+    def __init__(self, dtype, largest: int, segment_bytes: int | None = None):
+        if segment_bytes is None:
+            segment_bytes = config.get("PYCOMM_HALVING_SEGMENT_BYTES")
+        itemsize = np.dtype(dtype).itemsize
+        self.seg = max(1, int(segment_bytes) // max(1, itemsize))
+        n = max(0, min(self.seg, int(largest)))
+        self.slots = [take(n, dtype) for _ in range(DEPTH)]
+
+    def close(self) -> None:
+        """Give the scratch segments back (after every exchange has completed)."""
+        for s in self.slots:
+            give(s)
+        self.slots = []
+
+    def send(self, cc, view: np.ndarray, dest: int) -> list:
+        """Post ``view`` to ``dest`` as segments; return the send requests."""
+        cut = segment_offsets(view.size, self.seg)
+        return [cc.isend(view[a:b], dest) for a, b in zip(cut, cut[1:])]
+
+    def exchange(self, cc, give_view: np.ndarray | None, kept: np.ndarray, peer: int, op,
+                 incoming_left: bool) -> None:
+        """Send ``give_view`` to ``peer`` (if any) and fold ``peer``'s segments into ``kept``.
+
+        ``peer`` sends a range of ``kept.size`` elements cut the same way. Each arriving
+        segment ``x`` becomes ``op(x, kept_seg)`` when ``incoming_left`` (``peer`` stands
+        for lower ranks), else ``op(kept_seg, x)``. Returns when every segment is reduced
+        and every send has completed.
+        """
+        cut = segment_offsets(kept.size, self.seg)
+        nseg = len(cut) - 1
+        recvs: collections.deque = collections.deque()
+        posted = 0
+
+        def post() -> None:
+            nonlocal posted
+            while posted < nseg and len(recvs) < DEPTH:
+                n = cut[posted + 1] - cut[posted]
+                recvs.append(cc.irecv(self.slots[posted % DEPTH][:n], peer))
+                posted += 1
+
+        post()  # receives first: eager segments land in place, not in the unexpected queue
+        sends = self.send(cc, give_view, peer) if give_view is not None else []
+        for j in range(nseg):
+            cc.waitall([recvs.popleft()])
+            piece = kept[cut[j]:cut[j + 1]]
+            incoming = self.slots[j % DEPTH][:piece.size]
+            if incoming_left:
+                op.apply(incoming, piece)
+            else:
+                op.apply_left(piece, incoming)
+            post()  # the slot just read is free again
+        cc.waitall(sends)
+
+
+def fold_in(cc, buf: np.ndarray, op, pipe: Pipe) -> int | None:
     """Fold a non-power-of-two group into ``q`` ranks; return this rank's new rank.
 
     Args:
@@ -40,7 +128,8 @@ def fold_in(cc, buf: np.ndarray, op, scratch: np.ndarray) -> int | None:
         buf: this rank's whole vector; on kept odd ranks ``< 2rem`` it ends as
             ``op(even's vector, own vector)``.
         op: the reduction op.
-        scratch: at least ``buf.size`` elements of ``buf.dtype`` (used on odd ranks only).
+        pipe: the segmented exchanges (sized for ``buf.size``, or the largest range the
+            caller receives later, whichever is smaller; only its segments matter).
 
     Returns:
         The new rank, or None when this rank sits out (it sent its vector away).
@@ -49,11 +138,9 @@ def fold_in(cc, buf: np.ndarray, op, scratch: np.ndarray) -> int | None:
     new_rank = fold_new_rank(rank, size)
     if rank < 2 * (size - pof2_floor(size)):
         if new_rank is None:
-            cc.send(buf, rank + 1)
+            cc.waitall(pipe.send(cc, buf, rank + 1))
         else:
-            incoming = scratch[:buf.size]
-            cc.recv(incoming, rank - 1)
-            op.apply(incoming, buf)  # op(even, odd): the even rank is lower
+            pipe.exchange(cc, None, buf, rank - 1, op, True)  # op(even, odd): even is lower
     return new_rank
 
 
@@ -67,8 +154,7 @@ def fold_out(cc, buf: np.ndarray, new_rank: int | None) -> None:
             cc.send(buf, rank - 1)
 
 
-def halve(cc, buf: np.ndarray, op, offs: list[int], new_rank: int,
-          scratch: np.ndarray) -> list[Step]:
+def halve(cc, buf: np.ndarray, op, offs: list[int], new_rank: int, pipe: Pipe) -> list[Step]:
     """Recursive-halving reduce-scatter over the ``q`` chunk positions of ``buf``, in place.
 
     Args:
@@ -77,8 +163,7 @@ def halve(cc, buf: np.ndarray, op, offs: list[int], new_rank: int,
         op: any associative op (rank order is kept).
         offs: ``q + 1`` non-decreasing element offsets; positions may be empty.
         new_rank: this rank's new rank (not None).
-        scratch: at least as many elements as the largest half received (``offs[q // 2]``
-            when the first half is the larger one, as with :func:`chunk_offsets`).
+        pipe: the segmented exchanges.
 
     Returns:
         The steps taken, in order; position ``bit_reverse(new_rank)`` of ``buf`` then
@@ -94,15 +179,10 @@ def halve(cc, buf: np.ndarray, op, offs: list[int], new_rank: int,
         partner = fold_real_rank(partner_new, size)
         mid = (lo + hi) // 2
         lower = new_rank < partner_new
-        keep, give = ((lo, mid), (mid, hi)) if lower else ((mid, hi), (lo, mid))
-        kept = buf[offs[keep[0]]:offs[keep[1]]]
-        incoming = scratch[:kept.size]
-        cc.sendrecv(buf[offs[give[0]]:offs[give[1]]], partner, incoming, partner)
-        if lower:
-            op.apply_left(kept, incoming)
-        else:
-            op.apply(incoming, kept)
-        steps.append((partner, partner_new, keep, give))
+        keep, give_ = ((lo, mid), (mid, hi)) if lower else ((mid, hi), (lo, mid))
+        pipe.exchange(cc, buf[offs[give_[0]]:offs[give_[1]]], buf[offs[keep[0]]:offs[keep[1]]],
+                      partner, op, not lower)
+        steps.append((partner, partner_new, keep, give_))
         lo, hi = keep
         mask <<= 1
     return steps

@@ -26,7 +26,8 @@ two partners the one whose bit agrees with the root's new rank receives the othe
 range, so the ranges double along a binomial tree towards the root. When the root sat
 out of the fold its odd partner gathers and forwards the vector. Time
 ``2 log2(q) α + n(q-1)/q (2β + γ)`` plus the fold ``α + nβ + nγ`` (and ``α + nβ`` when
-the root sat out); scratch ``n/2`` (``n`` with a fold). Beats binomial once ``n`` is large.
+the root sat out), the fold and halving exchanges segmented as in the all-reduce; scratch
+two segments (``PYCOMM_HALVING_SEGMENT_BYTES``). Beats binomial once ``n`` is large.
 Serves non-commutative ops (operands combine in rank order); the result is
 ``x_0 ∘ ... ∘ x_{p-1}`` for every root.
 """
@@ -35,7 +36,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pycomm.algorithms.halving import fold_in, halve
+from pycomm.algorithms.halving import Pipe, fold_in, halve
 from pycomm.algorithms.scratch import give, take
 from pycomm.algorithms.topology import (binomial_children, binomial_parent, chunk_offsets,
                                         fold_new_rank, pof2_floor)
@@ -91,18 +92,18 @@ def reduce_rabenseifner(cc, buf: np.ndarray, root: int, op) -> None:
     pof2 = pof2_floor(size)
     count = buf.size
     offs = chunk_offsets(count, pof2)
-    scratch = take(count if pof2 != size else offs[pof2 // 2], buf.dtype)
-    new_rank = fold_in(cc, buf, op, scratch)
+    pipe = Pipe(buf.dtype, count if pof2 != size else offs[pof2 // 2])
+    new_rank = fold_in(cc, buf, op, pipe)
     gatherer = root if fold_new_rank(root, size) is not None else root + 1
     new_root = fold_new_rank(gatherer, size)
     if new_rank is not None:
-        steps = halve(cc, buf, op, offs, new_rank, scratch)
+        steps = halve(cc, buf, op, offs, new_rank, pipe)
         for partner, partner_new, keep, other in reversed(steps):
             if (new_rank ^ new_root) & (new_rank ^ partner_new):
                 cc.send(buf[offs[keep[0]]:offs[keep[1]]], partner)
                 break  # this rank's range now lives with the partner
             cc.recv(buf[offs[other[0]]:offs[other[1]]], partner)
-    give(scratch)
+    pipe.close()
     if gatherer != root:
         if cc.rank == gatherer:
             cc.send(buf, root)

@@ -31,8 +31,10 @@ chunk position ``i`` holds the blocks of new rank ``bit_reverse(i)``, then reduc
 recursive halving with distance 1 first: rank order is kept and new rank ``j`` ends with
 position ``bit_reverse(j)``, i.e. its own blocks. Each odd rank of the fold sends its even
 partner's block back. Time ``log2(q) α + n(q-1)/q (β + γ)`` plus, for non-power-of-two
-``p``, ``2α + (n + n/p)β + nγ`` (the fold in, and the block sent back); scratch ``3n/2`` for equal blocks (work copy and halving
-buffer; ``2n`` with a fold).
+``p``, ``(ceil(n/s) + 1)α + (n + n/p)β + nγ`` (the fold in, and the block sent back). The
+fold and the halving exchanges go as segments of ``s = PYCOMM_HALVING_SEGMENT_BYTES`` (one
+``α`` each), reduced as they arrive (:class:`~pycomm.algorithms.halving.Pipe`); scratch
+``n`` (the work copy) plus two segments.
 **sendbuf may be overwritten** (on the odd ranks of the fold).
 """
 
@@ -42,7 +44,7 @@ from itertools import accumulate
 
 import numpy as np
 
-from pycomm.algorithms.halving import fold_in, halve
+from pycomm.algorithms.halving import Pipe, fold_in, halve
 from pycomm.algorithms.scratch import give, take
 from pycomm.algorithms.topology import bit_reverse, pof2_floor, ring_neighbors
 
@@ -154,18 +156,18 @@ def reduce_scatter_recursive_halving(cc, sendbuf: np.ndarray, recvbuf: np.ndarra
     offs = [0, *accumulate(span(j)[1] - span(j)[0] for j in owner)]
     # The fold receives a whole vector; halving at most the larger half of the first step.
     half = offs[pof2 // 2]
-    scratch = take(total if rem else max(half, total - half), sendbuf.dtype)
-    new_rank = fold_in(cc, sendbuf, op, scratch)
+    pipe = Pipe(sendbuf.dtype, total if rem else max(half, total - half))
+    new_rank = fold_in(cc, sendbuf, op, pipe)
     if new_rank is None:  # an even rank of the fold: its block comes back from rank + 1
-        give(scratch)
+        pipe.close()
         cc.recv(recvbuf, rank + 1)
         return
     work = take(total, sendbuf.dtype)
     for pos, j in enumerate(owner):
         lo, hi = span(j)
         work[offs[pos]:offs[pos + 1]] = sendbuf[lo:hi]
-    halve(cc, work, op, offs, new_rank, scratch)
-    give(scratch)
+    halve(cc, work, op, offs, new_rank, pipe)
+    pipe.close()
     pos = bit_reverse(new_rank, nbits)
     mine = work[offs[pos]:offs[pos + 1]]
     if rank < 2 * rem:  # an odd rank of the fold: it holds its even partner's block too

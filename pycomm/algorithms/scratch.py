@@ -1,6 +1,7 @@
 """Scratch buffers that collective schedules reuse from one call to the next.
 
-Why: a schedule such as Rabenseifner's all-reduce needs ``n/2`` bytes of scratch per call.
+Why: a schedule such as the recursive-doubling all-reduce needs ``n`` bytes of scratch per
+call (Rabenseifner's needed ``n/2`` before its exchanges were segmented).
 Allocated afresh with numpy, a buffer of 32 MiB or more comes straight from ``mmap`` (glibc
 serves allocations above its largest dynamic mmap threshold, 32 MiB on 64-bit Linux, that
 way and unmaps them on free), so every call page-faults on all of its pages again. Measured
