@@ -22,6 +22,20 @@ _CHOICES: dict = {}
 _ENV_DATA = getattr(os.environ, "_data", None)   # CPython's raw mapping: a fast lookup
 
 
+# Variables the modelled times read (segment counts, protocol, constants): part of the
+# cache key, so that changing one at run time is not answered with a stale choice.
+_MODEL_VARS = ("PYCOMM_SEGMENT_BYTES", "PYCOMM_RING_SEGMENT_BYTES",
+               "PYCOMM_HALVING_SEGMENT_BYTES", "PYCOMM_EAGER_LIMIT", "PYCOMM_TUNE_FILE")
+_MODEL_KEYS = tuple(v.encode() for v in _MODEL_VARS)
+
+
+def _model_env() -> tuple:
+    """Current raw values of :data:`_MODEL_VARS`, read on every call, cheaply."""
+    if type(_ENV_DATA) is dict:
+        return tuple(_ENV_DATA.get(k) for k in _MODEL_KEYS)
+    return tuple(os.environ.get(v) for v in _MODEL_VARS)
+
+
 def _override(collective: str):
     """Current ``PYCOMM_ALGORITHM_<COLLECTIVE>`` (raw), read on every call, cheaply."""
     if type(_ENV_DATA) is dict:
@@ -58,10 +72,11 @@ class AlgorithmSelection:
 
     def _choose(self, collective: str, nbytes: int, algorithm, commutative: bool):
         """``(name, fn)`` of :func:`pycomm.algorithms.choose` for this communicator, cached."""
-        # The choice is a pure function of these, the override variable and the model's
-        # inputs (size, transport, ranks per core: the world's change once, at start-up,
-        # after its first collectives), so cache it.
-        key = (collective, nbytes, algorithm, commutative, _override(collective))
+        # The choice is a pure function of these, the override variable, the variables the
+        # model reads, and the model's inputs (size, transport, ranks per core: the world's
+        # change once, at start-up, after its first collectives), so cache it.
+        key = (collective, nbytes, algorithm, commutative, _override(collective),
+               _model_env())
         hit = _CHOICES.get(key)
         eng = self._engine
         model = (self.size, eng.oversubscription, eng.min_cores,

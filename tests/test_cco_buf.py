@@ -402,6 +402,14 @@ def _rank_env_override():
         return name, fn
 
     var = "PYCOMM_ALGORITHM_ALLREDUCE"
+    ring_segment = os.environ.get("PYCOMM_RING_SEGMENT_BYTES")  # tiny worlds set it
+
+    def restore(value):
+        if value is None:
+            os.environ.pop("PYCOMM_RING_SEGMENT_BYTES", None)
+        else:
+            os.environ["PYCOMM_RING_SEGMENT_BYTES"] = value
+
     out = {}
     comm_module.choose = spy
     comm_module._CHOICES.clear()
@@ -427,10 +435,20 @@ def _rank_env_override():
         comm.Allreduce(pycomm.IN_PLACE, x)
         out["unset"] = chosen[-1]
         out["model"] = comm.chosen_algorithm("allreduce", x.nbytes, algorithm="auto")
+        # the choice is cached, but not across a change of a variable the model reads
+        n0 = len(chosen)
+        comm.chosen_algorithm("allreduce", x.nbytes, algorithm="auto")
+        out["cached"] = len(chosen) - n0
+        os.environ["PYCOMM_RING_SEGMENT_BYTES"] = str(4096 + len(os.environ.get(
+            "PYCOMM_RING_SEGMENT_BYTES", "")))  # differs from what the world was given
+        comm.chosen_algorithm("allreduce", x.nbytes, algorithm="auto")
+        restore(ring_segment)
+        out["after a model variable changed"] = len(chosen) - n0
         comm.Allreduce(pycomm.IN_PLACE, x)
         out["value"] = x.tolist()
     finally:
         os.environ.pop(var, None)
+        restore(ring_segment)
         comm_module.choose = real_choose
         comm_module._CHOICES.clear()
     return out
@@ -445,6 +463,7 @@ def test_algorithm_environment_override(world):
             assert "PYCOMM_ALGORITHM_ALLREDUCE" in out["ring + non-commutative op"]
         assert "PYCOMM_ALGORITHM_ALLREDUCE" in out["bad name"] and "ring" in out["bad name"]
         assert out["unset"] == out["model"]
+        assert out["cached"] == 0 and out["after a model variable changed"] == 1
         # 4 Allreduce calls of SUM actually ran (the refused ones moved nothing)
         s = world.size
         base = np.arange(10.0) * s + s * (s - 1) / 2

@@ -200,9 +200,10 @@ def allreduce_recursive_doubling(cc, buf: np.ndarray, op) -> None:
         return
     pof2 = pof2_floor(size)
     scratch = take(buf.size, buf.dtype)
-    pipe = Pipe(buf.dtype, buf.size if pof2 != size else 0)  # the fold's segments
+    pipe = Pipe(buf.dtype, buf.size) if pof2 != size else None  # the fold's segments
     new_rank = fold_in(cc, buf, op, pipe)
-    pipe.close()
+    if pipe is not None:
+        pipe.close()
     if new_rank is not None:
         mask = 1
         while mask < pof2:

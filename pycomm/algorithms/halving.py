@@ -56,7 +56,7 @@ class Pipe:
     """Segmented, double-buffered exchanges that reduce what they receive.
 
     Args:
-        dtype: element type of the vectors.
+        dtype: element type of the vectors (a ``numpy.dtype``).
         largest: elements of the largest range this pipe will receive (sizes its scratch).
         segment_bytes: bytes per segment (default ``PYCOMM_HALVING_SEGMENT_BYTES``); the
             same on every rank, since both partners cut a range into the same segments.
@@ -64,15 +64,16 @@ class Pipe:
     Call :meth:`close` when done (gives the scratch back).
     """
 
-    __slots__ = ("seg", "slots")
+    __slots__ = ("seg", "slots", "_dtype", "_slot_size")
 
     def __init__(self, dtype, largest: int, segment_bytes: int | None = None):
         if segment_bytes is None:
             segment_bytes = config.get("PYCOMM_HALVING_SEGMENT_BYTES")
-        itemsize = np.dtype(dtype).itemsize
-        self.seg = max(1, int(segment_bytes) // max(1, itemsize))
-        n = max(0, min(self.seg, int(largest)))
-        self.slots = [take(n, dtype) for _ in range(DEPTH)]
+        self._dtype = dtype
+        self.seg = max(1, int(segment_bytes) // max(1, dtype.itemsize))
+        self._slot_size = max(0, min(self.seg, int(largest)))
+        self.slots: list[np.ndarray] = []  # taken at the first exchange: a rank that
+        # only sends (or a schedule that never folds) takes no scratch
 
     def close(self) -> None:
         """Give the scratch segments back (after every exchange has completed)."""
@@ -96,6 +97,8 @@ class Pipe:
         """
         cut = segment_offsets(kept.size, self.seg)
         nseg = len(cut) - 1
+        if not self.slots:
+            self.slots = [take(self._slot_size, self._dtype) for _ in range(DEPTH)]
         recvs: collections.deque = collections.deque()
         posted = 0
 
@@ -120,7 +123,7 @@ class Pipe:
         cc.waitall(sends)
 
 
-def fold_in(cc, buf: np.ndarray, op, pipe: Pipe) -> int | None:
+def fold_in(cc, buf: np.ndarray, op, pipe: Pipe | None) -> int | None:
     """Fold a non-power-of-two group into ``q`` ranks; return this rank's new rank.
 
     Args:
@@ -128,8 +131,8 @@ def fold_in(cc, buf: np.ndarray, op, pipe: Pipe) -> int | None:
         buf: this rank's whole vector; on kept odd ranks ``< 2rem`` it ends as
             ``op(even's vector, own vector)``.
         op: the reduction op.
-        pipe: the segmented exchanges (sized for ``buf.size``, or the largest range the
-            caller receives later, whichever is smaller; only its segments matter).
+        pipe: the segmented exchanges (sized for at least ``buf.size`` elements); None
+            when ``p`` is a power of two (no fold).
 
     Returns:
         The new rank, or None when this rank sits out (it sent its vector away).
