@@ -45,7 +45,7 @@ from . import config
 from .errors import ArgumentError, CommError
 from .buffers import IN_PLACE as pycomm_IN_PLACE
 from .ops import MAX as _MAX
-from .p2p import Engine, default_spin_seconds
+from .p2p import Engine, default_spin_seconds, default_yield_seconds
 
 __all__ = ["JobEnv", "detect", "create_world"]
 
@@ -190,11 +190,14 @@ def create_world(**options):
     timeout = float(options.get("timeout") or config.get("PYCOMM_TIMEOUT"))
     local_size = config.get("PYCOMM_LOCAL_SIZE") or je.size
     spin_us = options.get("spin_us", config.get("PYCOMM_SPIN_US"))
+    yield_us = config.get("PYCOMM_YIELD_US")
     engine = Engine(je.rank, je.size,
                     eager_limit=int(options.get("eager_limit")
                                     or config.get("PYCOMM_EAGER_LIMIT")),
                     spin_s=(spin_us * 1e-6 if spin_us is not None
                             else default_spin_seconds(local_size)),
+                    yield_s=(yield_us * 1e-6 if yield_us is not None
+                             else default_yield_seconds(local_size)),
                     timeout=timeout)
     server = store = None
     try:

@@ -59,6 +59,9 @@ _DECLARED = [
     Var("PYCOMM_SPIN_US", float, None,
         "Microseconds a waiting rank spins before it blocks in the kernel (default: 50, or 5 "
         "when ranks outnumber cores)."),
+    Var("PYCOMM_YIELD_US", float, None,
+        "Microseconds a waiting rank, once its spin is over, keeps polling with sched_yield "
+        "before it sleeps in the kernel (default: 0, or 300 when ranks outnumber cores)."),
     Var("PYCOMM_CMA", _bool, True,
         "Use Linux cross-memory attach (process_vm_readv) for single-copy large messages."),
     Var("PYCOMM_DEBUG", _bool, False, "Log each collective's chosen algorithm to stderr."),

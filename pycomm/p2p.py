@@ -59,10 +59,10 @@ from transports import TransportError
 
 from .errors import CommError, PeerError, TruncationError
 from .request import Request
-from .waiting import Waiting, default_spin_seconds
+from .waiting import Waiting, default_spin_seconds, default_yield_seconds
 
 __all__ = ["Engine", "Request", "ANY_SOURCE", "ANY_TAG", "PROC_NULL",
-           "default_spin_seconds"]
+           "default_spin_seconds", "default_yield_seconds"]
 
 ANY_SOURCE = -2
 ANY_TAG = -1
@@ -113,13 +113,16 @@ class Engine(Waiting):
         eager_limit: largest payload in bytes sent eagerly.
         spin_s: seconds to spin before sleeping in the kernel.
         timeout: default seconds any wait may take.
+        yield_s: seconds to poll with ``sched_yield`` after spinning, before sleeping (see
+            :mod:`pycomm.waiting`).
     """
 
     def __init__(self, rank: int, size: int, *, eager_limit: int, spin_s: float,
-                 timeout: float):
+                 timeout: float, yield_s: float = 0.0):
         self.rank, self.size = rank, size
         self.eager_limit = eager_limit
         self.spin_s = spin_s
+        self.yield_s = yield_s
         self.timeout = timeout
         self.route: list[Any] = [None] * size       # world rank -> transport
         self.transports: list[Any] = []

@@ -5,8 +5,17 @@ transport until their request completes (no background thread unless a nonblocki
 collective starts one). A waiting rank spins for ``PYCOMM_SPIN_US`` microseconds and then
 sleeps in the kernel (futex or select), waking every 0.25 s to check that its peers are
 alive. :class:`Waiting` is the half of :class:`pycomm.p2p.Engine` that does this; it reads
-the engine's ``transports``, ``timeout``, ``spin_s`` and thread flags, and its
+the engine's ``transports``, ``timeout``, ``spin_s``, ``yield_s`` and thread flags, and its
 ``_describe_timeout`` names what timed out.
+
+When a host's ranks outnumber its cores, a rank between spinning and sleeping polls for
+``PYCOMM_YIELD_US`` more, calling ``sched_yield`` between polls (Open MPI turns its
+``mpi_yield_when_idle`` on by itself when oversubscribed; MPICH's nemesis yields after
+``MPID_NEM_POLLS_BEFORE_YIELD`` polls). A yielding rank gives its core to a peer that has
+work, yet stays runnable: the peer that hands it a message needs no ``FUTEX_WAKE`` and it
+needs no trip through the scheduler's wake-up path, which is what a step costs when ranks
+sleep (the measured ``wake`` of :mod:`pycomm.tune`). Only single-threaded engines yield:
+``sched_yield`` does not hand the GIL to the progress thread.
 """
 
 from __future__ import annotations
@@ -23,7 +32,7 @@ from .errors import CommTimeoutError, PeerError
 if TYPE_CHECKING:
     from .request import Request
 
-__all__ = ["Waiting", "OFFLOADED", "default_spin_seconds"]
+__all__ = ["Waiting", "OFFLOADED", "default_spin_seconds", "default_yield_seconds"]
 
 _perf = time.perf_counter
 _LIVENESS_S = 0.25
@@ -141,6 +150,17 @@ class Waiting:
                 time.sleep(0)
         else:
             return
+        if self.yield_s > 0.0 and not self._threaded:
+            yield_end = _perf() + self.yield_s
+            sched_yield = os.sched_yield
+            while not cond():
+                if progress():
+                    continue
+                if _perf() >= yield_end:
+                    break
+                sched_yield()
+            else:
+                return
         limit = self.timeout if timeout is None else timeout
         deadline = now + limit
         next_check = _perf() + _LIVENESS_S
@@ -266,8 +286,16 @@ def _locked(lock, fn):
     return call
 
 
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+        (os.cpu_count() or 1)
+
+
 def default_spin_seconds(local_size: int) -> float:
     """50 µs of spinning, or 5 µs when this host's ranks outnumber its cores."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
-        (os.cpu_count() or 1)
-    return 50e-6 if local_size <= cores else 5e-6
+    return 50e-6 if local_size <= _cores() else 5e-6
+
+
+def default_yield_seconds(local_size: int) -> float:
+    """No yielding phase, or 300 µs of it when this host's ranks outnumber its cores."""
+    return 0.0 if local_size <= _cores() or not hasattr(os, "sched_yield") else 300e-6

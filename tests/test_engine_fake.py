@@ -294,3 +294,61 @@ def test_flush_gives_up_after_its_timeout():
     eng = Engine(0, 2, eager_limit=64, spin_s=0.0, timeout=2.0)
     eng.attach(_HeldBack(10 ** 9), [1])
     assert eng.flush(0.05) is False
+
+
+class _Idle:
+    """A transport stub with nothing to deliver: counts the engine's block calls."""
+
+    background_thread = False
+
+    def __init__(self):
+        self.blocked = 0
+
+    def has_backlog(self):
+        return False
+
+    def progress(self):
+        return False
+
+    def block(self, timeout):
+        self.blocked += 1
+
+    def check_peers(self):
+        pass
+
+    def close(self):
+        pass
+
+
+def _yield_counter(monkeypatch):
+    calls = []
+    monkeypatch.setattr("pycomm.waiting.os.sched_yield", lambda: calls.append(1))
+    return calls
+
+
+def test_oversubscribed_waiter_yields_its_core_before_it_sleeps(monkeypatch):
+    yields = _yield_counter(monkeypatch)
+    eng = Engine(0, 2, eager_limit=64, spin_s=0.0, timeout=2.0, yield_s=10.0)
+    stub = _Idle()
+    eng.attach(stub, [1])
+    eng.wait_until(lambda: len(yields) >= 5)   # work arrives while it yields: no sleep
+    assert len(yields) == 5 and stub.blocked == 0
+    # the yielding phase is bounded: after yield_s the waiter sleeps in the transport
+    eng.yield_s = 0.002
+    eng.wait_until(lambda: stub.blocked >= 1)
+    assert stub.blocked == 1 and len(yields) > 5
+
+
+def test_no_yielding_without_oversubscription_or_with_threads(monkeypatch):
+    from pycomm.waiting import default_yield_seconds
+    yields = _yield_counter(monkeypatch)
+    eng = Engine(0, 2, eager_limit=64, spin_s=0.0, timeout=2.0)   # yield_s defaults to 0
+    stub = _Idle()
+    eng.attach(stub, [1])
+    eng.wait_until(lambda: stub.blocked >= 1)
+    threaded = Engine(0, 2, eager_limit=64, spin_s=0.0, timeout=2.0, yield_s=10.0)
+    threaded.attach(_Idle(), [1])
+    threaded.enable_threads()   # sched_yield would keep the GIL from the progress thread
+    threaded.wait_until(lambda: threaded.transports[0].blocked >= 1)
+    assert yields == []
+    assert default_yield_seconds(1) == 0.0 and default_yield_seconds(10 ** 6) == 300e-6
