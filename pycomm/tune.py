@@ -183,10 +183,12 @@ def _token_ring_rank(rounds: int) -> float | None:
 def measure_wake(transport: str, alpha: float, *, quick: bool = False) -> float:
     """Extra seconds per message when a host's ranks outnumber its cores (2 per core).
 
-    Each hop of a token ring then waits for a sleeping rank to be woken and scheduled;
+    Each hop of a token ring then waits for a waiting rank (yielding its core, or asleep
+    once its yielding phase is over: :mod:`pycomm.waiting`) to be scheduled;
     ``wake`` = measured seconds per hop - ``alpha`` (never negative). The median of three
     worlds, each started afresh: where the scheduler places the ranks is fixed for a
-    world's life and moves the figure (27-69 us between worlds on the 2-core VM here).
+    world's life and moves the figure (27-69 us between worlds on the 2-core VM here while
+    waiters went straight to sleep; three tune runs with yielding waiters gave 10-17 us).
     """
     from pycomm.spawn import spawn
 

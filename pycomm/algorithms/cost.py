@@ -63,7 +63,7 @@ class Constants:
     beta: float    # s per byte moved between two ranks (eager; memory copies)
     gamma: float   # s per byte combined by a reduction op
     sigma: float   # s per byte of newly allocated scratch (first-touch page faults)
-    wake: float = 0.0  # extra s per message when ranks outnumber cores (waking a sleeper)
+    wake: float = 0.0  # extra s per message when ranks outnumber cores (a waiter's turn)
     alpha_rndv: float | None = None  # s per rendezvous message (handshake included)
     beta_rndv: float | None = None   # s per byte of a rendezvous message
     eager: float = math.inf  # bytes: larger messages go by rendezvous (PYCOMM_EAGER_LIMIT)
@@ -320,8 +320,9 @@ for _alg in ("ring", "pairwise", "recursive_halving"):
 #
 # for ``a`` ranks taking part, ``m`` concurrent copies of ``b`` bytes (a shared-memory
 # rendezvous copies once, on the receiver's core) and ``m_r`` concurrent reductions of
-# ``r`` bytes. ``wake`` is the measured cost of waking a sleeping rank (``pycomm.tune``'s
-# token ring). No fitted constant enters: α, β, γ, σ and wake are the measured ones.
+# ``r`` bytes. ``wake`` is the measured cost of handing the core to a waiting rank
+# (``pycomm.tune``'s token ring; the waiter yields its core, then sleeps: see
+# :mod:`pycomm.waiting`). No fitted constant enters: α, β, γ, σ and wake are measured.
 # ---------------------------------------------------------------------------------------
 
 
