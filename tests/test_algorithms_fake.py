@@ -3,13 +3,14 @@
 Ranks are threads (tests/fakecomm.py) with strict, synchronous sends, so schedules that
 deadlock, mismatch sizes, touch send buffers early or leave messages behind fail here.
 Matrix: sizes 1..9, every root, counts 0, 1, 2, 7 (odd), 13 (> size, and more than one
-segment: ``PYCOMM_SEGMENT_BYTES`` is forced to 24 bytes here); reductions run every
+segment: every ``PYCOMM_*SEGMENT_BYTES`` is forced to 24 bytes here); reductions run every
 algorithm over a representative list of (dtype, op) pairs that covers each dtype and each
 op, and hypothesis draws from the full dtype × op product; data movement uses
 float32/int64. Plus a non-commutative user op through every algorithm that accepts one,
 hypothesis runs over random floats for bit-identical results, and the selection rules.
 Inputs are small integers so every summation order gives the exact reference. The
-v-variants, reduce_scatter with counts, scan and exscan are in test_algorithms_vscan.py.
+v-variants, reduce_scatter with counts, scan and exscan are in test_algorithms_vscan.py;
+the messages each schedule sends in test_wire_counts.py.
 """
 
 from __future__ import annotations
@@ -421,80 +422,6 @@ def test_barrier(name, size):
             return len(arrived)
 
     assert run_fake(size, body) == [size] * size
-
-
-# -- wire costs as documented ------------------------------------------------------------------
-@pytest.mark.parametrize("size", SIZES)
-def test_message_counts(size):
-    count = 37
-    q, lg = topology.pof2_floor(size), topology.ceil_log2(size)
-    folded = [topology.fold_new_rank(r, size) is None for r in range(size)]
-    in_fold = [r < 2 * (size - q) for r in range(size)]
-
-    def traffic(fn):
-        _, ccs = run_fake(size, fn, return_ccs=True)
-        return [cc.sent_messages for cc in ccs], [cc.sent_bytes for cc in ccs]
-
-    msgs, nbytes = traffic(lambda cc: algs.barrier_dissemination(cc))
-    assert msgs == [lg] * size and nbytes == [0] * size
-    msgs, _ = traffic(lambda cc: algs.bcast_binomial(cc, np.zeros(count), 0))
-    assert sum(msgs) == size - 1
-    # ring: rank r forwards every chunk but r+1 in the reduce-scatter and every chunk but
-    # r+2 in the all-gather, each chunk as ceil(bytes / segment) messages
-    offs = topology.chunk_offsets(count, size)
-    chunk_segs = [-(-(offs[c + 1] - offs[c]) * 8 // SEGMENT_BYTES) for c in range(size)]
-    msgs, nbytes = traffic(lambda cc: algs.allreduce_ring(cc, np.ones(count), ops.SUM))
-    assert msgs == [0 if size == 1 else 2 * sum(chunk_segs) - chunk_segs[(r + 1) % size]
-                    - chunk_segs[(r + 2) % size] for r in range(size)]
-    assert all(b <= 2 * 8 * (count * (size - 1) // size + 2) for b in nbytes)
-    # rabenseifner: the fold and each halving exchange go as segments
-    # (PYCOMM_HALVING_SEGMENT_BYTES), the all-gather as one message per step
-    def nsegs(elements):
-        return -(-elements * 8 // SEGMENT_BYTES)
-
-    logq = q.bit_length() - 1
-    qoffs = topology.chunk_offsets(count, q)
-    expected = []
-    for r in range(size):
-        new = topology.fold_new_rank(r, size)
-        if new is None:
-            expected.append(nsegs(count))
-            continue
-        lo, hi, sent, mask = 0, q, 0, 1
-        while mask < q:
-            mid = (lo + hi) // 2
-            give_, keep = ((mid, hi), (lo, mid)) if new < new ^ mask else ((lo, mid), (mid, hi))
-            sent += nsegs(qoffs[give_[1]] - qoffs[give_[0]])
-            lo, hi = keep
-            mask <<= 1
-        expected.append(sent + logq + in_fold[r])
-    msgs, _ = traffic(lambda cc: algs.allreduce_rabenseifner(cc, np.ones(count), ops.SUM))
-    assert msgs == expected
-    msgs, _ = traffic(lambda cc: algs.allreduce_recursive_doubling(cc, np.ones(count), ops.SUM))
-    assert msgs == [nsegs(count) if f else logq + i for f, i in zip(folded, in_fold, strict=True)]
-    msgs, nbytes = traffic(lambda cc: algs.barrier_binomial(cc))
-    assert sum(msgs) == 2 * (size - 1) and max(msgs) <= lg + 1 and sum(nbytes) == 0
-    segments = -(-count * 8 // SEGMENT_BYTES)
-    for root in range(size):
-        msgs, nbytes = traffic(lambda cc: algs.bcast_pipeline(cc, np.zeros(count), root))
-        assert sum(msgs) == (size - 1) * segments and sum(nbytes) == (size - 1) * count * 8
-        assert msgs[(root - 1) % size] == 0 or size == 1  # the chain ends before the root
-    msgs, _ = traffic(lambda cc: algs.allgather_bruck(cc, np.zeros(size * count), count))
-    assert msgs == [lg] * size
-    msgs, nbytes = traffic(lambda cc: algs.alltoall_bruck(
-        cc, np.zeros(size * count), np.zeros(size * count), count))
-    assert msgs == [lg] * size and all(b <= lg * (size + 1) // 2 * count * 8 for b in nbytes)
-    # double binary tree: each non-root sends every segment of its tree's half up once,
-    # every rank sends each segment down to each child once
-    half = [(count + 1) // 2, count // 2]
-    segs = [-(-h * 8 // SEGMENT_BYTES) for h in half]
-    expected = []
-    for r in range(size):
-        trees = topology.double_binary_tree(r, size)
-        expected.append(sum(segs[t] * ((parent is not None) + len(children))
-                            for t, (parent, children) in enumerate(trees)) if size > 1 else 0)
-    msgs, _ = traffic(lambda cc: algs.allreduce_double_binary_tree(cc, np.ones(count), ops.SUM))
-    assert msgs == expected
 
 
 def test_eager_mode_also_passes():

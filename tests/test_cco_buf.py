@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import os
 import sys
 import time
 
@@ -386,88 +385,6 @@ def test_non_commutative_op_keeps_rank_order(world, pair, n):
         assert kind == "ran", f"rank {rank}: {values}"
         if values is not None:
             assert values == [want] * n, f"rank {rank}: operands combined out of rank order"
-
-
-# -- algorithm override through the environment --------------------------------------------
-
-def _rank_env_override():
-    import pycomm.selection as comm_module
-    comm = pycomm.COMM_WORLD
-    chosen = []
-    real_choose = comm_module.choose
-
-    def spy(collective, *args, **kwargs):
-        name, fn = real_choose(collective, *args, **kwargs)
-        chosen.append(name)
-        return name, fn
-
-    var = "PYCOMM_ALGORITHM_ALLREDUCE"
-    ring_segment = os.environ.get("PYCOMM_RING_SEGMENT_BYTES")  # tiny worlds set it
-
-    def restore(value):
-        if value is None:
-            os.environ.pop("PYCOMM_RING_SEGMENT_BYTES", None)
-        else:
-            os.environ["PYCOMM_RING_SEGMENT_BYTES"] = value
-
-    out = {}
-    comm_module.choose = spy
-    comm_module._CHOICES.clear()
-    try:
-        x = np.arange(10.0) + comm.rank
-        os.environ[var] = "ring"
-        comm.Allreduce(pycomm.IN_PLACE, x)
-        out["env=ring"] = chosen[-1]
-        comm.Allreduce(pycomm.IN_PLACE, x, algorithm="recursive_doubling")
-        out["env=ring, algorithm= wins"] = chosen[-1]
-        try:
-            comm.Allreduce(pycomm.IN_PLACE, x, op=pycomm.Op.Create(np.add, commute=False))
-            out["ring + non-commutative op"] = "ran"
-        except pycomm.ArgumentError as exc:
-            out["ring + non-commutative op"] = str(exc)
-        os.environ[var] = "no_such_algorithm"
-        try:
-            comm.Allreduce(pycomm.IN_PLACE, x)
-            out["bad name"] = "ran"
-        except pycomm.ArgumentError as exc:
-            out["bad name"] = str(exc)
-        del os.environ[var]
-        comm.Allreduce(pycomm.IN_PLACE, x)
-        out["unset"] = chosen[-1]
-        out["model"] = comm.chosen_algorithm("allreduce", x.nbytes, algorithm="auto")
-        # the choice is cached, but not across a change of a variable the model reads
-        n0 = len(chosen)
-        comm.chosen_algorithm("allreduce", x.nbytes, algorithm="auto")
-        out["cached"] = len(chosen) - n0
-        os.environ["PYCOMM_RING_SEGMENT_BYTES"] = str(4096 + len(os.environ.get(
-            "PYCOMM_RING_SEGMENT_BYTES", "")))  # differs from what the world was given
-        comm.chosen_algorithm("allreduce", x.nbytes, algorithm="auto")
-        restore(ring_segment)
-        out["after a model variable changed"] = len(chosen) - n0
-        comm.Allreduce(pycomm.IN_PLACE, x)
-        out["value"] = x.tolist()
-    finally:
-        os.environ.pop(var, None)
-        restore(ring_segment)
-        comm_module.choose = real_choose
-        comm_module._CHOICES.clear()
-    return out
-
-
-def test_algorithm_environment_override(world):
-    for rank, out in enumerate(world.run(_rank_env_override)):
-        assert out["env=ring"] == "ring"
-        assert out["env=ring, algorithm= wins"] == "recursive_doubling"
-        if world.size > 1:
-            assert "commutative" in out["ring + non-commutative op"]
-            assert "PYCOMM_ALGORITHM_ALLREDUCE" in out["ring + non-commutative op"]
-        assert "PYCOMM_ALGORITHM_ALLREDUCE" in out["bad name"] and "ring" in out["bad name"]
-        assert out["unset"] == out["model"]
-        assert out["cached"] == 0 and out["after a model variable changed"] == 1
-        # 4 Allreduce calls of SUM actually ran (the refused ones moved nothing)
-        s = world.size
-        base = np.arange(10.0) * s + s * (s - 1) / 2
-        assert out["value"] == (base * s ** 3).tolist()
 
 
 # -- properties ----------------------------------------------------------------------------
