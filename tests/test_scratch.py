@@ -29,7 +29,7 @@ def test_large_buffers_are_reused_best_fit_and_never_shared():
     a_addr, b_addr = a.ctypes.data, b.ctypes.data
     pool.give(a[: 10])                             # any view of the buffer gives it back
     pool.give(b)
-    c = pool.take(POOL_MIN_BYTES // 4, np.int32)   # 1 MiB: the smaller free buffer fits best
+    c = pool.take(POOL_MIN_BYTES // 4, np.int32)   # the smaller free buffer fits best
     assert c.ctypes.data == b_addr
     d = pool.take(3 * MB // 8, np.float64)         # 3 MiB: only the 8 MiB one fits
     assert d.ctypes.data == a_addr

@@ -97,8 +97,8 @@ class Pipe:
         """
         cut = segment_offsets(kept.size, self.seg)
         nseg = len(cut) - 1
-        if not self.slots:
-            self.slots = [take(self._slot_size, self._dtype) for _ in range(DEPTH)]
+        while len(self.slots) < min(DEPTH, nseg):  # one slot when one segment will do
+            self.slots.append(take(self._slot_size, self._dtype))
         recvs: collections.deque = collections.deque()
         posted = 0
 
