@@ -15,7 +15,8 @@ When a host's ranks outnumber its cores, a rank between spinning and sleeping po
 work, yet stays runnable: the peer that hands it a message needs no ``FUTEX_WAKE`` and it
 needs no trip through the scheduler's wake-up path, which is what a step costs when ranks
 sleep (the measured ``wake`` of :mod:`pycomm.tune`). Only single-threaded engines yield:
-``sched_yield`` does not hand the GIL to the progress thread.
+once a nonblocking collective has started the progress thread, waiting threads share the
+GIL and one sleeper slot in the transport (below), and yielding was not measured there.
 """
 
 from __future__ import annotations
