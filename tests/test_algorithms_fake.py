@@ -26,7 +26,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pycomm import ops
-from pycomm.algorithms import topology
 from pycomm.errors import ArgumentError
 from fakecomm import FakeCommError, run_fake  # tests/ is on sys.path under pytest
 

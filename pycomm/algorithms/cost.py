@@ -16,7 +16,7 @@ The closed forms (:data:`FORMULAS`) document each algorithm; the choice evaluate
 same schedules step by step (:data:`SCHEDULES`), which prices each message by its protocol
 and, when ranks outnumber cores (``oversubscription > 1``), makes a step pay a measured
 wake-up per turn of the cores it needs while concurrent copies and reductions share the
-cores: see the comment above :data:`SCHEDULES`.
+cores: see :mod:`pycomm.algorithms.cost_steps`.
 
 Why σ: numpy scratch buffers come from fresh pages whose first touch page-faults; it is
 what separates recursive doubling (scratch ``n``) from the segmented schedules (ring,
@@ -39,7 +39,10 @@ from dataclasses import dataclass, replace
 from collections.abc import Callable
 
 from pycomm import config
-from pycomm.algorithms.topology import ceil_log2, pof2_floor
+from pycomm.algorithms.cost_steps import SCHEDULES
+from pycomm.algorithms.cost_terms import (_segment, _ring_segs, _ring_scratch, _hsegs,
+                                         _pipe_scratch, _halving_scratch, _lg, _lq, _frac,
+                                         _qfrac, _folds, _protocol)
 from pycomm.errors import ArgumentError
 
 __all__ = ["Constants", "FORMULAS", "SCHEDULES", "DEFAULT_TRANSPORT", "SHIPPED_TABLE",
@@ -143,59 +146,6 @@ def constants(transport: str = DEFAULT_TRANSPORT) -> Constants:
     return table.get(transport) or table[DEFAULT_TRANSPORT]
 
 
-def _segment() -> float:
-    return float(max(1, config.get("PYCOMM_SEGMENT_BYTES")))
-
-
-def _ring_segs(n: float, p: int) -> float:
-    """Messages per chunk of the segmented ring all-reduce (``PYCOMM_RING_SEGMENT_BYTES``)."""
-    return max(1.0, math.ceil(n / p / max(1, config.get("PYCOMM_RING_SEGMENT_BYTES"))))
-
-
-def _ring_scratch(n: float, p: int) -> float:
-    """Scratch bytes of the segmented ring all-reduce: two segments of a chunk."""
-    return 2.0 * min(n / p, max(1, config.get("PYCOMM_RING_SEGMENT_BYTES")))
-
-
-def _hsegs(b: float) -> float:
-    """Messages of a segmented halving or fold exchange of ``b`` bytes
-    (``PYCOMM_HALVING_SEGMENT_BYTES``)."""
-    return max(1.0, math.ceil(b / max(1, config.get("PYCOMM_HALVING_SEGMENT_BYTES"))))
-
-
-def _pipe_scratch(b: float) -> float:
-    """Scratch bytes of the segmented halving exchanges receiving at most ``b`` bytes."""
-    return 2.0 * min(b, max(1, config.get("PYCOMM_HALVING_SEGMENT_BYTES")))
-
-
-def _halving_scratch(n: float, p: int) -> float:
-    """Scratch of the halving schedules: the fold receives ``n``, the first halving ``n/2``."""
-    return _pipe_scratch(n if _folds(p) else n / 2)
-
-
-def _lg(p: int) -> int:
-    """ceil(log2 p): rounds of a binomial tree."""
-    return ceil_log2(p)
-
-
-def _lq(p: int) -> int:
-    """log2 of the power-of-two group left after the fold."""
-    return pof2_floor(p).bit_length() - 1
-
-
-def _frac(p: int) -> float:
-    return (p - 1) / p
-
-
-def _qfrac(p: int) -> float:
-    q = pof2_floor(p)
-    return (q - 1) / q
-
-
-def _folds(p: int) -> bool:
-    return pof2_floor(p) != p
-
-
 def _fold(n: float, p: int, k: Constants) -> float:
     """Fold in (segmented) and out for a non-power-of-two p (Thakur et al. 2005, 4.3);
     else 0."""
@@ -205,13 +155,6 @@ def _fold(n: float, p: int, k: Constants) -> float:
 def _pipeline(n: float, p: int, k: Constants) -> float:
     segs = max(1.0, math.ceil(n / _segment()))
     return (p - 2 + segs) * (k.alpha + n / segs * k.beta)
-
-
-def _protocol(k: Constants, nbytes: float) -> tuple[float, float]:
-    """``(α, β)`` of one message of ``nbytes``: eager up to ``k.eager``, else rendezvous."""
-    if nbytes > k.eager:
-        return k.alpha_rndv, k.beta_rndv
-    return k.alpha, k.beta
 
 
 def _double_tree(n: float, p: int, k: Constants) -> float:
@@ -303,184 +246,6 @@ FORMULAS: dict[tuple[str, str], Formula] = {
 for _alg in ("ring", "pairwise", "recursive_halving"):
     FORMULAS[("reduce_scatter_block", _alg)] = FORMULAS[("reduce_scatter", _alg)]
 
-
-
-# ---------------------------------------------------------------------------------------
-# Oversubscribed hosts: a step-by-step model.
-#
-# When ranks outnumber cores, the closed forms above mislead: they assume every rank runs
-# whenever it has work. On ``c`` cores, a step of a schedule in which ``a`` ranks take part
-# needs ``a / c`` turns of the cores to let each of them run, and ``m`` copies (or
-# reductions) that would run side by side on ``m`` cores share ``c`` of them. A binomial
-# tree, whose early rounds involve 2 or 4 ranks, therefore keeps whole cores to itself
-# where a ring, in which all ``p`` ranks are busy at every step, shares them at every step.
-# So each schedule is written out below as its sequence of steps; a step costs
-#
-#     α + wake · max(1, a / c)  +  b β · max(1, m / c)  +  r γ · max(1, m_r / c)
-#
-# for ``a`` ranks taking part, ``m`` concurrent copies of ``b`` bytes (a shared-memory
-# rendezvous copies once, on the receiver's core) and ``m_r`` concurrent reductions of
-# ``r`` bytes. ``wake`` is the measured cost of handing the core to a waiting rank
-# (``pycomm.tune``'s token ring; the waiter yields its core, then sleeps: see
-# :mod:`pycomm.waiting`). No fitted constant enters: α, β, γ, σ and wake are measured.
-# ---------------------------------------------------------------------------------------
-
-
-def _share(m: float, cores: float) -> float:
-    return 1.0 if m <= cores else m / cores
-
-
-def _step(k: Constants, c: float, active: float, copy: float = 0.0, copies: float = 0,
-          red: float = 0.0, reducers: float = 0) -> float:
-    """Seconds of one synchronous step on ``c`` cores (see the comment above)."""
-    alpha, beta = _protocol(k, copy)
-    return (alpha + k.wake * max(1.0, active / c) + copy * beta * _share(copies, c)
-            + red * k.gamma * _share(reducers, c))
-
-
-def _rounds(p: int) -> list[int]:
-    """Concurrent transfers in each round of a binomial tree on ``p`` ranks (1, 2, 4, ...)."""
-    out, k = [], 1
-    while k < p:
-        out.append(min(k, p - k))
-        k *= 2
-    return out
-
-
-def _o_bcast_binomial(n, p, k, c):
-    return sum(_step(k, c, 2 * m, n, m) for m in _rounds(p))
-
-
-def _subtree_rounds(p: int) -> list[tuple[int, int]]:
-    """Rounds of a binomial scatter from vrank 0, largest distance ``d`` first: ``(senders,
-    blocks)``, the senders being the vranks ``v = 0 mod 2d`` with ``v + d < p``, the
-    largest transfer the root's ``min(d, p - d)`` blocks (of ``p``). Along the root the
-    blocks add up to ``p - 1``: the closed form's ``n(p-1)/p``."""
-    out, d = [], (1 << (ceil_log2(p) - 1)) if p > 1 else 0
-    while d >= 1:
-        out.append((len(range(0, p - d, 2 * d)), min(d, p - d)))
-        d //= 2
-    return out
-
-
-def _o_scatter_binomial(n, p, k, c):
-    return sum(_step(k, c, 2 * m, n * blocks / p, m) for m, blocks in _subtree_rounds(p))
-
-
-def _o_ring_steps(n, p, k, c, reduce: bool, segs: float = 1.0) -> float:
-    # A step moves a chunk as ``segs`` segments: a message overhead each, but one wake-up
-    # per step, since a pipelined chunk's segments arrive back to back. (A wake-up per
-    # segment ranked the segmented ring 25% behind Rabenseifner at 16-64 MiB on 4 ranks;
-    # the sweep measured it 12-15% ahead.)
-    b = n / p
-    return (p - 1) * (_step(k, c, p, b, p, b if reduce else 0.0, p if reduce else 0)
-                      + (segs - 1) * k.alpha)
-
-
-def _o_fold(n, p, k, c, reduce: bool) -> float:
-    r = p - pof2_floor(p)
-    if not r:
-        return 0.0
-    if reduce:  # the fold in: segmented, one wake-up (see _o_ring_steps)
-        return _step(k, c, 2 * r, n, r, n, r) + (_hsegs(n) - 1) * k.alpha
-    return _step(k, c, 2 * r, n, r)
-
-
-def _o_halving(n, p, k, c) -> float:
-    q, t, b = pof2_floor(p), 0.0, float(n)
-    for _ in range(_lq(p)):
-        b /= 2
-        t += _step(k, c, q, b, q, b, q) + (_hsegs(b) - 1) * k.alpha
-    return t
-
-
-def _o_doubling(n, p, k, c) -> float:
-    q, t, b = pof2_floor(p), 0.0, n / pof2_floor(p)
-    for _ in range(_lq(p)):
-        t += _step(k, c, q, b, q)
-        b *= 2
-    return t
-
-
-def _o_reduce_binomial(n, p, k, c):
-    return sum(_step(k, c, 2 * m, n, m, n, m) for m in reversed(_rounds(p))) + n * k.sigma
-
-
-def _o_gather_steps(n, p, k, c):
-    # the scatter's rounds backwards: leaves first, the root's largest subtree last
-    return sum(_step(k, c, 2 * m, n * blocks / p, m) for m, blocks in reversed(_subtree_rounds(p)))
-
-
-def _o_gather_binomial(n, p, k, c):
-    return _o_gather_steps(n, p, k, c) + n * k.sigma
-
-
-def _o_linear(n, p, k, c):
-    # the root posts all p-1 transfers; the peers wake together, the root copies serially
-    return _step(k, c, p) + (p - 2) * k.alpha + n * _frac(p) * k.beta
-
-
-SCHEDULES: dict[tuple[str, str], Callable[[float, int, Constants, float], float]] = {
-    ("barrier", "dissemination"): lambda n, p, k, c: _lg(p) * _step(k, c, p),
-    ("barrier", "binomial"): lambda n, p, k, c: 2 * sum(_step(k, c, 2 * m) for m in _rounds(p)),
-    ("bcast", "binomial"): _o_bcast_binomial,
-    ("bcast", "scatter_allgather"):
-        lambda n, p, k, c: _o_scatter_binomial(n, p, k, c) + _o_ring_steps(n, p, k, c, False),
-    ("bcast", "pipeline"):
-        lambda n, p, k, c: sum(
-            _step(k, c, min(p, s + 2), n / max(1.0, math.ceil(n / _segment())), min(p - 1, s + 1))
-            for s in range(int(max(1.0, math.ceil(n / _segment()))) + p - 2)),
-    ("reduce", "binomial"): _o_reduce_binomial,
-    ("reduce", "rabenseifner"):
-        lambda n, p, k, c: (_o_fold(n, p, k, c, True) + _o_halving(n, p, k, c)
-                            + _o_gather_steps(n, pof2_floor(p), k, c)
-                            + _halving_scratch(n, p) * k.sigma),
-    ("allreduce", "ring"):
-        lambda n, p, k, c: (_o_ring_steps(n, p, k, c, True, _ring_segs(n, p))
-                            + _o_ring_steps(n, p, k, c, False, _ring_segs(n, p))
-                            + _ring_scratch(n, p) * k.sigma),
-    ("allreduce", "rabenseifner"):
-        lambda n, p, k, c: (_o_fold(n, p, k, c, True) + _o_fold(n, p, k, c, False)
-                            + _o_halving(n, p, k, c)
-                            + _o_doubling(n, p, k, c) + _halving_scratch(n, p) * k.sigma),
-    ("allreduce", "recursive_doubling"):
-        lambda n, p, k, c: (_o_fold(n, p, k, c, True) + _o_fold(n, p, k, c, False)
-                            + (n + (_pipe_scratch(n) if _folds(p) else 0.0)) * k.sigma
-                            + _lq(p) * _step(k, c, pof2_floor(p), n, pof2_floor(p), n,
-                                             pof2_floor(p))),
-    ("allreduce", "binomial"):
-        lambda n, p, k, c: _o_reduce_binomial(n, p, k, c) + _o_bcast_binomial(n, p, k, c),
-    ("allgather", "ring"): lambda n, p, k, c: _o_ring_steps(n, p, k, c, False),
-    ("allgather", "recursive_doubling"):
-        lambda n, p, k, c: sum(_step(k, c, p, n / p * min(2 ** i, p - 2 ** i), p)
-                               for i in range(_lg(p))),
-    ("allgather", "bruck"):
-        lambda n, p, k, c: (sum(_step(k, c, p, n / p * min(2 ** i, p - 2 ** i), p)
-                                for i in range(_lg(p)))
-                            + n * (k.beta * _share(p, c) + k.sigma)),
-    ("allgatherv", "ring"): lambda n, p, k, c: _o_ring_steps(n, p, k, c, False),
-    ("gather", "linear"): _o_linear,
-    ("gather", "binomial"): _o_gather_binomial,
-    ("scatter", "linear"): _o_linear,
-    ("scatter", "binomial"): lambda n, p, k, c: _o_scatter_binomial(n, p, k, c) + n * k.sigma,
-    ("alltoall", "pairwise"): lambda n, p, k, c: _o_ring_steps(n, p, k, c, False),
-    ("alltoall", "bruck"):
-        lambda n, p, k, c: _lg(p) * _step(k, c, p, n / 2, p) + 2 * n * k.sigma,
-    ("reduce_scatter", "ring"):
-        lambda n, p, k, c: _o_ring_steps(n, p, k, c, True) + n / p * k.sigma,
-    ("reduce_scatter", "pairwise"):
-        lambda n, p, k, c: _o_ring_steps(n, p, k, c, True) + 2 * n / p * k.sigma,
-    ("reduce_scatter", "recursive_halving"):
-        lambda n, p, k, c: (_o_fold(n, p, k, c, True) + _o_halving(n, p, k, c)
-                            + _o_fold(n / p, p, k, c, False)
-                            + (n + _halving_scratch(n, p)) * k.sigma),
-    ("scan", "recursive_doubling"):
-        lambda n, p, k, c: _lg(p) * _step(k, c, p, n, p, 2 * n, p) + 2 * n * k.sigma,
-    ("exscan", "recursive_doubling"):
-        lambda n, p, k, c: _lg(p) * _step(k, c, p, n, p, 2 * n, p) + 2 * n * k.sigma,
-}
-for _alg in ("ring", "pairwise", "recursive_halving"):
-    SCHEDULES[("reduce_scatter_block", _alg)] = SCHEDULES[("reduce_scatter", _alg)]
 
 
 def cost(collective: str, algorithm: str, nbytes: int, size: int,
