@@ -92,3 +92,21 @@ def test_algorithm_environment_override(world):
         s = world.size
         base = np.arange(10.0) * s + s * (s - 1) / 2
         assert out["value"] == (base * s ** 3).tolist()
+
+
+# -- waiting: the yielding phase where ranks outnumber cores --------------------------------
+
+def _rank_wait_settings():
+    import os as _os
+    from pycomm.waiting import default_yield_seconds
+    eng = pycomm.COMM_WORLD._engine
+    local = int(_os.environ.get("PYCOMM_LOCAL_SIZE") or pycomm.COMM_WORLD.size)
+    return eng.yield_s, default_yield_seconds(local), eng.oversubscription
+
+
+def test_real_ranks_yield_exactly_when_they_outnumber_the_cores(world):
+    cores = len(os.sched_getaffinity(0))
+    for yield_s, expected, oversubscription in world.run(_rank_wait_settings):
+        assert yield_s == expected
+        assert (yield_s > 0) == (world.size > cores)   # one host: every rank is local
+        assert (yield_s > 0) == (oversubscription > 1.0)

@@ -39,6 +39,7 @@ import collections
 import numpy as np
 
 from pycomm import config
+from pycomm.algorithms.bcast import segment_elements
 from pycomm.algorithms.scratch import give, take
 from pycomm.algorithms.topology import (fold_new_rank, fold_real_rank, pof2_floor,
                                         segment_offsets)
@@ -70,7 +71,7 @@ class Pipe:
         if segment_bytes is None:
             segment_bytes = config.get("PYCOMM_HALVING_SEGMENT_BYTES")
         self._dtype = dtype
-        self.seg = max(1, int(segment_bytes) // max(1, dtype.itemsize))
+        self.seg = segment_elements(dtype.itemsize, segment_bytes)
         self._slot_size = max(0, min(self.seg, int(largest)))
         self.slots: list[np.ndarray] = []  # taken at the first exchange: a rank that
         # only sends (or a schedule that never folds) takes no scratch
