@@ -70,9 +70,10 @@ _DECLARED = [
         "Seconds the launcher waits after SIGTERM before it SIGKILLs the remaining ranks."),
     Var("PYCOMM_STORE_MAX_BYTES", int, 1 << 28,
         "Largest message the rendezvous store accepts; bigger ones drop the connection."),
-    Var("PYCOMM_SEGMENT_BYTES", int, 65536,
+    Var("PYCOMM_SEGMENT_BYTES", int, 0,
         "Bytes per segment of pipelined collectives (bcast pipeline, allreduce "
-        "double_binary_tree); must be the same on every rank."),
+        "double_binary_tree); 0: the pipeline's segment is the cost model's best for each "
+        "call's size and the tree's 64 KiB; must be the same on every rank."),
     Var("PYCOMM_RING_SEGMENT_BYTES", int, 1 << 20,
         "Bytes per segment of the ring all-reduce's chunks: a segment is forwarded as soon "
         "as it is reduced, and scratch is two segments; must be the same on every rank."),

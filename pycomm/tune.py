@@ -7,7 +7,7 @@ Usage::
 Writes the JSON table that :mod:`pycomm.algorithms.cost` reads (to stdout, or ``FILE``)::
 
     {"shm": {"alpha": s, "beta": s/B, "alpha_rndv": s, "beta_rndv": s/B,
-             "gamma": s/B, "sigma": s/B, "wake": s},
+             "gamma": s/B, "sigma": s/B, "wake": s, "lanes": {bytes: copies}},
      "tcp": {...},
      "source": {"date", "host", "cpu_count", "python", "numpy", "pycomm", "command",
                 "loadavg", "ranks", "eager_limit", "points"}}
@@ -30,7 +30,12 @@ Point ``PYCOMM_TUNE_FILE`` at the file to use it instead of the shipped table
 * **σ**: seconds per byte of fresh scratch: ``np.empty`` + copy minus a copy into a
   reused buffer, least-squares slope over the same sizes.
 
-γ and σ are properties of the CPU, not of the transport: every transport gets the same.
+* **lanes**: how many copies of 256 KiB .. 16 MiB the memory system runs at full speed at
+  once: one rank per core (at most 16) copies buffers of each size, 1, 2, ... of them at
+  once; the best aggregate rate over one copy's (:func:`measure_lanes`).
+
+γ, σ and the lanes are properties of the CPU, not of the transport: every transport gets
+the same.
 The numbers are only as good as the machine is quiet: ``source.loadavg`` records the
 load when the run started, so a table measured under load says so.
 """
@@ -50,12 +55,14 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["fit_line", "measure_pingpong", "measure_gamma", "measure_sigma", "tune", "main"]
+__all__ = ["fit_line", "measure_pingpong", "measure_gamma", "measure_sigma", "measure_lanes",
+           "tune", "main"]
 
 SMALL = [8, 64, 512, 4096]                        # bytes: α fit
 EAGER = [4096, 16384, 65536]                      # bytes: β fit (eager protocol)
 LARGE = [1 << 17, 1 << 18, 1 << 19, 1 << 20, 2 << 20, 4 << 20, 8 << 20]  # rendezvous fit
 COMPUTE = [256 << 10, 1 << 20, 4 << 20, 16 << 20]  # bytes: γ and σ fits
+LANES = [256 << 10, 1 << 20, 4 << 20, 16 << 20]    # bytes: concurrent copies (lanes)
 
 
 def fit_line(xs: list[float], ys: list[float], *, relative: bool = False
@@ -199,6 +206,64 @@ def measure_wake(transport: str, alpha: float, *, quick: bool = False) -> float:
     return max(0.0, statistics.median(hops) - alpha)
 
 
+def _lanes_rank(sizes: list[int], volume: int) -> dict[int, float] | None:
+    """Run on every rank: for ``m = 1 .. size``, ranks ``0 .. m-1`` each copy ``volume``
+    bytes in buffers of each size at once; rank 0 returns ``{bytes: the most concurrent
+    copies' aggregate rate / one copy's}``."""
+    import pycomm
+
+    comm = pycomm.COMM_WORLD
+    out = {}
+    for nbytes in sizes:
+        src = np.ones(nbytes, dtype=np.uint8)
+        dst = np.empty_like(src)
+        np.copyto(dst, src)                       # fault the pages in
+        reps = max(2, volume // nbytes)
+        rates = []
+        for m in range(1, comm.size + 1):
+            samples = []
+            for _ in range(5):
+                comm.Barrier()
+                t0 = time.perf_counter()
+                if comm.rank < m:
+                    for _ in range(reps):
+                        np.copyto(dst, src)
+                took = time.perf_counter() - t0 if comm.rank < m else 0.0
+                samples.append(max(comm.allgather(took)))   # the slowest copier
+            rates.append(m * reps * nbytes / statistics.median(samples))
+        out[nbytes] = max(rates) / rates[0]
+    return out if comm.rank == 0 else None
+
+
+def measure_lanes(*, quick: bool = False) -> dict[int, float]:
+    """How many large copies the memory system runs at full speed at once.
+
+    One rank per core (at most 16) copies a buffer of each size in :data:`LANES`; for
+    ``m = 1 .. cores`` ranks copying at once, the aggregate rate over one copy's rate; the
+    most over ``m`` is the size's *lanes* (the median of three worlds). On the 2-core VM here two 16 MiB copies run no
+    faster together than one alone (memory-bound: 1 lane), while two 256 KiB copies run
+    side by side in their cores' caches. The cost model divides concurrent copies and
+    reductions of a step by ``min(cores, lanes)`` rather than by the cores alone.
+
+    Returns:
+        ``{bytes: lanes}`` (each from 1 to the ranks started).
+    """
+    from pycomm.spawn import spawn
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+        (os.cpu_count() or 1)
+    cores = max(1, min(cores, 16))
+    if cores == 1:
+        return {m: 1.0 for m in LANES}
+    sizes = LANES[::2] if quick else LANES
+    runs = [spawn(_lanes_rank, cores, (sizes, (8 << 20) if quick else (128 << 20)),
+                  transport="shm")[0] for _ in range(1 if quick else 3)]
+    # the median of three worlds; m copiers cannot run more than m times one's rate:
+    # beyond that is timing noise
+    return {m: min(float(cores), max(1.0, statistics.median(float(r[m]) for r in runs)))
+            for m in sizes}
+
+
 def _median_time(fn, reps: int) -> float:
     samples = []
     for _ in range(reps):
@@ -253,12 +318,14 @@ def tune(transports: list[str], nprocs: int = 2, *, quick: bool = False,
     gammas = measure_gamma(quick=quick)
     gamma = max(gammas.values())
     sigma = measure_sigma(quick=quick)
+    lanes = {str(m): v for m, v in measure_lanes(quick=quick).items()}
     table: dict[str, Any] = {}
     points = {}
     for transport in transports:
         fit, times = measure_pingpong(transport, nprocs, quick=quick)
         wake = measure_wake(transport, fit["alpha"], quick=quick)
-        table[transport] = {**fit, "gamma": gamma, "sigma": sigma, "wake": wake}
+        table[transport] = {**fit, "gamma": gamma, "sigma": sigma, "wake": wake,
+                            "lanes": lanes}
         points[transport] = {str(m): t for m, t in times.items()}
     cores = os.cpu_count() or 1
     table["source"] = {

@@ -65,6 +65,12 @@ def test_user_table_overrides_per_transport(tmp_path, monkeypatch):
                          "alpha_rndv": -1}}), "negative"),
     (json.dumps({"shm": {"alpha": 1, "beta": 0, "gamma": 0, "sigma": 0,
                          "beta_rndv": "fast"}}), "non-numeric"),
+    (json.dumps({"shm": {"alpha": 1, "beta": 0, "gamma": 0, "sigma": 0,
+                         "lanes": {"1024": 0.5}}}), "lanes"),
+    (json.dumps({"shm": {"alpha": 1, "beta": 0, "gamma": 0, "sigma": 0,
+                         "lanes": {"big": 2}}}), "lanes"),
+    (json.dumps({"shm": {"alpha": 1, "beta": 0, "gamma": 0, "sigma": 0,
+                         "lanes": [1, 2]}}), "lanes"),
 ])
 def test_bad_user_tables_raise(tmp_path, monkeypatch, content, match):
     path = tmp_path / "bad.json"
@@ -143,6 +149,8 @@ def test_tune_end_to_end_quick(tmp_path):
     assert set(map(int, src["points"]["shm"])) >= {8, 4096, 65536, 1 << 17, 8 << 20}
     assert src["ranks"] == 2 and src["quick"] and src["cpu_count"] == os.cpu_count()
     assert "--quick" in src["command"] and set(src["points"]) == {"shm"}
+    assert shm["lanes"] and all(v >= 1 for v in shm["lanes"].values())
+    assert cost.load_table(str(out))["shm"].lanes[0][0] == 256 << 10
     assert np.isfinite(list(src["points"]["shm"].values())).all()
 
 
@@ -223,7 +231,7 @@ def test_choose_never_picks_an_unfit_algorithm(collective, size, nbytes, commuta
     name, fn = algs.choose(collective, nbytes, size, requested="auto",
                            commutative=commutative, transport=transport)
     info = algs.REGISTRY[collective][name]
-    assert info.fn is fn and info.unfit_reason(size, commutative) is None
+    assert getattr(fn, "func", fn) is info.fn and info.unfit_reason(size, commutative) is None
     fit = [n for n, i in algs.REGISTRY[collective].items()
            if i.unfit_reason(size, commutative) is None]
     best = min(algs.model_time(collective, n, nbytes, size, transport=transport) for n in fit)
@@ -291,3 +299,76 @@ def test_oversubscribed_model_prefers_trees_that_leave_cores_free(brief_constant
         assert algs.choose("bcast", 1 << 24, p)[0] != "binomial"   # a core per rank
         a = algs.model_time("allreduce", "ring", 1 << 20, p, oversubscription=f)
         assert a > algs.model_time("allreduce", "ring", 1 << 20, p)
+
+
+def test_pipeline_segment_is_the_models_best(monkeypatch, brief_constants):
+    # PYCOMM_SEGMENT_BYTES=0 (the default): the chain broadcast's segment is the candidate
+    # its model prices lowest, and the modelled time is the time at that segment
+    monkeypatch.setenv("PYCOMM_SEGMENT_BYTES", "0")
+    for p, f in ((3, 1.0), (4, 1.0), (8, 1.0), (4, 2.0), (8, 4.0)):
+        last = 0
+        for n in (0, 8, 1 << 12, 1 << 18, 1 << 22, 1 << 26):
+            cands = cost.pipeline_candidates(float(n))
+            seg = cost.segment_bytes("bcast", "pipeline", n, p, oversubscription=f)
+            auto = algs.model_time("bcast", "pipeline", n, p, oversubscription=f)
+            priced = {}
+            for s in cands:
+                monkeypatch.setenv("PYCOMM_SEGMENT_BYTES", str(s))
+                priced[s] = algs.model_time("bcast", "pipeline", n, p, oversubscription=f)
+                assert cost.segment_bytes("bcast", "pipeline", n, p, oversubscription=f) == s
+            monkeypatch.setenv("PYCOMM_SEGMENT_BYTES", "0")
+            assert seg in cands and auto == pytest.approx(min(priced.values()))
+            assert priced[seg] == pytest.approx(auto)
+            assert seg >= last     # larger vectors never take smaller segments
+            last = seg
+        # a 64 MiB chain on a core per rank is cut: neither 4 KiB pieces nor one piece
+        if f == 1.0:
+            assert 4096 < cost.segment_bytes("bcast", "pipeline", 1 << 26, p) < 1 << 26
+    assert cost.segment_bytes("bcast", "binomial", 1 << 20, 4) is None
+    assert cost.segment_bytes("allreduce", "ring", 1 << 20, 4) is None
+
+
+def test_choose_binds_the_pipeline_segment(monkeypatch, brief_constants):
+    monkeypatch.setenv("PYCOMM_SEGMENT_BYTES", "0")
+    for n, p, f in ((1 << 26, 4, 1.0), (1 << 20, 8, 4.0), (100, 3, 1.0)):
+        name, fn = algs.choose("bcast", n, p, requested="pipeline", oversubscription=f)
+        assert name == "pipeline" and fn.func is algs.REGISTRY["bcast"]["pipeline"].fn
+        assert fn.keywords == {"segment_bytes": cost.segment_bytes(
+            "bcast", "pipeline", n, p, oversubscription=f)}
+    monkeypatch.setenv("PYCOMM_SEGMENT_BYTES", "12345")    # forced: every size
+    assert algs.choose("bcast", 1 << 26, 4, requested="pipeline")[1].keywords == \
+        {"segment_bytes": 12345}
+    # algorithms without a segment of the model's come back unwrapped
+    assert algs.choose("bcast", 8, 4, requested="binomial")[1] is \
+        algs.REGISTRY["bcast"]["binomial"].fn
+
+
+def test_lanes_interpolate_and_share_the_memory(tmp_path, monkeypatch):
+    # lanes from the table: log-size interpolation, end values beyond the measured sizes
+    k = cost.Constants(alpha=1e-5, beta=1e-10, gamma=1e-10, sigma=0.0,
+                       lanes=((1 << 20, 4.0), (1 << 22, 2.0)))
+    assert cost.Constants(1e-5, 1e-10, 1e-10, 0.0).streams(1 << 30) == float("inf")
+    assert k.streams(8) == 4.0 and k.streams(1 << 30) == 2.0
+    assert k.streams(1 << 21) == pytest.approx(3.0)
+    # a ring on 8 ranks with a core each: all 8 copy at once; through 2 lanes each copy
+    # takes 4 times as long, so the large all-reduce costs more, a small one no more
+    table = {"shm": {"alpha": 1e-5, "beta": 1e-10, "gamma": 1e-10, "sigma": 0.0}}
+    plain, laned = tmp_path / "plain.json", tmp_path / "laned.json"
+    plain.write_text(json.dumps(table))
+    table["shm"]["lanes"] = {str(1 << 20): 8.0, str(1 << 24): 2.0}
+    laned.write_text(json.dumps(table))
+    t = {}
+    for name, path in (("plain", plain), ("laned", laned)):
+        monkeypatch.setenv("PYCOMM_TUNE_FILE", str(path))
+        t[name] = [algs.model_time("allreduce", "ring", n, 8) for n in (1 << 10, 1 << 26)]
+        # the closed form of an algorithm without a step model shares the lanes too
+        t[name].append(algs.model_time("allreduce", "double_binary_tree", 1 << 26, 8))
+    assert t["laned"][0] == pytest.approx(t["plain"][0])
+    assert t["laned"][1] > 2 * t["plain"][1] and t["laned"][2] > 2 * t["plain"][2]
+
+
+def test_measure_lanes_quick():
+    lanes = tune.measure_lanes(quick=True)
+    assert set(lanes) == set(tune.LANES[::2])
+    cores = len(os.sched_getaffinity(0))
+    assert all(1.0 <= v <= max(1, min(cores, 16)) for v in lanes.values())

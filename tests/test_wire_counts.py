@@ -98,3 +98,42 @@ def test_message_counts(size):
                             for t, (parent, children) in enumerate(trees)) if size > 1 else 0)
     msgs, _ = traffic(lambda cc: algs.allreduce_double_binary_tree(cc, np.ones(count), ops.SUM))
     assert msgs == expected
+
+
+@pytest.mark.parametrize("size", [2, 3, 4, 5])
+def test_pipeline_bcast_with_the_models_segment(size, monkeypatch):
+    # PYCOMM_SEGMENT_BYTES=0: with no segment passed, the chain cuts the vector at the
+    # model's segment for its size (shm constants, a core per rank); every rank but the
+    # last forwards ceil(n / segment) messages, and every rank ends with the root's data
+    monkeypatch.setenv("PYCOMM_SEGMENT_BYTES", "0")
+    cost = importlib.import_module("pycomm.algorithms.cost")
+    count, root = (3 << 20) + 5, size - 1          # float64: 24 MiB and 40 bytes
+    seg = cost.segment_bytes("bcast", "pipeline", count * 8, size)
+    assert (seg < count * 8) == (size > 2)   # on 2 ranks one message is best
+    want = np.arange(count, dtype=np.float64)
+
+    def fn(cc):
+        buf = want.copy() if cc.rank == root else np.full(count, -1.0)
+        algs.bcast_pipeline(cc, buf, root)
+        return bool(np.array_equal(buf, want))
+
+    ok, ccs = run_fake(size, fn, return_ccs=True, timeout=60.0)
+    assert all(ok)
+    nseg = -(-count // (seg // 8))
+    last = (root - 1) % size
+    assert [cc.sent_messages for cc in ccs] == [0 if r == last else nseg for r in range(size)]
+
+
+def test_default_segments(monkeypatch):
+    # PYCOMM_SEGMENT_BYTES unset or 0: the double binary tree keeps its 64 KiB segments
+    # (a 0 once reached it as 1-element segments: a 2 MiB all-reduce ran for seconds)
+    bcast = importlib.import_module("pycomm.algorithms.bcast")
+    for value in (None, "0"):
+        if value is None:
+            monkeypatch.delenv("PYCOMM_SEGMENT_BYTES", raising=False)
+        else:
+            monkeypatch.setenv("PYCOMM_SEGMENT_BYTES", value)
+        assert bcast.segment_elements(8) == 65536 // 8
+        assert bcast.segment_elements(4, 4096) == 1024
+    monkeypatch.setenv("PYCOMM_SEGMENT_BYTES", "96")
+    assert bcast.segment_elements(8) == 12

@@ -24,6 +24,7 @@ transport name, makes the same choice.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable
 
@@ -36,7 +37,7 @@ from pycomm.algorithms.allreduce import (allreduce_binomial, allreduce_double_bi
 from pycomm.algorithms.alltoall import alltoall_bruck, alltoall_pairwise, alltoallv_pairwise
 from pycomm.algorithms.barrier import barrier_binomial, barrier_dissemination
 from pycomm.algorithms.bcast import bcast_binomial, bcast_pipeline, bcast_scatter_allgather
-from pycomm.algorithms.cost import DEFAULT_TRANSPORT, cost
+from pycomm.algorithms.cost import DEFAULT_TRANSPORT, cost, segment_bytes
 from pycomm.algorithms.gather import gather_binomial, gather_linear, gatherv_linear
 from pycomm.algorithms.reduce import reduce_binomial, reduce_rabenseifner
 from pycomm.algorithms.reduce_scatter import (reduce_scatter_block_pairwise,
@@ -105,7 +106,8 @@ REGISTRY: dict[str, dict[str, AlgorithmInfo]] = {
         ("scatter_allgather", bcast_scatter_allgather, False, False,
          "binomial scatter + ring allgather (van de Geijn); large messages"),
         ("pipeline", bcast_pipeline, False, False,
-         "segmented chain (NCCL ring broadcast); large messages, PYCOMM_SEGMENT_BYTES"),
+         "segmented chain (NCCL ring broadcast); large messages; segment chosen by the "
+         "model per size unless PYCOMM_SEGMENT_BYTES is set"),
     ),
     "reduce": _table(
         "reduce",
@@ -268,7 +270,8 @@ def choose(collective: str, nbytes: int, size: int, *, requested: str | None = N
             table of measured constants (unknown names use ``shm``'s).
 
     Returns:
-        ``(name, fn)``.
+        ``(name, fn)``; for a pipelined schedule whose segment the model chooses
+        (``bcast`` ``pipeline``), ``fn`` has that segment size bound.
 
     Raises:
         ArgumentError: unknown collective or algorithm name (the message lists the valid
@@ -293,8 +296,16 @@ def choose(collective: str, nbytes: int, size: int, *, requested: str | None = N
             raise ArgumentError(f"{collective} algorithm {name!r} (from {source}) cannot "
                                 f"serve this call: {reason}; usable here: "
                                 f"{AUTO}, {', '.join(fit)}")
-        return info.name, info.fn
+        return info.name, _bound(info, nbytes, size, transport, oversubscription)
     candidates = [i for i in table.values() if i.unfit_reason(size, commutative) is None]
     best = min(candidates, key=lambda i: cost(collective, i.name, nbytes, size, transport,
                                               oversubscription))
-    return best.name, best.fn
+    return best.name, _bound(best, nbytes, size, transport, oversubscription)
+
+
+def _bound(info: AlgorithmInfo, nbytes: int, size: int, transport: str,
+           oversubscription: float) -> Callable:
+    """``info.fn``, with the segment size the model priced bound to it where it has one
+    (:func:`pycomm.algorithms.cost.segment_bytes`), so the schedule runs what was priced."""
+    seg = segment_bytes(info.collective, info.name, nbytes, size, transport, oversubscription)
+    return info.fn if seg is None else functools.partial(info.fn, segment_bytes=seg)

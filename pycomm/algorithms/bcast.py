@@ -18,11 +18,17 @@ scratch. Beats binomial once ``n`` is large enough that bandwidth dominates.
 
 **pipeline** (segmented chain; NCCL's ring broadcast, MPICH ``bcast`` pipelined chain, Gloo
 ``broadcast`` with segments). Ranks form a chain in vrank order ``root -> root+1 -> ... ->
-root-1``; the vector is cut into ``S = ceil(n / s)`` segments of ``s`` bytes
-(``PYCOMM_SEGMENT_BYTES``, the same on every rank). A rank receives segment ``k`` from its
-predecessor, posts the receive of segment ``k+1`` and forwards segment ``k``, so all links
-carry different segments at once. ``p - 2 + S`` pipeline steps of one segment each: time
-``(p - 2 + S)(α + (n/S)β)``, close to ``nβ`` for large ``n``, whatever ``p``; no scratch.
+root-1``; the vector is cut into ``S = ceil(n / s)`` segments of ``s`` bytes, the same on
+every rank. A rank receives segment ``k`` from its predecessor, posts the receive of
+segment ``k+1`` and forwards segment ``k``, so all links carry different segments at once.
+``p - 2 + S`` pipeline steps of one segment each; a middle rank makes two message calls a
+step: time ``(p - 2 + S)(2α + (n/S)β)``, close to ``nβ`` for large ``n``, whatever ``p``; no
+scratch. The segment trades messages against the time to fill the chain: ``s`` is
+``PYCOMM_SEGMENT_BYTES`` when set, else the power of two (4 KiB and up) that the cost model
+prices lowest for this ``n`` and ``p`` (about ``sqrt((p-2) n β / α)``; Open MPI's tuned
+decision rules and MPICH likewise pick the pipeline's segment by message size). Large
+segments go by rendezvous: a single-copy read each, which the forwarding rank's successor
+makes while it reads the next.
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ import collections
 import numpy as np
 
 from pycomm import config
+from pycomm.algorithms.cost import segment_bytes as model_segment
+from pycomm.algorithms.cost_terms import TREE_SEGMENT_BYTES
 from pycomm.algorithms.topology import (binomial_children, binomial_parent,
                                         binomial_subtree_size, chunk_offsets, ring_neighbors,
                                         segment_offsets)
@@ -47,11 +55,12 @@ def segment_elements(itemsize: int, segment_bytes: int | None = None) -> int:
 
     Args:
         itemsize: bytes per element.
-        segment_bytes: bytes per segment; None reads ``PYCOMM_SEGMENT_BYTES``. Every rank
-            must use the same value, or the ranks' segments (and messages) disagree.
+        segment_bytes: bytes per segment; None reads ``PYCOMM_SEGMENT_BYTES`` (0, the
+            default: the double binary tree's 64 KiB). Every rank must use the same value,
+            or the ranks' segments (and messages) disagree.
     """
     if segment_bytes is None:
-        segment_bytes = config.get("PYCOMM_SEGMENT_BYTES")
+        segment_bytes = config.get("PYCOMM_SEGMENT_BYTES") or TREE_SEGMENT_BYTES
     return max(1, int(segment_bytes) // max(1, itemsize))
 
 
@@ -112,12 +121,16 @@ def bcast_pipeline(cc, buf: np.ndarray, root: int, *, segment_bytes: int | None 
         cc: the collective context.
         buf: 1-D C-contiguous array; the data on ``root``, overwritten elsewhere.
         root: the broadcasting rank.
-        segment_bytes: bytes per segment (default ``PYCOMM_SEGMENT_BYTES``); the same on
-            every rank.
+        segment_bytes: bytes per segment, the same on every rank; None:
+            ``PYCOMM_SEGMENT_BYTES`` when set, else the cost model's choice for this size
+            with the shared-memory constants and a core per rank (a communicator's
+            collective passes the choice for its own transport and cores).
     """
     size, rank = cc.size, cc.rank
     if size == 1:
         return
+    if segment_bytes is None:
+        segment_bytes = model_segment("bcast", "pipeline", buf.nbytes, size)
     offs = segment_offsets(buf.size, segment_elements(buf.itemsize, segment_bytes))
     vrank = (rank - root) % size
     prev = (rank - 1) % size if vrank > 0 else None

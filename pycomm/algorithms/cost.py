@@ -39,14 +39,15 @@ from dataclasses import dataclass, replace
 from collections.abc import Callable
 
 from pycomm import config
-from pycomm.algorithms.cost_steps import SCHEDULES
-from pycomm.algorithms.cost_terms import (_segment, _ring_segs, _ring_scratch, _hsegs,
+from pycomm.algorithms.cost_steps import SCHEDULES, _share, pipeline_segment
+from pycomm.algorithms.cost_terms import (pipeline_candidates, _segment, _ring_segs,
+                                         _ring_scratch, _hsegs,
                                          _pipe_scratch, _halving_scratch, _lg, _lq, _frac,
                                          _qfrac, _folds, _protocol)
 from pycomm.errors import ArgumentError
 
 __all__ = ["Constants", "FORMULAS", "SCHEDULES", "DEFAULT_TRANSPORT", "SHIPPED_TABLE",
-           "constants", "cost", "load_table"]
+           "constants", "cost", "load_table", "segment_bytes"]
 
 DEFAULT_TRANSPORT = "shm"
 SHIPPED_TABLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tuned.json")
@@ -70,6 +71,24 @@ class Constants:
     alpha_rndv: float | None = None  # s per rendezvous message (handshake included)
     beta_rndv: float | None = None   # s per byte of a rendezvous message
     eager: float = math.inf  # bytes: larger messages go by rendezvous (PYCOMM_EAGER_LIMIT)
+    # ((bytes, lanes), ...) ascending: copies of that size the memory system runs at full
+    # speed at once (pycomm.tune.measure_lanes); empty: as many as there are cores
+    lanes: tuple[tuple[float, float], ...] = ()
+    mem: float = math.inf  # lanes at the working set of the call being priced (cost())
+
+    def streams(self, nbytes: float) -> float:
+        """Concurrent copies of ``nbytes`` each that run at full speed (interpolated in
+        log size between the measured sizes, the end values beyond them; inf: unknown)."""
+        pts = self.lanes
+        if not pts:
+            return math.inf
+        if nbytes <= pts[0][0]:
+            return pts[0][1]
+        for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+            if nbytes <= x1:
+                t = math.log(nbytes / x0) / math.log(x1 / x0)
+                return y0 + t * (y1 - y0)
+        return pts[-1][1]
 
 
 # Used only when the shipped table is missing or unreadable (e.g. a broken install):
@@ -109,7 +128,17 @@ def _parse(path: str) -> dict[str, Constants]:
                    for n in ("wake", "alpha_rndv", "beta_rndv")):
             raise ArgumentError(f"cost-model table {path!r}: entry {transport!r} has a "
                                 f"negative or non-finite constant: {values}")
-        table[transport] = Constants(**values)
+        try:
+            lanes = tuple(sorted((float(b), float(v))
+                                 for b, v in dict(entry.get("lanes") or {}).items()))
+        except (TypeError, ValueError):
+            lanes = ((math.nan, math.nan),)
+        if not all(b > 0 and math.isfinite(b) and v >= 1 and math.isfinite(v)
+                   for b, v in lanes):
+            raise ArgumentError(f"cost-model table {path!r}: entry {transport!r} needs "
+                                "lanes as {bytes: concurrent copies >= 1}, got "
+                                f"{entry.get('lanes')!r}")
+        table[transport] = Constants(**values, lanes=lanes)
     return table
 
 
@@ -152,9 +181,15 @@ def _fold(n: float, p: int, k: Constants) -> float:
     return (_hsegs(n) + 1) * k.alpha + 2 * n * k.beta + n * k.gamma if _folds(p) else 0.0
 
 
+def _pipeline_seg(n: float, p: int, k: Constants, seg: float) -> float:
+    # a middle rank receives and forwards a segment per step: two message calls
+    segs = max(1.0, math.ceil(n / seg))
+    return (p - 2 + segs) * ((2 if p > 2 else 1) * k.alpha + n / segs * k.beta)
+
+
 def _pipeline(n: float, p: int, k: Constants) -> float:
-    segs = max(1.0, math.ceil(n / _segment()))
-    return (p - 2 + segs) * (k.alpha + n / segs * k.beta)
+    """At the best segment of :func:`~pycomm.algorithms.cost_terms.pipeline_candidates`."""
+    return min(_pipeline_seg(n, p, k, seg) for seg in pipeline_candidates(n))
 
 
 def _double_tree(n: float, p: int, k: Constants) -> float:
@@ -248,6 +283,44 @@ for _alg in ("ring", "pairwise", "recursive_halving"):
 
 
 
+def _priced(transport: str) -> Constants:
+    """The transport's constants, with the eager limit that splits the two protocols."""
+    k = constants(transport)
+    if k.alpha_rndv is not None:  # each message priced by the protocol it goes by
+        k = replace(k, eager=float(config.get("PYCOMM_EAGER_LIMIT")))
+    return k
+
+
+def _cores(k: Constants, nbytes: float, size: int,
+           oversubscription: float) -> tuple[Constants, float]:
+    """``(constants, cores)`` a step model runs with: the lanes of a working set of
+    ``nbytes`` (every rank streams through the call's vector, whatever its message
+    sizes); no wake-ups with a core per rank."""
+    k = replace(k, mem=k.streams(nbytes))
+    if oversubscription > 1.0:
+        return k, size / oversubscription
+    return replace(k, wake=0.0), float(size)
+
+
+def segment_bytes(collective: str, algorithm: str, nbytes: int, size: int,
+                  transport: str = DEFAULT_TRANSPORT,
+                  oversubscription: float = 1.0) -> int | None:
+    """Return the segment (bytes) the model prices a pipelined schedule with, or None.
+
+    Only the chain broadcast (``bcast``/``pipeline``) has one: ``PYCOMM_SEGMENT_BYTES`` when
+    set, else the candidate its step model prices lowest for ``nbytes`` on ``size`` ranks
+    (:func:`~pycomm.algorithms.cost_steps.pipeline_segment`). Every rank computes the same
+    value from the same arguments, so :func:`pycomm.algorithms.choose` passes it to the
+    schedule, which then runs what was priced.
+    """
+    if (collective, algorithm) != ("bcast", "pipeline"):
+        return None
+    if size <= 1:
+        return pipeline_candidates(float(nbytes))[0]
+    k, c = _cores(_priced(transport), float(nbytes), size, oversubscription)
+    return pipeline_segment(float(nbytes), size, k, c)
+
+
 def cost(collective: str, algorithm: str, nbytes: int, size: int,
          transport: str = DEFAULT_TRANSPORT, oversubscription: float = 1.0) -> float:
     """Return the modelled seconds of one call.
@@ -275,18 +348,20 @@ def cost(collective: str, algorithm: str, nbytes: int, size: int,
     formula = FORMULAS[(collective, algorithm)]
     if size <= 1:
         return 0.0
-    k = constants(transport)
-    if k.alpha_rndv is not None:  # each message priced by the protocol it goes by
-        k = replace(k, eager=float(config.get("PYCOMM_EAGER_LIMIT")))
+    k = _priced(transport)
     schedule = SCHEDULES.get((collective, algorithm))
     if schedule is not None:
-        if oversubscription > 1.0:
-            return schedule(float(nbytes), size, k, size / oversubscription)
-        return schedule(float(nbytes), size, replace(k, wake=0.0), float(size))
+        return schedule(float(nbytes), size, *_cores(k, float(nbytes), size,
+                                                     oversubscription))
+    # no step model (double_binary_tree, the v-variants' single algorithms): every rank
+    # copies at once, sharing the cores and the memory's lanes; when ranks outnumber cores
+    # every message also wakes a sleeper
+    cores = size / max(1.0, oversubscription)
+    f = _share(size, min(cores, k.streams(float(nbytes))))
     if oversubscription > 1.0:
-        # no step model (double_binary_tree, the v-variants' single algorithms): every
-        # message wakes a sleeper and every byte shares a core
-        f = oversubscription
         k = Constants(alpha=k.alpha + k.wake, beta=k.beta * f, gamma=k.gamma * f,
-                      sigma=k.sigma * f, wake=k.wake)
+                      sigma=k.sigma * oversubscription, wake=k.wake)
+    elif f > 1.0:
+        k = replace(k, beta=k.beta * f, gamma=k.gamma * f,
+                    beta_rndv=None if k.beta_rndv is None else k.beta_rndv * f)
     return formula(float(nbytes), size, k)

@@ -13,7 +13,7 @@ import math
 from typing import TYPE_CHECKING
 from collections.abc import Callable
 
-from pycomm.algorithms.cost_terms import (_segment, _ring_segs, _ring_scratch, _hsegs,
+from pycomm.algorithms.cost_terms import (pipeline_candidates, _ring_segs, _ring_scratch, _hsegs,
                                          _pipe_scratch, _halving_scratch, _lg, _lq, _frac,
                                          _folds, _protocol)
 from pycomm.algorithms.topology import ceil_log2, pof2_floor
@@ -21,7 +21,7 @@ from pycomm.algorithms.topology import ceil_log2, pof2_floor
 if TYPE_CHECKING:
     from pycomm.algorithms.cost import Constants
 
-__all__ = ["SCHEDULES"]
+__all__ = ["SCHEDULES", "pipeline_segment"]
 
 
 # ---------------------------------------------------------------------------------------
@@ -35,13 +35,21 @@ __all__ = ["SCHEDULES"]
 # where a ring, in which all ``p`` ranks are busy at every step, shares them at every step.
 # So each schedule is written out below as its sequence of steps; a step costs
 #
-#     α + wake · max(1, a / c)  +  b β · max(1, m / c)  +  r γ · max(1, m_r / c)
+#     α + wake · max(1, a / c)  +  b β · max(1, m / min(c, L))  +  r γ · max(1, m_r / min(c, L))
 #
 # for ``a`` ranks taking part, ``m`` concurrent copies of ``b`` bytes (a shared-memory
 # rendezvous copies once, on the receiver's core) and ``m_r`` concurrent reductions of
 # ``r`` bytes. ``wake`` is the measured cost of handing the core to a waiting rank
 # (``pycomm.tune``'s token ring; the waiter yields its core, then sleeps: see
-# :mod:`pycomm.waiting`). No fitted constant enters: α, β, γ, σ and wake are measured.
+# :mod:`pycomm.waiting`). ``L``, the *lanes*, is how many copies streaming through
+# working sets the size of the call's vector the memory system runs at full speed at
+# once (``pycomm.tune.measure_lanes``): copies within their cores' caches run side by
+# side, copies through memory share its bus (whatever the message size: a segment of a
+# 64 MiB vector comes from memory as much as the whole vector does), so a
+# schedule that keeps every rank copying at once (a ring, Rabenseifner, a pipelined
+# chain) gains less from many cores than the cores alone suggest, and one that copies
+# along a tree loses less. It applies with a core per rank too. No fitted constant
+# enters: α, β, γ, σ, wake and the lanes are measured.
 # ---------------------------------------------------------------------------------------
 
 
@@ -53,8 +61,9 @@ def _step(k: Constants, c: float, active: float, copy: float = 0.0, copies: floa
           red: float = 0.0, reducers: float = 0) -> float:
     """Seconds of one synchronous step on ``c`` cores (see the comment above)."""
     alpha, beta = _protocol(k, copy)
-    return (alpha + k.wake * max(1.0, active / c) + copy * beta * _share(copies, c)
-            + red * k.gamma * _share(reducers, c))
+    return (alpha + k.wake * max(1.0, active / c)
+            + copy * beta * _share(copies, min(c, k.mem))
+            + red * k.gamma * _share(reducers, min(c, k.mem)))
 
 
 def _rounds(p: int) -> list[int]:
@@ -121,6 +130,32 @@ def _o_doubling(n, p, k, c) -> float:
     return t
 
 
+def _o_pipeline_seg(n, p, k, c, seg: float) -> float:
+    """The chain broadcast in segments of ``seg`` bytes: ``S = ceil(n / seg)`` segments,
+    ``S + p - 2`` steps. In step ``s``, ``min(p, s + 2)`` ranks take part and ``min(p - 1,
+    s + 1)`` receive a segment; a middle rank also forwards one in every step, one more
+    message call (α) than an end rank pays. (Without it the model put the 64 KiB chain
+    within 5% of its measured time on 2 ranks and 40% under it on 4.)"""
+    segs = max(1, math.ceil(n / seg))
+    b = n / segs
+    extra = k.alpha if p > 2 else 0.0
+    ramp = sum(_step(k, c, s + 2, b, s + 1) for s in range(p - 2))
+    return ramp + segs * _step(k, c, p, b, p - 1) + (segs + p - 2) * extra
+
+
+def pipeline_segment(n, p, k, c) -> int:
+    """The segment (bytes) among :func:`~pycomm.algorithms.cost_terms.pipeline_candidates`
+    that the step model prices lowest for a chain broadcast of ``n`` bytes: larger
+    segments pay fewer messages, smaller ones fill the chain sooner (the optimum of the
+    closed form is ``sqrt((p - 2) n β / α)`` bytes, as in Open MPI's and MPICH's segmented
+    pipelines)."""
+    return min(pipeline_candidates(n), key=lambda seg: _o_pipeline_seg(n, p, k, c, seg))
+
+
+def _o_pipeline(n, p, k, c):
+    return _o_pipeline_seg(n, p, k, c, pipeline_segment(n, p, k, c))
+
+
 def _o_reduce_binomial(n, p, k, c):
     return sum(_step(k, c, 2 * m, n, m, n, m) for m in reversed(_rounds(p))) + n * k.sigma
 
@@ -145,10 +180,7 @@ SCHEDULES: dict[tuple[str, str], Callable[[float, int, Constants, float], float]
     ("bcast", "binomial"): _o_bcast_binomial,
     ("bcast", "scatter_allgather"):
         lambda n, p, k, c: _o_scatter_binomial(n, p, k, c) + _o_ring_steps(n, p, k, c, False),
-    ("bcast", "pipeline"):
-        lambda n, p, k, c: sum(
-            _step(k, c, min(p, s + 2), n / max(1.0, math.ceil(n / _segment())), min(p - 1, s + 1))
-            for s in range(int(max(1.0, math.ceil(n / _segment()))) + p - 2)),
+    ("bcast", "pipeline"): _o_pipeline,
     ("reduce", "binomial"): _o_reduce_binomial,
     ("reduce", "rabenseifner"):
         lambda n, p, k, c: (_o_fold(n, p, k, c, True) + _o_halving(n, p, k, c)

@@ -16,8 +16,35 @@ if TYPE_CHECKING:
     from pycomm.algorithms.cost import Constants
 
 
+# Segment of the double binary tree when PYCOMM_SEGMENT_BYTES is 0 (automatic).
+TREE_SEGMENT_BYTES = 65536
+
+# Smallest segment the pipeline's automatic segment size considers (bytes); candidates are
+# the powers of two from here up to the first that holds the whole vector.
+MIN_PIPELINE_SEGMENT = 4096
+
+
+def forced_segment() -> int:
+    """``PYCOMM_SEGMENT_BYTES``, or 0 when the segment is left to the model (the default)."""
+    return max(0, int(config.get("PYCOMM_SEGMENT_BYTES")))
+
+
 def _segment() -> float:
-    return float(max(1, config.get("PYCOMM_SEGMENT_BYTES")))
+    """Bytes per segment of the double binary tree."""
+    return float(forced_segment() or TREE_SEGMENT_BYTES)
+
+
+def pipeline_candidates(n: float) -> list[int]:
+    """Segment sizes (bytes) a pipelined chain of ``n`` bytes may use: the forced one, or
+    the powers of two from :data:`MIN_PIPELINE_SEGMENT` to the first that holds ``n``."""
+    forced = forced_segment()
+    if forced:
+        return [forced]
+    out, s = [MIN_PIPELINE_SEGMENT], MIN_PIPELINE_SEGMENT
+    while s < n:
+        s *= 2
+        out.append(s)
+    return out
 
 
 def _ring_segs(n: float, p: int) -> float:
