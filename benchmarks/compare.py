@@ -247,6 +247,16 @@ def main(argv: list[str] | None = None) -> int:
         with open(run["json"]) as f:
             doc = json.load(f)
         run["meta"] = doc.get("meta")
+        ranks = (run["meta"] or {}).get("world_size")
+        if run["kind"] != "ceiling" and ranks != args.n:
+            # e.g. mpiexec of one MPI while mpi4py loads another: n singletons, each timing
+            # a 1-rank collective (seen on a machine whose mpi4py found Open MPI's library
+            # while PATH had MPICH's mpiexec)
+            ok = False
+            run["rejected"] = f"ran as {ranks} rank(s), not {args.n}"
+            print(f"# REJECTED: {run['label']} {run['rejected']}: its numbers are left out",
+                  file=sys.stderr)
+            continue
         if run["kind"] == "ceiling":
             lines.update(ceiling_lines(doc, bench))
         else:

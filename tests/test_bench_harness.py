@@ -231,6 +231,33 @@ def test_compare_turns_rows_into_lines():
     assert bw == {"MPI": {1000: {"us": 2.0, "mbps": 500.0}}}
 
 
+def test_compare_rejects_a_run_with_the_wrong_world_size(tmp_path, monkeypatch, capsys):
+    # mpiexec of one MPI with an mpi4py built on another starts n singletons: each times a
+    # 1-rank collective, and must not become the reference
+    import compare
+
+    def fake_runs(bench, n, size_args, extra, transports, algorithms, mpi, ceiling, out):
+        runs = []
+        for label, kind, ranks in (("pycomm shm", "pycomm", n), ("MPI", "mpi", 1)):
+            path = tmp_path / f"{kind}.json"
+            path.write_text(json.dumps({"meta": {"world_size": ranks}, "rows": [
+                {"size": 8, "algorithm": "auto" if kind == "pycomm" else "default",
+                 "avg_us": 10.0 if kind == "pycomm" else 1.0, "algbw_gbps": 0.001}]}))
+            runs.append({"label": label, "kind": kind, "json": str(path),
+                         "argv": [sys.executable, "-c", "pass"]})
+        return runs
+
+    monkeypatch.setattr(compare, "_runs", fake_runs)
+    monkeypatch.setattr(compare, "_mpi_available", lambda: True)
+    assert compare.main(["allreduce", "-n", "4", "--auto-only", "--no-ceiling",
+                         "--out", str(tmp_path)]) == 1
+    out = capsys.readouterr()
+    assert "REJECTED: MPI ran as 1 rank(s), not 4" in out.err
+    doc = json.loads((tmp_path / "allreduce-n4.json").read_text())
+    assert set(doc["lines"]) == {"pycomm shm auto"}
+    assert [r.get("rejected") for r in doc["runs"]] == [None, "ran as 1 rank(s), not 4"]
+
+
 def test_short_launch_validates_and_writes_json(tmp_path):
     out = tmp_path / "ar.json"
     proc = subprocess.run(
