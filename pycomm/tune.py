@@ -6,7 +6,7 @@ Usage::
 
 Writes the JSON table that :mod:`pycomm.algorithms.cost` reads (to stdout, or ``FILE``)::
 
-    {"shm": {"alpha": s, "beta": s/B, "alpha_rndv": s, "beta_rndv": s/B,
+    {"shm": {"alpha": s, "beta": s/B, "alpha_rndv": s, "beta_rndv": s/B, "alpha_x": s,
              "gamma": s/B, "sigma": s/B, "wake": s, "lanes": {bytes: copies}},
      "tcp": {...},
      "source": {"date", "host", "cpu_count", "python", "numpy", "pycomm", "command",
@@ -24,6 +24,10 @@ Point ``PYCOMM_TUNE_FILE`` at the file to use it instead of the shipped table
   ``PYCOMM_EAGER_LIMIT`` up to 8 MiB (rendezvous: handshake and one copy), fitted on
   relative residuals (the times span two decades, and per-byte cost grows past the
   caches: an absolute fit lets 4-8 MiB set an intercept three times the measured one).
+* **α_x**: an exchange step, ranks 0 and 1 each ``Sendrecv`` to the other at once (as in
+  a ring or recursive-doubling step), intercept over 8 B .. 4 KiB. A rank makes two
+  message calls in such a step where the ping-pong prices one; the model charges an
+  exchange step ``α_x`` where a one-way step pays ``α``.
 * **γ**: seconds per byte of ``SUM.apply`` (an in-place ``np.add``) on float32 and
   float64 arrays of 256 KiB .. 16 MiB, least-squares slope; the table keeps the larger of
   the two (the model has one γ).
@@ -115,8 +119,24 @@ def _pingpong_rank(sizes: list[int], reps: int, quick: bool) -> dict[int, float]
                     comm.Recv(buf, 0)
                     comm.Send(buf, 0)
         result[nbytes] = statistics.median(samples) if samples else 0.0
+    # exchanges: ranks 0 and 1 send to and receive from each other in every step, as a
+    # ring or recursive-doubling step does
+    exchange = {}
+    for nbytes in SMALL:
+        out, into = np.zeros(nbytes, dtype=np.uint8), np.zeros(nbytes, dtype=np.uint8)
+        iters = _iterations(nbytes, quick)
+        samples = []
+        for rep in range(reps + 1):
+            comm.Barrier()
+            t0 = time.perf_counter()
+            if comm.rank < 2:
+                for _ in range(iters):
+                    comm.Sendrecv(out, 1 - comm.rank, recvbuf=into, source=1 - comm.rank)
+            if rep:
+                samples.append((time.perf_counter() - t0) / iters)
+        exchange[nbytes] = statistics.median(samples)
     comm.Barrier()
-    return result if comm.rank == 0 else None
+    return (result, exchange) if comm.rank == 0 else None
 
 
 def measure_pingpong(transport: str, nprocs: int = 2, *, quick: bool = False
@@ -129,10 +149,11 @@ def measure_pingpong(transport: str, nprocs: int = 2, *, quick: bool = False
         quick: fewer iterations (for tests); the fit is then rough.
 
     Returns:
-        ``({"alpha", "beta", "alpha_rndv", "beta_rndv"}, {bytes: one-way seconds})``:
-        α the intercept over 8 B .. 4 KiB, β the slope over 4 .. 64 KiB (eager messages),
-        α_rndv and β_rndv intercept and slope over the sizes above ``PYCOMM_EAGER_LIMIT``
-        up to 8 MiB (rendezvous messages).
+        ``({"alpha", "beta", "alpha_rndv", "beta_rndv", "alpha_x"}, {bytes: one-way
+        seconds})``: α the intercept over 8 B .. 4 KiB, β the slope over 4 .. 64 KiB
+        (eager messages), α_rndv and β_rndv intercept and slope over the sizes above
+        ``PYCOMM_EAGER_LIMIT`` up to 8 MiB (rendezvous messages); α_x the intercept over
+        8 B .. 4 KiB of an exchange step (``Sendrecv`` both ways at once; at least α).
 
     Raises:
         ValueError: ``nprocs < 2``, or an eager limit that leaves fewer than two sizes on
@@ -151,9 +172,10 @@ def measure_pingpong(transport: str, nprocs: int = 2, *, quick: bool = False
         raise ValueError(f"PYCOMM_EAGER_LIMIT={limit} leaves too few sizes to fit: eager "
                          f"{eager}, rendezvous {rndv} (needs 16 KiB .. 2 MiB)")
     sizes = sorted(set(SMALL + eager + rndv))
-    times = spawn(_pingpong_rank, nprocs, (sizes, 2 if quick else 5, quick),
-                  transport=transport)[0]
+    times, exchange = spawn(_pingpong_rank, nprocs, (sizes, 2 if quick else 5, quick),
+                            transport=transport)[0]
     alpha, _ = fit_line(SMALL, [times[m] for m in SMALL])
+    alpha_x, _ = fit_line(SMALL, [exchange[m] for m in SMALL])
     _, beta = fit_line(eager, [times[m] for m in eager])
     alpha_rndv, beta_rndv = fit_line(rndv, [times[m] for m in rndv], relative=True)
     # A noisy fit can cross zero; fall back to the measured latency / time per byte.
@@ -161,6 +183,8 @@ def measure_pingpong(transport: str, nprocs: int = 2, *, quick: bool = False
            "beta": beta if beta > 0 else times[eager[-1]] / eager[-1],
            "alpha_rndv": alpha_rndv if alpha_rndv > 0 else times[rndv[0]],
            "beta_rndv": beta_rndv if beta_rndv > 0 else times[rndv[-1]] / rndv[-1]}
+    # an exchange step costs at least one message's latency
+    fit["alpha_x"] = max(alpha_x, fit["alpha"])
     return fit, times
 
 

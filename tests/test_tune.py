@@ -49,8 +49,9 @@ def test_user_table_overrides_per_transport(tmp_path, monkeypatch):
                                         "sigma": 0}, "source": {"note": "test"}}))
     monkeypatch.setenv("PYCOMM_TUNE_FILE", str(path))
     # a table without the rendezvous figures prices every message like an eager one
+    # (and an exchange step like a one-way message)
     assert cost.constants("tcp") == cost.Constants(1.0, 2e-9, 1e-10, 0.0, alpha_rndv=1.0,
-                                                   beta_rndv=2e-9)
+                                                   beta_rndv=2e-9, alpha_x=1.0)
     assert cost.constants("shm") == cost.load_table(cost.SHIPPED_TABLE)["shm"]  # not in file
     monkeypatch.delenv("PYCOMM_TUNE_FILE")
     assert cost.constants("tcp").alpha != 1.0  # back to the shipped table
@@ -67,6 +68,8 @@ def test_user_table_overrides_per_transport(tmp_path, monkeypatch):
                          "beta_rndv": "fast"}}), "non-numeric"),
     (json.dumps({"shm": {"alpha": 1, "beta": 0, "gamma": 0, "sigma": 0,
                          "lanes": {"1024": 0.5}}}), "lanes"),
+    (json.dumps({"shm": {"alpha": 1, "beta": 0, "gamma": 0, "sigma": 0,
+                         "alpha_x": -1}}), "negative"),
     (json.dumps({"shm": {"alpha": 1, "beta": 0, "gamma": 0, "sigma": 0,
                          "lanes": {"big": 2}}}), "lanes"),
     (json.dumps({"shm": {"alpha": 1, "beta": 0, "gamma": 0, "sigma": 0,
@@ -144,6 +147,7 @@ def test_tune_end_to_end_quick(tmp_path):
     shm = table["shm"]
     assert 0 < shm["alpha"] < 0.05 and 0 < shm["beta"] < 1e-6
     assert 0 < shm["alpha_rndv"] < 0.05 and 0 < shm["beta_rndv"] < 1e-6
+    assert shm["alpha"] <= shm["alpha_x"] < 0.05
     src = table["source"]
     assert src["eager_limit"] == 65536
     assert set(map(int, src["points"]["shm"])) >= {8, 4096, 65536, 1 << 17, 8 << 20}
@@ -281,10 +285,12 @@ def test_step_model_reduces_to_the_closed_form_without_sharing(coll, alg, p):
     # with a core per rank, no wake-up cost and one protocol, the step-by-step sum (which
     # the choice evaluates at every world size) is the closed form of the module docstrings
     # (Thakur et al.'s formulas), for every world size, powers of two or not
-    k = cost.Constants(alpha=8e-6, beta=1 / 6e9, gamma=1 / 4e9, sigma=1 / 5e9, wake=0.0)
-    for n in (8.0, 4096.0, float(1 << 20), float(1 << 24)):
-        assert cost.SCHEDULES[(coll, alg)](n, p, k, float(p)) == \
-            pytest.approx(cost.FORMULAS[(coll, alg)](n, p, k), rel=1e-9)
+    for ax in (None, 1.3e-5):     # an exchange step as dear as a message, or dearer
+        k = cost.Constants(alpha=8e-6, beta=1 / 6e9, gamma=1 / 4e9, sigma=1 / 5e9, wake=0.0,
+                           alpha_x=ax)
+        for n in (8.0, 4096.0, float(1 << 20), float(1 << 24)):
+            assert cost.SCHEDULES[(coll, alg)](n, p, k, float(p)) == \
+                pytest.approx(cost.FORMULAS[(coll, alg)](n, p, k), rel=1e-9)
 
 
 def test_oversubscribed_model_prefers_trees_that_leave_cores_free(brief_constants):
@@ -372,3 +378,26 @@ def test_measure_lanes_quick():
     assert set(lanes) == set(tune.LANES[::2])
     cores = len(os.sched_getaffinity(0))
     assert all(1.0 <= v <= max(1, min(cores, 16)) for v in lanes.values())
+
+
+def test_exchange_steps_pay_alpha_x(tmp_path, monkeypatch):
+    # a ring step (each rank sends and receives) costs alpha_x; a binomial tree's (one-way)
+    # alpha: raising alpha_x by d adds d per exchange step and nothing to the trees
+    base = {"alpha": 1e-5, "beta": 1e-10, "gamma": 1e-10, "sigma": 0.0}
+    times = {}
+    for ax in (1e-5, 4e-5):
+        path = tmp_path / f"t{ax}.json"
+        path.write_text(json.dumps({"shm": {**base, "alpha_x": ax}}))
+        monkeypatch.setenv("PYCOMM_TUNE_FILE", str(path))
+        times[ax] = {(c, a, p): algs.model_time(c, a, 64, p)
+                     for c, a in (("allgather", "ring"), ("allgather", "recursive_doubling"),
+                                  ("bcast", "binomial"), ("barrier", "dissemination"))
+                     for p in (2, 4, 8)}
+    d = 3e-5
+    for p in (2, 4, 8):
+        lg = p.bit_length() - 1
+        assert times[4e-5][("allgather", "ring", p)] - times[1e-5][("allgather", "ring", p)] \
+            == pytest.approx((p - 1) * d)
+        for c, a in (("allgather", "recursive_doubling"), ("barrier", "dissemination")):
+            assert times[4e-5][(c, a, p)] - times[1e-5][(c, a, p)] == pytest.approx(lg * d)
+        assert times[4e-5][("bcast", "binomial", p)] == times[1e-5][("bcast", "binomial", p)]

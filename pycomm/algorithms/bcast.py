@@ -21,9 +21,9 @@ scratch. Beats binomial once ``n`` is large enough that bandwidth dominates.
 root-1``; the vector is cut into ``S = ceil(n / s)`` segments of ``s`` bytes, the same on
 every rank. A rank receives segment ``k`` from its predecessor, posts the receive of
 segment ``k+1`` and forwards segment ``k``, so all links carry different segments at once.
-``p - 2 + S`` pipeline steps of one segment each; a middle rank makes two message calls a
-step: time ``(p - 2 + S)(2α + (n/S)β)``, close to ``nβ`` for large ``n``, whatever ``p``; no
-scratch. The segment trades messages against the time to fill the chain: ``s`` is
+``p - 2 + S`` pipeline steps of one segment each; a middle rank receives and sends in every
+step, as in an exchange (``α_x``, :mod:`pycomm.tune`): time ``(p - 2 + S)(α_x + (n/S)β)``,
+close to ``nβ`` for large ``n``, whatever ``p``; no scratch. The segment trades messages against the time to fill the chain: ``s`` is
 ``PYCOMM_SEGMENT_BYTES`` when set, else the power of two (4 KiB and up) that the cost model
 prices lowest for this ``n`` and ``p`` (about ``sqrt((p-2) n β / α)``; Open MPI's tuned
 decision rules and MPICH likewise pick the pipeline's segment by message size). Large

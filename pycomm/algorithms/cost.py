@@ -18,6 +18,13 @@ and, when ranks outnumber cores (``oversubscription > 1``), makes a step pay a m
 wake-up per turn of the cores it needs while concurrent copies and reductions share the
 cores: see :mod:`pycomm.algorithms.cost_steps`.
 
+Two measured refinements of the textbook forms (the algorithms' docstrings give those):
+a step in which every rank both sends and receives (ring, halving, doubling, recursive
+doubling, Bruck, dissemination, a pipelined chain's middle rank) costs ``α_x``, the
+measured exchange step, where a one-way message costs ``α`` (``Constants.xtra`` is the
+difference); and concurrent copies share the memory's *lanes* as well as the cores (see
+:mod:`pycomm.algorithms.cost_steps`).
+
 Why σ: numpy scratch buffers come from fresh pages whose first touch page-faults; it is
 what separates recursive doubling (scratch ``n``) from the segmented schedules (ring,
 Rabenseifner: scratch two segments) at large ``n``. (Scratch of 1 MiB and more is reused
@@ -74,7 +81,15 @@ class Constants:
     # ((bytes, lanes), ...) ascending: copies of that size the memory system runs at full
     # speed at once (pycomm.tune.measure_lanes); empty: as many as there are cores
     lanes: tuple[tuple[float, float], ...] = ()
+    # s per exchange step (each rank sends and receives a small message at once); None:
+    # the ping-pong's alpha (tables from before it was measured)
+    alpha_x: float | None = None
     mem: float = math.inf  # lanes at the working set of the call being priced (cost())
+
+    @property
+    def xtra(self) -> float:
+        """Seconds an exchange step costs over a one-way message (``alpha_x - alpha``)."""
+        return 0.0 if self.alpha_x is None else max(0.0, self.alpha_x - self.alpha)
 
     def streams(self, nbytes: float) -> float:
         """Concurrent copies of ``nbytes`` each that run at full speed (interpolated in
@@ -121,11 +136,12 @@ def _parse(path: str) -> dict[str, Constants]:
             values["wake"] = float(entry.get("wake", 0.0))
             for name in ("alpha_rndv", "beta_rndv"):  # tables from before: eager figures
                 values[name] = float(entry.get(name, values[name.split("_")[0]]))
+            values["alpha_x"] = float(entry.get("alpha_x", values["alpha"]))
         except (TypeError, ValueError):
             raise ArgumentError(f"cost-model table {path!r}: entry {transport!r} has a "
-                                "non-numeric wake, alpha_rndv or beta_rndv") from None
+                                "non-numeric wake, alpha_rndv, beta_rndv or alpha_x") from None
         if not all(math.isfinite(values[n]) and values[n] >= 0
-                   for n in ("wake", "alpha_rndv", "beta_rndv")):
+                   for n in ("wake", "alpha_rndv", "beta_rndv", "alpha_x")):
             raise ArgumentError(f"cost-model table {path!r}: entry {transport!r} has a "
                                 f"negative or non-finite constant: {values}")
         try:
@@ -182,9 +198,9 @@ def _fold(n: float, p: int, k: Constants) -> float:
 
 
 def _pipeline_seg(n: float, p: int, k: Constants, seg: float) -> float:
-    # a middle rank receives and forwards a segment per step: two message calls
+    # a middle rank receives and forwards a segment per step, as in an exchange
     segs = max(1.0, math.ceil(n / seg))
-    return (p - 2 + segs) * ((2 if p > 2 else 1) * k.alpha + n / segs * k.beta)
+    return (p - 2 + segs) * (k.alpha + (k.xtra if p > 2 else 0.0) + n / segs * k.beta)
 
 
 def _pipeline(n: float, p: int, k: Constants) -> float:
@@ -212,20 +228,24 @@ def _bcast_binomial(n: float, p: int, k: Constants) -> float:
 
 def _halving(n: float, p: int, k: Constants) -> float:
     """Recursive-halving reduce-scatter over the power-of-two group, each exchange of
-    ``b`` bytes sent as ``ceil(b / s)`` segments."""
+    ``b`` bytes sent as ``ceil(b / s)`` segments; every step an exchange (``xtra``)."""
     return (sum(_hsegs(n / 2 ** i) for i in range(1, _lq(p) + 1)) * k.alpha
-            + n * _qfrac(p) * (k.beta + k.gamma))
+            + _lq(p) * k.xtra + n * _qfrac(p) * (k.beta + k.gamma))
 
 
 Formula = Callable[[float, int, Constants], float]
 
+# A step in which every rank both sends and receives (an exchange: ring, halving, doubling,
+# recursive doubling, Bruck, dissemination) costs ``alpha_x`` (measured: Constants.xtra
+# over α) where a one-way message costs α.
+
 # (collective, algorithm) -> f(n bytes, p ranks, constants) -> seconds, for p >= 2.
 FORMULAS: dict[tuple[str, str], Formula] = {
-    ("barrier", "dissemination"): lambda n, p, k: _lg(p) * k.alpha,
+    ("barrier", "dissemination"): lambda n, p, k: _lg(p) * (k.alpha + k.xtra),
     ("barrier", "binomial"): lambda n, p, k: 2 * _lg(p) * k.alpha,
     ("bcast", "binomial"): _bcast_binomial,
     ("bcast", "scatter_allgather"):
-        lambda n, p, k: (_lg(p) + p - 1) * k.alpha + 2 * n * _frac(p) * k.beta,
+        lambda n, p, k: (_lg(p) + p - 1) * k.alpha + (p - 1) * k.xtra + 2 * n * _frac(p) * k.beta,
     ("bcast", "pipeline"): _pipeline,
     ("reduce", "binomial"): _reduce_binomial,
     ("reduce", "rabenseifner"):
@@ -234,24 +254,25 @@ FORMULAS: dict[tuple[str, str], Formula] = {
                          + (_hsegs(n) * k.alpha + n * k.beta + n * k.gamma if _folds(p)
                             else 0.0)),
     ("allreduce", "ring"):
-        lambda n, p, k: (2 * (p - 1) * _ring_segs(n, p) * k.alpha + 2 * n * _frac(p) * k.beta
+        lambda n, p, k: (2 * (p - 1) * (_ring_segs(n, p) * k.alpha + k.xtra)
+                         + 2 * n * _frac(p) * k.beta
                          + n * _frac(p) * k.gamma + _ring_scratch(n, p) * k.sigma),
     ("allreduce", "rabenseifner"):
-        lambda n, p, k: (_halving(n, p, k) + _lq(p) * k.alpha + n * _qfrac(p) * k.beta
+        lambda n, p, k: (_halving(n, p, k) + _lq(p) * (k.alpha + k.xtra) + n * _qfrac(p) * k.beta
                          + _halving_scratch(n, p) * k.sigma + _fold(n, p, k)),
     ("allreduce", "recursive_doubling"):
-        lambda n, p, k: (_lq(p) * (k.alpha + n * k.beta + n * k.gamma)
+        lambda n, p, k: (_lq(p) * (k.alpha + k.xtra + n * k.beta + n * k.gamma)
                          + (n + (_pipe_scratch(n) if _folds(p) else 0.0)) * k.sigma
                          + _fold(n, p, k)),
     ("allreduce", "binomial"):
         lambda n, p, k: _reduce_binomial(n, p, k) + _bcast_binomial(n, p, k),
     ("allreduce", "double_binary_tree"): _double_tree,
-    ("allgather", "ring"): lambda n, p, k: (p - 1) * k.alpha + n * _frac(p) * k.beta,
+    ("allgather", "ring"): lambda n, p, k: (p - 1) * (k.alpha + k.xtra) + n * _frac(p) * k.beta,
     ("allgather", "recursive_doubling"):
-        lambda n, p, k: _lg(p) * k.alpha + n * _frac(p) * k.beta,
+        lambda n, p, k: _lg(p) * (k.alpha + k.xtra) + n * _frac(p) * k.beta,
     ("allgather", "bruck"):
-        lambda n, p, k: _lg(p) * k.alpha + n * _frac(p) * k.beta + n * (k.beta + k.sigma),
-    ("allgatherv", "ring"): lambda n, p, k: (p - 1) * k.alpha + n * _frac(p) * k.beta,
+        lambda n, p, k: _lg(p) * (k.alpha + k.xtra) + n * _frac(p) * k.beta + n * (k.beta + k.sigma),
+    ("allgatherv", "ring"): lambda n, p, k: (p - 1) * (k.alpha + k.xtra) + n * _frac(p) * k.beta,
     ("gather", "linear"): lambda n, p, k: (p - 1) * k.alpha + n * _frac(p) * k.beta,
     ("gather", "binomial"):
         lambda n, p, k: _lg(p) * k.alpha + n * _frac(p) * k.beta + n * k.sigma,
@@ -260,23 +281,26 @@ FORMULAS: dict[tuple[str, str], Formula] = {
     ("scatter", "binomial"):
         lambda n, p, k: _lg(p) * k.alpha + n * _frac(p) * k.beta + n * k.sigma,
     ("scatterv", "linear"): lambda n, p, k: (p - 1) * k.alpha + n * _frac(p) * k.beta,
-    ("alltoall", "pairwise"): lambda n, p, k: (p - 1) * k.alpha + n * _frac(p) * k.beta,
+    ("alltoall", "pairwise"): lambda n, p, k: (p - 1) * (k.alpha + k.xtra) + n * _frac(p) * k.beta,
     ("alltoall", "bruck"):
-        lambda n, p, k: _lg(p) * (k.alpha + n / 2 * k.beta) + 2 * n * k.sigma,
+        lambda n, p, k: _lg(p) * (k.alpha + k.xtra + n / 2 * k.beta) + 2 * n * k.sigma,
     ("alltoallv", "pairwise"): lambda n, p, k: (p - 1) * k.alpha + n * _frac(p) * k.beta,
     ("reduce_scatter", "ring"):
-        lambda n, p, k: (p - 1) * k.alpha + n * _frac(p) * (k.beta + k.gamma) + n / p * k.sigma,
+        lambda n, p, k: ((p - 1) * (k.alpha + k.xtra) + n * _frac(p) * (k.beta + k.gamma)
+                         + n / p * k.sigma),
     ("reduce_scatter", "pairwise"):
-        lambda n, p, k: ((p - 1) * k.alpha + n * _frac(p) * (k.beta + k.gamma)
+        lambda n, p, k: ((p - 1) * (k.alpha + k.xtra) + n * _frac(p) * (k.beta + k.gamma)
                          + 2 * n / p * k.sigma),
     ("reduce_scatter", "recursive_halving"):
         lambda n, p, k: (_halving(n, p, k) + (n + _halving_scratch(n, p)) * k.sigma
                          + ((_hsegs(n) + 1) * k.alpha + (n + n / p) * k.beta + n * k.gamma
                             if _folds(p) else 0.0)),
     ("scan", "recursive_doubling"):
-        lambda n, p, k: _lg(p) * (k.alpha + n * k.beta + 2 * n * k.gamma) + 2 * n * k.sigma,
+        lambda n, p, k: (_lg(p) * (k.alpha + k.xtra + n * k.beta + 2 * n * k.gamma)
+                         + 2 * n * k.sigma),
     ("exscan", "recursive_doubling"):
-        lambda n, p, k: _lg(p) * (k.alpha + n * k.beta + 2 * n * k.gamma) + 2 * n * k.sigma,
+        lambda n, p, k: (_lg(p) * (k.alpha + k.xtra + n * k.beta + 2 * n * k.gamma)
+                         + 2 * n * k.sigma),
 }
 for _alg in ("ring", "pairwise", "recursive_halving"):
     FORMULAS[("reduce_scatter_block", _alg)] = FORMULAS[("reduce_scatter", _alg)]

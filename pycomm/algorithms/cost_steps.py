@@ -48,8 +48,15 @@ __all__ = ["SCHEDULES", "pipeline_segment"]
 # 64 MiB vector comes from memory as much as the whole vector does), so a
 # schedule that keeps every rank copying at once (a ring, Rabenseifner, a pipelined
 # chain) gains less from many cores than the cores alone suggest, and one that copies
-# along a tree loses less. It applies with a core per rank too. No fitted constant
-# enters: α, β, γ, σ, wake and the lanes are measured.
+# along a tree loses less. It applies with a core per rank too.
+#
+# A step in which every rank both sends and receives (a ring step, a halving or doubling
+# exchange, a recursive-doubling, Bruck or dissemination step, a pipelined chain's middle
+# rank) costs each rank two message calls where the ping-pong that measures α prices one:
+# such a step pays ``xtra = α_x - α`` more, α_x being the measured exchange step
+# (``pycomm.tune``). (Without it the model put van de Geijn's broadcast ahead of binomial
+# at 256 KiB on 4 and 8 ranks of a 16-core machine, where it measured 1.5-2.2x behind.)
+# No fitted constant enters: α, α_x, β, γ, σ, wake and the lanes are measured.
 # ---------------------------------------------------------------------------------------
 
 
@@ -102,7 +109,7 @@ def _o_ring_steps(n, p, k, c, reduce: bool, segs: float = 1.0) -> float:
     # the sweep measured it 12-15% ahead.)
     b = n / p
     return (p - 1) * (_step(k, c, p, b, p, b if reduce else 0.0, p if reduce else 0)
-                      + (segs - 1) * k.alpha)
+                      + (segs - 1) * k.alpha + k.xtra)
 
 
 def _o_fold(n, p, k, c, reduce: bool) -> float:
@@ -118,14 +125,14 @@ def _o_halving(n, p, k, c) -> float:
     q, t, b = pof2_floor(p), 0.0, float(n)
     for _ in range(_lq(p)):
         b /= 2
-        t += _step(k, c, q, b, q, b, q) + (_hsegs(b) - 1) * k.alpha
+        t += _step(k, c, q, b, q, b, q) + (_hsegs(b) - 1) * k.alpha + k.xtra
     return t
 
 
 def _o_doubling(n, p, k, c) -> float:
     q, t, b = pof2_floor(p), 0.0, n / pof2_floor(p)
     for _ in range(_lq(p)):
-        t += _step(k, c, q, b, q)
+        t += _step(k, c, q, b, q) + k.xtra
         b *= 2
     return t
 
@@ -133,12 +140,13 @@ def _o_doubling(n, p, k, c) -> float:
 def _o_pipeline_seg(n, p, k, c, seg: float) -> float:
     """The chain broadcast in segments of ``seg`` bytes: ``S = ceil(n / seg)`` segments,
     ``S + p - 2`` steps. In step ``s``, ``min(p, s + 2)`` ranks take part and ``min(p - 1,
-    s + 1)`` receive a segment; a middle rank also forwards one in every step, one more
-    message call (α) than an end rank pays. (Without it the model put the 64 KiB chain
-    within 5% of its measured time on 2 ranks and 40% under it on 4.)"""
+    s + 1)`` receive a segment; a middle rank also forwards one in every step, an
+    exchange's second message call (``xtra``) more than an end rank pays. (Without it the
+    model put the 64 KiB chain within 5% of its measured time on 2 ranks and 40% under it
+    on 4, on a 16-core machine.)"""
     segs = max(1, math.ceil(n / seg))
     b = n / segs
-    extra = k.alpha if p > 2 else 0.0
+    extra = k.xtra if p > 2 else 0.0
     ramp = sum(_step(k, c, s + 2, b, s + 1) for s in range(p - 2))
     return ramp + segs * _step(k, c, p, b, p - 1) + (segs + p - 2) * extra
 
@@ -175,7 +183,7 @@ def _o_linear(n, p, k, c):
 
 
 SCHEDULES: dict[tuple[str, str], Callable[[float, int, Constants, float], float]] = {
-    ("barrier", "dissemination"): lambda n, p, k, c: _lg(p) * _step(k, c, p),
+    ("barrier", "dissemination"): lambda n, p, k, c: _lg(p) * (_step(k, c, p) + k.xtra),
     ("barrier", "binomial"): lambda n, p, k, c: 2 * sum(_step(k, c, 2 * m) for m in _rounds(p)),
     ("bcast", "binomial"): _o_bcast_binomial,
     ("bcast", "scatter_allgather"):
@@ -197,17 +205,17 @@ SCHEDULES: dict[tuple[str, str], Callable[[float, int, Constants, float], float]
     ("allreduce", "recursive_doubling"):
         lambda n, p, k, c: (_o_fold(n, p, k, c, True) + _o_fold(n, p, k, c, False)
                             + (n + (_pipe_scratch(n) if _folds(p) else 0.0)) * k.sigma
-                            + _lq(p) * _step(k, c, pof2_floor(p), n, pof2_floor(p), n,
-                                             pof2_floor(p))),
+                            + _lq(p) * (k.xtra + _step(k, c, pof2_floor(p), n,
+                                                        pof2_floor(p), n, pof2_floor(p)))),
     ("allreduce", "binomial"):
         lambda n, p, k, c: _o_reduce_binomial(n, p, k, c) + _o_bcast_binomial(n, p, k, c),
     ("allgather", "ring"): lambda n, p, k, c: _o_ring_steps(n, p, k, c, False),
     ("allgather", "recursive_doubling"):
         lambda n, p, k, c: sum(_step(k, c, p, n / p * min(2 ** i, p - 2 ** i), p)
-                               for i in range(_lg(p))),
+                               + k.xtra for i in range(_lg(p))),
     ("allgather", "bruck"):
         lambda n, p, k, c: (sum(_step(k, c, p, n / p * min(2 ** i, p - 2 ** i), p)
-                                for i in range(_lg(p)))
+                                + k.xtra for i in range(_lg(p)))
                             + n * (k.beta * _share(p, c) + k.sigma)),
     ("allgatherv", "ring"): lambda n, p, k, c: _o_ring_steps(n, p, k, c, False),
     ("gather", "linear"): _o_linear,
@@ -216,7 +224,7 @@ SCHEDULES: dict[tuple[str, str], Callable[[float, int, Constants, float], float]
     ("scatter", "binomial"): lambda n, p, k, c: _o_scatter_binomial(n, p, k, c) + n * k.sigma,
     ("alltoall", "pairwise"): lambda n, p, k, c: _o_ring_steps(n, p, k, c, False),
     ("alltoall", "bruck"):
-        lambda n, p, k, c: _lg(p) * _step(k, c, p, n / 2, p) + 2 * n * k.sigma,
+        lambda n, p, k, c: _lg(p) * (_step(k, c, p, n / 2, p) + k.xtra) + 2 * n * k.sigma,
     ("reduce_scatter", "ring"):
         lambda n, p, k, c: _o_ring_steps(n, p, k, c, True) + n / p * k.sigma,
     ("reduce_scatter", "pairwise"):
@@ -226,9 +234,11 @@ SCHEDULES: dict[tuple[str, str], Callable[[float, int, Constants, float], float]
                             + _o_fold(n / p, p, k, c, False)
                             + (n + _halving_scratch(n, p)) * k.sigma),
     ("scan", "recursive_doubling"):
-        lambda n, p, k, c: _lg(p) * _step(k, c, p, n, p, 2 * n, p) + 2 * n * k.sigma,
+        lambda n, p, k, c: (_lg(p) * (_step(k, c, p, n, p, 2 * n, p) + k.xtra)
+                            + 2 * n * k.sigma),
     ("exscan", "recursive_doubling"):
-        lambda n, p, k, c: _lg(p) * _step(k, c, p, n, p, 2 * n, p) + 2 * n * k.sigma,
+        lambda n, p, k, c: (_lg(p) * (_step(k, c, p, n, p, 2 * n, p) + k.xtra)
+                            + 2 * n * k.sigma),
 }
 for _alg in ("ring", "pairwise", "recursive_halving"):
     SCHEDULES[("reduce_scatter_block", _alg)] = SCHEDULES[("reduce_scatter", _alg)]
