@@ -32,56 +32,12 @@ from .vcoll import VectorMethods
 from .ops import SUM, Op
 from .p2p import ANY_SOURCE, ANY_TAG, PROC_NULL, Engine, Request
 from .selection import AlgorithmSelection
+from .status import Status, fill as _fill
 
 __all__ = ["Communicator", "Status", "TAG_UB"]
 
 TAG_UB = 2**31 - 1
 _SEQ_MASK = 0x7FFFFFFF
-
-
-class Status:
-    """Where a received message came from (mpi4py's ``Status``).
-
-    Attributes:
-        source: sender's rank in the communicator.
-        tag: the message's tag.
-        count: bytes received.
-        error: 0 (MPI_SUCCESS); errors are raised, not stored.
-    """
-
-    __slots__ = ("source", "tag", "count", "error", "cancelled")
-
-    def __init__(self):
-        self.source, self.tag, self.count, self.error = ANY_SOURCE, ANY_TAG, 0, 0
-        self.cancelled = False
-
-    def Get_source(self) -> int:
-        return self.source
-
-    def Get_tag(self) -> int:
-        return self.tag
-
-    def Get_error(self) -> int:
-        return self.error
-
-    def Get_count(self, datatype=None) -> int:
-        """Received size in elements of ``datatype`` (numpy dtype; default: bytes)."""
-        if datatype is None:
-            return self.count
-        return self.count // np.dtype(datatype).itemsize
-
-    Get_elements = Get_count
-
-    def Is_cancelled(self) -> bool:
-        return self.cancelled
-
-    def __repr__(self) -> str:
-        return f"Status(source={self.source}, tag={self.tag}, count={self.count})"
-
-
-def _fill(status: Status | None, source: int, tag: int, count: int) -> None:
-    if status is not None:
-        status.source, status.tag, status.count = source, tag, count
 
 
 class _Coll:

@@ -38,13 +38,13 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
-import platform
 from collections import deque
 from typing import Any
 
 import msgpack
 
 from .base import MAX_HEADER, PREFIX, PeerLostError, Transport, TransportError, host_identity
+from .linux import futex_wait as _futex_wait, futex_wake as _futex_wake, read_remote
 
 __all__ = ["ShmTransport", "segment_name"]
 
@@ -52,37 +52,6 @@ _CTRL = 64
 _RING_HDR = 128
 _HEAD, _TAIL = 0, 8          # u64 indices into a ring header (bytes 0 and 64)
 _HDR, _PAYLOAD = 0, 1
-
-_libc = ctypes.CDLL(None, use_errno=True)
-_syscall = _libc.syscall
-_syscall.restype = ctypes.c_long
-_SYS_FUTEX = {"x86_64": 202, "aarch64": 98, "arm64": 98}.get(platform.machine(), 202)
-_FUTEX_WAIT, _FUTEX_WAKE = 0, 1
-
-
-class _Timespec(ctypes.Structure):
-    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
-
-
-class _IOVec(ctypes.Structure):
-    _fields_ = [("iov_base", ctypes.c_void_p), ("iov_len", ctypes.c_size_t)]
-
-
-_process_vm_readv = _libc.process_vm_readv
-_process_vm_readv.restype = ctypes.c_ssize_t
-_process_vm_readv.argtypes = [ctypes.c_int, ctypes.POINTER(_IOVec), ctypes.c_ulong,
-                              ctypes.POINTER(_IOVec), ctypes.c_ulong, ctypes.c_ulong]
-
-
-def _futex_wake(addr: ctypes.c_void_p) -> None:
-    _syscall(_SYS_FUTEX, addr, _FUTEX_WAKE, 0x7FFFFFFF, None, None, 0)
-
-
-def _futex_wait(addr: ctypes.c_void_p, expected: int, timeout: float) -> None:
-    ts = _Timespec(int(timeout), int((timeout % 1.0) * 1e9))
-    _syscall(_SYS_FUTEX, addr, _FUTEX_WAIT, ctypes.c_uint(expected), ctypes.byref(ts),
-             None, 0)
-
 
 def segment_name(job_id: str, rank: int) -> str:
     """Name of ``rank``'s segment under /dev/shm (the launcher sweeps ``pycomm-<job>-*``)."""
@@ -258,9 +227,7 @@ class ShmTransport(Transport):
 
     def _try_cma(self, info: dict) -> bool:
         buf = ctypes.create_string_buffer(16)
-        local = _IOVec(ctypes.addressof(buf), 16)
-        remote = _IOVec(info["probe"], 16)
-        n = _process_vm_readv(info["pid"], ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
+        n = read_remote(info["pid"], ctypes.addressof(buf), info["probe"], 16)
         return n == 16 and buf.raw == info["probe_value"]
 
     # -- sending --------------------------------------------------------------------------
@@ -483,9 +450,7 @@ class ShmTransport(Transport):
         done = 0
         pid = self._pids[peer]
         while done < nbytes:
-            local = _IOVec(local_addr + done, nbytes - done)
-            remote = _IOVec(address + done, nbytes - done)
-            n = _process_vm_readv(pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
+            n = read_remote(pid, local_addr + done, address + done, nbytes - done)
             if n <= 0:
                 err = ctypes.get_errno()
                 raise PeerLostError(peer, f"process_vm_readv failed: {os.strerror(err)}")

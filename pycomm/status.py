@@ -1,0 +1,55 @@
+"""The status of a received message: mpi4py's ``Status`` (source, tag, byte count)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .p2p import ANY_SOURCE, ANY_TAG
+
+__all__ = ["Status", "fill"]
+
+
+class Status:
+    """Where a received message came from (mpi4py's ``Status``).
+
+    Attributes:
+        source: sender's rank in the communicator.
+        tag: the message's tag.
+        count: bytes received.
+        error: 0 (MPI_SUCCESS); errors are raised, not stored.
+    """
+
+    __slots__ = ("source", "tag", "count", "error", "cancelled")
+
+    def __init__(self):
+        self.source, self.tag, self.count, self.error = ANY_SOURCE, ANY_TAG, 0, 0
+        self.cancelled = False
+
+    def Get_source(self) -> int:
+        return self.source
+
+    def Get_tag(self) -> int:
+        return self.tag
+
+    def Get_error(self) -> int:
+        return self.error
+
+    def Get_count(self, datatype=None) -> int:
+        """Received size in elements of ``datatype`` (numpy dtype; default: bytes)."""
+        if datatype is None:
+            return self.count
+        return self.count // np.dtype(datatype).itemsize
+
+    Get_elements = Get_count
+
+    def Is_cancelled(self) -> bool:
+        return self.cancelled
+
+    def __repr__(self) -> str:
+        return f"Status(source={self.source}, tag={self.tag}, count={self.count})"
+
+
+def fill(status: Status | None, source: int, tag: int, count: int) -> None:
+    """Set ``status`` (when given) to a received message's source, tag and byte count."""
+    if status is not None:
+        status.source, status.tag, status.count = source, tag, count
