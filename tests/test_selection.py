@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 
 import numpy as np
+import pytest
 
 import pycomm
 
@@ -110,3 +111,18 @@ def test_real_ranks_yield_exactly_when_they_outnumber_the_cores(world):
         assert yield_s == expected
         assert (yield_s > 0) == (world.size > cores)   # one host: every rank is local
         assert (yield_s > 0) == (oversubscription > 1.0)
+
+
+def _rank_yield_s():
+    return pycomm.COMM_WORLD._engine.yield_s
+
+
+def test_yield_us_variable_overrides_the_default(monkeypatch):
+    # PYCOMM_YIELD_US reaches every rank's engine, both ways: on where the default is off
+    # (2 ranks, as many cores or more) and off where it is on (more ranks than cores)
+    from pycomm.spawn import spawn
+    cores = len(os.sched_getaffinity(0))
+    monkeypatch.setenv("PYCOMM_YIELD_US", "1234")
+    assert spawn(_rank_yield_s, 2, transport="shm") == [pytest.approx(1234e-6)] * 2
+    monkeypatch.setenv("PYCOMM_YIELD_US", "0")
+    assert spawn(_rank_yield_s, cores + 1, transport="shm") == [0.0] * (cores + 1)
