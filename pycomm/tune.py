@@ -264,10 +264,11 @@ def measure_lanes(*, quick: bool = False) -> dict[int, float]:
 
     One rank per core (at most 16) copies a buffer of each size in :data:`LANES`; for
     ``m = 1 .. cores`` ranks copying at once, the aggregate rate over one copy's rate; the
-    most over ``m`` is the size's *lanes* (the median of three worlds). On the 2-core VM here two 16 MiB copies run no
-    faster together than one alone (memory-bound: 1 lane), while two 256 KiB copies run
-    side by side in their cores' caches. The cost model divides concurrent copies and
-    reductions of a step by ``min(cores, lanes)`` rather than by the cores alone.
+    most over ``m`` is the size's *lanes* (the median of three worlds). On the 2-core VM
+    here two 16 MiB copies run only 1.0-1.6x as fast together as one alone (memory-bound),
+    while two 256 KiB copies run side by side in their cores' caches (2.0). The cost model
+    divides concurrent copies and reductions of a step by ``min(cores, lanes)`` rather
+    than by the cores alone.
 
     Returns:
         ``{bytes: lanes}`` (each from 1 to the ranks started).

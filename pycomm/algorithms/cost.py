@@ -245,7 +245,8 @@ FORMULAS: dict[tuple[str, str], Formula] = {
     ("barrier", "binomial"): lambda n, p, k: 2 * _lg(p) * k.alpha,
     ("bcast", "binomial"): _bcast_binomial,
     ("bcast", "scatter_allgather"):
-        lambda n, p, k: (_lg(p) + p - 1) * k.alpha + (p - 1) * k.xtra + 2 * n * _frac(p) * k.beta,
+        lambda n, p, k: ((_lg(p) + p - 1) * k.alpha + (p - 1) * k.xtra
+                         + 2 * n * _frac(p) * k.beta),
     ("bcast", "pipeline"): _pipeline,
     ("reduce", "binomial"): _reduce_binomial,
     ("reduce", "rabenseifner"):

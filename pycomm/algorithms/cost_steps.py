@@ -35,7 +35,7 @@ __all__ = ["SCHEDULES", "pipeline_segment"]
 # where a ring, in which all ``p`` ranks are busy at every step, shares them at every step.
 # So each schedule is written out below as its sequence of steps; a step costs
 #
-#     α + wake · max(1, a / c)  +  b β · max(1, m / min(c, L))  +  r γ · max(1, m_r / min(c, L))
+#     α + wake · max(1, a / c) + b β · max(1, m / min(c, L)) + r γ · max(1, m_r / min(c, L))
 #
 # for ``a`` ranks taking part, ``m`` concurrent copies of ``b`` bytes (a shared-memory
 # rendezvous copies once, on the receiver's core) and ``m_r`` concurrent reductions of
