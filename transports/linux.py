@@ -9,9 +9,10 @@ receiver of a large message reads the sender's buffer directly, one copy.
 from __future__ import annotations
 
 import ctypes
+import errno
 import platform
 
-__all__ = ["futex_wait", "futex_wake", "read_remote"]
+__all__ = ["futex_wait", "futex_wake", "read_remote", "copy_remote"]
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _syscall = _libc.syscall
@@ -28,10 +29,14 @@ class _IOVec(ctypes.Structure):
     _fields_ = [("iov_base", ctypes.c_void_p), ("iov_len", ctypes.c_size_t)]
 
 
-_process_vm_readv = _libc.process_vm_readv
-_process_vm_readv.restype = ctypes.c_ssize_t
-_process_vm_readv.argtypes = [ctypes.c_int, ctypes.POINTER(_IOVec), ctypes.c_ulong,
-                              ctypes.POINTER(_IOVec), ctypes.c_ulong, ctypes.c_ulong]
+_vm = {}
+for _name in ("process_vm_readv", "process_vm_writev"):
+    _f = getattr(_libc, _name)
+    _f.restype = ctypes.c_ssize_t
+    _f.argtypes = [ctypes.c_int, ctypes.POINTER(_IOVec), ctypes.c_ulong,
+                   ctypes.POINTER(_IOVec), ctypes.c_ulong, ctypes.c_ulong]
+    _vm[_name] = _f
+_process_vm_readv = _vm["process_vm_readv"]
 
 
 def futex_wake(addr: ctypes.c_void_p) -> None:
@@ -53,3 +58,40 @@ def read_remote(pid: int, local: int, remote: int, nbytes: int) -> int:
     set (e.g. EPERM where ptrace restrictions refuse it, ESRCH when ``pid`` is gone)."""
     lv, rv = _IOVec(local, nbytes), _IOVec(remote, nbytes)
     return _process_vm_readv(pid, ctypes.byref(lv), 1, ctypes.byref(rv), 1, 0)
+
+
+def copy_remote(write: bool, pid: int, local: list, remote: list) -> int:
+    """Copy between this process's and process ``pid``'s memory, scatter-gather.
+
+    Args:
+        write: True writes ``local`` into ``remote`` (``process_vm_writev``), False reads.
+        pid: the other process.
+        local, remote: ``(address, length)`` lists of the same total length.
+
+    Returns:
+        0, or the errno of the failed call.
+    """
+    fn = _vm["process_vm_writev" if write else "process_vm_readv"]
+    total = sum(n for _, n in local)
+    done = 0
+    while done < total:
+        lo, ro = _skip(local, done), _skip(remote, done)
+        la = (_IOVec * len(lo))(*[_IOVec(a, n) for a, n in lo])
+        ra = (_IOVec * len(ro))(*[_IOVec(a, n) for a, n in ro])
+        n = fn(pid, la, len(lo), ra, len(ro), 0)
+        if n <= 0:
+            return ctypes.get_errno() or errno.EIO
+        done += n
+    return 0
+
+
+def _skip(iovs: list, n: int) -> list:
+    """``iovs`` past their first ``n`` bytes, at most IOV_MAX (1024) entries."""
+    out = []
+    for a, ln in iovs:
+        if n >= ln:
+            n -= ln
+            continue
+        out.append((a + n, ln - n))
+        n = 0
+    return out[:1024]

@@ -7,8 +7,8 @@ Links. Two NICs talk over one TCP connection per direction of use (the initiator
 requests and their responses travel on the link the initiator opened), authenticated with
 the job token by the HMAC handshake of :mod:`transports.handshake` before any message is
 parsed; then each side sends its device address (pid, host, MR-table address). Every
-message is a 40-byte header :data:`_MSG` (kind, flags, dst/src qpn, psn, imm, rkey,
-length, remote address) and, for some kinds, a payload. Requests carry a PSN; the
+message is a 40-byte header (kind, flags, dst/src qpn, psn, imm, rkey, length, remote
+address) and, for some kinds, a payload (:mod:`transports.rdma.wire`). Requests carry a PSN; the
 responder accepts only the next expected PSN, answers ACK / NAK(syndrome) / READ_RESP, and
 after an RNR NAK drops later requests until the initiator retransmits from the NAKed PSN
 (go-back-N, as an RC QP does).
@@ -42,28 +42,21 @@ import os
 import random
 import selectors
 import socket
-import struct
 import threading
 import time
-from collections import deque
-
-import msgpack
 
 from .. import handshake
 from ..base import HandshakeError, TransportError, host_identity
 from ..tcp import recv_exact as _recv_exact
+from ..linux import copy_remote as _cma
 from . import verbs as v
+from .wire import (_IOV, _MSG, F_IMM, F_PULL, M_IMM, M_READ_REQ, M_SEND, M_WRITE, NAK_RNR,
+                   Wire, _exchange, _Link)
 
 __all__ = ["Nic", "address_view"]
 
-_MSG = struct.Struct("<BBHIIIIIQQ")     # kind flags pad dst src psn imm rkey length raddr
-M_SEND, M_WRITE, M_READ_REQ, M_READ_RESP, M_ACK, M_NAK, M_IMM = 1, 2, 3, 4, 5, 6, 7
-F_IMM, F_PULL = 1, 2
-NAK_RNR = 0xFFFF
 _INLINE = 8192          # SENDs up to this many bytes travel in the message itself
 _WINDOW = 64            # requests in flight per QP before waiting for ACKs
-_STAGE = 256 * 1024
-_IOV = struct.Struct("<QQ")
 _ID_SPACE = 1 << 30
 
 
@@ -73,71 +66,12 @@ class _Entry(ctypes.Structure):
                 ("addr", ctypes.c_uint64), ("length", ctypes.c_uint64)]
 
 
-class _IOVec(ctypes.Structure):
-    _fields_ = [("iov_base", ctypes.c_void_p), ("iov_len", ctypes.c_size_t)]
-
-
-_libc = ctypes.CDLL(None, use_errno=True)
-_vm = {}
-for _name in ("process_vm_readv", "process_vm_writev"):
-    _f = getattr(_libc, _name)
-    _f.restype = ctypes.c_ssize_t
-    _f.argtypes = [ctypes.c_int, ctypes.POINTER(_IOVec), ctypes.c_ulong,
-                   ctypes.POINTER(_IOVec), ctypes.c_ulong, ctypes.c_ulong]
-    _vm[_name] = _f
-
-
 def address_view(addr: int, n: int) -> memoryview:
     """A writable byte view of ``n`` bytes at ``addr`` of this process (no copy)."""
     return memoryview((ctypes.c_char * n).from_address(addr)).cast("B")
 
 
-def _cma(write: bool, pid: int, local: list, remote: list) -> int:
-    """Copy between local and remote (addr, len) lists of equal total; 0 or an errno."""
-    fn = _vm["process_vm_writev" if write else "process_vm_readv"]
-    total = sum(n for _, n in local)
-    done = 0
-    while done < total:
-        lo, ro = _skip(local, done), _skip(remote, done)
-        la = (_IOVec * len(lo))(*[_IOVec(a, n) for a, n in lo])
-        ra = (_IOVec * len(ro))(*[_IOVec(a, n) for a, n in ro])
-        n = fn(pid, la, len(lo), ra, len(ro), 0)
-        if n <= 0:
-            return ctypes.get_errno() or errno.EIO
-        done += n
-    return 0
-
-
-def _skip(iovs: list, n: int) -> list:
-    out = []
-    for a, ln in iovs:
-        if n >= ln:
-            n -= ln
-            continue
-        out.append((a + n, ln - n))
-        n = 0
-    return out[:1024]                   # IOV_MAX
-
-
-class _Link:
-    """One authenticated connection to another NIC, parsed incrementally."""
-
-    def __init__(self, sock: socket.socket, peer: dict, cma: bool):
-        self.sock, self.peer, self.cma = sock, peer, cma
-        self.pid, self.peer_id = peer["pid"], peer["id"]
-        self.out: deque = deque()
-        self.stage = bytearray(_STAGE)
-        self.sview = memoryview(self.stage)
-        self.start = self.end = 0
-        self.msg = None                 # header being served
-        self.dest = None                # where its payload goes (None: discard)
-        self.off = self.left = 0
-        self.finish = None              # called when the payload is complete
-        self.dead = False
-        self.writing = False
-
-
-class Nic:
+class Nic(Wire):
     """The engine of one device context (see the module docstring)."""
 
     def __init__(self, token: bytes, *, host: str, cma: bool, max_mr: int):
@@ -508,116 +442,3 @@ class Nic:
             if qp.remote is not None and qp.remote[0]["id"] == link.peer_id and \
                     qp.state != v.IBV_QPS_ERR:
                 self.fail_qp(qp, v.IBV_WC_RETRY_EXC_ERR, "peer lost")
-
-    # -- the wire -------------------------------------------------------------------------
-    def _send(self, link: _Link, header: bytes, payload: list) -> None:
-        if link.dead:
-            return
-        link.out.append(memoryview(header))
-        link.out.extend(memoryview(p) for p in payload if len(p))
-        self._dirty.add(link)
-
-    def _flush(self, link: _Link) -> None:
-        out = link.out
-        while out:
-            try:
-                sent = link.sock.sendmsg(list(out)[:512])
-            except BlockingIOError:
-                sent = 0
-            except OSError:
-                self._link_lost(link)
-                return
-            if not sent:
-                break
-            while sent:
-                head = out[0]
-                if sent >= len(head):
-                    sent -= len(head)
-                    out.popleft()
-                else:
-                    out[0] = head[sent:]
-                    sent = 0
-        if out and not link.writing:
-            link.writing = True
-            self.sel.modify(link.sock, selectors.EVENT_READ | selectors.EVENT_WRITE, link)
-        elif not out:
-            self._dirty.discard(link)
-            if link.writing:
-                link.writing = False
-                self.sel.modify(link.sock, selectors.EVENT_READ, link)
-
-    def _read(self, link: _Link) -> None:
-        from .responder import on_header
-        while not link.dead:
-            if link.left and link.dest is not None and link.start == link.end:
-                try:
-                    n = link.sock.recv_into(link.dest[link.off:link.off + link.left])
-                except BlockingIOError:
-                    return
-                except OSError:
-                    n = 0
-                if not n:
-                    self._link_lost(link)
-                    return
-                link.off += n
-                link.left -= n
-                if not link.left:
-                    self._done(link)
-                continue
-            if link.start == link.end:
-                link.start = link.end = 0
-            elif link.end == _STAGE:
-                rest = link.end - link.start
-                link.stage[:rest] = link.stage[link.start:link.end]
-                link.start, link.end = 0, rest
-            try:
-                n = link.sock.recv_into(link.sview[link.end:])
-            except BlockingIOError:
-                return
-            except OSError:
-                n = 0
-            if not n:
-                self._link_lost(link)
-                return
-            link.end += n
-            while True:
-                avail = link.end - link.start
-                if link.msg is None:
-                    if avail < _MSG.size:
-                        break
-                    msg = _MSG.unpack_from(link.stage, link.start)
-                    link.start += _MSG.size
-                    link.msg, link.off = msg, 0
-                    link.dest, link.left, link.finish = on_header(self, link, msg)
-                    if not link.left:
-                        self._done(link)
-                    continue
-                n = min(avail, link.left)
-                if not n:
-                    break
-                if link.dest is not None:
-                    link.dest[link.off:link.off + n] = link.sview[link.start:link.start + n]
-                link.start += n
-                link.off += n
-                link.left -= n
-                if not link.left:
-                    self._done(link)
-
-    def _done(self, link: _Link) -> None:
-        finish, link.finish, link.msg, link.dest = link.finish, None, None, None
-        if finish is not None:
-            finish()
-
-
-
-def _exchange(sock: socket.socket, mine: dict, deadline: float) -> dict:
-    """After authentication: swap device addresses (u32 length + msgpack)."""
-    body = msgpack.packb(mine)
-    sock.sendall(struct.pack("<I", len(body)) + body)
-    (n,) = struct.unpack("<I", _recv_exact(sock, 4, deadline))
-    if n > 4096:
-        raise HandshakeError(f"device address of {n} bytes")
-    peer = msgpack.unpackb(_recv_exact(sock, n, deadline))
-    if not isinstance(peer, dict) or not {"id", "pid", "host", "mrt", "cap"} <= set(peer):
-        raise HandshakeError("malformed device address")
-    return peer
