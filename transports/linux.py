@@ -1,9 +1,11 @@
-"""The two Linux system calls the shared-memory transport makes through ctypes.
+"""The Linux system calls the transports make through ctypes.
 
 ``futex`` (FUTEX_WAIT / FUTEX_WAKE on a 32-bit word of a shared mapping): a rank with
 nothing to do sleeps on its doorbell and whoever gives it work wakes it.
-``process_vm_readv`` (cross-memory attach, as MPICH's and Open MPI's CMA paths): the
-receiver of a large message reads the sender's buffer directly, one copy.
+``process_vm_readv`` / ``process_vm_writev`` (cross-memory attach, as MPICH's and Open
+MPI's CMA paths): the receiver of a large message reads the sender's buffer directly, one
+copy (shared memory), and the emulated NIC reads and writes registered regions of its
+peers' processes.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import ctypes
 import errno
 import platform
 
-__all__ = ["futex_wait", "futex_wake", "read_remote", "copy_remote"]
+__all__ = ["futex_wait", "futex_wake", "copy_remote"]
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _syscall = _libc.syscall
@@ -36,7 +38,6 @@ for _name in ("process_vm_readv", "process_vm_writev"):
     _f.argtypes = [ctypes.c_int, ctypes.POINTER(_IOVec), ctypes.c_ulong,
                    ctypes.POINTER(_IOVec), ctypes.c_ulong, ctypes.c_ulong]
     _vm[_name] = _f
-_process_vm_readv = _vm["process_vm_readv"]
 
 
 def futex_wake(addr: ctypes.c_void_p) -> None:
@@ -50,14 +51,6 @@ def futex_wait(addr: ctypes.c_void_p, expected: int, timeout: float) -> None:
     ts = _Timespec(int(timeout), int((timeout % 1.0) * 1e9))
     _syscall(_SYS_FUTEX, addr, _FUTEX_WAIT, ctypes.c_uint(expected), ctypes.byref(ts),
              None, 0)
-
-
-def read_remote(pid: int, local: int, remote: int, nbytes: int) -> int:
-    """Copy ``nbytes`` from address ``remote`` of process ``pid`` to address ``local`` of
-    this one; return the bytes copied (may be fewer), or -1 with ``ctypes.get_errno()``
-    set (e.g. EPERM where ptrace restrictions refuse it, ESRCH when ``pid`` is gone)."""
-    lv, rv = _IOVec(local, nbytes), _IOVec(remote, nbytes)
-    return _process_vm_readv(pid, ctypes.byref(lv), 1, ctypes.byref(rv), 1, 0)
 
 
 def copy_remote(write: bool, pid: int, local: list, remote: list) -> int:

@@ -44,7 +44,7 @@ from typing import Any
 import msgpack
 
 from .base import MAX_HEADER, PREFIX, PeerLostError, Transport, TransportError, host_identity
-from .linux import futex_wait as _futex_wait, futex_wake as _futex_wake, read_remote
+from .linux import copy_remote, futex_wait as _futex_wait, futex_wake as _futex_wake
 
 __all__ = ["ShmTransport", "segment_name"]
 
@@ -227,8 +227,9 @@ class ShmTransport(Transport):
 
     def _try_cma(self, info: dict) -> bool:
         buf = ctypes.create_string_buffer(16)
-        n = read_remote(info["pid"], ctypes.addressof(buf), info["probe"], 16)
-        return n == 16 and buf.raw == info["probe_value"]
+        err = copy_remote(False, info["pid"], [(ctypes.addressof(buf), 16)],
+                          [(info["probe"], 16)])
+        return not err and buf.raw == info["probe_value"]
 
     # -- sending --------------------------------------------------------------------------
     def send(self, peer: int, header: bytes, payload, token: Any) -> bool:
@@ -446,15 +447,10 @@ class ShmTransport(Transport):
         """
         if not self._cma_ok.get(peer):
             raise TransportError(f"cross-memory attach to rank {peer} is not available")
-        local_addr = _address_of(dest)
-        done = 0
-        pid = self._pids[peer]
-        while done < nbytes:
-            n = read_remote(pid, local_addr + done, address + done, nbytes - done)
-            if n <= 0:
-                err = ctypes.get_errno()
-                raise PeerLostError(peer, f"process_vm_readv failed: {os.strerror(err)}")
-            done += n
+        err = copy_remote(False, self._pids[peer], [(_address_of(dest), nbytes)],
+                          [(address, nbytes)])
+        if err:
+            raise PeerLostError(peer, f"process_vm_readv failed: {os.strerror(err)}")
 
     def close(self) -> None:
         if self._closed:
