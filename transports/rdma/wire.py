@@ -92,14 +92,8 @@ class Wire:
         from .responder import on_header
         while not link.dead:
             if link.left and link.dest is not None and link.start == link.end:
-                try:
-                    n = link.sock.recv_into(link.dest[link.off:link.off + link.left])
-                except BlockingIOError:
-                    return
-                except OSError:
-                    n = 0
-                if not n:
-                    self._link_lost(link)
+                n = self._recv_into(link, link.dest[link.off:link.off + link.left])
+                if n <= 0:
                     return
                 link.off += n
                 link.left -= n
@@ -112,14 +106,8 @@ class Wire:
                 rest = link.end - link.start
                 link.stage[:rest] = link.stage[link.start:link.end]
                 link.start, link.end = 0, rest
-            try:
-                n = link.sock.recv_into(link.sview[link.end:])
-            except BlockingIOError:
-                return
-            except OSError:
-                n = 0
-            if not n:
-                self._link_lost(link)
+            n = self._recv_into(link, link.sview[link.end:])
+            if n <= 0:
                 return
             link.end += n
             while True:
@@ -144,6 +132,20 @@ class Wire:
                 link.left -= n
                 if not link.left:
                     self._done(link)
+
+    def _recv_into(self, link: _Link, view: memoryview) -> int:
+        """Bytes the socket put into ``view``: 0 when none are there yet, -1 when the link
+        is gone (then already handled)."""
+        try:
+            n = link.sock.recv_into(view)
+        except BlockingIOError:
+            return 0
+        except OSError:
+            n = 0
+        if not n:
+            self._link_lost(link)
+            return -1
+        return n
 
     def _done(self, link: _Link) -> None:
         finish, link.finish, link.msg, link.dest = link.finish, None, None, None
