@@ -46,6 +46,7 @@ from .errors import ArgumentError, CommError
 from .buffers import IN_PLACE as pycomm_IN_PLACE
 from .ops import MAX as _MAX
 from .p2p import Engine, default_spin_seconds, default_yield_seconds
+from .waiting import available_cores
 
 __all__ = ["JobEnv", "detect", "create_world"]
 
@@ -233,8 +234,7 @@ def create_world(**options):
             # Ranks per core on the busiest host, and the fewest cores of any host, agreed
             # by every rank: the cost model uses them, and all ranks must choose alike.
             mine = sum(1 for i in infos if i["host"] == infos[je.rank]["host"])
-            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
-                else (os.cpu_count() or 1)
+            cores = available_cores()
             agreed = np.array([mine / cores, -cores], dtype=np.float64)
             world.Allreduce(pycomm_IN_PLACE, agreed, op=_MAX)
             engine.oversubscription, engine.min_cores = float(agreed[0]), int(-agreed[1])

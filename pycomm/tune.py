@@ -33,7 +33,6 @@ Point ``PYCOMM_TUNE_FILE`` at the file to use it instead of the shipped table
   the two (the model has one γ).
 * **σ**: seconds per byte of fresh scratch: ``np.empty`` + copy minus a copy into a
   reused buffer, least-squares slope over the same sizes.
-
 * **lanes**: how many copies of 256 KiB .. 16 MiB the memory system runs at full speed at
   once: one rank per core (at most 16) copies buffers of each size, 1, 2, ... of them at
   once; the best aggregate rate over one copy's (:func:`measure_lanes`).
@@ -58,6 +57,8 @@ import time
 from typing import Any
 
 import numpy as np
+
+from pycomm.waiting import available_cores
 
 __all__ = ["fit_line", "measure_pingpong", "measure_gamma", "measure_sigma", "measure_lanes",
            "tune", "main"]
@@ -223,8 +224,7 @@ def measure_wake(transport: str, alpha: float, *, quick: bool = False) -> float:
     """
     from pycomm.spawn import spawn
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
-        (os.cpu_count() or 1)
+    cores = available_cores()
     hops = [spawn(_token_ring_rank, 2 * cores, (50 if quick else 300,),
                   transport=transport)[0] for _ in range(1 if quick else 3)]
     return max(0.0, statistics.median(hops) - alpha)
@@ -275,8 +275,7 @@ def measure_lanes(*, quick: bool = False) -> dict[int, float]:
     """
     from pycomm.spawn import spawn
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
-        (os.cpu_count() or 1)
+    cores = available_cores()
     cores = max(1, min(cores, 16))
     if cores == 1:
         return {m: 1.0 for m in LANES}

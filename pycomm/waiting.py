@@ -33,7 +33,8 @@ from .errors import CommTimeoutError, PeerError
 if TYPE_CHECKING:
     from .request import Request
 
-__all__ = ["Waiting", "OFFLOADED", "default_spin_seconds", "default_yield_seconds"]
+__all__ = ["Waiting", "OFFLOADED", "available_cores", "default_spin_seconds",
+           "default_yield_seconds"]
 
 _perf = time.perf_counter
 _LIVENESS_S = 0.25
@@ -287,16 +288,17 @@ def _locked(lock, fn):
     return call
 
 
-def _cores() -> int:
+def available_cores() -> int:
+    """Cores this process may run on (its affinity mask, else the machine's count)."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
         (os.cpu_count() or 1)
 
 
 def default_spin_seconds(local_size: int) -> float:
     """50 µs of spinning, or 5 µs when this host's ranks outnumber its cores."""
-    return 50e-6 if local_size <= _cores() else 5e-6
+    return 50e-6 if local_size <= available_cores() else 5e-6
 
 
 def default_yield_seconds(local_size: int) -> float:
     """No yielding phase, or 300 µs of it when this host's ranks outnumber its cores."""
-    return 0.0 if local_size <= _cores() or not hasattr(os, "sched_yield") else 300e-6
+    return 0.0 if local_size <= available_cores() or not hasattr(os, "sched_yield") else 300e-6

@@ -141,3 +141,26 @@ def test_tcp_rejects_wrong_token():
         t.close()
     assert {r for r, _ in errors} == {0, 1}
     assert any("authentication" in str(e) or "handshake" in str(e) for _, e in errors)
+
+
+def test_copy_remote_scatter_gather_and_errors():
+    # the one cross-memory-attach copy shm and the emulated NIC share: uneven iovec lists
+    # of the same total copy byte for byte (here within this process), both directions,
+    # and a failed call returns the errno (a pid that does not exist: ESRCH), raising
+    # nothing
+    import errno
+    import os
+    from transports.linux import copy_remote
+
+    src = np.arange(1000, dtype=np.uint8)
+    dst = np.zeros(1000, dtype=np.uint8)
+    s, d = src.ctypes.data, dst.ctypes.data
+    local = [(d, 10), (d + 10, 590), (d + 600, 400)]
+    remote = [(s, 300), (s + 300, 700)]
+    assert copy_remote(False, os.getpid(), local, remote) == 0
+    assert np.array_equal(dst, src)
+    back = np.zeros(1000, dtype=np.uint8)
+    assert copy_remote(True, os.getpid(), [(s, 1000)],
+                       [(back.ctypes.data, 999), (back.ctypes.data + 999, 1)]) == 0
+    assert np.array_equal(back, src)
+    assert copy_remote(False, 2 ** 22 + 12345, [(d, 8)], [(s, 8)]) == errno.ESRCH

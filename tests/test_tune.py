@@ -391,8 +391,13 @@ def test_exchange_steps_pay_alpha_x(tmp_path, monkeypatch):
         monkeypatch.setenv("PYCOMM_TUNE_FILE", str(path))
         times[ax] = {(c, a, p): algs.model_time(c, a, 64, p)
                      for c, a in (("allgather", "ring"), ("allgather", "recursive_doubling"),
-                                  ("bcast", "binomial"), ("barrier", "dissemination"))
+                                  ("bcast", "binomial"), ("barrier", "dissemination"),
+                                  ("alltoallv", "pairwise"))
                      for p in (2, 4, 8)}
+        # a pair without a step model, on oversubscribed cores: the wake-up raises α and
+        # α_x alike, so the exchange still costs α_x - α more
+        times[ax]["alltoallv over"] = algs.model_time("alltoallv", "pairwise", 64, 8,
+                                                      oversubscription=2.0)
     d = 3e-5
     for p in (2, 4, 8):
         lg = p.bit_length() - 1
@@ -401,3 +406,7 @@ def test_exchange_steps_pay_alpha_x(tmp_path, monkeypatch):
         for c, a in (("allgather", "recursive_doubling"), ("barrier", "dissemination")):
             assert times[4e-5][(c, a, p)] - times[1e-5][(c, a, p)] == pytest.approx(lg * d)
         assert times[4e-5][("bcast", "binomial", p)] == times[1e-5][("bcast", "binomial", p)]
+        assert times[4e-5][("alltoallv", "pairwise", p)] - \
+            times[1e-5][("alltoallv", "pairwise", p)] == pytest.approx((p - 1) * d)
+    assert times[4e-5]["alltoallv over"] - times[1e-5]["alltoallv over"] == \
+        pytest.approx(7 * d)

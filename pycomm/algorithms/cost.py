@@ -272,7 +272,8 @@ FORMULAS: dict[tuple[str, str], Formula] = {
     ("allgather", "recursive_doubling"):
         lambda n, p, k: _lg(p) * (k.alpha + k.xtra) + n * _frac(p) * k.beta,
     ("allgather", "bruck"):
-        lambda n, p, k: _lg(p) * (k.alpha + k.xtra) + n * _frac(p) * k.beta + n * (k.beta + k.sigma),
+        lambda n, p, k: (_lg(p) * (k.alpha + k.xtra) + n * _frac(p) * k.beta
+                         + n * (k.beta + k.sigma)),
     ("allgatherv", "ring"): lambda n, p, k: (p - 1) * (k.alpha + k.xtra) + n * _frac(p) * k.beta,
     ("gather", "linear"): lambda n, p, k: (p - 1) * k.alpha + n * _frac(p) * k.beta,
     ("gather", "binomial"):
@@ -285,7 +286,8 @@ FORMULAS: dict[tuple[str, str], Formula] = {
     ("alltoall", "pairwise"): lambda n, p, k: (p - 1) * (k.alpha + k.xtra) + n * _frac(p) * k.beta,
     ("alltoall", "bruck"):
         lambda n, p, k: _lg(p) * (k.alpha + k.xtra + n / 2 * k.beta) + 2 * n * k.sigma,
-    ("alltoallv", "pairwise"): lambda n, p, k: (p - 1) * k.alpha + n * _frac(p) * k.beta,
+    ("alltoallv", "pairwise"):
+        lambda n, p, k: (p - 1) * (k.alpha + k.xtra) + n * _frac(p) * k.beta,
     ("reduce_scatter", "ring"):
         lambda n, p, k: ((p - 1) * (k.alpha + k.xtra) + n * _frac(p) * (k.beta + k.gamma)
                          + n / p * k.sigma),
@@ -360,7 +362,9 @@ def cost(collective: str, algorithm: str, nbytes: int, size: int,
             cores, ``size / oversubscription`` cores in all). Then every step of the
             schedule pays ``wake`` once per turn of the cores its ranks need, and
             concurrent copies and reductions share the cores. Pairs without a step model
-            scale β, γ and σ by ``oversubscription`` and add ``wake`` to every message.
+            let all ``size`` ranks copy at once, sharing the cores and the memory's lanes
+            (β and γ scaled by that share), scale σ by ``oversubscription`` and add
+            ``wake`` to every message.
 
     Pairs with a step model (:data:`SCHEDULES`) are always costed step by step, so that
     each message is priced by the protocol it goes by: ``alpha``/``beta`` up to
@@ -381,12 +385,14 @@ def cost(collective: str, algorithm: str, nbytes: int, size: int,
     # no step model (double_binary_tree, the v-variants' single algorithms): every rank
     # copies at once, sharing the cores and the memory's lanes; when ranks outnumber cores
     # every message also wakes a sleeper
-    cores = size / max(1.0, oversubscription)
-    f = _share(size, min(cores, k.streams(float(nbytes))))
-    if oversubscription > 1.0:
-        k = Constants(alpha=k.alpha + k.wake, beta=k.beta * f, gamma=k.gamma * f,
-                      sigma=k.sigma * oversubscription, wake=k.wake)
-    elif f > 1.0:
-        k = replace(k, beta=k.beta * f, gamma=k.gamma * f,
-                    beta_rndv=None if k.beta_rndv is None else k.beta_rndv * f)
+    over = max(1.0, oversubscription)
+    f = _share(size, min(size / over, k.streams(float(nbytes))))
+    wake = k.wake if over > 1.0 else 0.0
+
+    def scaled(x: float | None, by: float, plus: float = 0.0) -> float | None:
+        return None if x is None else x * by + plus
+
+    k = replace(k, alpha=k.alpha + wake, alpha_rndv=scaled(k.alpha_rndv, 1.0, wake),
+                alpha_x=scaled(k.alpha_x, 1.0, wake), beta=k.beta * f,
+                beta_rndv=scaled(k.beta_rndv, f), gamma=k.gamma * f, sigma=k.sigma * over)
     return formula(float(nbytes), size, k)

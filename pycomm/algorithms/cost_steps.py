@@ -27,10 +27,10 @@ __all__ = ["SCHEDULES", "pipeline_segment"]
 # ---------------------------------------------------------------------------------------
 # Oversubscribed hosts: a step-by-step model.
 #
-# When ranks outnumber cores, the closed forms of cost.FORMULAS mislead: they assume every rank runs
-# whenever it has work. On ``c`` cores, a step of a schedule in which ``a`` ranks take part
-# needs ``a / c`` turns of the cores to let each of them run, and ``m`` copies (or
-# reductions) that would run side by side on ``m`` cores share ``c`` of them. A binomial
+# When ranks outnumber cores, the closed forms of cost.FORMULAS mislead: they assume every
+# rank runs whenever it has work. On ``c`` cores, a step of a schedule in which ``a``
+# ranks take part needs ``a / c`` turns of the cores to let each of them run, and ``m``
+# copies (or reductions) that would run side by side on ``m`` cores share ``c`` of them. A binomial
 # tree, whose early rounds involve 2 or 4 ranks, therefore keeps whole cores to itself
 # where a ring, in which all ``p`` ranks are busy at every step, shares them at every step.
 # So each schedule is written out below as its sequence of steps; a step costs
