@@ -5,8 +5,8 @@ Reads the JSON of ``--algorithm all`` sweeps (``osu_allreduce``, ``osu_bcast``,
 world size), keeps for every (size, algorithm) the best average over the launches, and
 prints a Markdown table: for each size, the measured time of the algorithm the cost model
 picks now (:func:`pycomm.algorithms.choose` with the shipped or ``PYCOMM_TUNE_FILE``
-constants, shared memory, and the ranks per core of the sweep: world size over the
-``cpu_count`` its JSON records) divided by the best algorithm's time, naming the best where
+constants of the transport the sweep ran over, and the ranks per core of the sweep: world
+size over the ``cpu_count`` its JSON records) divided by the best algorithm's time, naming the best where
 the ratio passes ``--within``.
 
 It also prints the noise of the measurement itself, which bounds what any choice can be
@@ -28,18 +28,26 @@ from collections import defaultdict
 
 from pycomm.algorithms import choose
 
-__all__ = ["load", "table", "main"]
+__all__ = ["load", "model_transport", "table", "main"]
+
+
+def model_transport(name: str | None) -> str:
+    """The cost-model table a run's ``meta.transport`` (``comm.transport_name``) reads: the
+    communicator's rule (its slowest link; shared memory when unrecorded)."""
+    name = name or "shm"
+    return "tcp" if "tcp" in name else ("rdma" if "rdma" in name else "shm")
 
 
 def load(paths: list[str]) -> dict:
-    """``{(benchmark, ranks, cores): {size: {algorithm: [avg_us per launch]}}}``."""
+    """``{(benchmark, ranks, cores, transport): {size: {algorithm: [avg_us per launch]}}}``,
+    the transport as :func:`model_transport` names it."""
     runs: dict = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
     for path in paths:
         with open(path, encoding="utf-8") as fh:
             doc = json.load(fh)
         meta = doc["meta"]
         key = (doc["benchmark"].removeprefix("osu_"), int(meta["world_size"]),
-               int(meta["cpu_count"]))
+               int(meta["cpu_count"]), model_transport(meta.get("transport")))
         for row in doc["rows"]:
             if "avg_us" in row and row["algorithm"] != "auto":
                 runs[key][row["size"]][row["algorithm"]].append(row["avg_us"])
@@ -60,7 +68,7 @@ def table(runs: dict, within: float) -> tuple[list[str], int, int]:
              + f" | within {round((within - 1) * 100)}% |",
              "|---|---|" + "---|" * (len(sizes) + 1)]
     hits = total = 0
-    for (coll, n, cores), per_size in sorted(runs.items()):
+    for (coll, n, cores, transport), per_size in sorted(runs.items()):
         cells, row_hits = [], 0
         for s in sizes:
             times = {a: min(v) for a, v in per_size.get(s, {}).items()}
@@ -69,7 +77,7 @@ def table(runs: dict, within: float) -> tuple[list[str], int, int]:
                 continue
             best = min(times, key=times.get)
             nbytes = s * n if coll == "allgather" else s   # the model's bytes of the call
-            picked = choose(coll, nbytes, n, requested="auto",
+            picked = choose(coll, nbytes, n, requested="auto", transport=transport,
                             oversubscription=max(1.0, n / cores))[0]
             ratio = times[picked] / times[best]
             total += 1
@@ -79,7 +87,8 @@ def table(runs: dict, within: float) -> tuple[list[str], int, int]:
                 cells.append(f"{ratio:.2f}")
             else:
                 cells.append(f"{ratio:.2f} ({best})")
-        lines.append(f"| {coll} | {n} | " + " | ".join(cells)
+        label = coll if transport == "shm" else f"{coll} ({transport})"
+        lines.append(f"| {label} | {n} | " + " | ".join(cells)
                      + f" | {row_hits}/{len([c for c in cells if c])} |")
     return lines, hits, total
 
@@ -87,14 +96,14 @@ def table(runs: dict, within: float) -> tuple[list[str], int, int]:
 def noise(runs: dict) -> list[str]:
     """Lines describing launch-to-launch spread and the identical-schedule control."""
     out = []
-    for (coll, n, _), per_size in sorted(runs.items()):
+    for (coll, n, _, _), per_size in sorted(runs.items()):
         spread = [max(v) / min(v) for algs in per_size.values() for v in algs.values()
                   if len(v) > 1]
         if spread:
             out.append(f"{coll}, {n} ranks: launch-to-launch max/min of one (size, "
                        f"algorithm): median {statistics.median(spread):.2f}, "
                        f"max {max(spread):.2f}")
-    same = next((v for (c, n, _), v in runs.items() if (c, n) == ("allgather", 2)), {})
+    same = next((v for (c, n, _, _), v in runs.items() if (c, n) == ("allgather", 2)), {})
     pairs = [(s, [max(a, b) / min(a, b) for a, b in zip(v["ring"], v["recursive_doubling"])])
              for s, v in sorted(same.items()) if "ring" in v and "recursive_doubling" in v]
     if pairs:

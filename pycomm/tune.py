@@ -2,13 +2,14 @@
 
 Usage::
 
-    python -m pycomm.tune [-n 2] [--transport shm|tcp|all] [--out FILE] [--quick]
+    python -m pycomm.tune [-n 2] [--transport shm|tcp|rdma|all] [--out FILE] [--quick]
 
 Writes the JSON table that :mod:`pycomm.algorithms.cost` reads (to stdout, or ``FILE``)::
 
     {"shm": {"alpha": s, "beta": s/B, "alpha_rndv": s, "beta_rndv": s/B, "alpha_x": s,
-             "gamma": s/B, "sigma": s/B, "wake": s, "lanes": {bytes: copies}},
-     "tcp": {...},
+             "gamma": s/B, "sigma": s/B, "wake": s, "wake_x": {ranks per core: s},
+             "lanes": {bytes: copies}},
+     "tcp": {...}, "rdma": {...},
      "source": {"date", "host", "cpu_count", "python", "numpy", "pycomm", "command",
                 "loadavg", "ranks", "eager_limit", "points"}}
 
@@ -28,6 +29,10 @@ Point ``PYCOMM_TUNE_FILE`` at the file to use it instead of the shipped table
   a ring or recursive-doubling step), intercept over 8 B .. 4 KiB. A rank makes two
   message calls in such a step where the ping-pong prices one; the model charges an
   exchange step ``α_x`` where a one-way step pays ``α``.
+* **wake** and **wake_x**: what a step pays per turn of the cores when ranks outnumber
+  them: a one-way hop of a token ring over twice as many ranks as cores
+  (:func:`measure_wake`), and an exchange step of dissemination rounds over two and four
+  times as many (:func:`measure_exchange_wake`).
 * **γ**: seconds per byte of ``SUM.apply`` (an in-place ``np.add``) on float32 and
   float64 arrays of 256 KiB .. 16 MiB, least-squares slope; the table keeps the larger of
   the two (the model has one γ).
@@ -60,8 +65,8 @@ import numpy as np
 
 from pycomm.waiting import available_cores
 
-__all__ = ["fit_line", "measure_pingpong", "measure_gamma", "measure_sigma", "measure_lanes",
-           "tune", "main"]
+__all__ = ["fit_line", "measure_pingpong", "measure_wake", "measure_exchange_wake",
+           "measure_gamma", "measure_sigma", "measure_lanes", "tune", "main"]
 
 SMALL = [8, 64, 512, 4096]                        # bytes: α fit
 EAGER = [4096, 16384, 65536]                      # bytes: β fit (eager protocol)
@@ -145,7 +150,7 @@ def measure_pingpong(transport: str, nprocs: int = 2, *, quick: bool = False
     """Fit both protocols' lines to ping-pong times of ``transport``.
 
     Args:
-        transport: "shm" or "tcp".
+        transport: "shm", "tcp" or "rdma".
         nprocs: ranks to start (>= 2; only ranks 0 and 1 exchange messages).
         quick: fewer iterations (for tests); the fit is then rough.
 
@@ -228,6 +233,60 @@ def measure_wake(transport: str, alpha: float, *, quick: bool = False) -> float:
     hops = [spawn(_token_ring_rank, 2 * cores, (50 if quick else 300,),
                   transport=transport)[0] for _ in range(1 if quick else 3)]
     return max(0.0, statistics.median(hops) - alpha)
+
+
+def _exchange_rank(rounds: int) -> float | None:
+    """Every rank, at step ``k`` of a round, sends 8 bytes to ``rank + 2^k`` and receives
+    from ``rank - 2^k`` at once (a dissemination round: every rank exchanges in every step,
+    as in a ring or recursive-doubling step); rank 0 returns seconds per step."""
+    import pycomm
+
+    comm = pycomm.COMM_WORLD
+    p, r = comm.size, comm.rank
+    out, into = np.zeros(1, dtype=np.float64), np.zeros(1, dtype=np.float64)
+    samples = []
+    for rep in range(4):
+        comm.Barrier()
+        t0 = time.perf_counter()
+        steps = 0
+        for _ in range(rounds):
+            d = 1
+            while d < p:
+                comm.Sendrecv(out, (r + d) % p, recvbuf=into, source=(r - d) % p)
+                d *= 2
+                steps += 1
+        if rep:
+            samples.append((time.perf_counter() - t0) / steps)
+    return statistics.median(samples) if r == 0 else None
+
+
+def measure_exchange_wake(transport: str, alpha_x: float, *,
+                          quick: bool = False) -> dict[float, float]:
+    """Seconds an exchange step pays per turn of the cores when ranks outnumber them.
+
+    ``o`` ranks per core (``o`` = 2 and, up to 64 ranks, 4) run dissemination rounds of
+    8-byte exchanges (:func:`_exchange_rank`); per step every rank needs the core once
+    and its partners must each have run, so a step takes ``α_x + o · wake_x``:
+    ``wake_x = (step - α_x) / o``, the median of three worlds. A one-way hop of the token
+    ring (``wake``) hands the core over once; on the 2-core VM here an exchange step at
+    4 ranks per core measured 145 µs against 74 µs for a one-way step of the same ranks
+    (the model, with ``wake`` alone, said 78 and 74): a waiting rank is scheduled about
+    twice per exchange.
+
+    Returns:
+        ``{ranks per core: seconds per turn}`` (the cost model's ``wake_x``).
+    """
+    from pycomm.spawn import spawn
+
+    cores = available_cores()
+    out = {}
+    for o in (2, 4):
+        if o > 2 and (quick or o * cores > 64):
+            break
+        steps = [spawn(_exchange_rank, o * cores, (30 if quick else 150,),
+                       transport=transport)[0] for _ in range(1 if quick else 3)]
+        out[float(o)] = max(0.0, statistics.median(steps) - alpha_x) / o
+    return out
 
 
 def _lanes_rank(sizes: list[int], volume: int) -> dict[int, float] | None:
@@ -348,7 +407,9 @@ def tune(transports: list[str], nprocs: int = 2, *, quick: bool = False,
     for transport in transports:
         fit, times = measure_pingpong(transport, nprocs, quick=quick)
         wake = measure_wake(transport, fit["alpha"], quick=quick)
+        wake_x = measure_exchange_wake(transport, fit["alpha_x"], quick=quick)
         table[transport] = {**fit, "gamma": gamma, "sigma": sigma, "wake": wake,
+                            "wake_x": {f"{o:g}": v for o, v in wake_x.items()},
                             "lanes": lanes}
         points[transport] = {str(m): t for m, t in times.items()}
     cores = os.cpu_count() or 1
@@ -378,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
         description="Measure the cost-model constants (alpha, beta, gamma, sigma) of this "
                     "machine and write them as a JSON table for PYCOMM_TUNE_FILE.")
     parser.add_argument("-n", "--nprocs", type=int, default=2, help="ranks to start (>= 2)")
-    parser.add_argument("--transport", choices=["shm", "tcp", "all"], default="all",
+    parser.add_argument("--transport", choices=["shm", "tcp", "rdma", "all"], default="all",
                         help="transport(s) to measure (default: all)")
     parser.add_argument("--out", default="-",
                         help="file to write (default: stdout); a table already there keeps "
@@ -387,7 +448,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.nprocs < 2:
         parser.error(f"-n must be at least 2, got {args.nprocs}")
-    transports = ["shm", "tcp"] if args.transport == "all" else [args.transport]
+    transports = ["shm", "tcp", "rdma"] if args.transport == "all" else [args.transport]
     command = "python -m pycomm.tune " + " ".join(sys.argv[1:] if argv is None else argv)
     table = tune(transports, args.nprocs, quick=args.quick, command=command.strip())
     if args.out != "-" and os.path.exists(args.out):
@@ -410,7 +471,8 @@ def main(argv: list[str] | None = None) -> int:
               f"beta {1 / c['beta'] / 1e9:.2f} GB/s, rendezvous alpha {c['alpha_rndv'] * 1e6:.2f} us, "
               f"beta {1 / c['beta_rndv'] / 1e9:.2f} GB/s, "
               f"gamma {1 / c['gamma'] / 1e9 if c['gamma'] else float('inf'):.2f} GB/s, "
-              f"sigma {c['sigma'] * 1e9:.3f} ns/B, wake {c['wake'] * 1e6:.1f} us",
+              f"sigma {c['sigma'] * 1e9:.3f} ns/B, wake {c['wake'] * 1e6:.1f} us, exchange wake "
+              + ", ".join(f"{v * 1e6:.1f} us at {o}x" for o, v in c["wake_x"].items()),
               file=sys.stderr)
     return 0
 

@@ -329,3 +329,27 @@ def test_sweep_report_compares_the_model_choice_with_the_best_launch(tmp_path):
     notes = sweep_report.noise(runs)
     assert "median 1.34, max 1.43" in notes[0]             # 30/21 and 25/20
     assert "64 B 1.50/1.19" in notes[1]                    # the identical-schedule control
+
+
+def test_sweep_report_judges_a_run_by_its_transports_constants(tmp_path, monkeypatch):
+    from benchmarks import sweep_report
+    from pycomm.algorithms import choose
+
+    assert [sweep_report.model_transport(t) for t in (None, "shm", "shm+tcp", "rdma")] == \
+        ["shm", "shm", "tcp", "rdma"]
+    # a table whose rdma row makes a message 1000x dearer: the choices differ by transport
+    table = tmp_path / "t.json"
+    shm = {"alpha": 1e-6, "beta": 1e-10, "gamma": 1e-10, "sigma": 0.0}
+    table.write_text(json.dumps({"shm": shm, "rdma": {**shm, "alpha": 1e-3, "beta": 1e-13}}))
+    monkeypatch.setenv("PYCOMM_TUNE_FILE", str(table))
+    size = 1 << 20
+    picks = {t: choose("allreduce", size, 4, requested="auto", transport=t)[0]
+             for t in ("shm", "rdma")}
+    assert picks["shm"] != picks["rdma"]
+    rows = [{"size": size, "algorithm": a, "avg_us": 10.0 if a == picks["rdma"] else 20.0}
+            for a in set(picks.values())]
+    path = tmp_path / "rdma.json"
+    path.write_text(json.dumps({"benchmark": "osu_allreduce", "rows": rows, "meta": {
+        "world_size": 4, "cpu_count": 4, "transport": "rdma"}}))
+    lines, hits, total = sweep_report.table(sweep_report.load([str(path)]), 1.10)
+    assert (hits, total) == (1, 1) and lines[-1] == "| allreduce (rdma) | 4 | 1.00 | 1/1 |"

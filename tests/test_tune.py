@@ -74,6 +74,10 @@ def test_user_table_overrides_per_transport(tmp_path, monkeypatch):
                          "lanes": {"big": 2}}}), "lanes"),
     (json.dumps({"shm": {"alpha": 1, "beta": 0, "gamma": 0, "sigma": 0,
                          "lanes": [1, 2]}}), "lanes"),
+    (json.dumps({"shm": {"alpha": 1, "beta": 0, "gamma": 0, "sigma": 0,
+                         "wake_x": {"1": 1e-5}}}), "wake_x"),
+    (json.dumps({"shm": {"alpha": 1, "beta": 0, "gamma": 0, "sigma": 0,
+                         "wake_x": {"2": -1}}}), "wake_x"),
 ])
 def test_bad_user_tables_raise(tmp_path, monkeypatch, content, match):
     path = tmp_path / "bad.json"
@@ -155,6 +159,8 @@ def test_tune_end_to_end_quick(tmp_path):
     assert "--quick" in src["command"] and set(src["points"]) == {"shm"}
     assert shm["lanes"] and all(v >= 1 for v in shm["lanes"].values())
     assert cost.load_table(str(out))["shm"].lanes[0][0] == 256 << 10
+    assert list(shm["wake_x"]) == ["2"] and shm["wake_x"]["2"] >= 0    # quick: 2x only
+    assert cost.load_table(str(out))["shm"].wake_x[0][0] == 2.0
     assert np.isfinite(list(src["points"]["shm"].values())).all()
 
 
@@ -371,6 +377,45 @@ def test_lanes_interpolate_and_share_the_memory(tmp_path, monkeypatch):
         t[name].append(algs.model_time("allreduce", "double_binary_tree", 1 << 26, 8))
     assert t["laned"][0] == pytest.approx(t["plain"][0])
     assert t["laned"][1] > 2 * t["plain"][1] and t["laned"][2] > 2 * t["plain"][2]
+
+
+def test_exchange_steps_pay_the_exchange_wake_when_oversubscribed(tmp_path, monkeypatch):
+    # linear in ranks per core between the measured points, the end values beyond, the
+    # one-way wake without any
+    k = cost.Constants(alpha=1e-5, beta=1e-10, gamma=1e-10, sigma=0.0, wake=1e-5,
+                       wake_x=((2.0, 2e-5), (4.0, 4e-5)))
+    assert cost.Constants(1e-5, 1e-10, 1e-10, 0.0, wake=1e-5).exchange_wake(3.0) == 1e-5
+    assert k.exchange_wake(1.5) == 2e-5 and k.exchange_wake(8.0) == 4e-5
+    assert k.exchange_wake(3.0) == pytest.approx(3e-5)
+    table = {"shm": {"alpha": 1e-5, "beta": 1e-10, "gamma": 1e-10, "sigma": 0.0,
+                     "alpha_x": 1.5e-5, "wake": 1e-5}}
+    plain, xw = tmp_path / "plain.json", tmp_path / "xw.json"
+    plain.write_text(json.dumps(table))
+    table["shm"]["wake_x"] = {"2": 1e-5, "4": 5e-5}
+    xw.write_text(json.dumps(table))
+    t = {}
+    for name, path in (("plain", plain), ("xw", xw)):
+        monkeypatch.setenv("PYCOMM_TUNE_FILE", str(path))
+        t[name] = {(alg, f): algs.model_time("allreduce", alg, 8, 8, oversubscription=f)
+                   for alg in ("recursive_doubling", "binomial") for f in (1.0, 2.0, 4.0)}
+    # 3 exchange steps of recursive doubling at 4 ranks per core: (5e-5 - 1e-5) * 4 each
+    assert t["xw"][("recursive_doubling", 4.0)] == \
+        pytest.approx(t["plain"][("recursive_doubling", 4.0)] + 3 * 4e-5 * 4)
+    # the measured point at 2x equals the one-way wake: nothing changes there; nor with a
+    # core per rank; one-way steps (binomial) never change
+    for key in (("recursive_doubling", 2.0), ("recursive_doubling", 1.0),
+                ("binomial", 1.0), ("binomial", 2.0), ("binomial", 4.0)):
+        assert t["xw"][key] == pytest.approx(t["plain"][key])
+    # pairs without a step model pay it per exchange message as well
+    monkeypatch.setenv("PYCOMM_TUNE_FILE", str(xw))
+    dense = algs.model_time("allgatherv", "ring", 8, 8, oversubscription=4.0)
+    monkeypatch.setenv("PYCOMM_TUNE_FILE", str(plain))
+    assert dense > algs.model_time("allgatherv", "ring", 8, 8, oversubscription=4.0)
+
+
+def test_measure_exchange_wake_quick():
+    wake_x = tune.measure_exchange_wake("shm", 1e-5, quick=True)
+    assert list(wake_x) == [2.0] and 0.0 <= wake_x[2.0] < 0.05
 
 
 def test_measure_lanes_quick():

@@ -84,12 +84,29 @@ class Constants:
     # s per exchange step (each rank sends and receives a small message at once); None:
     # the ping-pong's alpha (tables from before it was measured)
     alpha_x: float | None = None
+    # ((ranks per core, s), ...) ascending: what an exchange step pays per turn of the
+    # cores when ranks outnumber them (pycomm.tune.measure_exchange_wake); empty: ``wake``
+    wake_x: tuple[tuple[float, float], ...] = ()
     mem: float = math.inf  # lanes at the working set of the call being priced (cost())
 
     @property
     def xtra(self) -> float:
         """Seconds an exchange step costs over a one-way message (``alpha_x - alpha``)."""
         return 0.0 if self.alpha_x is None else max(0.0, self.alpha_x - self.alpha)
+
+    def exchange_wake(self, oversubscription: float) -> float:
+        """Seconds an exchange step pays per turn of the cores at ``oversubscription``
+        ranks per core: linear between the measured points, the end values beyond them;
+        ``wake`` when none were measured."""
+        pts = self.wake_x
+        if not pts:
+            return self.wake
+        if oversubscription <= pts[0][0]:
+            return pts[0][1]
+        for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+            if oversubscription <= x1:
+                return y0 + (oversubscription - x0) / (x1 - x0) * (y1 - y0)
+        return pts[-1][1]
 
     def streams(self, nbytes: float) -> float:
         """Concurrent copies of ``nbytes`` each that run at full speed (interpolated in
@@ -145,6 +162,16 @@ def _parse(path: str) -> dict[str, Constants]:
             raise ArgumentError(f"cost-model table {path!r}: entry {transport!r} has a "
                                 f"negative or non-finite constant: {values}")
         try:
+            wake_x = tuple(sorted((float(o), float(v))
+                                  for o, v in dict(entry.get("wake_x") or {}).items()))
+        except (TypeError, ValueError):
+            wake_x = ((math.nan, math.nan),)
+        if not all(o > 1 and math.isfinite(o) and v >= 0 and math.isfinite(v)
+                   for o, v in wake_x):
+            raise ArgumentError(f"cost-model table {path!r}: entry {transport!r} needs "
+                                "wake_x as {ranks per core > 1: seconds >= 0}, got "
+                                f"{entry.get('wake_x')!r}")
+        try:
             lanes = tuple(sorted((float(b), float(v))
                                  for b, v in dict(entry.get("lanes") or {}).items()))
         except (TypeError, ValueError):
@@ -154,7 +181,7 @@ def _parse(path: str) -> dict[str, Constants]:
             raise ArgumentError(f"cost-model table {path!r}: entry {transport!r} needs "
                                 "lanes as {bytes: concurrent copies >= 1}, got "
                                 f"{entry.get('lanes')!r}")
-        table[transport] = Constants(**values, lanes=lanes)
+        table[transport] = Constants(**values, lanes=lanes, wake_x=wake_x)
     return table
 
 
@@ -322,9 +349,15 @@ def _cores(k: Constants, nbytes: float, size: int,
            oversubscription: float) -> tuple[Constants, float]:
     """``(constants, cores)`` a step model runs with: the lanes of a working set of
     ``nbytes`` (every rank streams through the call's vector, whatever its message
-    sizes); no wake-ups with a core per rank."""
+    sizes); no wake-ups with a core per rank. When ranks outnumber cores, an exchange
+    step, in which all ranks take part (``oversubscription`` turns of the cores), pays
+    the measured exchange wake-up per turn where a one-way step pays ``wake``: it is
+    carried in ``alpha_x``, which only exchange steps pay."""
     k = replace(k, mem=k.streams(nbytes))
     if oversubscription > 1.0:
+        if k.alpha_x is not None:
+            more = max(0.0, k.exchange_wake(oversubscription) - k.wake) * oversubscription
+            k = replace(k, alpha_x=k.alpha_x + more)
         return k, size / oversubscription
     return replace(k, wake=0.0), float(size)
 
@@ -388,11 +421,12 @@ def cost(collective: str, algorithm: str, nbytes: int, size: int,
     over = max(1.0, oversubscription)
     f = _share(size, min(size / over, k.streams(float(nbytes))))
     wake = k.wake if over > 1.0 else 0.0
+    wake_x = k.exchange_wake(over) if over > 1.0 else 0.0
 
     def scaled(x: float | None, by: float, plus: float = 0.0) -> float | None:
         return None if x is None else x * by + plus
 
     k = replace(k, alpha=k.alpha + wake, alpha_rndv=scaled(k.alpha_rndv, 1.0, wake),
-                alpha_x=scaled(k.alpha_x, 1.0, wake), beta=k.beta * f,
+                alpha_x=scaled(k.alpha_x, 1.0, wake_x), beta=k.beta * f,
                 beta_rndv=scaled(k.beta_rndv, f), gamma=k.gamma * f, sigma=k.sigma * over)
     return formula(float(nbytes), size, k)

@@ -56,7 +56,13 @@ __all__ = ["SCHEDULES", "pipeline_segment"]
 # such a step pays ``xtra = α_x - α`` more, α_x being the measured exchange step
 # (``pycomm.tune``). (Without it the model put van de Geijn's broadcast ahead of binomial
 # at 256 KiB on 4 and 8 ranks of a 16-core machine, where it measured 1.5-2.2x behind.)
-# No fitted constant enters: α, α_x, β, γ, σ, wake and the lanes are measured.
+# When ranks outnumber cores, such a step also pays ``wake_x``, the measured exchange
+# wake-up, rather than ``wake`` per turn of the cores (carried in α_x by
+# :func:`pycomm.algorithms.cost._cores`): a waiting rank is scheduled about twice per
+# exchange where a one-way hop hands the core over once. (Without it the model tied
+# Rabenseifner and binomial at 2 MiB on 8 ranks of the 2-core machine, where binomial
+# measured 1.24x ahead in every launch.)
+# No fitted constant enters: α, α_x, β, γ, σ, wake, wake_x and the lanes are measured.
 # ---------------------------------------------------------------------------------------
 
 
