@@ -98,29 +98,27 @@ class Constants:
         """Seconds an exchange step pays per turn of the cores at ``oversubscription``
         ranks per core: linear between the measured points, the end values beyond them;
         ``wake`` when none were measured."""
-        pts = self.wake_x
-        if not pts:
-            return self.wake
-        if oversubscription <= pts[0][0]:
-            return pts[0][1]
-        for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
-            if oversubscription <= x1:
-                return y0 + (oversubscription - x0) / (x1 - x0) * (y1 - y0)
-        return pts[-1][1]
+        return _interpolate(self.wake_x, oversubscription, self.wake, log=False)
 
     def streams(self, nbytes: float) -> float:
         """Concurrent copies of ``nbytes`` each that run at full speed (interpolated in
         log size between the measured sizes, the end values beyond them; inf: unknown)."""
-        pts = self.lanes
-        if not pts:
-            return math.inf
-        if nbytes <= pts[0][0]:
-            return pts[0][1]
-        for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
-            if nbytes <= x1:
-                t = math.log(nbytes / x0) / math.log(x1 / x0)
-                return y0 + t * (y1 - y0)
-        return pts[-1][1]
+        return _interpolate(self.lanes, nbytes, math.inf, log=True)
+
+
+def _interpolate(pts: tuple[tuple[float, float], ...], x: float, empty: float, *,
+                 log: bool) -> float:
+    """``pts`` ((x, y), ...) ascending, read at ``x``: linear in ``x`` (``log``: in
+    ``log x``) between points, the end values beyond them, ``empty`` when there are none."""
+    if not pts:
+        return empty
+    if x <= pts[0][0]:
+        return pts[0][1]
+    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+        if x <= x1:
+            t = math.log(x / x0) / math.log(x1 / x0) if log else (x - x0) / (x1 - x0)
+            return y0 + t * (y1 - y0)
+    return pts[-1][1]
 
 
 # Used only when the shipped table is missing or unreadable (e.g. a broken install):
@@ -161,28 +159,27 @@ def _parse(path: str) -> dict[str, Constants]:
                    for n in ("wake", "alpha_rndv", "beta_rndv", "alpha_x")):
             raise ArgumentError(f"cost-model table {path!r}: entry {transport!r} has a "
                                 f"negative or non-finite constant: {values}")
-        try:
-            wake_x = tuple(sorted((float(o), float(v))
-                                  for o, v in dict(entry.get("wake_x") or {}).items()))
-        except (TypeError, ValueError):
-            wake_x = ((math.nan, math.nan),)
-        if not all(o > 1 and math.isfinite(o) and v >= 0 and math.isfinite(v)
-                   for o, v in wake_x):
-            raise ArgumentError(f"cost-model table {path!r}: entry {transport!r} needs "
-                                "wake_x as {ranks per core > 1: seconds >= 0}, got "
-                                f"{entry.get('wake_x')!r}")
-        try:
-            lanes = tuple(sorted((float(b), float(v))
-                                 for b, v in dict(entry.get("lanes") or {}).items()))
-        except (TypeError, ValueError):
-            lanes = ((math.nan, math.nan),)
-        if not all(b > 0 and math.isfinite(b) and v >= 1 and math.isfinite(v)
-                   for b, v in lanes):
-            raise ArgumentError(f"cost-model table {path!r}: entry {transport!r} needs "
-                                "lanes as {bytes: concurrent copies >= 1}, got "
-                                f"{entry.get('lanes')!r}")
+        wake_x = _curve(path, transport, entry, "wake_x", "{ranks per core > 1: seconds >= 0}",
+                        lambda o, v: o > 1 and v >= 0)
+        lanes = _curve(path, transport, entry, "lanes", "{bytes: concurrent copies >= 1}",
+                       lambda b, v: b > 0 and v >= 1)
         table[transport] = Constants(**values, lanes=lanes, wake_x=wake_x)
     return table
+
+
+def _curve(path: str, transport: str, entry: dict, name: str, shape: str,
+           valid: Callable[[float, float], bool]) -> tuple[tuple[float, float], ...]:
+    """``entry[name]`` (``{x: y}``, absent: empty) as ascending ``(x, y)`` pairs, each
+    finite and ``valid``; else ArgumentError naming the file, entry and expected shape."""
+    try:
+        pts = tuple(sorted((float(x), float(y))
+                           for x, y in dict(entry.get(name) or {}).items()))
+    except (TypeError, ValueError):
+        pts = ((math.nan, math.nan),)
+    if not all(math.isfinite(x) and math.isfinite(y) and valid(x, y) for x, y in pts):
+        raise ArgumentError(f"cost-model table {path!r}: entry {transport!r} needs {name} as "
+                            f"{shape}, got {entry.get(name)!r}")
+    return pts
 
 
 def load_table(path: str | None = None) -> dict[str, Constants]:
