@@ -88,6 +88,7 @@ class Constants:
     # cores when ranks outnumber them (pycomm.tune.measure_exchange_wake); empty: ``wake``
     wake_x: tuple[tuple[float, float], ...] = ()
     mem: float = math.inf  # lanes at the working set of the call being priced (cost())
+    turns: float = 1.0  # turns of the cores a step of the call being priced needs (cost())
 
     @property
     def xtra(self) -> float:
@@ -346,8 +347,9 @@ def _cores(k: Constants, nbytes: float, size: int,
            oversubscription: float) -> tuple[Constants, float]:
     """``(constants, cores)`` a step model runs with: the lanes of a working set of
     ``nbytes`` (every rank streams through the call's vector, whatever its message
-    sizes); no wake-ups with a core per rank. When ranks outnumber cores, an exchange
-    step, in which all ranks take part (``oversubscription`` turns of the cores), pays
+    sizes); no wake-ups with a core per rank. When ranks outnumber cores, every step
+    needs ``oversubscription`` turns of the cores (the ranks waiting in the call yield
+    their core but are scheduled too: :mod:`pycomm.waiting`), and an exchange step pays
     the measured exchange wake-up per turn where a one-way step pays ``wake``: it is
     carried in ``alpha_x``, which only exchange steps pay."""
     k = replace(k, mem=k.streams(nbytes))
@@ -355,7 +357,7 @@ def _cores(k: Constants, nbytes: float, size: int,
         if k.alpha_x is not None:
             more = max(0.0, k.exchange_wake(oversubscription) - k.wake) * oversubscription
             k = replace(k, alpha_x=k.alpha_x + more)
-        return k, size / oversubscription
+        return replace(k, turns=oversubscription), size / oversubscription
     return replace(k, wake=0.0), float(size)
 
 

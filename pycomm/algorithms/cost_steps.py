@@ -28,18 +28,22 @@ __all__ = ["SCHEDULES", "pipeline_segment"]
 # Oversubscribed hosts: a step-by-step model.
 #
 # When ranks outnumber cores, the closed forms of cost.FORMULAS mislead: they assume every
-# rank runs whenever it has work. On ``c`` cores, a step of a schedule in which ``a``
-# ranks take part needs ``a / c`` turns of the cores to let each of them run, and ``m``
-# copies (or reductions) that would run side by side on ``m`` cores share ``c`` of them. A binomial
-# tree, whose early rounds involve 2 or 4 ranks, therefore keeps whole cores to itself
-# where a ring, in which all ``p`` ranks are busy at every step, shares them at every step.
-# So each schedule is written out below as its sequence of steps; a step costs
+# rank runs whenever it has work. On ``c`` cores shared by ``p`` ranks, every step needs
+# ``o = p / c`` turns of the cores: the ranks with work in it, and the ranks waiting in
+# the call too, which poll with ``sched_yield`` before they sleep (:mod:`pycomm.waiting`)
+# and so are scheduled as well. (Counting only the ranks with work made a binomial tree's
+# late rounds, with 2 or 4 ranks busy, cheap: the model priced binomial all-reduce at 8 B
+# on 8 ranks of 2 cores at 270 µs where it measured 480, 80 µs per round like a round of
+# all 8.) And ``m`` copies (or reductions) that would run side by side on ``m`` cores share
+# ``c`` of them. So each schedule is written out below as its sequence of steps; a step
+# costs
 #
-#     α + wake · max(1, a / c) + b β · max(1, m / min(c, L)) + r γ · max(1, m_r / min(c, L))
+#     α + wake · o + b β · max(1, m / min(c, L)) + r γ · max(1, m_r / min(c, L))
 #
-# for ``a`` ranks taking part, ``m`` concurrent copies of ``b`` bytes (a shared-memory
-# rendezvous copies once, on the receiver's core) and ``m_r`` concurrent reductions of
-# ``r`` bytes. ``wake`` is the measured cost of handing the core to a waiting rank
+# (``o = 1`` and no wake-up with a core per rank) for ``m`` concurrent copies of ``b``
+# bytes (a shared-memory rendezvous copies once, on the receiver's core) and ``m_r``
+# concurrent reductions of ``r`` bytes. ``wake`` is the measured cost of handing the core
+# to a waiting rank
 # (``pycomm.tune``'s token ring; the waiter yields its core, then sleeps: see
 # :mod:`pycomm.waiting`). ``L``, the *lanes*, is how many copies streaming through
 # working sets the size of the call's vector the memory system runs at full speed at
@@ -70,11 +74,11 @@ def _share(m: float, cores: float) -> float:
     return 1.0 if m <= cores else m / cores
 
 
-def _step(k: Constants, c: float, active: float, copy: float = 0.0, copies: float = 0,
+def _step(k: Constants, c: float, copy: float = 0.0, copies: float = 0,
           red: float = 0.0, reducers: float = 0) -> float:
     """Seconds of one synchronous step on ``c`` cores (see the comment above)."""
     alpha, beta = _protocol(k, copy)
-    return (alpha + k.wake * max(1.0, active / c)
+    return (alpha + k.wake * k.turns
             + copy * beta * _share(copies, min(c, k.mem))
             + red * k.gamma * _share(reducers, min(c, k.mem)))
 
@@ -89,7 +93,7 @@ def _rounds(p: int) -> list[int]:
 
 
 def _o_bcast_binomial(n, p, k, c):
-    return sum(_step(k, c, 2 * m, n, m) for m in _rounds(p))
+    return sum(_step(k, c, n, m) for m in _rounds(p))
 
 
 def _subtree_rounds(p: int) -> list[tuple[int, int]]:
@@ -105,7 +109,7 @@ def _subtree_rounds(p: int) -> list[tuple[int, int]]:
 
 
 def _o_scatter_binomial(n, p, k, c):
-    return sum(_step(k, c, 2 * m, n * blocks / p, m) for m, blocks in _subtree_rounds(p))
+    return sum(_step(k, c, n * blocks / p, m) for m, blocks in _subtree_rounds(p))
 
 
 def _o_ring_steps(n, p, k, c, reduce: bool, segs: float = 1.0) -> float:
@@ -114,7 +118,7 @@ def _o_ring_steps(n, p, k, c, reduce: bool, segs: float = 1.0) -> float:
     # segment ranked the segmented ring 25% behind Rabenseifner at 16-64 MiB on 4 ranks;
     # the sweep measured it 12-15% ahead.)
     b = n / p
-    return (p - 1) * (_step(k, c, p, b, p, b if reduce else 0.0, p if reduce else 0)
+    return (p - 1) * (_step(k, c, b, p, b if reduce else 0.0, p if reduce else 0)
                       + (segs - 1) * k.alpha + k.xtra)
 
 
@@ -123,22 +127,22 @@ def _o_fold(n, p, k, c, reduce: bool) -> float:
     if not r:
         return 0.0
     if reduce:  # the fold in: segmented, one wake-up (see _o_ring_steps)
-        return _step(k, c, 2 * r, n, r, n, r) + (_hsegs(n) - 1) * k.alpha
-    return _step(k, c, 2 * r, n, r)
+        return _step(k, c, n, r, n, r) + (_hsegs(n) - 1) * k.alpha
+    return _step(k, c, n, r)
 
 
 def _o_halving(n, p, k, c) -> float:
     q, t, b = pof2_floor(p), 0.0, float(n)
     for _ in range(_lq(p)):
         b /= 2
-        t += _step(k, c, q, b, q, b, q) + (_hsegs(b) - 1) * k.alpha + k.xtra
+        t += _step(k, c, b, q, b, q) + (_hsegs(b) - 1) * k.alpha + k.xtra
     return t
 
 
 def _o_doubling(n, p, k, c) -> float:
     q, t, b = pof2_floor(p), 0.0, n / pof2_floor(p)
     for _ in range(_lq(p)):
-        t += _step(k, c, q, b, q) + k.xtra
+        t += _step(k, c, b, q) + k.xtra
         b *= 2
     return t
 
@@ -153,8 +157,8 @@ def _o_pipeline_seg(n, p, k, c, seg: float) -> float:
     segs = max(1, math.ceil(n / seg))
     b = n / segs
     extra = k.xtra if p > 2 else 0.0
-    ramp = sum(_step(k, c, s + 2, b, s + 1) for s in range(p - 2))
-    return ramp + segs * _step(k, c, p, b, p - 1) + (segs + p - 2) * extra
+    ramp = sum(_step(k, c, b, s + 1) for s in range(p - 2))
+    return ramp + segs * _step(k, c, b, p - 1) + (segs + p - 2) * extra
 
 
 def pipeline_segment(n, p, k, c) -> int:
@@ -171,12 +175,12 @@ def _o_pipeline(n, p, k, c):
 
 
 def _o_reduce_binomial(n, p, k, c):
-    return sum(_step(k, c, 2 * m, n, m, n, m) for m in reversed(_rounds(p))) + n * k.sigma
+    return sum(_step(k, c, n, m, n, m) for m in reversed(_rounds(p))) + n * k.sigma
 
 
 def _o_gather_steps(n, p, k, c):
     # the scatter's rounds backwards: leaves first, the root's largest subtree last
-    return sum(_step(k, c, 2 * m, n * blocks / p, m) for m, blocks in reversed(_subtree_rounds(p)))
+    return sum(_step(k, c, n * blocks / p, m) for m, blocks in reversed(_subtree_rounds(p)))
 
 
 def _o_gather_binomial(n, p, k, c):
@@ -185,12 +189,12 @@ def _o_gather_binomial(n, p, k, c):
 
 def _o_linear(n, p, k, c):
     # the root posts all p-1 transfers; the peers wake together, the root copies serially
-    return _step(k, c, p) + (p - 2) * k.alpha + n * _frac(p) * k.beta
+    return _step(k, c) + (p - 2) * k.alpha + n * _frac(p) * k.beta
 
 
 SCHEDULES: dict[tuple[str, str], Callable[[float, int, Constants, float], float]] = {
-    ("barrier", "dissemination"): lambda n, p, k, c: _lg(p) * (_step(k, c, p) + k.xtra),
-    ("barrier", "binomial"): lambda n, p, k, c: 2 * sum(_step(k, c, 2 * m) for m in _rounds(p)),
+    ("barrier", "dissemination"): lambda n, p, k, c: _lg(p) * (_step(k, c) + k.xtra),
+    ("barrier", "binomial"): lambda n, p, k, c: 2 * len(_rounds(p)) * _step(k, c),
     ("bcast", "binomial"): _o_bcast_binomial,
     ("bcast", "scatter_allgather"):
         lambda n, p, k, c: _o_scatter_binomial(n, p, k, c) + _o_ring_steps(n, p, k, c, False),
@@ -211,16 +215,16 @@ SCHEDULES: dict[tuple[str, str], Callable[[float, int, Constants, float], float]
     ("allreduce", "recursive_doubling"):
         lambda n, p, k, c: (_o_fold(n, p, k, c, True) + _o_fold(n, p, k, c, False)
                             + (n + (_pipe_scratch(n) if _folds(p) else 0.0)) * k.sigma
-                            + _lq(p) * (k.xtra + _step(k, c, pof2_floor(p), n,
-                                                        pof2_floor(p), n, pof2_floor(p)))),
+                            + _lq(p) * (k.xtra + _step(k, c, n, pof2_floor(p), n,
+                                                        pof2_floor(p)))),
     ("allreduce", "binomial"):
         lambda n, p, k, c: _o_reduce_binomial(n, p, k, c) + _o_bcast_binomial(n, p, k, c),
     ("allgather", "ring"): lambda n, p, k, c: _o_ring_steps(n, p, k, c, False),
     ("allgather", "recursive_doubling"):
-        lambda n, p, k, c: sum(_step(k, c, p, n / p * min(2 ** i, p - 2 ** i), p)
+        lambda n, p, k, c: sum(_step(k, c, n / p * min(2 ** i, p - 2 ** i), p)
                                + k.xtra for i in range(_lg(p))),
     ("allgather", "bruck"):
-        lambda n, p, k, c: (sum(_step(k, c, p, n / p * min(2 ** i, p - 2 ** i), p)
+        lambda n, p, k, c: (sum(_step(k, c, n / p * min(2 ** i, p - 2 ** i), p)
                                 + k.xtra for i in range(_lg(p)))
                             + n * (k.beta * _share(p, c) + k.sigma)),
     ("allgatherv", "ring"): lambda n, p, k, c: _o_ring_steps(n, p, k, c, False),
@@ -230,7 +234,7 @@ SCHEDULES: dict[tuple[str, str], Callable[[float, int, Constants, float], float]
     ("scatter", "binomial"): lambda n, p, k, c: _o_scatter_binomial(n, p, k, c) + n * k.sigma,
     ("alltoall", "pairwise"): lambda n, p, k, c: _o_ring_steps(n, p, k, c, False),
     ("alltoall", "bruck"):
-        lambda n, p, k, c: _lg(p) * (_step(k, c, p, n / 2, p) + k.xtra) + 2 * n * k.sigma,
+        lambda n, p, k, c: _lg(p) * (_step(k, c, n / 2, p) + k.xtra) + 2 * n * k.sigma,
     ("reduce_scatter", "ring"):
         lambda n, p, k, c: _o_ring_steps(n, p, k, c, True) + n / p * k.sigma,
     ("reduce_scatter", "pairwise"):
@@ -240,10 +244,10 @@ SCHEDULES: dict[tuple[str, str], Callable[[float, int, Constants, float], float]
                             + _o_fold(n / p, p, k, c, False)
                             + (n + _halving_scratch(n, p)) * k.sigma),
     ("scan", "recursive_doubling"):
-        lambda n, p, k, c: (_lg(p) * (_step(k, c, p, n, p, 2 * n, p) + k.xtra)
+        lambda n, p, k, c: (_lg(p) * (_step(k, c, n, p, 2 * n, p) + k.xtra)
                             + 2 * n * k.sigma),
     ("exscan", "recursive_doubling"):
-        lambda n, p, k, c: (_lg(p) * (_step(k, c, p, n, p, 2 * n, p) + k.xtra)
+        lambda n, p, k, c: (_lg(p) * (_step(k, c, n, p, 2 * n, p) + k.xtra)
                             + 2 * n * k.sigma),
 }
 for _alg in ("ring", "pairwise", "recursive_halving"):
