@@ -406,6 +406,12 @@ def test_exchange_steps_pay_the_exchange_wake_when_oversubscribed(tmp_path, monk
     for key in (("recursive_doubling", 2.0), ("recursive_doubling", 1.0),
                 ("binomial", 1.0), ("binomial", 2.0), ("binomial", 4.0)):
         assert t["xw"][key] == pytest.approx(t["plain"][key])
+    # every step of an oversubscribed call needs the turns of all its ranks (those waiting
+    # in it yield and are scheduled too): a binomial broadcast's three rounds on 8 ranks
+    # of 2 cores pay 4 wake-ups each, its first round (one sender) as much as its last
+    monkeypatch.setenv("PYCOMM_TUNE_FILE", str(plain))
+    tree = [algs.model_time("bcast", "binomial", 8, 8, oversubscription=f) for f in (1.0, 4.0)]
+    assert tree[1] - tree[0] == pytest.approx(3 * 4 * 1e-5, rel=1e-3)
     # pairs without a step model pay it per exchange message as well
     monkeypatch.setenv("PYCOMM_TUNE_FILE", str(xw))
     dense = algs.model_time("allgatherv", "ring", 8, 8, oversubscription=4.0)
