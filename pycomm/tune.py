@@ -101,46 +101,53 @@ def _iterations(nbytes: int, quick: bool) -> int:
     return int(min(200 if quick else 1000, max(3, budget // max(nbytes, 1))))
 
 
+def _per_unit(comm, run, reps: int) -> float:
+    """Median seconds per unit of ``run()`` (which returns how many units it did) over
+    ``reps`` timed calls, each after a barrier, the first call a warm-up (connections,
+    pages)."""
+    samples = []
+    for rep in range(reps + 1):
+        comm.Barrier()
+        t0 = time.perf_counter()
+        units = run()
+        if rep:
+            samples.append((time.perf_counter() - t0) / units)
+    return statistics.median(samples)
+
+
 def _pingpong_rank(sizes: list[int], reps: int, quick: bool) -> dict[int, float] | None:
     """Run on every rank of a spawned world; rank 0 returns one-way seconds per size."""
     import pycomm
 
     comm = pycomm.COMM_WORLD
+    peer = 1 - comm.rank  # ranks 0 and 1 time; the others only meet the barriers
     result = {}
     for nbytes in sizes:
         buf = np.zeros(nbytes, dtype=np.uint8)
         iters = _iterations(nbytes, quick)
-        samples = []
-        for rep in range(reps + 1):  # the first loop warms up (connections, pages)
-            comm.Barrier()
-            if comm.rank == 0:
-                t0 = time.perf_counter()
-                for _ in range(iters):
+
+        def pingpong(buf=buf, iters=iters) -> int:
+            for _ in range(iters if comm.rank < 2 else 0):
+                if comm.rank == 0:
                     comm.Send(buf, 1)
                     comm.Recv(buf, 1)
-                if rep:
-                    samples.append((time.perf_counter() - t0) / iters / 2)
-            elif comm.rank == 1:
-                for _ in range(iters):
+                else:
                     comm.Recv(buf, 0)
                     comm.Send(buf, 0)
-        result[nbytes] = statistics.median(samples) if samples else 0.0
+            return 2 * iters  # one-way trips
+        result[nbytes] = _per_unit(comm, pingpong, reps)
     # exchanges: ranks 0 and 1 send to and receive from each other in every step, as a
     # ring or recursive-doubling step does
     exchange = {}
     for nbytes in SMALL:
         out, into = np.zeros(nbytes, dtype=np.uint8), np.zeros(nbytes, dtype=np.uint8)
         iters = _iterations(nbytes, quick)
-        samples = []
-        for rep in range(reps + 1):
-            comm.Barrier()
-            t0 = time.perf_counter()
-            if comm.rank < 2:
-                for _ in range(iters):
-                    comm.Sendrecv(out, 1 - comm.rank, recvbuf=into, source=1 - comm.rank)
-            if rep:
-                samples.append((time.perf_counter() - t0) / iters)
-        exchange[nbytes] = statistics.median(samples)
+
+        def swap(out=out, into=into, iters=iters) -> int:
+            for _ in range(iters if comm.rank < 2 else 0):
+                comm.Sendrecv(out, peer, recvbuf=into, source=peer)
+            return iters
+        exchange[nbytes] = _per_unit(comm, swap, reps)
     comm.Barrier()
     return (result, exchange) if comm.rank == 0 else None
 
@@ -201,10 +208,8 @@ def _token_ring_rank(rounds: int) -> float | None:
     comm = pycomm.COMM_WORLD
     p, r = comm.size, comm.rank
     buf = np.zeros(1, dtype=np.float64)
-    samples = []
-    for rep in range(4):
-        comm.Barrier()
-        t0 = time.perf_counter()
+
+    def ring() -> int:
         for _ in range(rounds):
             if r == 0:
                 comm.Send(buf, 1 % p)
@@ -212,9 +217,9 @@ def _token_ring_rank(rounds: int) -> float | None:
             else:
                 comm.Recv(buf, r - 1)
                 comm.Send(buf, (r + 1) % p)
-        if rep:
-            samples.append((time.perf_counter() - t0) / rounds / p)
-    return statistics.median(samples) if r == 0 else None
+        return rounds * p  # hops
+    per_hop = _per_unit(comm, ring, 3)
+    return per_hop if r == 0 else None
 
 
 def measure_wake(transport: str, alpha: float, *, quick: bool = False) -> float:
@@ -244,10 +249,8 @@ def _exchange_rank(rounds: int) -> float | None:
     comm = pycomm.COMM_WORLD
     p, r = comm.size, comm.rank
     out, into = np.zeros(1, dtype=np.float64), np.zeros(1, dtype=np.float64)
-    samples = []
-    for rep in range(4):
-        comm.Barrier()
-        t0 = time.perf_counter()
+
+    def disseminate() -> int:
         steps = 0
         for _ in range(rounds):
             d = 1
@@ -255,9 +258,9 @@ def _exchange_rank(rounds: int) -> float | None:
                 comm.Sendrecv(out, (r + d) % p, recvbuf=into, source=(r - d) % p)
                 d *= 2
                 steps += 1
-        if rep:
-            samples.append((time.perf_counter() - t0) / steps)
-    return statistics.median(samples) if r == 0 else None
+        return steps
+    per_step = _per_unit(comm, disseminate, 3)
+    return per_step if r == 0 else None
 
 
 def measure_exchange_wake(transport: str, alpha_x: float, *,

@@ -419,6 +419,26 @@ def test_exchange_steps_pay_the_exchange_wake_when_oversubscribed(tmp_path, monk
     assert dense > algs.model_time("allgatherv", "ring", 8, 8, oversubscription=4.0)
 
 
+def test_measure_exchange_wake_points_and_formula(monkeypatch):
+    # per turn = (median step of three worlds - alpha_x) / ranks per core; 4x only while
+    # it stays within 64 ranks
+    spawn_module = importlib.import_module("pycomm.spawn")
+    worlds = []
+
+    def fake_spawn(fn, nprocs, args, transport):
+        worlds.append(nprocs)
+        return [{4: 50e-6, 8: 150e-6, 40: 70e-6}[nprocs] + 1e-6 * (len(worlds) % 3)]
+    monkeypatch.setattr(spawn_module, "spawn", fake_spawn)
+    monkeypatch.setattr(tune, "available_cores", lambda: 2)
+    out = tune.measure_exchange_wake("shm", 10e-6)
+    assert worlds == [4, 4, 4, 8, 8, 8]
+    assert out == {2.0: pytest.approx((51e-6 - 10e-6) / 2),
+                   4.0: pytest.approx((151e-6 - 10e-6) / 4)}
+    worlds.clear()
+    monkeypatch.setattr(tune, "available_cores", lambda: 20)
+    assert list(tune.measure_exchange_wake("shm", 10e-6)) == [2.0] and worlds == [40] * 3
+
+
 def test_measure_exchange_wake_quick():
     wake_x = tune.measure_exchange_wake("shm", 1e-5, quick=True)
     assert list(wake_x) == [2.0] and 0.0 <= wake_x[2.0] < 0.05

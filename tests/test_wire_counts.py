@@ -128,7 +128,7 @@ def test_default_segments(monkeypatch):
     # PYCOMM_SEGMENT_BYTES unset or 0: the double binary tree keeps its 64 KiB segments
     # (a 0 once reached it as 1-element segments: a 2 MiB all-reduce ran for seconds)
     bcast = importlib.import_module("pycomm.algorithms.bcast")
-    for value in (None, "0"):
+    for value in (None, "0", "-4096"):  # a negative one is "automatic" to the model too
         if value is None:
             monkeypatch.delenv("PYCOMM_SEGMENT_BYTES", raising=False)
         else:

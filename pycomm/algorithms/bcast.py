@@ -39,9 +39,8 @@ import collections
 
 import numpy as np
 
-from pycomm import config
 from pycomm.algorithms.cost import segment_bytes as model_segment
-from pycomm.algorithms.cost_terms import TREE_SEGMENT_BYTES
+from pycomm.algorithms.cost_terms import TREE_SEGMENT_BYTES, forced_segment
 from pycomm.algorithms.topology import (binomial_children, binomial_parent,
                                         binomial_subtree_size, chunk_offsets, ring_neighbors,
                                         segment_offsets)
@@ -58,11 +57,11 @@ def segment_elements(itemsize: int, segment_bytes: int | None = None) -> int:
     Args:
         itemsize: bytes per element.
         segment_bytes: bytes per segment; None reads ``PYCOMM_SEGMENT_BYTES`` (0, the
-            default: the double binary tree's 64 KiB). Every rank must use the same value,
+            default, or negative: the double binary tree's 64 KiB, as the model prices it). Every rank must use the same value,
             or the ranks' segments (and messages) disagree.
     """
     if segment_bytes is None:
-        segment_bytes = config.get("PYCOMM_SEGMENT_BYTES") or TREE_SEGMENT_BYTES
+        segment_bytes = forced_segment() or TREE_SEGMENT_BYTES  # what the model prices
     return max(1, int(segment_bytes) // max(1, itemsize))
 
 

@@ -14,9 +14,10 @@ matters: constants shift the crossovers, not the shapes.
 
 The closed forms (:data:`FORMULAS`) document each algorithm; the choice evaluates the
 same schedules step by step (:data:`SCHEDULES`), which prices each message by its protocol
-and, when ranks outnumber cores (``oversubscription > 1``), makes a step pay a measured
-wake-up per turn of the cores it needs while concurrent copies and reductions share the
-cores: see :mod:`pycomm.algorithms.cost_steps`.
+and, when ranks outnumber cores (``oversubscription > 1``), makes every step pay a
+measured wake-up per turn of the cores its call's ranks need (an exchange step its own,
+larger one) while concurrent copies and reductions share the cores: see
+:mod:`pycomm.algorithms.cost_steps`.
 
 Two measured refinements of the textbook forms (the algorithms' docstrings give those):
 a step in which every rank both sends and receives (ring, halving, doubling, recursive
