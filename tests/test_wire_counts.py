@@ -51,7 +51,8 @@ def test_message_counts(size):
                     - chunk_segs[(r + 2) % size] for r in range(size)]
     assert all(b <= 2 * 8 * (count * (size - 1) // size + 2) for b in nbytes)
     # rabenseifner: the fold and each halving exchange go as segments
-    # (PYCOMM_HALVING_SEGMENT_BYTES), the all-gather as one message per step
+    # (PYCOMM_HALVING_SEGMENT_BYTES); the last one echoes each reduced segment back (the
+    # all-gather's first step), the rest of the all-gather is one message per step
     def nsegs(elements):
         return -(-elements * 8 // SEGMENT_BYTES)
 
@@ -70,7 +71,8 @@ def test_message_counts(size):
             sent += nsegs(qoffs[give_[1]] - qoffs[give_[0]])
             lo, hi = keep
             mask <<= 1
-        expected.append(sent + logq + in_fold[r])
+        echo = nsegs(qoffs[hi] - qoffs[lo]) if logq else 0
+        expected.append(sent + max(0, logq - 1) + echo + in_fold[r])
     msgs, _ = traffic(lambda cc: algs.allreduce_rabenseifner(cc, np.ones(count), ops.SUM))
     assert msgs == expected
     msgs, _ = traffic(lambda cc: algs.allreduce_recursive_doubling(cc, np.ones(count), ops.SUM))

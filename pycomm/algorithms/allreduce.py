@@ -28,9 +28,12 @@ fold joins two adjacent aligned blocks of ranks, so rank order is kept (non-comm
 are served) and ownership ends bit-reversed; the recursive-doubling all-gather retraces the
 steps backwards, copying. The fold and every halving exchange go as segments of ``s``
 bytes (``PYCOMM_HALVING_SEGMENT_BYTES``), each reduced as soon as it arrives, while it is
-still in cache (:class:`~pycomm.algorithms.halving.Pipe`). Time
-``(Σ_i ceil(n/(2^i s)) + log2 q) α + 2n(q-1)/q β + n(q-1)/q γ`` plus the fold; scratch two
-segments.
+still in cache (:class:`~pycomm.algorithms.halving.Pipe`). The last halving step and the
+all-gather's first, which swap the same two ranges with the same partner, run as one: each
+segment goes back as soon as it is reduced (the *echo* of :mod:`~pycomm.algorithms.halving`,
+as the ring pipelines its two phases). Time
+``(Σ_i ceil(n/(2^i s)) + ceil(n/(qs)) + log2 q - 1) α + 2n(q-1)/q β + n(q-1)/q γ`` plus the
+fold; scratch two segments.
 
 **recursive_doubling** (Thakur et al. 2005, section 4.2; MPICH
 ``allreduce_intra_recursive_doubling``). Fold to ``q`` ranks, then ``log2 q`` exchanges of
@@ -179,8 +182,9 @@ def allreduce_rabenseifner(cc, buf: np.ndarray, op) -> None:
     pipe = Pipe(buf.dtype, count if folding else offs[pof2 // 2])
     new_rank = fold_in(cc, buf, op, pipe)
     if new_rank is not None:
-        steps = halve(cc, buf, op, offs, new_rank, pipe)
-        for partner, _, keep, other in reversed(steps):  # recursive-doubling all-gather
+        # the last halving step echoes its reduced segments: the all-gather's first step
+        steps = halve(cc, buf, op, offs, new_rank, pipe, echo_last=True)
+        for partner, _, keep, other in reversed(steps[:-1]):  # recursive-doubling all-gather
             cc.sendrecv(buf[offs[keep[0]]:offs[keep[1]]], partner,
                         buf[offs[other[0]]:offs[other[1]]], partner)
     pipe.close()

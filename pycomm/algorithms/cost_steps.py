@@ -139,10 +139,16 @@ def _o_halving(n, p, k, c) -> float:
     return t
 
 
-def _o_doubling(n, p, k, c) -> float:
+def _o_doubling(n, p, k, c, echo: bool = False) -> float:
+    """The recursive-doubling all-gather; with ``echo`` its first step rides on the last
+    halving step (:mod:`pycomm.algorithms.halving`): a message per echoed segment, but no
+    step, wake-up or exchange overhead of its own."""
     q, t, b = pof2_floor(p), 0.0, n / pof2_floor(p)
-    for _ in range(_lq(p)):
-        t += _step(k, c, b, q) + k.xtra
+    for i in range(_lq(p)):
+        if echo and i == 0:
+            t += _step(k, c, b, q) - k.wake * k.turns + (_hsegs(b) - 1) * k.alpha
+        else:
+            t += _step(k, c, b, q) + k.xtra
         b *= 2
     return t
 
@@ -210,7 +216,8 @@ SCHEDULES: dict[tuple[str, str], Callable[[float, int, Constants, float], float]
     ("allreduce", "rabenseifner"):
         lambda n, p, k, c: (_o_fold(n, p, k, c, True) + _o_fold(n, p, k, c, False)
                             + _o_halving(n, p, k, c)
-                            + _o_doubling(n, p, k, c) + _halving_scratch(n, p) * k.sigma),
+                            + _o_doubling(n, p, k, c, echo=True)
+                            + _halving_scratch(n, p) * k.sigma),
     ("allreduce", "recursive_doubling"):
         lambda n, p, k, c: (_o_fold(n, p, k, c, True) + _o_fold(n, p, k, c, False)
                             + (n + (_pipe_scratch(n) if _folds(p) else 0.0)) * k.sigma
