@@ -284,9 +284,9 @@ FORMULAS: dict[tuple[str, str], Formula] = {
         lambda n, p, k: (2 * (p - 1) * (_ring_segs(n, p) * k.alpha + k.xtra)
                          + 2 * n * _frac(p) * k.beta
                          + n * _frac(p) * k.gamma + _ring_scratch(n, p) * k.sigma),
-    ("allreduce", "rabenseifner"):  # the all-gather's first step echoes the last halving
-        lambda n, p, k: (_halving(n, p, k) + (_lq(p) - 1) * (k.alpha + k.xtra)
-                         + _hsegs(n / 2 ** _lq(p)) * k.alpha + n * _qfrac(p) * k.beta
+    ("allreduce", "rabenseifner"):  # the all-gather's first step echoes, in segments
+        lambda n, p, k: (_halving(n, p, k) + _lq(p) * (k.alpha + k.xtra)
+                         + (_hsegs(n / 2 ** _lq(p)) - 1) * k.alpha + n * _qfrac(p) * k.beta
                          + _halving_scratch(n, p) * k.sigma + _fold(n, p, k)),
     ("allreduce", "recursive_doubling"):
         lambda n, p, k: (_lq(p) * (k.alpha + k.xtra + n * k.beta + n * k.gamma)

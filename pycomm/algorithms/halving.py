@@ -41,9 +41,10 @@ away, instead of a separate whole-range exchange afterwards: the echoed segment 
 while it is still in cache, and the two phases overlap. Messages between the pair keep
 their order (the partner's given segments first, then its echoed ones), and a received
 echo overwrites a given segment only after that segment's send has completed. Measured
-here (2-core KVM guest, float32 SUM in place, median of 12 alternating calls): all-reduce
-``rabenseifner`` on 2 ranks 7.7 ms at 64 MiB without the echo, 7.1 with it (the ring:
-7.1-7.2); 16 MiB 2.2-2.4 against 2.0.
+here (2-core KVM guest, float32 SUM in place, median of 12 alternating calls, two runs):
+all-reduce ``rabenseifner`` on 2 ranks 7.7 ms at 64 MiB without the echo, 7.1-7.2 with it
+(the ring: 7.1-7.2), 16 MiB 2.2-2.4 against 2.0 (ring 1.9); on 4 ranks 64 MiB 22.0-23.6
+against 22.7-23.6 (ring 24.0-25.5), 16 MiB 7.5-8.2 against 6.4-6.5 (ring 6.8-9.4).
 """
 
 from __future__ import annotations
