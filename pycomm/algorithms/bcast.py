@@ -57,8 +57,9 @@ def segment_elements(itemsize: int, segment_bytes: int | None = None) -> int:
     Args:
         itemsize: bytes per element.
         segment_bytes: bytes per segment; None reads ``PYCOMM_SEGMENT_BYTES`` (0, the
-            default, or negative: the double binary tree's 64 KiB, as the model prices it). Every rank must use the same value,
-            or the ranks' segments (and messages) disagree.
+            default, or negative: the double binary tree's 64 KiB, as the model prices
+            it). Every rank must use the same value, or the ranks' segments (and
+            messages) disagree.
     """
     if segment_bytes is None:
         segment_bytes = forced_segment() or TREE_SEGMENT_BYTES  # what the model prices

@@ -156,8 +156,9 @@ def _o_doubling(n, p, k, c, echo: bool = False) -> float:
 
 def _o_pipeline_seg(n, p, k, c, seg: float) -> float:
     """The chain broadcast in segments of ``seg`` bytes: ``S = ceil(n / seg)`` segments,
-    ``S + p - 2`` steps. In step ``s``, ``min(p - 1, s + 1)`` ranks receive a segment; a middle rank also forwards one in every step, an
-    exchange's second message call (``xtra``) more than an end rank pays. (Without it the
+    ``S + p - 2`` steps. In step ``s``, ``min(p - 1, s + 1)`` ranks receive a segment; a
+    middle rank also forwards one in every step, an exchange's second message call
+    (``xtra``) more than an end rank pays. (Without it the
     model put the 64 KiB chain within 5% of its measured time on 2 ranks and 40% under it
     on 4, on a 16-core machine.)"""
     segs = max(1, math.ceil(n / seg))
