@@ -6,8 +6,8 @@ world size), keeps for every (size, algorithm) the best average over the launche
 prints a Markdown table: for each size, the measured time of the algorithm the cost model
 picks now (:func:`pycomm.algorithms.choose` with the shipped or ``PYCOMM_TUNE_FILE``
 constants of the transport the sweep ran over, and the ranks per core of the sweep: world
-size over the ``cpu_count`` its JSON records) divided by the best algorithm's time, naming the best where
-the ratio passes ``--within``.
+size over the ``cpu_count`` its JSON records) divided by the best algorithm's time, naming
+the best where the ratio passes ``--within``.
 
 It also prints the noise of the measurement itself, which bounds what any choice can be
 judged to: for each (size, algorithm) measured in more than one launch, max/min of the
@@ -27,15 +27,9 @@ import statistics
 from collections import defaultdict
 
 from pycomm.algorithms import choose
+from pycomm.algorithms.cost import model_transport  # a run's meta.transport -> its table
 
 __all__ = ["load", "model_transport", "table", "main"]
-
-
-def model_transport(name: str | None) -> str:
-    """The cost-model table a run's ``meta.transport`` (``comm.transport_name``) reads: the
-    communicator's rule (its slowest link; shared memory when unrecorded)."""
-    name = name or "shm"
-    return "tcp" if "tcp" in name else ("rdma" if "rdma" in name else "shm")
 
 
 def load(paths: list[str]) -> dict:

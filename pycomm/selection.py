@@ -14,6 +14,7 @@ import sys
 import time
 
 from .algorithms import choose, model_time
+from .algorithms.cost import model_transport
 from .ops import Op
 
 __all__ = ["AlgorithmSelection"]
@@ -136,8 +137,7 @@ class AlgorithmSelection:
 
     def _model_transport(self) -> str:
         """The transport whose cost constants model this communicator (slowest link)."""
-        name = getattr(self, "transport_name", None) or "shm"
-        return "tcp" if "tcp" in name else ("rdma" if "rdma" in name else "shm")
+        return model_transport(getattr(self, "transport_name", None))
 
     def _oversubscription(self) -> float:
         """Ranks per core (the cost model's oversubscription factor).

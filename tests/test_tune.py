@@ -164,6 +164,23 @@ def test_tune_end_to_end_quick(tmp_path):
     assert np.isfinite(list(src["points"]["shm"].values())).all()
 
 
+def test_tune_end_to_end_quick_rdma(tmp_path):
+    """The CLI over the RDMA emulation writes a row the cost model loads: the NIC-thread
+    latencies, both wake-ups, and the same CPU constants as every transport."""
+    out = tmp_path / "t.json"
+    assert tune.main(["-n", "2", "--transport", "rdma", "--quick", "--out", str(out)]) == 0
+    table = json.loads(out.read_text())
+    rdma = table["rdma"]
+    assert set(table) == {"rdma", "source"} and set(table["source"]["points"]) == {"rdma"}
+    assert 0 < rdma["alpha"] < 0.05 and 0 < rdma["beta"] < 1e-6
+    assert 0 < rdma["alpha_rndv"] < 0.05 and 0 < rdma["beta_rndv"] < 1e-6
+    assert rdma["alpha"] <= rdma["alpha_x"] < 0.05
+    assert rdma["wake"] >= 0 and list(rdma["wake_x"]) == ["2"] and rdma["wake_x"]["2"] >= 0
+    loaded = cost.load_table(str(out))["rdma"]
+    assert loaded.alpha == rdma["alpha"] and loaded.wake_x[0][0] == 2.0
+    assert cost.model_transport("shm+rdma") == "rdma"
+
+
 def test_tune_rejects_one_rank():
     with pytest.raises(SystemExit):
         tune.main(["-n", "1"])

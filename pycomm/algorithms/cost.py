@@ -55,7 +55,7 @@ from pycomm.algorithms.cost_terms import (pipeline_candidates, _segment, _ring_s
 from pycomm.errors import ArgumentError
 
 __all__ = ["Constants", "FORMULAS", "SCHEDULES", "DEFAULT_TRANSPORT", "SHIPPED_TABLE",
-           "constants", "cost", "load_table", "segment_bytes"]
+           "constants", "cost", "load_table", "model_transport", "segment_bytes"]
 
 DEFAULT_TRANSPORT = "shm"
 SHIPPED_TABLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tuned.json")
@@ -209,6 +209,13 @@ def load_table(path: str | None = None) -> dict[str, Constants]:
             hit = {**hit, **_parse(path)}
         _tables[path] = hit
     return hit
+
+
+def model_transport(transport_name: str | None) -> str:
+    """The table a communicator's ``transport_name`` (e.g. ``"shm+tcp"``) is priced with:
+    its slowest link's (``tcp``, then ``rdma``), else ``shm``'s (also when unknown)."""
+    name = transport_name or DEFAULT_TRANSPORT
+    return "tcp" if "tcp" in name else ("rdma" if "rdma" in name else DEFAULT_TRANSPORT)
 
 
 def constants(transport: str = DEFAULT_TRANSPORT) -> Constants:
