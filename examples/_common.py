@@ -388,3 +388,25 @@ def allreduce_bytes(algorithm: str, n_bytes: int, p: int) -> float:
     if algorithm == "recursive_doubling":
         return float(int(np.ceil(np.log2(p))) * n_bytes)
     return ring_allreduce_bytes(n_bytes, p)
+
+
+def sgd_reference(dims, flat0, X, y, steps_batches, lr: float, momentum: float):
+    """The single-process reference: whole batches, SGD with momentum, no communication.
+
+    Returns (final flat parameters, summed loss of each step's batch).
+    """
+    params = flat0.copy()
+    grads = np.zeros_like(params)
+    vel = np.zeros_like(params)
+    p, g = Params.over(params, dims), Params.over(grads, dims)
+    losses = []
+    for batch in steps_batches:
+        out, cache = mlp_forward(p, X[batch])
+        loss, dlogits = softmax_xent(out, y[batch])
+        mlp_backward(p, g, cache, dlogits)
+        grads /= len(batch)
+        vel *= momentum
+        vel -= lr * grads
+        params += vel
+        losses.append(loss)
+    return params, losses
