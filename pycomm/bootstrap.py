@@ -41,11 +41,12 @@ import numpy as np
 
 from transports import TransportError, get_transport_class, host_identity
 
-from . import config
+from . import config, trace
 from .errors import ArgumentError, CommError
 from .buffers import IN_PLACE as pycomm_IN_PLACE
 from .ops import MAX as _MAX
 from .p2p import Engine, default_spin_seconds, default_yield_seconds
+from .stall import Inspector
 from .waiting import available_cores
 
 __all__ = ["JobEnv", "detect", "create_world"]
@@ -200,7 +201,7 @@ def create_world(**options):
                     yield_s=(yield_us * 1e-6 if yield_us is not None
                              else default_yield_seconds(local_size)),
                     timeout=timeout)
-    server = store = None
+    server = store = inspector = None
     try:
         if je.size > 1:
             from .store import StoreClient, StoreServer
@@ -242,10 +243,19 @@ def create_world(**options):
         world.Barrier()
         if store is not None:
             store.barrier(f"init/{je.job_id}", je.size, timeout)
+        sigusr1 = trace.install(je.rank)
+        if store is not None:           # the stall inspector reaches the store on its own
+            addr, port, token = je.master_addr, je.master_port, je.token
+            engine._inspector = inspector = Inspector(
+                je.rank, je.size, je.job_id,
+                lambda: StoreClient(addr, port, token, timeout=timeout),
+                config.get("PYCOMM_STALL_WARN"), sigusr1)
     except TransportError as exc:
         engine.close()
         raise CommError(f"rank {je.rank}: could not start the world: {exc}") from exc
     except BaseException:
+        if inspector is not None:
+            inspector.close()
         engine.close()
         if server is not None:
             server.close()
@@ -254,6 +264,8 @@ def create_world(**options):
     def close() -> None:
         from .nbc import shutdown
         shutdown(engine)
+        if inspector is not None:
+            inspector.close()
         engine.close()
         if store is not None:
             store.close()

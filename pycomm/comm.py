@@ -21,7 +21,7 @@ import sys
 
 import numpy as np
 
-from . import config
+from . import config, trace as _trace
 from .buffers import IN_PLACE, as_array, byte_view
 from .errors import (ArgumentError, CommError, CommTimeoutError, InvalidBufferError,
                      TruncationError)
@@ -224,10 +224,7 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
         that have not matched, so that they cannot swallow a later message, and its large
         sends not yet handed over, so that the buffer is not read after the call."""
         try:
-            if len(reqs) == 1:
-                self._engine.wait(reqs[0], timeout)
-            else:
-                self._engine.wait_all(reqs, timeout)
+            _trace.record_wait(self, reqs, timeout)     # the flight recorder waits for them
         except CommTimeoutError:
             for r in reqs:
                 self._engine.cancel(r)      # no effect on eager sends, matched receives

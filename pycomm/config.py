@@ -65,9 +65,20 @@ _DECLARED = [
     Var("PYCOMM_CMA", _bool, True,
         "Use Linux cross-memory attach (process_vm_readv) for single-copy large messages."),
     Var("PYCOMM_DEBUG", _bool, False, "Log each collective's chosen algorithm to stderr."),
+    Var("PYCOMM_TRACE_CALLS", int, 256,
+        "Calls each rank's flight recorder keeps (printed on errors and SIGUSR1)."),
+    Var("PYCOMM_TRACE", str, None,
+        "Path: at exit each rank prints its flight recorder and writes PATH.rank<k>.json, "
+        "a Chrome-trace timeline of every call; launch.py merges them into PATH."),
+    Var("PYCOMM_STALL_WARN", float, 30.0,
+        "Seconds a wait may last before the rank warns and asks the others where they are "
+        "(must be below PYCOMM_TIMEOUT to take effect)."),
     # -- launcher and rendezvous store ---------------------------------------------------
     Var("PYCOMM_KILL_GRACE", float, 3.0,
         "Seconds the launcher waits after SIGTERM before it SIGKILLs the remaining ranks."),
+    Var("PYCOMM_REPORT_GRACE", float, 2.0,
+        "Seconds the launcher gives the surviving ranks to report (and exit) after one "
+        "failed, before it stops them."),
     Var("PYCOMM_STORE_MAX_BYTES", int, 1 << 28,
         "Largest message the rendezvous store accepts; bigger ones drop the connection."),
     Var("PYCOMM_SEGMENT_BYTES", int, 0,

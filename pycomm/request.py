@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import trace as _trace
+
 __all__ = ["Request"]
 
 
@@ -20,7 +22,7 @@ class Request:
     """
 
     __slots__ = ("engine", "done", "view", "nbytes", "ctx", "peer", "tag", "source", "count",
-                 "error", "obj", "cancelled", "on_done", "comm", "post", "expect")
+                 "error", "obj", "cancelled", "on_done", "comm", "post", "expect", "sig")
 
     def __init__(self, engine: Any, view, ctx: int, peer: int, tag: int):
         self.engine = engine
@@ -36,6 +38,7 @@ class Request:
         self.comm = None                # communicator that translates ``source``
         self.post = None                # object receives: bytes -> object
         self.expect = -1                # collectives: exact byte count required
+        self.sig = None                 # collectives: the call's signature (pycomm.signature)
 
     # -- mpi4py's Request API -------------------------------------------------------------
     def _status(self, status) -> None:
@@ -52,7 +55,8 @@ class Request:
         Raises:
             CommTimeoutError, PeerError, TruncationError (see :meth:`Engine.wait`).
         """
-        self.engine.wait(self, timeout)
+        _trace.traced("Wait", self.comm, self.tag, self.nbytes, self.peer, self.engine.wait,
+                      self, timeout)
         self._status(status)
         return True
 
@@ -92,7 +96,8 @@ class Request:
         """Wait for every request; fill ``statuses`` (a list) if given. Returns True."""
         reqs = list(requests)
         if reqs:
-            reqs[0].engine.wait_all(reqs, timeout)
+            _trace.traced("Waitall", reqs[0].comm, -1, sum(max(0, r.nbytes) for r in reqs),
+                          -1, reqs[0].engine.wait_all, reqs, timeout)
         if statuses is not None:
             for r, st in zip(reqs, statuses):
                 r._status(st)
@@ -127,7 +132,8 @@ class Request:
         if not reqs:
             return -1
         engine = reqs[0].engine
-        engine.wait_until(lambda: any(r.done for r in reqs), timeout, "Waitany")
+        _trace.traced("Waitany", reqs[0].comm, -1, -1, -1, engine.wait_until,
+                      lambda: any(r.done for r in reqs), timeout, "Waitany")
         i = next(i for i, r in enumerate(reqs) if r.done)
         reqs[i].Wait(status)
         return i

@@ -13,6 +13,7 @@ import os
 import sys
 import time
 
+from . import trace as _trace
 from .algorithms import choose, model_time
 from .algorithms.cost import model_transport
 from .ops import Op
@@ -104,13 +105,30 @@ class AlgorithmSelection:
         name, fn = self._choose(collective, nbytes, algorithm, commutative)
         debug = self._debug
         if not debug and self._defer is None:  # the common case: no closure, no log
-            return call(fn)
+            # the flight recorder (pycomm.trace): one tuple and three slot writes a call
+            n = _trace.begin(collective, self, self._seq, nbytes if log_bytes is None
+                             else log_bytes, name, -1)
+            try:
+                out = call(fn)
+            except BaseException as exc:
+                _trace.fail(n, exc)
+                raise
+            _trace.end(n)
+            return out
+        seq = self._seq                   # a nonblocking twin runs later: keep its number
+        shown = nbytes if log_bytes is None else log_bytes
 
         def run(kind: str = ""):
-            if not debug:
-                return call(fn)
-            return self._logged(collective, nbytes if log_bytes is None else log_bytes,
-                                name, kind, lambda: call(fn))
+            op_name = "i" + collective if kind else collective
+            n = _trace.begin(op_name, self, seq, shown, name, -1)
+            try:
+                out = (self._logged(collective, shown, name, kind, lambda: call(fn))
+                       if debug else call(fn))
+            except BaseException as exc:
+                _trace.fail(n, exc)
+                raise
+            _trace.end(n)
+            return out
 
         if self._defer is not None:       # a nonblocking twin: the progress thread runs it
             self._defer.append(lambda: run("nonblocking "))

@@ -22,12 +22,14 @@ GIL and one sleeper slot in the transport (below), and yielding was not measured
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from typing import TYPE_CHECKING
 
 from transports import PeerLostError, TransportError
 
+from . import trace
 from .errors import CommTimeoutError, PeerError
 
 if TYPE_CHECKING:
@@ -44,6 +46,10 @@ OFFLOADED = -3
 
 class Waiting:
     """Progress, waits with timeouts, flush, and the switch to thread safety."""
+
+    # the stall inspector (pycomm.stall.Inspector), set by bootstrap when the world has
+    # a store; None: stalls are not inspected, timeouts still name the call
+    _inspector = None
 
     # -- progress and waiting -------------------------------------------------------------
     def progress(self) -> bool:
@@ -166,6 +172,10 @@ class Waiting:
         limit = self.timeout if timeout is None else timeout
         deadline = now + limit
         next_check = _perf() + _LIVENESS_S
+        inspector = self._inspector
+        warn_at = now + inspector.warn_s if inspector is not None and \
+            inspector.warn_s < limit else float("inf")
+        stalled = None                      # the suspects of the last warning printed
         ts = self.transports
         single = ts[0] if len(ts) == 1 else None
         while not cond():
@@ -173,7 +183,7 @@ class Waiting:
                 continue
             t = _perf()
             if t >= deadline:
-                raise CommTimeoutError(self._describe_timeout(req, what, limit))
+                raise self._timeout_error(req, what, limit)
             if t >= next_check:
                 next_check = t + _LIVENESS_S
                 try:
@@ -181,6 +191,10 @@ class Waiting:
                         tr.check_peers()
                 except TransportError as exc:
                     raise self._peer_error(exc) from None
+                if t >= warn_at:            # asks the others: a slow path, once per warn_s
+                    warn_at = t + inspector.warn_s
+                    stalled = self._warn_stall(req, what, t - now, stalled)
+                    next_check = _perf() + _LIVENESS_S
             slice_ = min(deadline - t, next_check - t)
             try:
                 if self._threaded:
@@ -194,6 +208,50 @@ class Waiting:
                     time.sleep(min(slice_, 0.001))
             except TransportError as exc:
                 raise self._peer_error(exc) from None
+        if stalled is not None:
+            inspector.waiting_for = None
+
+    # -- stalls and timeouts (see pycomm.stall) -------------------------------------------
+    def _my_call(self):
+        """The flight-recorder entry of the call this thread waits in, or None."""
+        return trace.current(self._threaded and
+                             threading.get_ident() == self.offload_ident)
+
+    def _warn_stall(self, req, what, waited: float, previous: str | None) -> str:
+        """Ask the other ranks where they are; print a warning when the suspects are new.
+        Returns the suspects (as text) for the next call's ``previous``."""
+        call = self._my_call()
+        peer = req.peer if req is not None and req.peer >= 0 else None
+        text, culprits = self._inspector.inspect(peer)
+        seen = f"{culprits}" if text else ""
+        if text and seen != previous:       # warn again only when the suspects change
+            name = trace.describe_call(call) if call is not None else what
+            wait = f" for rank {peer}" if peer is not None else ""
+            sys.stderr.write(f"pycomm: rank {self.rank}: warning: {name} has waited "
+                             f"{waited:.1f} s{wait} (PYCOMM_STALL_WARN="
+                             f"{self._inspector.warn_s:g}): {text}\n")
+            sys.stderr.flush()
+        return seen or previous or ""
+
+    def _timeout_error(self, req, what, limit) -> CommTimeoutError:
+        """The timeout of a wait, naming the call and, with a store, why it stalled (the
+        error's ``culprits``: world ranks that never joined it)."""
+        text = self._describe_timeout(req, what, limit)
+        call = self._my_call()
+        if call is None:
+            return CommTimeoutError(text)
+        prefix = f"rank {self.rank}: "
+        body = text[len(prefix):] if text.startswith(prefix) else text
+        text = f"{prefix}{trace.describe_call(call)}: {body}"
+        culprits: list = []
+        if self._inspector is not None:
+            peer = req.peer if req is not None and req.peer >= 0 else None
+            why, culprits = self._inspector.inspect(peer)
+            if why:
+                text += f"; {why}"
+        exc = CommTimeoutError(text)
+        exc.culprits = culprits
+        return exc
 
     def flush(self, timeout: float) -> bool:
         """Drive progress until no transport holds frames back (e.g. a FIN waiting for flow

@@ -1,0 +1,310 @@
+"""The stall inspector: when a wait drags on, find out which rank is missing and why.
+
+When a wait passes ``PYCOMM_STALL_WARN`` seconds (below ``PYCOMM_TIMEOUT``), the waiting
+rank asks every other rank of the world for its *position* through the rendezvous store,
+and prints a warning naming the ranks that have not entered its call and what they last
+did: "ranks [2] have not called Allreduce #57 on pycomm.COMM_WORLD; rank 2 last completed
+Bcast #56 on pycomm.COMM_WORLD 12.4 s ago, and is in no pycomm call". While the wait
+lasts it asks again every ``PYCOMM_STALL_WARN`` seconds (warning again only when the
+answer changed); when the wait times out, the ``CommTimeoutError`` names the call and
+carries the same diagnosis, and its ``culprits`` (world ranks) are published for the
+launcher (see :mod:`pycomm.launcher`), as is the dead peer of a ``PeerError``.
+
+Nothing is sent on the fast path: a rank answers only when asked. Each rank of a world
+with a store runs one *responder* thread, blocked in the store on its own ask key, which
+reads the rank's flight recorder (:mod:`pycomm.trace`) when woken. So a rank that hangs in
+user code (``time.sleep``, a Python loop) still answers; one stopped, dead or stuck in C
+code holding the GIL does not, and is reported as not answering, with its last answer.
+
+Position (msgpack map): ``rank``, ``pid``, ``round``, ``wall`` (time.time() of the
+answer), ``running`` (``[op, comm name, cid, seq, peer, seconds running]`` or None),
+``waiting_for`` (world rank this rank's stalled wait needs, or None), ``last``
+(``[op, comm name, cid, seq, seconds ago]`` of its last completed call, or None),
+``comms`` (``{cid: sequence number of its last collective begun}``), ``sigusr1``
+(whether SIGUSR1 prints its flight recorder).
+
+Store keys, all under ``pycomm/stall/<job id>/``::
+
+    asks/<r>       counter: how many times rank r was asked
+    ask/<r>/<k>    b"?" asks rank r for its k-th answer; b"!" stops its responder
+    ans/<r>/<k>    rank r's k-th answer (a position), deleted by whoever asked
+    pos/<r>        rank r's latest position (first set when its world starts)
+    diag/<r>       why rank r failed: {"culprits": [world ranks], "error": text}
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import msgpack
+
+from . import trace
+from .errors import CommError, CommTimeoutError, PeerError
+
+__all__ = ["Inspector", "ask_positions", "read_diagnoses", "describe_position",
+           "diagnose", "key"]
+
+_IDLE_S = 60.0      # seconds one responder wait in the store lasts before it re-parks
+_ANSWER_S = 0.5     # seconds an asker waits for the answers of all ranks
+
+
+def key(job_id: str, *parts: object) -> str:
+    """The store key ``pycomm/stall/<job_id>/<parts...>``."""
+    return "/".join(("pycomm/stall", job_id, *map(str, parts)))
+
+
+def position(rank: int, waiting_for: int | None, sigusr1: bool, round_: int = 0) -> dict:
+    """This rank's position, read from its flight recorder (see the module docstring)."""
+    now = time.perf_counter_ns()
+    cur = trace.current()
+    running = None
+    if cur is not None:
+        op, comm, seq, _nbytes, _alg, peer, t0 = cur
+        running = [op, getattr(comm, "name", "-"), getattr(comm, "_cid", -1), seq, peer,
+                   (now - t0) / 1e9]
+    last = trace.last_completed()
+    if last is not None:
+        call, t1 = last
+        last = [call[0], getattr(call[1], "name", "-"), getattr(call[1], "_cid", -1),
+                call[2], (now - t1) / 1e9]
+    return {"rank": rank, "pid": os.getpid(), "round": round_, "wall": time.time(),
+            "running": running, "waiting_for": waiting_for, "last": last,
+            "comms": trace.collective_progress(), "sigusr1": sigusr1}
+
+
+def _call_text(op: str, comm_name: str, seq: int, peer: int = -1) -> str:
+    if op[:1].islower():
+        return f"{trace.display_name(op)} #{seq} on {comm_name}"
+    return trace.describe_call((op, _Named(comm_name), seq, 0, None, peer))
+
+
+class _Named:
+    __slots__ = ("name",)
+
+    def __init__(self, name: str):
+        self.name = name
+
+
+def describe_position(pos: dict | None, rank: int, now_wall: float | None = None) -> str:
+    """E.g. ``"rank 2 last completed Bcast #56 on pycomm.COMM_WORLD 12.4 s ago, and is in
+    no pycomm call"``; for a rank that did not answer, its last answer, marked as such."""
+    if pos is None:
+        return f"rank {rank} did not answer (stopped, dead, or stuck outside Python)"
+    now_wall = time.time() if now_wall is None else now_wall
+    late = max(0.0, now_wall - pos["wall"])
+    last = pos.get("last")
+    text = f"rank {rank} "
+    if last:
+        op, cname, _cid, seq, ago = last
+        text += f"last completed {_call_text(op, cname, seq)} {ago + late:.1f} s ago"
+    else:
+        text += "has completed no pycomm call"
+    run = pos.get("running")
+    if run:
+        op, cname, _cid, seq, peer, secs = run
+        text += f", and is in {_call_text(op, cname, seq, peer)} (for {secs + late:.1f} s"
+        if pos.get("waiting_for") is not None:
+            text += f", waiting for rank {pos['waiting_for']}"
+        text += ")"
+    else:
+        text += ", and is in no pycomm call"
+    if not pos.get("answered", True):
+        text += f" [no answer now; this is its answer of {late:.1f} s ago]"
+    return text
+
+
+def diagnose(me: int, call, positions: dict) -> tuple[str, list[int]]:
+    """Explain a stall of rank ``me`` in ``call`` (a flight-recorder entry) from the
+    others' ``positions`` (world rank -> position or None). Returns (text, culprits):
+    the world ranks that have not entered the collective, or the point-to-point peer."""
+    op, comm, seq, _nbytes, _alg, peer = call[:6]
+    cname, cid = getattr(comm, "name", "-"), getattr(comm, "_cid", -1)
+    if op[:1].islower():                        # a collective: who has not entered it?
+        members = list(getattr(comm, "_world", positions))
+        missing = [m for m in members if m != me and
+                   (positions.get(m) is None or positions[m].get("comms", {}).get(cid, 0) < seq)]
+        label = "ranks" if cid == 0 else "world ranks"
+        what = f"{trace.display_name(op)} #{seq} on {cname}"
+        if not missing:
+            waits = [f"rank {m} waits for rank {positions[m]['waiting_for']}"
+                     for m in members if m != me and positions.get(m) is not None
+                     and positions[m].get("waiting_for") is not None]
+            return (f"every rank has entered {what}" +
+                    (f" ({'; '.join(waits)})" if waits else ""), [])
+        parts = [f"{label} {missing} have not called {what}"]
+        parts += [describe_position(positions.get(m), m) for m in missing]
+        return "; ".join(parts), missing
+    if peer is None or peer < 0:
+        return "", []
+    return describe_position(positions.get(peer), peer), [peer]
+
+
+def ask_positions(client, job_id: str, ranks, wait_s: float = _ANSWER_S) -> dict:
+    """Ask ``ranks`` for their positions through ``client`` (a StoreClient); wait up to
+    ``wait_s`` seconds in all. Returns ``{rank: position or None}``; a rank that did not
+    answer in time gets its last published position with ``answered`` False (None if it
+    never published one: it has no pycomm world, or is gone).
+
+    Raises:
+        CommError: the store failed.
+    """
+    rounds = {}
+    for r in ranks:
+        k = client.add(key(job_id, "asks", r), 1)
+        client.set(key(job_id, "ask", r, k), b"?")
+        rounds[r] = k
+    deadline = time.monotonic() + wait_s
+    out: dict = {}
+    for r, k in rounds.items():
+        try:
+            raw = client.get(key(job_id, "ans", r, k),
+                             timeout=max(0.0, deadline - time.monotonic()))
+            client.delete(key(job_id, "ans", r, k))
+            out[r] = msgpack.unpackb(raw, raw=False, strict_map_key=False)
+            continue
+        except CommTimeoutError:
+            pass
+        try:
+            old = msgpack.unpackb(client.get(key(job_id, "pos", r), timeout=0.0), raw=False,
+                                  strict_map_key=False)
+            old["answered"] = False
+            out[r] = old
+        except CommTimeoutError:
+            out[r] = None
+    return out
+
+
+def read_diagnoses(client, job_id: str, ranks) -> dict:
+    """``{rank: {"culprits": [...], "error": text}}`` of the ranks that published why
+    they failed (the launcher's evidence).
+
+    Raises:
+        CommError: the store failed.
+    """
+    out = {}
+    for r in ranks:
+        try:
+            out[r] = msgpack.unpackb(client.get(key(job_id, "diag", r), timeout=0.0),
+                                     raw=False)
+        except CommTimeoutError:
+            pass
+    return out
+
+
+class Inspector:
+    """One rank's stall inspector: its responder thread and its side of the waits.
+
+    Args:
+        rank: world rank; size: world size; job_id: names the store keys.
+        connect: returns a new StoreClient (one per thread: a client is not thread-safe).
+        warn_s: ``PYCOMM_STALL_WARN``.
+        sigusr1: whether SIGUSR1 prints this rank's flight recorder.
+    """
+
+    def __init__(self, rank: int, size: int, job_id: str, connect, warn_s: float,
+                 sigusr1: bool):
+        self.rank, self.size, self.job_id = rank, size, job_id
+        self.warn_s = warn_s
+        self.sigusr1 = sigusr1
+        self.waiting_for: int | None = None
+        self._connect = connect
+        self._client = None             # the waiting threads' client, under _lock
+        self._lock = threading.Lock()
+        self._stopped = False
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._respond, name="pycomm-stall-responder",
+                                        daemon=True)
+        self._thread.start()
+        self._ready.wait(5.0)           # pos/<rank> is published: the launcher can see us
+        trace._on_error = self.report_error
+
+    # -- the responder thread ---------------------------------------------------------------
+    def _respond(self) -> None:
+        try:
+            client = self._connect()
+        except CommError:
+            self._ready.set()
+            return
+        try:
+            client.set(key(self.job_id, "pos", self.rank), self._position(0))
+            self._ready.set()
+            k = 1
+            while not self._stopped:
+                try:
+                    what = client.get(key(self.job_id, "ask", self.rank, k), timeout=_IDLE_S)
+                except CommTimeoutError:
+                    continue
+                client.delete(key(self.job_id, "ask", self.rank, k))
+                if what == b"!":
+                    return
+                pos = self._position(k)
+                client.set(key(self.job_id, "pos", self.rank), pos)
+                client.set(key(self.job_id, "ans", self.rank, k), pos)
+                k += 1
+        except CommError:
+            pass                        # the store is gone: the job is ending
+        finally:
+            self._ready.set()
+            client.close()
+
+    def _position(self, round_: int) -> bytes:
+        return msgpack.packb(position(self.rank, self.waiting_for, self.sigusr1, round_))
+
+    def close(self) -> None:
+        """Stop the responder (it exits when it reads the stop key) and the client."""
+        if self._stopped:
+            return
+        self._stopped = True
+        if trace._on_error == self.report_error:
+            trace._on_error = None
+        with self._lock:
+            try:
+                client = self._get_client()
+                k = client.add(key(self.job_id, "asks", self.rank), 1)
+                client.set(key(self.job_id, "ask", self.rank, k), b"!")
+            except CommError:
+                pass
+            if self._client is not None:
+                self._client.close()
+                self._client = None
+
+    def _get_client(self):
+        if self._client is None:
+            self._client = self._connect()
+        return self._client
+
+    # -- the waiting side --------------------------------------------------------------------
+    def inspect(self, peer: int | None) -> tuple[str, list[int]]:
+        """Ask every other rank where it is; explain this rank's current call's stall.
+
+        Returns (text, culprits); ("", []) when this rank is in no recorded call or the
+        store cannot be reached.
+        """
+        call = trace.current()
+        if call is None:
+            return "", []
+        self.waiting_for = peer
+        others = [r for r in range(self.size) if r != self.rank]
+        try:
+            with self._lock:
+                client = self._get_client()
+                client.set(key(self.job_id, "pos", self.rank), self._position(-1))
+                positions = ask_positions(client, self.job_id, others)
+        except CommError:
+            return "", []
+        return diagnose(self.rank, call, positions)
+
+    def report_error(self, exc: BaseException) -> None:
+        """Publish whom ``exc`` (an error that left a call) blames, for the launcher."""
+        culprits = getattr(exc, "culprits", None)
+        if culprits is None and isinstance(exc, PeerError) and exc.peer is not None:
+            culprits = [exc.peer]
+        body = msgpack.packb({"culprits": list(culprits or []),
+                              "error": f"{type(exc).__name__}: {exc}"[:4000]})
+        with self._lock:
+            try:
+                self._get_client().set(key(self.job_id, "diag", self.rank), body)
+            except CommError:
+                pass
