@@ -92,4 +92,7 @@ def Wtick() -> float:  # noqa: N802 (MPI name)
 def __getattr__(name: str):
     if name == "COMM_WORLD":
         return init()
+    if name == "MPI":           # the mpi4py-shaped façade, imported on first use
+        import importlib
+        return importlib.import_module(".MPI", __name__)
     raise AttributeError(f"module 'pycomm' has no attribute {name!r}")

@@ -1,0 +1,283 @@
+"""``pycomm.MPI``: a module shaped like ``mpi4py.MPI``, a thin façade over pycomm.
+
+``from pycomm import MPI`` (or, under ``launch.py --mpi4py``, ``from mpi4py import MPI``)
+gives mpi4py's names: ``MPI.COMM_WORLD`` (an :class:`Intracomm` over
+``pycomm.COMM_WORLD``, created on first use, as ``pycomm.init()``), ``COMM_SELF``,
+``COMM_NULL``, the predefined datatypes (``MPI.DOUBLE``...) and derived-type
+constructors, message specs (``[buf, count, MPI.FLOAT]``...), ops, ``Status``,
+``Request``, ``Group``, ``Cartcomm``, the environment functions (``Init``, ``Finalize``,
+``Wtime``, ``Get_processor_name``...) and ``MPI.Exception`` with the ``ERR_*`` classes.
+
+Every collective runs in :class:`pycomm.comm.Communicator`; this package only maps names,
+signatures and message specs onto it (see :mod:`pycomm.MPI.comm`). What MPI has and pycomm
+does not offer (dynamic processes, one-sided windows, MPI-IO, ports) raises
+``NotImplementedError`` naming the feature.
+"""
+
+from __future__ import annotations
+
+import pickle as _pickle
+import socket as _socket
+import threading as _threading
+
+import pycomm as _pycomm
+from pycomm.buffers import IN_PLACE
+from pycomm.comm import TAG_UB as _TAG_UB_VALUE
+from pycomm.groups import UNDEFINED
+from pycomm.objects import dumps as _dumps, loads as _loads
+from pycomm.ops import (BAND, BOR, BXOR, LAND, LOR, LXOR, MAX, MAXLOC, MIN, MINLOC, PROD,
+                        SUM, Op)
+from pycomm.p2p import ANY_SOURCE, ANY_TAG, PROC_NULL
+
+from . import comm as _comm_mod
+from .comm import (CONGRUENT, IDENT, KEYVAL_APPNUM, KEYVAL_HOST, KEYVAL_IO,
+                   KEYVAL_LASTUSEDCODE, KEYVAL_TAG_UB, KEYVAL_UNIVERSE_SIZE,
+                   KEYVAL_WTIME_IS_GLOBAL, SIMILAR, UNEQUAL, Comm, Intracomm)
+from .datatypes import (COMBINER_NAMED, DATATYPE_NULL, ORDER_C, ORDER_F, ORDER_FORTRAN,
+                        PREDEFINED, Datatype)
+from .exceptions import ERRORS, Exception, Get_error_class, Get_error_string
+from .groups import GROUP_EMPTY, GROUP_NULL, Group
+from .msgspec import BOTTOM
+from .request import REQUEST_NULL, Prequest, Request, Status
+from .topo import CART, DIST_GRAPH, GRAPH, Cartcomm, Compute_dims, Topocomm
+
+# -- datatypes (MPI.DOUBLE ...) and error classes (MPI.ERR_TRUNCATE ...) ----------------
+globals().update({name: dt for name, dt in PREDEFINED.items() if name.isidentifier()})
+globals().update(ERRORS)
+
+# -- constants --------------------------------------------------------------------------
+ROOT = -3
+KEYVAL_INVALID = -1
+TAG_UB, HOST, IO, WTIME_IS_GLOBAL = KEYVAL_TAG_UB, KEYVAL_HOST, KEYVAL_IO, \
+    KEYVAL_WTIME_IS_GLOBAL
+UNIVERSE_SIZE, APPNUM, LASTUSEDCODE = KEYVAL_UNIVERSE_SIZE, KEYVAL_APPNUM, \
+    KEYVAL_LASTUSEDCODE
+THREAD_SINGLE, THREAD_FUNNELED, THREAD_SERIALIZED, THREAD_MULTIPLE = 0, 1, 2, 3
+MAX_PROCESSOR_NAME = 256
+MAX_ERROR_STRING = 512
+MAX_OBJECT_NAME = 128
+MAX_LIBRARY_VERSION_STRING = 8192
+MAX_INFO_KEY, MAX_INFO_VAL = 255, 1024
+BSEND_OVERHEAD = 96          # bytes per message MPI says to add when sizing Attach_buffer
+VERSION, SUBVERSION = 4, 0
+DISTRIBUTE_BLOCK, DISTRIBUTE_CYCLIC, DISTRIBUTE_NONE = 121, 122, 123
+DISTRIBUTE_DFLT_DARG = -49767
+ORDER_FORTRAN = ORDER_FORTRAN
+
+# ops beyond pycomm's: REPLACE keeps the incoming operand (MPI_Accumulate's replace),
+# NO_OP keeps the target; OP_NULL is no op at all.
+REPLACE = Op("REPLACE", kernel=lambda inbuf, inoutbuf: None, pyfunc=lambda a, b: b)
+NO_OP = Op("NO_OP", kernel=lambda inbuf, inoutbuf: inoutbuf.__setitem__(..., inbuf),
+           pyfunc=lambda a, b: a)
+OP_NULL = None
+
+
+class Errhandler:
+    """An error handler (pycomm always raises: ``ERRORS_RETURN`` behaves as mpi4py's
+    default, raising ``MPI.Exception``)."""
+
+    def __init__(self, name: str = "MPI_ERRHANDLER_NULL"):
+        self.name = name
+
+    def Free(self) -> None:
+        """Predefined handlers hold nothing."""
+
+    def __repr__(self) -> str:
+        return f"<MPI.Errhandler {self.name}>"
+
+
+ERRHANDLER_NULL = Errhandler()
+ERRORS_RETURN = Errhandler("MPI_ERRORS_RETURN")
+ERRORS_ARE_FATAL = Errhandler("MPI_ERRORS_ARE_FATAL")
+ERRORS_ABORT = Errhandler("MPI_ERRORS_ABORT")
+
+
+class Info(dict):
+    """An info object (key/value hints): a dict; pycomm reads no hints."""
+
+    @classmethod
+    def Create(cls, items=None) -> "Info":
+        return cls(items or {})
+
+    def Set(self, key: str, value: str) -> None:
+        self[str(key)] = str(value)
+
+    def Get(self, key: str, default=None):
+        return self.get(key, default)
+
+    def Delete(self, key: str) -> None:
+        self.pop(key, None)
+
+    def Get_nkeys(self) -> int:
+        return len(self)
+
+    def Get_nthkey(self, n: int) -> str:
+        return list(self)[n]
+
+    def Dup(self) -> "Info":
+        return Info(self)
+
+    def Free(self) -> None:
+        self.clear()
+
+
+INFO_NULL = Info()
+INFO_ENV = Info()
+
+
+class Pickle:
+    """``MPI.pickle``: the serializer of the object methods (``dumps``/``loads``,
+    ``PROTOCOL``). pycomm's object methods use :func:`pycomm.objects.dumps` (pickle,
+    cloudpickle as fallback); replacing these attributes does not change them."""
+
+    PROTOCOL = 5
+    THRESHOLD = 262144
+
+    def __init__(self, dumps=_dumps, loads=_loads, protocol: int | None = None):
+        self.dumps, self.loads = dumps, loads
+        self.PROTOCOL = _pickle.HIGHEST_PROTOCOL if protocol is None else protocol
+
+
+pickle = Pickle()
+
+# -- environment ------------------------------------------------------------------------
+_state = {"thread_level": THREAD_SERIALIZED, "finalized": False}
+_main_thread = _threading.main_thread()
+COMM_NULL = Comm()
+
+
+def Init() -> None:  # noqa: N802 (MPI names below)
+    """Create the world (``pycomm.init()``): connects to the launcher's rendezvous."""
+    _pycomm.init()
+
+
+def Init_thread(required: int = THREAD_MULTIPLE) -> int:
+    """Init, and return the thread level provided: ``THREAD_SERIALIZED`` at most (one
+    thread at a time may call pycomm; its own progress thread is internal)."""
+    _pycomm.init()
+    _state["thread_level"] = min(int(required), THREAD_SERIALIZED)
+    return _state["thread_level"]
+
+
+def Query_thread() -> int:
+    """The thread level provided (``THREAD_SERIALIZED`` unless ``Init_thread`` asked less)."""
+    return _state["thread_level"]
+
+
+def Is_thread_main() -> bool:
+    return _threading.current_thread() is _main_thread
+
+
+def Finalize() -> None:
+    """Release the world (``pycomm.finalize()``); pending Bsends are flushed first."""
+    if _pycomm.is_initialized():
+        _comm_mod.BSEND.drain()
+    _pycomm.finalize()
+    _state["finalized"] = True
+
+
+def Is_initialized() -> bool:
+    """Whether the world exists (Init, or a first use of COMM_WORLD, created it)."""
+    return _pycomm.is_initialized() or _state["finalized"]
+
+
+def Is_finalized() -> bool:
+    return _state["finalized"]
+
+
+def Get_version() -> tuple[int, int]:
+    """The MPI standard version whose names pycomm.MPI follows: ``(4, 0)``."""
+    return VERSION, SUBVERSION
+
+
+def Get_library_version() -> str:
+    return (f"pycomm {_pycomm.__version__} (pure-Python collective communication; "
+            f"mpi4py-compatible façade pycomm.MPI, MPI {VERSION}.{SUBVERSION} names)")
+
+
+def get_vendor() -> tuple[str, tuple[int, int, int]]:
+    """``("pycomm", (major, minor, micro))``: the "MPI implementation" underneath."""
+    return "pycomm", tuple(int(x) for x in _pycomm.__version__.split(".")[:3])
+
+
+def Get_processor_name() -> str:
+    """This host's name (at most ``MAX_PROCESSOR_NAME`` characters)."""
+    return _socket.gethostname()[:MAX_PROCESSOR_NAME]
+
+
+def Get_hw_resource_info() -> Info:
+    return Info()
+
+
+Wtime = _pycomm.Wtime
+Wtick = _pycomm.Wtick
+
+
+def Pcontrol(level: int) -> None:
+    """Profiling control: pycomm has no profiling layer; accepted and ignored."""
+
+
+def Attach_buffer(buf) -> None:
+    """Attach a buffer for ``Bsend`` (pycomm copies each buffered message privately, so
+    the buffer is only kept to be handed back by :func:`Detach_buffer`)."""
+    _comm_mod.BSEND.buffer = buf
+
+
+def Detach_buffer():
+    """Wait for every pending buffered send; return the attached buffer."""
+    _comm_mod.BSEND.drain()
+    buf, _comm_mod.BSEND.buffer = _comm_mod.BSEND.buffer, None
+    return buf
+
+
+def Alloc_mem(size: int, info=INFO_NULL) -> memoryview:
+    """``size`` bytes of zeroed memory (a writable memoryview)."""
+    return memoryview(bytearray(int(size)))
+
+
+def Free_mem(mem) -> None:
+    """Memory from Alloc_mem is garbage-collected; accepted for compatibility."""
+
+
+def _world() -> Intracomm:
+    out = Intracomm._wrap(_pycomm.init())
+    out._name = "MPI_COMM_WORLD"
+    return out
+
+
+def _self() -> Intracomm:
+    world = _pycomm.init()
+    inner = world.Create_group(world.Get_group().Incl([world.rank]))
+    out = Intracomm._wrap(inner)
+    out._name = "MPI_COMM_SELF"
+    return out
+
+
+_LAZY = {"COMM_WORLD": _world, "COMM_SELF": _self}
+_NOT_OFFERED = {
+    "Win": "one-sided communication (MPI windows)", "File": "MPI-IO (MPI.File)",
+    "Open_port": "ports (MPI_Open_port)", "Close_port": "ports (MPI_Close_port)",
+    "Publish_name": "name publishing", "Lookup_name": "name publishing",
+    "Unpublish_name": "name publishing", "Session": "MPI sessions",
+    "Intercomm": "inter-communicators", "Graphcomm": "graph topologies",
+    "Distgraphcomm": "distributed graph topologies", "Grequest": "generalized requests",
+    "Message": "matched probes (Mprobe/Message)", "MESSAGE_NULL": "matched probes",
+    "MESSAGE_NO_PROC": "matched probes", "WIN_NULL": "one-sided communication",
+    "FILE_NULL": "MPI-IO", "Register_datarep": "MPI-IO data representations",
+}
+
+
+def __getattr__(name: str):
+    make = _LAZY.get(name)
+    if make is not None:
+        value = make()
+        globals()[name] = value      # later lookups are plain attribute reads
+        return value
+    if name in _NOT_OFFERED:
+        raise NotImplementedError(f"MPI.{name}: pycomm does not offer "
+                                  f"{_NOT_OFFERED[name]}")
+    raise AttributeError(f"module 'pycomm.MPI' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

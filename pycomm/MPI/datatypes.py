@@ -1,0 +1,597 @@
+"""MPI datatypes for the :mod:`pycomm.MPI` façade: predefined types and derived layouts.
+
+A :class:`Datatype` is a *typemap*: the byte displacement and numpy dtype of every basic
+element of one item, plus the item's lower bound and extent (MPI-4.0 section 5.1). Items
+of a message lie ``extent`` bytes apart. The typemap is held as numpy arrays
+(``_disps``: int64 byte displacements, ``_codes``: an index into ``_dtypes``), so
+composing a derived type (``Create_vector``, ``Create_subarray``, ...) and packing
+``count`` items are array operations, never a Python loop over elements.
+
+Moving a message (see :mod:`pycomm.MPI.msgspec`): the datatype decides how the buffer's
+bytes are read. A *contiguous* type (its elements back to back from byte 0, extent equal
+to size: every predefined type, ``Create_contiguous`` of one) reads ``count`` items as a
+zero-copy numpy view of the buffer in the type's numpy dtype. Any other type is packed
+into a contiguous array with one fancy-indexing gather (and unpacked with one scatter) on
+precomputed indices; a homogeneous type (one basic dtype) packs into that dtype, so
+reductions work on it, a heterogeneous one (``Create_struct`` of mixed types) into bytes.
+
+The numpy dtypes that travel ("wire" dtypes) are always numeric: ``CHAR`` travels as
+uint8, ``WCHAR`` as uint32, the pair types (``DOUBLE_INT``, ...) as the C-layout
+structured dtypes that :data:`pycomm.ops.MAXLOC` accepts.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pycomm.errors import ArgumentError
+
+__all__ = ["Datatype", "DATATYPE_NULL", "TYPEDICT", "to_datatype", "from_numpy",
+           "ORDER_C", "ORDER_FORTRAN", "ORDER_F", "COMBINER_NAMED", "PREDEFINED"]
+
+ORDER_C, ORDER_FORTRAN = 0, 1
+ORDER_F = ORDER_FORTRAN
+(COMBINER_NAMED, COMBINER_DUP, COMBINER_CONTIGUOUS, COMBINER_VECTOR, COMBINER_HVECTOR,
+ COMBINER_INDEXED, COMBINER_HINDEXED, COMBINER_INDEXED_BLOCK, COMBINER_HINDEXED_BLOCK,
+ COMBINER_STRUCT, COMBINER_SUBARRAY, COMBINER_RESIZED) = range(12)
+
+_WIRE = {"S": np.dtype(np.uint8), "U": np.dtype(np.uint32)}   # non-numeric basic dtypes
+_INDEX_CACHE = 8          # index arrays kept per datatype (one per distinct count/offset)
+
+
+def _data_size(dt: np.dtype) -> int:
+    """Bytes of data in one element of ``dt`` (a structured dtype's padding excluded)."""
+    if dt.fields is None:
+        return dt.itemsize
+    return sum(f[0].itemsize for f in dt.fields.values())
+
+
+class Datatype:
+    """An MPI datatype (mpi4py's ``MPI.Datatype``): a typemap over numpy dtypes.
+
+    Users get predefined types as module constants (``MPI.DOUBLE``) and derive new ones
+    with the ``Create_*`` methods; a derived type must be ``Commit()``-ed before use.
+
+    Attributes (read-only, mpi4py's properties): ``size`` (bytes of data in one item),
+    ``extent``/``lb``/``ub`` (bytes), ``true_lb``/``true_extent``/``true_ub``, ``name``,
+    ``typechar``/``typestr`` (numpy codes, "" when none), ``is_predefined``.
+    """
+
+    __slots__ = ("_name", "_dtypes", "_disps", "_codes", "_lb", "_ub", "_size",
+                 "_predefined", "_committed", "_freed", "_combiner", "_code", "_contig",
+                 "_cache", "__weakref__")
+
+    def __init__(self, datatype: "Datatype | None" = None):
+        src = DATATYPE_NULL if datatype is None else datatype
+        if not isinstance(src, Datatype):
+            raise TypeError(f"Datatype({datatype!r}): expected a Datatype")
+        for slot in Datatype.__slots__[:-1]:
+            object.__setattr__(self, slot, getattr(src, slot, None))
+
+    # -- construction (internal) --------------------------------------------------------
+    @classmethod
+    def _make(cls, dtypes, disps, codes, lb: int, ub: int, *, name: str = "",
+              predefined: bool = False, combiner: int = COMBINER_NAMED,
+              code: str | None = None, size: int | None = None) -> "Datatype":
+        self = object.__new__(cls)
+        self._name = name
+        self._dtypes = tuple(np.dtype(d) for d in dtypes)
+        self._disps = np.asarray(disps, dtype=np.int64).reshape(-1)
+        self._codes = np.asarray(codes, dtype=np.int16).reshape(-1)
+        self._lb, self._ub = int(lb), int(ub)
+        sizes = np.array([_data_size(d) for d in self._dtypes] or [0], dtype=np.int64)
+        self._size = int(sizes[self._codes].sum()) if size is None else size
+        self._predefined = predefined
+        self._committed = predefined
+        self._freed = False
+        self._combiner = combiner
+        self._code = code
+        n = self._disps.size
+        self._contig = bool(
+            len(self._dtypes) == 1 and self._lb == 0 and
+            self._ub == n * self._dtypes[0].itemsize and
+            np.array_equal(self._disps, np.arange(n, dtype=np.int64) *
+                           self._dtypes[0].itemsize))
+        self._cache = {}
+        return self
+
+    @classmethod
+    def _basic(cls, name: str, dtype, code: str | None, size: int | None = None):
+        dt = np.dtype(dtype)
+        return cls._make([dt], [0], [0], 0, dt.itemsize, name=name, predefined=True,
+                         code=code, size=size)
+
+    @classmethod
+    def _compose(cls, parts, combiner: int) -> "Datatype":
+        """The type whose items are ``parts``: (byte offsets array, Datatype) pairs, each
+        offset placing one whole item of that datatype (MPI's typemap concatenation)."""
+        dtypes: list[np.dtype] = []
+        disps, codes, lows, highs = [], [], [], []
+        for offsets, dt in parts:
+            dt._check_usable("a type constructor")
+            offsets = np.asarray(offsets, dtype=np.int64).reshape(-1)
+            if offsets.size == 0:
+                continue
+            remap = np.array([_index_of(dtypes, d) for d in dt._dtypes] or [0],
+                             dtype=np.int16)
+            disps.append((offsets[:, None] + dt._disps[None, :]).reshape(-1))
+            codes.append(np.broadcast_to(remap[dt._codes][None, :],
+                                         (offsets.size, dt._codes.size)).reshape(-1))
+            lows.append(offsets.min() + dt._lb)
+            highs.append(offsets.max() + dt._ub)
+        if not lows:
+            return cls._make(dtypes, [], [], 0, 0, combiner=combiner)
+        return cls._make(dtypes, np.concatenate(disps), np.concatenate(codes),
+                         min(lows), max(highs), combiner=combiner)
+
+    def _check_usable(self, what: str) -> None:
+        if self._freed:
+            raise ArgumentError(f"{what}: datatype {self._name or 'derived'} has been freed")
+        if not self._dtypes and self is DATATYPE_NULL:
+            raise ArgumentError(f"{what}: DATATYPE_NULL cannot be used")
+
+    # -- accessors ----------------------------------------------------------------------
+    def Get_size(self) -> int:
+        """Bytes of data in one item (padding and gaps excluded)."""
+        return self._size
+
+    def Get_extent(self) -> tuple[int, int]:
+        """``(lb, extent)`` in bytes: items of a message lie ``extent`` bytes apart."""
+        return self._lb, self._ub - self._lb
+
+    def Get_true_extent(self) -> tuple[int, int]:
+        """``(true_lb, true_extent)`` in bytes: the span the data really covers."""
+        if self._disps.size == 0:
+            return 0, 0
+        ends = self._disps + np.array([d.itemsize for d in self._dtypes],
+                                      dtype=np.int64)[self._codes]
+        lo = int(self._disps.min())
+        return lo, int(ends.max()) - lo
+
+    def Get_name(self) -> str:
+        """The type's name (``"MPI_DOUBLE"`` ...; "" for an unnamed derived type)."""
+        return self._name
+
+    def Set_name(self, name: str) -> None:
+        """Set the name returned by :meth:`Get_name`."""
+        self._name = str(name)
+
+    def Get_envelope(self) -> tuple[int, int, int, int]:
+        """``(0, 0, 0, combiner)``: pycomm keeps no constructor arguments."""
+        return 0, 0, 0, self._combiner
+
+    @property
+    def combiner(self) -> int:
+        return self._combiner
+
+    size = property(Get_size)
+    name = property(Get_name, Set_name)
+    lb = property(lambda self: self._lb)
+    ub = property(lambda self: self._ub)
+    extent = property(lambda self: self._ub - self._lb)
+    true_lb = property(lambda self: self.Get_true_extent()[0])
+    true_extent = property(lambda self: self.Get_true_extent()[1])
+    true_ub = property(lambda self: sum(self.Get_true_extent()))
+    is_predefined = property(lambda self: self._predefined)
+    is_named = is_predefined
+
+    @property
+    def typechar(self) -> str:
+        """numpy character code of a predefined type ("" for derived types)."""
+        return self._code[0] if self._code else ""
+
+    @property
+    def typestr(self) -> str:
+        """numpy type string (``"f8"``...) of a basic type; ``"V<extent>"`` otherwise."""
+        if self._predefined and len(self._dtypes) == 1 and self._dtypes[0].fields is None:
+            dt = self._dtypes[0]
+            return f"{dt.kind}{dt.itemsize}" if dt.kind != "b" else "b1"
+        return f"V{self.extent}" if self is not DATATYPE_NULL else ""
+
+    def tocode(self) -> str:
+        """The numpy character code of a predefined type (``MPI.DOUBLE.tocode() == "d"``).
+
+        Raises:
+            ValueError: a derived or pair type (no code maps to it).
+        """
+        if not self._code:
+            raise ValueError(f"cannot map {self._name or 'a derived datatype'} to a "
+                             "character code or type string")
+        return self._code
+
+    @classmethod
+    def fromcode(cls, code: str) -> "Datatype":
+        """The predefined type of a numpy/PEP 3118 code (``"d"``, ``"i4"``, ``"F"``...).
+
+        Raises:
+            ValueError: no predefined type has that code.
+        """
+        try:
+            return TYPEDICT[code]
+        except (KeyError, TypeError):
+            raise ValueError(f"cannot map code {code!r} to an MPI datatype") from None
+
+    def to_numpy(self) -> np.dtype:
+        """The numpy dtype of one item: the basic dtype for a predefined type, otherwise a
+        structured dtype with one field per basic element at its displacement."""
+        if self._predefined:
+            return self._dtypes[0]
+        return np.dtype({"names": [f"f{i}" for i in range(self._disps.size)],
+                         "formats": [self._dtypes[c] for c in self._codes],
+                         "offsets": (self._disps - self._lb).tolist(),
+                         "itemsize": self.extent})
+
+    # -- life cycle ---------------------------------------------------------------------
+    def Commit(self) -> "Datatype":
+        """Mark the type ready for communication; returns ``self`` (mpi4py)."""
+        self._check_usable("Commit")
+        self._committed = True
+        return self
+
+    def Free(self) -> None:
+        """Release a derived type; using it afterwards raises. Predefined types cannot be
+        freed (ArgumentError, as MPI_ERR_TYPE)."""
+        if self._predefined:
+            raise ArgumentError(f"Datatype.Free: {self._name} is predefined and cannot be "
+                                "freed")
+        self._freed = True
+
+    def Dup(self) -> "Datatype":
+        """A committed copy with the same typemap (``MPI_Type_dup``)."""
+        self._check_usable("Dup")
+        out = Datatype._make(self._dtypes, self._disps, self._codes, self._lb, self._ub,
+                             combiner=COMBINER_DUP, code=self._code, size=self._size)
+        out._committed, out._name = self._committed, self._name
+        return out
+
+    Create_dup = Dup
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, Datatype):
+            return NotImplemented
+        if self._predefined or other._predefined:
+            return self is other
+        return self is other
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    def __bool__(self) -> bool:
+        return self is not DATATYPE_NULL and not self._freed
+
+    def __repr__(self) -> str:
+        if self._name:
+            return f"<pycomm.MPI.Datatype {self._name}>"
+        return (f"<pycomm.MPI.Datatype derived: {self._disps.size} elements, size "
+                f"{self._size}, lb {self._lb}, extent {self.extent}>")
+
+    def __reduce__(self):
+        if self._predefined:
+            return _predefined, (_KEY_OF[id(self)],)
+        return _rebuild, (self._dtypes, self._disps, self._codes, self._lb, self._ub,
+                          self._combiner, self._committed)
+
+    # -- derived types (MPI-4.0 section 5.1.2) ------------------------------------------
+    def Create_contiguous(self, count: int) -> "Datatype":
+        """``count`` items of this type back to back."""
+        count = _nonneg(count, "count", "Create_contiguous")
+        return Datatype._compose([(np.arange(count) * self.extent, self)],
+                                 COMBINER_CONTIGUOUS)
+
+    def Create_vector(self, count: int, blocklength: int, stride: int) -> "Datatype":
+        """``count`` blocks of ``blocklength`` items, block starts ``stride`` items apart."""
+        return self._hvector(count, blocklength, _int(stride, "stride", "Create_vector")
+                             * self.extent, "Create_vector", COMBINER_VECTOR)
+
+    def Create_hvector(self, count: int, blocklength: int, stride: int) -> "Datatype":
+        """As :meth:`Create_vector` with ``stride`` in bytes."""
+        return self._hvector(count, blocklength, _int(stride, "stride", "Create_hvector"),
+                             "Create_hvector", COMBINER_HVECTOR)
+
+    def _hvector(self, count, blocklength, stride_bytes, what, combiner):
+        count = _nonneg(count, "count", what)
+        blen = _nonneg(blocklength, "blocklength", what)
+        offs = (np.arange(count)[:, None] * stride_bytes +
+                np.arange(blen)[None, :] * self.extent)
+        return Datatype._compose([(offs, self)], combiner)
+
+    def Create_indexed(self, blocklengths, displacements) -> "Datatype":
+        """Blocks of ``blocklengths[i]`` items at ``displacements[i]`` items."""
+        d = _ints(displacements, "displacements", "Create_indexed")
+        return self._hindexed(blocklengths, d * self.extent, "Create_indexed",
+                              COMBINER_INDEXED)
+
+    def Create_hindexed(self, blocklengths, displacements) -> "Datatype":
+        """Blocks of ``blocklengths[i]`` items at ``displacements[i]`` bytes."""
+        d = _ints(displacements, "displacements", "Create_hindexed")
+        return self._hindexed(blocklengths, d, "Create_hindexed", COMBINER_HINDEXED)
+
+    def Create_indexed_block(self, blocklength: int, displacements) -> "Datatype":
+        """Blocks of ``blocklength`` items at ``displacements[i]`` items."""
+        d = _ints(displacements, "displacements", "Create_indexed_block")
+        blen = _nonneg(blocklength, "blocklength", "Create_indexed_block")
+        return self._hindexed([blen] * d.size, d * self.extent, "Create_indexed_block",
+                              COMBINER_INDEXED_BLOCK)
+
+    def Create_hindexed_block(self, blocklength: int, displacements) -> "Datatype":
+        """Blocks of ``blocklength`` items at ``displacements[i]`` bytes."""
+        d = _ints(displacements, "displacements", "Create_hindexed_block")
+        blen = _nonneg(blocklength, "blocklength", "Create_hindexed_block")
+        return self._hindexed([blen] * d.size, d, "Create_hindexed_block",
+                              COMBINER_HINDEXED_BLOCK)
+
+    def _hindexed(self, blocklengths, byte_disps, what, combiner):
+        blens = _ints(blocklengths, "blocklengths", what)
+        if blens.size != byte_disps.size:
+            raise ArgumentError(f"{what}: {blens.size} blocklengths but {byte_disps.size} "
+                                "displacements")
+        if (blens < 0).any():
+            raise ArgumentError(f"{what}: blocklengths must be >= 0, got {blens.tolist()}")
+        start = np.repeat(byte_disps, blens)
+        within = np.arange(int(blens.sum())) - np.repeat(np.cumsum(blens) - blens, blens)
+        return Datatype._compose([(start + within * self.extent, self)], combiner)
+
+    @classmethod
+    def Create_struct(cls, blocklengths, displacements, datatypes) -> "Datatype":
+        """Blocks of ``blocklengths[i]`` items of ``datatypes[i]`` at ``displacements[i]``
+        bytes (mixed types: such a type packs to bytes and supports no reduction)."""
+        blens = _ints(blocklengths, "blocklengths", "Create_struct")
+        disps = _ints(displacements, "displacements", "Create_struct")
+        types = [to_datatype(t, "Create_struct") for t in datatypes]
+        if not blens.size == disps.size == len(types):
+            raise ArgumentError(f"Create_struct: {blens.size} blocklengths, {disps.size} "
+                                f"displacements and {len(types)} datatypes differ in length")
+        parts = [(d + np.arange(b) * t.extent, t) for b, d, t in zip(blens, disps, types)]
+        return cls._compose(parts, COMBINER_STRUCT)
+
+    def Create_subarray(self, sizes, subsizes, starts, order: int = ORDER_C) -> "Datatype":
+        """The ``subsizes`` block at ``starts`` of a ``sizes`` array of this type, in C
+        (row-major, ``ORDER_C``) or Fortran order; extent: the whole array."""
+        what = "Create_subarray"
+        sizes, subs = _ints(sizes, "sizes", what), _ints(subsizes, "subsizes", what)
+        starts = _ints(starts, "starts", what)
+        if not sizes.size == subs.size == starts.size or sizes.size == 0:
+            raise ArgumentError(f"{what}: sizes {sizes.tolist()}, subsizes {subs.tolist()}"
+                                f" and starts {starts.tolist()} must have one equal length")
+        if (subs < 0).any() or (starts < 0).any() or (starts + subs > sizes).any():
+            raise ArgumentError(f"{what}: block {subs.tolist()} at {starts.tolist()} does "
+                                f"not fit in {sizes.tolist()}")
+        if order not in (ORDER_C, ORDER_FORTRAN):
+            raise ArgumentError(f"{what}: order={order!r} is not ORDER_C or ORDER_FORTRAN")
+        axes = range(sizes.size) if order == ORDER_C else range(sizes.size - 1, -1, -1)
+        axes = list(axes)
+        offs = np.zeros(1, dtype=np.int64)
+        for a in axes:                        # slowest axis first: offsets in type order
+            stride = int(np.prod(sizes[a + 1:] if order == ORDER_C else sizes[:a]))
+            offs = (offs[:, None] + (starts[a] + np.arange(subs[a])) * stride).reshape(-1)
+        inner = Datatype._compose([(offs * self.extent, self)], COMBINER_SUBARRAY)
+        return inner._resized(0, int(np.prod(sizes)) * self.extent, COMBINER_SUBARRAY)
+
+    def Create_resized(self, lb: int, extent: int) -> "Datatype":
+        """This typemap with lower bound ``lb`` and extent ``extent`` (bytes)."""
+        return self._resized(_int(lb, "lb", "Create_resized"),
+                             _int(extent, "extent", "Create_resized"), COMBINER_RESIZED)
+
+    def _resized(self, lb: int, extent: int, combiner: int) -> "Datatype":
+        self._check_usable("Create_resized")
+        return Datatype._make(self._dtypes, self._disps, self._codes, lb, lb + extent,
+                              combiner=combiner, size=self._size)
+
+    # -- packing ------------------------------------------------------------------------
+    @property
+    def homogeneous(self) -> bool:
+        """Whether every basic element has the same numpy dtype (such a type packs to that
+        dtype and can be reduced)."""
+        return len(self._dtypes) == 1
+
+    def wire_dtype(self) -> np.dtype:
+        """numpy dtype of the packed message: the basic dtype (non-numeric ones as
+        unsigned ints of their size) for a homogeneous type, uint8 otherwise."""
+        if len(self._dtypes) != 1:
+            return np.dtype(np.uint8)
+        dt = self._dtypes[0]
+        return _WIRE.get(dt.kind, dt)
+
+    def elements(self) -> int:
+        """Wire-dtype elements that one item packs to."""
+        if len(self._dtypes) == 1:
+            return int(self._disps.size)
+        return int(sum(self._dtypes[c].itemsize for c in self._codes))
+
+    def gather_index(self, count: int, start: int) -> tuple[np.ndarray, bool]:
+        """Indices that gather ``count`` items placed at byte ``start`` of a buffer.
+
+        Returns ``(index, by_element)``: with ``by_element`` the indices are in units of
+        the basic dtype's itemsize (the buffer is viewed in that dtype), otherwise they are
+        byte indices (heterogeneous or misaligned layouts). Cached per (count, start).
+        """
+        key = (count, start)
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        item_offs = start + np.arange(count, dtype=np.int64) * self.extent
+        leaf = (item_offs[:, None] + self._disps[None, :]).reshape(-1)
+        isz = self._dtypes[0].itemsize if len(self._dtypes) == 1 else 0
+        if isz and not (leaf % isz).any():
+            out = (leaf // isz, True)
+        else:
+            lens = np.array([d.itemsize for d in self._dtypes],
+                            dtype=np.int64)[np.tile(self._codes, count)]
+            first = np.cumsum(lens) - lens
+            out = (np.repeat(leaf - first, lens) + np.arange(int(lens.sum())), False)
+        if len(self._cache) >= _INDEX_CACHE:
+            self._cache.pop(next(iter(self._cache)))
+        self._cache[key] = out
+        return out
+
+
+def _index_of(dtypes: list, dt: np.dtype) -> int:
+    for i, d in enumerate(dtypes):
+        if d == dt and d.fields == dt.fields and d.itemsize == dt.itemsize:
+            return i
+    dtypes.append(dt)
+    return len(dtypes) - 1
+
+
+def _int(value, arg: str, what: str) -> int:
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        return int(value)
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    raise TypeError(f"{what}: {arg}={value!r} is not an integer")
+
+
+def _nonneg(value, arg: str, what: str) -> int:
+    v = _int(value, arg, what)
+    if v < 0:
+        raise ArgumentError(f"{what}: {arg}={v} must be >= 0")
+    return v
+
+
+def _ints(values, arg: str, what: str) -> np.ndarray:
+    try:
+        return np.array([_int(v, arg, what) for v in values], dtype=np.int64)
+    except TypeError:
+        raise TypeError(f"{what}: {arg} must be a sequence of integers, got "
+                        f"{values!r}") from None
+
+
+def _predefined(name: str) -> Datatype:
+    return PREDEFINED[name]
+
+
+def _rebuild(dtypes, disps, codes, lb, ub, combiner, committed) -> Datatype:
+    dt = Datatype._make(dtypes, disps, codes, lb, ub, combiner=combiner)
+    dt._committed = committed
+    return dt
+
+
+DATATYPE_NULL = Datatype._make([], [], [], 0, 0, name="MPI_DATATYPE_NULL", predefined=True)
+
+
+def _pair(value) -> np.dtype:
+    """C layout of MPI's value/int pair types (``struct {T val; int idx;}``: padded)."""
+    return np.dtype([("val", np.dtype(value)), ("idx", np.int32)], align=True)
+
+
+# name -> (numpy dtype, numpy character code or None, data size override or None)
+_TABLE = {
+    "BYTE": ("u1", "B"), "PACKED": ("u1", "B"), "CHAR": ("S1", "c"), "WCHAR": ("U1", "U"),
+    "SIGNED_CHAR": ("i1", "b"), "UNSIGNED_CHAR": ("u1", "B"), "SHORT": ("i2", "h"),
+    "UNSIGNED_SHORT": ("u2", "H"), "INT": ("i4", "i"), "UNSIGNED": ("u4", "I"),
+    "LONG": (np.dtype("l").str, "l"), "UNSIGNED_LONG": (np.dtype("L").str, "L"),
+    "LONG_LONG": ("i8", "q"), "UNSIGNED_LONG_LONG": ("u8", "Q"), "FLOAT": ("f4", "f"),
+    "DOUBLE": ("f8", "d"), "LONG_DOUBLE": ("g", "g"), "C_BOOL": ("?", "?"),
+    "INT8_T": ("i1", "i1"), "INT16_T": ("i2", "i2"), "INT32_T": ("i4", "i4"),
+    "INT64_T": ("i8", "i8"), "UINT8_T": ("u1", "u1"), "UINT16_T": ("u2", "u2"),
+    "UINT32_T": ("u4", "u4"), "UINT64_T": ("u8", "u8"),
+    "C_FLOAT_COMPLEX": ("c8", "F"), "C_DOUBLE_COMPLEX": ("c16", "D"),
+    "C_LONG_DOUBLE_COMPLEX": ("G", "G"), "CXX_BOOL": ("?", "?"),
+    "CXX_FLOAT_COMPLEX": ("c8", "F"), "CXX_DOUBLE_COMPLEX": ("c16", "D"),
+    "CXX_LONG_DOUBLE_COMPLEX": ("G", "G"),
+    "AINT": ("i8", "p"), "OFFSET": ("i8", "p"), "COUNT": ("i8", "p"),
+    # Fortran's basic types, as gfortran lays them out on LP64 Linux
+    "CHARACTER": ("S1", "c"), "LOGICAL": ("i4", None), "INTEGER": ("i4", "i"),
+    "REAL": ("f4", "f"), "DOUBLE_PRECISION": ("f8", "d"), "COMPLEX": ("c8", "F"),
+    "DOUBLE_COMPLEX": ("c16", "D"), "INTEGER1": ("i1", "b"), "INTEGER2": ("i2", "h"),
+    "INTEGER4": ("i4", "i"), "INTEGER8": ("i8", "q"), "REAL4": ("f4", "f"),
+    "REAL8": ("f8", "d"), "COMPLEX8": ("c8", "F"), "COMPLEX16": ("c16", "D"),
+    # value/index pairs for MAXLOC and MINLOC (C struct layout, size without padding)
+    "FLOAT_INT": (_pair("f4"), None), "DOUBLE_INT": (_pair("f8"), None),
+    "LONG_INT": (_pair("l"), None), "2INT": (_pair("i4"), None),
+    "SHORT_INT": (_pair("i2"), None), "LONG_DOUBLE_INT": (_pair("g"), None),
+}
+
+PREDEFINED: dict[str, Datatype] = {"DATATYPE_NULL": DATATYPE_NULL}
+for _name, (_dt, _code) in _TABLE.items():
+    PREDEFINED[_name] = Datatype._basic(f"MPI_{_name}", _dt, _code)
+PREDEFINED["TWOINT"] = PREDEFINED["2INT"]
+PREDEFINED["INT_INT"] = PREDEFINED["2INT"]
+# mpi4py's aliases of the same handles
+for _alias, _target in {"SIGNED_SHORT": "SHORT", "SIGNED_INT": "INT", "SIGNED_LONG": "LONG",
+                        "SIGNED_LONG_LONG": "LONG_LONG", "UNSIGNED_INT": "UNSIGNED",
+                        "BOOL": "C_BOOL", "C_COMPLEX": "C_FLOAT_COMPLEX",
+                        "F_BOOL": "LOGICAL", "F_INT": "INTEGER", "F_FLOAT": "REAL",
+                        "F_DOUBLE": "DOUBLE_PRECISION", "F_COMPLEX": "COMPLEX",
+                        "F_FLOAT_COMPLEX": "COMPLEX", "F_DOUBLE_COMPLEX": "DOUBLE_COMPLEX",
+                        "LONG_DOUBLE_COMPLEX": "C_LONG_DOUBLE_COMPLEX"}.items():
+    PREDEFINED[_alias] = PREDEFINED[_target]
+
+# code -> predefined type (mpi4py's typedict: C names win over Fortran ones and aliases)
+TYPEDICT: dict[str, Datatype] = {}
+for _name in ("C_BOOL", "SIGNED_CHAR", "SHORT", "INT", "LONG", "LONG_LONG",
+              "UNSIGNED_CHAR", "UNSIGNED_SHORT", "UNSIGNED", "UNSIGNED_LONG",
+              "UNSIGNED_LONG_LONG", "FLOAT", "DOUBLE", "LONG_DOUBLE", "C_FLOAT_COMPLEX",
+              "C_DOUBLE_COMPLEX", "C_LONG_DOUBLE_COMPLEX", "CHAR", "WCHAR"):
+    TYPEDICT[PREDEFINED[_name]._code] = PREDEFINED[_name]
+for _name in ("INT8_T", "INT16_T", "INT32_T", "INT64_T", "UINT8_T", "UINT16_T", "UINT32_T",
+              "UINT64_T"):
+    TYPEDICT[PREDEFINED[_name]._code] = PREDEFINED[_name]
+TYPEDICT.update({"b1": PREDEFINED["C_BOOL"], "f4": PREDEFINED["FLOAT"],
+                 "f8": PREDEFINED["DOUBLE"], "c8": PREDEFINED["C_FLOAT_COMPLEX"],
+                 "c16": PREDEFINED["C_DOUBLE_COMPLEX"], "p": PREDEFINED["AINT"],
+                 "n": PREDEFINED["LONG"], "N": PREDEFINED["UNSIGNED_LONG"],
+                 "P": PREDEFINED["UNSIGNED_LONG"], "Zf": PREDEFINED["C_FLOAT_COMPLEX"],
+                 "Zd": PREDEFINED["C_DOUBLE_COMPLEX"], "Zg": PREDEFINED["C_LONG_DOUBLE_COMPLEX"],
+                 "S": PREDEFINED["CHAR"], "S1": PREDEFINED["CHAR"], "a": PREDEFINED["CHAR"],
+                 "U1": PREDEFINED["WCHAR"], "M": PREDEFINED["INT64_T"],
+                 "m": PREDEFINED["INT64_T"], "M8": PREDEFINED["INT64_T"],
+                 "m8": PREDEFINED["INT64_T"]})
+_gdt = np.dtype("g")
+TYPEDICT[f"f{_gdt.itemsize}"] = PREDEFINED["LONG_DOUBLE"]
+TYPEDICT[f"c{2 * _gdt.itemsize}"] = PREDEFINED["C_LONG_DOUBLE_COMPLEX"]
+# the pair types report MPI's data size (no padding), e.g. DOUBLE_INT: size 12, extent 16
+for _name in ("FLOAT_INT", "DOUBLE_INT", "LONG_INT", "2INT", "SHORT_INT", "LONG_DOUBLE_INT"):
+    PREDEFINED[_name]._size = _data_size(PREDEFINED[_name]._dtypes[0])
+PREDEFINED["2INT"]._name = "MPI_2INT"
+
+_KEY_OF = {id(dt): key for key, dt in reversed(list(PREDEFINED.items()))}
+_BY_DTYPE: dict[np.dtype, Datatype] = {}
+
+
+def from_numpy(dtype: np.dtype) -> Datatype:
+    """The datatype of a buffer's own numpy dtype (its type when no datatype is given).
+
+    Predefined types for the standard dtypes (``float64`` -> ``DOUBLE``, ...); a
+    structured or other numeric dtype becomes an unnamed contiguous type of it.
+    """
+    hit = _BY_DTYPE.get(dtype)
+    if hit is not None:
+        return hit
+    dt = np.dtype(dtype)
+    out = None
+    if dt.fields is None and dt.kind in "biufcSU":
+        code = dt.char if dt.kind not in "SU" else dt.kind
+        out = TYPEDICT.get(code) if dt.itemsize in (1, 4) or dt.kind not in "SU" else None
+        if out is not None and out._dtypes[0].itemsize != dt.itemsize:
+            out = None
+        if out is None and dt.kind in "SU":
+            n = dt.itemsize // (1 if dt.kind == "S" else 4)
+            out = PREDEFINED["CHAR" if dt.kind == "S" else "WCHAR"].Create_contiguous(n)
+    if out is None:
+        out = Datatype._basic("", dt, None)
+        out._predefined = False
+    _BY_DTYPE[dtype] = out
+    return out
+
+
+def to_datatype(value, what: str) -> Datatype:
+    """A Datatype from what mpi4py accepts in its place: a Datatype, a typecode string
+    (``"d"``, ``"i4"``...) or a numpy dtype / scalar type.
+
+    Raises:
+        TypeError: not a datatype; ArgumentError: a freed or null datatype.
+    """
+    if isinstance(value, Datatype):
+        value._check_usable(what)
+        return value
+    if isinstance(value, str):
+        hit = TYPEDICT.get(value)
+        if hit is not None:
+            return hit
+    try:
+        dt = np.dtype(value)
+    except TypeError:
+        raise TypeError(f"{what}: {value!r} is not a datatype (an MPI.Datatype, a typecode "
+                        "such as 'd', or a numpy dtype)") from None
+    return from_numpy(dt)

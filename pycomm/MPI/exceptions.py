@@ -1,0 +1,190 @@
+"""``MPI.Exception``, the ``ERR_*`` error classes and the translation of pycomm's errors.
+
+``MPI.Exception`` derives from :class:`pycomm.CommError`. Every error that leaves a
+façade call is an ``MPI.Exception`` *and* keeps its pycomm class: a
+:class:`~pycomm.errors.TruncationError` raised by the communicator comes out as an
+instance of a class deriving from both (``except MPI.Exception``, ``except
+pycomm.TruncationError`` and, for argument errors, ``except ValueError`` all catch it),
+with the MPI error class that fits (``ERR_TRUNCATE``). The codes are MPICH's values of
+the MPI error classes (MPI-4.0 section 9.4), so programs that print them see familiar
+numbers.
+"""
+
+from __future__ import annotations
+
+import builtins
+import functools
+
+from pycomm.errors import (ArgumentError, CommError, CommTimeoutError, InvalidBufferError,
+                           PeerError, ProtocolError, TruncationError)
+
+__all__ = ["Exception", "ERRORS", "Get_error_string", "Get_error_class", "translate",
+           "mpi_error", "translating"]
+
+# (name, code, message) of the MPI error classes (MPICH's numbering)
+_CLASSES = [
+    ("SUCCESS", 0, "no error"), ("ERR_BUFFER", 1, "invalid buffer pointer"),
+    ("ERR_COUNT", 2, "invalid count argument"), ("ERR_TYPE", 3, "invalid datatype"),
+    ("ERR_TAG", 4, "invalid tag"), ("ERR_COMM", 5, "invalid communicator"),
+    ("ERR_RANK", 6, "invalid rank"), ("ERR_ROOT", 7, "invalid root"),
+    ("ERR_GROUP", 8, "invalid group"), ("ERR_OP", 9, "invalid reduce operation"),
+    ("ERR_TOPOLOGY", 10, "invalid topology"), ("ERR_DIMS", 11, "invalid dimension argument"),
+    ("ERR_ARG", 12, "invalid argument of some other kind"),
+    ("ERR_UNKNOWN", 13, "unknown error"), ("ERR_TRUNCATE", 14, "message truncated"),
+    ("ERR_OTHER", 15, "other error; the message says more"),
+    ("ERR_INTERN", 16, "internal error"), ("ERR_IN_STATUS", 17, "error code is in status"),
+    ("ERR_PENDING", 18, "pending request"), ("ERR_REQUEST", 19, "invalid request"),
+    ("ERR_ACCESS", 20, "permission denied"), ("ERR_AMODE", 21, "invalid access mode"),
+    ("ERR_BAD_FILE", 22, "invalid file name"), ("ERR_CONVERSION", 23, "conversion error"),
+    ("ERR_DUP_DATAREP", 24, "duplicate data representation"),
+    ("ERR_FILE_EXISTS", 25, "file exists"), ("ERR_FILE_IN_USE", 26, "file in use"),
+    ("ERR_FILE", 27, "invalid file"), ("ERR_INFO", 28, "invalid info object"),
+    ("ERR_INFO_KEY", 29, "invalid info key"), ("ERR_INFO_VALUE", 30, "invalid info value"),
+    ("ERR_INFO_NOKEY", 31, "info key not found"), ("ERR_IO", 32, "I/O error"),
+    ("ERR_NAME", 33, "invalid service name"), ("ERR_NO_MEM", 34, "out of memory"),
+    ("ERR_NOT_SAME", 35, "collective arguments not identical on all processes"),
+    ("ERR_NO_SPACE", 36, "not enough space"), ("ERR_NO_SUCH_FILE", 37, "no such file"),
+    ("ERR_PORT", 38, "invalid port"), ("ERR_QUOTA", 39, "quota exceeded"),
+    ("ERR_READ_ONLY", 40, "read-only file or file system"),
+    ("ERR_SERVICE", 41, "invalid service"), ("ERR_SPAWN", 42, "spawn error"),
+    ("ERR_UNSUPPORTED_DATAREP", 43, "unsupported data representation"),
+    ("ERR_UNSUPPORTED_OPERATION", 44, "unsupported operation"),
+    ("ERR_WIN", 45, "invalid window"), ("ERR_BASE", 46, "invalid base"),
+    ("ERR_LOCKTYPE", 47, "invalid lock type"), ("ERR_KEYVAL", 48, "invalid keyval"),
+    ("ERR_RMA_CONFLICT", 49, "conflicting RMA accesses"),
+    ("ERR_RMA_SYNC", 50, "wrong RMA synchronization"), ("ERR_SIZE", 51, "invalid size"),
+    ("ERR_DISP", 52, "invalid displacement"), ("ERR_ASSERT", 53, "invalid assert"),
+    ("ERR_LASTCODE", 0x3FFFFFFF, "last error code"),
+]
+ERRORS: dict[str, int] = {name: code for name, code, _ in _CLASSES}
+_TEXT = {code: f"MPI_{name}: {text}" for name, code, text in _CLASSES}
+
+
+def Get_error_string(errorcode: int) -> str:  # noqa: N802 (MPI name)
+    """The text of an error code or class (``"MPI_ERR_TRUNCATE: message truncated"``).
+
+    Raises:
+        ValueError: not a known code.
+    """
+    try:
+        return _TEXT[int(errorcode)]
+    except (KeyError, TypeError, ValueError):
+        raise ValueError(f"Get_error_string: {errorcode!r} is not an MPI error code") \
+            from None
+
+
+def Get_error_class(errorcode: int) -> int:  # noqa: N802 (MPI name)
+    """The error class of a code: pycomm's codes are the classes themselves."""
+    Get_error_string(errorcode)
+    return int(errorcode)
+
+
+class Exception(CommError):  # noqa: A001 (mpi4py's name)
+    """``MPI.Exception``: an MPI error with its code; a :class:`pycomm.CommError`.
+
+    Args:
+        ierr: the error code (an ``MPI.ERR_*`` value); default ``ERR_OTHER``.
+        message: the text (default: the code's error string).
+    """
+
+    error_code = ERRORS["ERR_OTHER"]
+
+    def __init__(self, ierr: int = ERRORS["ERR_OTHER"], message: str | None = None):
+        code = int(ierr)
+        super().__init__(message if message is not None else _TEXT.get(code, str(code)))
+        self.error_code = code
+
+    ierr = property(lambda self: self.error_code)
+    error_class = property(lambda self: self.error_code)
+    error_string = property(lambda self: _TEXT.get(self.error_code, str(self)))
+
+    def Get_error_code(self) -> int:  # noqa: N802
+        return self.error_code
+
+    def Get_error_class(self) -> int:  # noqa: N802
+        return self.error_code
+
+    def Get_error_string(self) -> str:  # noqa: N802
+        return _TEXT.get(self.error_code, str(self))
+
+    def __int__(self) -> int:
+        return self.error_code
+
+    def __bool__(self) -> bool:
+        return self.error_code != 0
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, builtins.Exception) and not isinstance(other, Exception):
+            return NotImplemented
+        return int(self) == int(other)
+
+    def __hash__(self) -> int:
+        return hash(self.error_code)
+
+
+# pycomm class -> the MPI error class it maps to; argument errors are refined by the
+# argument their message names (the communicator's messages say "root=", "tag=", ...).
+_BASE_CODES = [(TruncationError, "ERR_TRUNCATE"), (InvalidBufferError, "ERR_BUFFER"),
+               (ArgumentError, "ERR_ARG"), (CommTimeoutError, "ERR_PENDING"),
+               (PeerError, "ERR_OTHER"), (ProtocolError, "ERR_INTERN"),
+               (CommError, "ERR_OTHER")]
+_ARG_HINTS = [("root=", "ERR_ROOT"), ("tag=", "ERR_TAG"), ("dest=", "ERR_RANK"),
+              ("source=", "ERR_RANK"), ("op ", "ERR_OP"), ("op=", "ERR_OP"),
+              ("count", "ERR_COUNT"), ("datatype", "ERR_TYPE"), ("freed", "ERR_COMM")]
+_MIXED: dict[type, type] = {}
+
+
+def _mixed(cls: type) -> type:
+    """The class deriving from both ``MPI.Exception`` and the pycomm class ``cls``."""
+    out = _MIXED.get(cls)
+    if out is None:
+        out = type(cls.__name__, (Exception, cls), {"__module__": "pycomm.MPI"})
+        out.__init__ = Exception.__init__
+        _MIXED[cls] = out
+    return out
+
+
+def translate(exc: CommError) -> Exception:
+    """``exc`` as an ``MPI.Exception`` of the same pycomm class, message and attributes."""
+    if isinstance(exc, Exception):
+        return exc
+    code = next(ERRORS[name] for cls, name in _BASE_CODES if isinstance(exc, cls))
+    if isinstance(exc, ArgumentError) and not isinstance(exc, InvalidBufferError):
+        text = str(exc)
+        code = next((ERRORS[name] for hint, name in _ARG_HINTS if hint in text), code)
+    cls = _mixed(type(exc))
+    out = cls.__new__(cls, *exc.args)
+    out.args = exc.args
+    out.__dict__.update(exc.__dict__)
+    out.error_code = code
+    return out
+
+
+def mpi_error(cls: type, code: str, message: str) -> Exception:
+    """A new error of pycomm class ``cls`` and MPI error class ``code`` (``"ERR_TYPE"``)."""
+    return _mixed(cls)(ERRORS[code], message)
+
+
+def translating(fn):
+    """Decorate a façade method so that pycomm errors leave it as ``MPI.Exception``."""
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except CommError as exc:
+            if isinstance(exc, Exception):
+                raise
+            raise translate(exc).with_traceback(exc.__traceback__) from None
+    return call
+
+
+def translate_methods(cls: type) -> type:
+    """Class decorator: wrap every public method of ``cls`` with :func:`translating`."""
+    for name, value in list(vars(cls).items()):
+        if name.startswith("_") or not callable(value) or isinstance(value, type):
+            continue
+        if isinstance(value, (staticmethod, classmethod)):
+            setattr(cls, name, type(value)(translating(value.__func__)))
+        else:
+            setattr(cls, name, translating(value))
+    return cls

@@ -1,0 +1,343 @@
+"""mpi4py message specifications -> typed contiguous numpy arrays for the Communicator.
+
+Forms accepted (mpi4py 4.x, ``msgbuffer.pxi``), for one buffer::
+
+    buf                          the whole buffer, its own type (numpy dtype, or BYTE)
+    [buf, datatype]              the whole buffer read as ``datatype``
+    [buf, count]                 ``count`` items of the buffer's own type
+    [buf, count, datatype]       ``count`` items of ``datatype`` from byte 0
+    [buf, (count, displ), datatype]  /  [buf, count, displ, datatype]
+                                 ``count`` items starting ``displ`` extents in
+    None / [None, ...]           an empty message (a rank that passes nothing)
+
+and for the vector collectives::
+
+    [buf, counts]  [buf, counts, displs]  [buf, (counts, displs)]  [buf, counts, datatype]
+    [buf, (counts, displs), datatype]  [buf, counts, displs, datatype]
+
+``buf`` is anything with the buffer protocol (numpy arrays of any shape, 0-d included,
+bytes, bytearray, memoryview, array.array, mmap), an ``__array_interface__`` object or a
+CPU ``__dlpack__`` tensor; ``datatype`` a :class:`~pycomm.MPI.datatypes.Datatype`, a
+typecode string or a numpy dtype. Counts, displacements, ranks and tags may be integral
+floats (``1.0``), as mpi4py 3.x programs pass; a non-integral one is a TypeError.
+
+A spec becomes a :class:`Msg`: ``array``, a 1-D C-contiguous numpy array in the type's
+wire dtype that the Communicator moves, and ``finish()``, which after a receive copies a
+packed array back into the user's buffer (a no-op for the zero-copy views of contiguous
+types). Errors name the rank, the call and the argument, and are raised before any byte
+moves.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pycomm.errors import ArgumentError, InvalidBufferError
+
+from .datatypes import Datatype, from_numpy, to_datatype
+
+__all__ = ["Msg", "message", "vector_message", "as_int", "BOTTOM"]
+
+
+class _Bottom:
+    """``MPI.BOTTOM``: the address 0; pycomm has no absolute addresses (an empty buffer)."""
+
+    def __repr__(self) -> str:
+        return "MPI.BOTTOM"
+
+
+BOTTOM = _Bottom()
+_BYTE_FORMATS = frozenset("Bbc")
+
+
+class Msg:
+    """A message ready for the Communicator: ``array`` plus how to finish a receive."""
+
+    __slots__ = ("array", "_unpack", "per", "reducible")
+
+    def __init__(self, array: np.ndarray, unpack=None, per: int = 1,
+                 reducible: bool = True):
+        self.array = array
+        self._unpack = unpack
+        self.per = per                  # wire elements per item of the datatype
+        self.reducible = reducible      # False: mixed-type datatype packed to bytes
+
+    def finish(self) -> None:
+        """Copy a packed receive into the user's buffer (no-op when zero-copy)."""
+        if self._unpack is not None:
+            self._unpack()
+
+
+def as_int(value, arg: str, where: str) -> int:
+    """``value`` as an int; integral floats are accepted (mpi4py 3.x programs pass them).
+
+    Raises:
+        TypeError: not an integer, or a float with a fractional part.
+    """
+    if type(value) is int:
+        return value
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        return int(value)
+    if isinstance(value, (float, np.floating)) and float(value).is_integer():
+        return int(value)
+    raise TypeError(f"{where}: {arg}={value!r} is not an integer")
+
+
+def _raw(buf, writable: bool, where: str, arg: str) -> tuple[np.ndarray, np.dtype | None]:
+    """The buffer's bytes as a flat uint8 array (no copy) and its own numpy dtype."""
+    if isinstance(buf, np.ndarray):
+        arr = buf
+    elif isinstance(buf, (bytes, bytearray, memoryview)) or hasattr(buf, "__buffer__") \
+            or not (hasattr(buf, "__array_interface__") or hasattr(buf, "__dlpack__")):
+        try:
+            mv = memoryview(buf)
+        except TypeError:
+            raise InvalidBufferError(f"{where}: {arg} must support the buffer protocol "
+                                     f"(numpy array, bytes, bytearray, memoryview...), got "
+                                     f"{type(buf).__name__}") from None
+        if not mv.contiguous:
+            raise InvalidBufferError(f"{where}: {arg} is a non-contiguous memoryview")
+        if writable and mv.readonly:
+            raise InvalidBufferError(f"{where}: {arg} ({type(buf).__name__}) is read-only "
+                                     "but this call writes it")
+        own = None if mv.format in _BYTE_FORMATS or mv.nbytes == 0 else _np_format(mv)
+        raw = np.frombuffer(mv.cast("B") if mv.ndim != 1 or mv.format != "B" else mv,
+                            dtype=np.uint8)
+        if not mv.readonly and not raw.flags.writeable:
+            raw.flags.writeable = True
+        return raw, own
+    elif hasattr(buf, "__dlpack__"):
+        try:
+            arr = np.from_dlpack(buf)
+        except (TypeError, RuntimeError, BufferError) as exc:
+            raise InvalidBufferError(f"{where}: {arg}: cannot read {type(buf).__name__} "
+                                     f"through DLPack ({exc}); only CPU memory can be sent")
+    else:
+        arr = np.asarray(buf)
+    if arr.flags.c_contiguous:
+        flat = arr.reshape(-1)
+    elif arr.flags.f_contiguous:
+        flat = arr.ravel(order="F")
+    else:
+        raise InvalidBufferError(f"{where}: {arg} is not contiguous (shape {arr.shape}, "
+                                 f"strides {arr.strides}); pass np.ascontiguousarray(...) "
+                                 "or describe the layout with a derived datatype")
+    if writable and not flat.flags.writeable:
+        raise InvalidBufferError(f"{where}: {arg} is read-only but this call writes it")
+    return flat.view(np.uint8), arr.dtype
+
+
+def _np_format(mv: memoryview) -> np.dtype | None:
+    try:
+        return np.dtype(mv.format.lstrip("@=<>!"))
+    except TypeError:
+        return None
+
+
+def _datatype(own: np.dtype | None, given, where: str) -> Datatype:
+    if given is None:
+        return from_numpy(own) if own is not None else from_numpy(np.dtype(np.uint8))
+    dt = to_datatype(given, where)
+    # pycomm.ops' packed pair dtypes read as themselves under an MPI pair type: the pair
+    # fields decide, so both layouts work with MAXLOC/MINLOC.
+    if own is not None and own.names is not None and dt._predefined and \
+            dt._dtypes and dt._dtypes[0].names is not None and own != dt._dtypes[0] and \
+            [own.fields[n][0] for n in own.names] == \
+            [dt._dtypes[0].fields[n][0] for n in dt._dtypes[0].names]:
+        return from_numpy(own)
+    return dt
+
+
+def _is_typeish(x) -> bool:
+    return isinstance(x, (Datatype, str, np.dtype, type))
+
+
+def _split(spec, where: str, arg: str):
+    """(buf, count, displ, datatype) of a one-buffer spec (None where not given)."""
+    if not isinstance(spec, (list, tuple)):
+        return spec, None, None, None
+    n = len(spec)
+    if n == 2:
+        if _is_typeish(spec[1]) or spec[1] is None:
+            return spec[0], None, None, spec[1]
+        if isinstance(spec[1], (tuple, list)):
+            return spec[0], spec[1][0], spec[1][1], None
+        return spec[0], spec[1], None, None
+    if n == 3:
+        if isinstance(spec[1], (tuple, list)):
+            if len(spec[1]) != 2:
+                raise ArgumentError(f"{where}: {arg}: [buf, (count, displ), datatype] "
+                                    f"needs a pair, got {spec[1]!r}")
+            return spec[0], spec[1][0], spec[1][1], spec[2]
+        return spec[0], spec[1], None, spec[2]
+    if n == 4:
+        return spec[0], spec[1], spec[2], spec[3]
+    raise ArgumentError(f"{where}: {arg}: a message is buf, [buf, datatype], [buf, count, "
+                        f"datatype] or [buf, count, displ, datatype]; got a {n}-item "
+                        f"{type(spec).__name__}")
+
+
+def message(spec, where: str, arg: str, *, writable: bool) -> Msg:
+    """Turn a one-buffer message spec into a :class:`Msg` (see the module docstring).
+
+    Args:
+        spec: the spec as the user passed it.
+        where: ``"rank R: Call"`` for error messages.
+        arg: the argument's name (``"buf"``, ``"sendbuf"``, ``"recvbuf"``).
+        writable: the call writes the buffer (receive side).
+
+    Raises:
+        InvalidBufferError: not a buffer, read-only when written, non-contiguous, too
+            small for ``count`` items at ``displ``, or not a whole number of items.
+        TypeError: a non-integral count/displacement or something that is not a datatype.
+    """
+    if type(spec) is np.ndarray and spec.flags.c_contiguous and \
+            (spec.flags.writeable or not writable) and spec.dtype.fields is None:
+        dt = from_numpy(spec.dtype)
+        if dt._contig and dt._dtypes[0] == spec.dtype and spec.dtype.kind in "biufc":
+            return Msg(spec.reshape(-1))        # the common case: zero-copy, no parsing
+    buf, count, displ, given = _split(spec, where, arg)
+    if buf is None or buf is BOTTOM:
+        dt = to_datatype(given, where) if given is not None else from_numpy(np.dtype("u1"))
+        c = as_int(count, "count", where) if count is not None else 0
+        if c != 0:
+            raise InvalidBufferError(f"{where}: {arg} is None with count {c}")
+        return Msg(np.empty(0, dtype=dt.wire_dtype()))
+    raw, own = _raw(buf, writable, where, arg)
+    dt = _datatype(own, given, where)
+    if not dt._committed:
+        raise ArgumentError(f"{where}: {arg}: derived datatype {dt!r} was not committed "
+                            "(call .Commit() first)")
+    extent = dt.extent
+    d = as_int(displ, "displ", where) if displ is not None else 0
+    if count is None:
+        if extent <= 0:
+            count_ = 0
+        else:
+            avail = raw.size - d * extent
+            if avail % extent:
+                raise InvalidBufferError(f"{where}: {arg}: buffer of {raw.size} bytes is "
+                                         f"not a whole number of {dt.Get_name() or 'datatype'}"
+                                         f" items (extent {extent} bytes)")
+            count_ = max(avail // extent, 0)
+    else:
+        count_ = as_int(count, "count", where)
+        if count_ < 0:
+            raise ArgumentError(f"{where}: {arg}: count={count_} is negative")
+    return _typed(raw, dt, count_, d * extent, where, arg)
+
+
+def _typed(raw: np.ndarray, dt: Datatype, count: int, start: int, where: str,
+           arg: str) -> Msg:
+    """``count`` items of ``dt`` at byte ``start`` of ``raw`` as a wire-dtype array."""
+    wire, per, ok = dt.wire_dtype(), dt.elements(), dt.homogeneous
+    if count == 0 or dt._disps.size == 0:
+        return Msg(np.empty(0, dtype=wire), None, per, ok)
+    if dt._contig:
+        end = start + count * dt.extent
+        if start < 0 or end > raw.size:
+            raise InvalidBufferError(f"{where}: {arg}: {count} x {dt.Get_name() or 'items'} "
+                                     f"at byte {start} need {end} bytes; the buffer has "
+                                     f"{raw.size}")
+        return Msg(raw[start:end].view(wire), None, per, ok)
+    index, by_element = dt.gather_index(count, start)
+    isz = dt._dtypes[0].itemsize if by_element else 1
+    lo, hi = int(index.min()) * isz, (int(index.max()) + 1) * isz
+    if lo < 0 or hi > raw.size:
+        raise InvalidBufferError(f"{where}: {arg}: {count} item(s) of the datatype at byte "
+                                 f"{start} reach bytes {lo}..{hi - 1}; the buffer has "
+                                 f"{raw.size}")
+    src = raw[:raw.size - raw.size % isz].view(wire if by_element else np.uint8)
+    packed = src[index]
+    if not by_element:
+        packed = packed.view(wire)
+
+    def unpack() -> None:
+        src[index] = packed.view(src.dtype)
+    return Msg(packed, unpack, per, ok)
+
+
+def vector_message(spec, size: int, where: str, arg: str, *, writable: bool):
+    """Turn a vector spec into ``(Msg, counts, displs)``, in wire-dtype elements.
+
+    ``counts``/``displs`` in the spec count items of the datatype (displacements in
+    extents); ``None`` counts split the buffer evenly, ``None`` displs are the running sum
+    of the counts. A non-contiguous datatype packs each rank's block one after the other.
+
+    Raises:
+        InvalidBufferError / ArgumentError / TypeError as :func:`message`, and when
+        ``counts`` or ``displs`` do not hold ``size`` non-negative integers.
+    """
+    if spec is None:
+        return Msg(np.empty(0, np.uint8)), [0] * size, [0] * size
+    if not isinstance(spec, (list, tuple)) or len(spec) < 2:
+        raise ArgumentError(f"{where}: {arg} must be [buf, counts], [buf, counts, displs],"
+                            " [buf, (counts, displs), datatype] or [buf, counts, displs, "
+                            "datatype]")
+    buf, rest = spec[0], list(spec[1:])
+    counts = displs = given = None
+    if isinstance(rest[0], tuple) and len(rest[0]) == 2 and len(rest) <= 2 and \
+            not isinstance(rest[0][0], (int, float, np.integer)):
+        (counts, displs), rest = rest[0], rest[1:]
+    else:
+        counts = rest.pop(0)
+        if rest and not (_is_typeish(rest[0]) or (rest[0] is None and len(rest) == 1)):
+            displs = rest.pop(0)
+        elif rest and rest[0] is None and len(rest) == 2:
+            rest.pop(0)
+    if rest:
+        given = rest.pop(0)
+    if rest:
+        raise ArgumentError(f"{where}: {arg}: too many items in the vector message spec")
+    if buf is None or buf is BOTTOM:
+        raw, own = np.empty(0, np.uint8), None
+    else:
+        raw, own = _raw(buf, writable, where, arg)
+    dt = _datatype(own, given, where)
+    if not dt._committed:
+        raise ArgumentError(f"{where}: {arg}: derived datatype was not committed")
+    extent = dt.extent
+    if counts is None:
+        per = raw.size // extent // size if extent > 0 else 0
+        counts = [per] * size
+    elif isinstance(counts, (int, float, np.integer)):
+        counts = [as_int(counts, "counts", where)] * size
+    counts = _list(counts, size, "counts", where, arg)
+    if displs is None:
+        displs = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(int).tolist()
+    else:
+        displs = _list(displs, size, "displs", where, arg)
+    n = dt.elements()
+    if dt._contig:
+        whole = raw[:raw.size - raw.size % max(dt._dtypes[0].itemsize, 1)].view(
+            dt.wire_dtype())
+        for r, (c, d) in enumerate(zip(counts, displs)):
+            if c and (d + c) * n > whole.size:
+                raise InvalidBufferError(f"{where}: {arg}: block {r} ({c} items at "
+                                         f"displacement {d}) overruns the buffer of "
+                                         f"{raw.size} bytes")
+        return Msg(whole, None, n), [c * n for c in counts], [d * n for d in displs]
+    blocks = [_typed(raw, dt, c, d * extent, where, f"{arg} block {r}")
+              for r, (c, d) in enumerate(zip(counts, displs))]
+    packed = np.concatenate([b.array for b in blocks]) if blocks else \
+        np.empty(0, dt.wire_dtype())
+    sizes = [b.array.size for b in blocks]
+    offs = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(int).tolist()
+
+    def unpack() -> None:
+        for b, o, s in zip(blocks, offs, sizes):
+            b.array[...] = packed[o:o + s]
+            b.finish()
+    return Msg(packed, unpack, n, dt.homogeneous), sizes, offs
+
+
+def _list(values, size: int, name: str, where: str, arg: str) -> list[int]:
+    try:
+        out = [as_int(v, name, where) for v in values]
+    except TypeError:
+        raise TypeError(f"{where}: {arg} {name} must be a sequence of integers, got "
+                        f"{values!r}") from None
+    if len(out) != size or any(v < 0 for v in out):
+        raise ArgumentError(f"{where}: {arg} {name} must hold {size} non-negative "
+                            f"integers (one per rank), got {out}")
+    return out

@@ -1,0 +1,360 @@
+"""``MPI.Request``, ``MPI.Prequest`` (persistent requests) and ``MPI.Status``.
+
+A façade :class:`Request` wraps one :class:`pycomm.Request` and what must run when it
+completes (unpacking a receive of a non-contiguous datatype). As in MPI, a completed
+request becomes null: after ``Wait`` it compares equal to ``REQUEST_NULL``; ``Request()``
+is a null request, and waiting on a null request returns at once with an empty status
+(source ``ANY_SOURCE``, tag ``ANY_TAG``, count 0). Completion is driven by the pycomm
+engine on ``Wait``/``Test`` (nonblocking collectives run on its progress thread, see
+:mod:`pycomm.nbc`).
+"""
+
+from __future__ import annotations
+
+from pycomm.errors import ArgumentError
+from pycomm.p2p import ANY_SOURCE, ANY_TAG
+from pycomm.request import Request as _Inner
+from pycomm.status import Status as _Status
+
+from .datatypes import PREDEFINED, to_datatype
+from .exceptions import translate_methods
+
+__all__ = ["Request", "Prequest", "Status", "REQUEST_NULL", "UNDEFINED"]
+
+UNDEFINED = -32766
+
+
+@translate_methods
+class Status(_Status):
+    """Where a received message came from (mpi4py's ``MPI.Status``).
+
+    Attributes: ``source``, ``tag``, ``error``, ``cancelled``; ``count`` is in bytes.
+    ``Status(other)`` copies ``other``.
+    """
+
+    __slots__ = ()
+
+    def __init__(self, status: _Status | None = None):
+        super().__init__()
+        if status is not None:
+            self.source, self.tag, self.count = status.source, status.tag, status.count
+            self.error, self.cancelled = status.error, status.cancelled
+
+    def Get_count(self, datatype=None) -> int:
+        """Items of ``datatype`` received (default ``BYTE``); ``UNDEFINED`` when the bytes
+        are not a whole number of items."""
+        size = to_datatype(PREDEFINED["BYTE"] if datatype is None else datatype,
+                           "Status.Get_count").Get_size()
+        if size == 0:
+            return 0
+        return self.count // size if self.count % size == 0 else UNDEFINED
+
+    def Get_elements(self, datatype) -> int:
+        """Basic elements of ``datatype`` received (equal to the count for basic types)."""
+        dt = to_datatype(datatype, "Status.Get_elements")
+        if dt.Get_size() == 0:
+            return 0
+        per = dt.Get_size() / max(dt._disps.size, 1)
+        return int(self.count // per) if dt.homogeneous else self.Get_count(dt)
+
+    def Set_elements(self, datatype, count: int) -> None:
+        """Record ``count`` items of ``datatype`` as received."""
+        self.count = int(count) * to_datatype(datatype, "Status.Set_elements").Get_size()
+
+    def Set_source(self, source: int) -> None:
+        self.source = int(source)
+
+    def Set_tag(self, tag: int) -> None:
+        self.tag = int(tag)
+
+    def Set_error(self, error: int) -> None:
+        self.error = int(error)
+
+    def Set_cancelled(self, flag: bool) -> None:
+        self.cancelled = bool(flag)
+
+    def Get_source(self) -> int:
+        return self.source
+
+    def Get_tag(self) -> int:
+        return self.tag
+
+    def Get_error(self) -> int:
+        return self.error
+
+    def Is_cancelled(self) -> bool:
+        return self.cancelled
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, _Status):
+            return NotImplemented
+        return (self.source, self.tag, self.count, self.error, self.cancelled) == \
+            (other.source, other.tag, other.count, other.error, other.cancelled)
+
+    __hash__ = None
+
+
+def _clear(status) -> None:
+    """An empty status (MPI-4.0 3.7.3): what waiting on a null request reports."""
+    if status is not None:
+        status.source, status.tag, status.count = ANY_SOURCE, ANY_TAG, 0
+        status.error, status.cancelled = 0, False
+
+
+@translate_methods
+class Request:
+    """A pending operation (mpi4py's ``MPI.Request``); ``Request()`` is a null request."""
+
+    __slots__ = ("_r", "_finish")
+
+    def __init__(self, request: "Request | None" = None):
+        if isinstance(request, Request):
+            self._r, self._finish = request._r, request._finish
+        elif request is None:
+            self._r, self._finish = None, None
+        else:
+            raise TypeError(f"Request({request!r}): expected an MPI.Request or nothing")
+
+    @classmethod
+    def _wrap(cls, inner: _Inner, finish=None) -> "Request":
+        out = cls.__new__(cls)
+        out._r, out._finish = inner, finish
+        return out
+
+    def _completed(self) -> None:
+        """Run the completion action once and become null (the inner request is kept for
+        the object forms until then)."""
+        fin, self._finish = self._finish, None
+        self._r = None
+        if fin is not None:
+            fin()
+
+    def __bool__(self) -> bool:
+        return self._r is not None
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, Request):
+            return NotImplemented
+        return self._r is other._r
+
+    def __hash__(self) -> int:
+        return id(self._r)
+
+    def __repr__(self) -> str:
+        return "<MPI.Request null>" if self._r is None else f"<MPI.Request {self._r!r}>"
+
+    # -- one request ----------------------------------------------------------------------
+    def Wait(self, status=None) -> bool:
+        """Block until the operation completes; fill ``status``. Returns True."""
+        r = self._r
+        if r is None:
+            _clear(status)
+            return True
+        r.Wait(status)
+        self._completed()
+        return True
+
+    def Test(self, status=None) -> bool:
+        """Make progress once; True (``status`` filled) when complete or null."""
+        r = self._r
+        if r is None:
+            _clear(status)
+            return True
+        if not r.Test(status):
+            return False
+        self._completed()
+        return True
+
+    def Get_status(self, status=None) -> bool:
+        """Whether the operation is complete, without completing the request."""
+        r = self._r
+        if r is None:
+            _clear(status)
+            return True
+        if not r.done:
+            r.engine.progress()
+        if r.done:
+            r._status(status)
+        return r.done
+
+    def Cancel(self) -> None:
+        """Cancel a receive that has not matched, or a large send not yet handed over."""
+        if self._r is not None:
+            self._r.Cancel()
+
+    def Free(self) -> None:
+        """Forget the request (the operation still completes); it becomes null."""
+        self._r, self._finish = None, None
+
+    def wait(self, status=None):
+        """Object form: wait and return the received object (None for sends)."""
+        r = self._r
+        if r is None:
+            _clear(status)
+            return None
+        obj = r.wait(status)
+        self._completed()
+        return obj
+
+    def test(self, status=None):
+        """Object form: ``(done, object or None)``."""
+        r = self._r
+        if r is None:
+            _clear(status)
+            return True, None
+        done, obj = r.test(status)
+        if done:
+            self._completed()
+        return done, obj
+
+    # -- many requests --------------------------------------------------------------------
+    @classmethod
+    def Waitall(cls, requests, statuses=None) -> bool:
+        """Wait for every request; fill ``statuses`` (a list, one per request)."""
+        reqs = list(requests)
+        active = [r._r for r in reqs if r._r is not None]
+        if active:
+            _Inner.Waitall(active)
+        for i, r in enumerate(reqs):
+            st = statuses[i] if statuses is not None and i < len(statuses) else None
+            if r._r is None:
+                _clear(st)
+            else:
+                r._r._status(st)
+                r._completed()
+        return True
+
+    @classmethod
+    def waitall(cls, requests, statuses=None) -> list:
+        """Object form of Waitall: the received objects (None for sends)."""
+        reqs = list(requests)
+        return [r.wait(statuses[i] if statuses is not None else None)
+                for i, r in enumerate(reqs)]
+
+    @classmethod
+    def Testall(cls, requests, statuses=None) -> bool:
+        """True (and every request completed) when all are complete."""
+        reqs = list(requests)
+        active = [r._r for r in reqs if r._r is not None]
+        if active and not _Inner.Testall(active):
+            return False
+        cls.Waitall(reqs, statuses)
+        return True
+
+    @classmethod
+    def testall(cls, requests, statuses=None):
+        """Object form: ``(True, objects)`` when all are complete, else ``(False, None)``."""
+        reqs = list(requests)
+        active = [r._r for r in reqs if r._r is not None]
+        if active and not _Inner.Testall(active):
+            return False, None
+        return True, cls.waitall(reqs, statuses)
+
+    @classmethod
+    def _ready(cls, reqs) -> list[int]:
+        active = [r._r for r in reqs if r._r is not None]
+        if active:
+            active[0].engine.progress()
+        return [i for i, r in enumerate(reqs) if r._r is not None and r._r.done]
+
+    @classmethod
+    def Waitany(cls, requests, status=None) -> int:
+        """Wait until one request completes; its index (``UNDEFINED`` if all are null)."""
+        reqs = list(requests)
+        active = [r._r for r in reqs if r._r is not None]
+        if not active:
+            _clear(status)
+            return UNDEFINED
+        i = _Inner.Waitany(active)
+        index = next(k for k, r in enumerate(reqs) if r._r is active[i])
+        reqs[index].Wait(status)
+        return index
+
+    @classmethod
+    def Testany(cls, requests, status=None) -> tuple[int, bool]:
+        """``(index, True)`` for a completed request, ``(UNDEFINED, False)`` if none is,
+        ``(UNDEFINED, True)`` when all are null."""
+        reqs = list(requests)
+        if all(r._r is None for r in reqs):
+            _clear(status)
+            return UNDEFINED, True
+        ready = cls._ready(reqs)
+        if not ready:
+            return UNDEFINED, False
+        reqs[ready[0]].Wait(status)
+        return ready[0], True
+
+    @classmethod
+    def Waitsome(cls, requests, statuses=None) -> list[int] | None:
+        """Wait until at least one completes; the indices completed (None if all null)."""
+        reqs = list(requests)
+        active = [r._r for r in reqs if r._r is not None]
+        if not active:
+            return None
+        active[0].engine.wait_until(lambda: any(r.done for r in active), None, "Waitsome")
+        return cls.Testsome(reqs, statuses)
+
+    @classmethod
+    def Testsome(cls, requests, statuses=None) -> list[int] | None:
+        """The indices of the requests completed now (None if all are null)."""
+        reqs = list(requests)
+        if all(r._r is None for r in reqs):
+            return None
+        ready = cls._ready(reqs)
+        for k, i in enumerate(ready):
+            reqs[i].Wait(statuses[k] if statuses is not None and k < len(statuses) else None)
+        return ready
+
+    def Start(self) -> None:
+        """Only persistent requests (``Send_init``...) can be started."""
+        raise ArgumentError("Request.Start: only a persistent request (Prequest) can be "
+                            "started")
+
+    @classmethod
+    def Startall(cls, requests) -> None:
+        """Start every persistent request of ``requests``."""
+        for r in requests:
+            r.Start()
+
+
+@translate_methods
+class Prequest(Request):
+    """A persistent request (``Send_init``/``Recv_init``): ``Start`` posts the operation
+    again each time; after completion it is inactive, not null, until ``Free``."""
+
+    __slots__ = ("_start", "_freed")
+
+    @classmethod
+    def _persistent(cls, start) -> "Prequest":
+        out = cls.__new__(cls)
+        out._r, out._finish, out._start, out._freed = None, None, start, False
+        return out
+
+    def Start(self) -> None:
+        """Post the operation (the buffer is read or written from now until completion).
+
+        Raises:
+            ArgumentError: the request is still active, or was freed.
+        """
+        if self._freed:
+            raise ArgumentError("Prequest.Start: the request has been freed")
+        if self._r is not None:
+            raise ArgumentError("Prequest.Start: the request is still active; Wait first")
+        self._r, self._finish = self._start()
+
+    def Free(self) -> None:
+        self._r, self._finish, self._freed = None, None, True
+
+    def __bool__(self) -> bool:
+        return not self._freed
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, Request):
+            return NotImplemented
+        return self is other or (not self and not other)
+
+    def __hash__(self) -> int:
+        return id(self)
+
+
+REQUEST_NULL = Request()
