@@ -2,9 +2,14 @@
 
 One :class:`StoreServer` per job runs in a daemon thread of the process that hosts the
 rendezvous (the launcher, :class:`pycomm.spawn.Pool`, or rank 0 under a torchrun-style
-launcher) on a ROUTER socket. Every rank talks to it through a :class:`StoreClient` (a
-DEALER socket, confined to the thread that uses it). Values are opaque bytes; the store
-never unpickles anything. Requests and replies are msgpack maps.
+launcher) on a ZeroMQ ``STREAM`` socket: raw TCP, so the server sees every connection and
+every byte as it arrives and decides, per connection, how much it is willing to hold. Every
+rank talks to it through a :class:`StoreClient` (one TCP socket, confined to the thread
+that uses it). Values are opaque bytes; the store never unpickles anything. Requests and
+replies are msgpack maps.
+
+Framing. Every message, both ways, is a u32 little-endian length and that many bytes
+(:class:`FrameReader` parses them, sans-I/O).
 
 Authentication comes before anything else (HMAC-SHA256 challenge-response with the job
 token, mutual). The handshake messages are fixed-size binary, so nothing a stranger sends
@@ -16,12 +21,15 @@ is decoded before it has proved it holds the token::
     S -> C   WELCOME  HMAC(k, "pycomm-store/server" | nonce_c | nonce_s)      32 bytes
          or  REFUSED  b"PYCS-REFUSED"                                          12 bytes
 
-A peer identity that sends anything else, or a wrong proof, gets exactly one REFUSED and
-is ignored from then on. Clients pick a random 16-byte routing id (first byte non-zero),
-so a stranger can neither predict it nor take over an authenticated session; a second
-connection claiming a live id is rejected by ZeroMQ (``ROUTER_HANDOVER`` stays off).
-Request size is capped by ``ZMQ_MAXMSGSIZE`` (``PYCOMM_STORE_MAX_BYTES``): a peer sending a
-larger message is disconnected by ZeroMQ before the server sees a byte of it.
+Strangers. Until a connection has authenticated, the server holds at most
+:data:`MAX_AUTH_FRAME` bytes of it (a longer frame, or any message out of turn, gets one
+REFUSED and the connection is closed), gives it :data:`AUTH_DEADLINE` seconds to finish
+the handshake, and keeps at most :data:`MAX_PENDING_AUTH` such connections (a new one
+pushes out the oldest: a real client finishes its handshake within a round trip, so the
+oldest are the idle ones). ZeroMQ reads ahead at most ``RCVHWM`` chunks of 8 KiB per
+connection. So an unauthenticated peer can make the server hold a few KiB, for a few
+seconds, and nothing it sends reaches the key-value code. An authenticated request is
+capped at ``PYCOMM_STORE_MAX_BYTES``; a larger one closes its connection.
 
 Requests after authentication (``id`` is the client's request number; replies echo it)::
 
@@ -43,6 +51,8 @@ import heapq
 import hmac
 import itertools
 import os
+import socket
+import struct
 import threading
 import time
 from collections import OrderedDict
@@ -54,20 +64,25 @@ import zmq
 from pycomm import config
 from pycomm.errors import ArgumentError, CommError, CommTimeoutError, ProtocolError
 
-__all__ = ["StoreClient", "StoreServer", "hmac_proof", "normalize_token"]
+__all__ = ["FrameReader", "StoreClient", "StoreServer", "hmac_proof", "normalize_token"]
 
 MAGIC = b"PYCS"
-VERSION = 1
+VERSION = 2             # 2: length-prefixed frames over plain TCP (1 was ZMTP)
 HELLO = MAGIC + bytes([VERSION])
 NONCE_LEN = 32
 MAC_LEN = 32
 REFUSED = b"PYCS-REFUSED"
 CLIENT_LABEL = b"pycomm-store/client"
 SERVER_LABEL = b"pycomm-store/server"
+LENGTH = struct.Struct("<I")
 MAX_KEY = 4096          # bytes of a key or barrier name
-MAX_REFUSED = 4096      # refused identities remembered (oldest forgotten first)
-MAX_PENDING_AUTH = 1024  # identities between HELLO and PROOF
+MAX_AUTH_FRAME = 64     # bytes: the largest handshake message (PROOF)
+AUTH_DEADLINE = 3.0     # seconds a connection has to authenticate before it is closed
+MAX_PENDING_AUTH = 64   # unauthenticated connections kept; a new one evicts the oldest
+RCVHWM = 16             # ZeroMQ read-ahead per connection, in chunks of at most 8 KiB
+MAX_GONE = 4096         # closed connections whose late chunks are recognised and dropped
 REPLY_GRACE = 5.0       # seconds a client waits beyond a request's own timeout
+_BIG = 1 << 16          # bytes from which a frame's body is sent without concatenation
 
 
 def hmac_proof(token: bytes, *parts: bytes) -> bytes:
@@ -115,6 +130,63 @@ def _endpoint(host: str, port: int | str) -> str:
     return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
 
 
+def frame(body: bytes) -> bytes:
+    """Return ``body`` with its u32 little-endian length in front (one store message)."""
+    return LENGTH.pack(len(body)) + body
+
+
+class FrameReader:
+    """Length-prefixed frames out of a byte stream (sans-I/O): feed bytes, get bodies.
+
+    Memory held is what has arrived of the current frame: nothing is allocated for the
+    length a frame merely announces.
+
+    Args:
+        limit: the largest body accepted, in bytes (may be raised later, e.g. once the
+            peer has authenticated).
+    """
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self._head = bytearray()
+        self._body: bytearray | None = None
+        self._want = 0
+
+    @property
+    def buffered(self) -> int:
+        """Bytes held of the frame being read."""
+        return len(self._head) + (len(self._body) if self._body is not None else 0)
+
+    def feed(self, data: bytes) -> list[bytearray]:
+        """Consume ``data``; return the bodies of the frames it completed, in order.
+
+        Raises:
+            ProtocolError: a frame announces a body longer than ``limit``.
+        """
+        done: list[bytearray] = []
+        view, pos, end = memoryview(data), 0, len(data)
+        while pos < end:
+            if self._body is None:
+                take = min(LENGTH.size - len(self._head), end - pos)
+                self._head += view[pos:pos + take]
+                pos += take
+                if len(self._head) < LENGTH.size:
+                    break
+                (self._want,) = LENGTH.unpack(self._head)
+                self._head.clear()
+                if self._want > self.limit:
+                    raise ProtocolError(f"a frame of {self._want} bytes exceeds the limit "
+                                        f"of {self.limit}")
+                self._body = bytearray()
+            take = min(self._want - len(self._body), end - pos)
+            self._body += view[pos:pos + take]
+            pos += take
+            if len(self._body) == self._want:
+                done.append(self._body)
+                self._body = None
+        return done
+
+
 class _Parked:
     """A request waiting on the server: a get on a missing key, or a barrier entrant."""
 
@@ -123,6 +195,18 @@ class _Parked:
     def __init__(self, ident: bytes, rid: int, deadline: float, what: str):
         self.ident, self.rid, self.deadline, self.what = ident, rid, deadline, what
         self.done = False
+
+
+class _Peer:
+    """One connection to the server: its parser, and how far its handshake got."""
+
+    __slots__ = ("authed", "deadline", "nonce_s", "reader")
+
+    def __init__(self, deadline: float):
+        self.reader = FrameReader(MAX_AUTH_FRAME)
+        self.authed = False
+        self.nonce_s: bytes | None = None
+        self.deadline = deadline
 
 
 class StoreServer:
@@ -139,10 +223,11 @@ class StoreServer:
 
     def __init__(self, token: bytes | str, host: str = "127.0.0.1", port: int = 0):
         self._key = normalize_token(token)
+        self._max_bytes = int(config.get("PYCOMM_STORE_MAX_BYTES"))
         self._ctx = zmq.Context()
-        self._sock = self._ctx.socket(zmq.ROUTER)
+        self._sock = self._ctx.socket(zmq.STREAM)
         self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.setsockopt(zmq.MAXMSGSIZE, int(config.get("PYCOMM_STORE_MAX_BYTES")))
+        self._sock.setsockopt(zmq.RCVHWM, RCVHWM)
         if ":" in host:
             self._sock.setsockopt(zmq.IPV6, 1)
         self._sock.bind(_endpoint(host, port or "*"))
@@ -159,9 +244,9 @@ class StoreServer:
         self._barriers: dict[str, tuple[int, list[_Parked]]] = {}
         self._deadlines: list[tuple[float, int, _Parked]] = []
         self._tie = itertools.count()
-        self._authed: set[bytes] = set()
-        self._challenged: OrderedDict[bytes, bytes] = OrderedDict()
-        self._refused: OrderedDict[bytes, None] = OrderedDict()
+        self._peers: dict[bytes, _Peer] = {}
+        self._pending: OrderedDict[bytes, _Peer] = OrderedDict()   # oldest first
+        self._gone: OrderedDict[bytes, None] = OrderedDict()
         self._closed = False
         self._thread = threading.Thread(target=self._serve, name=f"pycomm-store:{self.port}",
                                         daemon=True)
@@ -197,72 +282,109 @@ class StoreServer:
         poller.register(self._wake_rx, zmq.POLLIN)
         try:
             while not self._closed:
-                wait_ms = 1000
+                wait = 1.0
                 if self._deadlines:
-                    wait_ms = max(0, min(wait_ms, int((self._deadlines[0][0] - time.monotonic())
-                                                      * 1000) + 1))
-                events = dict(poller.poll(wait_ms))
+                    wait = min(wait, self._deadlines[0][0] - time.monotonic())
+                if self._pending:
+                    wait = min(wait, next(iter(self._pending.values())).deadline
+                               - time.monotonic())
+                events = dict(poller.poll(max(0, int(wait * 1000) + 1)))
                 if self._wake_rx in events:
                     break
                 for _ in range(1000):  # drain, but let deadlines run now and then
                     try:
-                        frames = self._sock.recv_multipart(zmq.NOBLOCK, copy=True)
+                        ident, data = self._sock.recv_multipart(zmq.NOBLOCK, copy=True)
                     except zmq.Again:
                         break
-                    self._on_message(frames)
+                    except ValueError:
+                        continue    # not [routing id, data]: cannot happen on STREAM
+                    self._on_chunk(ident, data)
                 self._expire(time.monotonic())
         finally:
             self._sock.close(0)
             self._wake_rx.close(0)
 
     def _send(self, ident: bytes, body: bytes) -> None:
+        """Queue one framed message to ``ident``; never blocks (a store never waits on one
+        client: a peer that is gone or not reading loses the message)."""
         try:
-            self._sock.send_multipart([ident, body], zmq.NOBLOCK)
+            if len(body) < _BIG:
+                self._sock.send_multipart([ident, frame(body)], zmq.NOBLOCK)
+            else:
+                self._sock.send_multipart([ident, LENGTH.pack(len(body))], zmq.NOBLOCK)
+                self._sock.send_multipart([ident, body], zmq.NOBLOCK, copy=False)
         except zmq.ZMQError:
-            pass  # the peer is gone or not reading; a store never blocks on one client
+            pass
 
     def _reply(self, ident: bytes, rid: int, **fields: Any) -> None:
         self._send(ident, msgpack.packb({"id": rid, **fields}, use_bin_type=True))
 
-    def _refuse(self, ident: bytes) -> None:
-        self._challenged.pop(ident, None)
-        self._refused[ident] = None
-        if len(self._refused) > MAX_REFUSED:
-            self._refused.popitem(last=False)
-        self._send(ident, REFUSED)
+    def _drop(self, ident: bytes, refuse: bool = False) -> None:
+        """Close the connection ``ident`` (after one REFUSED if ``refuse``)."""
+        self._peers.pop(ident, None)
+        self._pending.pop(ident, None)
+        if refuse:
+            self._send(ident, REFUSED)
+        try:
+            self._sock.send_multipart([ident, b""], zmq.NOBLOCK)  # empty: close it
+        except zmq.ZMQError:
+            pass
+        self._gone[ident] = None
+        if len(self._gone) > MAX_GONE:
+            self._gone.popitem(last=False)
 
-    def _on_message(self, frames: list[bytes]) -> None:
-        ident = frames[0]
-        if ident in self._refused:
+    def _on_chunk(self, ident: bytes, data: bytes) -> None:
+        peer = self._peers.get(ident)
+        if not data:                         # ZeroMQ's notice of a connect or a disconnect
+            if peer is not None:
+                self._peers.pop(ident)
+                self._pending.pop(ident, None)
+            elif ident not in self._gone:
+                self._welcome(ident)
             return
-        body = frames[1] if len(frames) == 2 else None
-        if ident in self._authed:
-            if body is None:
-                return  # malformed framing from an authenticated peer: drop it
-            self._on_request(ident, body)
+        if peer is None:
+            return                           # late bytes of a connection already closed
+        try:
+            frames = peer.reader.feed(data)
+        except ProtocolError:
+            self._drop(ident, refuse=not peer.authed)
             return
-        nonce_s = self._challenged.pop(ident, None)
-        if nonce_s is None:
-            if body != HELLO:
-                self._refuse(ident)
+        for body in frames:
+            if peer.authed:
+                self._on_request(ident, body)
+            elif not self._on_handshake(ident, peer, bytes(body)):
+                self._drop(ident, refuse=True)
                 return
-            nonce_s = os.urandom(NONCE_LEN)
-            self._challenged[ident] = nonce_s
-            if len(self._challenged) > MAX_PENDING_AUTH:
-                self._challenged.popitem(last=False)
-            self._send(ident, MAGIC + nonce_s)
-            return
-        if body is None or len(body) != NONCE_LEN + MAC_LEN:
-            self._refuse(ident)
-            return
-        nonce_c, proof = body[:NONCE_LEN], body[NONCE_LEN:]
-        if not hmac.compare_digest(proof, hmac_proof(self._key, CLIENT_LABEL, nonce_s, nonce_c)):
-            self._refuse(ident)
-            return
-        self._authed.add(ident)
-        self._send(ident, hmac_proof(self._key, SERVER_LABEL, nonce_c, nonce_s))
 
-    def _on_request(self, ident: bytes, body: bytes) -> None:
+    def _welcome(self, ident: bytes) -> None:
+        """A new connection: admit it as unauthenticated, evicting the oldest if full."""
+        while len(self._pending) >= MAX_PENDING_AUTH:
+            self._drop(next(iter(self._pending)))
+        peer = _Peer(time.monotonic() + AUTH_DEADLINE)
+        self._peers[ident] = peer
+        self._pending[ident] = peer
+
+    def _on_handshake(self, ident: bytes, peer: _Peer, body: bytes) -> bool:
+        """Advance ``peer``'s handshake by one message; False: refuse it."""
+        if peer.nonce_s is None:
+            if body != HELLO:
+                return False
+            peer.nonce_s = os.urandom(NONCE_LEN)
+            self._send(ident, MAGIC + peer.nonce_s)
+            return True
+        if len(body) != NONCE_LEN + MAC_LEN:
+            return False
+        nonce_c, proof = body[:NONCE_LEN], body[NONCE_LEN:]
+        if not hmac.compare_digest(proof, hmac_proof(self._key, CLIENT_LABEL, peer.nonce_s,
+                                                     nonce_c)):
+            return False
+        peer.authed = True
+        peer.reader.limit = self._max_bytes
+        self._pending.pop(ident, None)
+        self._send(ident, hmac_proof(self._key, SERVER_LABEL, nonce_c, peer.nonce_s))
+        return True
+
+    def _on_request(self, ident: bytes, body: bytearray) -> None:
         try:
             req = msgpack.unpackb(body, raw=False, strict_map_key=True)
             rid = req["id"]
@@ -350,6 +472,11 @@ class StoreServer:
             self._reply(parked.ident, parked.rid, ok=True)
 
     def _expire(self, now: float) -> None:
+        while self._pending:
+            ident, peer = next(iter(self._pending.items()))
+            if peer.deadline > now:
+                break
+            self._drop(ident)           # too slow to authenticate: a stranger, or stuck
         while self._deadlines and self._deadlines[0][0] <= now:
             parked = heapq.heappop(self._deadlines)[2]
             if not parked.done:
@@ -365,7 +492,8 @@ class StoreClient:
         host: the server's address (``PYCOMM_MASTER_ADDR``).
         port: the server's TCP port (``PYCOMM_MASTER_PORT``).
         token: the job secret (see :func:`normalize_token` for accepted forms).
-        timeout: default seconds for the handshake and for every blocking call.
+        timeout: default seconds for connecting plus the handshake, and for every
+            blocking call. A server that is not listening yet is retried until then.
 
     Raises:
         CommTimeoutError: the server did not complete the handshake within ``timeout``.
@@ -377,38 +505,88 @@ class StoreClient:
         self.address = f"{host}:{port}"
         self._key = normalize_token(token)
         self._max_bytes = int(config.get("PYCOMM_STORE_MAX_BYTES"))
-        self._sock = zmq.Context.instance().socket(zmq.DEALER)
-        self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.setsockopt(zmq.ROUTING_ID, bytes([1 + os.urandom(1)[0] % 255]) +
-                              os.urandom(15))
-        if ":" in host:
-            self._sock.setsockopt(zmq.IPV6, 1)
+        # A reply carries the value and a few fields around it.
+        self._reader = FrameReader(self._max_bytes + 4096)
+        self._frames: list[bytearray] = []
         self._rid = 0
+        deadline = time.monotonic() + self.timeout
+        self._sock = self._connect(host, port, deadline)
         try:
-            self._sock.connect(_endpoint(host, port))
-            self._handshake()
+            self._handshake(deadline)
         except BaseException:
-            self._sock.close(0)
+            self._sock.close()
             raise
 
-    def _recv_raw(self, deadline: float, what: str) -> bytes:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0 or not self._sock.poll(int(remaining * 1000) + 1, zmq.POLLIN):
-            raise CommTimeoutError(f"store at {self.address}: no answer to {what} "
-                                   f"within {self.timeout:g} s")
-        return self._sock.recv()
+    def _connect(self, host: str, port: int, deadline: float) -> socket.socket:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise CommTimeoutError(f"store at {self.address}: no answer to the "
+                                       f"authentication hello within {self.timeout:g} s")
+            try:
+                sock = socket.create_connection((host, port), timeout=min(left, 1.0))
+            except OSError:          # not listening yet (a rank may start before rank 0)
+                time.sleep(min(0.05, max(deadline - time.monotonic(), 0)))
+                continue
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            return sock
 
-    def _handshake(self) -> None:
-        deadline = time.monotonic() + self.timeout
-        self._sock.send(HELLO)
-        chall = self._recv_raw(deadline, "the authentication hello")
+    def _send(self, body: bytes) -> None:
+        self._sock.settimeout(self.timeout)
+        try:
+            if len(body) < _BIG:
+                self._sock.sendall(frame(body))
+            else:
+                self._sock.sendall(LENGTH.pack(len(body)))
+                self._sock.sendall(body)
+        except socket.timeout:
+            raise CommTimeoutError(f"store at {self.address} did not take a request within "
+                                   f"{self.timeout:g} s") from None
+        except OSError as exc:
+            raise CommError(f"store at {self.address}: connection lost ({exc})") from None
+
+    def _recv_raw(self, deadline: float, what: str) -> bytearray:
+        """The next message from the server, waiting until ``deadline`` (monotonic s)."""
+        while not self._frames:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise CommTimeoutError(f"store at {self.address}: no answer to {what} "
+                                       f"within {self.timeout:g} s")
+            self._sock.settimeout(remaining)
+            try:
+                data = self._sock.recv(1 << 20)
+            except socket.timeout:
+                continue
+            except OSError as exc:
+                raise CommError(f"store at {self.address}: connection lost during {what} "
+                                f"({exc})") from None
+            if not data:
+                raise CommError(f"store at {self.address} closed the connection during "
+                                f"{what}")
+            self._frames.extend(self._reader.feed(data))
+        return self._frames.pop(0)
+
+    def _handshake(self, deadline: float) -> None:
+        self._send(HELLO)
+        try:
+            chall = self._recv_raw(deadline, "the authentication hello")
+        except CommTimeoutError:
+            raise
+        except CommError as exc:
+            raise ProtocolError(f"store at {self.address} refused us ({exc})") from None
         if chall == REFUSED:
             raise ProtocolError(f"store at {self.address} refused us")
         if len(chall) != len(MAGIC) + NONCE_LEN or not chall.startswith(MAGIC):
             raise ProtocolError(f"store at {self.address} is not a pycomm store")
         nonce_s, nonce_c = chall[len(MAGIC):], os.urandom(NONCE_LEN)
-        self._sock.send(nonce_c + hmac_proof(self._key, CLIENT_LABEL, nonce_s, nonce_c))
-        answer = self._recv_raw(deadline, "the authentication proof")
+        self._send(nonce_c + hmac_proof(self._key, CLIENT_LABEL, nonce_s, nonce_c))
+        try:
+            answer = self._recv_raw(deadline, "the authentication proof")
+        except CommTimeoutError:
+            raise
+        except CommError as exc:
+            raise ProtocolError(f"store at {self.address} refused us ({exc}; wrong "
+                                "PYCOMM_JOB_TOKEN?)") from None
         if answer == REFUSED:
             raise ProtocolError(f"store at {self.address} refused us (wrong PYCOMM_JOB_TOKEN?)")
         want = hmac_proof(self._key, SERVER_LABEL, nonce_c, nonce_s)
@@ -418,7 +596,7 @@ class StoreClient:
 
     def _call(self, op: str, what: str, wait: float, **fields: Any) -> Any:
         """Send one request and return its reply's value; ``wait`` is the server-side wait."""
-        if self._sock.closed:
+        if self._sock.fileno() < 0:
             raise CommError("store client is closed")
         self._rid += 1
         rid = self._rid
@@ -426,13 +604,10 @@ class StoreClient:
         if len(body) > self._max_bytes:
             raise ArgumentError(f"store {op} of {what}: {len(body)} bytes exceed the store's "
                                 f"limit of {self._max_bytes} (PYCOMM_STORE_MAX_BYTES)")
-        self._sock.send(body)
+        self._send(body)
         deadline = time.monotonic() + wait + REPLY_GRACE
         while True:
             raw = self._recv_raw(deadline, f"{op} of {what}")
-            if raw == REFUSED:
-                raise ProtocolError(f"store at {self.address} no longer knows us "
-                                    "(connection re-established?)")
             reply = msgpack.unpackb(raw, raw=False)
             if reply.get("id") != rid:
                 continue  # a late answer to a request that already timed out here
@@ -484,8 +659,7 @@ class StoreClient:
 
     def close(self) -> None:
         """Close the socket. Idempotent."""
-        if not self._sock.closed:
-            self._sock.close(0)
+        self._sock.close()
 
     def __enter__(self) -> StoreClient:
         return self

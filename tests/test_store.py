@@ -10,16 +10,21 @@ import time
 
 import msgpack
 import pytest
-import zmq
 
 from pycomm.errors import ArgumentError, CommError, CommTimeoutError, ProtocolError
 from pycomm.store import (
+    AUTH_DEADLINE,
     HELLO,
+    LENGTH,
     MAGIC,
+    MAX_AUTH_FRAME,
+    MAX_PENDING_AUTH,
     NONCE_LEN,
     REFUSED,
+    FrameReader,
     StoreClient,
     StoreServer,
+    frame,
     hmac_proof,
     normalize_token,
 )
@@ -136,21 +141,28 @@ def test_hmac_proof_is_hmac_sha256():
 
 # -- strangers --------------------------------------------------------------------------------
 
-def replies(sock, wait=0.5) -> list[bytes]:
-    got, deadline = [], time.monotonic() + wait
+def replies(sock, wait=0.5) -> tuple[list[bytes], bool]:
+    """The store messages a raw connection gets within ``wait`` s, and whether it closed."""
+    reader, got = FrameReader(1 << 20), []
+    deadline = time.monotonic() + wait
     while (left := deadline - time.monotonic()) > 0:
-        if sock.poll(int(left * 1000) + 1):
-            got.append(sock.recv())
-    return got
+        sock.settimeout(left)
+        try:
+            data = sock.recv(65536)
+        except socket.timeout:
+            break
+        except ConnectionResetError:
+            return got, True
+        if not data:
+            return got, True
+        got.extend(bytes(f) for f in reader.feed(data))
+    return got, False
 
 
 @pytest.fixture
 def stranger(server):
-    sock = zmq.Context.instance().socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(f"tcp://{server.host}:{server.port}")
-    yield sock
-    sock.close(0)
+    with socket.create_connection((server.host, server.port), timeout=2) as sock:
+        yield sock
 
 
 def test_wrong_token_is_refused(server, client):
@@ -160,23 +172,23 @@ def test_wrong_token_is_refused(server, client):
     assert client.get("secret") == b"value"  # the server survives
 
 
-def test_stranger_without_handshake_gets_one_refusal_only(server, client, stranger):
+def test_stranger_without_handshake_gets_one_refusal_and_is_closed(server, client, stranger):
     client.set("secret", b"value")
     get = msgpack.packb({"op": "get", "id": 1, "key": "secret", "timeout": 0})
-    for message in (get, b"junk", HELLO, get):
-        stranger.send(message)
-    assert replies(stranger) == [REFUSED]
+    stranger.sendall(frame(get) + frame(b"junk") + frame(HELLO) + frame(get))
+    assert replies(stranger) == ([REFUSED], True)
     assert client.get("secret") == b"value"
 
 
 def test_stranger_with_a_wrong_proof_learns_nothing(server, client, stranger):
     client.set("secret", b"value")
-    stranger.send(HELLO)
-    challenge = replies(stranger, 0.3)
-    assert len(challenge) == 1 and challenge[0].startswith(MAGIC)
-    stranger.send(os.urandom(NONCE_LEN) + os.urandom(32))
-    stranger.send(msgpack.packb({"op": "get", "id": 1, "key": "secret", "timeout": 0}))
-    assert replies(stranger) == [REFUSED]
+    stranger.sendall(frame(HELLO))
+    challenge, closed = replies(stranger, 0.3)
+    assert len(challenge) == 1 and challenge[0].startswith(MAGIC) and not closed
+    stranger.sendall(frame(os.urandom(NONCE_LEN) + os.urandom(32)))
+    stranger.sendall(frame(msgpack.packb({"op": "get", "id": 1, "key": "secret",
+                                          "timeout": 0})))
+    assert replies(stranger) == ([REFUSED], True)
     assert b"value" not in b"".join(challenge)
     assert client.get("secret") == b"value"
 
@@ -190,35 +202,78 @@ def test_raw_tcp_junk_does_not_hurt(server, client):
     assert client.get("still") == b"alive"
 
 
-def test_oversized_message_drops_the_sender(monkeypatch):
+def test_long_frame_before_authentication_is_refused_at_once(server, client, stranger):
+    stranger.sendall(LENGTH.pack(MAX_AUTH_FRAME + 1))  # only the announcement: no body yet
+    assert replies(stranger) == ([REFUSED], True)
+    client.set("still", b"alive")
+    assert client.get("still") == b"alive"
+
+
+def test_idle_stranger_is_closed_at_the_authentication_deadline(server, client, stranger):
+    stranger.sendall(frame(HELLO))
+    challenge, closed = replies(stranger, AUTH_DEADLINE / 2)
+    assert len(challenge) == 1 and not closed
+    assert replies(stranger, AUTH_DEADLINE + 1.0) == ([], True)
+
+
+def test_pending_strangers_are_capped_oldest_first(server, client):
+    socks = [socket.create_connection((server.host, server.port), timeout=2)
+             for _ in range(MAX_PENDING_AUTH + 8)]
+    try:
+        time.sleep(0.3)
+        closed = [replies(s, 0.005)[1] for s in socks]
+        assert closed == [True] * 8 + [False] * MAX_PENDING_AUTH
+        with connect(server) as late:     # a real client still gets in, and stays in
+            late.set("late", b"in")
+            assert client.get("late") == b"in"
+    finally:
+        for s in socks:
+            s.close()
+
+
+def test_oversized_request_drops_the_sender(monkeypatch):
     monkeypatch.setenv("PYCOMM_STORE_MAX_BYTES", "1024")
     with StoreServer(TOKEN) as srv, connect(srv) as cli:
-        sock = zmq.Context.instance().socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.connect(f"tcp://{srv.host}:{srv.port}")
-        try:
-            sock.send(b"\0" * 4096)
-            assert replies(sock, 0.3) == []
-        finally:
-            sock.close(0)
         with pytest.raises(ArgumentError, match="PYCOMM_STORE_MAX_BYTES"):
             cli.set("big", b"x" * 4096)  # refused before a byte moves
+        cli._send(msgpack.packb({"op": "set", "id": 99, "key": "big", "value": b"x" * 2048}))
+        with pytest.raises(CommError, match="closed the connection"):
+            cli.get("anything", timeout=1.0)
         with connect(srv) as fresh:
             fresh.set("small", b"ok")
             assert fresh.get("small") == b"ok"
 
 
+def test_large_values_round_trip():
+    value = os.urandom(3 << 20)
+    with StoreServer(TOKEN) as srv, connect(srv) as a, connect(srv) as b:
+        a.set("big", value)
+        assert b.get("big") == value
+
+
+def test_frame_reader_splits_and_joins_frames():
+    reader = FrameReader(16)
+    stream = frame(b"abc") + frame(b"") + frame(b"x" * 16)
+    got = [bytes(f) for i in range(len(stream)) for f in reader.feed(stream[i:i + 1])]
+    assert got == [b"abc", b"", b"x" * 16]
+    assert [bytes(f) for f in FrameReader(16).feed(stream)] == got
+    with pytest.raises(ProtocolError, match="17 bytes"):
+        FrameReader(16).feed(LENGTH.pack(17))
+
+
 def test_client_rejects_a_server_without_the_token():
-    ctx = zmq.Context.instance()
-    fake = ctx.socket(zmq.ROUTER)
-    fake.setsockopt(zmq.LINGER, 0)
-    port = fake.bind_to_random_port("tcp://127.0.0.1")
+    fake = socket.create_server(("127.0.0.1", 0))
+    port = fake.getsockname()[1]
 
     def impostor():
-        ident, _hello = fake.recv_multipart()
-        fake.send_multipart([ident, MAGIC + os.urandom(NONCE_LEN)])
-        ident, _proof = fake.recv_multipart()
-        fake.send_multipart([ident, os.urandom(32)])  # cannot compute the real answer
+        conn, _ = fake.accept()
+        with conn:
+            reader = FrameReader(1024)
+            conn.recv(64)                                           # the hello
+            conn.sendall(frame(MAGIC + os.urandom(NONCE_LEN)))
+            while not reader.feed(conn.recv(1024)):                # the proof
+                pass
+            conn.sendall(frame(os.urandom(32)))     # cannot compute the real answer
 
     thread = threading.Thread(target=impostor)
     thread.start()
@@ -227,7 +282,7 @@ def test_client_rejects_a_server_without_the_token():
             StoreClient("127.0.0.1", port, TOKEN, timeout=3.0)
     finally:
         thread.join(5)
-        fake.close(0)
+        fake.close()
 
 
 def test_unreachable_store_times_out():
