@@ -10,8 +10,13 @@ decoded before authentication. Flow (C = connecting rank, A = accepting rank)::
     C -> A   PROOF   HMAC(k, "C" | nonce_a | nonce_c | rank_c)               32 bytes
     A -> C   OK      magic(4)                                                 4 bytes
 
+A device that has more to say once both ends are authenticated (the emulated NIC's
+address) appends it to OK as one u32-length-prefixed blob, and reads the connector's blob
+back the same way (:class:`Admission`'s ``greeting``).
+
 The classes here only turn bytes into decisions; the socket code lives in
-:mod:`transports.tcp`.
+:mod:`transports.tcp` (:class:`~transports.tcp.Gate` drives :class:`Admission` for every
+listener, many connections at a time).
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ HELLO = struct.Struct("<4sHi32s")
 CHALL = struct.Struct("<32si32s")
 PROOF_LEN = 32
 OK = MAGIC
+BLOB_LEN = struct.Struct("<I")
+MAX_BLOB = 4096         # bytes of the blob an authenticated connector may send after OK
 
 
 def _mac(token: bytes, *parts: bytes) -> bytes:
@@ -105,3 +112,75 @@ class Acceptor:
             raise HandshakeError(f"connection claiming rank {self.peer_rank} failed "
                                  "authentication (wrong job token?)")
         return OK
+
+
+class Admission:
+    """The accepting side of one connection, from its first byte to its end (sans-I/O).
+
+    Ask :meth:`want` how many bytes to read (never more than the current message still
+    needs, so not a byte of what follows the handshake is consumed), pass them to
+    :meth:`receive` and send what it returns. :attr:`done` turns true once the connector
+    has proved it holds the token (and sent its blob, with a ``greeting``). Until then at
+    most one handshake message (42 bytes) is held.
+
+    Args:
+        token: the job secret.
+        rank: this side's rank (or device id).
+        world_size: ranks (or device ids) a connector may claim are ``0 <= r < world_size``.
+        greeting: bytes to send right after OK; the connector then must answer with one
+            blob of at most :data:`MAX_BLOB` bytes, u32-length-prefixed. None: no blob.
+    """
+
+    def __init__(self, token: bytes, rank: int, world_size: int, *,
+                 greeting: bytes | None = None):
+        self._hs = Acceptor(token, rank, world_size)
+        self._greeting = greeting
+        self._buf = bytearray()
+        self._stage = 0         # 0 hello, 1 proof, 2 blob length, 3 blob, 4 done
+        self._need = HELLO.size
+        self.blob = b""
+
+    @property
+    def done(self) -> bool:
+        return self._stage == 4
+
+    @property
+    def peer_rank(self) -> int:
+        """The rank (or device id) the connector claimed; proven once :attr:`done`."""
+        return self._hs.peer_rank
+
+    def want(self) -> int:
+        """Bytes the current message still needs (0 once done)."""
+        return self._need - len(self._buf)
+
+    def receive(self, data: bytes) -> bytes:
+        """Consume ``data`` (at most :meth:`want` bytes); return the bytes to send back.
+
+        Raises:
+            HandshakeError: more bytes than asked for, a message that fails its check (see
+                :class:`Acceptor`), or a blob longer than :data:`MAX_BLOB`.
+        """
+        if len(data) > self.want():
+            raise HandshakeError(f"{len(data)} bytes where {self.want()} were expected")
+        self._buf += data
+        if len(self._buf) < self._need:
+            return b""
+        message, self._buf = bytes(self._buf), bytearray()
+        if self._stage == 0:
+            self._stage, self._need = 1, PROOF_LEN
+            return self._hs.on_hello(message)
+        if self._stage == 1:
+            reply = self._hs.on_proof(message)
+            if self._greeting is None:
+                self._stage, self._need = 4, 0
+                return reply
+            self._stage, self._need = 2, BLOB_LEN.size
+            return reply + self._greeting
+        if self._stage == 2:
+            (n,) = BLOB_LEN.unpack(message)
+            if n > MAX_BLOB:
+                raise HandshakeError(f"rank {self.peer_rank} announced a {n}-byte address")
+            self._stage, self._need = (3, n) if n else (4, 0)
+            return b""
+        self._stage, self._need, self.blob = 4, 0, message
+        return b""

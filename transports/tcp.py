@@ -4,7 +4,10 @@ Connection set-up. Every rank listens on one port (loopback unless ``host`` is g
 publishes ``host:port`` in the store. A rank connects to every lower-ranked peer and
 accepts every higher-ranked one, so the dependency always points down and set-up cannot
 deadlock. Each connection runs the mutual HMAC handshake of :mod:`transports.handshake`
-before a single frame is parsed.
+before a single frame is parsed. The accepting side runs through a :class:`Gate`: every
+connection is handshaken at once and without blocking, within :data:`HANDSHAKE_S`
+seconds, and at most :data:`MAX_PENDING` unauthenticated ones are kept, so a stranger that
+connects and stays silent (or trickles bytes) delays no one.
 
 Data path. Frames (prefix, header, payload) leave through ``sendmsg`` with the header and
 the payload as separate iovecs: the payload is never copied in user space. A frame that
@@ -26,19 +29,22 @@ import errno
 import selectors
 import socket
 import time
-from collections import deque
-from typing import Any
+from collections import OrderedDict, deque
+from typing import Any, Callable
 
 import msgpack
 
 from . import handshake
 from .base import MAX_HEADER, PREFIX, HandshakeError, PeerLostError, Transport, TransportError
 
-__all__ = ["TcpTransport"]
+__all__ = ["Gate", "TcpTransport"]
 
 _STAGE = 256 * 1024
 _SOCKBUF = 4 * 1024 * 1024
 _HDR, _PAYLOAD = 0, 1
+HANDSHAKE_S = 3.0       # seconds an accepted connection has to authenticate
+MAX_PENDING = 64        # unauthenticated connections kept; a new one evicts the oldest
+_BACKLOG = 128          # the kernel's queue of connections not yet accepted
 
 
 def recv_exact(sock: socket.socket, n: int, deadline: float) -> bytes:
@@ -51,6 +57,140 @@ def recv_exact(sock: socket.socket, n: int, deadline: float) -> bytes:
             raise HandshakeError("connection closed during handshake")
         buf += chunk
     return bytes(buf)
+
+
+class Gate:
+    """Accepts connections on a listening socket and authenticates them, never waiting on one.
+
+    Every accepted connection gets a fresh :class:`~transports.handshake.Admission` and is
+    served as its bytes arrive, alongside all the others. A connection that has not
+    authenticated within ``deadline_s`` seconds is closed, and so is the oldest pending one
+    when a new arrival would exceed ``max_pending`` (a real peer finishes within a round
+    trip, so the oldest are the strangers). A connection that fails its handshake is
+    closed at once. Owns the listener (closes it in :meth:`close`). :meth:`poll` is for one
+    thread; :meth:`wakeup` may be called from any.
+
+    Args:
+        listener: a bound, listening TCP socket.
+        admission: makes the handshake state of one new connection.
+        deadline_s: seconds a connection has to authenticate.
+        max_pending: unauthenticated connections kept at once.
+    """
+
+    def __init__(self, listener: socket.socket, admission: Callable[[], handshake.Admission],
+                 *, deadline_s: float = HANDSHAKE_S, max_pending: int = MAX_PENDING):
+        self.listener = listener
+        self._admission = admission
+        self._deadline_s, self._max = deadline_s, max_pending
+        listener.setblocking(False)
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(listener, selectors.EVENT_READ, None)
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+        # socket -> (admission, deadline), oldest first
+        self._pending: OrderedDict[socket.socket, tuple[handshake.Admission, float]] = \
+            OrderedDict()
+
+    @property
+    def pending(self) -> int:
+        """Connections accepted and not yet authenticated."""
+        return len(self._pending)
+
+    def poll(self, timeout: float) -> list[tuple[socket.socket, handshake.Admission]]:
+        """Serve the listener and the pending handshakes for up to ``timeout`` seconds.
+
+        Returns as soon as something happened (or :meth:`wakeup` was called).
+
+        Returns:
+            The connections that authenticated, as (non-blocking socket, its admission,
+            whose ``peer_rank`` and ``blob`` say who it is); possibly none.
+        """
+        now = time.monotonic()
+        if self._pending:
+            timeout = min(timeout, next(iter(self._pending.values()))[1] - now)
+        done: list[tuple[socket.socket, handshake.Admission]] = []
+        for key, _ in self._sel.select(max(timeout, 0.0)):
+            if key.data == "wake":
+                try:
+                    while self._wake_r.recv(4096):
+                        pass
+                except OSError:
+                    pass
+            elif key.fileobj is self.listener:
+                self._accept()
+            else:
+                self._serve(key.fileobj, done)
+        now = time.monotonic()
+        while self._pending:
+            sock, (_, deadline) = next(iter(self._pending.items()))
+            if deadline > now:
+                break
+            self._drop(sock)
+        return done
+
+    def _accept(self) -> None:
+        for _ in range(self._max):      # a bounded batch: pending handshakes get served too
+            try:
+                sock, _ = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:             # out of descriptors or the like: retry next poll
+                return
+            while len(self._pending) >= self._max:
+                self._drop(next(iter(self._pending)))
+            sock.setblocking(False)
+            self._pending[sock] = (self._admission(), time.monotonic() + self._deadline_s)
+            self._sel.register(sock, selectors.EVENT_READ, "pending")
+
+    def _serve(self, sock: socket.socket, done: list) -> None:
+        entry = self._pending.get(sock)
+        if entry is None:
+            return
+        adm = entry[0]
+        try:
+            data = sock.recv(adm.want())
+            if not data:
+                raise HandshakeError("closed during the handshake")
+            reply = adm.receive(data)
+            # A reply is a few hundred bytes at most into an empty send buffer: a send
+            # that does not take it whole means the other end is not a pycomm peer.
+            if reply and sock.send(reply) != len(reply):
+                raise HandshakeError("peer does not read")
+        except (BlockingIOError, InterruptedError):
+            return
+        except (OSError, HandshakeError):
+            self._drop(sock)
+            return
+        if adm.done:
+            self._sel.unregister(sock)
+            del self._pending[sock]
+            done.append((sock, adm))
+
+    def _drop(self, sock: socket.socket) -> None:
+        self._pending.pop(sock, None)
+        try:
+            self._sel.unregister(sock)
+        except (KeyError, ValueError):
+            pass
+        sock.close()
+
+    def wakeup(self) -> None:
+        """End a :meth:`poll` in progress early (from any thread)."""
+        try:
+            self._wake_w.send(b"w")
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        """Close the pending connections, the listener and the wake-up pair."""
+        for sock in list(self._pending):
+            self._drop(sock)
+        self._sel.close()
+        self.listener.close()
+        self._wake_r.close()
+        self._wake_w.close()
 
 
 class _Conn:
@@ -106,50 +246,49 @@ class TcpTransport(Transport):
         lst = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         lst.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         lst.bind((self.host, 0))
-        lst.listen(max(16, len(peers)))
+        lst.listen(max(_BACKLOG, 2 * len(peers)))
         self._listener = lst
-        key = f"tcp/{self.job_id}/"
-        store.set(key + str(self.rank), msgpack.packb([self.host, lst.getsockname()[1]]))
-        for peer in (p for p in self.peers if p < self.rank):
-            host, port = msgpack.unpackb(store.get(key + str(peer), timeout=timeout))
+        gate = Gate(lst, lambda: handshake.Admission(self.token, self.rank, self.size))
+        try:
+            key = f"tcp/{self.job_id}/"
+            store.set(key + str(self.rank), msgpack.packb([self.host, lst.getsockname()[1]]))
+            for peer in (p for p in self.peers if p < self.rank):
+                self._connect_to(store, key, peer, deadline, timeout)
+            waiting = {p for p in self.peers if p > self.rank}
+            while waiting:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TransportError(f"rank {self.rank}: ranks {sorted(waiting)} did not "
+                                         f"connect within {timeout:.0f} s")
+                for sock, adm in gate.poll(left):
+                    if adm.peer_rank not in waiting:
+                        sock.close()        # a second connection claiming the same rank
+                        continue
+                    waiting.discard(adm.peer_rank)
+                    self._add(adm.peer_rank, sock)
+        finally:
+            gate.close()
+            self._listener = None
+
+    def _connect_to(self, store, key: str, peer: int, deadline: float,
+                    timeout: float) -> None:
+        host, port = msgpack.unpackb(store.get(key + str(peer), timeout=timeout))
+        try:
             sock = socket.create_connection((host, port),
                                             timeout=max(deadline - time.monotonic(), 0.1))
-            try:
-                hs = handshake.Connector(self.token, self.rank, peer)
-                sock.sendall(hs.hello())
-                sock.sendall(hs.on_challenge(recv_exact(sock, handshake.CHALL.size,
-                                                         deadline)))
-                hs.on_ok(recv_exact(sock, len(handshake.OK), deadline))
-            except (OSError, HandshakeError) as exc:
-                sock.close()
-                raise TransportError(f"rank {self.rank}: handshake with rank {peer} at "
-                                     f"{host}:{port} failed: {exc}") from exc
-            self._add(peer, sock)
-        waiting = {p for p in self.peers if p > self.rank}
-        while waiting:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TransportError(f"rank {self.rank}: ranks {sorted(waiting)} did not "
-                                     f"connect within {timeout:.0f} s")
-            lst.settimeout(left)
-            try:
-                sock, _ = lst.accept()
-            except socket.timeout:
-                continue
-            hs = handshake.Acceptor(self.token, self.rank, self.size)
-            try:
-                sock.sendall(hs.on_hello(recv_exact(sock, handshake.HELLO.size, deadline)))
-                sock.sendall(hs.on_proof(recv_exact(sock, handshake.PROOF_LEN, deadline)))
-            except (OSError, HandshakeError):
-                sock.close()            # a stranger or a confused peer: refuse, keep waiting
-                continue
-            if hs.peer_rank not in waiting:
-                sock.close()
-                continue
-            waiting.discard(hs.peer_rank)
-            self._add(hs.peer_rank, sock)
-        lst.close()
-        self._listener = None
+        except OSError as exc:
+            raise TransportError(f"rank {self.rank}: cannot connect to rank {peer} at "
+                                 f"{host}:{port}: {exc}") from exc
+        try:
+            hs = handshake.Connector(self.token, self.rank, peer)
+            sock.sendall(hs.hello())
+            sock.sendall(hs.on_challenge(recv_exact(sock, handshake.CHALL.size, deadline)))
+            hs.on_ok(recv_exact(sock, len(handshake.OK), deadline))
+        except (OSError, HandshakeError) as exc:
+            sock.close()
+            raise TransportError(f"rank {self.rank}: handshake with rank {peer} at "
+                                 f"{host}:{port} failed: {exc}") from exc
+        self._add(peer, sock)
 
     def _add(self, peer: int, sock: socket.socket) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

@@ -6,7 +6,10 @@ CQs; this thread executes them, in order per QP, and writes the completions.
 Links. Two NICs talk over one TCP connection per direction of use (the initiator's
 requests and their responses travel on the link the initiator opened), authenticated with
 the job token by the HMAC handshake of :mod:`transports.handshake` before any message is
-parsed; then each side sends its device address (pid, host, MR-table address). Every
+parsed; then each side sends its device address (pid, host, MR-table address). The
+listener is served by a thread of its own through a :class:`~transports.tcp.Gate` (every
+handshake at once, without blocking, under a short deadline and a cap on pending
+connections), so no connection, however slow or silent, ever holds up the engine. Every
 message is a 40-byte header (kind, flags, dst/src qpn, psn, imm, rkey, length, remote
 address) and, for some kinds, a payload (:mod:`transports.rdma.wire`). Requests carry a PSN; the
 responder accepts only the next expected PSN, answers ACK / NAK(syndrome) / READ_RESP, and
@@ -47,11 +50,12 @@ import time
 
 from .. import handshake
 from ..base import HandshakeError, TransportError, host_identity
+from ..tcp import Gate
 from ..tcp import recv_exact as _recv_exact
 from ..linux import copy_remote as _cma
 from . import verbs as v
 from .wire import (_IOV, _MSG, F_IMM, F_PULL, M_IMM, M_READ_REQ, M_SEND, M_WRITE, NAK_RNR,
-                   Wire, _exchange, _Link)
+                   Wire, _exchange, _Link, address_frame, parse_address)
 
 __all__ = ["Nic", "address_view"]
 
@@ -92,17 +96,23 @@ class Nic(Wire):
         self._dirty: set = set()
         self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.listener.bind((host, 0))
-        self.listener.listen(64)
+        self.listener.listen(128)
         self.efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self.sel = selectors.DefaultSelector()
-        self.sel.register(self.listener, selectors.EVENT_READ, "accept")
         self.sel.register(self.efd, selectors.EVENT_READ, "bell")
         self.address = {"id": self.id, "host": host_identity(), "ip": host,
                         "port": self.listener.getsockname()[1], "pid": os.getpid(),
                         "mrt": ctypes.addressof(self.table), "cap": max_mr, "cma": cma}
+        greeting = address_frame(self.address)
+        self.gate = Gate(self.listener,
+                         lambda: handshake.Admission(token, self.id, _ID_SPACE,
+                                                     greeting=greeting))
         self.running = True
         self.thread = threading.Thread(target=self._run, name="pycomm-rdma-nic", daemon=True)
         self.thread.start()
+        self.admitter = threading.Thread(target=self._admit, name="pycomm-rdma-accept",
+                                         daemon=True)
+        self.admitter.start()
 
     # -- memory regions -------------------------------------------------------------------
     def register(self, addr: int, length: int, access: int, pd: int) -> int:
@@ -199,22 +209,20 @@ class Nic(Wire):
             self._new.append(link)
         os.eventfd_write(self.efd, 1)
 
-    def _accept(self) -> None:
-        try:
-            sock, _ = self.listener.accept()
-        except OSError:
-            return
-        deadline = time.monotonic() + 5.0
-        hs = handshake.Acceptor(self.token, self.id, _ID_SPACE)
-        try:
-            sock.settimeout(5.0)
-            sock.sendall(hs.on_hello(_recv_exact(sock, handshake.HELLO.size, deadline)))
-            sock.sendall(hs.on_proof(_recv_exact(sock, handshake.PROOF_LEN, deadline)))
-            peer = _exchange(sock, self.address, deadline)
-        except (OSError, HandshakeError, ValueError):
-            sock.close()                     # a stranger: refuse it, serve the others
-            return
-        self._adopt(_Link(sock, peer, False))
+    def _admit(self) -> None:
+        """The listener's thread: authenticate incoming links, hand them to the engine."""
+        while self.running:
+            try:
+                admitted = self.gate.poll(0.5)
+            except (OSError, ValueError):   # closed under us by close()
+                return
+            for sock, adm in admitted:
+                try:
+                    peer = parse_address(adm.blob)
+                except HandshakeError:
+                    sock.close()
+                    continue
+                self._adopt(_Link(sock, peer, False))
 
     # -- the engine loop ------------------------------------------------------------------
     def _run(self) -> None:
@@ -228,9 +236,6 @@ class Nic(Wire):
                 if not self.running:
                     return
                 raise
-            for key, _ in events:
-                if key.data == "accept":
-                    self._accept()
             with self.lock:
                 if not self.running:
                     return
@@ -266,7 +271,9 @@ class Nic(Wire):
             os.eventfd_write(self.efd, 1)
         except OSError:
             pass
+        self.gate.wakeup()
         self.thread.join(timeout=5.0)
+        self.admitter.join(timeout=5.0)
         with self.lock:
             for qp in list(self.qps.values()):
                 self.fail_qp(qp, None, "device closed")
@@ -276,7 +283,7 @@ class Nic(Wire):
             self._all.clear()
             self.links.clear()
             self.sel.close()
-            self.listener.close()
+            self.gate.close()
             os.close(self.efd)
 
     # -- requester side -------------------------------------------------------------------

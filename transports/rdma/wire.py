@@ -18,9 +18,10 @@ from collections import deque
 import msgpack
 
 from ..base import HandshakeError
+from ..handshake import BLOB_LEN, MAX_BLOB
 from ..tcp import recv_exact as _recv_exact
 
-__all__ = ["Wire"]
+__all__ = ["Wire", "address_frame", "parse_address"]
 
 _MSG = struct.Struct("<BBHIIIIIQQ")     # kind flags pad dst src psn imm rkey length raddr
 M_SEND, M_WRITE, M_READ_REQ, M_READ_RESP, M_ACK, M_NAK, M_IMM = 1, 2, 3, 4, 5, 6, 7
@@ -153,14 +154,32 @@ class Wire:
             finish()
 
 
-def _exchange(sock: socket.socket, mine: dict, deadline: float) -> dict:
-    """After authentication: swap device addresses (u32 length + msgpack)."""
+def address_frame(mine: dict) -> bytes:
+    """This device's address as sent after authentication: u32 length + msgpack."""
     body = msgpack.packb(mine)
-    sock.sendall(struct.pack("<I", len(body)) + body)
-    (n,) = struct.unpack("<I", _recv_exact(sock, 4, deadline))
-    if n > 4096:
-        raise HandshakeError(f"device address of {n} bytes")
-    peer = msgpack.unpackb(_recv_exact(sock, n, deadline))
+    return BLOB_LEN.pack(len(body)) + body
+
+
+def parse_address(body: bytes) -> dict:
+    """A peer's device address from its msgpack body.
+
+    Raises:
+        HandshakeError: it is not a map holding id, pid, host, mrt and cap.
+    """
+    try:
+        peer = msgpack.unpackb(body)
+    except Exception as exc:  # noqa: BLE001 - msgpack raises several types on bad input
+        raise HandshakeError(f"undecodable device address ({exc})") from None
     if not isinstance(peer, dict) or not {"id", "pid", "host", "mrt", "cap"} <= set(peer):
         raise HandshakeError("malformed device address")
     return peer
+
+
+def _exchange(sock: socket.socket, mine: dict, deadline: float) -> dict:
+    """The connector's side after authentication: swap device addresses (u32 length +
+    msgpack each way; the acceptor's side is :class:`~transports.handshake.Admission`)."""
+    sock.sendall(address_frame(mine))
+    (n,) = BLOB_LEN.unpack(_recv_exact(sock, BLOB_LEN.size, deadline))
+    if n > MAX_BLOB:
+        raise HandshakeError(f"device address of {n} bytes")
+    return parse_address(_recv_exact(sock, n, deadline))
