@@ -26,6 +26,8 @@ import numpy as np
 
 from pycomm.errors import ArgumentError
 
+from .exceptions import mpi_error, translate_methods
+
 __all__ = ["Datatype", "DATATYPE_NULL", "TYPEDICT", "to_datatype", "from_numpy",
            "ORDER_C", "ORDER_FORTRAN", "ORDER_F", "COMBINER_NAMED", "PREDEFINED"]
 
@@ -39,6 +41,11 @@ _WIRE = {"S": np.dtype(np.uint8), "U": np.dtype(np.uint32)}   # non-numeric basi
 _INDEX_CACHE = 8          # index arrays kept per datatype (one per distinct count/offset)
 
 
+def _err(message: str):
+    """A datatype error: ``MPI.Exception`` of class ERR_TYPE, a pycomm ArgumentError."""
+    return mpi_error(ArgumentError, "ERR_TYPE", message)
+
+
 def _data_size(dt: np.dtype) -> int:
     """Bytes of data in one element of ``dt`` (a structured dtype's padding excluded)."""
     if dt.fields is None:
@@ -46,6 +53,7 @@ def _data_size(dt: np.dtype) -> int:
     return sum(f[0].itemsize for f in dt.fields.values())
 
 
+@translate_methods
 class Datatype:
     """An MPI datatype (mpi4py's ``MPI.Datatype``): a typemap over numpy dtypes.
 
@@ -110,10 +118,10 @@ class Datatype:
         for offsets, dt in parts:
             dt._check_usable("a type constructor")
             offsets = np.asarray(offsets, dtype=np.int64).reshape(-1)
-            if offsets.size == 0:
-                continue
             remap = np.array([_index_of(dtypes, d) for d in dt._dtypes] or [0],
-                             dtype=np.int16)
+                             dtype=np.int16)    # kept even when empty: the wire dtype
+            if offsets.size == 0 or dt._disps.size == 0:
+                continue
             disps.append((offsets[:, None] + dt._disps[None, :]).reshape(-1))
             codes.append(np.broadcast_to(remap[dt._codes][None, :],
                                          (offsets.size, dt._codes.size)).reshape(-1))
@@ -126,9 +134,9 @@ class Datatype:
 
     def _check_usable(self, what: str) -> None:
         if self._freed:
-            raise ArgumentError(f"{what}: datatype {self._name or 'derived'} has been freed")
-        if not self._dtypes and self is DATATYPE_NULL:
-            raise ArgumentError(f"{what}: DATATYPE_NULL cannot be used")
+            raise _err(f"{what}: datatype {self._name or 'derived'} has been freed")
+        if self._disps is DATATYPE_NULL._disps:
+            raise _err(f"{what}: DATATYPE_NULL cannot be used")
 
     # -- accessors ----------------------------------------------------------------------
     def Get_size(self) -> int:
@@ -232,32 +240,32 @@ class Datatype:
         """Release a derived type; using it afterwards raises. Predefined types cannot be
         freed (ArgumentError, as MPI_ERR_TYPE)."""
         if self._predefined:
-            raise ArgumentError(f"Datatype.Free: {self._name} is predefined and cannot be "
+            raise _err(f"Datatype.Free: {self._name} is predefined and cannot be "
                                 "freed")
         self._freed = True
 
     def Dup(self) -> "Datatype":
         """A committed copy with the same typemap (``MPI_Type_dup``)."""
         self._check_usable("Dup")
-        out = Datatype._make(self._dtypes, self._disps, self._codes, self._lb, self._ub,
-                             combiner=COMBINER_DUP, code=self._code, size=self._size)
+        out = Datatype._make(self._dtypes, self._disps.copy(), self._codes, self._lb,
+                             self._ub, combiner=COMBINER_DUP, code=self._code, size=self._size)
         out._committed, out._name = self._committed, self._name
         return out
 
     Create_dup = Dup
 
     def __eq__(self, other) -> bool:
+        """Same handle: the same object or a ``Datatype(other)`` copy of it (``Dup``
+        makes a new handle)."""
         if not isinstance(other, Datatype):
             return NotImplemented
-        if self._predefined or other._predefined:
-            return self is other
-        return self is other
+        return self is other or self._disps is other._disps
 
     def __hash__(self) -> int:
-        return id(self)
+        return id(self._disps)
 
     def __bool__(self) -> bool:
-        return self is not DATATYPE_NULL and not self._freed
+        return self._disps is not DATATYPE_NULL._disps and not self._freed
 
     def __repr__(self) -> str:
         if self._name:
@@ -323,10 +331,10 @@ class Datatype:
     def _hindexed(self, blocklengths, byte_disps, what, combiner):
         blens = _ints(blocklengths, "blocklengths", what)
         if blens.size != byte_disps.size:
-            raise ArgumentError(f"{what}: {blens.size} blocklengths but {byte_disps.size} "
+            raise _err(f"{what}: {blens.size} blocklengths but {byte_disps.size} "
                                 "displacements")
         if (blens < 0).any():
-            raise ArgumentError(f"{what}: blocklengths must be >= 0, got {blens.tolist()}")
+            raise _err(f"{what}: blocklengths must be >= 0, got {blens.tolist()}")
         start = np.repeat(byte_disps, blens)
         within = np.arange(int(blens.sum())) - np.repeat(np.cumsum(blens) - blens, blens)
         return Datatype._compose([(start + within * self.extent, self)], combiner)
@@ -339,7 +347,7 @@ class Datatype:
         disps = _ints(displacements, "displacements", "Create_struct")
         types = [to_datatype(t, "Create_struct") for t in datatypes]
         if not blens.size == disps.size == len(types):
-            raise ArgumentError(f"Create_struct: {blens.size} blocklengths, {disps.size} "
+            raise _err(f"Create_struct: {blens.size} blocklengths, {disps.size} "
                                 f"displacements and {len(types)} datatypes differ in length")
         parts = [(d + np.arange(b) * t.extent, t) for b, d, t in zip(blens, disps, types)]
         return cls._compose(parts, COMBINER_STRUCT)
@@ -351,13 +359,13 @@ class Datatype:
         sizes, subs = _ints(sizes, "sizes", what), _ints(subsizes, "subsizes", what)
         starts = _ints(starts, "starts", what)
         if not sizes.size == subs.size == starts.size or sizes.size == 0:
-            raise ArgumentError(f"{what}: sizes {sizes.tolist()}, subsizes {subs.tolist()}"
+            raise _err(f"{what}: sizes {sizes.tolist()}, subsizes {subs.tolist()}"
                                 f" and starts {starts.tolist()} must have one equal length")
         if (subs < 0).any() or (starts < 0).any() or (starts + subs > sizes).any():
-            raise ArgumentError(f"{what}: block {subs.tolist()} at {starts.tolist()} does "
+            raise _err(f"{what}: block {subs.tolist()} at {starts.tolist()} does "
                                 f"not fit in {sizes.tolist()}")
         if order not in (ORDER_C, ORDER_FORTRAN):
-            raise ArgumentError(f"{what}: order={order!r} is not ORDER_C or ORDER_FORTRAN")
+            raise _err(f"{what}: order={order!r} is not ORDER_C or ORDER_FORTRAN")
         axes = range(sizes.size) if order == ORDER_C else range(sizes.size - 1, -1, -1)
         axes = list(axes)
         offs = np.zeros(1, dtype=np.int64)
@@ -444,7 +452,7 @@ def _int(value, arg: str, what: str) -> int:
 def _nonneg(value, arg: str, what: str) -> int:
     v = _int(value, arg, what)
     if v < 0:
-        raise ArgumentError(f"{what}: {arg}={v} must be >= 0")
+        raise _err(f"{what}: {arg}={v} must be >= 0")
     return v
 
 

@@ -35,8 +35,18 @@ import numpy as np
 from pycomm.errors import ArgumentError, InvalidBufferError
 
 from .datatypes import Datatype, from_numpy, to_datatype
+from .exceptions import mpi_error
 
 __all__ = ["Msg", "message", "vector_message", "as_int", "BOTTOM"]
+
+
+def _buf_error(message: str):
+    return mpi_error(InvalidBufferError, "ERR_BUFFER", message)
+
+
+def _arg_error(message: str):
+    return mpi_error(ArgumentError, "ERR_COUNT" if "count" in message else "ERR_ARG",
+                     message)
 
 
 class _Bottom:
@@ -92,13 +102,13 @@ def _raw(buf, writable: bool, where: str, arg: str) -> tuple[np.ndarray, np.dtyp
         try:
             mv = memoryview(buf)
         except TypeError:
-            raise InvalidBufferError(f"{where}: {arg} must support the buffer protocol "
+            raise _buf_error(f"{where}: {arg} must support the buffer protocol "
                                      f"(numpy array, bytes, bytearray, memoryview...), got "
                                      f"{type(buf).__name__}") from None
         if not mv.contiguous:
-            raise InvalidBufferError(f"{where}: {arg} is a non-contiguous memoryview")
+            raise _buf_error(f"{where}: {arg} is a non-contiguous memoryview")
         if writable and mv.readonly:
-            raise InvalidBufferError(f"{where}: {arg} ({type(buf).__name__}) is read-only "
+            raise _buf_error(f"{where}: {arg} ({type(buf).__name__}) is read-only "
                                      "but this call writes it")
         own = None if mv.format in _BYTE_FORMATS or mv.nbytes == 0 else _np_format(mv)
         raw = np.frombuffer(mv.cast("B") if mv.ndim != 1 or mv.format != "B" else mv,
@@ -110,7 +120,7 @@ def _raw(buf, writable: bool, where: str, arg: str) -> tuple[np.ndarray, np.dtyp
         try:
             arr = np.from_dlpack(buf)
         except (TypeError, RuntimeError, BufferError) as exc:
-            raise InvalidBufferError(f"{where}: {arg}: cannot read {type(buf).__name__} "
+            raise _buf_error(f"{where}: {arg}: cannot read {type(buf).__name__} "
                                      f"through DLPack ({exc}); only CPU memory can be sent")
     else:
         arr = np.asarray(buf)
@@ -119,11 +129,11 @@ def _raw(buf, writable: bool, where: str, arg: str) -> tuple[np.ndarray, np.dtyp
     elif arr.flags.f_contiguous:
         flat = arr.ravel(order="F")
     else:
-        raise InvalidBufferError(f"{where}: {arg} is not contiguous (shape {arr.shape}, "
+        raise _buf_error(f"{where}: {arg} is not contiguous (shape {arr.shape}, "
                                  f"strides {arr.strides}); pass np.ascontiguousarray(...) "
                                  "or describe the layout with a derived datatype")
     if writable and not flat.flags.writeable:
-        raise InvalidBufferError(f"{where}: {arg} is read-only but this call writes it")
+        raise _buf_error(f"{where}: {arg} is read-only but this call writes it")
     return flat.view(np.uint8), arr.dtype
 
 
@@ -166,13 +176,13 @@ def _split(spec, where: str, arg: str):
     if n == 3:
         if isinstance(spec[1], (tuple, list)):
             if len(spec[1]) != 2:
-                raise ArgumentError(f"{where}: {arg}: [buf, (count, displ), datatype] "
+                raise _arg_error(f"{where}: {arg}: [buf, (count, displ), datatype] "
                                     f"needs a pair, got {spec[1]!r}")
             return spec[0], spec[1][0], spec[1][1], spec[2]
         return spec[0], spec[1], None, spec[2]
     if n == 4:
         return spec[0], spec[1], spec[2], spec[3]
-    raise ArgumentError(f"{where}: {arg}: a message is buf, [buf, datatype], [buf, count, "
+    raise _arg_error(f"{where}: {arg}: a message is buf, [buf, datatype], [buf, count, "
                         f"datatype] or [buf, count, displ, datatype]; got a {n}-item "
                         f"{type(spec).__name__}")
 
@@ -201,12 +211,12 @@ def message(spec, where: str, arg: str, *, writable: bool) -> Msg:
         dt = to_datatype(given, where) if given is not None else from_numpy(np.dtype("u1"))
         c = as_int(count, "count", where) if count is not None else 0
         if c != 0:
-            raise InvalidBufferError(f"{where}: {arg} is None with count {c}")
+            raise _buf_error(f"{where}: {arg} is None with count {c}")
         return Msg(np.empty(0, dtype=dt.wire_dtype()))
     raw, own = _raw(buf, writable, where, arg)
     dt = _datatype(own, given, where)
     if not dt._committed:
-        raise ArgumentError(f"{where}: {arg}: derived datatype {dt!r} was not committed "
+        raise _arg_error(f"{where}: {arg}: derived datatype {dt!r} was not committed "
                             "(call .Commit() first)")
     extent = dt.extent
     d = as_int(displ, "displ", where) if displ is not None else 0
@@ -216,14 +226,14 @@ def message(spec, where: str, arg: str, *, writable: bool) -> Msg:
         else:
             avail = raw.size - d * extent
             if avail % extent:
-                raise InvalidBufferError(f"{where}: {arg}: buffer of {raw.size} bytes is "
+                raise _buf_error(f"{where}: {arg}: buffer of {raw.size} bytes is "
                                          f"not a whole number of {dt.Get_name() or 'datatype'}"
                                          f" items (extent {extent} bytes)")
             count_ = max(avail // extent, 0)
     else:
         count_ = as_int(count, "count", where)
         if count_ < 0:
-            raise ArgumentError(f"{where}: {arg}: count={count_} is negative")
+            raise _arg_error(f"{where}: {arg}: count={count_} is negative")
     return _typed(raw, dt, count_, d * extent, where, arg)
 
 
@@ -236,7 +246,7 @@ def _typed(raw: np.ndarray, dt: Datatype, count: int, start: int, where: str,
     if dt._contig:
         end = start + count * dt.extent
         if start < 0 or end > raw.size:
-            raise InvalidBufferError(f"{where}: {arg}: {count} x {dt.Get_name() or 'items'} "
+            raise _buf_error(f"{where}: {arg}: {count} x {dt.Get_name() or 'items'} "
                                      f"at byte {start} need {end} bytes; the buffer has "
                                      f"{raw.size}")
         return Msg(raw[start:end].view(wire), None, per, ok)
@@ -244,7 +254,7 @@ def _typed(raw: np.ndarray, dt: Datatype, count: int, start: int, where: str,
     isz = dt._dtypes[0].itemsize if by_element else 1
     lo, hi = int(index.min()) * isz, (int(index.max()) + 1) * isz
     if lo < 0 or hi > raw.size:
-        raise InvalidBufferError(f"{where}: {arg}: {count} item(s) of the datatype at byte "
+        raise _buf_error(f"{where}: {arg}: {count} item(s) of the datatype at byte "
                                  f"{start} reach bytes {lo}..{hi - 1}; the buffer has "
                                  f"{raw.size}")
     src = raw[:raw.size - raw.size % isz].view(wire if by_element else np.uint8)
@@ -271,7 +281,7 @@ def vector_message(spec, size: int, where: str, arg: str, *, writable: bool):
     if spec is None:
         return Msg(np.empty(0, np.uint8)), [0] * size, [0] * size
     if not isinstance(spec, (list, tuple)) or len(spec) < 2:
-        raise ArgumentError(f"{where}: {arg} must be [buf, counts], [buf, counts, displs],"
+        raise _arg_error(f"{where}: {arg} must be [buf, counts], [buf, counts, displs],"
                             " [buf, (counts, displs), datatype] or [buf, counts, displs, "
                             "datatype]")
     buf, rest = spec[0], list(spec[1:])
@@ -288,14 +298,14 @@ def vector_message(spec, size: int, where: str, arg: str, *, writable: bool):
     if rest:
         given = rest.pop(0)
     if rest:
-        raise ArgumentError(f"{where}: {arg}: too many items in the vector message spec")
+        raise _arg_error(f"{where}: {arg}: too many items in the vector message spec")
     if buf is None or buf is BOTTOM:
         raw, own = np.empty(0, np.uint8), None
     else:
         raw, own = _raw(buf, writable, where, arg)
     dt = _datatype(own, given, where)
     if not dt._committed:
-        raise ArgumentError(f"{where}: {arg}: derived datatype was not committed")
+        raise _arg_error(f"{where}: {arg}: derived datatype was not committed")
     extent = dt.extent
     if counts is None:
         per = raw.size // extent // size if extent > 0 else 0
@@ -313,7 +323,7 @@ def vector_message(spec, size: int, where: str, arg: str, *, writable: bool):
             dt.wire_dtype())
         for r, (c, d) in enumerate(zip(counts, displs)):
             if c and (d + c) * n > whole.size:
-                raise InvalidBufferError(f"{where}: {arg}: block {r} ({c} items at "
+                raise _buf_error(f"{where}: {arg}: block {r} ({c} items at "
                                          f"displacement {d}) overruns the buffer of "
                                          f"{raw.size} bytes")
         return Msg(whole, None, n), [c * n for c in counts], [d * n for d in displs]
@@ -338,6 +348,6 @@ def _list(values, size: int, name: str, where: str, arg: str) -> list[int]:
         raise TypeError(f"{where}: {arg} {name} must be a sequence of integers, got "
                         f"{values!r}") from None
     if len(out) != size or any(v < 0 for v in out):
-        raise ArgumentError(f"{where}: {arg} {name} must hold {size} non-negative "
+        raise _arg_error(f"{where}: {arg} {name} must hold {size} non-negative "
                             f"integers (one per rank), got {out}")
     return out
