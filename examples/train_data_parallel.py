@@ -58,29 +58,9 @@ def select_comm(use_mpi4py: bool):
 
 # --------------------------------------------------------------------------- data
 
-
-def load_data(seed: int, test_fraction: float = 0.2):
-    """Return standardized (X_train, y_train, X_test, y_test); same on every rank.
-
-    X arrays are float64 of shape (n, 64); y arrays are int64 class labels 0..9.
-    """
-    from sklearn.datasets import load_digits
-
-    X, y = load_digits(return_X_y=True)
-    order = np.random.default_rng(seed).permutation(len(y))
-    n_test = int(round(test_fraction * len(y)))
-    test, train = order[:n_test], order[n_test:]
-    mean = X[train].mean(axis=0)
-    std = X[train].std(axis=0)
-    std[std == 0] = 1.0  # the always-blank border pixels
-    scale = lambda a: (a - mean) / std  # noqa: E731
-    return scale(X[train]), y[train].astype(np.int64), scale(X[test]), y[test].astype(np.int64)
-
-
-def batches(n: int, batch_size: int, seed: int, epoch: int) -> list[np.ndarray]:
-    """Cut this epoch's permutation of range(n) into global batches (last one shorter)."""
-    order = np.random.default_rng([seed, epoch]).permutation(n)
-    return [order[i:i + batch_size] for i in range(0, n, batch_size)]
+# The split and the batch order are the ones every example in this folder uses.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import batches, load_data  # noqa: E402,F401  (re-exported for the tests)
 
 
 # --------------------------------------------------------------------------- model
