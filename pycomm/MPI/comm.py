@@ -415,14 +415,16 @@ class Intracomm(Comm):
 
     __slots__ = ()
 
-    def _send_recv(self, call, sendbuf, recvbuf, *, send=True, recv=True):
-        """(inner, where, send Msg or IN_PLACE/None, recv Msg or None)."""
+    def _send_recv(self, call, sendbuf, recvbuf, *, send=True, recv=True, sblocks=1,
+                   rblocks=1):
+        """(inner, where, send Msg or IN_PLACE/None, recv Msg or None); ``*blocks``: the
+        buffer holds one block per rank (a count in its spec is per block)."""
         c = self._inner(call)
         w = f"rank {c.rank}: {call}"
         s = IN_PLACE if sendbuf is IN_PLACE else (
-            message(sendbuf, w, "sendbuf", writable=False) if send else None)
+            message(sendbuf, w, "sendbuf", writable=False, blocks=sblocks) if send else None)
         r = IN_PLACE if recvbuf is IN_PLACE else (
-            message(recvbuf, w, "recvbuf", writable=True) if recv else None)
+            message(recvbuf, w, "recvbuf", writable=True, blocks=rblocks) if recv else None)
         return c, w, s, r
 
     @staticmethod
@@ -543,8 +545,10 @@ class Intracomm(Comm):
         c = self._inner(call)
         root = as_int(root, "root", f"rank {c.rank}: {call}")
         at_root = c.rank == root
+        n = c.size
         c, w, s, r = self._send_recv(call, sendbuf, recvbuf,
-                                     send=at_root or root_recv, recv=at_root or not root_recv)
+                                     send=at_root or root_recv, recv=at_root or not root_recv,
+                                     sblocks=1 if root_recv else n, rblocks=n if root_recv else 1)
         return self._done(call[0] == "I", getattr(c, call)(self._a(s), self._a(r), root), r)
 
     def Allgather(self, sendbuf, recvbuf) -> None:
@@ -562,7 +566,9 @@ class Intracomm(Comm):
         return self._all("Ialltoall", sendbuf, recvbuf)
 
     def _all(self, call, sendbuf, recvbuf):
-        c, w, s, r = self._send_recv(call, sendbuf, recvbuf)
+        n = self._inner(call).size
+        c, w, s, r = self._send_recv(call, sendbuf, recvbuf, rblocks=n,
+                                     sblocks=n if "lltoall" in call else 1)
         return self._done(call[0] == "I", getattr(c, call)(self._a(s), self._a(r)), r)
 
     # vector variants

@@ -187,7 +187,7 @@ def _split(spec, where: str, arg: str):
                         f"{type(spec).__name__}")
 
 
-def message(spec, where: str, arg: str, *, writable: bool) -> Msg:
+def message(spec, where: str, arg: str, *, writable: bool, blocks: int = 1) -> Msg:
     """Turn a one-buffer message spec into a :class:`Msg` (see the module docstring).
 
     Args:
@@ -195,6 +195,9 @@ def message(spec, where: str, arg: str, *, writable: bool) -> Msg:
         where: ``"rank R: Call"`` for error messages.
         arg: the argument's name (``"buf"``, ``"sendbuf"``, ``"recvbuf"``).
         writable: the call writes the buffer (receive side).
+        blocks: the buffer holds one block per rank (Gather's recvbuf, Scatter's sendbuf,
+            Allgather's recvbuf, Alltoall's both): a count in the spec is per block, as
+            MPI's sendcount/recvcount.
 
     Raises:
         InvalidBufferError: not a buffer, read-only when written, non-contiguous, too
@@ -234,6 +237,7 @@ def message(spec, where: str, arg: str, *, writable: bool) -> Msg:
         count_ = as_int(count, "count", where)
         if count_ < 0:
             raise _arg_error(f"{where}: {arg}: count={count_} is negative")
+        count_ *= blocks
     return _typed(raw, dt, count_, d * extent, where, arg)
 
 

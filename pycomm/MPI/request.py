@@ -271,6 +271,18 @@ class Request:
         return index
 
     @classmethod
+    def waitany(cls, requests, status=None) -> tuple[int, object]:
+        """Object form of Waitany: ``(index, object)`` (``(UNDEFINED, None)`` if all null)."""
+        reqs = list(requests)
+        active = [r._r for r in reqs if r._r is not None]
+        if not active:
+            _clear(status)
+            return UNDEFINED, None
+        i = _Inner.Waitany(active)
+        index = next(k for k, r in enumerate(reqs) if r._r is active[i])
+        return index, reqs[index].wait(status)
+
+    @classmethod
     def Testany(cls, requests, status=None) -> tuple[int, bool]:
         """``(index, True)`` for a completed request, ``(UNDEFINED, False)`` if none is,
         ``(UNDEFINED, True)`` when all are null."""

@@ -1,0 +1,352 @@
+"""pycomm.MPI on real worlds: mpi4py's buffer and object methods with MPI datatypes.
+
+Every ``_rank_*`` function runs on the ranks (``world.run``); it computes the expected
+bytes with numpy from seeds every rank knows and returns a list of mismatches (empty when
+right), so the parent's assert shows what differed on which rank. Sizes include 1 and
+non-powers of two (the shared ``world``/``world_small`` fixtures); every root is tried.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import cloudpickle
+import numpy as np
+import pytest
+
+from pycomm import MPI
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+def _check(bad: list, label: str, got, want) -> None:
+    if not np.array_equal(np.asarray(got), np.asarray(want)):
+        bad.append(f"rank {MPI.COMM_WORLD.rank}: {label}: got {np.asarray(got).tolist()} "
+                   f"want {np.asarray(want).tolist()}")
+
+
+def _grid(rank: int, rows: int = 4, cols: int = 5) -> np.ndarray:
+    return (np.arange(rows * cols, dtype=np.float64).reshape(rows, cols) + 100 * rank)
+
+
+# -- point-to-point --------------------------------------------------------------------------
+
+def _rank_p2p() -> list:
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    right, left = (rank + 1) % size, (rank - 1) % size
+    bad: list = []
+    # [buf, count, datatype], integral-float ranks and tags, Status counts in datatype units
+    out = np.arange(6, dtype=np.int32) + 10 * rank
+    got = np.full(6, -1, dtype=np.int32)
+    st = MPI.Status()
+    comm.Sendrecv([out, 4, MPI.INT], float(right), 7.0, [got, 6, MPI.INT], left, 7, st)
+    _check(bad, "Sendrecv count", got, np.r_[np.arange(4) + 10 * left, [-1, -1]])
+    _check(bad, "Status", [st.Get_source(), st.Get_tag(), st.Get_count(MPI.INT),
+                           st.Get_count(MPI.SHORT), st.Get_count(MPI.DOUBLE)],
+           [left, 7, 4, 8, 2])
+    # halo exchange of a 2-D block's edge columns with a vector type
+    col = MPI.DOUBLE.Create_vector(4, 1, 5).Commit()
+    col8 = col.Create_resized(0, 8).Commit()     # displacements count whole columns
+    a = _grid(rank)
+    comm.Sendrecv([a, (1, 3), col8], right, 1, [a, (1, 0), col8], left, 1)
+    _check(bad, "halo column", a[:, 0], _grid(left)[:, 3])
+    _check(bad, "halo rest", a[:, 1:], _grid(rank)[:, 1:])
+    # Isend/Irecv with a derived type: the receive is unpacked when the request completes
+    b = np.zeros((4, 5))
+    r = comm.Irecv([b, 1, col], left, 2)
+    s = comm.Isend([_grid(rank), 1, col], right, 2)
+    MPI.Request.Waitall([r, s])
+    _check(bad, "Irecv column", b[:, 0], _grid(left)[:, 0])
+    _check(bad, "Irecv untouched", b[:, 1:], np.zeros((4, 4)))
+    if r != MPI.REQUEST_NULL or s != MPI.REQUEST_NULL:
+        bad.append(f"rank {rank}: completed requests are not REQUEST_NULL")
+    # complex buffer read as floats
+    z = np.arange(3, dtype=np.complex64) * (1 + 1j) + rank
+    zz = np.zeros(6, dtype=np.float32)
+    comm.Sendrecv([z, MPI.FLOAT], right, 3, [zz, MPI.FLOAT], left, 3)
+    _check(bad, "complex as FLOAT", zz, (np.arange(3, dtype=np.complex64) * (1 + 1j)
+                                        + left).view(np.float32))
+    # persistent requests, started three times
+    sbuf, rbuf = np.zeros(3), np.zeros(3)
+    ps, pr = comm.Send_init([sbuf, MPI.DOUBLE], right, 4), comm.Recv_init(rbuf, left, 4)
+    for k in range(3):
+        sbuf[:] = rank * 10 + k
+        MPI.Prequest.Startall([pr, ps])
+        MPI.Request.Waitall([pr, ps])
+        _check(bad, f"persistent round {k}", rbuf, np.full(3, left * 10 + k))
+    if pr == MPI.REQUEST_NULL:
+        bad.append(f"rank {rank}: an inactive persistent request became REQUEST_NULL")
+    ps.Free()
+    pr.Free()
+    # Probe, then Recv of the probed size
+    comm.Send(np.arange(rank + 1, dtype=np.float64), right, 5)
+    st = MPI.Status()
+    comm.Probe(left, 5, st)
+    n = st.Get_count(MPI.DOUBLE)
+    got = np.empty(n)
+    comm.Recv([got, MPI.DOUBLE], st.Get_source(), 5)
+    _check(bad, "Probe+Recv", got, np.arange(left + 1, dtype=np.float64))
+    # Sendrecv_replace, Bsend, Waitany/Testall, object methods through Request
+    x = np.full(2, rank, dtype=np.int64)
+    comm.Sendrecv_replace([x, MPI.LONG], right, 6, left, 6)
+    _check(bad, "Sendrecv_replace", x, [left, left])
+    comm.Bsend([np.full(2, rank, np.int16), MPI.SHORT], right, 8)
+    y = np.zeros(2, np.int16)
+    comm.Recv(y, left, 8)
+    _check(bad, "Bsend", y, [left, left])
+    reqs = [comm.irecv(source=left, tag=9), comm.isend({"from": rank}, right, 9)]
+    i, obj = MPI.Request.waitany(reqs)
+    objs = MPI.Request.waitall(reqs)          # the one waitany completed is now null
+    got_obj = obj if i == 0 else objs[0]
+    if got_obj != {"from": left} or objs[i] is not None or reqs[i] != MPI.REQUEST_NULL:
+        bad.append(f"rank {rank}: waitany {i, obj}, then waitall {objs}")
+    if MPI.Request.Waitany([MPI.REQUEST_NULL, MPI.Request()]) != MPI.UNDEFINED:
+        bad.append(f"rank {rank}: Waitany over null requests is not UNDEFINED")
+    if comm.sendrecv(rank, right, 10, source=left, recvtag=10) != left:
+        bad.append(f"rank {rank}: sendrecv object")
+    return bad
+
+
+def test_p2p_with_datatypes_and_requests(world):
+    assert world.run(_rank_p2p) == [[]] * world.size
+
+
+# -- collectives ------------------------------------------------------------------------------
+
+def _rank_collectives(root: int) -> list:
+    comm = MPI.COMM_WORLD
+    rank, size = comm.rank, comm.size
+    bad: list = []
+    # Bcast of a column of a 2-D array (derived type) and of [buf, count, datatype]
+    col = MPI.DOUBLE.Create_vector(4, 1, 5).Commit()
+    a = _grid(rank)
+    comm.Bcast([a, 1, col], root=root)
+    _check(bad, "Bcast column", a[:, 0], _grid(root)[:, 0])
+    _check(bad, "Bcast rest", a[:, 1:], _grid(rank)[:, 1:])
+    v = np.arange(5, dtype=np.int64) * (rank + 1)
+    comm.Bcast([v, 3, MPI.INT64_T], root)
+    _check(bad, "Bcast count", v, np.r_[np.arange(3) * (root + 1), np.array([3, 4]) * (rank + 1)])
+    # Reduce of complex64 buffers described as FLOAT (the OSU reduce benchmark's way)
+    z = (np.arange(4) + rank * 1j).astype(np.complex64)
+    out = np.zeros(4, dtype=np.complex64)
+    comm.Reduce([z, MPI.FLOAT], [out, MPI.FLOAT] if rank == root else None, MPI.SUM, root)
+    if rank == root:
+        _check(bad, "Reduce FLOAT", out, size * np.arange(4) + 1j * sum(range(size)))
+    # Allreduce MAXLOC over C-layout DOUBLE_INT pairs
+    pairs = np.zeros(3, dtype=np.dtype([("val", "f8"), ("idx", "i4")], align=True))
+    pairs["val"], pairs["idx"] = [(rank * 7) % size, -rank, 1.0], rank
+    res = np.zeros_like(pairs)
+    comm.Allreduce([pairs, MPI.DOUBLE_INT], [res, MPI.DOUBLE_INT], op=MPI.MAXLOC)
+    vals = [(r * 7) % size for r in range(size)]
+    _check(bad, "MAXLOC val", res["val"], [max(vals), 0, 1.0])
+    _check(bad, "MAXLOC idx", res["idx"], [vals.index(max(vals)), 0, 0])
+    # Gather / Scatter / Allgather / Alltoall with typecodes and datatypes
+    mine = np.arange(2, dtype=np.int32) + 10 * rank
+    allv = np.full(2 * size, -1, dtype=np.int32)
+    comm.Gather([mine, MPI.INT], [allv, "i"] if rank == root else None, root)
+    want = (np.arange(2)[None, :] + 10 * np.arange(size)[:, None]).ravel()
+    if rank == root:
+        _check(bad, "Gather", allv, want)
+    part = np.zeros(2, dtype=np.int32)
+    comm.Scatter([want.astype(np.int32), 2, MPI.INT] if rank == root else None, part, root)
+    _check(bad, "Scatter", part, want[2 * rank:2 * rank + 2])
+    allv[:] = -1
+    comm.Allgather([mine, 2, MPI.INT], [allv, MPI.INT])
+    _check(bad, "Allgather", allv, want)
+    send = np.arange(size, dtype=np.float64) + 100 * rank
+    recv = np.zeros(size)
+    comm.Alltoall([send, 1, MPI.DOUBLE], [recv, 1, MPI.DOUBLE])
+    _check(bad, "Alltoall", recv, np.arange(size) * 100 + rank)
+    # Gatherv into displacements in reverse rank order, leaving gaps
+    counts = [r % 3 for r in range(size)]
+    displs = list(np.cumsum([0] + [c + 1 for c in counts[::-1]])[:-1][::-1])
+    gv = np.full(int(sum(counts) + size), -1, dtype=np.int32)
+    comm.Gatherv([np.full(counts[rank], rank, np.int32), MPI.INT],
+                 [gv, counts, displs, MPI.INT] if rank == root else None, root)
+    if rank == root:
+        ref = np.full_like(gv, -1)
+        for r in range(size):
+            ref[displs[r]:displs[r] + counts[r]] = r
+        _check(bad, "Gatherv", gv, ref)
+    sv = np.zeros(counts[rank], np.int32)
+    comm.Scatterv([np.repeat(np.arange(size, dtype=np.int32), counts), counts, None,
+                   MPI.INT] if rank == root else None, [sv, MPI.INT], root)
+    _check(bad, "Scatterv", sv, np.full(counts[rank], rank))
+    agv = np.zeros(sum(counts), np.float64)
+    comm.Allgatherv(np.full(counts[rank], rank, np.float64), [agv, (counts, None), "d"])
+    _check(bad, "Allgatherv", agv, np.repeat(np.arange(size), counts))
+    # Alltoallv of matrix columns (a resized vector type: one column per rank)
+    colr = MPI.DOUBLE.Create_vector(2, 1, size).Create_resized(0, 8).Commit()
+    m_send = np.arange(2 * size, dtype=np.float64).reshape(2, size) + 1000 * rank
+    m_recv = np.zeros((2, size))
+    comm.Alltoallv([m_send, [1] * size, list(range(size)), colr],
+                   [m_recv, [1] * size, list(range(size)), colr])
+    ref = np.stack([np.arange(2) * size + rank + 1000 * r for r in range(size)], axis=1)
+    _check(bad, "Alltoallv columns", m_recv, ref)
+    # Reduce_scatter(_block), Scan, Exscan with datatypes; a nonblocking Iallreduce
+    rsb = np.zeros(2, np.int64)
+    comm.Reduce_scatter_block([np.arange(2 * size, dtype=np.int64) + rank, MPI.LONG],
+                              [rsb, MPI.LONG], MPI.SUM)
+    _check(bad, "Reduce_scatter_block", rsb,
+           size * np.arange(2 * rank, 2 * rank + 2) + sum(range(size)))
+    rcounts = [1 + r % 2 for r in range(size)]
+    rs = np.zeros(rcounts[rank], np.float64)
+    comm.Reduce_scatter([np.ones(sum(rcounts)), MPI.DOUBLE], [rs, MPI.DOUBLE], rcounts,
+                        MPI.SUM)
+    _check(bad, "Reduce_scatter", rs, np.full(rcounts[rank], float(size)))
+    sc = np.zeros(2, np.int32)
+    comm.Scan([np.full(2, rank + 1, np.int32), MPI.INT], [sc, MPI.INT], MPI.PROD)
+    _check(bad, "Scan", sc, np.full(2, np.prod(np.arange(1, rank + 2))))
+    ex = np.full(2, -5, np.int32)
+    comm.Exscan([np.full(2, rank + 1, np.int32), MPI.INT], [ex, MPI.INT], MPI.SUM)
+    _check(bad, "Exscan", ex, np.full(2, rank * (rank + 1) // 2) if rank else [-5, -5])
+    ia = np.zeros(3)
+    req = comm.Iallreduce([np.full(3, float(rank)), MPI.DOUBLE], [ia, MPI.DOUBLE], MPI.MAX)
+    req.Wait()
+    _check(bad, "Iallreduce", ia, np.full(3, float(size - 1)))
+    ib = np.zeros((4, 5))
+    comm.Ibcast([ib if rank != root else _grid(root), 1, col], root).Wait()
+    if rank != root:
+        _check(bad, "Ibcast column", ib[:, 0], _grid(root)[:, 0])
+    comm.Barrier()
+    return bad
+
+
+def test_collectives_with_datatypes(world_small):
+    for root in range(world_small.size):
+        assert world_small.run(_rank_collectives, root) == [[]] * world_small.size, root
+
+
+# -- communicators, groups, topologies, errors -------------------------------------------
+
+def _rank_comms() -> list:
+    comm = MPI.COMM_WORLD
+    rank, size = comm.rank, comm.size
+    bad: list = []
+    if not (isinstance(comm, MPI.Intracomm) and isinstance(comm, MPI.Comm)):
+        bad.append("COMM_WORLD is not an Intracomm")
+    me = MPI.COMM_SELF
+    if (me.Get_size(), me.Get_rank()) != (1, 0) or me.allreduce(rank) != rank:
+        bad.append(f"rank {rank}: COMM_SELF")
+    dup = comm.Dup()
+    if dup == comm or dup.Compare(comm) != MPI.CONGRUENT or comm.Compare(comm) != MPI.IDENT:
+        bad.append(f"rank {rank}: Dup/Compare")
+    dup.Free()
+    if dup != MPI.COMM_NULL:
+        bad.append(f"rank {rank}: a freed communicator is not COMM_NULL")
+    half = comm.Split(rank % 2, -rank)
+    members = [r for r in range(size) if r % 2 == rank % 2]
+    if half.size != len(members) or half.allgather(rank) != members[::-1]:
+        bad.append(f"rank {rank}: Split gave {half.allgather(rank)}")
+    none = comm.Split(MPI.UNDEFINED if rank == 0 else 1)
+    if (rank == 0) != (none == MPI.COMM_NULL):
+        bad.append(f"rank {rank}: Split(UNDEFINED) did not give COMM_NULL")
+    # Cartesian grid over all ranks: a periodic ring of rows
+    dims = MPI.Compute_dims(size, 2)
+    cart = comm.Create_cart(dims, periods=[True, False])
+    coords = cart.Get_coords(cart.rank)
+    if cart.Get_cart_rank(coords) != cart.rank or cart.Get_topo()[0] != dims:
+        bad.append(f"rank {rank}: cart coords {coords}")
+    src, dst = cart.Shift(0, 1)
+    got = np.zeros(1)
+    cart.Sendrecv(np.array([float(cart.rank)]), dst, 0, got, src, 0)
+    _check(bad, "cart shift", got, [float(src)])
+    s1, d1 = cart.Shift(1, 1)
+    if coords[1] == dims[1] - 1 and d1 != MPI.PROC_NULL:
+        bad.append(f"rank {rank}: non-periodic edge is not PROC_NULL")
+    row = cart.Sub([False, True])
+    if row.Get_size() != dims[1] or row.Get_topo()[0] != [dims[1]]:
+        bad.append(f"rank {rank}: Sub gave size {row.Get_size()}")
+    # groups
+    g = comm.Get_group()
+    evens = g.Range_incl([(0, size - 1, 2)])
+    if evens.Get_size() != (size + 1) // 2 or g.Union(MPI.GROUP_EMPTY).Compare(g) != MPI.IDENT:
+        bad.append(f"rank {rank}: group ops")
+    if g.Difference(g).Get_size() != 0 or evens.Translate_ranks([0], g) != [0]:
+        bad.append(f"rank {rank}: Difference/Translate_ranks")
+    # errors: MPI.Exception with the right class, also the pycomm class, before any byte
+    try:
+        comm.Bcast(np.zeros(1), root=size)
+    except MPI.Exception as exc:
+        if exc.Get_error_class() != MPI.ERR_ROOT or not isinstance(exc, ValueError):
+            bad.append(f"rank {rank}: bad root gave class {exc.Get_error_class()}")
+    else:
+        bad.append(f"rank {rank}: Bcast(root=size) did not raise")
+    try:
+        comm.Recv([np.zeros(2), MPI.DOUBLE], source=size)
+    except MPI.Exception as exc:
+        if exc.Get_error_class() != MPI.ERR_RANK or f"source={size}" not in str(exc):
+            bad.append(f"rank {rank}: bad source gave {exc.Get_error_class()}: {exc}")
+    else:
+        bad.append(f"rank {rank}: Recv(source=size) did not raise")
+    try:
+        comm.Send(np.zeros(1), 0.5)
+    except TypeError as exc:
+        if "dest=0.5" not in str(exc):
+            bad.append(f"rank {rank}: non-integral dest message: {exc}")
+    else:
+        bad.append(f"rank {rank}: Send(dest=0.5) did not raise")
+    try:
+        comm.Recv([np.zeros(1), MPI.DOUBLE], MPI.PROC_NULL, 0)
+    except MPI.Exception as exc:
+        bad.append(f"rank {rank}: Recv from PROC_NULL raised {exc}")
+    if comm.Get_attr(MPI.TAG_UB) < 32767 or MPI.Query_thread() not in (
+            MPI.THREAD_SINGLE, MPI.THREAD_FUNNELED, MPI.THREAD_SERIALIZED,
+            MPI.THREAD_MULTIPLE):
+        bad.append(f"rank {rank}: attributes")
+    names = comm.allgather(MPI.Get_processor_name())
+    if len(set(names)) != 1 or not names[0]:
+        bad.append(f"rank {rank}: processor names {names}")
+    return bad
+
+
+def test_communicators_groups_topologies(world_small):
+    assert world_small.run(_rank_comms) == [[]] * world_small.size
+
+
+def _rank_truncation() -> list:
+    comm = MPI.COMM_WORLD
+    right, left = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
+    req = comm.Isend([np.zeros(4), MPI.DOUBLE], right, 11)
+    try:
+        comm.Recv([np.zeros(2), MPI.DOUBLE], left, 11)
+    except MPI.Exception as exc:
+        req.Wait()
+        return [exc.Get_error_class(), type(exc).__name__,
+                isinstance(exc, __import__("pycomm").TruncationError)]
+    return ["no error"]
+
+
+def test_truncation_is_err_truncate(world):
+    assert world.run(_rank_truncation) == [[MPI.ERR_TRUNCATE, "TruncationError", True]] \
+        * world.size
+
+
+def test_environment_without_a_world():
+    assert MPI.Get_version() == (4, 0)
+    assert MPI.get_vendor()[0] == "pycomm"
+    assert "pycomm" in MPI.Get_library_version()
+    assert MPI.Wtick() > 0 and MPI.Wtime() <= MPI.Wtime()
+    assert MPI.Get_error_string(MPI.ERR_TRUNCATE).startswith("MPI_ERR_TRUNCATE")
+    assert MPI.Get_error_class(MPI.ERR_ARG) == MPI.ERR_ARG
+    assert issubclass(MPI.Exception, __import__("pycomm").CommError)
+    exc = MPI.Exception(MPI.ERR_COUNT)
+    assert exc.Get_error_code() == MPI.ERR_COUNT and exc == MPI.ERR_COUNT
+    assert MPI.Request() == MPI.REQUEST_NULL and not MPI.REQUEST_NULL
+    assert MPI.Request().Wait() is True
+    st = MPI.Status()
+    st.Set_source(3)
+    st.Set_tag(4)
+    st.Set_elements(MPI.DOUBLE, 5)
+    st.Set_cancelled(True)
+    assert (st.Get_source(), st.Get_tag(), st.Get_count(MPI.DOUBLE), st.Get_elements(MPI.INT),
+            st.Is_cancelled()) == (3, 4, 5, 10, True)
+    assert MPI.Status(st) == st
+    assert MPI.SUM(2, 3) == 5 and MPI.REPLACE(2, 3) == 3 and MPI.NO_OP(2, 3) == 2
+    with pytest.raises(NotImplementedError, match="one-sided"):
+        MPI.Win
+    assert MPI.Compute_dims(12, [0, 0, 0]) == [3, 2, 2]
+    assert MPI.Compute_dims(6, [0, 3]) == [2, 3]
+    with pytest.raises(MPI.Exception):
+        MPI.Compute_dims(7, [2, 0])
