@@ -539,7 +539,7 @@ class StoreClient:
             else:
                 self._sock.sendall(LENGTH.pack(len(body)))
                 self._sock.sendall(body)
-        except socket.timeout:
+        except TimeoutError:
             raise CommTimeoutError(f"store at {self.address} did not take a request within "
                                    f"{self.timeout:g} s") from None
         except OSError as exc:
@@ -555,7 +555,7 @@ class StoreClient:
             self._sock.settimeout(remaining)
             try:
                 data = self._sock.recv(1 << 20)
-            except socket.timeout:
+            except TimeoutError:
                 continue
             except OSError as exc:
                 raise CommError(f"store at {self.address}: connection lost during {what} "

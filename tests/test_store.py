@@ -149,7 +149,7 @@ def replies(sock, wait=0.5) -> tuple[list[bytes], bool]:
         sock.settimeout(left)
         try:
             data = sock.recv(65536)
-        except socket.timeout:
+        except TimeoutError:
             break
         except ConnectionResetError:
             return got, True

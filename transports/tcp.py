@@ -30,7 +30,8 @@ import selectors
 import socket
 import time
 from collections import OrderedDict, deque
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import msgpack
 

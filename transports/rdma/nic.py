@@ -50,9 +50,9 @@ import time
 
 from .. import handshake
 from ..base import HandshakeError, TransportError, host_identity
+from ..linux import copy_remote as _cma
 from ..tcp import Gate
 from ..tcp import recv_exact as _recv_exact
-from ..linux import copy_remote as _cma
 from . import verbs as v
 from .wire import (_IOV, _MSG, F_IMM, F_PULL, M_IMM, M_READ_REQ, M_SEND, M_WRITE, NAK_RNR,
                    Wire, _exchange, _Link, address_frame, parse_address)
