@@ -65,66 +65,56 @@ def expected_bytes(comm, mode, buckets, dims, n) -> float:
                for b in sizes)
 
 
-def train(mode, args, data, dims, flat0, steps_batches, comm=None, mod=None, timer=None):
-    """Train ``len(steps_batches)`` SGD-momentum steps; return (params, Clock, step_seconds).
+class Replica:
+    """One variant's training state on this rank: weights, gradient, momentum, buckets."""
 
-    ``comm`` None: the single-process reference on whole batches. The first step is a
-    warm-up (it starts the progress thread); ``step_seconds`` times the others.
-    """
-    X, y = data[0], data[1]
-    rank, size = (0, 1) if comm is None else (comm.rank, comm.size)
-    params = flat0.copy()
-    grads = np.zeros_like(params)
-    velocity = np.zeros_like(params)
-    p, g = C.Params.over(params, dims), C.Params.over(grads, dims)
-    buckets = make_buckets(p, int(args.bucket_mib * 2**20))
-    starts = {first: b for b, (first, _) in enumerate(buckets)}
-    clock = C.Clock(timer or C.time.perf_counter)
-    reqs = []
-    losses = []
+    def __init__(self, mode: str, args, dims, flat0: np.ndarray, comm, mod):
+        self.mode, self.args, self.comm, self.mod = mode, args, comm, mod
+        self.params = flat0.copy()
+        self.grads = np.zeros_like(self.params)
+        self.velocity = np.zeros_like(self.params)
+        self.P = C.Params.over(self.params, dims)
+        self.G = C.Params.over(self.grads, dims)
+        self.buckets = make_buckets(self.P, int(args.bucket_mib * 2**20))
+        self.starts = {first: b for b, (first, _) in enumerate(self.buckets)}
+        self.reqs: list = []
+        self.times: list[tuple[float, float, float]] = []   # (step, compute, exposed comm)
 
-    def post(first):                            # back-prop hook: bucket complete?
-        b = starts.get(first)
+    def _post(self, first: int) -> None:
+        """Back-prop hook: when layer ``first`` opens a bucket, the bucket is complete."""
+        b = self.starts.get(first)
         if b is not None:
-            sl = p.span(*buckets[b])
-            reqs.append(comm.Iallreduce(mod.IN_PLACE, grads[sl], op=mod.SUM))
+            sl = self.P.span(*self.buckets[b])
+            self.reqs.append(self.comm.Iallreduce(self.mod.IN_PLACE, self.grads[sl],
+                                                  op=self.mod.SUM))
 
-    t_start = None
-    for step, batch in enumerate(steps_batches):
-        if step == 1:
-            if comm is not None:
-                comm.Barrier()
-            t_start = clock.timer()
-        shard = batch if comm is None else np.array_split(batch, size)[rank]
-        t0 = clock.timer()
-        out, cache = C.mlp_forward(p, X[shard])
-        loss, dlogits = C.softmax_xent(out, y[shard])
-        hook = post if (comm is not None and mode == "overlap") else None
-        C.mlp_backward(p, g, cache, dlogits, on_layer=hook)
-        t1 = clock.timer()
-        if comm is not None:
-            if mode == "blocking":
-                comm.Allreduce(mod.IN_PLACE, grads, op=mod.SUM)
-            elif mode == "buckets":
-                for first, _ in buckets:
-                    post(first)
-            mod.Request.Waitall(reqs)
-            reqs.clear()
-        t2 = clock.timer()
-        grads /= len(batch)
-        velocity *= args.momentum
-        velocity -= args.lr * grads
-        params += velocity
-        t3 = clock.timer()
-        if step >= 1:
-            clock.add("compute", (t1 - t0) + (t3 - t2))
-            clock.add("exposed comm", t2 - t1)
-        losses.append(loss)
-    if comm is not None:
-        comm.Barrier()
-    n_timed = max(len(steps_batches) - 1, 1)
-    step_s = (clock.timer() - t_start) / n_timed if t_start is not None else 0.0
-    return params, clock, step_s, losses
+    def step(self, X: np.ndarray, y: np.ndarray, batch: np.ndarray) -> None:
+        """One SGD-momentum step on this rank's shard of ``batch``; records its times."""
+        comm, mod = self.comm, self.mod
+        shard = np.array_split(batch, comm.size)[comm.rank]
+        t0 = mod.Wtime()
+        out, cache = C.mlp_forward(self.P, X[shard])
+        _, dlogits = C.softmax_xent(out, y[shard])
+        C.mlp_backward(self.P, self.G, cache, dlogits,
+                       on_layer=self._post if self.mode == "overlap" else None)
+        t1 = mod.Wtime()
+        if self.mode == "blocking":
+            comm.Allreduce(mod.IN_PLACE, self.grads, op=mod.SUM)
+        elif self.mode == "buckets":
+            for first, _ in self.buckets:
+                self._post(first)
+        mod.Request.Waitall(self.reqs)
+        self.reqs.clear()
+        t2 = mod.Wtime()
+        self.grads /= len(batch)
+        self.velocity *= self.args.momentum
+        self.velocity -= self.args.lr * self.grads
+        self.params += self.velocity
+        t3 = mod.Wtime()
+        self.times.append((t3 - t0, (t1 - t0) + (t3 - t2), t2 - t1))
+
+
+MODES = ("blocking", "buckets", "overlap")
 
 
 def main(argv=None) -> int:
@@ -139,7 +129,7 @@ def main(argv=None) -> int:
         ap.add_argument("--momentum", type=float, default=0.9)
 
     args = C.parse_args(__doc__.splitlines()[0], add, argv)
-    args.steps = args.steps or (4 if args.small else 8)
+    args.steps = args.steps or (4 if args.small else 10)
     args.hidden = args.hidden or (128 if args.small else 1024)
     args.bucket_mib = args.bucket_mib or (0.1 if args.small else 8.0)
     mod, comm = C.world()
@@ -151,53 +141,64 @@ def main(argv=None) -> int:
     comm.Bcast(flat0, root=0)          # rank 0's weights are the job's weights
     steps = C.full_batches(len(data[1]), args.batch_size, args.seed, args.steps)
     n = flat0.size
-    buckets = make_buckets(C.Params.over(flat0, dims), int(args.bucket_mib * 2**20))
+    replicas = [Replica(mode, args, dims, flat0, comm, mod) for mode in MODES]
     if rank == 0:
         print(f"MLP {'-'.join(map(str, dims))}: {n} params ({C.mib(8 * n)} of float64 "
               f"gradient), {size} ranks, global batch {args.batch_size}, {args.steps} steps "
-              f"per variant (first one untimed), {len(buckets)} buckets of <= "
-              f"{args.bucket_mib} MiB (+ the layer that crosses it); whole-gradient "
-              f"all-reduce: {comm.chosen_algorithm('allreduce', 8 * n)}", flush=True)
+              f"per variant, {len(replicas[0].buckets)} buckets of <= {args.bucket_mib} MiB "
+              f"(+ the layer that crosses it); whole-gradient all-reduce: "
+              f"{comm.chosen_algorithm('allreduce', 8 * n)}", flush=True)
 
-    ref, _, ref_step, ref_losses = train("ref", args, data, dims, flat0, steps)
+    t0 = C.time.perf_counter()
+    ref, losses = C.sgd_reference(dims, flat0, data[0], data[1], steps, args.lr,
+                                  args.momentum)
+    ref_step = (C.time.perf_counter() - t0) / len(steps)
+    # The variants take turns, one step each, so that the load of a shared machine falls
+    # on all three alike; a barrier before each turn keeps one variant's stragglers out of
+    # the next one's time. Bytes are counted per variant.
+    sent = dict.fromkeys(MODES, 0)
+    for batch in steps:
+        for rep in replicas:
+            comm.Barrier()
+            wire.take()
+            rep.step(data[0], data[1], batch)
+            sent[rep.mode] += wire.take()[0]
     ok = True
     rows = []
-    for mode in ("blocking", "buckets", "overlap"):
-        wire.take()
-        params, clock, step_s, _ = train(mode, args, data, dims, flat0, steps, comm, mod,
-                                         mod.Wtime)
-        sent, msgs = wire.take()
-        good, gap = C.close(params, ref)
-        every = comm.gather((good, gap, step_s, clock.get("compute"),
-                             clock.get("exposed comm"), sent, msgs), root=0)
-        if rank == 0:
-            n_timed = args.steps - 1
-            step_ms = max(e[2] for e in every) * 1e3
-            comp = np.mean([e[3] for e in every]) / n_timed * 1e3
-            comm_ms = np.mean([e[4] for e in every]) / n_timed * 1e3
-            per_step = np.mean([e[5] for e in every]) / args.steps
-            formula = expected_bytes(comm, mode, buckets, dims, n)
-            rows.append((mode, step_ms, comp, comm_ms, per_step, formula))
-            ok &= C.check(rank, all(e[0] for e in every),
-                          f"{mode}: weights after {args.steps} steps equal the single-process "
-                          f"run's on every rank (max rel. diff {max(e[1] for e in every):.2g}"
-                          f", rtol 1e-9)")
+    for rep in replicas:
+        good, gap = C.close(rep.params, ref)
+        every = comm.gather((good, gap, rep.times, sent[rep.mode]), root=0)
+        if rank != 0:
+            continue
+        ok &= C.check(rank, all(e[0] for e in every),
+                      f"{rep.mode}: weights after {args.steps} steps equal the single-process "
+                      f"run's on every rank (max rel. diff {max(e[1] for e in every):.2g}, "
+                      f"rtol 1e-9)")
+        # per step: the slowest rank's time; then the median over the steps after the
+        # first (a warm-up that starts pycomm's progress thread)
+        t = np.array([e[2] for e in every])[:, 1:, :]          # rank, step, what
+        step_ms = np.median(t[:, :, 0].max(axis=0)) * 1e3
+        comp, exposed = (np.median(t[:, :, i].mean(axis=0)) * 1e3 for i in (1, 2))
+        rows.append((rep.mode, step_ms, comp, exposed,
+                     np.mean([e[3] for e in every]) / args.steps,
+                     expected_bytes(comm, rep.mode, rep.buckets, dims, n)))
     if rank == 0:
-        print(f"single process, whole batches: {ref_step * 1e3:.1f} ms/step "
-              f"(loss {ref_losses[0]:.1f} -> {ref_losses[-1]:.1f} summed over the batch)")
+        print(f"single process, whole batches: {ref_step * 1e3:.1f} ms/step (loss "
+              f"{losses[0]:.1f} -> {losses[-1]:.1f} summed over the batch)")
         print(f"{'variant':<9} {'step ms':>8} {'compute':>8} {'exposed comm':>13} "
               f"{'share':>6} {'bytes sent/rank/step':>21} {'formula':>11}")
         for mode, step_ms, comp, comm_ms, per_step, formula in rows:
             print(f"{mode:<9} {step_ms:8.1f} {comp:8.1f} {comm_ms:13.1f} "
                   f"{comm_ms / (comp + comm_ms):6.1%} {C.mib(per_step):>21} "
                   f"{C.mib(formula):>11}")
-        print("(step ms: wall time per step, slowest rank; compute and exposed comm: "
-              "mean over ranks; share = exposed / (compute + exposed); formula: "
-              "2(p-1)/p*N per all-reduce, log2(p)*N where recursive doubling is chosen)",
-              flush=True)
-        ok &= C.check(rank, ref_losses[-1] < ref_losses[0],
-                      f"training lowers the loss ({ref_losses[0]:.1f} -> "
-                      f"{ref_losses[-1]:.1f})")
+        print("(medians over the steps after the first: step ms, the slowest rank's; compute "
+              "and exposed comm, the mean over ranks; share = exposed / (compute + exposed); "
+              "formula: 2(p-1)/p*N per all-reduce, log2(p)*N where recursive doubling is "
+              "chosen)", flush=True)
+        ok &= C.check(rank, losses[-1] < losses[0],
+                      f"training lowers the loss ({losses[0]:.1f} -> {losses[-1]:.1f})")
+        ok &= C.check(rank, all(np.isclose(r[4], r[5]) for r in rows),
+                      "bytes sent per rank equal the chosen algorithms' formula")
     return C.finish(comm, ok)
 
 
