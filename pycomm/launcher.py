@@ -371,6 +371,10 @@ def _parser() -> argparse.ArgumentParser:
                         help="address the rendezvous store binds (127.0.0.1)")
     parser.add_argument("--master-port", type=int, default=0,
                         help="port of the rendezvous store (0: any free port)")
+    parser.add_argument("--mpi4py", action="store_true",
+                        help="run an unmodified mpi4py program: in the ranks, import mpi4py "
+                             "resolves to pycomm.MPI (sets PYCOMM_MPI4PY=1 and puts pycomm's "
+                             "alias package first on PYTHONPATH)")
     return parser
 
 
@@ -400,7 +404,11 @@ def main(argv: list[str] | None = None) -> int:
                       master_port=args.master_port)
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        group.start(program)
+        extra = None
+        if args.mpi4py:     # ``import mpi4py`` in the ranks gives pycomm.MPI
+            from pycomm.MPI.alias import environment
+            extra = environment()
+        group.start(program, extra_env=extra)
         return group.supervise(lambda: got_signal[0] if got_signal else None)
     finally:
         group.close()

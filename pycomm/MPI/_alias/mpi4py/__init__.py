@@ -1,0 +1,73 @@
+"""``mpi4py`` resolved to pycomm: the alias package that ``launch.py --mpi4py`` puts first
+on the ranks' ``PYTHONPATH`` (and ``python -m pycomm.MPI.alias`` on ``sys.path``).
+
+``import mpi4py``, ``from mpi4py import MPI``, ``import mpi4py.MPI`` and ``mpi4py.rc`` then
+give :mod:`pycomm.MPI`. A real mpi4py installed in the environment is not shadowed unless
+``PYCOMM_MPI4PY=1`` asks for it: without that variable this package loads the real one in
+its place when there is one.
+"""
+
+import importlib.machinery as _machinery
+import os as _os
+import sys as _sys
+
+_ALIAS_ROOT = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
+
+
+def _real_mpi4py():
+    """The spec of an mpi4py found elsewhere on sys.path, or None."""
+    path = [p for p in _sys.path
+            if _os.path.abspath(p or _os.curdir) != _ALIAS_ROOT]
+    return _machinery.PathFinder.find_spec("mpi4py", path)
+
+
+_spec = None if _os.environ.get("PYCOMM_MPI4PY") == "1" else _real_mpi4py()
+if _spec is not None:                           # not asked for: the real mpi4py wins
+    import importlib.util as _util
+    _real = _util.module_from_spec(_spec)
+    _sys.modules[__name__] = _real
+    _spec.loader.exec_module(_real)
+else:
+    __version__ = "4.0.0+pycomm"
+    __author__ = "pycomm (mpi4py-compatible façade)"
+
+    class Rc:
+        """``mpi4py.rc``: run-time options read when ``mpi4py.MPI`` is imported.
+
+        ``initialize`` (True: create the world at import, as mpi4py does) is honoured;
+        the others are accepted and kept (pycomm always raises errors as exceptions and
+        finalizes at exit).
+        """
+
+        initialize = True
+        threads = True
+        thread_level = "multiple"
+        finalize = None
+        fast_reduce = True
+        recv_mprobe = True
+        irecv_bufsz = 32768
+        errors = "exception"
+
+        def __call__(self, **kwargs):
+            for key, value in kwargs.items():
+                if not hasattr(self, key):
+                    raise TypeError(f"mpi4py.rc: unexpected argument {key!r}")
+                setattr(self, key, value)
+
+        def __repr__(self):
+            return f"<mpi4py.rc (pycomm) initialize={self.initialize}>"
+
+    rc = Rc()
+
+    def get_include():
+        """mpi4py's C headers: pycomm has none."""
+        raise NotImplementedError("mpi4py.get_include: pycomm is pure Python and has no "
+                                  "C headers")
+
+    def get_config():
+        """mpi4py's build configuration: pycomm has no MPI compiler wrappers."""
+        return {}
+
+    def profile(name="pycomm", **kwargs):
+        """MPI profiling libraries cannot be loaded into pycomm."""
+        raise NotImplementedError("mpi4py.profile: pycomm has no PMPI profiling layer")

@@ -1,0 +1,111 @@
+"""Unmodified mpi4py programs on pycomm: ``launch.py --mpi4py`` and ``python -m
+pycomm.MPI.alias``; a real mpi4py is not shadowed unless ``PYCOMM_MPI4PY=1`` asks.
+
+The programs import only ``mpi4py`` (examples/mpi4py_osu.py in the style of mpi4py's
+``demo/osu_latency.py`` and ``osu_allreduce.py``, and a small one written here); the
+checks are on their output and exit status, as a user would see them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pycomm.MPI.alias import ALIAS_PATH
+
+ROOT = Path(__file__).resolve().parent.parent
+LAUNCH = str(ROOT / "launch.py")
+OSU = str(ROOT / "examples" / "mpi4py_osu.py")
+
+PROGRAM = """\
+import sys
+import mpi4py
+mpi4py.rc.initialize = True
+from mpi4py import MPI
+import mpi4py.MPI
+assert mpi4py.MPI is MPI
+comm = MPI.COMM_WORLD
+assert isinstance(comm, MPI.Intracomm)
+buf = [bytearray(b"?" * 5), MPI.CHAR]
+if comm.rank == 0:
+    buf = [bytearray(sys.argv[1].encode()), MPI.CHAR]
+comm.Bcast(buf, root=0)
+total = comm.allreduce(comm.rank, op=MPI.SUM)
+sys.stdout.write("rank %d of %d got %s sum %d initialized %s\\n"   # one write per line:
+                 % (comm.rank, comm.size, bytes(buf[0]).decode(), total,  # ranks share
+                    MPI.Is_initialized()))                                # stdout
+"""
+
+
+def _run(args, env=None, timeout=120.0) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True,
+                          timeout=timeout, check=False, cwd=str(ROOT),
+                          env={**os.environ, **(env or {})})
+
+
+@pytest.mark.usefixtures("no_shared_world")
+def test_osu_style_program_runs_unmodified_on_three_ranks():
+    proc = _run([LAUNCH, "-n", "3", "--mpi4py", "--no-prefix", OSU, "4096"])
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "# vendor: pycomm" in out and "MPI 4.0" in out
+    assert "# ranks: 3, processor: " in out
+    assert "# initialized: True" in out
+    latency = re.findall(r"^(\d+) +(\d+\.\d\d)$", out.split("# MPI Allreduce Test")[0],
+                         re.MULTILINE)
+    assert [int(s) for s, _ in latency] == [0] + [2**i for i in range(13)]
+    reduce_rows = re.findall(r"^(\d+) +\d+\.\d\d$", out.split("# MPI Allreduce Test")[1],
+                             re.MULTILINE)
+    assert [int(s) for s in reduce_rows] == [2**i for i in range(2, 13)]
+    assert out.rstrip().endswith("CHECK ok")
+
+
+@pytest.mark.usefixtures("no_shared_world")
+@pytest.mark.parametrize("nprocs", [1, 2])
+def test_argv_and_mpi4py_imports_resolve_to_pycomm(tmp_path, nprocs):
+    prog = tmp_path / "prog.py"
+    prog.write_text(PROGRAM)
+    proc = _run([LAUNCH, "-n", str(nprocs), "--mpi4py", "--no-prefix", str(prog), "hello"])
+    assert proc.returncode == 0, proc.stderr
+    lines = sorted(proc.stdout.splitlines())
+    total = nprocs * (nprocs - 1) // 2
+    assert lines == [f"rank {r} of {nprocs} got hello sum {total} initialized True"
+                     for r in range(nprocs)]
+
+
+@pytest.mark.usefixtures("no_shared_world")
+def test_alias_bootstrap_for_other_launchers(tmp_path):
+    prog = tmp_path / "prog.py"
+    prog.write_text(PROGRAM)
+    proc = _run([LAUNCH, "-n", "2", "--no-prefix", "-m", "pycomm.MPI.alias", str(prog),
+                 "world"], env={"PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(proc.stdout.splitlines()) == [
+        f"rank {r} of 2 got world sum 1 initialized True" for r in range(2)]
+
+
+def test_real_mpi4py_is_not_shadowed_unless_asked(tmp_path):
+    real = tmp_path / "site" / "mpi4py"
+    real.mkdir(parents=True)
+    (real / "__init__.py").write_text("__version__ = '9.9.9-real'\n")
+    path = os.pathsep.join([ALIAS_PATH, str(ROOT), str(tmp_path / "site")])
+    code = "import mpi4py; print(mpi4py.__version__)"
+    plain = _run(["-c", code], env={"PYTHONPATH": path, "PYCOMM_MPI4PY": ""})
+    assert plain.stdout.strip() == "9.9.9-real", plain.stderr
+    asked = _run(["-c", code], env={"PYTHONPATH": path, "PYCOMM_MPI4PY": "1"})
+    assert asked.stdout.strip() == "4.0.0+pycomm", asked.stderr
+
+
+def test_without_the_flag_mpi4py_is_not_importable_from_pycomm(tmp_path):
+    prog = tmp_path / "prog.py"
+    prog.write_text("import importlib.util, sys\n"
+                    "sys.exit(0 if importlib.util.find_spec('mpi4py') is None or "
+                    "'+pycomm' not in __import__('mpi4py').__version__ else 3)\n")
+    proc = _run([LAUNCH, "-n", "1", "--no-prefix", str(prog)],
+                env={"PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr
