@@ -410,3 +410,27 @@ def sgd_reference(dims, flat0, X, y, steps_batches, lr: float, momentum: float):
         params += vel
         losses.append(loss)
     return params, losses
+
+
+def step_medians(per_rank, skip: int = 1) -> dict:
+    """Summarize per-step phase times gathered from every rank.
+
+    Args:
+        per_rank: ``per_rank[r][s]`` is rank r's ``{phase: seconds}`` of step s; phase
+            ``"step"`` is the whole step.
+        skip: leading warm-up steps to leave out.
+
+    Returns:
+        ``{phase: median over steps of (the slowest rank for "step", the mean over ranks
+        otherwise)}``. Medians, because on a shared machine a step now and then takes
+        several times longer.
+    """
+    names = sorted(set().union(*(d.keys() for rows in per_rank for d in rows)))
+    out = {}
+    for name in names:
+        vals = []
+        for s in range(skip, len(per_rank[0])):
+            xs = [rows[s].get(name, 0.0) for rows in per_rank]
+            vals.append(max(xs) if name == "step" else sum(xs) / len(xs))
+        out[name] = float(np.median(vals)) if vals else 0.0
+    return out

@@ -78,7 +78,8 @@ def main(argv=None) -> int:
               f"{sum(v.size for v in full0.values())} params, {n_mine} per rank; batch {B} "
               f"({B // dp_size} rows per replica), {args.steps} steps (first untimed)",
               flush=True)
-    ref, _, ref_step = T.train(args_ref(args), data, full0)
+    ref, ref_times = T.train(args_ref(args), data, full0)
+    ref_step = C.step_medians([ref_times])["step"]
     ref_logits, _ = T.forward(ref, data[2], args.blocks)
 
     ok = C.check(rank, bool(placed), f"Split put every rank r at row r // {tp_size}, column "
@@ -86,15 +87,14 @@ def main(argv=None) -> int:
     rows_out = []
     for variant in ("megatron", "sequence"):
         wire.take()
-        w, clock, step_s = T.train(args, data, mine0, variant, tp, mod, mod.Wtime,
+        w, times = T.train(args, data, mine0, variant, tp, mod, mod.Wtime,
                                    rows=lambda batch: np.array_split(batch, dp_size)[row])
         sent, _ = wire.take()
         whole = T.unshard(w, args.blocks, tp)
         worst = max(C.close(whole[key], ref[key])[1] for key in ref)
         logits, _ = T.forward(w, data[2], args.blocks, tp, mod)
         lgap = C.close(logits, ref_logits)[1]
-        every = comm.gather((worst, lgap, step_s, clock.get("comm"), clock.get("dp comm"),
-                             sent), root=0)
+        every = comm.gather((worst, lgap, times, sent), root=0)
         if rank != 0:
             continue
         worst, lworst = max(e[0] for e in every), max(e[1] for e in every)
@@ -103,7 +103,7 @@ def main(argv=None) -> int:
                       f"logits after {args.steps} steps equal the unsplit single-process "
                       f"model's (max rel. diff {max(worst, lworst):.2g}; test accuracy "
                       f"{C.accuracy(logits, data[3]):.3f})")
-        n_timed = args.steps - 1
+        med = C.step_medians([e[2] for e in every])
         act = (B // dp_size) * d * 8
         if variant == "megatron":
             tp_form = 2 * args.blocks * C.allreduce_bytes(
@@ -116,10 +116,8 @@ def main(argv=None) -> int:
                                            rep + 8, tp_size))
         dp_form = C.allreduce_bytes(dp.chosen_algorithm("allreduce", 8 * n_mine),
                                     8 * n_mine, dp_size)
-        rows_out.append((variant, max(e[2] for e in every) * 1e3,
-                         np.mean([e[3] for e in every]) / n_timed * 1e3,
-                         np.mean([e[4] for e in every]) / n_timed * 1e3,
-                         np.mean([e[5] for e in every]) / args.steps, tp_form, dp_form))
+        rows_out.append((variant, med["step"] * 1e3, med["comm"] * 1e3, med["dp comm"] * 1e3,
+                         np.mean([e[3] for e in every]) / args.steps, tp_form, dp_form))
     if rank == 0:
         print(f"single process, unsplit: {ref_step * 1e3:.1f} ms/step")
         print(f"{'variant':<9} {'step ms':>8} {'tp comm':>8} {'dp comm':>8} {'share':>6} "
@@ -130,7 +128,8 @@ def main(argv=None) -> int:
                   f"{C.mib(tp_form + dp_form):>10} ({C.mib(tp_form)} + {C.mib(dp_form)})")
         print("(tp: 2 x blocks all-reduces of (B/dp)·d in the row, or the sequence-parallel "
               "all-gathers and reduce-scatters; dp: one all-reduce of the rank's gradient "
-              "in the column; ms are means over ranks, share of the slowest rank's step)",
+              "in the column; medians over the steps after the first: step ms the slowest rank's, "
+              "comm ms the mean over ranks)",
               flush=True)
     tp.Free()
     dp.Free()

@@ -49,17 +49,17 @@ def shard_bounds(n: int, servers: int) -> list[tuple[int, int]]:
 
 
 def worker(args, dims, flat0, data, steps, comm, mod, roles, asynchronous):
-    """Train as worker ``roles['w']``; return (params, step s, comm s, pushes)."""
+    """Train as worker ``roles['w']``; return (params, per-step {"step", "comm"} seconds)."""
     X, y = data[0], data[1]
     W, w = roles["W"], roles["w"]
     params = flat0.copy()
     grads = np.zeros_like(params)
     P, G = C.Params.over(params, dims), C.Params.over(grads, dims)
     clock = C.Clock(mod.Wtime)
-    for step, batch in enumerate(steps):
-        if step == 1:
-            clock.total.clear()
-            t_start = mod.Wtime()
+    times = []
+    for batch in steps:                 # no barrier: the servers are not in step with us
+        clock.total.clear()
+        t0 = mod.Wtime()
         rows = np.array_split(batch, W)[w]
         out, cache = C.mlp_forward(P, X[rows])
         _, d = C.softmax_xent(out, y[rows])
@@ -70,8 +70,8 @@ def worker(args, dims, flat0, data, steps, comm, mod, roles, asynchronous):
             reqs += [comm.Irecv(params[lo:hi], srv, PULL)
                      for srv, (lo, hi) in zip(roles["servers"], roles["bounds"])]
             mod.Request.Waitall(reqs)
-    n_timed = max(len(steps) - 1, 1)
-    return params, (mod.Wtime() - t_start) / n_timed, clock.get("comm") / n_timed
+        times.append({"step": mod.Wtime() - t0, **clock.total})
+    return params, times
 
 
 def server(args, flat0, steps, comm, mod, roles, asynchronous):
@@ -126,17 +126,17 @@ def server(args, flat0, steps, comm, mod, roles, asynchronous):
 
 
 def allreduce_version(args, dims, flat0, data, steps, comm, mod):
-    """The same job as plain data parallel on all ranks; returns (params, step s, comm s)."""
+    """The same job as plain data parallel on all ranks; returns (params, per-step times)."""
     X, y = data[0], data[1]
     params = flat0.copy()
     grads, vel = np.zeros_like(params), np.zeros_like(params)
     P, G = C.Params.over(params, dims), C.Params.over(grads, dims)
     clock = C.Clock(mod.Wtime)
-    for step, batch in enumerate(steps):
-        if step == 1:
-            comm.Barrier()
-            clock.total.clear()
-            t_start = mod.Wtime()
+    times = []
+    for batch in steps:
+        comm.Barrier()                  # each step timed on its own
+        clock.total.clear()
+        t0 = mod.Wtime()
         rows = np.array_split(batch, comm.size)[comm.rank]
         out, cache = C.mlp_forward(P, X[rows])
         _, d = C.softmax_xent(out, y[rows])
@@ -146,9 +146,8 @@ def allreduce_version(args, dims, flat0, data, steps, comm, mod):
         vel *= args.momentum
         vel -= args.lr / len(batch) * grads
         params += vel
-    comm.Barrier()
-    n_timed = max(len(steps) - 1, 1)
-    return params, (mod.Wtime() - t_start) / n_timed, clock.get("comm") / n_timed
+        times.append({"step": mod.Wtime() - t0, **clock.total})
+    return params, times
 
 
 def main(argv=None) -> int:
@@ -202,15 +201,15 @@ def main(argv=None) -> int:
         comm.Barrier()
         wire.take()
         if is_worker:
-            params, step_s, comm_s = worker(args, dims, flat0, data, steps, comm, mod,
-                                            roles, asynchronous)
+            params, times = worker(args, dims, flat0, data, steps, comm, mod, roles,
+                                   asynchronous)
             shard, stats = None, None
         else:
             shard, stats = server(args, flat0, steps, comm, mod, roles, asynchronous)
-            params, step_s, comm_s = None, None, None
+            params, times = None, None
         comm.Barrier()
         sent, _ = wire.take()
-        every = comm.gather((params, shard, stats, step_s, comm_s, sent), root=0)
+        every = comm.gather((params, shard, stats, times, sent), root=0)
         if rank != 0:
             continue
         joined = np.concatenate([e[1] for e in every[W:]])   # the servers' final shards
@@ -230,23 +229,23 @@ def main(argv=None) -> int:
                           f"{np.mean(stale):.2f}, max {max(stale)}")
         ok &= C.check(rank, acc >= args.min_accuracy,
                       f"{mode}: test accuracy {acc:.3f} >= {args.min_accuracy}")
-        wsent = np.mean([e[5] for e in every[:W]]) / len(steps)
-        ssent = np.mean([e[5] for e in every[W:]]) / len(steps)
-        rows.append((mode, max(e[3] for e in every[:W]), np.mean([e[4] for e in every[:W]]),
-                     wsent, ssent, acc))
+        wsent = np.mean([e[4] for e in every[:W]]) / len(steps)
+        ssent = np.mean([e[4] for e in every[W:]]) / len(steps)
+        med = C.step_medians([e[3] for e in every[:W]])
+        rows.append((mode, med["step"], med["comm"], wsent, ssent, acc))
 
     wire.take()
-    params, step_s, comm_s = allreduce_version(args, dims, flat0, data, steps, comm, mod)
+    params, times = allreduce_version(args, dims, flat0, data, steps, comm, mod)
     sent, _ = wire.take()
-    every = comm.gather((C.close(params, ref), step_s, comm_s, sent), root=0)
+    every = comm.gather((C.close(params, ref), times, sent), root=0)
     if rank == 0:
         acc = C.accuracy(C.mlp_forward(C.Params.over(params, dims), data[2])[0], data[3])
         ok &= C.check(rank, all(e[0][0] for e in every),
                       f"all-reduce version: weights equal the single-process run's (max rel. "
                       f"diff {max(e[0][1] for e in every):.2g}), test accuracy {acc:.3f}")
-        ar_sent = np.mean([e[3] for e in every]) / len(steps)
-        rows.append((f"allreduce({p})", max(e[1] for e in every),
-                     np.mean([e[2] for e in every]), ar_sent, None, acc))
+        ar_sent = np.mean([e[2] for e in every]) / len(steps)
+        med = C.step_medians([e[1] for e in every])
+        rows.append((f"allreduce({p})", med["step"], med["comm"], ar_sent, None, acc))
         alg = comm.chosen_algorithm("allreduce", 8 * n)
         print(f"{'mode':<13} {'step ms':>8} {'comm ms':>8} {'share':>6} "
               f"{'sent/worker/step':>17} {'formula':>9} {'sent/server/step':>17} "
@@ -265,8 +264,9 @@ def main(argv=None) -> int:
               f"{'log2(p)·N' if alg == 'recursive_doubling' else '2(p-1)/p·N'} per rank. "
               f"Per-link traffic, in + out: PS worker 2N = {C.mib(16 * n)}, PS server "
               f"2W·N/S = {C.mib(16 * n * W / S)}, ring all-reduce 4(p-1)/p·N = "
-              f"{C.mib(2 * C.ring_allreduce_bytes(8 * n, p))}. Step ms: slowest worker; "
-              f"comm ms: push + pull wait, mean over workers)", flush=True)
+              f"{C.mib(2 * C.ring_allreduce_bytes(8 * n, p))}. Medians over the steps after the "
+              f"first: step ms, the slowest worker's; comm ms, push + pull (or all-reduce), "
+              f"the mean over workers)", flush=True)
         ok &= C.check(rank, all(np.isclose(r[3], 8 * n) for r in rows[:2])
                       and all(np.isclose(r[4], 8 * n * W / S, rtol=0.01) for r in rows[:2]),
                       "measured PS bytes equal the formulas (N per worker, W·N/S per server)")

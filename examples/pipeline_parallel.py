@@ -66,7 +66,11 @@ def schedule(kind: str, s: int, p: int, m: int) -> list[tuple[str, int]]:
 
 
 def train(kind, args, data, dims, flat0, steps_batches, comm, mod):
-    """Train with schedule ``kind``; return (this stage's params, busy s, step s, peak acts)."""
+    """Train with schedule ``kind``; return (this stage's params, times, peak activations).
+
+    ``times[s]`` is step s's ``(wall seconds, busy seconds)`` on this stage, timed from a
+    barrier at the step's start to its optimizer step's end.
+    """
     X, y = data[0], data[1]
     s, p, m = comm.rank, comm.size, args.micro_batches
     first, last = stage_layers(p, args.layers_per_stage)[s]
@@ -75,14 +79,12 @@ def train(kind, args, data, dims, flat0, steps_batches, comm, mod):
     grads, acc, vel = (np.zeros_like(params) for _ in range(3))
     P, G = C.Params.over(params, dims), C.Params.over(grads, dims)
     width_in, width_out = dims[first], dims[last + 1]
-    busy = 0.0
     peak = 0
-    t_start = None
-    for step, batch in enumerate(steps_batches):
-        if step == 1:                    # the first step is a warm-up, untimed
-            comm.Barrier()
-            t_start = mod.Wtime()
-            busy = 0.0
+    times = []
+    for batch in steps_batches:
+        comm.Barrier()
+        t_step = mod.Wtime()
+        busy = 0.0
         micro = np.array_split(batch, m)
         # every receive of the step posted up front, tags: j forward, m + j backward
         acts = [np.empty((len(mb), width_in)) for mb in micro] if s > 0 else None
@@ -121,9 +123,8 @@ def train(kind, args, data, dims, flat0, steps_batches, comm, mod):
         vel[span] -= args.lr / len(batch) * acc[span]
         params[span] += vel[span]
         busy += mod.Wtime() - t0
-    comm.Barrier()
-    n_timed = max(len(steps_batches) - 1, 1)
-    return params[span], busy / n_timed, (mod.Wtime() - t_start) / n_timed, peak
+        times.append((mod.Wtime() - t_step, busy))
+    return params[span], times, peak
 
 
 def main(argv=None) -> int:
@@ -162,20 +163,24 @@ def main(argv=None) -> int:
     formula = (p - 1) / (m + p - 1)
     for kind in ("gpipe", "1f1b"):
         wire.take()
-        mine, busy, step_s, peak = train(kind, args, data, dims, flat0, steps, comm, mod)
+        mine, times, peak = train(kind, args, data, dims, flat0, steps, comm, mod)
         sent, msgs = wire.take()
         span = C.Params.over(flat0, dims).span(*stages[rank])
         good, gap = C.close(mine, ref[span])
-        every = comm.gather((good, gap, busy, step_s, peak, sent), root=0)
+        every = comm.gather((good, gap, times, peak, sent), root=0)
         if rank == 0:
             ok &= C.check(rank, all(e[0] for e in every),
                           f"{kind}: every stage's weights after {args.steps} steps equal the "
                           f"single-process run's (max rel. diff {max(e[1] for e in every):.2g})")
-            step_ms = max(e[3] for e in every) * 1e3
-            bubbles = [1 - e[2] / e[3] for e in every]
+            # a step lasts until its slowest stage is done; a stage's bubble is the part
+            # of that it was not computing. Medians over the steps after the first.
+            t = np.array([e[2] for e in every])[:, 1:, :]       # stage, step, (wall, busy)
+            wall = t[:, :, 0].max(axis=0)
+            step_ms = float(np.median(wall)) * 1e3
+            bubbles = [float(np.median(1 - t[r, :, 1] / wall)) for r in range(p)]
             act_bytes = 2 * (len(steps[0]) * args.width * 8) * (p - 1) / p  # per rank, F + B
-            rows.append((kind, step_ms, bubbles, [e[4] for e in every],
-                         np.mean([e[5] for e in every]) / args.steps, act_bytes))
+            rows.append((kind, step_ms, bubbles, [e[3] for e in every],
+                         np.mean([e[4] for e in every]) / args.steps, act_bytes))
     if rank == 0:
         print(f"single-process loss {losses[0]:.1f} -> {losses[-1]:.1f} (summed over a batch)")
         print(f"{'schedule':<8} {'step ms':>8} {'bubble per stage (1 - busy/step)':>34} "

@@ -93,7 +93,8 @@ def train(stage, args, dims, flat0, data, steps, comm, mod):
 
     Returns a dict: ``params`` (the first N of the padded vector), ``state_bytes`` (what
     the training keeps between steps: weights, gradients, optimizer moments), ``peak``
-    (tracemalloc's peak during training), ``step_s``, ``comm_s``.
+    (tracemalloc's peak during training), ``times`` (per step ``{"step", "comm"}``
+    seconds, for :func:`_common.step_medians`).
     """
     X, y = data[0], data[1]
     rank, p = comm.rank, comm.size
@@ -133,12 +134,11 @@ def train(stage, args, dims, flat0, data, steps, comm, mod):
                 comm.Reduce_scatter(scratch[:hi - lo], gshard[at:at + counts[rank]],
                                     counts, op=mod.SUM)
 
-    t_start = None
-    for step, batch in enumerate(steps):
-        if step == 1:                            # the first step is a warm-up, untimed
-            comm.Barrier()
-            clock.total.clear()
-            t_start = mod.Wtime()
+    times = []
+    for batch in steps:
+        comm.Barrier()                           # each step timed on its own
+        clock.total.clear()
+        t0 = mod.Wtime()
         shard = np.array_split(batch, p)[rank]
         out, cache = C.mlp_forward(P, X[shard])
         _, d = C.softmax_xent(out, y[shard])
@@ -147,19 +147,18 @@ def train(stage, args, dims, flat0, data, steps, comm, mod):
             with clock("comm"):
                 comm.Allreduce(mod.IN_PLACE, grads, op=mod.SUM)
             opt.step(params, grads / len(batch))
-            continue
-        if stage == 1:
+        else:
+            if stage == 1:
+                with clock("comm"):
+                    comm.Reduce_scatter_block(grads, gshard, op=mod.SUM)
+            opt.step(params[mine], gshard / len(batch))
             with clock("comm"):
-                comm.Reduce_scatter_block(grads, gshard, op=mod.SUM)
-        opt.step(params[mine], gshard / len(batch))
-        with clock("comm"):
-            comm.Allgather(params[mine].copy(), params)
-    comm.Barrier()
-    step_s = (mod.Wtime() - t_start) / max(len(steps) - 1, 1)
+                comm.Allgather(params[mine].copy(), params)
+        times.append({"step": mod.Wtime() - t0, **clock.total})
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     return {"params": params[:n].copy(), "state_bytes": state, "peak": peak,
-            "step_s": step_s, "comm_s": clock.get("comm") / max(len(steps) - 1, 1)}
+            "times": times}
 
 
 def main(argv=None) -> int:
@@ -198,18 +197,18 @@ def main(argv=None) -> int:
         res = train(stage, args, dims, flat0, data, steps, comm, mod)
         sent, _ = wire.take()
         good, gap = C.close(res["params"], ref)
-        every = comm.gather((good, gap, res["state_bytes"], res["peak"], res["step_s"],
-                             res["comm_s"], sent), root=0)
+        every = comm.gather((good, gap, res["state_bytes"], res["peak"], res["times"],
+                             sent), root=0)
         if rank == 0:
             name = "plain DP" if stage == 0 else f"ZeRO-{stage}"
             ok &= C.check(rank, all(e[0] for e in every),
                           f"{name}: weights after {args.steps} Adam steps equal the "
                           f"single-process run's on every rank (max rel. diff "
                           f"{max(e[1] for e in every):.2g})")
+            med = C.step_medians([e[4] for e in every])
             rows.append((name, max(e[2] for e in every), formula[stage],
-                         max(e[3] for e in every), max(e[4] for e in every),
-                         np.mean([e[5] for e in every]),
-                         np.mean([e[6] for e in every]) / args.steps))
+                         max(e[3] for e in every), med["step"], med["comm"],
+                         np.mean([e[5] for e in every]) / args.steps))
     if rank == 0:
         print(f"{'scheme':<9} {'state/rank':>11} {'formula':>10} {'peak alloc':>11} "
               f"{'step ms':>8} {'comm ms':>8} {'share':>6} {'sent/rank/step':>15} "
@@ -225,8 +224,9 @@ def main(argv=None) -> int:
                   f"{C.mib(sent):>15} {C.mib(want):>11}")
         print("(state formula, float64: plain 32N; ZeRO-1 16N + 24N/p; ZeRO-2 8N + 8·largest "
               "layer + 24N/p. Peak alloc: tracemalloc during training, the largest over "
-              "ranks. Bytes formula: the chosen all-reduce's (2(p-1)/p·N, or log2(p)·N "
-              "for recursive doubling); ZeRO: (p-1)/p·N reduce-scatter + as much "
+              "ranks. Step and comm ms: medians over the steps after the first. Bytes "
+              "formula: the chosen all-reduce's (2(p-1)/p·N, or log2(p)·N for recursive "
+              "doubling); ZeRO: (p-1)/p·N reduce-scatter + as much "
               "all-gather)", flush=True)
         ok &= C.check(rank, rows[2][1] < rows[1][1] < rows[0][1],
                       "state per rank shrinks: plain > ZeRO-1 > ZeRO-2 "

@@ -183,11 +183,13 @@ def sgd(w, g, vel, lr, momentum, batch):
 
 
 def train(args, data, w0, variant="megatron", tp=None, mod=None, timer=None, rows=None):
-    """Train ``args.steps`` steps from ``w0`` (this rank's shards); return (w, clock, step_s).
+    """Train ``args.steps`` steps from ``w0`` (this rank's shards); return (w, times).
 
     ``tp`` None: the single-process reference (``w0`` whole). ``rows`` picks this rank's
     part of every batch (the hybrid example's data-parallel shard), default all rows;
     ``args.dp`` (a communicator or None) then sums gradients over data-parallel replicas.
+    ``times[s]`` is step s's ``{"step", "comm", "dp comm": seconds}`` on this rank
+    (:func:`_common.step_medians` summarizes them).
     """
     X, y = data[0], data[1]
     w = {key: v.copy() for key, v in w0.items()}
@@ -195,15 +197,13 @@ def train(args, data, w0, variant="megatron", tp=None, mod=None, timer=None, row
     vel = {key: np.zeros_like(v) for key, v in w.items()}
     clock = C.Clock(timer or C.time.perf_counter)
     dp = getattr(args, "dp", None)
-    sync = getattr(args, "world", None) or tp   # who agrees on when the timing starts
-    t_start = None
-    for step, batch in enumerate(C.full_batches(len(y), args.batch_size, args.seed,
-                                                args.steps)):
-        if step == 1:                      # the first step is a warm-up, untimed
-            if sync is not None:
-                sync.Barrier()
-            t_start = clock.timer()
-            clock.total.clear()
+    sync = getattr(args, "world", None) or tp   # a barrier before each step: its own time
+    times = []
+    for batch in C.full_batches(len(y), args.batch_size, args.seed, args.steps):
+        if sync is not None:
+            sync.Barrier()
+        clock.total.clear()
+        t0 = clock.timer()
         mine = batch if rows is None else rows(batch)
         if variant == "megatron" or tp is None:
             logits, cache = forward(w, X[mine], args.blocks, tp, mod, clock)
@@ -220,10 +220,8 @@ def train(args, data, w0, variant="megatron", tp=None, mod=None, timer=None, row
                 g[key][...] = flat[at:at + g[key].size].reshape(g[key].shape)
                 at += g[key].size
         sgd(w, g, vel, args.lr, args.momentum, len(batch))
-    if sync is not None:
-        sync.Barrier()
-    step_s = (clock.timer() - t_start) / max(args.steps - 1, 1) if t_start else 0.0
-    return w, clock, step_s
+        times.append({"step": clock.timer() - t0, **clock.total})
+    return w, times
 
 
 def main(argv=None) -> int:
@@ -264,19 +262,20 @@ def main(argv=None) -> int:
                   f"test-set logits of the split model equal the unsplit one's "
                   f"(rank 0: max rel. diff {gap:.2g})")
 
-    ref, _, ref_step = train(args, data, full0)
+    ref, ref_times = train(args, data, full0)
+    ref_step = C.step_medians([ref_times])["step"]
     ref_logits, _ = forward(ref, data[2], args.blocks)
     act = B * d * 8                                   # one block's activations, bytes
     rows_out = []
     for variant in ("megatron", "sequence"):
         wire.take()
-        w, clock, step_s = train(args, data, mine0, variant, comm, mod, mod.Wtime)
+        w, times = train(args, data, mine0, variant, comm, mod, mod.Wtime)
         sent, msgs = wire.take()
         whole = unshard(w, args.blocks, comm)
         worst = max(C.close(whole[key], ref[key])[1] for key in ref)
         logits, _ = forward(w, data[2], args.blocks, comm, mod)
         lgood, lgap = C.close(logits, ref_logits)
-        every = comm.gather((worst, lgap, step_s, clock.get("comm"), sent), root=0)
+        every = comm.gather((worst, lgap, times, sent), root=0)
         if rank == 0:
             worst = max(e[0] for e in every)
             ok &= C.check(rank, worst <= 1e-9,
@@ -287,10 +286,9 @@ def main(argv=None) -> int:
             ok &= C.check(rank, lworst <= 1e-9,
                           f"{variant}: test-set logits after training equal the unsplit "
                           f"model's (max rel. diff {lworst:.2g}; test accuracy {acc:.3f})")
-            n_timed = args.steps - 1
-            step_ms = max(e[2] for e in every) * 1e3
-            comm_ms = np.mean([e[3] for e in every]) / n_timed * 1e3
-            per_step = np.mean([e[4] for e in every]) / args.steps
+            med = C.step_medians([e[2] for e in every])
+            step_ms, comm_ms = med["step"] * 1e3, med["comm"] * 1e3
+            per_step = np.mean([e[3] for e in every]) / args.steps
             if variant == "megatron":
                 formula = 2 * args.blocks * C.allreduce_bytes(
                     comm.chosen_algorithm("allreduce", act), act, size)
@@ -310,8 +308,8 @@ def main(argv=None) -> int:
         for variant, step_ms, comm_ms, per_step, formula, text in rows_out:
             print(f"{variant:<9} {step_ms:8.2f} {comm_ms:8.2f} {comm_ms / step_ms:6.1%} "
                   f"{C.mib(per_step):>15} {C.mib(formula):>10}  ({text})")
-        print("(comm ms: time inside the collectives, mean over ranks; share of the "
-              "slowest rank's step)", flush=True)
+        print("(medians over the steps after the first: step ms, the slowest rank's; comm ms, "
+              "time inside the collectives, the mean over ranks)", flush=True)
     return C.finish(comm, ok)
 
 
