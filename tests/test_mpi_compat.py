@@ -252,7 +252,7 @@ def _rank_comms() -> list:
     got = np.zeros(1)
     cart.Sendrecv(np.array([float(cart.rank)]), dst, 0, got, src, 0)
     _check(bad, "cart shift", got, [float(src)])
-    s1, d1 = cart.Shift(1, 1)
+    _, d1 = cart.Shift(1, 1)
     if coords[1] == dims[1] - 1 and d1 != MPI.PROC_NULL:
         bad.append(f"rank {rank}: non-periodic edge is not PROC_NULL")
     row = cart.Sub([False, True])
@@ -345,7 +345,7 @@ def test_environment_without_a_world():
     assert MPI.Status(st) == st
     assert MPI.SUM(2, 3) == 5 and MPI.REPLACE(2, 3) == 3 and MPI.NO_OP(2, 3) == 2
     with pytest.raises(NotImplementedError, match="one-sided"):
-        MPI.Win
+        _ = MPI.Win
     assert MPI.Compute_dims(12, [0, 0, 0]) == [3, 2, 2]
     assert MPI.Compute_dims(6, [0, 3]) == [2, 3]
     with pytest.raises(MPI.Exception):

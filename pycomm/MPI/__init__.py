@@ -14,6 +14,8 @@ does not offer (dynamic processes, one-sided windows, MPI-IO, ports) raises
 ``NotImplementedError`` naming the feature.
 """
 
+# ruff: noqa: F401  (this module re-exports the names of its submodules, as mpi4py.MPI)
+
 from __future__ import annotations
 
 import pickle as _pickle
@@ -24,20 +26,53 @@ import pycomm as _pycomm
 from pycomm.buffers import IN_PLACE
 from pycomm.comm import TAG_UB as _TAG_UB_VALUE
 from pycomm.groups import UNDEFINED
-from pycomm.objects import dumps as _dumps, loads as _loads
-from pycomm.ops import (BAND, BOR, BXOR, LAND, LOR, LXOR, MAX, MAXLOC, MIN, MINLOC, PROD,
-                        SUM, Op)
+from pycomm.objects import dumps as _dumps
+from pycomm.objects import loads as _loads
+from pycomm.ops import (
+    BAND,
+    BOR,
+    BXOR,
+    LAND,
+    LOR,
+    LXOR,
+    MAX,
+    MAXLOC,
+    MIN,
+    MINLOC,
+    PROD,
+    SUM,
+    Op,
+)
 from pycomm.p2p import ANY_SOURCE, ANY_TAG, PROC_NULL
 
 from . import comm as _comm_mod
-from .comm import (CONGRUENT, IDENT, KEYVAL_APPNUM, KEYVAL_HOST, KEYVAL_IO,
-                   KEYVAL_LASTUSEDCODE, KEYVAL_TAG_UB, KEYVAL_UNIVERSE_SIZE,
-                   KEYVAL_WTIME_IS_GLOBAL, SIMILAR, UNEQUAL, Comm, Intracomm)
-from .datatypes import (COMBINER_NAMED, DATATYPE_NULL, ORDER_C, ORDER_F, ORDER_FORTRAN,
-                        PREDEFINED, Datatype)
+from .coll import Intracomm
+from .comm import (
+    CONGRUENT,
+    IDENT,
+    KEYVAL_APPNUM,
+    KEYVAL_HOST,
+    KEYVAL_IO,
+    KEYVAL_LASTUSEDCODE,
+    KEYVAL_TAG_UB,
+    KEYVAL_UNIVERSE_SIZE,
+    KEYVAL_WTIME_IS_GLOBAL,
+    SIMILAR,
+    UNEQUAL,
+    Comm,
+)
+from .datatypes import (
+    COMBINER_NAMED,
+    DATATYPE_NULL,
+    ORDER_C,
+    ORDER_F,
+    ORDER_FORTRAN,
+    Datatype,
+)
 from .exceptions import ERRORS, Exception, Get_error_class, Get_error_string
 from .groups import GROUP_EMPTY, GROUP_NULL, Group
 from .msgspec import BOTTOM
+from .predefined import PREDEFINED
 from .request import REQUEST_NULL, Prequest, Request, Status
 from .topo import CART, DIST_GRAPH, GRAPH, Cartcomm, Compute_dims, Topocomm
 
@@ -62,7 +97,6 @@ BSEND_OVERHEAD = 96          # bytes per message MPI says to add when sizing Att
 VERSION, SUBVERSION = 4, 0
 DISTRIBUTE_BLOCK, DISTRIBUTE_CYCLIC, DISTRIBUTE_NONE = 121, 122, 123
 DISTRIBUTE_DFLT_DARG = -49767
-ORDER_FORTRAN = ORDER_FORTRAN
 
 # ops beyond pycomm's: REPLACE keeps the incoming operand (MPI_Accumulate's replace),
 # NO_OP keeps the target; OP_NULL is no op at all.
@@ -96,7 +130,7 @@ class Info(dict):
     """An info object (key/value hints): a dict; pycomm reads no hints."""
 
     @classmethod
-    def Create(cls, items=None) -> "Info":
+    def Create(cls, items=None) -> Info:
         return cls(items or {})
 
     def Set(self, key: str, value: str) -> None:
@@ -114,7 +148,7 @@ class Info(dict):
     def Get_nthkey(self, n: int) -> str:
         return list(self)[n]
 
-    def Dup(self) -> "Info":
+    def Dup(self) -> Info:
         return Info(self)
 
     def Free(self) -> None:
@@ -146,7 +180,7 @@ _main_thread = _threading.main_thread()
 COMM_NULL = Comm()
 
 
-def Init() -> None:  # noqa: N802 (MPI names below)
+def Init() -> None:
     """Create the world (``pycomm.init()``): connects to the launcher's rendezvous."""
     _pycomm.init()
 

@@ -13,7 +13,7 @@ import os
 import runpy
 import sys
 
-__all__ = ["ALIAS_PATH", "install", "environment", "main"]
+__all__ = ["ALIAS_PATH", "environment", "install", "main"]
 
 ALIAS_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_alias")
 # the directory holding the pycomm package, so that the alias can import it

@@ -28,8 +28,14 @@ from pycomm.errors import ArgumentError
 
 from .exceptions import mpi_error, translate_methods
 
-__all__ = ["Datatype", "DATATYPE_NULL", "TYPEDICT", "to_datatype", "from_numpy",
-           "ORDER_C", "ORDER_FORTRAN", "ORDER_F", "COMBINER_NAMED", "PREDEFINED"]
+__all__ = [
+    "COMBINER_NAMED",
+    "DATATYPE_NULL",
+    "ORDER_C",
+    "ORDER_F",
+    "ORDER_FORTRAN",
+    "Datatype",
+]
 
 ORDER_C, ORDER_FORTRAN = 0, 1
 ORDER_F = ORDER_FORTRAN
@@ -65,22 +71,38 @@ class Datatype:
     ``typechar``/``typestr`` (numpy codes, "" when none), ``is_predefined``.
     """
 
-    __slots__ = ("_name", "_dtypes", "_disps", "_codes", "_lb", "_ub", "_size",
-                 "_predefined", "_committed", "_freed", "_combiner", "_code", "_contig",
-                 "_cache", "__weakref__")
+    __slots__ = (
+        "__weakref__",
+        "_cache",
+        "_code",
+        "_codes",
+        "_combiner",
+        "_committed",
+        "_contig",
+        "_disps",
+        "_dtypes",
+        "_freed",
+        "_lb",
+        "_name",
+        "_predefined",
+        "_size",
+        "_ub",
+    )
 
-    def __init__(self, datatype: "Datatype | None" = None):
+    def __init__(self, datatype: Datatype | None = None):
         src = DATATYPE_NULL if datatype is None else datatype
         if not isinstance(src, Datatype):
             raise TypeError(f"Datatype({datatype!r}): expected a Datatype")
-        for slot in Datatype.__slots__[:-1]:
+        for slot in Datatype.__slots__:
+            if slot == "__weakref__":
+                continue
             object.__setattr__(self, slot, getattr(src, slot, None))
 
     # -- construction (internal) --------------------------------------------------------
     @classmethod
     def _make(cls, dtypes, disps, codes, lb: int, ub: int, *, name: str = "",
               predefined: bool = False, combiner: int = COMBINER_NAMED,
-              code: str | None = None, size: int | None = None) -> "Datatype":
+              code: str | None = None, size: int | None = None) -> Datatype:
         self = object.__new__(cls)
         self._name = name
         self._dtypes = tuple(np.dtype(d) for d in dtypes)
@@ -110,7 +132,7 @@ class Datatype:
                          code=code, size=size)
 
     @classmethod
-    def _compose(cls, parts, combiner: int) -> "Datatype":
+    def _compose(cls, parts, combiner: int) -> Datatype:
         """The type whose items are ``parts``: (byte offsets array, Datatype) pairs, each
         offset placing one whole item of that datatype (MPI's typemap concatenation)."""
         dtypes: list[np.dtype] = []
@@ -208,12 +230,13 @@ class Datatype:
         return self._code
 
     @classmethod
-    def fromcode(cls, code: str) -> "Datatype":
+    def fromcode(cls, code: str) -> Datatype:
         """The predefined type of a numpy/PEP 3118 code (``"d"``, ``"i4"``, ``"F"``...).
 
         Raises:
             ValueError: no predefined type has that code.
         """
+        from .predefined import TYPEDICT
         try:
             return TYPEDICT[code]
         except (KeyError, TypeError):
@@ -230,7 +253,7 @@ class Datatype:
                          "itemsize": self.extent})
 
     # -- life cycle ---------------------------------------------------------------------
-    def Commit(self) -> "Datatype":
+    def Commit(self) -> Datatype:
         """Mark the type ready for communication; returns ``self`` (mpi4py)."""
         self._check_usable("Commit")
         self._committed = True
@@ -244,7 +267,7 @@ class Datatype:
                                 "freed")
         self._freed = True
 
-    def Dup(self) -> "Datatype":
+    def Dup(self) -> Datatype:
         """A committed copy with the same typemap (``MPI_Type_dup``)."""
         self._check_usable("Dup")
         out = Datatype._make(self._dtypes, self._disps.copy(), self._codes, self._lb,
@@ -275,23 +298,24 @@ class Datatype:
 
     def __reduce__(self):
         if self._predefined:
+            from .predefined import _KEY_OF, _predefined
             return _predefined, (_KEY_OF[id(self)],)
         return _rebuild, (self._dtypes, self._disps, self._codes, self._lb, self._ub,
                           self._combiner, self._committed)
 
     # -- derived types (MPI-4.0 section 5.1.2) ------------------------------------------
-    def Create_contiguous(self, count: int) -> "Datatype":
+    def Create_contiguous(self, count: int) -> Datatype:
         """``count`` items of this type back to back."""
         count = _nonneg(count, "count", "Create_contiguous")
         return Datatype._compose([(np.arange(count) * self.extent, self)],
                                  COMBINER_CONTIGUOUS)
 
-    def Create_vector(self, count: int, blocklength: int, stride: int) -> "Datatype":
+    def Create_vector(self, count: int, blocklength: int, stride: int) -> Datatype:
         """``count`` blocks of ``blocklength`` items, block starts ``stride`` items apart."""
         return self._hvector(count, blocklength, _int(stride, "stride", "Create_vector")
                              * self.extent, "Create_vector", COMBINER_VECTOR)
 
-    def Create_hvector(self, count: int, blocklength: int, stride: int) -> "Datatype":
+    def Create_hvector(self, count: int, blocklength: int, stride: int) -> Datatype:
         """As :meth:`Create_vector` with ``stride`` in bytes."""
         return self._hvector(count, blocklength, _int(stride, "stride", "Create_hvector"),
                              "Create_hvector", COMBINER_HVECTOR)
@@ -303,25 +327,25 @@ class Datatype:
                 np.arange(blen)[None, :] * self.extent)
         return Datatype._compose([(offs, self)], combiner)
 
-    def Create_indexed(self, blocklengths, displacements) -> "Datatype":
+    def Create_indexed(self, blocklengths, displacements) -> Datatype:
         """Blocks of ``blocklengths[i]`` items at ``displacements[i]`` items."""
         d = _ints(displacements, "displacements", "Create_indexed")
         return self._hindexed(blocklengths, d * self.extent, "Create_indexed",
                               COMBINER_INDEXED)
 
-    def Create_hindexed(self, blocklengths, displacements) -> "Datatype":
+    def Create_hindexed(self, blocklengths, displacements) -> Datatype:
         """Blocks of ``blocklengths[i]`` items at ``displacements[i]`` bytes."""
         d = _ints(displacements, "displacements", "Create_hindexed")
         return self._hindexed(blocklengths, d, "Create_hindexed", COMBINER_HINDEXED)
 
-    def Create_indexed_block(self, blocklength: int, displacements) -> "Datatype":
+    def Create_indexed_block(self, blocklength: int, displacements) -> Datatype:
         """Blocks of ``blocklength`` items at ``displacements[i]`` items."""
         d = _ints(displacements, "displacements", "Create_indexed_block")
         blen = _nonneg(blocklength, "blocklength", "Create_indexed_block")
         return self._hindexed([blen] * d.size, d * self.extent, "Create_indexed_block",
                               COMBINER_INDEXED_BLOCK)
 
-    def Create_hindexed_block(self, blocklength: int, displacements) -> "Datatype":
+    def Create_hindexed_block(self, blocklength: int, displacements) -> Datatype:
         """Blocks of ``blocklength`` items at ``displacements[i]`` bytes."""
         d = _ints(displacements, "displacements", "Create_hindexed_block")
         blen = _nonneg(blocklength, "blocklength", "Create_hindexed_block")
@@ -340,11 +364,12 @@ class Datatype:
         return Datatype._compose([(start + within * self.extent, self)], combiner)
 
     @classmethod
-    def Create_struct(cls, blocklengths, displacements, datatypes) -> "Datatype":
+    def Create_struct(cls, blocklengths, displacements, datatypes) -> Datatype:
         """Blocks of ``blocklengths[i]`` items of ``datatypes[i]`` at ``displacements[i]``
         bytes (mixed types: such a type packs to bytes and supports no reduction)."""
         blens = _ints(blocklengths, "blocklengths", "Create_struct")
         disps = _ints(displacements, "displacements", "Create_struct")
+        from .predefined import to_datatype
         types = [to_datatype(t, "Create_struct") for t in datatypes]
         if not blens.size == disps.size == len(types):
             raise _err(f"Create_struct: {blens.size} blocklengths, {disps.size} "
@@ -352,7 +377,7 @@ class Datatype:
         parts = [(d + np.arange(b) * t.extent, t) for b, d, t in zip(blens, disps, types)]
         return cls._compose(parts, COMBINER_STRUCT)
 
-    def Create_subarray(self, sizes, subsizes, starts, order: int = ORDER_C) -> "Datatype":
+    def Create_subarray(self, sizes, subsizes, starts, order: int = ORDER_C) -> Datatype:
         """The ``subsizes`` block at ``starts`` of a ``sizes`` array of this type, in C
         (row-major, ``ORDER_C``) or Fortran order; extent: the whole array."""
         what = "Create_subarray"
@@ -375,12 +400,12 @@ class Datatype:
         inner = Datatype._compose([(offs * self.extent, self)], COMBINER_SUBARRAY)
         return inner._resized(0, int(np.prod(sizes)) * self.extent, COMBINER_SUBARRAY)
 
-    def Create_resized(self, lb: int, extent: int) -> "Datatype":
+    def Create_resized(self, lb: int, extent: int) -> Datatype:
         """This typemap with lower bound ``lb`` and extent ``extent`` (bytes)."""
         return self._resized(_int(lb, "lb", "Create_resized"),
                              _int(extent, "extent", "Create_resized"), COMBINER_RESIZED)
 
-    def _resized(self, lb: int, extent: int, combiner: int) -> "Datatype":
+    def _resized(self, lb: int, extent: int, combiner: int) -> Datatype:
         self._check_usable("Create_resized")
         return Datatype._make(self._dtypes, self._disps, self._codes, lb, lb + extent,
                               combiner=combiner, size=self._size)
@@ -464,10 +489,6 @@ def _ints(values, arg: str, what: str) -> np.ndarray:
                         f"{values!r}") from None
 
 
-def _predefined(name: str) -> Datatype:
-    return PREDEFINED[name]
-
-
 def _rebuild(dtypes, disps, codes, lb, ub, combiner, committed) -> Datatype:
     dt = Datatype._make(dtypes, disps, codes, lb, ub, combiner=combiner)
     dt._committed = committed
@@ -477,129 +498,3 @@ def _rebuild(dtypes, disps, codes, lb, ub, combiner, committed) -> Datatype:
 DATATYPE_NULL = Datatype._make([], [], [], 0, 0, name="MPI_DATATYPE_NULL", predefined=True)
 
 
-def _pair(value) -> np.dtype:
-    """C layout of MPI's value/int pair types (``struct {T val; int idx;}``: padded)."""
-    return np.dtype([("val", np.dtype(value)), ("idx", np.int32)], align=True)
-
-
-# name -> (numpy dtype, numpy character code or None, data size override or None)
-_TABLE = {
-    "BYTE": ("u1", "B"), "PACKED": ("u1", "B"), "CHAR": ("S1", "c"), "WCHAR": ("U1", "U"),
-    "SIGNED_CHAR": ("i1", "b"), "UNSIGNED_CHAR": ("u1", "B"), "SHORT": ("i2", "h"),
-    "UNSIGNED_SHORT": ("u2", "H"), "INT": ("i4", "i"), "UNSIGNED": ("u4", "I"),
-    "LONG": (np.dtype("l").str, "l"), "UNSIGNED_LONG": (np.dtype("L").str, "L"),
-    "LONG_LONG": ("i8", "q"), "UNSIGNED_LONG_LONG": ("u8", "Q"), "FLOAT": ("f4", "f"),
-    "DOUBLE": ("f8", "d"), "LONG_DOUBLE": ("g", "g"), "C_BOOL": ("?", "?"),
-    "INT8_T": ("i1", "i1"), "INT16_T": ("i2", "i2"), "INT32_T": ("i4", "i4"),
-    "INT64_T": ("i8", "i8"), "UINT8_T": ("u1", "u1"), "UINT16_T": ("u2", "u2"),
-    "UINT32_T": ("u4", "u4"), "UINT64_T": ("u8", "u8"),
-    "C_FLOAT_COMPLEX": ("c8", "F"), "C_DOUBLE_COMPLEX": ("c16", "D"),
-    "C_LONG_DOUBLE_COMPLEX": ("G", "G"), "CXX_BOOL": ("?", "?"),
-    "CXX_FLOAT_COMPLEX": ("c8", "F"), "CXX_DOUBLE_COMPLEX": ("c16", "D"),
-    "CXX_LONG_DOUBLE_COMPLEX": ("G", "G"),
-    "AINT": ("i8", "p"), "OFFSET": ("i8", "p"), "COUNT": ("i8", "p"),
-    # Fortran's basic types, as gfortran lays them out on LP64 Linux
-    "CHARACTER": ("S1", "c"), "LOGICAL": ("i4", None), "INTEGER": ("i4", "i"),
-    "REAL": ("f4", "f"), "DOUBLE_PRECISION": ("f8", "d"), "COMPLEX": ("c8", "F"),
-    "DOUBLE_COMPLEX": ("c16", "D"), "INTEGER1": ("i1", "b"), "INTEGER2": ("i2", "h"),
-    "INTEGER4": ("i4", "i"), "INTEGER8": ("i8", "q"), "REAL4": ("f4", "f"),
-    "REAL8": ("f8", "d"), "COMPLEX8": ("c8", "F"), "COMPLEX16": ("c16", "D"),
-    # value/index pairs for MAXLOC and MINLOC (C struct layout, size without padding)
-    "FLOAT_INT": (_pair("f4"), None), "DOUBLE_INT": (_pair("f8"), None),
-    "LONG_INT": (_pair("l"), None), "2INT": (_pair("i4"), None),
-    "SHORT_INT": (_pair("i2"), None), "LONG_DOUBLE_INT": (_pair("g"), None),
-}
-
-PREDEFINED: dict[str, Datatype] = {"DATATYPE_NULL": DATATYPE_NULL}
-for _name, (_dt, _code) in _TABLE.items():
-    PREDEFINED[_name] = Datatype._basic(f"MPI_{_name}", _dt, _code)
-PREDEFINED["TWOINT"] = PREDEFINED["2INT"]
-PREDEFINED["INT_INT"] = PREDEFINED["2INT"]
-# mpi4py's aliases of the same handles
-for _alias, _target in {"SIGNED_SHORT": "SHORT", "SIGNED_INT": "INT", "SIGNED_LONG": "LONG",
-                        "SIGNED_LONG_LONG": "LONG_LONG", "UNSIGNED_INT": "UNSIGNED",
-                        "BOOL": "C_BOOL", "C_COMPLEX": "C_FLOAT_COMPLEX",
-                        "F_BOOL": "LOGICAL", "F_INT": "INTEGER", "F_FLOAT": "REAL",
-                        "F_DOUBLE": "DOUBLE_PRECISION", "F_COMPLEX": "COMPLEX",
-                        "F_FLOAT_COMPLEX": "COMPLEX", "F_DOUBLE_COMPLEX": "DOUBLE_COMPLEX",
-                        "LONG_DOUBLE_COMPLEX": "C_LONG_DOUBLE_COMPLEX"}.items():
-    PREDEFINED[_alias] = PREDEFINED[_target]
-
-# code -> predefined type (mpi4py's typedict: C names win over Fortran ones and aliases)
-TYPEDICT: dict[str, Datatype] = {}
-for _name in ("C_BOOL", "SIGNED_CHAR", "SHORT", "INT", "LONG", "LONG_LONG",
-              "UNSIGNED_CHAR", "UNSIGNED_SHORT", "UNSIGNED", "UNSIGNED_LONG",
-              "UNSIGNED_LONG_LONG", "FLOAT", "DOUBLE", "LONG_DOUBLE", "C_FLOAT_COMPLEX",
-              "C_DOUBLE_COMPLEX", "C_LONG_DOUBLE_COMPLEX", "CHAR", "WCHAR"):
-    TYPEDICT[PREDEFINED[_name]._code] = PREDEFINED[_name]
-for _name in ("INT8_T", "INT16_T", "INT32_T", "INT64_T", "UINT8_T", "UINT16_T", "UINT32_T",
-              "UINT64_T"):
-    TYPEDICT[PREDEFINED[_name]._code] = PREDEFINED[_name]
-TYPEDICT.update({"b1": PREDEFINED["C_BOOL"], "f4": PREDEFINED["FLOAT"],
-                 "f8": PREDEFINED["DOUBLE"], "c8": PREDEFINED["C_FLOAT_COMPLEX"],
-                 "c16": PREDEFINED["C_DOUBLE_COMPLEX"], "p": PREDEFINED["AINT"],
-                 "n": PREDEFINED["LONG"], "N": PREDEFINED["UNSIGNED_LONG"],
-                 "P": PREDEFINED["UNSIGNED_LONG"], "Zf": PREDEFINED["C_FLOAT_COMPLEX"],
-                 "Zd": PREDEFINED["C_DOUBLE_COMPLEX"], "Zg": PREDEFINED["C_LONG_DOUBLE_COMPLEX"],
-                 "S": PREDEFINED["CHAR"], "S1": PREDEFINED["CHAR"], "a": PREDEFINED["CHAR"],
-                 "U1": PREDEFINED["WCHAR"], "M": PREDEFINED["INT64_T"],
-                 "m": PREDEFINED["INT64_T"], "M8": PREDEFINED["INT64_T"],
-                 "m8": PREDEFINED["INT64_T"]})
-_gdt = np.dtype("g")
-TYPEDICT[f"f{_gdt.itemsize}"] = PREDEFINED["LONG_DOUBLE"]
-TYPEDICT[f"c{2 * _gdt.itemsize}"] = PREDEFINED["C_LONG_DOUBLE_COMPLEX"]
-# the pair types report MPI's data size (no padding), e.g. DOUBLE_INT: size 12, extent 16
-for _name in ("FLOAT_INT", "DOUBLE_INT", "LONG_INT", "2INT", "SHORT_INT", "LONG_DOUBLE_INT"):
-    PREDEFINED[_name]._size = _data_size(PREDEFINED[_name]._dtypes[0])
-PREDEFINED["2INT"]._name = "MPI_2INT"
-
-_KEY_OF = {id(dt): key for key, dt in reversed(list(PREDEFINED.items()))}
-_BY_DTYPE: dict[np.dtype, Datatype] = {}
-
-
-def from_numpy(dtype: np.dtype) -> Datatype:
-    """The datatype of a buffer's own numpy dtype (its type when no datatype is given).
-
-    Predefined types for the standard dtypes (``float64`` -> ``DOUBLE``, ...); a
-    structured or other numeric dtype becomes an unnamed contiguous type of it.
-    """
-    hit = _BY_DTYPE.get(dtype)
-    if hit is not None:
-        return hit
-    dt = np.dtype(dtype)
-    out = None
-    if dt.fields is None and dt.kind in "biufcSU":
-        code = dt.char if dt.kind not in "SU" else dt.kind
-        out = TYPEDICT.get(code) if dt.itemsize in (1, 4) or dt.kind not in "SU" else None
-        if out is not None and out._dtypes[0].itemsize != dt.itemsize:
-            out = None
-        if out is None and dt.kind in "SU":
-            n = dt.itemsize // (1 if dt.kind == "S" else 4)
-            out = PREDEFINED["CHAR" if dt.kind == "S" else "WCHAR"].Create_contiguous(n)
-    if out is None:
-        out = Datatype._basic("", dt, None)
-        out._predefined = False
-    _BY_DTYPE[dtype] = out
-    return out
-
-
-def to_datatype(value, what: str) -> Datatype:
-    """A Datatype from what mpi4py accepts in its place: a Datatype, a typecode string
-    (``"d"``, ``"i4"``...) or a numpy dtype / scalar type.
-
-    Raises:
-        TypeError: not a datatype; ArgumentError: a freed or null datatype.
-    """
-    if isinstance(value, Datatype):
-        value._check_usable(what)
-        return value
-    if isinstance(value, str):
-        hit = TYPEDICT.get(value)
-        if hit is not None:
-            return hit
-    try:
-        dt = np.dtype(value)
-    except TypeError:
-        raise TypeError(f"{what}: {value!r} is not a datatype (an MPI.Datatype, a typecode "
-                        "such as 'd', or a numpy dtype)") from None
-    return from_numpy(dt)

@@ -15,11 +15,25 @@ from __future__ import annotations
 import builtins
 import functools
 
-from pycomm.errors import (ArgumentError, CommError, CommTimeoutError, InvalidBufferError,
-                           PeerError, ProtocolError, TruncationError)
+from pycomm.errors import (
+    ArgumentError,
+    CommError,
+    CommTimeoutError,
+    InvalidBufferError,
+    PeerError,
+    ProtocolError,
+    TruncationError,
+)
 
-__all__ = ["Exception", "ERRORS", "Get_error_string", "Get_error_class", "translate",
-           "mpi_error", "translating"]
+__all__ = [
+    "ERRORS",
+    "Exception",
+    "Get_error_class",
+    "Get_error_string",
+    "mpi_error",
+    "translate",
+    "translating",
+]
 
 # (name, code, message) of the MPI error classes (MPICH's numbering)
 _CLASSES = [
@@ -60,7 +74,7 @@ ERRORS: dict[str, int] = {name: code for name, code, _ in _CLASSES}
 _TEXT = {code: f"MPI_{name}: {text}" for name, code, text in _CLASSES}
 
 
-def Get_error_string(errorcode: int) -> str:  # noqa: N802 (MPI name)
+def Get_error_string(errorcode: int) -> str:
     """The text of an error code or class (``"MPI_ERR_TRUNCATE: message truncated"``).
 
     Raises:
@@ -73,13 +87,13 @@ def Get_error_string(errorcode: int) -> str:  # noqa: N802 (MPI name)
             from None
 
 
-def Get_error_class(errorcode: int) -> int:  # noqa: N802 (MPI name)
+def Get_error_class(errorcode: int) -> int:
     """The error class of a code: pycomm's codes are the classes themselves."""
     Get_error_string(errorcode)
     return int(errorcode)
 
 
-class Exception(CommError):  # noqa: A001 (mpi4py's name)
+class Exception(CommError):
     """``MPI.Exception``: an MPI error with its code; a :class:`pycomm.CommError`.
 
     Args:
@@ -98,13 +112,13 @@ class Exception(CommError):  # noqa: A001 (mpi4py's name)
     error_class = property(lambda self: self.error_code)
     error_string = property(lambda self: _TEXT.get(self.error_code, str(self)))
 
-    def Get_error_code(self) -> int:  # noqa: N802
+    def Get_error_code(self) -> int:
         return self.error_code
 
-    def Get_error_class(self) -> int:  # noqa: N802
+    def Get_error_class(self) -> int:
         return self.error_code
 
-    def Get_error_string(self) -> str:  # noqa: N802
+    def Get_error_string(self) -> str:
         return _TEXT.get(self.error_code, str(self))
 
     def __int__(self) -> int:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from pycomm.groups import Group as _Group
 from pycomm.groups import UNDEFINED
+from pycomm.groups import Group as _Group
 
 from .exceptions import translate_methods
 from .msgspec import as_int
 
-__all__ = ["Group", "GROUP_EMPTY", "GROUP_NULL"]
+__all__ = ["GROUP_EMPTY", "GROUP_NULL", "Group"]
 
 
 @translate_methods
@@ -17,11 +17,11 @@ class Group:
 
     __slots__ = ("_g",)
 
-    def __init__(self, group: "Group | None" = None):
+    def __init__(self, group: Group | None = None):
         self._g = group._g if isinstance(group, Group) else None
 
     @classmethod
-    def _of(cls, inner: _Group) -> "Group":
+    def _of(cls, inner: _Group) -> Group:
         out = cls.__new__(cls)
         out._g = inner
         return out
@@ -42,38 +42,38 @@ class Group:
     size = property(Get_size)
     rank = property(Get_rank)
 
-    def Dup(self) -> "Group":
+    def Dup(self) -> Group:
         return Group._of(_Group(self._inner()._world, self._inner()._me))
 
-    def Incl(self, ranks) -> "Group":
+    def Incl(self, ranks) -> Group:
         return Group._of(self._inner().Incl([as_int(r, "ranks", "Group.Incl")
                                              for r in ranks]))
 
-    def Excl(self, ranks) -> "Group":
+    def Excl(self, ranks) -> Group:
         return Group._of(self._inner().Excl([as_int(r, "ranks", "Group.Excl")
                                              for r in ranks]))
 
-    def Range_incl(self, ranges) -> "Group":
+    def Range_incl(self, ranges) -> Group:
         """The ranks of ``(first, last, stride)`` triplets, in order (last included)."""
         return self.Incl(_expand(ranges))
 
-    def Range_excl(self, ranges) -> "Group":
+    def Range_excl(self, ranges) -> Group:
         return self.Excl(_expand(ranges))
 
-    def Union(self, group: "Group") -> "Group":
+    def Union(self, group: Group) -> Group:
         return Group._of(self._inner().Union(group._inner()))
 
-    def Intersection(self, group: "Group") -> "Group":
+    def Intersection(self, group: Group) -> Group:
         return Group._of(self._inner().Intersection(group._inner()))
 
-    def Difference(self, group: "Group") -> "Group":
+    def Difference(self, group: Group) -> Group:
         return Group._of(self._inner().Difference(group._inner()))
 
-    def Translate_ranks(self, ranks=None, group: "Group | None" = None) -> list[int]:
+    def Translate_ranks(self, ranks=None, group: Group | None = None) -> list[int]:
         """Ranks in ``group`` of ``ranks`` of this group (``UNDEFINED`` where absent)."""
         return self._inner().Translate_ranks(ranks, None if group is None else group._g)
 
-    def Compare(self, group: "Group") -> int:
+    def Compare(self, group: Group) -> int:
         """IDENT, SIMILAR or UNEQUAL."""
         return self._inner().Compare(group._inner())
 

@@ -34,10 +34,11 @@ import numpy as np
 
 from pycomm.errors import ArgumentError, InvalidBufferError
 
-from .datatypes import Datatype, from_numpy, to_datatype
+from .datatypes import Datatype
 from .exceptions import mpi_error
+from .predefined import from_numpy, to_datatype
 
-__all__ = ["Msg", "message", "vector_message", "as_int", "BOTTOM"]
+__all__ = ["BOTTOM", "Msg", "as_int", "message", "vector_message"]
 
 
 def _buf_error(message: str):
@@ -63,7 +64,7 @@ _BYTE_FORMATS = frozenset("Bbc")
 class Msg:
     """A message ready for the Communicator: ``array`` plus how to finish a receive."""
 
-    __slots__ = ("array", "_unpack", "per", "reducible")
+    __slots__ = ("_unpack", "array", "per", "reducible")
 
     def __init__(self, array: np.ndarray, unpack=None, per: int = 1,
                  reducible: bool = True):

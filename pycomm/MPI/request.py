@@ -16,10 +16,10 @@ from pycomm.p2p import ANY_SOURCE, ANY_TAG
 from pycomm.request import Request as _Inner
 from pycomm.status import Status as _Status
 
-from .datatypes import PREDEFINED, to_datatype
 from .exceptions import translate_methods
+from .predefined import PREDEFINED, to_datatype
 
-__all__ = ["Request", "Prequest", "Status", "REQUEST_NULL", "UNDEFINED"]
+__all__ = ["REQUEST_NULL", "UNDEFINED", "Prequest", "Request", "Status"]
 
 UNDEFINED = -32766
 
@@ -105,9 +105,9 @@ def _clear(status) -> None:
 class Request:
     """A pending operation (mpi4py's ``MPI.Request``); ``Request()`` is a null request."""
 
-    __slots__ = ("_r", "_finish")
+    __slots__ = ("_finish", "_r")
 
-    def __init__(self, request: "Request | None" = None):
+    def __init__(self, request: Request | None = None):
         if isinstance(request, Request):
             self._r, self._finish = request._r, request._finish
         elif request is None:
@@ -116,7 +116,7 @@ class Request:
             raise TypeError(f"Request({request!r}): expected an MPI.Request or nothing")
 
     @classmethod
-    def _wrap(cls, inner: _Inner, finish=None) -> "Request":
+    def _wrap(cls, inner: _Inner, finish=None) -> Request:
         out = cls.__new__(cls)
         out._r, out._finish = inner, finish
         return out
@@ -334,10 +334,10 @@ class Prequest(Request):
     """A persistent request (``Send_init``/``Recv_init``): ``Start`` posts the operation
     again each time; after completion it is inactive, not null, until ``Free``."""
 
-    __slots__ = ("_start", "_freed")
+    __slots__ = ("_freed", "_start")
 
     @classmethod
-    def _persistent(cls, start) -> "Prequest":
+    def _persistent(cls, start) -> Prequest:
         out = cls.__new__(cls)
         out._r, out._finish, out._start, out._freed = None, None, start, False
         return out

@@ -14,16 +14,16 @@ from pycomm.errors import ArgumentError
 from pycomm.groups import UNDEFINED
 from pycomm.p2p import PROC_NULL
 
-from .comm import Intracomm
+from .coll import Intracomm
 from .exceptions import mpi_error, translate_methods
 from .msgspec import as_int
 
-__all__ = ["Cartcomm", "Topocomm", "Compute_dims", "create_cart", "cart_map", "CART"]
+__all__ = ["CART", "Cartcomm", "Compute_dims", "Topocomm", "cart_map", "create_cart"]
 
 CART, GRAPH, DIST_GRAPH = 1, 2, 3
 
 
-def Compute_dims(nnodes: int, dims) -> list[int]:  # noqa: N802 (MPI name)
+def Compute_dims(nnodes: int, dims) -> list[int]:
     """A balanced grid of ``nnodes`` processes: fill the zero entries of ``dims`` (or
     ``dims`` zeros when an int) with factors in non-increasing order (MPI_Dims_create).
 
@@ -75,7 +75,7 @@ def _grid(dims, periods, what: str):
     return dims, periods
 
 
-def create_cart(comm: Intracomm, dims, periods, reorder) -> "Cartcomm":
+def create_cart(comm: Intracomm, dims, periods, reorder) -> Cartcomm:
     """``comm.Create_cart``: collective; ranks beyond ``prod(dims)`` get COMM_NULL."""
     c = comm._inner("Create_cart")
     dims, periods = _grid(dims, periods, f"rank {c.rank}: Create_cart")
@@ -177,7 +177,7 @@ class Cartcomm(Topocomm):
             return self.Get_cart_rank(c)
         return at(-disp), at(disp)
 
-    def Sub(self, remain_dims) -> "Cartcomm":
+    def Sub(self, remain_dims) -> Cartcomm:
         """The sub-grid keeping the dimensions where ``remain_dims`` is true (collective)."""
         keep = [bool(k) for k in remain_dims]
         if len(keep) != len(self._dims):
@@ -194,7 +194,7 @@ class Cartcomm(Topocomm):
         out._periods = [p for p, k in zip(self._periods, keep) if k]
         return out
 
-    def Dup(self, info=None) -> "Cartcomm":
+    def Dup(self, info=None) -> Cartcomm:
         out = Cartcomm._wrap(self._inner("Dup").Dup())
         out._dims, out._periods = list(self._dims), list(self._periods)
         return out

@@ -3,6 +3,8 @@
 Importing it creates the world when ``mpi4py.rc.initialize`` is true, as mpi4py does.
 """
 
+# ruff: noqa: N999  (the module is named after mpi4py.MPI on purpose)
+
 import sys as _sys
 
 import pycomm.MPI as _MPI

@@ -1,0 +1,283 @@
+"""``MPI.Intracomm``: the buffer collectives of mpi4py over the pycomm Communicator.
+
+Each collective parses its message specs (:mod:`pycomm.MPI.msgspec`; in the buffers that
+hold one block per rank, a count in the spec is per rank, as MPI's sendcount/recvcount),
+calls the Communicator's method of the same name (the I-variants return an
+``MPI.Request`` whose completion unpacks receives of non-contiguous datatypes) and holds
+no collective logic itself. Buffers a rank does not use (the receive buffer of a
+non-root Gather, the send buffer of a non-root Scatter) are not parsed and may be None.
+"""
+
+from __future__ import annotations
+
+from pycomm.buffers import IN_PLACE
+from pycomm.errors import ArgumentError
+from pycomm.ops import SUM
+
+from .comm import Comm
+from .comm import fin as _fin
+from .exceptions import mpi_error, translate_methods
+from .msgspec import Msg, as_int, message, vector_message
+from .request import Request
+
+__all__ = ["Intracomm"]
+
+
+def _reducible(where: str, op, *msgs) -> None:
+    """Reject a reduction over a mixed-type datatype (it travels as bytes)."""
+    for m in msgs:
+        if isinstance(m, Msg) and not m.reducible:
+            raise mpi_error(ArgumentError, "ERR_TYPE", f"{where}: a datatype of mixed "
+                            f"basic types cannot be reduced with {op}")
+
+
+@translate_methods
+class Intracomm(Comm):
+    """An intra-communicator (mpi4py's ``MPI.Intracomm``): the buffer collectives."""
+
+    __slots__ = ()
+
+    def _send_recv(self, call, sendbuf, recvbuf, *, send=True, recv=True, sblocks=1,
+                   rblocks=1):
+        """(inner, where, send Msg or IN_PLACE/None, recv Msg or None); ``*blocks``: the
+        buffer holds one block per rank (a count in its spec is per block)."""
+        c = self._inner(call)
+        w = f"rank {c.rank}: {call}"
+        s = IN_PLACE if sendbuf is IN_PLACE else (
+            message(sendbuf, w, "sendbuf", writable=False, blocks=sblocks) if send else None)
+        r = IN_PLACE if recvbuf is IN_PLACE else (
+            message(recvbuf, w, "recvbuf", writable=True, blocks=rblocks) if recv else None)
+        return c, w, s, r
+
+    @staticmethod
+    def _a(m):
+        return m if m is IN_PLACE or m is None else m.array
+
+    def Barrier(self) -> None:
+        """Block until every rank has entered."""
+        self._inner("Barrier").Barrier()
+
+    def Bcast(self, buf, root: int = 0) -> None:
+        """Broadcast root's message ``buf`` to every rank's ``buf``."""
+        self._bcast(buf, root, False)
+
+    def Ibcast(self, buf, root: int = 0) -> Request:
+        return self._bcast(buf, root, True)
+
+    def _bcast(self, buf, root, nb):
+        call = "Ibcast" if nb else "Bcast"
+        c = self._inner(call)
+        w = f"rank {c.rank}: {call}"
+        root = as_int(root, "root", w)
+        m = message(buf, w, "buf", writable=c.rank != root)
+        fin = _fin(m) if c.rank != root else None
+        if nb:
+            return Request._wrap(c.Ibcast(m.array, root), fin)
+        c.Bcast(m.array, root)
+        if fin:
+            fin()
+
+    def _done(self, nb, inner_req, *msgs):
+        fin = _fin(*[m for m in msgs if isinstance(m, Msg)])
+        if nb:
+            return Request._wrap(inner_req, fin)
+        if fin:
+            fin()
+        return None
+
+    # reductions
+    def Reduce(self, sendbuf, recvbuf, op=SUM, root: int = 0) -> None:
+        """Combine every rank's ``sendbuf`` with ``op`` into root's ``recvbuf``."""
+        return self._reduce("Reduce", sendbuf, recvbuf, op, root)
+
+    def Ireduce(self, sendbuf, recvbuf, op=SUM, root: int = 0) -> Request:
+        return self._reduce("Ireduce", sendbuf, recvbuf, op, root)
+
+    def _reduce(self, call, sendbuf, recvbuf, op, root):
+        c = self._inner(call)
+        root = as_int(root, "root", f"rank {c.rank}: {call}")
+        at_root = c.rank == root
+        c, w, s, r = self._send_recv(call, sendbuf, recvbuf, recv=at_root)
+        _reducible(w, op, s, r)
+        fn = c.Ireduce if call[0] == "I" else c.Reduce
+        return self._done(call[0] == "I", fn(self._a(s), self._a(r), op, root), r)
+
+    def Allreduce(self, sendbuf, recvbuf, op=SUM) -> None:
+        """Combine every rank's ``sendbuf`` with ``op``; every ``recvbuf`` gets it."""
+        return self._reduce_all("Allreduce", sendbuf, recvbuf, op)
+
+    def Iallreduce(self, sendbuf, recvbuf, op=SUM) -> Request:
+        return self._reduce_all("Iallreduce", sendbuf, recvbuf, op)
+
+    def Reduce_scatter_block(self, sendbuf, recvbuf, op=SUM) -> None:
+        """Reduce ``size*n`` items; rank i gets block i (``n`` items)."""
+        return self._reduce_all("Reduce_scatter_block", sendbuf, recvbuf, op)
+
+    def Ireduce_scatter_block(self, sendbuf, recvbuf, op=SUM) -> Request:
+        return self._reduce_all("Ireduce_scatter_block", sendbuf, recvbuf, op)
+
+    def Scan(self, sendbuf, recvbuf, op=SUM) -> None:
+        """Inclusive prefix reduction in rank order."""
+        return self._reduce_all("Scan", sendbuf, recvbuf, op)
+
+    def Iscan(self, sendbuf, recvbuf, op=SUM) -> Request:
+        return self._reduce_all("Iscan", sendbuf, recvbuf, op)
+
+    def Exscan(self, sendbuf, recvbuf, op=SUM) -> None:
+        """Exclusive prefix reduction; rank 0's ``recvbuf`` is left untouched."""
+        return self._reduce_all("Exscan", sendbuf, recvbuf, op)
+
+    def Iexscan(self, sendbuf, recvbuf, op=SUM) -> Request:
+        return self._reduce_all("Iexscan", sendbuf, recvbuf, op)
+
+    def _reduce_all(self, call, sendbuf, recvbuf, op):
+        c, w, s, r = self._send_recv(call, sendbuf, recvbuf)
+        _reducible(w, op, s, r)
+        out = getattr(c, call)(self._a(s), self._a(r), op)
+        return self._done(call[0] == "I", out, r)
+
+    def Reduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=SUM) -> None:
+        """Reduce ``sum(recvcounts)`` items; rank i gets ``recvcounts[i]`` of them."""
+        c, w, s, r = self._send_recv("Reduce_scatter", sendbuf, recvbuf)
+        _reducible(w, op, s, r)
+        counts = recvcounts
+        if recvcounts is not None:
+            per = r.per if isinstance(r, Msg) else 1
+            counts = [as_int(x, "recvcounts", w) * per for x in recvcounts]
+        c.Reduce_scatter(self._a(s), self._a(r), counts, op)
+        if isinstance(r, Msg):
+            r.finish()
+
+    # gathers and scatters
+    def Gather(self, sendbuf, recvbuf, root: int = 0) -> None:
+        """Gather every rank's message into root's ``recvbuf`` in rank order."""
+        return self._rooted("Gather", sendbuf, recvbuf, root, root_recv=True)
+
+    def Igather(self, sendbuf, recvbuf, root: int = 0) -> Request:
+        return self._rooted("Igather", sendbuf, recvbuf, root, root_recv=True)
+
+    def Scatter(self, sendbuf, recvbuf, root: int = 0) -> None:
+        """Send block i of root's ``sendbuf`` to rank i's ``recvbuf``."""
+        return self._rooted("Scatter", sendbuf, recvbuf, root, root_recv=False)
+
+    def Iscatter(self, sendbuf, recvbuf, root: int = 0) -> Request:
+        return self._rooted("Iscatter", sendbuf, recvbuf, root, root_recv=False)
+
+    def _rooted(self, call, sendbuf, recvbuf, root, *, root_recv):
+        c = self._inner(call)
+        root = as_int(root, "root", f"rank {c.rank}: {call}")
+        at_root = c.rank == root
+        n = c.size
+        c, _w, s, r = self._send_recv(call, sendbuf, recvbuf,
+                                     send=at_root or root_recv, recv=at_root or not root_recv,
+                                     sblocks=1 if root_recv else n, rblocks=n if root_recv else 1)
+        return self._done(call[0] == "I", getattr(c, call)(self._a(s), self._a(r), root), r)
+
+    def Allgather(self, sendbuf, recvbuf) -> None:
+        """Every rank gets every rank's message, in rank order."""
+        return self._all("Allgather", sendbuf, recvbuf)
+
+    def Iallgather(self, sendbuf, recvbuf) -> Request:
+        return self._all("Iallgather", sendbuf, recvbuf)
+
+    def Alltoall(self, sendbuf, recvbuf) -> None:
+        """Block j of ``sendbuf`` goes to rank j; block i of ``recvbuf`` comes from i."""
+        return self._all("Alltoall", sendbuf, recvbuf)
+
+    def Ialltoall(self, sendbuf, recvbuf) -> Request:
+        return self._all("Ialltoall", sendbuf, recvbuf)
+
+    def _all(self, call, sendbuf, recvbuf):
+        n = self._inner(call).size
+        c, _w, s, r = self._send_recv(call, sendbuf, recvbuf, rblocks=n,
+                                     sblocks=n if "lltoall" in call else 1)
+        return self._done(call[0] == "I", getattr(c, call)(self._a(s), self._a(r)), r)
+
+    # vector variants
+    def _v(self, c, w, spec, arg, writable):
+        if spec is IN_PLACE:
+            return IN_PLACE, None
+        m, counts, displs = vector_message(spec, c.size, w, arg, writable=writable)
+        return m, [m.array, counts, displs]
+
+    def Gatherv(self, sendbuf, recvbuf, root: int = 0) -> None:
+        """Gather a variable-size message from each rank into root's vector spec."""
+        return self._rootedv("Gatherv", sendbuf, recvbuf, root)
+
+    def Igatherv(self, sendbuf, recvbuf, root: int = 0) -> Request:
+        return self._rootedv("Igatherv", sendbuf, recvbuf, root)
+
+    def Scatterv(self, sendbuf, recvbuf, root: int = 0) -> None:
+        """Send root's vector-spec block i to rank i."""
+        return self._rootedv("Scatterv", sendbuf, recvbuf, root)
+
+    def Iscatterv(self, sendbuf, recvbuf, root: int = 0) -> Request:
+        return self._rootedv("Iscatterv", sendbuf, recvbuf, root)
+
+    def _rootedv(self, call, sendbuf, recvbuf, root):
+        c = self._inner(call)
+        w = f"rank {c.rank}: {call}"
+        root = as_int(root, "root", w)
+        gather = "atherv" in call
+        at_root = c.rank == root
+        if gather:
+            s = IN_PLACE if sendbuf is IN_PLACE else message(sendbuf, w, "sendbuf",
+                                                              writable=False)
+            r, rspec = self._v(c, w, recvbuf, "recvbuf", True) if at_root else (None, None)
+            out = getattr(c, call)(self._a(s), rspec, root)
+        else:
+            s, sspec = self._v(c, w, sendbuf, "sendbuf", False) if at_root else (None, None)
+            r = IN_PLACE if recvbuf is IN_PLACE else message(recvbuf, w, "recvbuf",
+                                                              writable=True)
+            out = getattr(c, call)(sspec if at_root else None, self._a(r), root)
+        return self._done(call[0] == "I", out, r)
+
+    def Allgatherv(self, sendbuf, recvbuf) -> None:
+        """Every rank gets every rank's variable-size message in its vector spec."""
+        return self._allv("Allgatherv", sendbuf, recvbuf)
+
+    def Iallgatherv(self, sendbuf, recvbuf) -> Request:
+        return self._allv("Iallgatherv", sendbuf, recvbuf)
+
+    def Alltoallv(self, sendbuf, recvbuf) -> None:
+        """Vector-spec block j of ``sendbuf`` goes to rank j."""
+        return self._allv("Alltoallv", sendbuf, recvbuf)
+
+    def Ialltoallv(self, sendbuf, recvbuf) -> Request:
+        return self._allv("Ialltoallv", sendbuf, recvbuf)
+
+    def _allv(self, call, sendbuf, recvbuf):
+        c = self._inner(call)
+        w = f"rank {c.rank}: {call}"
+        r, rspec = self._v(c, w, recvbuf, "recvbuf", True)
+        if "gather" in call:
+            s = IN_PLACE if sendbuf is IN_PLACE else message(sendbuf, w, "sendbuf",
+                                                              writable=False)
+            out = getattr(c, call)(self._a(s), rspec)
+        else:
+            s, sspec = self._v(c, w, sendbuf, "sendbuf", False)
+            out = getattr(c, call)(IN_PLACE if s is IN_PLACE else sspec, rspec)
+        return self._done(call[0] == "I", out, r)
+
+    def Ibarrier(self) -> Request:
+        return Request._wrap(self._inner("Ibarrier").Ibarrier())
+
+    # topologies
+    def Create_cart(self, dims, periods=None, reorder: bool = False):
+        """A Cartesian communicator over the first ``prod(dims)`` ranks (others: NULL)."""
+        from .topo import create_cart
+        return create_cart(self, dims, periods, reorder)
+
+    def Cart_map(self, dims, periods=None) -> int:
+        from .topo import cart_map
+        return cart_map(self, dims)
+
+    def Spawn(self, *args, **kwargs):
+        raise NotImplementedError("Intracomm.Spawn: pycomm offers no dynamic process "
+                                  "management (MPI_Comm_spawn)")
+
+    def Accept(self, *args, **kwargs):
+        raise NotImplementedError("Intracomm.Accept: pycomm offers no ports")
+
+    Connect = Accept
+

@@ -1,0 +1,149 @@
+"""The predefined MPI datatypes (``MPI.DOUBLE``...), the typecode map and the conversion
+of whatever mpi4py accepts as a datatype (a Datatype, a typecode, a numpy dtype).
+
+Sizes follow C on LP64 Linux (``long`` is 8 bytes); the pair types used by MAXLOC and
+MINLOC have the C struct layout (``DOUBLE_INT``: size 12, extent 16), numpy structured
+dtypes that :mod:`pycomm.ops` accepts. ``TYPEDICT`` is mpi4py's ``_typedict``: numpy and
+PEP 3118 codes to types, C names first.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .datatypes import DATATYPE_NULL, Datatype, _data_size
+
+__all__ = ["PREDEFINED", "TYPEDICT", "from_numpy", "to_datatype"]
+
+
+def _predefined(name: str) -> Datatype:
+    return PREDEFINED[name]
+
+
+
+def _pair(value) -> np.dtype:
+    """C layout of MPI's value/int pair types (``struct {T val; int idx;}``: padded)."""
+    return np.dtype([("val", np.dtype(value)), ("idx", np.int32)], align=True)
+
+
+# name -> (numpy dtype, numpy character code or None, data size override or None)
+_TABLE = {
+    "BYTE": ("u1", "B"), "PACKED": ("u1", "B"), "CHAR": ("S1", "c"), "WCHAR": ("U1", "U"),
+    "SIGNED_CHAR": ("i1", "b"), "UNSIGNED_CHAR": ("u1", "B"), "SHORT": ("i2", "h"),
+    "UNSIGNED_SHORT": ("u2", "H"), "INT": ("i4", "i"), "UNSIGNED": ("u4", "I"),
+    "LONG": (np.dtype("l").str, "l"), "UNSIGNED_LONG": (np.dtype("L").str, "L"),
+    "LONG_LONG": ("i8", "q"), "UNSIGNED_LONG_LONG": ("u8", "Q"), "FLOAT": ("f4", "f"),
+    "DOUBLE": ("f8", "d"), "LONG_DOUBLE": ("g", "g"), "C_BOOL": ("?", "?"),
+    "INT8_T": ("i1", "i1"), "INT16_T": ("i2", "i2"), "INT32_T": ("i4", "i4"),
+    "INT64_T": ("i8", "i8"), "UINT8_T": ("u1", "u1"), "UINT16_T": ("u2", "u2"),
+    "UINT32_T": ("u4", "u4"), "UINT64_T": ("u8", "u8"),
+    "C_FLOAT_COMPLEX": ("c8", "F"), "C_DOUBLE_COMPLEX": ("c16", "D"),
+    "C_LONG_DOUBLE_COMPLEX": ("G", "G"), "CXX_BOOL": ("?", "?"),
+    "CXX_FLOAT_COMPLEX": ("c8", "F"), "CXX_DOUBLE_COMPLEX": ("c16", "D"),
+    "CXX_LONG_DOUBLE_COMPLEX": ("G", "G"),
+    "AINT": ("i8", "p"), "OFFSET": ("i8", "p"), "COUNT": ("i8", "p"),
+    # Fortran's basic types, as gfortran lays them out on LP64 Linux
+    "CHARACTER": ("S1", "c"), "LOGICAL": ("i4", None), "INTEGER": ("i4", "i"),
+    "REAL": ("f4", "f"), "DOUBLE_PRECISION": ("f8", "d"), "COMPLEX": ("c8", "F"),
+    "DOUBLE_COMPLEX": ("c16", "D"), "INTEGER1": ("i1", "b"), "INTEGER2": ("i2", "h"),
+    "INTEGER4": ("i4", "i"), "INTEGER8": ("i8", "q"), "REAL4": ("f4", "f"),
+    "REAL8": ("f8", "d"), "COMPLEX8": ("c8", "F"), "COMPLEX16": ("c16", "D"),
+    # value/index pairs for MAXLOC and MINLOC (C struct layout, size without padding)
+    "FLOAT_INT": (_pair("f4"), None), "DOUBLE_INT": (_pair("f8"), None),
+    "LONG_INT": (_pair("l"), None), "2INT": (_pair("i4"), None),
+    "SHORT_INT": (_pair("i2"), None), "LONG_DOUBLE_INT": (_pair("g"), None),
+}
+
+PREDEFINED: dict[str, Datatype] = {"DATATYPE_NULL": DATATYPE_NULL}
+for _name, (_dt, _code) in _TABLE.items():
+    PREDEFINED[_name] = Datatype._basic(f"MPI_{_name}", _dt, _code)
+PREDEFINED["TWOINT"] = PREDEFINED["2INT"]
+PREDEFINED["INT_INT"] = PREDEFINED["2INT"]
+# mpi4py's aliases of the same handles
+for _alias, _target in {"SIGNED_SHORT": "SHORT", "SIGNED_INT": "INT", "SIGNED_LONG": "LONG",
+                        "SIGNED_LONG_LONG": "LONG_LONG", "UNSIGNED_INT": "UNSIGNED",
+                        "BOOL": "C_BOOL", "C_COMPLEX": "C_FLOAT_COMPLEX",
+                        "F_BOOL": "LOGICAL", "F_INT": "INTEGER", "F_FLOAT": "REAL",
+                        "F_DOUBLE": "DOUBLE_PRECISION", "F_COMPLEX": "COMPLEX",
+                        "F_FLOAT_COMPLEX": "COMPLEX", "F_DOUBLE_COMPLEX": "DOUBLE_COMPLEX",
+                        "LONG_DOUBLE_COMPLEX": "C_LONG_DOUBLE_COMPLEX"}.items():
+    PREDEFINED[_alias] = PREDEFINED[_target]
+
+# code -> predefined type (mpi4py's typedict: C names win over Fortran ones and aliases)
+TYPEDICT: dict[str, Datatype] = {}
+for _name in ("C_BOOL", "SIGNED_CHAR", "SHORT", "INT", "LONG", "LONG_LONG",
+              "UNSIGNED_CHAR", "UNSIGNED_SHORT", "UNSIGNED", "UNSIGNED_LONG",
+              "UNSIGNED_LONG_LONG", "FLOAT", "DOUBLE", "LONG_DOUBLE", "C_FLOAT_COMPLEX",
+              "C_DOUBLE_COMPLEX", "C_LONG_DOUBLE_COMPLEX", "CHAR", "WCHAR"):
+    TYPEDICT[PREDEFINED[_name]._code] = PREDEFINED[_name]
+for _name in ("INT8_T", "INT16_T", "INT32_T", "INT64_T", "UINT8_T", "UINT16_T", "UINT32_T",
+              "UINT64_T"):
+    TYPEDICT[PREDEFINED[_name]._code] = PREDEFINED[_name]
+TYPEDICT.update({"b1": PREDEFINED["C_BOOL"], "f4": PREDEFINED["FLOAT"],
+                 "f8": PREDEFINED["DOUBLE"], "c8": PREDEFINED["C_FLOAT_COMPLEX"],
+                 "c16": PREDEFINED["C_DOUBLE_COMPLEX"], "p": PREDEFINED["AINT"],
+                 "n": PREDEFINED["LONG"], "N": PREDEFINED["UNSIGNED_LONG"],
+                 "P": PREDEFINED["UNSIGNED_LONG"], "Zf": PREDEFINED["C_FLOAT_COMPLEX"],
+                 "Zd": PREDEFINED["C_DOUBLE_COMPLEX"], "Zg": PREDEFINED["C_LONG_DOUBLE_COMPLEX"],
+                 "S": PREDEFINED["CHAR"], "S1": PREDEFINED["CHAR"], "a": PREDEFINED["CHAR"],
+                 "U1": PREDEFINED["WCHAR"], "M": PREDEFINED["INT64_T"],
+                 "m": PREDEFINED["INT64_T"], "M8": PREDEFINED["INT64_T"],
+                 "m8": PREDEFINED["INT64_T"]})
+_gdt = np.dtype("g")
+TYPEDICT[f"f{_gdt.itemsize}"] = PREDEFINED["LONG_DOUBLE"]
+TYPEDICT[f"c{2 * _gdt.itemsize}"] = PREDEFINED["C_LONG_DOUBLE_COMPLEX"]
+# the pair types report MPI's data size (no padding), e.g. DOUBLE_INT: size 12, extent 16
+for _name in ("FLOAT_INT", "DOUBLE_INT", "LONG_INT", "2INT", "SHORT_INT", "LONG_DOUBLE_INT"):
+    PREDEFINED[_name]._size = _data_size(PREDEFINED[_name]._dtypes[0])
+PREDEFINED["2INT"]._name = "MPI_2INT"
+
+_KEY_OF = {id(dt): key for key, dt in reversed(list(PREDEFINED.items()))}
+_BY_DTYPE: dict[np.dtype, Datatype] = {}
+
+
+def from_numpy(dtype: np.dtype) -> Datatype:
+    """The datatype of a buffer's own numpy dtype (its type when no datatype is given).
+
+    Predefined types for the standard dtypes (``float64`` -> ``DOUBLE``, ...); a
+    structured or other numeric dtype becomes an unnamed contiguous type of it.
+    """
+    hit = _BY_DTYPE.get(dtype)
+    if hit is not None:
+        return hit
+    dt = np.dtype(dtype)
+    out = None
+    if dt.fields is None and dt.kind in "biufcSU":
+        code = dt.char if dt.kind not in "SU" else dt.kind
+        out = TYPEDICT.get(code) if dt.itemsize in (1, 4) or dt.kind not in "SU" else None
+        if out is not None and out._dtypes[0].itemsize != dt.itemsize:
+            out = None
+        if out is None and dt.kind in "SU":
+            n = dt.itemsize // (1 if dt.kind == "S" else 4)
+            out = PREDEFINED["CHAR" if dt.kind == "S" else "WCHAR"].Create_contiguous(n)
+    if out is None:
+        out = Datatype._basic("", dt, None)
+        out._predefined = False
+    _BY_DTYPE[dtype] = out
+    return out
+
+
+def to_datatype(value, what: str) -> Datatype:
+    """A Datatype from what mpi4py accepts in its place: a Datatype, a typecode string
+    (``"d"``, ``"i4"``...) or a numpy dtype / scalar type.
+
+    Raises:
+        TypeError: not a datatype; ArgumentError: a freed or null datatype.
+    """
+    if isinstance(value, Datatype):
+        value._check_usable(what)
+        return value
+    if isinstance(value, str):
+        hit = TYPEDICT.get(value)
+        if hit is not None:
+            return hit
+    try:
+        dt = np.dtype(value)
+    except TypeError:
+        raise TypeError(f"{what}: {value!r} is not a datatype (an MPI.Datatype, a typecode "
+                        "such as 'd', or a numpy dtype)") from None
+    return from_numpy(dt)
