@@ -10,13 +10,18 @@ machinery, shared with :mod:`pycomm.spawn`:
   its whole process group), with ``PR_SET_PDEATHSIG=SIGKILL`` so it dies if the launcher is
   SIGKILLed, and with the environment contract of :mod:`pycomm.config`;
 * every line a rank writes to stdout/stderr is prefixed ``[rank] `` (switchable off);
-* when a rank exits non-zero or is killed by a signal, the others get SIGTERM and, after
-  ``PYCOMM_KILL_GRACE`` seconds, SIGKILL; the launcher exits with that rank's code
-  (128 + signal number for a signal);
+* when a rank exits non-zero or is killed by a signal, the surviving ranks that run a
+  pycomm world get up to ``PYCOMM_REPORT_GRACE`` seconds to report (a peer's death or a
+  timeout names its culprit) and exit on their own; the launcher then names the rank that
+  caused the failure (see :meth:`RankGroup.supervise`), sends ``SIGUSR1`` to the ranks
+  still running so that they print their flight recorders (:mod:`pycomm.trace`), and
+  stops them: SIGTERM and, after ``PYCOMM_KILL_GRACE`` seconds, SIGKILL. It exits with the
+  first failed rank's code (128 + signal number for a signal);
 * SIGINT / SIGTERM to the launcher are forwarded to the ranks, escalated to SIGKILL after
   the grace period, and the launcher exits 128 + that signal (130 for Ctrl-C);
 * always, at the end: stragglers killed, the store closed, ``/dev/shm/pycomm-<jobid>-*``
-  swept (see :func:`shm_prefix`).
+  swept (see :func:`shm_prefix`), and with ``PYCOMM_TRACE=path`` the ranks' timelines
+  ``path.rank<k>.json`` merged into ``path``.
 
 Caveat: ``PR_SET_PDEATHSIG`` fires when the *thread* that started the ranks exits, so
 create a :class:`RankGroup` from a thread that outlives it (normally the main thread).
@@ -38,9 +43,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from pycomm import config
-from pycomm.errors import ArgumentError
-from pycomm.store import StoreServer
+from pycomm import config, stall, trace
+from pycomm.errors import ArgumentError, CommError
+from pycomm.store import StoreClient, StoreServer
 
 __all__ = ["RankExit", "RankGroup", "main", "shm_prefix", "sweep_shm"]
 
@@ -200,8 +205,11 @@ class RankGroup:
         self.token = secrets.token_hex(32)
         self.store = StoreServer(self.token, master_addr, master_port)
         self.procs: list[subprocess.Popen] = []
+        self.report_grace = float(config.get("PYCOMM_REPORT_GRACE"))
         self._forwarders: list[_Forwarder] = []
         self._closed = False
+        self._client: StoreClient | None = None     # the launcher's own, for diagnoses
+        self._trace_path: str | None = None
 
     def env_for(self, rank: int) -> dict[str, str]:
         """Return the environment variables of the contract for ``rank`` (only those)."""
@@ -224,6 +232,7 @@ class RankGroup:
             OSError: a process could not be started.
         """
         pipe = subprocess.PIPE if self.prefix else None
+        self._trace_path = config.get("PYCOMM_TRACE", {**os.environ, **(extra_env or {})})
         try:
             for rank in range(self.nprocs):
                 env = {**os.environ, **(extra_env or {}), **self.env_for(rank)}
@@ -291,6 +300,12 @@ class RankGroup:
         Returns:
             0 when every rank exited 0; the first failing rank's exit code; 128 + signal
             number when interrupted.
+
+        When a rank fails, the line logged names the rank that caused the failure, which
+        need not be the first to exit: the ranks' published diagnoses (a ``PeerError``
+        names the dead peer, a stall timeout the ranks that never entered the call; see
+        :mod:`pycomm.stall`) are counted, and the rank most of them blame is the culprit;
+        with no diagnosis, the first rank found failed is.
         """
         log = log or (lambda msg: print(f"pycomm.launch: {msg}", file=sys.stderr, flush=True))
         while True:
@@ -302,14 +317,67 @@ class RankGroup:
                 return 128 + sig
             failure = self.poll()
             if failure is not None:
+                why = self._blame(failure)
                 others = len(self.running())
-                log(f"{failure.describe()}; stopping the other {others} "
-                    f"rank{'s' if others != 1 else ''}")
+                log(f"{why}; stopping the other {others} rank{'s' if others != 1 else ''}")
                 self.stop()
                 return failure.exit_code
             if not self.running():
                 return 0
             time.sleep(_POLL_S)
+
+    # -- after a failure: who caused it, and the survivors' last words ---------------------
+    def _store_client(self) -> StoreClient | None:
+        if self._client is None:
+            try:
+                self._client = StoreClient(self.store.host, self.store.port, self.token,
+                                           timeout=2.0)
+            except CommError:
+                return None
+        return self._client
+
+    def _blame(self, failure: RankExit) -> str:
+        """Give the surviving pycomm ranks a grace to report, name the culprit, and have
+        the ranks still running print their flight recorders; return the reason line."""
+        client = self._store_client()
+        if client is None:
+            return failure.describe()
+        try:
+            ranks = range(self.nprocs)
+            # ranks with a pycomm world publish a position when it starts
+            worlds = set(stall.read_positions(client, self.job_id, ranks))
+            deadline = time.monotonic() + self.report_grace
+            while True:
+                running = set(self.running()) & worlds
+                diags = stall.read_diagnoses(client, self.job_id, ranks)
+                named = {c for d in diags.values() for c in d.get("culprits", ())}
+                if running <= named or time.monotonic() >= deadline:
+                    break           # only the accused are left, or the grace is over
+                time.sleep(0.05)
+            still = [r for r in self.running() if r in worlds]
+            positions = stall.ask_positions(client, self.job_id, still) if still else {}
+        except CommError:
+            return failure.describe()
+        self._last_words(positions)
+        return _culprit_line(failure, diags, positions, self.poll_all())
+
+    def _last_words(self, positions: dict) -> None:
+        """SIGUSR1 the ranks still running whose pycomm prints its flight recorder on it."""
+        told = 0
+        for rank, pos in positions.items():
+            if pos is not None and pos.get("sigusr1") and self.procs[rank].poll() is None:
+                try:
+                    os.kill(self.procs[rank].pid, signal.SIGUSR1)
+                    told += 1
+                except ProcessLookupError:
+                    pass
+        if told:
+            time.sleep(0.3)         # the dump is one write; let the forwarders pass it on
+
+    def poll_all(self) -> dict[int, RankExit]:
+        """Return every rank that has exited, with how."""
+        return {r: RankExit(r, p.pid, p.returncode) for r, p in enumerate(self.procs)
+                if p.poll() is not None}
 
     def close(self) -> None:
         """Kill what is left (whole process groups), close the store, sweep /dev/shm."""
@@ -326,14 +394,52 @@ class RankGroup:
         deadline = time.monotonic() + 2.0
         for fwd in self._forwarders:
             fwd.join(max(0.0, deadline - time.monotonic()))
+        if self._client is not None:
+            self._client.close()
         self.store.close()
         sweep_shm(self.job_id)
+        if self._trace_path:
+            try:
+                trace.merge_chrome_traces(self._trace_path, self.nprocs)
+            except OSError as exc:
+                print(f"pycomm.launch: cannot write {self._trace_path}: {exc}",
+                      file=sys.stderr)
 
     def __enter__(self) -> RankGroup:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _culprit_line(failure: RankExit, diags: dict, positions: dict,
+                  exits: dict[int, RankExit]) -> str:
+    """The launcher's verdict: the rank the diagnoses blame most (ties: the lowest), else
+    the first failed rank; with what it did and who blamed it."""
+    votes: dict[int, int] = {}
+    for rank, diag in diags.items():
+        for c in set(diag.get("culprits", ())):
+            if c != rank:
+                votes[c] = votes.get(c, 0) + 1
+    if not votes:
+        return failure.describe()
+    culprit = min(votes, key=lambda c: (-votes[c], c))
+    accusers = sorted(r for r, d in diags.items() if culprit in d.get("culprits", ()))
+    if culprit in exits:
+        state = exits[culprit].describe()
+    else:
+        state = "it is still running: " + stall.describe_position(positions.get(culprit),
+                                                                  culprit)
+    line = (f"rank {culprit} caused the failure ({state}); ranks {accusers} name it: "
+            f"{_first_line(diags[accusers[0]].get('error', ''))}")
+    if failure.rank != culprit:
+        line += f"; first to exit: {failure.describe()}"
+    return line
+
+
+def _first_line(text: str, limit: int = 600) -> str:
+    line = text.splitlines()[0] if text else ""
+    return line if len(line) <= limit else line[:limit] + "..."
 
 
 # -- the command line -------------------------------------------------------------------

@@ -24,7 +24,9 @@ Failure rules of :meth:`Pool.run`:
 * a rank dies: :class:`~pycomm.errors.PeerError` naming the rank and its exit code or
   signal; the pool is broken;
 * the task overruns ``timeout``: :class:`~pycomm.errors.CommTimeoutError` naming the ranks
-  that did not finish; the pool is broken.
+  that did not finish and where each stands (asked through the store: the collective it
+  waits in, or its last completed call; see :mod:`pycomm.stall`), its ``culprits`` the
+  ranks that have not entered a collective the others wait in; the pool is broken.
 
 A broken or closed pool raises :class:`~pycomm.errors.CommError` from ``run``.
 """
@@ -45,6 +47,7 @@ import msgpack
 from pycomm import config
 from pycomm.errors import CommError, CommTimeoutError, PeerError, RemoteError
 from pycomm.launcher import RankGroup
+from pycomm.stall import ask_positions, summarize
 from pycomm.store import StoreClient
 
 __all__ = ["Pool", "spawn"]
@@ -206,9 +209,15 @@ class Pool:
                     raise errors[min(errors)]
                 if now > deadline:
                     missing = sorted(set(range(self.nprocs)) - answered)
+                    where, suspects = self._where(missing, bool(errors))
+                    if errors:
+                        first = str(errors[min(errors)]).splitlines()[0]
+                        where += f"; ranks {sorted(errors)} raised, the first: {first}"
                     self._break(f"{what} timed out")
-                    raise CommTimeoutError(f"{what} did not finish within {timeout:g} s on "
-                                           f"ranks {missing}; the pool is stopped")
+                    err = CommTimeoutError(f"{what} did not finish within {timeout:g} s on "
+                                           f"ranks {missing}{where}; the pool is stopped")
+                    err.culprits = suspects
+                    raise err
             self._client.delete(key)
             rank, status, *rest = cloudpickle.loads(raw)
             del raw
@@ -226,6 +235,19 @@ class Pool:
                 self._break("start-up failed")
             raise errors[min(errors)]
         return results
+
+    def _where(self, ranks: list[int], others_failed: bool) -> tuple[str, list[int]]:
+        """Where ``ranks`` stand (asked through the store, see :mod:`pycomm.stall`), and
+        the suspects: ranks that have not entered a collective others wait in or, when
+        the other ranks raised, ranks in no pycomm call at all (hung in user code)."""
+        try:
+            positions = ask_positions(self._client, self.job_id, ranks)
+        except CommError:
+            return "", []
+        text, suspects = summarize(positions)
+        if not suspects and others_failed:
+            suspects = [r for r, p in positions.items() if p is None or not p["running"]]
+        return (f": {text}" if text else ""), suspects
 
     def close(self, timeout: float = 10.0) -> None:
         """Tell the ranks to exit, wait up to ``timeout`` seconds, kill stragglers, clean up."""

@@ -20,6 +20,8 @@ Position (msgpack map): ``rank``, ``pid``, ``round``, ``wall`` (time.time() of t
 answer), ``running`` (``[op, comm name, cid, seq, peer, seconds running]`` or None),
 ``waiting_for`` (world rank this rank's stalled wait needs, or None), ``last``
 (``[op, comm name, cid, seq, seconds ago]`` of its last completed call, or None),
+``failed`` (``[op, comm name, cid, seq, seconds ago, error type]`` of a call that raised
+after it, or None),
 ``comms`` (``{cid: sequence number of its last collective begun}``), ``sigusr1``
 (whether SIGUSR1 prints its flight recorder).
 
@@ -44,7 +46,7 @@ from . import trace
 from .errors import CommError, CommTimeoutError, PeerError
 
 __all__ = ["Inspector", "ask_positions", "read_diagnoses", "describe_position",
-           "diagnose", "key"]
+           "diagnose", "summarize", "read_positions", "key"]
 
 _IDLE_S = 60.0      # seconds one responder wait in the store lasts before it re-parks
 _ANSWER_S = 0.5     # seconds an asker waits for the answers of all ranks
@@ -69,8 +71,13 @@ def position(rank: int, waiting_for: int | None, sigusr1: bool, round_: int = 0)
         call, t1 = last
         last = [call[0], getattr(call[1], "name", "-"), getattr(call[1], "_cid", -1),
                 call[2], (now - t1) / 1e9]
+    failed = trace.last_failed()
+    if failed is not None:
+        call, t1, err = failed
+        failed = [call[0], getattr(call[1], "name", "-"), getattr(call[1], "_cid", -1),
+                  call[2], (now - t1) / 1e9, err.split(":", 1)[0]]
     return {"rank": rank, "pid": os.getpid(), "round": round_, "wall": time.time(),
-            "running": running, "waiting_for": waiting_for, "last": last,
+            "running": running, "waiting_for": waiting_for, "last": last, "failed": failed,
             "comms": trace.collective_progress(), "sigusr1": sigusr1}
 
 
@@ -110,6 +117,11 @@ def describe_position(pos: dict | None, rank: int, now_wall: float | None = None
         text += ")"
     else:
         text += ", and is in no pycomm call"
+        failed = pos.get("failed")
+        if failed:
+            op, cname, _cid, seq, ago, kind = failed
+            text += (f" (its {_call_text(op, cname, seq)} raised {kind} "
+                     f"{ago + late:.1f} s ago)")
     if not pos.get("answered", True):
         text += f" [no answer now; this is its answer of {late:.1f} s ago]"
     return text
@@ -139,6 +151,36 @@ def diagnose(me: int, call, positions: dict) -> tuple[str, list[int]]:
     if peer is None or peer < 0:
         return "", []
     return describe_position(positions.get(peer), peer), [peer]
+
+
+def summarize(positions: dict) -> tuple[str, list[int]]:
+    """Explain where a group of ranks stands from their ``positions`` alone (the
+    launcher's and the pool's view: no rank of their own). For every collective some ranks
+    are in, or have just failed in, the ranks that have not entered it are the suspects.
+    Returns (text, suspects); the text describes every rank not in such a collective."""
+    calls: dict = {}
+    for r, pos in sorted(positions.items()):
+        for field, how in (("running", "in"), ("failed", "failed")):
+            call = pos and pos.get(field)
+            if call and call[0][:1].islower():
+                calls.setdefault((call[2], call[3], call[0], call[1]), {}).setdefault(
+                    how, []).append(r)
+    parts, suspects, placed = [], [], set()
+    for (cid, seq, op, cname), ranks in sorted(calls.items()):
+        involved = ranks.get("in", []) + ranks.get("failed", [])
+        placed.update(involved)
+        missing = [r for r, pos in sorted(positions.items()) if r not in involved and
+                   (pos is None or pos.get("comms", {}).get(cid, 0) < seq)]
+        what = f"{trace.display_name(op)} #{seq} on {cname}"
+        text = " and ".join(f"ranks {rs} {'are in' if how == 'in' else 'failed in'}"
+                            for how, rs in ranks.items()) + f" {what}"
+        if missing:
+            text += f", which ranks {missing} have not called"
+            suspects += [r for r in missing if r not in suspects]
+        parts.append(text)
+    parts += [describe_position(pos, r) for r, pos in sorted(positions.items())
+              if r not in placed]
+    return "; ".join(parts), sorted(suspects)
 
 
 def ask_positions(client, job_id: str, ranks, wait_s: float = _ANSWER_S) -> dict:
@@ -173,6 +215,23 @@ def ask_positions(client, job_id: str, ranks, wait_s: float = _ANSWER_S) -> dict
             out[r] = old
         except CommTimeoutError:
             out[r] = None
+    return out
+
+
+def read_positions(client, job_id: str, ranks) -> dict:
+    """``{rank: position}`` last published by ``ranks`` (without asking them); a rank
+    absent from the result never started a pycomm world with a store.
+
+    Raises:
+        CommError: the store failed.
+    """
+    out = {}
+    for r in ranks:
+        try:
+            out[r] = msgpack.unpackb(client.get(key(job_id, "pos", r), timeout=0.0),
+                                     raw=False, strict_map_key=False)
+        except CommTimeoutError:
+            pass
     return out
 
 

@@ -43,7 +43,7 @@ from . import config
 from .errors import CommError
 
 __all__ = ["begin", "end", "fail", "record_wait", "traced", "dump", "format_calls", "current",
-           "last_completed", "chrome_events", "write_chrome_trace", "install",
+           "last_completed", "last_failed", "chrome_events", "write_chrome_trace", "install",
            "display_name", "describe_call", "ERROR_DUMP_CALLS"]
 
 ERROR_DUMP_CALLS = 32  # calls printed when an error leaves a call (SIGUSR1: the whole ring)
@@ -232,6 +232,15 @@ def last_completed():
     for _n, call, t1, err in reversed(_snapshot()):
         if t1 and err is None:
             return call, t1
+    return None
+
+
+def last_failed():
+    """``(call, end_ns, error text)`` of the latest call that raised, when no call has
+    completed since; else None."""
+    for _n, call, t1, err in reversed(_snapshot()):
+        if t1:
+            return (call, t1, err) if err is not None else None
     return None
 
 

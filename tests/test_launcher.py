@@ -280,3 +280,61 @@ def test_pool_task_timeout_breaks_it():
             pool.run(lambda: time.sleep(30 * _rank()), timeout=0.5)
         pids = pool.pids
     assert not any(_alive(pid) for pid in pids)
+
+
+# -- who caused a failure, and the survivors' last words (issue 15) -------------------------
+
+WORLD_PROGRAM = """
+import os, signal, sys, time
+import numpy as np
+import pycomm
+comm = pycomm.COMM_WORLD
+comm.Barrier()
+if comm.rank == 2:
+    time.sleep(0.3)
+    if sys.argv[1] == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    raise ValueError("deliberate failure on rank 2")
+comm.Allreduce(pycomm.IN_PLACE, np.ones(4))
+"""
+
+
+def _run_world(tmp_path, how):
+    script = tmp_path / "world.py"
+    script.write_text(WORLD_PROGRAM)
+    env_path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    return subprocess.run([sys.executable, LAUNCH, "-n", "3", "--transport", "shm",
+                           "--timeout", "30", str(script), how], capture_output=True,
+                          text=True, timeout=60, check=False,
+                          env={**os.environ, "PYTHONPATH": env_path})
+
+
+def test_survivors_report_the_dead_peer_before_they_are_stopped(tmp_path):
+    proc = _run_world(tmp_path, "kill")
+    err = proc.stderr
+    # every survivor's own error names rank 2 (they got a grace to say so) ...
+    for r in (0, 1):
+        assert re.search(rf"^\[{r}\] pycomm.errors.PeerError: rank {r}: .*rank 2", err,
+                         re.M), err
+    # ... and the launcher names rank 2 as the cause, with the survivors' word for it
+    assert re.search(r"^pycomm.launch: rank 2 caused the failure \(rank 2 \(pid \d+\) was "
+                     r"killed by signal SIGKILL\); ranks \[0, 1\] name it: PeerError: rank "
+                     r"\d: .*; stopping the other 0 ranks$", err, re.M), err
+    assert proc.returncode == 128 + signal.SIGKILL
+
+
+def test_ranks_still_waiting_print_their_flight_recorder(tmp_path):
+    # rank 2 exits (raises) without a word to its peers: they wait in the Allreduce, and
+    # after the report grace the launcher has them print where they are (SIGUSR1)
+    proc = _run_world(tmp_path, "raise")
+    err = proc.stderr
+    assert proc.returncode == 1
+    for r in (0, 1):
+        dump = re.search(rf"^\[{r}\] pycomm flight recorder, rank {r} \(pid \d+\): SIGUSR1:"
+                         rf".*?^\[{r}\] end of flight recorder$", err, re.M | re.S)
+        assert dump, err
+        assert re.search(r"Allreduce +pycomm.COMM_WORLD +4 +32 .* running$", dump[0], re.M)
+    summary = err.index("pycomm.launch: rank 2 (pid")
+    assert re.search(r"rank 2 \(pid \d+\) exited with code 1; stopping the other 2 ranks",
+                     err[summary:]), err
+    assert err.index("[0] pycomm flight recorder") < summary    # last words come first

@@ -1,0 +1,197 @@
+"""The stall inspector: a hung rank is named by the others' warnings, their timeout errors,
+the launcher and pool.run, with what it last did (pycomm.stall, issue 15).
+
+The jobs are fresh 3-rank worlds started by ``launch.py`` (or ``pycomm.spawn``): rank 2
+sleeps after a Bcast while ranks 0 and 1 enter an Allreduce, with PYCOMM_STALL_WARN=1 and a
+3 s timeout. The world's own start-up runs Allreduce #1 and Barrier #2, so the program's
+Bcast is #3 and its Allreduce #4 on pycomm.COMM_WORLD.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import cloudpickle
+import pytest
+
+import pycomm
+from pycomm import stall
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+ROOT = Path(__file__).resolve().parents[1]
+LAUNCH = str(ROOT / "launch.py")
+
+pytestmark = pytest.mark.usefixtures("no_shared_world")
+
+HANG = textwrap.dedent("""
+    import sys, time
+    import numpy as np
+    import pycomm
+    comm = pycomm.COMM_WORLD
+    x = np.ones(1)
+    comm.Bcast(x, root=0)
+    if comm.rank == 2:
+        time.sleep(30)
+    if sys.argv[1] == "collective":
+        comm.Allreduce(pycomm.IN_PLACE, x)
+    elif comm.rank == 0:
+        comm.Recv(x, 2, tag=7)
+    else:
+        comm.Barrier()
+""")
+
+
+def run_job(tmp_path, transport: str, mode: str, warn: str = "1", timeout: str = "3"):
+    script = tmp_path / "hang.py"
+    script.write_text(HANG)
+    env = {**os.environ, "PYCOMM_STALL_WARN": warn,
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT),
+                                                       os.environ.get("PYTHONPATH")]))}
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, LAUNCH, "-n", "3", "--transport", transport,
+                           "--timeout", timeout, str(script), mode], capture_output=True,
+                          text=True, timeout=60, env=env, check=False)
+    return proc, time.monotonic() - start
+
+
+MISSING = "ranks [2] have not called Allreduce #4 on pycomm.COMM_WORLD"
+LAST = "rank 2 last completed Bcast #3 on pycomm.COMM_WORLD"
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp", "rdma"])
+def test_hung_rank_is_named_everywhere(tmp_path, transport):
+    proc, took = run_job(tmp_path, transport, "collective")
+    err = proc.stderr
+    assert proc.returncode == 1, err
+    assert took < 15, err                  # rank 2 sleeps 30 s: it was stopped, not awaited
+    for r in (0, 1):
+        # the warning after PYCOMM_STALL_WARN seconds
+        warn = re.search(rf"^\[{r}\] pycomm: rank {r}: warning: Allreduce #4 on "
+                         rf"pycomm.COMM_WORLD has waited [\d.]+ s for rank \d .*$", err, re.M)
+        assert warn and MISSING in warn[0] and LAST in warn[0], err
+        assert "and is in no pycomm call" in warn[0]
+        # the timeout error names the call, the missing rank and what it last did
+        error = re.search(rf"^\[{r}\] pycomm.errors.CommTimeoutError: rank {r}: "
+                          r"Allreduce #4 on pycomm.COMM_WORLD: .*$", err, re.M)
+        assert error and "did not complete within 3 s" in error[0], err
+        assert MISSING in error[0] and LAST in error[0], err
+        # and its flight recorder went to stderr with the error
+        assert re.search(rf"^\[{r}\] pycomm flight recorder, rank {r} .*CommTimeoutError",
+                         err, re.M), err
+    # the launcher blames rank 2, not the first rank to exit, and got its last words
+    summary = [line for line in err.splitlines() if line.startswith("pycomm.launch:")]
+    assert len(summary) == 1 and summary[0].startswith(
+        "pycomm.launch: rank 2 caused the failure (it is still running: " + LAST), err
+    assert "ranks [0, 1] name it" in summary[0]
+    assert re.search(r"^\[2\] pycomm flight recorder, rank 2 \(pid \d+\): SIGUSR1", err, re.M)
+    assert re.search(r"^\[2\] +\d+ +Bcast +pycomm.COMM_WORLD +3 +8 ", err, re.M), err
+
+
+def test_point_to_point_stall_names_the_peer(tmp_path):
+    proc, _ = run_job(tmp_path, "shm", "p2p")
+    err = proc.stderr
+    warn = re.search(r"^\[0\] pycomm: rank 0: warning: Recv from rank 2 \(tag 7\) on "
+                     r"pycomm.COMM_WORLD has waited [\d.]+ s for rank 2 .*: (.*)$", err, re.M)
+    assert warn and warn[1].startswith(LAST), err
+    error = re.search(r"^\[0\] pycomm.errors.CommTimeoutError: rank 0: Recv from rank 2 "
+                      r"\(tag 7\) on pycomm.COMM_WORLD: receive from rank 2 .*$", err, re.M)
+    assert error and LAST in error[0], err
+    # rank 1 waits in a Barrier that rank 0 (in its Recv) never enters: it names rank 0
+    # and rank 2, and says where rank 0 is
+    warn1 = re.search(r"^\[1\] pycomm: rank 1: warning: Barrier #4 .*$", err, re.M)
+    assert warn1 and "ranks [0, 2] have not called Barrier #4" in warn1[0], err
+    assert "rank 0 last completed Bcast #3 on pycomm.COMM_WORLD" in warn1[0]
+    assert "and is in Recv from rank 2 (tag 7) on pycomm.COMM_WORLD" in warn1[0]
+    assert "pycomm.launch: rank 2 caused the failure" in err
+
+
+def test_no_warning_before_the_threshold(tmp_path):
+    proc, _ = run_job(tmp_path, "shm", "collective", warn="30")
+    assert not re.search(r"pycomm: rank \d: warning:", proc.stderr), proc.stderr
+    # without a warning first, the timeout still asks and names the missing rank
+    assert re.search(r"CommTimeoutError: rank 0: Allreduce #4 .*" + re.escape(MISSING),
+                     proc.stderr)
+
+
+def _hang_in_task():
+    import numpy as np
+    comm = pycomm.COMM_WORLD
+    x = np.ones(1)
+    comm.Bcast(x, root=0)
+    if comm.rank == 2:
+        time.sleep(30)
+    comm.Allreduce(pycomm.IN_PLACE, x)
+
+
+def test_spawn_timeout_names_the_hung_rank():
+    with pytest.raises(pycomm.CommTimeoutError) as info:
+        pycomm.spawn(_hang_in_task, 3, transport="shm", timeout=2)
+    text = str(info.value)
+    assert info.value.culprits == [2], text
+    assert LAST in text and "and is in no pycomm call" in text, text
+
+
+# -- the diagnosis itself, from made-up positions ---------------------------------------------
+
+class _Comm:
+    name, _cid, _world = "pycomm.COMM_WORLD", 0, [0, 1, 2, 3]
+
+
+def _pos(rank, running=None, last=None, seq=0, waiting_for=None, answered=True):
+    return {"rank": rank, "pid": 100 + rank, "round": 1, "wall": time.time(),
+            "running": running, "waiting_for": waiting_for, "last": last, "failed": None,
+            "comms": {0: seq}, "sigusr1": True, "answered": answered}
+
+
+def test_diagnose_names_missing_and_silent_ranks():
+    call = ("allreduce", _Comm(), 57, 8, "ring", -1, 0)
+    positions = {
+        1: _pos(1, ["allreduce", "pycomm.COMM_WORLD", 0, 57, -1, 3.0], seq=57, waiting_for=0),
+        2: _pos(2, None, ["bcast", "pycomm.COMM_WORLD", 0, 56, 12.4], seq=56),
+        3: None,
+    }
+    text, culprits = stall.diagnose(0, call, positions)
+    assert culprits == [2, 3]
+    assert text.startswith("ranks [2, 3] have not called Allreduce #57 on pycomm.COMM_WORLD")
+    assert "rank 2 last completed Bcast #56 on pycomm.COMM_WORLD 12.4 s ago, and is in no " \
+           "pycomm call" in text
+    assert "rank 3 did not answer" in text
+    # everyone inside: no culprit, but who waits for whom
+    positions[2] = _pos(2, ["allreduce", "pycomm.COMM_WORLD", 0, 57, -1, 1.0], seq=57,
+                        waiting_for=3)
+    positions[3] = _pos(3, ["allreduce", "pycomm.COMM_WORLD", 0, 57, -1, 1.0], seq=57)
+    text, culprits = stall.diagnose(0, call, positions)
+    assert culprits == [] and text.startswith("every rank has entered Allreduce #57")
+    assert "rank 2 waits for rank 3" in text
+
+
+def test_describe_position_of_a_rank_that_stopped_answering():
+    old = _pos(2, None, ["barrier", "pycomm.COMM_WORLD", 0, 9, 1.0], seq=9, answered=False)
+    old["wall"] -= 5.0
+    text = stall.describe_position(old, 2)
+    assert text.startswith("rank 2 last completed Barrier #9 on pycomm.COMM_WORLD 6.0 s ago")
+    assert "no answer now; this is its answer of 5.0 s ago" in text
+
+
+def test_summarize_from_outside():
+    positions = {0: _pos(0, ["bcast", "pycomm.COMM_WORLD", 0, 5, -1, 2.0], seq=5),
+                 1: _pos(1, ["bcast", "pycomm.COMM_WORLD", 0, 5, -1, 2.0], seq=5),
+                 2: _pos(2, None, ["barrier", "pycomm.COMM_WORLD", 0, 4, 2.5], seq=4)}
+    text, suspects = stall.summarize(positions)
+    assert suspects == [2]
+    assert text.startswith("ranks [0, 1] are in Bcast #5 on pycomm.COMM_WORLD, which ranks "
+                           "[2] have not called; rank 2 last completed Barrier #4")
+    # ranks that just failed in the collective count as having entered it
+    positions[1]["running"] = None
+    positions[1]["failed"] = ["bcast", "pycomm.COMM_WORLD", 0, 5, 0.1, "CommTimeoutError"]
+    text, suspects = stall.summarize(positions)
+    assert suspects == [2]
+    assert text.startswith("ranks [0] are in and ranks [1] failed in Bcast #5 on "
+                           "pycomm.COMM_WORLD, which ranks [2] have not called"), text
