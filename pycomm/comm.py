@@ -10,6 +10,18 @@ Tag spaces: user point-to-point traffic travels on context ``3*cid``, collective
 messages or each other, and communicators never share traffic (context ids: see
 :mod:`pycomm.groups`).
 
+Consistency: every collective message carries its call's signature (:mod:`pycomm.signature`)
+and a receive checks it, so mismatched calls raise
+:class:`~pycomm.errors.CollectiveMismatchError` instead of mixing their bytes. A collective
+that fails on one rank, even before sending anything (a bad argument), is abandoned on
+every rank (:meth:`pycomm.p2p.Engine.abort_call`): every rank counts it and raises
+:class:`~pycomm.errors.CollectiveError` naming the failed rank, so the next call matches
+again. A message of a call this rank has finished proves a mismatch the receives could not
+see (two ranks that both believed they were the root of a Bcast): that call and the next
+are then abandoned on every rank, with the mismatch in the error. (This last check is off
+while nonblocking collectives are in flight: their earlier calls legitimately still
+receive.)
+
 The object API (lowercase methods) lives in :mod:`pycomm.objects` and is built purely on
 the methods here.
 """
@@ -23,8 +35,8 @@ import numpy as np
 
 from . import config, trace as _trace
 from .buffers import IN_PLACE, as_array, byte_view
-from .errors import (ArgumentError, CommError, CommTimeoutError, InvalidBufferError,
-                     TruncationError)
+from .errors import (ArgumentError, CollectiveError, CollectiveMismatchError, CommError,
+                     CommTimeoutError, InvalidBufferError, PeerError, TruncationError)
 from .groups import GroupMethods
 from .nbc import NonblockingMethods
 from .objects import ObjectMethods
@@ -32,33 +44,73 @@ from .vcoll import VectorMethods
 from .ops import SUM, Op
 from .p2p import ANY_SOURCE, ANY_TAG, PROC_NULL, Engine, Request
 from .selection import AlgorithmSelection
+from .signature import collective, describe, signature
 from .status import Status, fill as _fill
 
 __all__ = ["Communicator", "Status", "TAG_UB"]
 
 TAG_UB = 2**31 - 1
 _SEQ_MASK = 0x7FFFFFFF
+_BARRIER = signature("Barrier")
+_PAST = 1 << 30         # a tag this far behind the current call or less is in the past
 
 
 class _Coll:
     """The point-to-point view one collective call gives its algorithm (see algorithms)."""
 
-    __slots__ = ("engine", "ctx", "tag", "rank", "size", "world")
+    __slots__ = ("engine", "ctx", "tag", "rank", "size", "world", "sig", "comm")
 
-    def __init__(self, comm: "Communicator", tag: int):
+    def __init__(self, comm: "Communicator", tag: int, sig):
         self.engine, self.ctx, self.tag = comm._engine, comm._cctx, tag
         self.rank, self.size, self.world = comm.rank, comm.size, comm._world
+        self.sig, self.comm = sig, comm
 
     def isend(self, buf: np.ndarray, dest: int) -> Request:
-        return self.engine.isend(byte_view(buf), self.world[dest], self.ctx, self.tag)
+        return self.engine.isend(byte_view(buf), self.world[dest], self.ctx, self.tag,
+                                 self.sig)
 
     def irecv(self, buf: np.ndarray, source: int) -> Request:
-        r = self.engine.irecv(byte_view(buf), self.world[source], self.ctx, self.tag)
+        r = self.engine.irecv(byte_view(buf), self.world[source], self.ctx, self.tag,
+                              self.sig)
         r.expect = buf.nbytes         # exact size, checked in waitall
         return r
 
+    def isend_bytes(self, data: bytes, dest: int) -> Request:
+        """Send ``data`` (pickled objects) on this call's context, tag and signature."""
+        return self.engine.isend(memoryview(data), self.world[dest], self.ctx, self.tag,
+                                 self.sig)
+
+    def irecv_bytes(self, source: int) -> Request:
+        """Receive a message of any size from ``source`` (``req.obj``: a bytearray)."""
+        return self.engine.irecv(None, self.world[source], self.ctx, self.tag, self.sig)
+
     def waitall(self, reqs) -> None:
-        self.engine.wait_all(reqs)
+        try:
+            self.engine.wait_all(reqs)
+        except CollectiveMismatchError as exc:
+            peer = getattr(exc, "peer", None)
+            if peer is None:
+                raise
+            comm = self.comm
+            raise CollectiveMismatchError(
+                f"rank {self.rank}: collective mismatch in call #{self.tag} on "
+                f"{comm.name}: rank {comm._from_world.get(peer, peer)} is in "
+                f"{describe(exc.theirs)}, rank {self.rank} in {describe(exc.mine)}"
+            ) from None
+        except (CollectiveError, PeerError):
+            raise
+        except CommError:
+            # a withdrawn message or a truncation may be the echo of a peer abandoning
+            # the call: its reason, already on the way, says more
+            eng = self.engine
+            try:
+                eng.progress()
+            except CommError:
+                pass
+            err = eng.aborted_error(self.ctx, self.tag)
+            if err is not None:
+                raise err from None
+            raise
         for r in reqs:
             if r.expect >= 0 and r.count != r.expect:
                 raise TruncationError(
@@ -99,6 +151,7 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
         self.size = len(self._world)
         self.name = name
         self._seq = 0
+        self._sig = self._prev_sig = None     # signatures of the current and previous call
         self._freed = False
         self._debug = config.get("PYCOMM_DEBUG")
 
@@ -255,11 +308,74 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
         return True
 
     # -- collectives, buffers -------------------------------------------------------------
-    def _coll(self) -> _Coll:
+    def _coll(self, sig) -> _Coll:
+        """Count a collective call and give its algorithm the call's view (``sig``: its
+        signature, :func:`pycomm.signature.signature`).
+
+        Raises:
+            CollectiveError: a rank abandoned this call already (it failed there).
+            CollectiveMismatchError: a message of a finished call was left over.
+        """
         if self._freed:
             raise CommError(f"rank {self.rank}: {self.name} has been freed")
-        self._seq = (self._seq + 1) & _SEQ_MASK
-        return _Coll(self, self._seq)
+        seq = self._seq = (self._seq + 1) & _SEQ_MASK
+        self._prev_sig, self._sig = self._sig, sig
+        eng = self._engine
+        if eng.aborted:
+            err = eng.aborted_error(self._cctx, seq)
+            if err is not None:
+                raise err
+        if eng.unexpected and eng.offload_posted == eng.offload_done:
+            self._check_stale(at_start=True)
+        return _Coll(self, seq, sig)
+
+    def _abandon(self, name: str, seq: int, exc: Exception) -> None:
+        """Abandon this rank's call ``name`` #``seq`` after ``exc``, on every rank."""
+        eng = self._engine
+        if eng.aborted_error(self._cctx, seq) is not None:
+            return                      # a peer, or a nested call, has abandoned it
+        cls = CollectiveMismatchError if isinstance(exc, CollectiveMismatchError) else \
+            CollectiveError
+        what = str(exc)
+        if not what.startswith(f"rank {self.rank}:"):
+            what = f"rank {self.rank}: {what}"
+        text = (f"{name} #{seq} on {self.name} failed on rank {self.rank} "
+                f"({type(exc).__name__}: {what})")
+        eng.abort_call(self._cctx, seq, self._world, cls(f"rank {self.rank}: {text}"), text)
+        if cls is CollectiveMismatchError:
+            # a rank whose part of the mismatched call needed nothing from the others may
+            # have finished it already: the next call fails everywhere, so it learns too
+            nxt = (seq + 1) & _SEQ_MASK
+            note = f"call #{nxt} on {self.name} is abandoned after an earlier mismatch: {text}"
+            eng.abort_call(self._cctx, nxt, self._world,
+                           cls(f"rank {self.rank}: {note}"), note)
+
+    def _check_stale(self, at_start: bool) -> None:
+        """Raise if a message of a call this rank has finished is waiting unmatched.
+
+        Such a message proves that a peer ran that call differently (see the module
+        docstring); the call and the next one are abandoned on every rank.
+        """
+        eng, ctx, seq = self._engine, self._cctx, self._seq
+        finished = (seq - 1) & _SEQ_MASK if at_start else seq
+        for u in eng.unexpected:
+            if u.ctx != ctx or (finished - u.tag) & _SEQ_MASK >= _PAST or \
+                    (ctx, u.tag) in eng.aborted:
+                continue
+            mine = self._sig if u.tag == seq else \
+                self._prev_sig if u.tag == (seq - 1) & _SEQ_MASK else None
+            text = (f"collective mismatch in call #{u.tag} on {self.name}: rank "
+                    f"{self._from_world.get(u.src, u.src)} sent a message of "
+                    f"{describe(u.sig)}, which rank {self.rank} ran as "
+                    f"{describe(mine) if mine else 'another call'} and has finished")
+            err = CollectiveMismatchError(f"rank {self.rank}: {text}")
+            nxt = seq if at_start else (seq + 1) & _SEQ_MASK
+            for tag in dict.fromkeys((u.tag, nxt)):
+                note = text if tag == u.tag else \
+                    f"call #{tag} on {self.name} is abandoned after an earlier {text}"
+                eng.abort_call(ctx, tag, self._world,
+                               CollectiveMismatchError(f"rank {self.rank}: {note}"), note)
+            raise err
 
     def _check_op(self, op, dtype) -> Op:
         if not isinstance(op, Op):
@@ -278,18 +394,21 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
                                      f"differs from recvbuf dtype {recv.dtype}")
         return send, recv
 
+    @collective
     def Barrier(self, *, algorithm: str | None = None) -> None:
         """Block until every rank of the communicator has entered the barrier."""
-        cc = self._coll()
+        cc = self._coll(_BARRIER)
         self._run("barrier", 0, algorithm, None, lambda fn: fn(cc))
 
+    @collective
     def Bcast(self, buf, root: int = 0, *, algorithm: str | None = None) -> None:
         """Broadcast ``buf`` (same size and dtype on every rank) from ``root`` to all."""
         root = self._check_root(root)
         arr = as_array(buf, self.rank, "buf", writable=self.rank != root)
-        cc = self._coll()
+        cc = self._coll(signature("Bcast", arr.dtype, arr.size, root))
         self._run("bcast", arr.nbytes, algorithm, None, lambda fn: fn(cc, arr, root))
 
+    @collective
     def Allreduce(self, sendbuf, recvbuf, op: Op = SUM, *,
                   algorithm: str | None = None) -> None:
         """Combine every rank's ``sendbuf`` element-wise with ``op``; all get the result.
@@ -308,7 +427,7 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
                 raise InvalidBufferError(f"rank {self.rank}: Allreduce: sendbuf has "
                                          f"{send.size} elements, recvbuf {recv.size}")
         op = self._check_op(op, recv.dtype)
-        cc = self._coll()
+        cc = self._coll(signature("Allreduce", recv.dtype, recv.size, op=op))
 
         def call(fn):           # recvbuf is written only once the algorithm is known
             if send is not None:
@@ -316,6 +435,7 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
             fn(cc, recv, op)
         self._run("allreduce", recv.nbytes, algorithm, op, call)
 
+    @collective
     def Reduce(self, sendbuf, recvbuf, op: Op = SUM, root: int = 0, *,
                algorithm: str | None = None) -> None:
         """Combine every rank's ``sendbuf`` with ``op`` into ``recvbuf`` at ``root``.
@@ -338,7 +458,7 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
             send = None
             work = as_array(sendbuf, self.rank, "sendbuf").copy()
         op = self._check_op(op, work.dtype)
-        cc = self._coll()
+        cc = self._coll(signature("Reduce", work.dtype, work.size, root, op))
 
         def call(fn):           # recvbuf is written only once the algorithm is known
             if send is not None:
@@ -346,12 +466,13 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
             fn(cc, work, root, op)
         self._run("reduce", work.nbytes, algorithm, op, call)
 
+    @collective
     def Allgather(self, sendbuf, recvbuf, *, algorithm: str | None = None) -> None:
         """Gather every rank's ``sendbuf`` (n elements) into every ``recvbuf`` (size*n),
         in rank order. IN_PLACE: this rank's block is already in ``recvbuf``."""
         send, recv = self._pair(sendbuf, recvbuf, "Allgather")
         count = self._blocks(recv, send, "Allgather")
-        cc = self._coll()
+        cc = self._coll(signature("Allgather", recv.dtype, count))
 
         def call(fn):           # recvbuf is written only once the algorithm is known
             if send is not None:
@@ -359,6 +480,7 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
             fn(cc, recv, count)
         self._run("allgather", recv.nbytes, algorithm, None, call)
 
+    @collective
     def Gather(self, sendbuf, recvbuf, root: int = 0, *,
                algorithm: str | None = None) -> None:
         """Gather every rank's ``sendbuf`` (n elements) into ``recvbuf`` (size*n) at root."""
@@ -373,10 +495,11 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
                 raise ArgumentError(f"rank {self.rank}: Gather: IN_PLACE is only valid at "
                                     "the root")
             send, recv = as_array(sendbuf, self.rank, "sendbuf"), None
-        cc = self._coll()
+        cc = self._coll(signature("Gather", send.dtype, send.size, root))
         self._run("gather", send.nbytes * self.size, algorithm, None,
                   lambda fn: fn(cc, send, recv, root))
 
+    @collective
     def Scatter(self, sendbuf, recvbuf, root: int = 0, *,
                 algorithm: str | None = None) -> None:
         """Send block i of root's ``sendbuf`` (size*n elements) to rank i's ``recvbuf``."""
@@ -399,10 +522,11 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
                 raise ArgumentError(f"rank {self.rank}: Scatter: IN_PLACE is only valid at "
                                     "the root")
             send, recv = None, as_array(recvbuf, self.rank, "recvbuf", writable=True)
-        cc = self._coll()
+        cc = self._coll(signature("Scatter", recv.dtype, recv.size, root))
         self._run("scatter", recv.nbytes * self.size, algorithm, None,
                   lambda fn: fn(cc, send, recv, root))
 
+    @collective
     def Alltoall(self, sendbuf, recvbuf, *, algorithm: str | None = None) -> None:
         """Send block j of ``sendbuf`` to rank j; block i of ``recvbuf`` comes from rank i.
 
@@ -418,10 +542,11 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
             raise InvalidBufferError(f"rank {self.rank}: Alltoall: {recv.size} elements is "
                                      f"not a multiple of the communicator size {self.size}")
         count = recv.size // self.size
-        cc = self._coll()
+        cc = self._coll(signature("Alltoall", recv.dtype, count))
         self._run("alltoall", recv.nbytes, algorithm, None,
                   lambda fn: fn(cc, send, recv, count))
 
+    @collective
     def Reduce_scatter_block(self, sendbuf, recvbuf, op: Op = SUM, *,
                              algorithm: str | None = None) -> None:
         """Reduce ``sendbuf`` (size*n elements) with ``op``; rank i gets block i (n elements).
@@ -443,7 +568,7 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
                                          f"{recv.size} = {recv.size * self.size}")
             work, out = send.copy(), recv
         op = self._check_op(op, out.dtype)
-        cc = self._coll()
+        cc = self._coll(signature("Reduce_scatter_block", out.dtype, out.size, op=op))
         self._run("reduce_scatter_block", work.nbytes, algorithm, op,
                   lambda fn: fn(cc, work, out, op))
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 __all__ = [
     "CommError", "ArgumentError", "InvalidBufferError", "TruncationError", "PeerError",
-    "CommTimeoutError", "RemoteError", "ProtocolError",
+    "CommTimeoutError", "RemoteError", "ProtocolError", "CollectiveError",
+    "CollectiveMismatchError",
 ]
 
 
@@ -37,6 +38,23 @@ class PeerError(CommError, ConnectionError):
 
 class CommTimeoutError(CommError, TimeoutError):
     """A blocking operation did not complete within its timeout (``PYCOMM_TIMEOUT``)."""
+
+
+class CollectiveError(CommError):
+    """A collective call failed on another rank of the communicator, so it fails here too.
+
+    Raised on every rank of a call that one rank abandoned (a bad argument it found before
+    sending, a mismatch, a timeout, a dead peer): the message names that rank, the call
+    (collective, sequence number, communicator) and its error. The communicator stays
+    usable: every rank has counted the call, and its late messages are discarded.
+    """
+
+
+class CollectiveMismatchError(CollectiveError):
+    """Ranks of one communicator called different collectives, or the same one with
+    arguments MPI requires to agree (root, op, datatype, count); the message names both
+    calls, e.g. ``rank 0 is in Bcast(root=0, float64x1000), rank 1 in Allreduce(SUM,
+    float64x1000)``."""
 
 
 class ProtocolError(CommError):

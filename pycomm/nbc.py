@@ -56,6 +56,7 @@ class _ProgressThread(threading.Thread):
                 req.error = exc
             finally:
                 self.engine.offload_running -= 1
+                self.engine.offload_done += 1     # only this thread writes it
             req._complete()
             self.engine.notify()
 
@@ -97,6 +98,7 @@ class NonblockingMethods:
             self._defer = None
         req = Request(self._engine, None, -1, PROC_NULL, ANY_TAG)
         req.expect = OFFLOADED            # completed by the progress thread alone
+        self._engine.offload_posted += 1  # only the posting thread writes it
         worker.tasks.put((jobs, req))
         return req
 

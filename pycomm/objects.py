@@ -21,16 +21,27 @@ import numpy as np
 
 from .errors import ArgumentError
 from .p2p import ANY_SOURCE, ANY_TAG, PROC_NULL
+from .signature import collective, signature
 
 __all__ = ["ObjectMethods", "dumps", "loads"]
 
 
-def dumps(obj: Any) -> bytes:
-    """Serialise ``obj`` with pickle, or cloudpickle when pickle cannot."""
+def dumps(obj: Any, rank: int | None = None, call: str = "") -> bytes:
+    """Serialise ``obj`` with pickle, or cloudpickle when pickle cannot.
+
+    Raises:
+        ArgumentError: neither can (the message names ``rank`` and ``call``).
+    """
     try:
         return pickle.dumps(obj, protocol=5)
     except (pickle.PicklingError, AttributeError, TypeError):
-        return cloudpickle.dumps(obj, protocol=5)
+        try:
+            return cloudpickle.dumps(obj, protocol=5)
+        except Exception as exc:
+            where = f"rank {rank}: {call}: " if rank is not None else ""
+            raise ArgumentError(f"{where}cannot pickle the object "
+                                f"({type(obj).__name__}): {type(exc).__name__}: {exc}"
+                                ) from None
 
 
 def loads(data) -> Any:
@@ -44,7 +55,8 @@ class ObjectMethods:
     # -- point-to-point -------------------------------------------------------------------
     def isend(self, obj: Any, dest: int, tag: int = 0):
         """Start sending a picklable object; returns a Request (``wait()`` returns None)."""
-        return self.Isend(np.frombuffer(dumps(obj), dtype=np.uint8), dest, tag)
+        payload = dumps(obj, self.rank, f"isend(dest={dest}, tag={tag})")
+        return self.Isend(np.frombuffer(payload, dtype=np.uint8), dest, tag)
 
     def send(self, obj: Any, dest: int, tag: int = 0, *, timeout: float | None = None):
         """Send a picklable object to ``dest`` (blocking until its bytes are out); a large
@@ -85,27 +97,23 @@ class ObjectMethods:
         # posted by a call that raised would swallow a later message.
         self._check_rank(dest, "dest")
         self._check_tag(sendtag, "sendtag")
-        payload = np.frombuffer(dumps(sendobj), dtype=np.uint8)
+        payload = np.frombuffer(dumps(sendobj, self.rank, f"sendrecv(dest={dest}, "
+                                      f"sendtag={sendtag})"), dtype=np.uint8)
         r = self.irecv(recvbuf, source, recvtag)
         s = self.Isend(payload, dest, sendtag)
         self._wait_posted([s, r], timeout)
         return r.wait(status)
 
     # -- collectives ----------------------------------------------------------------------
-    def _send_bytes(self, cc, data: bytes, dest: int):
-        return cc.engine.isend(memoryview(data), cc.world[dest], cc.ctx, cc.tag)
-
-    def _recv_bytes(self, cc, source: int):
-        return cc.engine.irecv(None, cc.world[source], cc.ctx, cc.tag)
-
     def barrier(self) -> None:
         """Same as :meth:`Barrier`."""
         self.Barrier()
 
+    @collective
     def bcast(self, obj: Any = None, root: int = 0) -> Any:
         """Broadcast a picklable object from ``root``; every rank returns it."""
         root = self._check_root(root)
-        data = dumps(obj) if self.rank == root else b""
+        data = dumps(obj, self.rank, "bcast") if self.rank == root else b""
         n = np.array([len(data)], dtype=np.int64)
         self.Bcast(n, root)
         buf = np.frombuffer(data, dtype=np.uint8).copy() if self.rank == root else \
@@ -113,17 +121,20 @@ class ObjectMethods:
         self.Bcast(buf, root)
         return obj if self.rank == root else loads(buf.data)
 
+    @collective
     def gather(self, sendobj: Any, root: int = 0) -> list | None:
         """Gather one object per rank at ``root`` (a list in rank order); None elsewhere."""
         root = self._check_root(root)
-        cc = self._coll()
+        data = dumps(sendobj, self.rank, "gather") if self.rank != root else b""
+        cc = self._coll(signature("gather (objects)", root=root))
         if self.rank != root:
-            self._engine.wait(self._send_bytes(cc, dumps(sendobj), root))
+            cc.waitall([cc.isend_bytes(data, root)])
             return None
-        reqs = {r: self._recv_bytes(cc, r) for r in range(self.size) if r != root}
-        self._engine.wait_all(list(reqs.values()))
+        reqs = {r: cc.irecv_bytes(r) for r in range(self.size) if r != root}
+        cc.waitall(list(reqs.values()))
         return [sendobj if r == root else loads(reqs[r].obj) for r in range(self.size)]
 
+    @collective
     def scatter(self, sendobj=None, root: int = 0) -> Any:
         """Rank i gets ``sendobj[i]`` from ``root`` (a sequence of ``size`` objects)."""
         root = self._check_root(root)
@@ -133,31 +144,31 @@ class ObjectMethods:
                 got = "None" if items is None else f"{len(items)} items"
                 raise ArgumentError(f"rank {self.rank}: scatter at the root needs a sequence "
                                     f"of {self.size} objects, got {got}")
-        cc = self._coll()
+            data = [dumps(items[r], self.rank, "scatter") for r in range(self.size)]
+        cc = self._coll(signature("scatter (objects)", root=root))
         if self.rank == root:
-            reqs = [self._send_bytes(cc, dumps(items[r]), r) for r in range(self.size)
-                    if r != root]
-            self._engine.wait_all(reqs)
+            cc.waitall([cc.isend_bytes(data[r], r) for r in range(self.size) if r != root])
             return items[root]
-        req = self._recv_bytes(cc, root)
-        self._engine.wait(req)
+        req = cc.irecv_bytes(root)
+        cc.waitall([req])
         return loads(req.obj)
 
     def allgather(self, sendobj: Any) -> list:
         """Every rank gets the list of every rank's object, in rank order."""
         return self.bcast(self.gather(sendobj, 0), 0)
 
+    @collective
     def alltoall(self, sendobj) -> list:
         """Rank i sends ``sendobj[j]`` to rank j and returns what each rank sent it."""
         items = list(sendobj)
         if len(items) != self.size:
             raise ArgumentError(f"rank {self.rank}: alltoall needs a sequence of {self.size} "
                                 f"objects, got {len(items)}")
-        cc = self._coll()
-        recvs = {r: self._recv_bytes(cc, r) for r in range(self.size) if r != self.rank}
-        sends = [self._send_bytes(cc, dumps(items[r]), r) for r in range(self.size)
-                 if r != self.rank]
-        self._engine.wait_all(sends + list(recvs.values()))
+        data = [dumps(items[r], self.rank, "alltoall") for r in range(self.size)]
+        cc = self._coll(signature("alltoall (objects)"))
+        recvs = {r: cc.irecv_bytes(r) for r in range(self.size) if r != self.rank}
+        sends = [cc.isend_bytes(data[r], r) for r in range(self.size) if r != self.rank]
+        cc.waitall(sends + list(recvs.values()))
         return [items[r] if r == self.rank else loads(recvs[r].obj) for r in range(self.size)]
 
     def reduce(self, sendobj: Any, op=None, root: int = 0) -> Any:

@@ -9,15 +9,30 @@ Protocols (header = msgpack list; the first item is the frame kind):
 ======== ====================================== ==========================================
 kind      header                                 meaning
 ======== ====================================== ==========================================
-EAGER    [0, ctx, tag]          + payload        the whole message (<= eager limit)
-RTS      [1, ctx, tag, nbytes, sid, desc]        request to send a large message
+EAGER    [0, ctx, tag(, code, count)] + payload  the whole message (<= eager limit)
+RTS      [1, ctx, tag, nbytes, sid, desc(,       request to send a large message
+         code, count)]
 CTS      [2, sid, rid]                           receiver matched it: stream into rid
 DATA     [3, rid]               + payload        the large message, landing in place
 FIN      [4, sid]                                receiver copied it one-sidedly: sender done
 CANCEL   [5, sid]                                sender withdraws its RTS (a Send that timed
                                                  out, or Request.Cancel on a pending send)
 NAK      [6, rid]                                answer to a CTS for a withdrawn message
+ABORT    [7, ctx, tag, mismatch, text]           the sender abandoned collective call ``tag``
 ======== ====================================== ==========================================
+
+Collective messages carry the signature of the sender's call (``code, count``: see
+:mod:`pycomm.signature`); point-to-point messages carry none. A receive whose own
+signature differs from the message's fails with
+:class:`~pycomm.errors.CollectiveMismatchError` and the payload is discarded, so a
+mismatched call never writes another call's bytes into a buffer.
+
+Abandoned collective calls (:meth:`Engine.abort_call`): a rank that fails inside a
+collective call, or rejects its arguments before sending, tells every other rank of the
+communicator with ABORT. Each fails that call's pending requests with
+:class:`~pycomm.errors.CollectiveError` (withdrawing its large sends), drops the call's
+messages that arrive later, and fails the call at once if it has not entered it yet
+(:meth:`Engine.aborted_error`). Every rank counts the call, so the next one matches.
 
 Eager: the sender's buffer is free as soon as the transport has copied it out. The
 receiver lands the payload in the posted buffer if a receive matches, otherwise in an
@@ -38,8 +53,11 @@ forgets the message and sends CANCEL. A receiver that has not matched the RTS dr
 answers FIN, so the message is never received. One that matched it already either copied
 it (its FIN is then discarded) or is waiting for the payload: the sender answers its CTS
 with NAK, and that receive fails with a :class:`~pycomm.errors.CommError` naming the
-sender. The one race left: a receiver reading the buffer one-sidedly at the very moment the
-sender withdraws it may copy bytes the caller is already overwriting.
+sender. A receiver reading the buffer one-sidedly at the very moment the sender withdraws
+it cannot copy bytes the caller is already overwriting: the transport's read checks the
+exposure's validity word before and after the copy (a sequence lock; see
+``Transport.expose``), and a read that overlapped the withdrawal fails the receive with
+that same error instead.
 
 Matching follows MPI: a receive matches the earliest arrived message with the same
 context, a matching source (or ANY_SOURCE) and tag (or ANY_TAG); messages between a pair
@@ -55,9 +73,11 @@ from typing import Any
 
 import msgpack
 
-from transports import TransportError
+from transports import RemoteAccessError, TransportError
 
-from .errors import CommError, PeerError, TruncationError
+from .errors import (CollectiveError, CollectiveMismatchError, CommError, PeerError,
+                     TruncationError)
+from .signature import describe
 from .request import Request
 from .waiting import Waiting, default_spin_seconds, default_yield_seconds
 
@@ -68,7 +88,8 @@ ANY_SOURCE = -2
 ANY_TAG = -1
 PROC_NULL = -1
 
-EAGER, RTS, CTS, DATA, FIN, CANCEL, NAK = 0, 1, 2, 3, 4, 5, 6
+EAGER, RTS, CTS, DATA, FIN, CANCEL, NAK, ABORT = 0, 1, 2, 3, 4, 5, 6, 7
+_ABORTED_KEEP = 1024            # abandoned calls remembered (to drop their late messages)
 _pack = msgpack.packb
 _unpack = msgpack.unpackb
 
@@ -88,10 +109,11 @@ def _eager_header(ctx: int, tag: int) -> bytes:
 
 class _Unexpected:
     __slots__ = ("ctx", "src", "tag", "nbytes", "kind", "buf", "arrived", "sid", "desc",
-                 "matched")
+                 "matched", "sig")
 
-    def __init__(self, ctx, src, tag, nbytes, kind):
+    def __init__(self, ctx, src, tag, nbytes, kind, sig=None):
         self.ctx, self.src, self.tag, self.nbytes, self.kind = ctx, src, tag, nbytes, kind
+        self.sig = sig
         self.buf: bytearray | None = None
         self.arrived = False
         self.sid = 0
@@ -133,6 +155,7 @@ class Engine(Waiting):
         self._recvs: dict[int, Request] = {}
         self._exposed: dict[int, tuple] = {}     # sid -> (transport, descriptor)
         self._withdrawn: set[int] = set()         # sids of cancelled sends (see cancel)
+        self.aborted: dict[tuple[int, int], CollectiveError] = {}   # (ctx, tag) -> error
         self._next_id = 1
         self.next_cid = 1                         # context ids: see pycomm.groups
         self.oversubscription = 1.0               # agreed ranks per core (bootstrap)
@@ -142,6 +165,8 @@ class Engine(Waiting):
         self._yield_gil = False       # spinning waiters must yield the GIL (a transport thread)
         self.offload_running = 0      # collectives the progress thread is running now
         self.offload_ident = None     # that thread's threading.get_ident()
+        # nonblocking collectives posted, and finished: each counter has one writer thread
+        self.offload_posted = self.offload_done = 0
         self.lock = None
 
     # -- set-up ---------------------------------------------------------------------------
@@ -161,21 +186,33 @@ class Engine(Waiting):
         self.transports.clear()
 
     # -- posting --------------------------------------------------------------------------
-    def isend(self, view: memoryview, dest: int, ctx: int, tag: int) -> Request:
-        """Start sending the bytes of ``view`` to world rank ``dest``; returns a Request."""
+    def isend(self, view: memoryview, dest: int, ctx: int, tag: int,
+              sig: tuple[int, int] | None = None) -> Request:
+        """Start sending the bytes of ``view`` to world rank ``dest``; returns a Request.
+
+        ``sig``: the collective call's signature (:mod:`pycomm.signature`), or None for
+        point-to-point traffic.
+        """
         req = Request(self, view, ctx, dest, tag)
         req.expect = -2                 # marks a send
+        if self.aborted and (ctx, tag) in self.aborted:
+            req.error = self.aborted[(ctx, tag)]    # a later step of an abandoned call
+            req._complete()
+            return req
         if dest == self.rank:
-            self._deliver_local(view, ctx, tag)
+            self._deliver_local(view, ctx, tag, sig)
             req._complete()
             return req
         t = self.route[dest]
         n = len(view)
         try:
             if n <= self.eager_limit:
-                hdr = _EAGER_HEADERS.get((ctx, tag))
-                if hdr is None:
-                    hdr = _eager_header(ctx, tag)
+                if sig is None:
+                    hdr = _EAGER_HEADERS.get((ctx, tag))
+                    if hdr is None:
+                        hdr = _eager_header(ctx, tag)
+                else:
+                    hdr = _pack((EAGER, ctx, tag, sig[0], sig[1]))
                 if t.send(dest, hdr, view, req):
                     req._complete()
             else:
@@ -185,18 +222,35 @@ class Engine(Waiting):
                 desc = t.expose(view) if t.one_sided_read else None
                 if desc is not None:
                     self._exposed[sid] = (t, desc)
-                t.send(dest, _pack((RTS, ctx, tag, n, sid, desc)), None, None)
+                t.send(dest, _pack((RTS, ctx, tag, n, sid, desc) if sig is None else
+                                   (RTS, ctx, tag, n, sid, desc, sig[0], sig[1])),
+                       None, None)
         except TransportError as exc:
             raise self._peer_error(exc) from None
         return req
 
-    def irecv(self, view: memoryview | None, source: int, ctx: int, tag: int) -> Request:
-        """Post a receive into ``view`` (None: allocate a bytearray of the message's size)."""
+    def irecv(self, view: memoryview | None, source: int, ctx: int, tag: int,
+              sig: tuple[int, int] | None = None) -> Request:
+        """Post a receive into ``view`` (None: allocate a bytearray of the message's size).
+
+        ``sig``: the collective call's signature; a message whose signature differs fails
+        the receive with :class:`~pycomm.errors.CollectiveMismatchError`.
+        """
         req = Request(self, view, ctx, source, tag)
+        req.sig = sig
+        if self.aborted and (ctx, tag) in self.aborted:
+            req.error = self.aborted[(ctx, tag)]    # a later step of an abandoned call
+            req._complete()
+            return req
         unexpected = self.unexpected
         for i, u in enumerate(unexpected):
             if _matches(u.ctx, u.src, u.tag, ctx, source, tag):
                 del unexpected[i]
+                if u.sig != sig:         # the payload (arrived or not) is discarded
+                    self._mismatch(req, u.src, u.tag, u.nbytes, u.sig)
+                    if u.kind == RTS:
+                        self._send_ctl(u.src, (FIN, u.sid))
+                    return req
                 self._take_unexpected(req, u)
                 return req
         self.posted.append(req)
@@ -235,16 +289,89 @@ class Engine(Waiting):
         sid = next((k for k, v in self._sends.items() if v is req), None)
         if sid is None:
             return False
+        self._withdraw(sid, req)
+        req.cancelled = True
+        req._complete()
+        return True
+
+    def _withdraw(self, sid: int, req: Request) -> None:
+        """Forget rendezvous send ``sid``: revoke its buffer, tell the receiver (CANCEL)."""
         del self._sends[sid]
-        self._release(sid)
+        self._release(sid, revoke=True)
         self._withdrawn.add(sid)
         try:
             self.route[req.peer].send(req.peer, _pack((CANCEL, sid)), None, None)
         except TransportError:          # the peer is gone: nothing can read the buffer now
             self._withdrawn.discard(sid)
-        req.cancelled = True
+
+    # -- abandoned collective calls -------------------------------------------------------
+    def abort_call(self, ctx: int, tag: int, peers, error: CollectiveError,
+                   text: str) -> None:
+        """Abandon collective call ``(ctx, tag)`` here and tell ``peers`` (world ranks).
+
+        Fails this rank's pending requests of the call with ``error``, remembers the call
+        as abandoned, and sends every peer an ABORT frame carrying ``text`` (which names
+        this rank, the call and why). Peers that are gone are skipped. Idempotent.
+        """
+        if (ctx, tag) in self.aborted:
+            return
+        if self.lock is not None:       # the progress thread may abandon a call too
+            with self.lock:
+                return self._abort_call(ctx, tag, peers, error, text)
+        return self._abort_call(ctx, tag, peers, error, text)
+
+    def _abort_call(self, ctx, tag, peers, error, text) -> None:
+        # tell the peers first: a peer whose read of a withdrawn send fails (below) then
+        # finds the reason already in its queue
+        frame = _pack((ABORT, ctx, tag, isinstance(error, CollectiveMismatchError), text))
+        for p in peers:
+            if p == self.rank:
+                continue
+            try:
+                self.route[p].send(p, frame, None, None)
+            except TransportError:      # a dead peer learns nothing more from us
+                pass
+        self._fail_call(ctx, tag, error)
+
+    def aborted_error(self, ctx: int, tag: int) -> CollectiveError | None:
+        """The error of call ``(ctx, tag)`` if a rank abandoned it, else None."""
+        return self.aborted.get((ctx, tag)) if self.aborted else None
+
+    def _fail_call(self, ctx: int, tag: int, error: CollectiveError) -> None:
+        aborted = self.aborted
+        aborted[(ctx, tag)] = error
+        if len(aborted) > _ABORTED_KEEP:
+            del aborted[next(iter(aborted))]
+        for r in [r for r in self.posted if r.ctx == ctx and r.tag == tag]:
+            self.posted.remove(r)
+            r.error = error
+            r._complete()
+        # arrived or arriving eager messages of the call are dropped; announced large ones
+        # stay until their sender, which abandons the call too, withdraws them (CANCEL)
+        self.unexpected = [u for u in self.unexpected
+                           if not (u.ctx == ctx and u.tag == tag and u.kind == EAGER)]
+        for rid, r in list(self._recvs.items()):
+            if r.ctx == ctx and r.tag == tag and not r.done:
+                r.error = error         # its DATA, if it still comes, lands and is ignored
+                r._complete()
+        for sid, r in list(self._sends.items()):
+            if r.ctx == ctx and r.tag == tag:
+                self._withdraw(sid, r)
+                r.error = error
+                r._complete()
+
+    def _send_ctl(self, peer: int, frame: tuple) -> None:
+        self.route[peer].send(peer, _pack(frame), None, None)
+
+    def _mismatch(self, req: Request, src: int, tag: int, nbytes: int, theirs) -> None:
+        """Fail ``req``: the message from world rank ``src`` belongs to another call."""
+        req.source, req.tag, req.count = src, tag, nbytes
+        err = CollectiveMismatchError(
+            f"rank {self.rank}: collective call #{tag}: world rank {src} is in "
+            f"{describe(theirs)}, world rank {self.rank} in {describe(req.sig)}")
+        err.peer, err.theirs, err.mine = src, theirs, req.sig
+        req.error = err
         req._complete()
-        return True
 
     # -- matching helpers -----------------------------------------------------------------
     def _dest_for(self, req: Request, src: int, tag: int, nbytes: int):
@@ -279,7 +406,15 @@ class Engine(Waiting):
             req._complete()
             return
         if desc is not None and t.can_read(src):
-            t.read_remote(src, desc, nbytes, dest)
+            try:
+                t.read_remote(src, desc, nbytes, dest)
+            except RemoteAccessError:
+                # the sender withdrew the buffer while we read it (a Send that timed out,
+                # a Cancel): the bytes may be the caller's later ones, so fail the receive
+                req.error = CommError(
+                    f"rank {self.rank}: the message of {nbytes} bytes from rank {src} "
+                    f"(tag {tag}) was withdrawn by its sender while it was being read "
+                    "(its Send timed out or was cancelled)")
             t.send(src, _pack((FIN, sid)), None, None)
             req._complete()
             return
@@ -289,17 +424,20 @@ class Engine(Waiting):
         req.view = dest
         t.send(src, _pack((CTS, sid, rid)), None, None)
 
-    def _deliver_local(self, view: memoryview, ctx: int, tag: int) -> None:
+    def _deliver_local(self, view: memoryview, ctx: int, tag: int, sig) -> None:
         n = len(view)
         for i, r in enumerate(self.posted):
             if _matches(ctx, self.rank, tag, r.ctx, r.peer, r.tag):
                 del self.posted[i]
+                if r.sig != sig:
+                    self._mismatch(r, self.rank, tag, n, sig)
+                    return
                 dest = self._dest_for(r, self.rank, tag, n)
                 if n:
                     dest[:] = view
                 r._complete()
                 return
-        u = _Unexpected(ctx, self.rank, tag, n, EAGER)
+        u = _Unexpected(ctx, self.rank, tag, n, EAGER, sig)
         u.buf = bytearray(view)
         u.arrived = True
         self.unexpected.append(u)
@@ -314,26 +452,37 @@ class Engine(Waiting):
         kind = h[0]
         if kind == EAGER:
             ctx, tag = h[1], h[2]
+            sig = (h[3], h[4]) if len(h) > 3 else None
             posted = self.posted
             for i, r in enumerate(posted):
                 if r.ctx == ctx and (r.peer == peer or r.peer == ANY_SOURCE) and \
                         (r.tag == tag or (r.tag == ANY_TAG and tag >= 0)):
                     del posted[i]
+                    if r.sig != sig:
+                        self._mismatch(r, peer, tag, nbytes, sig)
+                        return memoryview(bytearray(nbytes))    # discarded
                     self._incoming[peer] = r
                     return self._dest_for(r, peer, tag, nbytes)
-            u = _Unexpected(ctx, peer, tag, nbytes, EAGER)
+            if self.aborted and (ctx, tag) in self.aborted:
+                return memoryview(bytearray(nbytes))            # late: discarded
+            u = _Unexpected(ctx, peer, tag, nbytes, EAGER, sig)
             u.buf = bytearray(nbytes)
             self.unexpected.append(u)
             self._incoming[peer] = u
             return memoryview(u.buf)
         if kind == RTS:
-            _, ctx, tag, n, sid, desc = h
+            ctx, tag, n, sid, desc = h[1:6]
+            sig = (h[6], h[7]) if len(h) > 6 else None
             for i, r in enumerate(self.posted):
                 if _matches(ctx, peer, tag, r.ctx, r.peer, r.tag):
                     del self.posted[i]
+                    if r.sig != sig:
+                        self._mismatch(r, peer, tag, n, sig)
+                        self._send_ctl(peer, (FIN, sid))
+                        return None
                     self._start_rndv(r, peer, tag, n, sid, desc)
                     return None
-            u = _Unexpected(ctx, peer, tag, n, RTS)
+            u = _Unexpected(ctx, peer, tag, n, RTS, sig)
             u.sid, u.desc = sid, desc
             self.unexpected.append(u)
             return None
@@ -355,15 +504,19 @@ class Engine(Waiting):
             if h[1] in self._withdrawn:
                 self._withdrawn.discard(h[1])
                 return None
-            self._sends.pop(h[1])._complete()
-            self._release(h[1])
+            req = self._sends.pop(h[1], None)
+            if req is not None:             # None: a second FIN for a withdrawn message
+                req._complete()
+                self._release(h[1])
             return None
         if kind == CANCEL:
             for i, u in enumerate(self.unexpected):
                 if u.kind == RTS and u.src == peer and u.sid == h[1]:
                     del self.unexpected[i]
-                    self.route[peer].send(peer, _pack((FIN, h[1])), None, None)
                     break
+            # answered whether or not it was found (read already, or dropped with an
+            # abandoned call): the sender then forgets the message
+            self.route[peer].send(peer, _pack((FIN, h[1])), None, None)
             return None
         if kind == NAK:
             req = self._recvs.pop(h[1])
@@ -372,12 +525,20 @@ class Engine(Waiting):
                                   "(its Send timed out or was cancelled)")
             req._complete()
             return None
+        if kind == ABORT:
+            _, ctx, tag, mismatch, text = h
+            if (ctx, tag) not in self.aborted:
+                cls = CollectiveMismatchError if mismatch else CollectiveError
+                err = cls(f"rank {self.rank}: {text}")
+                err.origin = peer
+                self._fail_call(ctx, tag, err)
+            return None
         raise TransportError(f"rank {peer} sent an unknown frame kind {kind!r}")
 
-    def _release(self, sid: int) -> None:
+    def _release(self, sid: int, revoke: bool = False) -> None:
         exposed = self._exposed.pop(sid, None)
         if exposed is not None:
-            exposed[0].release(exposed[1])
+            exposed[0].release(exposed[1], revoke=revoke)
 
     def on_payload(self, peer: int) -> None:
         x = self._incoming.pop(peer, None)

@@ -15,6 +15,7 @@ import numpy as np
 from .buffers import IN_PLACE, as_array
 from .errors import ArgumentError, InvalidBufferError
 from .ops import SUM
+from .signature import collective, signature
 
 __all__ = ["VectorMethods"]
 
@@ -61,6 +62,7 @@ class VectorMethods:
                                 f"non-negative ints, got {out}")
         return out
 
+    @collective
     def Gatherv(self, sendbuf, recvbuf, root: int = 0, *, algorithm: str | None = None):
         """Gather a variable-size block from every rank into root's ``[buf, counts, displs]``.
 
@@ -82,11 +84,12 @@ class VectorMethods:
             if sendbuf is IN_PLACE:
                 raise ArgumentError(f"rank {self.rank}: Gatherv: IN_PLACE only at the root")
             send = as_array(sendbuf, self.rank, "sendbuf")
-        cc = self._coll()
+        cc = self._coll(signature("Gatherv", send.dtype, -1, root))
         self._run("gatherv", 0, algorithm, None,
                   lambda fn: fn(cc, send, recv, counts, displs, root),
                   log_bytes=sum(counts) * recv.itemsize if self.rank == root else send.nbytes)
 
+    @collective
     def Scatterv(self, sendbuf, recvbuf, root: int = 0, *, algorithm: str | None = None):
         """Send block i (``counts[i]`` elements at ``displs[i]``) of root's buffer to rank i.
 
@@ -108,11 +111,12 @@ class VectorMethods:
             if recvbuf is IN_PLACE:
                 raise ArgumentError(f"rank {self.rank}: Scatterv: IN_PLACE only at the root")
             recv = as_array(recvbuf, self.rank, "recvbuf", writable=True)
-        cc = self._coll()
+        cc = self._coll(signature("Scatterv", recv.dtype, -1, root))
         self._run("scatterv", 0, algorithm, None,
                   lambda fn: fn(cc, send, counts, displs, recv, root),
                   log_bytes=sum(counts) * send.itemsize if self.rank == root else recv.nbytes)
 
+    @collective
     def Allgatherv(self, sendbuf, recvbuf, *, algorithm: str | None = None):
         """Every rank gets every rank's block in ``[recvbuf, counts, displs]``."""
         recv, counts, displs = self._vspec(recvbuf, "recvbuf", writable=True)
@@ -124,10 +128,11 @@ class VectorMethods:
                                          f"{send.size} x {send.dtype}, counts[{self.rank}] "
                                          f"is {counts[self.rank]} x {recv.dtype}")
             mine[...] = send
-        cc = self._coll()
+        cc = self._coll(signature("Allgatherv", recv.dtype))
         self._run("allgatherv", sum(counts) * recv.itemsize, algorithm, None,
                   lambda fn: fn(cc, recv, counts, displs))
 
+    @collective
     def Alltoallv(self, sendbuf, recvbuf, *, algorithm: str | None = None):
         """Rank i sends ``sendcounts[j]`` elements to rank j, described by both specs."""
         recv, rcounts, rdispls = self._vspec(recvbuf, "recvbuf", writable=True)
@@ -138,11 +143,12 @@ class VectorMethods:
             if send.dtype != recv.dtype:
                 raise InvalidBufferError(f"rank {self.rank}: Alltoallv: sendbuf dtype "
                                          f"{send.dtype} differs from recvbuf {recv.dtype}")
-        cc = self._coll()
+        cc = self._coll(signature("Alltoallv", recv.dtype))
         self._run("alltoallv", 0, algorithm, None,
                   lambda fn: fn(cc, send, scounts, sdispls, recv, rcounts, rdispls),
                   log_bytes=sum(scounts) * send.itemsize)
 
+    @collective
     def Reduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=SUM, *,
                        algorithm: str | None = None):
         """Reduce ``sendbuf`` (sum(recvcounts) elements); rank i gets ``recvcounts[i]``.
@@ -174,7 +180,7 @@ class VectorMethods:
                                          f"{counts[self.rank]})")
             work, out = send.copy(), recv[:counts[self.rank]]
         op = self._check_op(op, out.dtype)
-        cc = self._coll()
+        cc = self._coll(signature("Reduce_scatter", out.dtype, total, op=op))
         self._run("reduce_scatter", work.nbytes, algorithm, op,
                   lambda fn: fn(cc, work, out, counts, op))
 
@@ -186,13 +192,15 @@ class VectorMethods:
             raise InvalidBufferError(f"rank {self.rank}: {name.capitalize()}: sendbuf has "
                                      f"{send.size} elements, recvbuf {recv.size}")
         op = self._check_op(op, recv.dtype)
-        cc = self._coll()
+        cc = self._coll(signature(name.capitalize(), recv.dtype, recv.size, op=op))
         self._run(name, recv.nbytes, algorithm, op, lambda fn: fn(cc, send, recv, op))
 
+    @collective
     def Scan(self, sendbuf, recvbuf, op=SUM, *, algorithm: str | None = None):
         """Inclusive prefix reduction: rank r gets x0 ∘ x1 ∘ … ∘ xr (rank order kept)."""
         self._scan("scan", sendbuf, recvbuf, op, algorithm)
 
+    @collective
     def Exscan(self, sendbuf, recvbuf, op=SUM, *, algorithm: str | None = None):
         """Exclusive prefix reduction: rank r > 0 gets x0 ∘ … ∘ x(r-1); rank 0's recvbuf
         is left untouched (undefined in MPI)."""

@@ -16,6 +16,7 @@ import pytest
 
 from pycomm.errors import CommError, CommTimeoutError, TruncationError
 from pycomm.p2p import ANY_SOURCE, ANY_TAG, Engine
+from transports import RemoteAccessError
 
 
 class FakeLink:
@@ -61,14 +62,18 @@ class FakeLink:
     def expose(self, view):
         return np.frombuffer(view, np.uint8).ctypes.data
 
-    def release(self, desc):
+    def release(self, desc, revoke=False):
         self.released.append(desc)
+        if revoke:                          # as the real transports' validity words do
+            self.world.exposed.pop((self.rank, desc), None)
 
     def can_read(self, peer):
         return self.one_sided_read
 
     def read_remote(self, peer, address, nbytes, dest):
-        arr = self.world.exposed[(peer, address)]
+        arr = self.world.exposed.get((peer, address))
+        if arr is None:
+            raise RemoteAccessError(f"rank {peer} withdrew the buffer")
         dest[:nbytes] = arr.view(np.uint8).reshape(-1)[:nbytes].tobytes()
 
     def close(self):
@@ -225,6 +230,25 @@ def test_withdrawn_send_is_never_received(one_sided):
     w.run_all()
     w.engines[1].wait(r)
     assert (buf == 2).all()
+    assert not w.engines[0]._withdrawn and not w.engines[0]._sends
+    assert not w.engines[1].unexpected
+
+
+def test_withdrawn_send_read_one_sidedly_before_its_cancel_arrives_fails_the_receive():
+    # the RTS arrived; the sender withdrew (its CANCEL still queued) and owns the buffer
+    # again; the receive posted now must not copy it
+    w = FakeWorld(2, one_sided=True)
+    src = np.full(100, 1, np.uint8)
+    s = w.isend(0, src, 1, 3)
+    w.engines[1].progress()                # RTS in the unexpected queue
+    assert w.engines[0].cancel(s)          # CANCEL sent, not yet taken in by rank 1
+    src[:] = 2
+    buf = np.zeros(100, np.uint8)
+    r = w.engines[1].irecv(buf.data, 0, 0, 3)
+    with pytest.raises(CommError, match="withdrawn by its sender while it was being read"):
+        w.engines[1].wait(r)
+    assert (buf == 0).all()
+    w.run_all()                            # CANCEL answered, nothing left on either side
     assert not w.engines[0]._withdrawn and not w.engines[0]._sends
     assert not w.engines[1].unexpected
 

@@ -323,25 +323,47 @@ CASES = {
     "sendrecv_bad_sendtag": (sendrecv_bad_sendtag, "all", "ArgumentError", ["tag=-3"]),
     "sendrecv_object_bad_dest": (sendrecv_object_bad_dest, "all", "ArgumentError",
                                  ["dest="]),
-    "sendrecv_object_unpicklable": (sendrecv_object_unpicklable, "all", "TypeError",
-                                    ["generator"]),
+    "sendrecv_object_unpicklable": (sendrecv_object_unpicklable, "all", "ArgumentError",
+                                    ["generator", "rank {rank}", "sendrecv"]),
     "sendrecv_no_recvbuf": (sendrecv_no_recvbuf, "all", "ArgumentError", ["recvbuf"]),
     "scatter_object_wrong_length": (scatter_object_wrong_length, "root", "ArgumentError",
                                     ["{size} objects"]),
     "alltoall_object_wrong_length": (alltoall_object_wrong_length, "all", "ArgumentError",
                                      ["{size} objects"]),
 }
+# The correct call the other ranks make in the cases where only some ranks err: they
+# must then fail with a CollectiveError naming a rank that erred, never hang or desync
+# (a rank that only sends, as a Bcast or Scatter root or a Gather leaf, may finish first).
+PARTNERS = {
+    "read_only_bcast_nonroot": lambda comm: comm.Bcast(np.zeros(4), root=0),
+    "reduce_in_place_nonroot": lambda comm: comm.Reduce(pycomm.IN_PLACE, np.zeros(3),
+                                                        root=0),
+    "gather_in_place_nonroot": lambda comm: comm.Gather(pycomm.IN_PLACE,
+                                                        np.zeros(3 * comm.size), root=0),
+    "scatter_in_place_nonroot": lambda comm: comm.Scatter(np.zeros(comm.size),
+                                                          np.zeros(1), root=0),
+    "gather_recvbuf_not_multiple": lambda comm: comm.Gather(np.zeros(2), None, root=0),
+    "scatter_object_wrong_length": lambda comm: comm.scatter(None, root=0),
+}
+SENDERS_MAY_FINISH = {"read_only_bcast_nonroot", "scatter_in_place_nonroot",
+                      "gather_recvbuf_not_multiple"}
 # Cases that cannot be erroneous in a one-rank world.
 NEEDS_TWO = {"read_only_bcast_nonroot", "reduce_in_place_nonroot", "gather_in_place_nonroot",
              "scatter_in_place_nonroot", "alltoall_not_multiple"}
 
 
-def _rank_error_case(call, who: str):
+def _rank_error_case(call, who: str, partner=None):
     comm = pycomm.COMM_WORLD
     caught = None
     if who == "all" or (who == "root") == (comm.rank == 0):
         try:
             call(comm)
+            caught = ("no error", "")
+        except Exception as exc:  # noqa: BLE001 - the parent checks the type
+            caught = (type(exc).__name__, str(exc))
+    elif partner is not None:
+        try:
+            partner(comm)
             caught = ("no error", "")
         except Exception as exc:  # noqa: BLE001 - the parent checks the type
             caught = (type(exc).__name__, str(exc))
@@ -371,9 +393,15 @@ def test_bad_input_raises_and_world_survives(world_small, name):
     call, who, exc_name, needles = CASES[name]
     if world_small.size == 1 and name in NEEDS_TWO:
         pytest.skip("not an error with one rank")
-    results = world_small.run(_rank_error_case, call, who)
+    results = world_small.run(_rank_error_case, call, who, PARTNERS.get(name))
     for rank, (caught, leftover, ok, exchange) in enumerate(results):
         made_call = who == "all" or (who == "root") == (rank == 0)
+        if not made_call and name in PARTNERS:
+            kind, message = caught
+            culprit = "rank 0" if who == "root" else "rank "
+            finished = kind == "no error" and name in SENDERS_MAY_FINISH
+            assert finished or kind == "CollectiveError" and "failed on " + culprit in message, \
+                f"rank {rank}: expected a CollectiveError naming the culprit, got {caught}"
         if made_call:
             kind, message = caught
             assert kind == exc_name, f"rank {rank}: expected {exc_name}, got {kind}: {message}"

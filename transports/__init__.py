@@ -17,11 +17,12 @@ Not part of ``auto``, chosen by name only:
 """
 
 from .base import (  # noqa: F401
-    HandshakeError, PeerLostError, Sink, Store, Transport, TransportError, host_identity,
+    HandshakeError, PeerLostError, RemoteAccessError, Sink, Store, Transport, TransportError,
+    host_identity,
 )
 
 __all__ = ["Transport", "Sink", "Store", "TransportError", "PeerLostError", "HandshakeError",
-           "host_identity", "get_transport_class", "TRANSPORTS"]
+           "RemoteAccessError", "host_identity", "get_transport_class", "TRANSPORTS"]
 
 TRANSPORTS = ("shm", "tcp", "rdma")
 

@@ -28,7 +28,7 @@ from abc import ABC, abstractmethod
 from typing import Any, ClassVar, Protocol
 
 __all__ = ["Store", "Sink", "Transport", "TransportError", "PeerLostError", "HandshakeError",
-           "PREFIX", "MAX_HEADER", "host_identity"]
+           "RemoteAccessError", "ExposureFlags", "PREFIX", "MAX_HEADER", "host_identity"]
 
 PREFIX = struct.Struct("<IQ")
 MAX_HEADER = 1 << 16
@@ -44,6 +44,65 @@ class PeerLostError(TransportError):
     def __init__(self, peer: int, detail: str):
         super().__init__(f"lost connection to rank {peer}: {detail}")
         self.peer = peer
+
+
+class RemoteAccessError(TransportError):
+    """A one-sided read found the peer's buffer no longer exposed (withdrawn or freed).
+
+    The peer is alive and the connection intact; only that message is lost.
+    """
+
+
+class ExposureFlags:
+    """Validity words of exposed buffers: the sender's half of a sequence lock.
+
+    A one-sided read cannot be stopped once the reader has the address, yet a withdrawn
+    send buffer goes back to the caller, who may overwrite it at once. So each exposure
+    gets an 8-byte word in this process holding a unique token while the buffer is
+    exposed, and 0 once it is not; :meth:`retire` clears it *before* the buffer is handed
+    back. A reader copies ``[word, buffer, word]`` in this order (one scatter-gather
+    read, or three ordered reads) and keeps the bytes only if both copies of the word
+    hold the token: the second copy was taken after the buffer's, so the buffer was
+    still exposed while it was read (the seqlock of the Linux kernel, with a reader
+    that retries never: a withdrawn message is simply gone).
+
+    Words live in blocks of ``block`` int64 slots that are never freed while the
+    transport lives (a reader may still look at a retired slot).
+    """
+
+    def __init__(self, block: int = 1024, on_block=None):
+        import numpy as np
+        self._np = np
+        self._block = block
+        self._blocks: list = []
+        self._free: list[tuple[int, int]] = []
+        self._token = int.from_bytes(os.urandom(6), "little") << 16
+        self._on_block = on_block         # called with each new block (e.g. to register it)
+
+    def acquire(self) -> tuple[int, int]:
+        """A fresh ``(word address, token)``; the word holds the token until retired."""
+        if not self._free:
+            arr = self._np.zeros(self._block, dtype=self._np.int64)
+            self._blocks.append(arr)
+            b = len(self._blocks) - 1
+            self._free.extend((b, i) for i in range(self._block - 1, -1, -1))
+            if self._on_block is not None:
+                self._on_block(arr)
+        b, i = self._free.pop()
+        self._token = (self._token + 1) & 0x7FFFFFFFFFFFFFFF
+        arr = self._blocks[b]
+        arr[i] = self._token
+        return arr.ctypes.data + 8 * i, self._token
+
+    def retire(self, address: int) -> None:
+        """Clear the word at ``address`` (from :meth:`acquire`) and recycle its slot."""
+        for b, arr in enumerate(self._blocks):
+            base = arr.ctypes.data
+            if base <= address < base + 8 * self._block:
+                i = (address - base) // 8
+                arr[i] = 0
+                self._free.append((b, i))
+                return
 
 
 class HandshakeError(TransportError):
@@ -181,15 +240,25 @@ class Transport(ABC):
         """
         return None
 
-    def release(self, desc: Any) -> None:
-        """The peer is done with the buffer ``desc`` described (default: nothing to do)."""
+    def release(self, desc: Any, revoke: bool = False) -> None:
+        """The peer is done with the buffer ``desc`` described (default: nothing to do).
+
+        ``revoke``: the send was withdrawn and the buffer goes back to its owner now; a
+        read of it still in flight must fail with :class:`RemoteAccessError` rather than
+        return bytes the owner writes afterwards.
+        """
 
     def can_read(self, peer: int) -> bool:
         """Whether :meth:`read_remote` works towards ``peer``."""
         return False
 
     def read_remote(self, peer: int, desc: Any, nbytes: int, dest: memoryview) -> None:
-        """Copy ``nbytes`` of the buffer ``peer`` exposed as ``desc`` into ``dest``."""
+        """Copy ``nbytes`` of the buffer ``peer`` exposed as ``desc`` into ``dest``.
+
+        Raises:
+            RemoteAccessError: the buffer was withdrawn before or while it was read.
+            PeerLostError: the peer is gone.
+        """
         raise NotImplementedError(f"transport {self.name} has no one-sided read")
 
     @abstractmethod

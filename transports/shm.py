@@ -43,7 +43,11 @@ from typing import Any
 
 import msgpack
 
-from .base import MAX_HEADER, PREFIX, PeerLostError, Transport, TransportError, host_identity
+import errno
+import struct
+
+from .base import (MAX_HEADER, PREFIX, ExposureFlags, PeerLostError, RemoteAccessError,
+                   Transport, TransportError, host_identity)
 from .linux import copy_remote, futex_wait as _futex_wait, futex_wake as _futex_wake
 
 __all__ = ["ShmTransport", "segment_name"]
@@ -177,6 +181,8 @@ class ShmTransport(Transport):
         self._pids: dict[int, int] = {}
         self._cma_ok: dict[int, bool] = {}
         self._probe = ctypes.create_string_buffer(os.urandom(16), 16)
+        self._flags = ExposureFlags()
+        self._words = ctypes.create_string_buffer(16)   # the two copies of a validity word
         self._closed = False
 
     @staticmethod
@@ -431,26 +437,48 @@ class ShmTransport(Transport):
             if state in (b"Z", b"X"):
                 raise PeerLostError(peer, f"process {pid} has exited")
 
-    def expose(self, view: memoryview) -> int | None:
-        """The buffer's address: peers read it with process_vm_readv (same uid, same host)."""
-        return _address_of(view) if len(view) else None
+    def expose(self, view: memoryview) -> list | None:
+        """``[address, word address, token]``: peers read the buffer with process_vm_readv
+        (same uid, same host), checking its validity word (:class:`ExposureFlags`)."""
+        if not len(view):
+            return None
+        return [_address_of(view), *self._flags.acquire()]
+
+    def release(self, desc: list, revoke: bool = False) -> None:
+        """Clear the buffer's validity word: a read from now on, or one in flight, fails."""
+        self._flags.retire(desc[1])
 
     def can_read(self, peer: int) -> bool:
         """Whether cross-memory attach towards ``peer`` worked when probed at connect."""
         return self._cma_ok.get(peer, False)
 
-    def read_remote(self, peer: int, address: int, nbytes: int, dest: memoryview) -> None:
+    def read_remote(self, peer: int, desc: list, nbytes: int, dest: memoryview) -> None:
         """Copy ``nbytes`` from ``peer``'s address space into ``dest``: one copy (CMA).
 
+        One scatter-gather ``process_vm_readv`` copies the validity word, the buffer and
+        the word again, in that order; both copies must hold the exposure's token.
+
         Raises:
-            TransportError: the kernel refused (the caller falls back to streaming).
+            RemoteAccessError: the buffer was withdrawn (or freed) before or during the copy.
+            PeerLostError: the peer's process is gone.
+            TransportError: cross-memory attach is not available towards ``peer``.
         """
         if not self._cma_ok.get(peer):
             raise TransportError(f"cross-memory attach to rank {peer} is not available")
-        err = copy_remote(False, self._pids[peer], [(_address_of(dest), nbytes)],
-                          [(address, nbytes)])
+        address, word, token = desc
+        words = ctypes.addressof(self._words)
+        err = copy_remote(False, self._pids[peer],
+                          [(words, 8), (_address_of(dest), nbytes), (words + 8, 8)],
+                          [(word, 8), (address, nbytes), (word, 8)])
+        if err == errno.ESRCH:
+            raise PeerLostError(peer, "process is gone (process_vm_readv: ESRCH)")
         if err:
-            raise PeerLostError(peer, f"process_vm_readv failed: {os.strerror(err)}")
+            raise RemoteAccessError(f"rank {peer}'s buffer of {nbytes} bytes could not be "
+                                    f"read ({os.strerror(err)}): withdrawn or freed")
+        first, second = struct.unpack("<qq", self._words.raw)
+        if first != token or second != token:
+            raise RemoteAccessError(f"rank {peer} withdrew its buffer of {nbytes} bytes "
+                                    "before or while it was read")
 
     def close(self) -> None:
         if self._closed:

@@ -20,9 +20,14 @@ waits behind that reserve spends it on returning what it owes, so two ranks send
 each other cannot both run out. RNR retry (rnr_retry=7) remains as the safety net.
 
 Rendezvous (large messages): zero-copy RDMA READ by the receiver. ``expose`` registers the
-send buffer (through a registration cache) and returns ``[addr, rkey]``; the engine puts
-it in its RTS frame; the receiver's ``read_remote`` registers the destination and posts one
-RDMA_READ, waiting on the CQ for its completion, then the engine sends FIN. One copy
+send buffer (through a registration cache) and a validity word (``ExposureFlags``, in
+regions registered once) and returns ``[addr, rkey, nbytes, word, word_rkey, token]``; the
+engine puts it in its RTS frame; the receiver's ``read_remote`` registers the destination
+and posts three ordered RDMA_READs (word, buffer, word), waiting on the CQ for the last,
+then the engine sends FIN. A withdrawn send clears its word, so a read that overlapped
+the withdrawal is detected and fails that message alone; deregistering the buffer instead
+would fail the READ with a remote access error, which takes the whole queue pair to the
+error state, as on real hardware. One copy
 (process_vm_readv between the two buffers on one host), the sender's CPU idle, and one
 control frame fewer than the alternative (the receiver exposing its buffer in a CTS and the
 sender RDMA-WRITEing into it, then FIN), which the engine does not have a hook for and
@@ -42,7 +47,8 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from ..base import PREFIX, PeerLostError, Transport, TransportError
+from ..base import (PREFIX, ExposureFlags, PeerLostError, RemoteAccessError, Transport,
+                    TransportError)
 from . import verbs as v
 
 __all__ = ["RdmaTransport"]
@@ -116,6 +122,11 @@ class RdmaTransport(Transport):
         self._rbuf = np.zeros(n * self.nrecv * self.slot, np.uint8)
         self._sbuf = np.zeros(self.nsend * self.slot, np.uint8)
         self._rmr = v.MemoryRegion(self.pd, self._rbuf, v.IBV_ACCESS_LOCAL_WRITE)
+        self._flag_mrs: list = []
+        self._flags = ExposureFlags(on_block=lambda arr: self._flag_mrs.append(
+            v.MemoryRegion(self.pd, arr, v.IBV_ACCESS_REMOTE_READ)))
+        self._words = np.zeros(2, np.int64)       # the two copies of a read's validity word
+        self._words_mr = v.MemoryRegion(self.pd, self._words, v.IBV_ACCESS_LOCAL_WRITE)
         self._smr = v.MemoryRegion(self.pd, self._sbuf, 0)
         self._free = list(range(self.nsend))
         qpns = [0] * self.size
@@ -321,13 +332,19 @@ class RdmaTransport(Transport):
             hit[1] -= 1
 
     def expose(self, view: memoryview):
-        """Register ``view`` for remote reads; the descriptor is ``[addr, rkey, nbytes]``."""
+        """Register ``view`` for remote reads; the descriptor is ``[addr, rkey, nbytes,
+        word, word_rkey, token]`` (the validity word: :class:`ExposureFlags`)."""
         if not len(view):
             return None
         mr = self._register(view, v.IBV_ACCESS_REMOTE_READ)
-        return [v.buffer_address(view)[0], mr.rkey, len(view)]
+        word, token = self._flags.acquire()
+        fmr = next(m for m in self._flag_mrs if m.addr <= word < m.addr + m.length)
+        return [v.buffer_address(view)[0], mr.rkey, len(view), word, fmr.rkey, token]
 
-    def release(self, desc) -> None:
+    def release(self, desc, revoke: bool = False) -> None:
+        """Clear the validity word (a READ that overlaps fails the check), then drop the
+        registration's reference; the region stays registered in the cache."""
+        self._flags.retire(desc[3])
         self._unref((desc[0], desc[2], v.IBV_ACCESS_REMOTE_READ))
 
     def can_read(self, peer: int) -> bool:
@@ -337,11 +354,14 @@ class RdmaTransport(Transport):
                     timeout: float = 300.0) -> None:
         """RDMA READ ``nbytes`` of the buffer ``desc`` (from ``expose``) into ``dest``.
 
-        Waits for the READ's completion on the CQ; other completions met meanwhile are kept,
-        in order, for the next ``progress()``.
+        Three READs in order on the peer's queue pair: the validity word, the buffer, the
+        word again; both copies of the word must hold the exposure's token. Waits for the
+        last READ's completion on the CQ; other completions met meanwhile are kept, in
+        order, for the next ``progress()``.
 
         Raises:
-            PeerLostError: the READ completed in error (peer lost, access refused).
+            RemoteAccessError: the buffer was withdrawn before or during the read.
+            PeerLostError: a READ completed in error (peer lost, access refused).
             TransportError: no completion within ``timeout`` seconds.
         """
         if not nbytes:
@@ -349,22 +369,32 @@ class RdmaTransport(Transport):
         p = self._peers[peer]
         mr = self._register(dest, v.IBV_ACCESS_LOCAL_WRITE)
         addr = v.buffer_address(dest)[0]
-        self._reads += 1
-        wr_id = _READ | self._reads
-        p.qp.post_send(v.SendWR(wr_id, v.IBV_WR_RDMA_READ, [v.SGE(addr, nbytes, mr.lkey)],
-                                remote_addr=desc[0], rkey=desc[1]))
+        words, wk = self._words.ctypes.data, self._words_mr.lkey
+        self._words[:] = 0
+        for sge, raddr, rkey in ((v.SGE(words, 8, wk), desc[3], desc[4]),
+                                 (v.SGE(addr, nbytes, mr.lkey), desc[0], desc[1]),
+                                 (v.SGE(words + 8, 8, wk), desc[3], desc[4])):
+            self._reads += 1
+            wr_id = _READ | self._reads
+            p.qp.post_send(v.SendWR(wr_id, v.IBV_WR_RDMA_READ, [sge], remote_addr=raddr,
+                                    rkey=rkey))
+        first = wr_id - 2
         try:
             deadline = time.monotonic() + timeout
             wcs = self._wcs
             while True:
                 wcs.extend(self.cq.poll(64))
-                for wc in wcs:
+                for wc in [wc for wc in wcs if first <= wc.wr_id <= wr_id]:
+                    wcs.remove(wc)
+                    if wc.status != v.IBV_WC_SUCCESS:
+                        why = f"RDMA READ failed: {v.wc_status_str(wc.status)}"
+                        self._lost.setdefault(peer, why)
+                        raise PeerLostError(peer, why)
                     if wc.wr_id == wr_id:
-                        wcs.remove(wc)
-                        if wc.status != v.IBV_WC_SUCCESS:
-                            why = f"RDMA READ failed: {v.wc_status_str(wc.status)}"
-                            self._lost.setdefault(peer, why)
-                            raise PeerLostError(peer, why)
+                        if not self._words[0] == self._words[1] == desc[5]:
+                            raise RemoteAccessError(
+                                f"rank {peer} withdrew its buffer of {nbytes} bytes before "
+                                "or while it was read")
                         return
                 left = deadline - time.monotonic()
                 if left <= 0:

@@ -1,0 +1,136 @@
+"""Call signatures: what every rank of one collective call must agree on, in two integers.
+
+MPI requires the ranks of a collective call to agree on the collective itself and on some
+of its arguments: the root, the reduction op, and the type signature of the data (datatype
+and count) wherever the data of one rank meets another's. A program that breaks this is
+erroneous, and MPI libraries mostly answer with garbage or a hang. pycomm checks it on
+every message instead, at no extra message: each collective message's header carries the
+signature of the sender's call, and the receiver compares it with its own (see
+:mod:`pycomm.p2p`), as the design puts it, "consistency is checked where messages are
+matched".
+
+A signature is ``(code, count)``:
+
+* ``code`` packs the collective (5 bits), the op (5 bits), the datatype's kind and item
+  size (10 bits) and ``root + 1`` (20 bits, 0 = no root) into one integer below 2**40;
+* ``count`` is the element count that must match on every rank (the per-rank block of a
+  gather, the whole buffer of an all-reduce), or -1 where counts may differ (the
+  v-variants, the object collectives).
+
+:func:`describe` turns a signature back into words for the error message, and
+:func:`collective` decorates the communicator's collective methods so that a call that
+fails on one rank is abandoned on all (see :mod:`pycomm.comm`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["COLLECTIVES", "collective", "signature", "describe", "dtype_code"]
+
+# Index = the collective's id in a signature (never reorder: ranks of one job must agree,
+# and they run the same code).
+COLLECTIVES = ("", "Barrier", "Bcast", "Reduce", "Allreduce", "Gather", "Scatter",
+               "Allgather", "Alltoall", "Reduce_scatter_block", "Gatherv", "Scatterv",
+               "Allgatherv", "Alltoallv", "Reduce_scatter", "Scan", "Exscan",
+               "gather (objects)", "scatter (objects)", "alltoall (objects)")
+_IDS = {name: i for i, name in enumerate(COLLECTIVES)}
+_OPS = ("", "SUM", "PROD", "MIN", "MAX", "LAND", "LOR", "LXOR", "BAND", "BOR", "BXOR",
+        "MAXLOC", "MINLOC", "REPLACE", "NO_OP")
+_OP_IDS = {name: i for i, name in enumerate(_OPS)}
+_USER_OP = 31
+_KINDS = "?biufcmMOSUV"             # numpy dtype.kind, index 0 = no datatype
+_CODES: dict = {}
+
+
+def dtype_code(dtype: np.dtype | None) -> int:
+    """10 bits naming a dtype by kind and item size (byte order and aliases such as 'l'
+    and 'q' do not matter: they read the same bytes the same way)."""
+    if dtype is None:
+        return 0
+    code = _CODES.get(dtype)
+    if code is None:
+        kind = _KINDS.find(dtype.kind)
+        code = (max(kind, 0) << 6) | min(dtype.itemsize, 63)
+        _CODES[dtype] = code
+    return code
+
+
+def signature(collective: str, dtype: np.dtype | None = None, count: int = -1,
+              root: int = -1, op=None) -> tuple[int, int]:
+    """The ``(code, count)`` of a call; ``op`` is a :class:`pycomm.ops.Op` or None."""
+    if op is None:
+        op_id = 0
+    else:
+        op_id = _OP_IDS.get(op.name, _USER_OP)
+    return (_IDS[collective] | op_id << 5 | dtype_code(dtype) << 10 | (root + 1) << 20,
+            count)
+
+
+def describe(sig) -> str:
+    """``sig`` in words, e.g. ``Allreduce(SUM, float64x1000)`` or ``Bcast(root=0, ...)``."""
+    if sig is None:
+        return "point-to-point traffic"
+    code, count = sig
+    name = COLLECTIVES[code & 31] if (code & 31) < len(COLLECTIVES) else f"#{code & 31}"
+    op_id, dt, root = code >> 5 & 31, code >> 10 & 1023, (code >> 20) - 1
+    args = []
+    if root >= 0:
+        args.append(f"root={root}")
+    if op_id:
+        args.append(_OPS[op_id] if op_id < len(_OPS) else "user op")
+    if dt:
+        kind, size = _KINDS[dt >> 6], dt & 63
+        names = {"f": "float", "i": "int", "u": "uint", "c": "complex", "b": "bool"}
+        dname = f"{names[kind]}{8 * size}" if kind in names and kind != "b" else \
+            ("bool" if kind == "b" else f"{kind}{size}")
+        args.append(f"{dname}x{count}" if count >= 0 else dname)
+    elif count >= 0:
+        args.append(f"{count} elements")
+    return f"{name}({', '.join(args)})"
+
+
+def collective(method):
+    """Decorate a collective method: a failure abandons the call on every rank.
+
+    The call is counted even when it fails before it was (a bad argument found before
+    anything was sent), and every other rank of the communicator learns of it (see the
+    module docstring); after a success, messages of finished calls are looked for.
+    """
+    name = method.__name__
+
+    def call(self, *args, **kwargs):
+        seq = self._seq
+        try:
+            out = method(self, *args, **kwargs)
+            if self._defer is not None:     # a nonblocking twin: its schedule runs later
+                _guard_deferred(self, name)
+                return out
+            eng = self._engine
+            if eng.unexpected and eng.offload_posted == eng.offload_done:
+                self._check_stale(at_start=False)
+            return out
+        except Exception as exc:
+            if self._seq == seq:            # failed before it was counted: count it now
+                self._seq = (seq + 1) & 0x7FFFFFFF
+            self._abandon(name, self._seq, exc)
+            raise
+    call.__name__, call.__qualname__ = name, method.__qualname__
+    call.__doc__, call.__wrapped__ = method.__doc__, method
+    return call
+
+
+def _guard_deferred(comm, name: str) -> None:
+    """Make the schedule just queued by a nonblocking twin abandon its call on failure."""
+    defer, seq = comm._defer, comm._seq
+    if not defer:
+        return
+    job = defer[-1]
+
+    def guarded():
+        try:
+            return job()
+        except Exception as exc:
+            comm._abandon(name, seq, exc)
+            raise
+    defer[-1] = guarded

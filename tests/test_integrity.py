@@ -1,0 +1,277 @@
+"""Never a silent wrong result: consistency of collective calls, abandoned calls, withdrawn
+sends (issue 15's "silent wrong results" cases), on every transport.
+
+* one rank's bad argument: it raises its own error, every other rank a
+  :class:`CollectiveError` naming it, and the next correct call is right everywhere;
+* mismatched calls (dtype, count, root, collective): :class:`CollectiveMismatchError`
+  naming both calls, on every rank, with no hang: in that call or the next where a
+  receive sees the mismatch; within two more calls where none can (two Bcast roots:
+  roots receive nothing, so only a message left over after the call proves it);
+* a large send withdrawn after a timeout is never received, and a one-sided read that
+  overlaps the withdrawal fails instead of returning the caller's later bytes.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+
+import cloudpickle
+import numpy as np
+import pytest
+
+import pycomm
+from conftest import World
+from pycomm.errors import (ArgumentError, CollectiveError, CollectiveMismatchError,
+                           CommError, InvalidBufferError)
+from test_transports import make_pair
+from transports import RemoteAccessError
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+INTEGRITY_WORLDS = [(3, "shm"), (3, "tcp"), (3, "rdma"), (5, "shm"), (4, "tcp")]
+
+
+@pytest.fixture(scope="session", params=INTEGRITY_WORLDS, ids=lambda p: f"n{p[0]}-{p[1]}")
+def world(request) -> World:
+    """A few worlds of the shared matrix: every transport, odd and even sizes."""
+    return World(*request.param)
+
+
+def _correct_allreduce(comm, n=1000):
+    a = np.full(n, comm.rank + 1.0)
+    comm.Allreduce(pycomm.IN_PLACE, a)
+    return float(a[0])
+
+
+def _outcome(fn):
+    try:
+        return ("ok", fn())
+    except CommError as exc:
+        return (type(exc).__name__, str(exc))
+
+
+# -- one rank's bad argument ---------------------------------------------------------------
+def _bad_call(kind, culprit):
+    comm = pycomm.COMM_WORLD
+    bad = comm.rank == culprit
+    n = comm.size
+
+    def run():
+        if kind == "Allreduce-strided":
+            send = np.zeros(2000)[::2] if bad else np.full(1000, 1000.0 * (comm.rank + 1))
+            comm.Allreduce(send, np.zeros(1000))
+        elif kind == "Allreduce-readonly":
+            recv = np.zeros(1000)
+            if bad:
+                recv.setflags(write=False)
+            comm.Allreduce(np.ones(1000), recv)
+        elif kind == "Bcast-readonly":
+            buf = np.zeros(8)
+            if bad:
+                buf.setflags(write=False)
+            comm.Bcast(buf, root=(culprit + 1) % n)
+        elif kind == "Allgather-size":
+            comm.Allgather(np.ones(3), np.zeros(3 * n + (1 if bad else 0)))
+        elif kind == "Reduce-op":
+            comm.Reduce(np.ones(4, np.float64), np.zeros(4), op=pycomm.BAND if bad else
+                        pycomm.SUM, root=(culprit + 1) % n)
+        elif kind == "bcast-unpicklable":
+            comm.bcast(threading.Lock() if bad else None, root=culprit)
+        elif kind == "Iallreduce-strided":
+            send = np.zeros(2000)[::2] if bad else np.ones(1000)
+            comm.Iallreduce(send, np.zeros(1000)).Wait()
+        return None
+
+    first = _outcome(run)
+    after = [_correct_allreduce(comm) for _ in range(3)]
+    return first, after
+
+
+@pytest.mark.parametrize("kind", ["Allreduce-strided", "Allreduce-readonly", "Bcast-readonly",
+                                  "Allgather-size", "Reduce-op", "bcast-unpicklable",
+                                  "Iallreduce-strided"])
+def test_one_ranks_bad_argument_fails_the_call_everywhere_then_all_is_well(world, kind):
+    culprit = world.size - 1 if kind.startswith("Bcast") else 0
+    results = world.run(_bad_call, kind, culprit)
+    expect = world.size * (world.size + 1) / 2
+    call = kind.split("-")[0]
+    for rank, (first, after) in enumerate(results):
+        assert after == [expect] * 3, (rank, after)      # never picks up the aborted data
+        if rank == culprit:
+            assert first[0] in ("ArgumentError", "InvalidBufferError"), first
+            assert f"rank {culprit}" in first[1]
+        elif first[0] == "ok" and kind in ("Bcast-readonly", "Reduce-op") and \
+                not (kind == "Reduce-op" and rank == (culprit + 1) % world.size):
+            continue        # a rank that needs nothing from the bad one may finish
+        else:
+            assert first[0] in ("CollectiveError", "CollectiveMismatchError"), (rank, first)
+            assert f"failed on rank {culprit}" in first[1] or \
+                f"rank {culprit} is in" in first[1], first[1]
+            assert call.replace("Iallreduce", "Allreduce") in first[1], first[1]
+
+
+# -- mismatched calls -----------------------------------------------------------------------
+def _mismatched(kind):
+    comm = pycomm.COMM_WORLD
+    r = comm.rank
+
+    def call_a():
+        if kind == "dtype":
+            x = np.ones(2000, np.float32) if r == 0 else np.ones(1000, np.float64)
+            comm.Allreduce(pycomm.IN_PLACE, x)
+        elif kind == "count-eager":
+            comm.Allreduce(pycomm.IN_PLACE, np.ones(1001 if r == 0 else 1000))
+        elif kind == "count-rendezvous":
+            comm.Allreduce(pycomm.IN_PLACE, np.ones(200_001 if r == 0 else 200_000))
+        elif kind == "root":
+            comm.Bcast(np.full(4, float(r)), root=0 if r == 0 else 1)
+        elif kind == "collective":
+            if r == 0:
+                comm.Bcast(np.zeros(1000), root=0)
+            else:
+                comm.Allreduce(pycomm.IN_PLACE, np.ones(1000))
+        elif kind == "op":
+            comm.Allreduce(pycomm.IN_PLACE, np.ones(10), op=pycomm.MAX if r == 1 else
+                           pycomm.SUM)
+        elif kind == "nonblocking":
+            x = np.ones(500 if r == 0 else 1000)
+            comm.Iallreduce(pycomm.IN_PLACE, x).Wait()
+        return "ok"
+
+    t0 = time.monotonic()
+    first = _outcome(call_a)
+    probes = [_outcome(lambda: _correct_allreduce(comm, 10)) for _ in range(2)]
+    after = [_correct_allreduce(comm, 10) for _ in range(2)]
+    return first, probes, after, time.monotonic() - t0
+
+
+@pytest.mark.parametrize("kind", ["dtype", "count-eager", "count-rendezvous", "root",
+                                  "collective", "op", "nonblocking"])
+def test_mismatched_calls_raise_on_every_rank_naming_both(world, kind):
+    results = world.run(_mismatched, kind)
+    expect = world.size * (world.size + 1) / 2
+    for rank, (first, probes, after, took) in enumerate(results):
+        calls = [first, *probes]
+        raised = [o for o in calls if o[0] != "ok"]
+        assert raised, (rank, calls)                  # no rank goes on unaware
+        assert all(o[0] == "CollectiveMismatchError" for o in raised), (rank, raised)
+        assert " is in " in raised[0][1] or " sent a message of " in raised[0][1], raised
+        if kind != "root":                            # a receive saw it: one call later
+            assert probes[1][0] == "ok", (rank, calls)
+        assert after == [expect] * 2, (rank, after)   # the communicator is usable again
+        assert took < 5.0, (rank, took)               # no rank waited for a timeout
+    if kind in ("dtype", "collective"):   # both calls named, in words
+        text = " ".join(o[1] for r in results for o in [r[0], *r[1]] if o[0] != "ok")
+        names = {"dtype": ("float32x2000", "float64x1000"),
+                 "collective": ("Bcast(root=0, float64x1000)", "Allreduce(SUM,")}[kind]
+        assert all(n in text for n in names), text
+
+
+# -- withdrawn sends -----------------------------------------------------------------------
+def _withdrawn_send():
+    comm = pycomm.COMM_WORLD
+    n = 1 << 20                                       # rendezvous on every transport
+    if comm.rank == 0:
+        buf = np.full(n, 1, np.uint8)
+        try:
+            comm.Send(buf, dest=1, tag=5, timeout=0.3)
+            sent = "sent"
+        except pycomm.CommTimeoutError:
+            sent = "withdrawn"
+        buf[:] = 2                                    # the caller owns the buffer again
+        comm.Barrier()
+        comm.Send(np.full(n, 3, np.uint8), dest=1, tag=6)
+        return sent
+    if comm.rank == 1:
+        time.sleep(1.0)                               # the Send times out meanwhile
+        got = np.zeros(n, np.uint8)
+        try:
+            comm.Recv(got, source=0, tag=5, timeout=0.5)
+            first = ("received", int(got.min()), int(got.max()))
+        except CommError as exc:
+            first = (type(exc).__name__,)
+        comm.Barrier()
+        comm.Recv(got, source=0, tag=6)
+        return first, int(got.min()), int(got.max())
+    comm.Barrier()
+    return None
+
+
+def test_withdrawn_send_is_never_read(world):
+    out = world.run(_withdrawn_send)
+    assert out[0] == "withdrawn"
+    first, lo, hi = out[1]
+    assert first[0] != "received" or first[1:] == (1, 1), first   # never the 2s
+    assert first[0] in ("CommTimeoutError", "CommError"), first
+    assert (lo, hi) == (3, 3)                          # the pair works afterwards
+
+
+@pytest.mark.parametrize("name", ["shm", "rdma"])
+def test_read_after_withdrawal_fails_and_a_racing_read_never_sees_later_bytes(name):
+    engines, ts, _ = make_pair(name)
+    try:
+        n = 1 << 18
+        dest = np.zeros(n, np.uint8)
+        for trial in range(40):
+            src = np.full(n, 1, np.uint8)
+            desc = ts[0].expose(src.data.cast("B"))
+            ts[1].read_remote(0, desc, n, dest.data.cast("B"))
+            assert (dest == 1).all()
+            seen, stop = [], threading.Event()
+
+            def reader():
+                while not stop.is_set():
+                    try:
+                        ts[1].read_remote(0, desc, n, dest.data.cast("B"))
+                    except RemoteAccessError:
+                        seen.append("refused")
+                        return
+                    seen.append((int(dest.min()), int(dest.max())))
+
+            th = threading.Thread(target=reader)
+            th.start()
+            time.sleep(0.001 * (trial % 5))
+            ts[0].release(desc, revoke=True)          # withdrawn, then overwritten at once
+            src[:] = 2
+            stop.set()
+            th.join(10)
+            assert seen and seen[-1] in ("refused", (1, 1)), seen
+            assert all(s == "refused" or s == (1, 1) for s in seen), seen
+            with pytest.raises(RemoteAccessError):
+                ts[1].read_remote(0, desc, n, dest.data.cast("B"))
+        # the connection survived every refused read
+        engines[1].progress()
+        ts[1].check_peers()
+    finally:
+        for t in ts:
+            t.close()
+
+
+# -- errors that name the call ----------------------------------------------------------
+def _unpicklable_send():
+    comm = pycomm.COMM_WORLD
+    if comm.rank == 0:
+        try:
+            comm.send(threading.Lock(), dest=1, tag=3)
+        except ArgumentError as exc:
+            comm.send("fine", dest=1, tag=3)
+            return str(exc)
+        return "sent"
+    if comm.rank == 1:
+        return comm.recv(source=0, tag=3)
+    return None
+
+
+def test_unpicklable_send_is_an_argument_error_naming_rank_and_call(world):
+    out = world.run(_unpicklable_send)
+    assert "rank 0" in out[0] and "send" in out[0] and "dest=1" in out[0], out[0]
+    assert "cannot pickle" in out[0]
+    assert out[1] == "fine"
+
+
+def test_errors_are_comm_errors():
+    assert issubclass(CollectiveMismatchError, CollectiveError)
+    assert issubclass(CollectiveError, CommError)
+    assert issubclass(InvalidBufferError, CommError)
