@@ -350,3 +350,49 @@ def test_environment_without_a_world():
     assert MPI.Compute_dims(6, [0, 3]) == [2, 3]
     with pytest.raises(MPI.Exception):
         MPI.Compute_dims(7, [2, 0])
+
+
+def _rank_mprobe_and_user_ops() -> list:
+    comm = MPI.COMM_WORLD
+    rank, size = comm.rank, comm.size
+    right, left = (rank + 1) % size, (rank - 1) % size
+    bad: list = []
+    # matched probe of a buffer message and of an object message
+    comm.Send([np.arange(rank + 2, dtype=np.int32), MPI.INT], right, 21)
+    comm.send({"rank": rank}, right, 22)
+    st = MPI.Status()
+    msg = comm.Mprobe(left, 21, st)
+    got = np.zeros(st.Get_count(MPI.INT), np.int32)
+    msg.Recv([got, MPI.INT])
+    _check(bad, "Mprobe+Message.Recv", got, np.arange(left + 2))
+    if msg != MPI.MESSAGE_NULL:
+        bad.append(f"rank {rank}: a received Message is not MESSAGE_NULL")
+    msg = None
+    while msg is None:
+        msg = comm.improbe(MPI.ANY_SOURCE, 22)
+    if msg.recv() != {"rank": left}:
+        bad.append(f"rank {rank}: improbe/recv")
+    if comm.Mprobe(MPI.PROC_NULL) != MPI.MESSAGE_NO_PROC:
+        bad.append(f"rank {rank}: Mprobe(PROC_NULL) is not MESSAGE_NO_PROC")
+    # a non-commutative user op with mpi4py's signature: rank order kept
+    def compose(inbuf, inoutbuf, datatype):      # 2x2 matrix product, row-major
+        a = np.frombuffer(inbuf, dtype=datatype.tocode()).reshape(-1, 2, 2)
+        b = np.frombuffer(inoutbuf, dtype=datatype.tocode()).reshape(-1, 2, 2)
+        b[...] = a @ b
+    op = MPI.Op.Create(compose, commute=False)
+    mats = [np.array([[1.0, r + 1], [0.0, 1.0]]) @ np.array([[1.0, 0.0], [r % 2, 1.0]])
+            for r in range(size)]
+    out = np.zeros(4)
+    comm.Allreduce([mats[rank].ravel(), MPI.DOUBLE], [out, MPI.DOUBLE], op=op)
+    want = mats[0]
+    for m in mats[1:]:
+        want = want @ m
+    if not np.allclose(out.reshape(2, 2), want):
+        bad.append(f"rank {rank}: non-commutative user op gave {out.tolist()}, "
+                   f"want {want.ravel().tolist()}")
+    op.Free()
+    return bad
+
+
+def test_matched_probe_and_user_ops(world):
+    assert world.run(_rank_mprobe_and_user_ops) == [[]] * world.size

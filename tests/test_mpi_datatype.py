@@ -347,3 +347,44 @@ def test_bad_buffers_raise_before_anything_moves():
         _send([np.zeros(3, np.uint8), MPI.INT])
     with pytest.raises(TypeError, match="not a datatype"):
         _send([np.zeros(3), 1, object()])
+
+
+def test_pack_unpack_roundtrip_and_pack_size():
+    a = np.arange(20.0).reshape(4, 5)
+    block = MPI.DOUBLE.Create_subarray([4, 5], [4, 2], [0, 1]).Commit()  # a[:, 1:3]
+    size = block.Pack_size(1)
+    assert size == 8 * 8
+    out = bytearray(8 + 2 * size)
+    pos = block.Pack(a, out, 8)                      # a holds exactly one item (extent)
+    pos = MPI.INT.Pack(np.array([7, 9], np.int32), out, pos)
+    assert pos == 8 + size + 8
+    assert np.array_equal(np.frombuffer(out, np.float64, 8, 8), a[:, 1:3].ravel())
+    b = np.zeros((4, 5))
+    two = np.zeros(2, np.int32)
+    end = block.Unpack(out, 8, b)
+    end = MPI.INT.Unpack(out, end, two)
+    assert end == pos and np.array_equal(b[:, 1:3], a[:, 1:3])
+    assert not b[:, [0, 3, 4]].any() and two.tolist() == [7, 9]
+    with pytest.raises(MPI.Exception, match="do not fit"):
+        block.Pack(a, bytearray(10), 0)
+
+
+def test_reduce_local_and_user_ops_get_mpi_datatypes():
+    a, b = np.arange(4.0), np.ones(4)
+    MPI.SUM.Reduce_local([a, MPI.DOUBLE], [b, MPI.DOUBLE])
+    assert np.array_equal(b, np.arange(4.0) + 1)
+    seen = []
+
+    def mysum(inbuf, inoutbuf, datatype):
+        seen.append(datatype)
+        x = np.frombuffer(inbuf, dtype=datatype.tocode())
+        y = np.frombuffer(inoutbuf, dtype=datatype.tocode())
+        y += 2 * x
+    op = MPI.Op.Create(mysum, commute=True)
+    assert isinstance(op, MPI.Op) and isinstance(pycomm.SUM, MPI.Op)
+    c = np.ones(3, np.int32)
+    op.Reduce_local(np.arange(3, dtype=np.int32), c)
+    assert np.array_equal(c, 1 + 2 * np.arange(3)) and seen == [MPI.INT]
+    assert op.Is_commutative() and not MPI.Op.Create(mysum).Is_commutative()
+    with pytest.raises(MPI.Exception):
+        MPI.MAX.Reduce_local(np.zeros(2, np.complex128), np.zeros(2, np.complex128))

@@ -24,25 +24,9 @@ import threading as _threading
 
 import pycomm as _pycomm
 from pycomm.buffers import IN_PLACE
-from pycomm.comm import TAG_UB as _TAG_UB_VALUE
 from pycomm.groups import UNDEFINED
 from pycomm.objects import dumps as _dumps
 from pycomm.objects import loads as _loads
-from pycomm.ops import (
-    BAND,
-    BOR,
-    BXOR,
-    LAND,
-    LOR,
-    LXOR,
-    MAX,
-    MAXLOC,
-    MIN,
-    MINLOC,
-    PROD,
-    SUM,
-    Op,
-)
 from pycomm.p2p import ANY_SOURCE, ANY_TAG, PROC_NULL
 
 from . import comm as _comm_mod
@@ -71,7 +55,26 @@ from .datatypes import (
 )
 from .exceptions import ERRORS, Exception, Get_error_class, Get_error_string
 from .groups import GROUP_EMPTY, GROUP_NULL, Group
+from .message import MESSAGE_NO_PROC, MESSAGE_NULL, Message
 from .msgspec import BOTTOM
+from .ops import (
+    BAND,
+    BOR,
+    BXOR,
+    LAND,
+    LOR,
+    LXOR,
+    MAX,
+    MAXLOC,
+    MIN,
+    MINLOC,
+    NO_OP,
+    OP_NULL,
+    PROD,
+    REPLACE,
+    SUM,
+    Op,
+)
 from .predefined import PREDEFINED
 from .request import REQUEST_NULL, Prequest, Request, Status
 from .topo import CART, DIST_GRAPH, GRAPH, Cartcomm, Compute_dims, Topocomm
@@ -98,12 +101,6 @@ VERSION, SUBVERSION = 4, 0
 DISTRIBUTE_BLOCK, DISTRIBUTE_CYCLIC, DISTRIBUTE_NONE = 121, 122, 123
 DISTRIBUTE_DFLT_DARG = -49767
 
-# ops beyond pycomm's: REPLACE keeps the incoming operand (MPI_Accumulate's replace),
-# NO_OP keeps the target; OP_NULL is no op at all.
-REPLACE = Op("REPLACE", kernel=lambda inbuf, inoutbuf: None, pyfunc=lambda a, b: b)
-NO_OP = Op("NO_OP", kernel=lambda inbuf, inoutbuf: inoutbuf.__setitem__(..., inbuf),
-           pyfunc=lambda a, b: a)
-OP_NULL = None
 
 
 class Errhandler:
@@ -295,8 +292,7 @@ _NOT_OFFERED = {
     "Unpublish_name": "name publishing", "Session": "MPI sessions",
     "Intercomm": "inter-communicators", "Graphcomm": "graph topologies",
     "Distgraphcomm": "distributed graph topologies", "Grequest": "generalized requests",
-    "Message": "matched probes (Mprobe/Message)", "MESSAGE_NULL": "matched probes",
-    "MESSAGE_NO_PROC": "matched probes", "WIN_NULL": "one-sided communication",
+    "WIN_NULL": "one-sided communication",
     "FILE_NULL": "MPI-IO", "Register_datarep": "MPI-IO data representations",
 }
 

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from pycomm.buffers import IN_PLACE
 from pycomm.errors import ArgumentError
-from pycomm.ops import SUM
 
 from .comm import Comm
 from .comm import fin as _fin
 from .exceptions import mpi_error, translate_methods
 from .msgspec import Msg, as_int, message, vector_message
+from .ops import SUM
 from .request import Request
 
 __all__ = ["Intracomm"]

@@ -16,11 +16,11 @@ from __future__ import annotations
 from pycomm.errors import CommError
 from pycomm.groups import COMM_NULL as _COMM_NULL
 from pycomm.groups import UNDEFINED
-from pycomm.ops import SUM
 from pycomm.p2p import ANY_SOURCE, ANY_TAG
 
 from .exceptions import ERRORS, mpi_error, translate_methods
 from .msgspec import Msg, as_int, message
+from .ops import SUM
 from .request import Prequest, Request, Status
 
 __all__ = ["BSEND", "BufferPool", "Comm", "fin"]
@@ -331,6 +331,34 @@ class Comm:
         """Whether a matching message is there (fills ``status`` if so)."""
         return self._inner("Iprobe").Iprobe(as_int(source, "source", "Iprobe"),
                                             as_int(tag, "tag", "Iprobe"), status)
+
+    def Mprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG,
+               status: Status | None = None):
+        """Block until a matching message is there and take it: an ``MPI.Message``
+        (``MESSAGE_NO_PROC`` for ``PROC_NULL``). See :mod:`pycomm.MPI.message`."""
+        from .message import matched_probe
+        return matched_probe(self._inner("Mprobe"), as_int(source, "source", "Mprobe"),
+                             as_int(tag, "tag", "Mprobe"), status, True)
+
+    def Improbe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG,
+                status: Status | None = None):
+        """Take a matching message if one is there: an ``MPI.Message``, else None."""
+        from .message import matched_probe
+        return matched_probe(self._inner("Improbe"), as_int(source, "source", "Improbe"),
+                             as_int(tag, "tag", "Improbe"), status, False)
+
+    def mprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status=None):
+        """Object form of Mprobe (the message's ``recv()`` returns the object)."""
+        return self.Mprobe(source, tag, status)
+
+    def improbe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status=None):
+        return self.Improbe(source, tag, status)
+
+    @classmethod
+    def Get_parent(cls) -> Comm:
+        """The parent of a spawned process: always COMM_NULL (pycomm does not spawn)."""
+        from . import COMM_NULL
+        return COMM_NULL
 
     # -- point-to-point, objects ----------------------------------------------------------
     def send(self, obj, dest: int, tag: int = 0) -> None:

@@ -28,14 +28,8 @@ from pycomm.errors import ArgumentError
 
 from .exceptions import mpi_error, translate_methods
 
-__all__ = [
-    "COMBINER_NAMED",
-    "DATATYPE_NULL",
-    "ORDER_C",
-    "ORDER_F",
-    "ORDER_FORTRAN",
-    "Datatype",
-]
+__all__ = ["COMBINER_NAMED", "DATATYPE_NULL", "ORDER_C", "ORDER_F", "ORDER_FORTRAN",
+           "Datatype"]
 
 ORDER_C, ORDER_FORTRAN = 0, 1
 ORDER_F = ORDER_FORTRAN
@@ -71,23 +65,9 @@ class Datatype:
     ``typechar``/``typestr`` (numpy codes, "" when none), ``is_predefined``.
     """
 
-    __slots__ = (
-        "__weakref__",
-        "_cache",
-        "_code",
-        "_codes",
-        "_combiner",
-        "_committed",
-        "_contig",
-        "_disps",
-        "_dtypes",
-        "_freed",
-        "_lb",
-        "_name",
-        "_predefined",
-        "_size",
-        "_ub",
-    )
+    __slots__ = ("__weakref__", "_cache", "_code", "_codes", "_combiner", "_committed",
+                 "_contig", "_disps", "_dtypes", "_freed", "_lb", "_name", "_predefined",
+                 "_size", "_ub")
 
     def __init__(self, datatype: Datatype | None = None):
         src = DATATYPE_NULL if datatype is None else datatype
@@ -411,6 +391,22 @@ class Datatype:
                               combiner=combiner, size=self._size)
 
     # -- packing ------------------------------------------------------------------------
+    def Pack(self, inbuf, outbuf, position: int, comm=None) -> int:
+        """Pack ``inbuf`` (whole items of this type) into the bytes of ``outbuf`` at byte
+        ``position``; return the position after them. See :func:`msgspec.pack`."""
+        from .msgspec import pack
+        return pack(self, inbuf, outbuf, position)
+
+    def Unpack(self, inbuf, position: int, outbuf, comm=None) -> int:
+        """Unpack items of this type filling ``outbuf`` from the bytes of ``inbuf`` at
+        byte ``position``; return the position after them."""
+        from .msgspec import unpack
+        return unpack(self, inbuf, position, outbuf)
+
+    def Pack_size(self, count: int, comm=None) -> int:
+        """Bytes that ``count`` packed items take."""
+        return int(count) * self.elements() * self.wire_dtype().itemsize
+
     @property
     def homogeneous(self) -> bool:
         """Whether every basic element has the same numpy dtype (such a type packs to that

@@ -356,3 +356,38 @@ def _list(values, size: int, name: str, where: str, arg: str) -> list[int]:
         raise _arg_error(f"{where}: {arg} {name} must hold {size} non-negative "
                             f"integers (one per rank), got {out}")
     return out
+
+
+def _packed_region(buf, position, nbytes: int, where: str, writable: bool) -> np.ndarray:
+    raw, _ = _raw(buf, writable, where, "packed buffer")
+    position = as_int(position, "position", where)
+    if position < 0 or position + nbytes > raw.size:
+        raise _buf_error(f"{where}: {nbytes} packed bytes at position {position} do not fit "
+                         f"in a buffer of {raw.size} bytes")
+    return raw[position:position + nbytes]
+
+
+def pack(dt: Datatype, inbuf, outbuf, position) -> int:
+    """``Datatype.Pack``: the items of ``inbuf`` (its bytes // extent of them), read through
+    ``dt``, written contiguously into ``outbuf`` from byte ``position``.
+
+    Returns:
+        The byte position after the packed data.
+
+    Raises:
+        MPI.Exception (ERR_BUFFER): ``outbuf`` is too small.
+    """
+    m = message([inbuf, dt], "Datatype.Pack", "inbuf", writable=False)
+    data = m.array.view(np.uint8)
+    _packed_region(outbuf, position, data.size, "Datatype.Pack", True)[:] = data
+    return as_int(position, "position", "Datatype.Pack") + data.size
+
+
+def unpack(dt: Datatype, inbuf, position, outbuf) -> int:
+    """``Datatype.Unpack``: fill ``outbuf`` (its bytes // extent items of ``dt``) from the
+    packed bytes of ``inbuf`` at byte ``position``; return the position after them."""
+    m = message([outbuf, dt], "Datatype.Unpack", "outbuf", writable=True)
+    data = m.array.view(np.uint8)
+    data[:] = _packed_region(inbuf, position, data.size, "Datatype.Unpack", False)
+    m.finish()
+    return as_int(position, "position", "Datatype.Unpack") + data.size

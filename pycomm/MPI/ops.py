@@ -1,0 +1,108 @@
+"""``MPI.Op``: pycomm's reduction ops with mpi4py's ``Op.Create`` and ``Reduce_local``.
+
+The predefined ops are pycomm's own, as ``MPI.Op`` instances (``MPI.SUM`` reduces as
+``pycomm.SUM`` does and has ``Reduce_local``), plus ``REPLACE`` (keep
+the incoming operand, ``REPLACE(a, b) == b``), ``NO_OP`` (keep the target,
+``NO_OP(a, b) == a``) and ``OP_NULL``. ``isinstance(op, MPI.Op)`` holds for every pycomm
+op. ``MPI.Op.Create(function, commute)`` takes mpi4py's user function
+``function(inbuf, inoutbuf, datatype)``: the buffers are numpy arrays of the message's
+type (they support the buffer protocol, so ``np.frombuffer(inbuf, ...)`` keeps working)
+and ``datatype`` is the ``MPI.Datatype`` of their dtype (``MPI.DOUBLE``...).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pycomm import ops as _ops
+from pycomm.ops import Op as _Op
+from pycomm.ops import _arity
+
+from .exceptions import translate_methods
+from .msgspec import message
+from .predefined import from_numpy
+
+__all__ = [
+    "BAND",
+    "BOR",
+    "BXOR",
+    "LAND",
+    "LOR",
+    "LXOR",
+    "MAX",
+    "MAXLOC",
+    "MIN",
+    "MINLOC",
+    "NO_OP",
+    "OP_NULL",
+    "PROD",
+    "REPLACE",
+    "SUM",
+    "Op",
+]
+
+
+class _OpType(type):
+    """Every pycomm op is an ``MPI.Op`` (``isinstance(MPI.SUM, MPI.Op)``)."""
+
+    def __instancecheck__(cls, obj) -> bool:
+        return isinstance(obj, _Op)
+
+
+@translate_methods
+class Op(_Op, metaclass=_OpType):
+    """A reduction operation (mpi4py's ``MPI.Op``); see the module docstring."""
+
+    @classmethod
+    def Create(cls, function, commute: bool = False) -> Op:
+        """A user op from ``function(inbuf, inoutbuf[, datatype])`` leaving
+        ``inbuf ∘ inoutbuf`` in ``inoutbuf``; ``commute``: the op is commutative."""
+        op = _Op.Create(function, commute)
+        if callable(function) and _arity(function) == 3:
+            def call(invec, inoutvec, dtype, _f=function):
+                return _f(invec, inoutvec, from_numpy(np.dtype(dtype)) if dtype is not None
+                          else None)
+            call.__name__ = getattr(function, "__name__", "user")
+            op = _Op.Create(call, commute)
+            op._nargs = 3
+        out = cls.__new__(cls)
+        out.__dict__.update(op.__dict__)
+        return out
+
+    def Reduce_local(self, inbuf, inoutbuf) -> None:
+        """``inoutbuf = inbuf ∘ inoutbuf`` on this process (message specs of one type)."""
+        a = message(inbuf, "Op.Reduce_local", "inbuf", writable=False)
+        b = message(inoutbuf, "Op.Reduce_local", "inoutbuf", writable=True)
+        _reduce_local(self, a, b)
+
+
+def _reduce_local(op: _Op, a, b) -> None:
+    from pycomm.errors import InvalidBufferError
+
+    from .exceptions import mpi_error
+    if a.array.dtype != b.array.dtype or a.array.size != b.array.size:
+        raise mpi_error(InvalidBufferError, "ERR_BUFFER", f"Op.Reduce_local: inbuf has "
+                        f"{a.array.size} x {a.array.dtype}, inoutbuf {b.array.size} x "
+                        f"{b.array.dtype}")
+    op.check(b.array.dtype)
+    op.apply(a.array, b.array)
+    b.finish()
+
+
+def _facade(op: _Op) -> Op:
+    """The same op as an ``MPI.Op`` (same name and kernels, so ranks mixing ``MPI.SUM``
+    and ``pycomm.SUM`` agree: calls are matched by the op's name)."""
+    out = Op.__new__(Op)
+    out.__dict__.update(op.__dict__)
+    return out
+
+
+SUM, PROD, MIN, MAX = (_facade(o) for o in (_ops.SUM, _ops.PROD, _ops.MIN, _ops.MAX))
+LAND, LOR, LXOR = (_facade(o) for o in (_ops.LAND, _ops.LOR, _ops.LXOR))
+BAND, BOR, BXOR = (_facade(o) for o in (_ops.BAND, _ops.BOR, _ops.BXOR))
+MAXLOC, MINLOC = _facade(_ops.MAXLOC), _facade(_ops.MINLOC)
+REPLACE = _facade(_Op("REPLACE", kernel=lambda inbuf, inoutbuf: None,
+                      pyfunc=lambda a, b: b))
+NO_OP = _facade(_Op("NO_OP", kernel=lambda inbuf, inoutbuf: inoutbuf.__setitem__(..., inbuf),
+                    pyfunc=lambda a, b: a))
+OP_NULL = None
