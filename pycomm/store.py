@@ -485,6 +485,10 @@ class StoreServer:
                             message=f"{parked.what} not ready in time")
 
 
+class _ClosedEarly(CommError):
+    """The server closed the connection (without a REFUSED) before it answered."""
+
+
 class StoreClient:
     """A connection to a :class:`StoreServer`; use it from one thread at a time.
 
@@ -510,12 +514,20 @@ class StoreClient:
         self._frames: list[bytearray] = []
         self._rid = 0
         deadline = time.monotonic() + self.timeout
-        self._sock = self._connect(host, port, deadline)
-        try:
-            self._handshake(deadline)
-        except BaseException:
-            self._sock.close()
-            raise
+        while True:
+            self._sock = self._connect(host, port, deadline)
+            try:
+                self._handshake(deadline)
+                break
+            except _ClosedEarly:
+                # Evicted by a server full of unauthenticated connections, or past its
+                # deadline: try again with a fresh connection while time is left.
+                self._sock.close()
+                self._reader, self._frames = FrameReader(self._max_bytes + 4096), []
+                time.sleep(0.01)
+            except BaseException:
+                self._sock.close()
+                raise
 
     def _connect(self, host: str, port: int, deadline: float) -> socket.socket:
         while True:
@@ -557,36 +569,39 @@ class StoreClient:
                 data = self._sock.recv(1 << 20)
             except TimeoutError:
                 continue
+            except ConnectionResetError:
+                data = b""
             except OSError as exc:
                 raise CommError(f"store at {self.address}: connection lost during {what} "
                                 f"({exc})") from None
             if not data:
-                raise CommError(f"store at {self.address} closed the connection during "
-                                f"{what}")
+                raise _ClosedEarly(f"store at {self.address} closed the connection during "
+                                   f"{what}")
             self._frames.extend(self._reader.feed(data))
         return self._frames.pop(0)
 
     def _handshake(self, deadline: float) -> None:
-        self._send(HELLO)
+        """Authenticate on the fresh connection (see the module docstring).
+
+        Raises:
+            _ClosedEarly: the server closed the connection without refusing us.
+            ProtocolError, CommTimeoutError: as the class says.
+        """
         try:
-            chall = self._recv_raw(deadline, "the authentication hello")
-        except CommTimeoutError:
-            raise
+            self._send(HELLO)
         except CommError as exc:
-            raise ProtocolError(f"store at {self.address} refused us ({exc})") from None
+            raise _ClosedEarly(str(exc)) from None
+        chall = self._recv_raw(deadline, "the authentication hello")
         if chall == REFUSED:
             raise ProtocolError(f"store at {self.address} refused us")
         if len(chall) != len(MAGIC) + NONCE_LEN or not chall.startswith(MAGIC):
             raise ProtocolError(f"store at {self.address} is not a pycomm store")
         nonce_s, nonce_c = chall[len(MAGIC):], os.urandom(NONCE_LEN)
-        self._send(nonce_c + hmac_proof(self._key, CLIENT_LABEL, nonce_s, nonce_c))
         try:
-            answer = self._recv_raw(deadline, "the authentication proof")
-        except CommTimeoutError:
-            raise
+            self._send(nonce_c + hmac_proof(self._key, CLIENT_LABEL, nonce_s, nonce_c))
         except CommError as exc:
-            raise ProtocolError(f"store at {self.address} refused us ({exc}; wrong "
-                                "PYCOMM_JOB_TOKEN?)") from None
+            raise _ClosedEarly(str(exc)) from None
+        answer = self._recv_raw(deadline, "the authentication proof")
         if answer == REFUSED:
             raise ProtocolError(f"store at {self.address} refused us (wrong PYCOMM_JOB_TOKEN?)")
         want = hmac_proof(self._key, SERVER_LABEL, nonce_c, nonce_s)

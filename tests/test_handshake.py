@@ -1,7 +1,8 @@
-"""The sans-I/O HMAC handshake of TCP connections (transports/handshake.py): no sockets.
+"""The HMAC handshake of TCP connections (transports/handshake.py), and the Gate.
 
-A Connector and an Acceptor are driven by handing each one's output to the other, as the
-TCP transport does; attacks are made by changing the bytes in between.
+A Connector and an Acceptor (or an Admission) are driven by handing each one's output to
+the other, as the TCP transport does, with no socket; attacks are made by changing the
+bytes in between. The last tests put a Gate (transports/tcp.py) on a loopback listener.
 """
 
 from __future__ import annotations
@@ -9,12 +10,27 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+import socket
 import struct
+import threading
+import time
 
 import pytest
 
 from transports import HandshakeError
-from transports.handshake import CHALL, HELLO, MAGIC, OK, VERSION, Acceptor, Connector
+from transports.handshake import (
+    BLOB_LEN,
+    CHALL,
+    HELLO,
+    MAGIC,
+    MAX_BLOB,
+    OK,
+    VERSION,
+    Acceptor,
+    Admission,
+    Connector,
+)
+from transports.tcp import Gate, dial
 
 TOKEN = b"job-secret-" + bytes(range(21))
 WORLD = 4
@@ -171,3 +187,121 @@ def test_proof_before_hello_rejected():
 def test_refusal_instead_of_ok_detected(data):
     with pytest.raises(HandshakeError):
         Connector.on_ok(data)
+
+
+# -- Admission: the acceptor's side over a byte stream, and the Gate that drives it --------
+
+def admit(connector: Connector, adm: Admission, chunk: int, blob: bytes | None = None):
+    """Drive ``adm`` with the connector's bytes ``chunk`` at a time; return what it sent."""
+    def feed(data: bytes) -> bytes:
+        out, i = b"", 0
+        while i < len(data):
+            n = min(chunk, adm.want())
+            assert n > 0
+            out += adm.receive(data[i:i + n])
+            i += n
+        return out
+
+    sent = feed(connector.hello())
+    assert len(sent) == CHALL.size
+    sent = feed(connector.on_challenge(sent))
+    connector.on_ok(sent[:len(OK)])
+    if blob is not None:
+        feed(BLOB_LEN.pack(len(blob)) + blob)
+    return sent[len(OK):]
+
+
+@pytest.mark.parametrize("chunk", [1, 5, 64])
+def test_admission_byte_by_byte_or_whole(chunk):
+    adm = Admission(TOKEN, 0, WORLD)
+    assert admit(Connector(TOKEN, 2, 0), adm, chunk) == b""
+    assert adm.done and adm.peer_rank == 2 and adm.want() == 0
+
+
+@pytest.mark.parametrize("blob", [b"", b"address" * 10, b"x" * MAX_BLOB],
+                         ids=["empty", "70B", "max"])
+def test_admission_greets_and_reads_the_blob(blob):
+    adm = Admission(TOKEN, 0, WORLD, greeting=b"GREETING")
+    assert admit(Connector(TOKEN, 1, 0), adm, 7, blob) == b"GREETING"
+    assert adm.done and adm.blob == blob
+
+
+def test_admission_never_reads_past_a_message():
+    adm = Admission(TOKEN, 0, WORLD)
+    assert adm.want() == HELLO.size
+    with pytest.raises(HandshakeError, match="expected"):
+        adm.receive(Connector(TOKEN, 1, 0).hello() + b"extra")
+
+
+def test_admission_refuses_a_long_blob_and_a_wrong_proof():
+    adm = Admission(TOKEN, 0, WORLD, greeting=b"")
+    c = Connector(TOKEN, 1, 0)
+    chall = adm.receive(c.hello())
+    adm.receive(c.on_challenge(chall))
+    with pytest.raises(HandshakeError, match="address"):
+        adm.receive(BLOB_LEN.pack(MAX_BLOB + 1))
+    adm = Admission(TOKEN, 0, WORLD)
+    stranger = Connector(b"wrong token", 1, 0)
+    adm.receive(stranger.hello())
+    with pytest.raises(HandshakeError, match="authentication"):
+        adm.receive(os.urandom(32))
+    assert not adm.done
+
+
+def test_dial_retries_after_an_eviction():
+    """The first connection is closed before the challenge (as a full Gate evicts its
+    oldest); dial connects again and authenticates through the Gate."""
+    lst = socket.create_server(("127.0.0.1", 0))
+    port = lst.getsockname()[1]
+
+    def evict_first_then_admit():
+        sock, _ = lst.accept()
+        sock.close()
+        gate = Gate(lst, lambda: Admission(TOKEN, 0, WORLD))
+        try:
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:
+                for s, adm in gate.poll(0.2):
+                    admitted.append(adm.peer_rank)
+                    s.close()
+                    return
+        finally:
+            gate.close()
+
+    admitted: list[int] = []
+    thread = threading.Thread(target=evict_first_then_admit)
+    thread.start()
+    sock, _ = dial("127.0.0.1", port, lambda: Connector(TOKEN, 3, 0), time.monotonic() + 5)
+    sock.close()
+    thread.join(5)
+    assert admitted == [3]
+
+
+def test_gate_keeps_the_newest_strangers_and_admits_a_peer():
+    lst = socket.create_server(("127.0.0.1", 0))
+    port = lst.getsockname()[1]
+    gate = Gate(lst, lambda: Admission(TOKEN, 0, WORLD), max_pending=4, deadline_s=0.5)
+    strangers = [socket.create_connection(("127.0.0.1", port)) for _ in range(6)]
+    dialled: list[socket.socket] = []
+    try:
+        for _ in range(5):
+            gate.poll(0.05)
+        assert gate.pending == 4
+        assert strangers[0].recv(1) == b"" and strangers[1].recv(1) == b""   # evicted
+        peer = threading.Thread(target=lambda: dialled.append(dial(
+            "127.0.0.1", port, lambda: Connector(TOKEN, 1, 0), time.monotonic() + 5)[0]))
+        peer.start()
+        admitted: list = []
+        deadline = time.monotonic() + 5
+        while not admitted and time.monotonic() < deadline:
+            admitted += gate.poll(0.05)
+        peer.join(5)
+        assert [adm.peer_rank for _, adm in admitted] == [1] and len(dialled) == 1
+        admitted[0][0].close()
+        time.sleep(0.6)
+        gate.poll(0.05)
+        assert gate.pending == 0            # the silent ones are gone at their deadline
+    finally:
+        gate.close()
+        for s in strangers + dialled:
+            s.close()

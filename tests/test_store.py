@@ -285,6 +285,43 @@ def test_client_rejects_a_server_without_the_token():
         fake.close()
 
 
+def test_client_connects_again_when_closed_before_the_challenge():
+    """A server full of unauthenticated connections evicts the oldest (closes it without a
+    REFUSED): the client tries again on a new connection instead of failing."""
+    key = normalize_token(TOKEN)
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    accepted = []
+
+    def evict_first_then_answer():
+        first, _ = server.accept()
+        accepted.append(first)
+        first.close()
+        conn, _ = server.accept()
+        accepted.append(conn)
+        with conn:
+            reader, got = FrameReader(64), []
+            while len(got) < 1:
+                got += reader.feed(conn.recv(64))
+            assert bytes(got[0]) == HELLO
+            nonce_s = os.urandom(NONCE_LEN)
+            conn.sendall(frame(MAGIC + nonce_s))
+            while len(got) < 2:
+                got += reader.feed(conn.recv(128))
+            nonce_c = bytes(got[1][:NONCE_LEN])
+            conn.sendall(frame(hmac_proof(key, b"pycomm-store/server", nonce_c, nonce_s)))
+            conn.recv(1)        # until the client closes
+
+    thread = threading.Thread(target=evict_first_then_answer)
+    thread.start()
+    try:
+        StoreClient("127.0.0.1", port, TOKEN, timeout=5.0).close()
+    finally:
+        thread.join(5)
+        server.close()
+    assert len(accepted) == 2
+
+
 def test_unreachable_store_times_out():
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))

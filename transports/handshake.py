@@ -38,6 +38,12 @@ BLOB_LEN = struct.Struct("<I")
 MAX_BLOB = 4096         # bytes of the blob an authenticated connector may send after OK
 
 
+class ClosedEarly(HandshakeError):
+    """The acceptor closed the connection before the handshake finished, without saying
+    the proof was wrong: it evicted us to make room, or we missed its deadline. A
+    connector may try again."""
+
+
 def _mac(token: bytes, *parts: bytes) -> bytes:
     return hmac.new(token, b"".join(parts), hashlib.sha256).digest()
 

@@ -38,7 +38,7 @@ import msgpack
 from . import handshake
 from .base import MAX_HEADER, PREFIX, HandshakeError, PeerLostError, Transport, TransportError
 
-__all__ = ["Gate", "TcpTransport"]
+__all__ = ["Gate", "TcpTransport", "dial", "recv_exact"]
 
 _STAGE = 256 * 1024
 _SOCKBUF = 4 * 1024 * 1024
@@ -49,16 +49,61 @@ _BACKLOG = 128          # the kernel's queue of connections not yet accepted
 
 
 def recv_exact(sock: socket.socket, n: int, deadline: float) -> bytes:
-    """Read exactly ``n`` bytes from a blocking socket before ``deadline`` (handshakes)."""
+    """Read exactly ``n`` bytes from a blocking socket before ``deadline`` (handshakes).
+
+    Raises:
+        ClosedEarly: the other end closed (or reset) the connection first.
+        OSError: ``socket.timeout`` at the deadline, or another socket error.
+    """
     buf = bytearray()
     while len(buf) < n:
         sock.settimeout(max(deadline - time.monotonic(), 0.001))
-        chunk = sock.recv(n - len(buf))
+        try:
+            chunk = sock.recv(n - len(buf))
+        except ConnectionResetError:
+            chunk = b""
         if not chunk:
-            raise HandshakeError("connection closed during handshake")
+            raise handshake.ClosedEarly("connection closed during handshake")
         buf += chunk
     return bytes(buf)
 
+
+def dial(host: str, port: int, connector: Callable[[], handshake.Connector], deadline: float,
+         then: Callable[[socket.socket], Any] | None = None) -> tuple[socket.socket, Any]:
+    """Connect to the :class:`Gate` at ``host:port`` and authenticate with a ``connector()``.
+
+    A gate closes its oldest pending connection when it is full and any connection past
+    its deadline; either way the connection closes before OK, and this tries again (with
+    a fresh nonce) until ``deadline`` (monotonic seconds).
+
+    Args:
+        then: run on the authenticated socket (the rdma address exchange); its result is
+            returned too, and it is retried with the handshake when it meets ClosedEarly.
+
+    Returns:
+        The connected blocking socket, and what ``then`` returned (None without it).
+
+    Raises:
+        OSError: cannot connect, or the deadline passed.
+        HandshakeError: the acceptor failed authentication, or spoke another protocol.
+    """
+    while True:
+        sock = socket.create_connection((host, port),
+                                        timeout=max(deadline - time.monotonic(), 0.1))
+        try:
+            hs = connector()
+            sock.sendall(hs.hello())
+            sock.sendall(hs.on_challenge(recv_exact(sock, handshake.CHALL.size, deadline)))
+            hs.on_ok(recv_exact(sock, len(handshake.OK), deadline))
+            return sock, (then(sock) if then is not None else None)
+        except (handshake.ClosedEarly, BrokenPipeError):
+            sock.close()
+            if deadline - time.monotonic() < 0.05:
+                raise
+            time.sleep(0.01)
+        except BaseException:
+            sock.close()
+            raise
 
 class Gate:
     """Accepts connections on a listening socket and authenticates them, never waiting on one.
@@ -112,6 +157,7 @@ class Gate:
         if self._pending:
             timeout = min(timeout, next(iter(self._pending.values()))[1] - now)
         done: list[tuple[socket.socket, handshake.Admission]] = []
+        arrivals = False
         for key, _ in self._sel.select(max(timeout, 0.0)):
             if key.data == "wake":
                 try:
@@ -120,9 +166,11 @@ class Gate:
                 except OSError:
                     pass
             elif key.fileobj is self.listener:
-                self._accept()
+                arrivals = True
             else:
                 self._serve(key.fileobj, done)
+        if arrivals:            # after serving: a peer whose hello is here is not evicted
+            self._accept()
         now = time.monotonic()
         while self._pending:
             sock, (_, deadline) = next(iter(self._pending.items()))
@@ -249,7 +297,9 @@ class TcpTransport(Transport):
         lst.bind((self.host, 0))
         lst.listen(max(_BACKLOG, 2 * len(peers)))
         self._listener = lst
-        gate = Gate(lst, lambda: handshake.Admission(self.token, self.rank, self.size))
+        # Room for every peer at once on top of the strangers' share.
+        gate = Gate(lst, lambda: handshake.Admission(self.token, self.rank, self.size),
+                    max_pending=MAX_PENDING + len(peers))
         try:
             key = f"tcp/{self.job_id}/"
             store.set(key + str(self.rank), msgpack.packb([self.host, lst.getsockname()[1]]))
@@ -275,18 +325,9 @@ class TcpTransport(Transport):
                     timeout: float) -> None:
         host, port = msgpack.unpackb(store.get(key + str(peer), timeout=timeout))
         try:
-            sock = socket.create_connection((host, port),
-                                            timeout=max(deadline - time.monotonic(), 0.1))
-        except OSError as exc:
-            raise TransportError(f"rank {self.rank}: cannot connect to rank {peer} at "
-                                 f"{host}:{port}: {exc}") from exc
-        try:
-            hs = handshake.Connector(self.token, self.rank, peer)
-            sock.sendall(hs.hello())
-            sock.sendall(hs.on_challenge(recv_exact(sock, handshake.CHALL.size, deadline)))
-            hs.on_ok(recv_exact(sock, len(handshake.OK), deadline))
+            sock, _ = dial(host, port, lambda: handshake.Connector(self.token, self.rank, peer),
+                           deadline)
         except (OSError, HandshakeError) as exc:
-            sock.close()
             raise TransportError(f"rank {self.rank}: handshake with rank {peer} at "
                                  f"{host}:{port} failed: {exc}") from exc
         self._add(peer, sock)

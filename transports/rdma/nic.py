@@ -51,8 +51,7 @@ import time
 from .. import handshake
 from ..base import HandshakeError, TransportError, host_identity
 from ..linux import copy_remote as _cma
-from ..tcp import Gate
-from ..tcp import recv_exact as _recv_exact
+from ..tcp import Gate, dial
 from . import verbs as v
 from .wire import (_IOV, _MSG, F_IMM, F_PULL, M_IMM, M_READ_REQ, M_SEND, M_WRITE, NAK_RNR,
                    Wire, _exchange, _Link, address_frame, parse_address)
@@ -182,15 +181,12 @@ class Nic(Wire):
             if link is not None and not link.dead:
                 return link
         deadline = time.monotonic() + timeout
-        sock = socket.create_connection((remote["ip"], remote["port"]), timeout=timeout)
         try:
-            hs = handshake.Connector(self.token, self.id, remote["id"])
-            sock.sendall(hs.hello())
-            sock.sendall(hs.on_challenge(_recv_exact(sock, handshake.CHALL.size, deadline)))
-            hs.on_ok(_recv_exact(sock, len(handshake.OK), deadline))
-            peer = _exchange(sock, self.address, deadline)
+            sock, peer = dial(remote["ip"], remote["port"],
+                              lambda: handshake.Connector(self.token, self.id, remote["id"]),
+                              deadline,
+                              lambda s: _exchange(s, self.address, deadline))
         except (OSError, HandshakeError) as exc:
-            sock.close()
             raise TransportError(f"NIC link to {remote['ip']}:{remote['port']} failed: "
                                  f"{exc}") from exc
         cma = bool(self.want_cma and peer.get("cma") and peer["host"] == host_identity())
