@@ -228,6 +228,10 @@ class StoreServer:
         self._sock = self._ctx.socket(zmq.STREAM)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.RCVHWM, RCVHWM)
+        # Never drop an outgoing part: a frame's length and its body may leave as two
+        # messages, and losing one would desynchronise the stream. A client has at most a
+        # few replies queued (one per request), a stranger two small ones.
+        self._sock.setsockopt(zmq.SNDHWM, 0)
         if ":" in host:
             self._sock.setsockopt(zmq.IPV6, 1)
         self._sock.bind(_endpoint(host, port or "*"))
