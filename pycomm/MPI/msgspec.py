@@ -31,6 +31,7 @@ moves.
 from __future__ import annotations
 
 import numpy as np
+from numpy.lib.stride_tricks import as_strided
 
 from pycomm.errors import ArgumentError, InvalidBufferError
 
@@ -255,20 +256,29 @@ def _typed(raw: np.ndarray, dt: Datatype, count: int, start: int, where: str,
                                      f"at byte {start} need {end} bytes; the buffer has "
                                      f"{raw.size}")
         return Msg(raw[start:end].view(wire), None, per, ok)
-    index, by_element = dt.gather_index(count, start)
+    index, by_element, lo, hi, blocks = dt.gather_index(count, start)
     isz = dt._dtypes[0].itemsize if by_element else 1
-    lo, hi = int(index.min()) * isz, (int(index.max()) + 1) * isz
-    if lo < 0 or hi > raw.size:
+    if lo < 0 or hi * isz > raw.size:
         raise _buf_error(f"{where}: {arg}: {count} item(s) of the datatype at byte "
-                                 f"{start} reach bytes {lo}..{hi - 1}; the buffer has "
-                                 f"{raw.size}")
+                         f"{start} reach bytes {lo * isz}..{hi * isz - 1}; the buffer has "
+                         f"{raw.size}")
     src = raw[:raw.size - raw.size % isz].view(wire if by_element else np.uint8)
-    packed = src[index]
+    if blocks is not None:                  # equal runs at a constant stride: a view
+        first, nb, stride, bl = blocks
+        view = as_strided(src[first:], shape=(nb, bl),
+                          strides=(stride * src.itemsize, src.itemsize), writeable=True)
+        packed = np.ascontiguousarray(view).reshape(-1)
+
+        def unpack() -> None:
+            if not np.shares_memory(view, packed):
+                view[...] = packed.reshape(nb, bl)
+    else:
+        packed = src[index]
+
+        def unpack() -> None:
+            src[index] = packed
     if not by_element:
         packed = packed.view(wire)
-
-    def unpack() -> None:
-        src[index] = packed.view(src.dtype)
     return Msg(packed, unpack, per, ok)
 
 
