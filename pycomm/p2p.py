@@ -246,12 +246,15 @@ class Engine(Waiting):
         for i, u in enumerate(unexpected):
             if _matches(u.ctx, u.src, u.tag, ctx, source, tag):
                 del unexpected[i]
-                if u.sig != sig:         # the payload (arrived or not) is discarded
-                    self._mismatch(req, u.src, u.tag, u.nbytes, u.sig)
-                    if u.kind == RTS:
-                        self._send_ctl(u.src, (FIN, u.sid))
-                    return req
-                self._take_unexpected(req, u)
+                try:
+                    if u.sig != sig:         # the payload (arrived or not) is discarded
+                        self._mismatch(req, u.src, u.tag, u.nbytes, u.sig)
+                        if u.kind == RTS:
+                            self._send_ctl(u.src, (FIN, u.sid))
+                        return req
+                    self._take_unexpected(req, u)
+                except TransportError as exc:   # the sender died: a CommError, as in waits
+                    raise self._peer_error(exc) from None
                 return req
         self.posted.append(req)
         return req

@@ -41,6 +41,7 @@ _OP_IDS = {name: i for i, name in enumerate(_OPS)}
 _USER_OP = 31
 _KINDS = "?biufcmMOSUV"             # numpy dtype.kind, index 0 = no datatype
 _CODES: dict = {}
+_SIGS: dict = {}
 
 
 def dtype_code(dtype: np.dtype | None) -> int:
@@ -59,6 +60,16 @@ def dtype_code(dtype: np.dtype | None) -> int:
 def signature(collective: str, dtype: np.dtype | None = None, count: int = -1,
               root: int = -1, op=None) -> tuple[int, int]:
     """The ``(code, count)`` of a call; ``op`` is a :class:`pycomm.ops.Op` or None."""
+    key = (collective, dtype, count, root, op)
+    sig = _SIGS.get(key)
+    if sig is None:                 # calls repeat: compute each signature once
+        if len(_SIGS) > 4096:
+            _SIGS.clear()
+        sig = _SIGS[key] = _signature(collective, dtype, count, root, op)
+    return sig
+
+
+def _signature(collective, dtype, count, root, op) -> tuple[int, int]:
     if op is None:
         op_id = 0
     else:

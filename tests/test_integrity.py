@@ -249,6 +249,24 @@ def test_read_after_withdrawal_fails_and_a_racing_read_never_sees_later_bytes(na
             t.close()
 
 
+@pytest.mark.parametrize("name", ["shm", "rdma"])
+def test_read_of_a_withdrawn_and_freed_buffer_is_a_clean_refusal(name):
+    engines, ts, _ = make_pair(name)
+    try:
+        n = 4 << 20                                   # past malloc's mmap threshold
+        src = np.full(n, 1, np.uint8)
+        desc = ts[0].expose(src.data.cast("B"))
+        ts[0].release(desc, revoke=True)
+        del src                                       # unmapped: the address is gone
+        dest = np.zeros(n, np.uint8)
+        with pytest.raises(RemoteAccessError):
+            ts[1].read_remote(0, desc, n, dest.data.cast("B"))
+        ts[1].check_peers()                           # not taken for a dead peer
+    finally:
+        for t in ts:
+            t.close()
+
+
 # -- errors that name the call ----------------------------------------------------------
 def _unpicklable_send():
     comm = pycomm.COMM_WORLD
