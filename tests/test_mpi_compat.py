@@ -396,3 +396,52 @@ def _rank_mprobe_and_user_ops() -> list:
 
 def test_matched_probe_and_user_ops(world):
     assert world.run(_rank_mprobe_and_user_ops) == [[]] * world.size
+
+
+def _rank_neighbors() -> list:
+    comm = MPI.COMM_WORLD
+    rank, size = comm.rank, comm.size
+    bad: list = []
+    # a periodic ring: both neighbours' blocks, in MPI's order (source of Shift, then dest)
+    ring = comm.Create_cart([size], periods=[True])
+    left, right = ring.Shift(0, 1)
+    got = np.full(4, -1, np.int32)
+    ring.Neighbor_allgather([np.array([rank, 10 * rank], np.int32), MPI.INT], [got, MPI.INT])
+    _check(bad, "ring allgather", got, [left, 10 * left, right, 10 * right])
+    out = np.array([100 + rank, 200 + rank], np.float64)      # to left, to right
+    got = np.zeros(2)
+    ring.Neighbor_alltoall([out, 1, MPI.DOUBLE], [got, 1, MPI.DOUBLE])
+    # from my left neighbour comes what it sent to ITS right (200 + left), and vice versa
+    _check(bad, "ring alltoall", got, [200 + left, 100 + right])
+    # a 2-D halo exchange on a non-periodic grid: edges are PROC_NULL and stay untouched
+    dims = MPI.Compute_dims(size, 2)
+    grid = comm.Create_cart(dims, periods=[False, False])
+    nbrs = grid.inedges
+    got = np.full(4, -7.0)
+    grid.Neighbor_allgather(np.array([float(rank)]), got)
+    _check(bad, "grid allgather", got,
+           [float(n) if n != MPI.PROC_NULL else -7.0 for n in nbrs])
+    if grid.neighbor_allgather(rank) != [n if n != MPI.PROC_NULL else None for n in nbrs]:
+        bad.append(f"rank {rank}: neighbor_allgather objects")
+    # a distributed graph with a repeated edge: i -> i+1 twice, i -> i+2 once
+    dst = [(rank + 1) % size, (rank + 1) % size, (rank + 2) % size]
+    src = [(rank - 1) % size, (rank - 1) % size, (rank - 2) % size]
+    g = comm.Create_dist_graph_adjacent(src, dst)
+    if g.Get_dist_neighbors()[:2] != (src, dst) or g.Get_dist_neighbors_count() != \
+            (3, 3, False):
+        bad.append(f"rank {rank}: dist graph neighbours {g.Get_dist_neighbors()}")
+    sendv = np.arange(6, dtype=np.int64) + 1000 * rank
+    recvv = np.zeros(6, np.int64)
+    g.Neighbor_alltoallv([sendv, [1, 2, 3], [0, 1, 3], MPI.INT64_T],
+                         [recvv, [1, 2, 3], [0, 1, 3], MPI.INT64_T])
+    want = np.r_[1000 * src[0] + 0, 1000 * src[1] + np.arange(1, 3),
+                 1000 * src[2] + np.arange(3, 6)]
+    _check(bad, "dist graph alltoallv", recvv, want)
+    agv = np.zeros(3, np.int64)
+    g.Neighbor_allgatherv(np.array([rank], np.int64), [agv, [1, 1, 1], None, MPI.INT64_T])
+    _check(bad, "dist graph allgatherv", agv, src)
+    return bad
+
+
+def test_neighbourhood_collectives(world_small):
+    assert world_small.run(_rank_neighbors) == [[]] * world_small.size

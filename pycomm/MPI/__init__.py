@@ -57,6 +57,7 @@ from .exceptions import ERRORS, Exception, Get_error_class, Get_error_string
 from .groups import GROUP_EMPTY, GROUP_NULL, Group
 from .message import MESSAGE_NO_PROC, MESSAGE_NULL, Message
 from .msgspec import BOTTOM
+from .neighbor import UNWEIGHTED, WEIGHTS_EMPTY, Distgraphcomm, Topocomm
 from .ops import (
     BAND,
     BOR,
@@ -77,7 +78,7 @@ from .ops import (
 )
 from .predefined import PREDEFINED
 from .request import REQUEST_NULL, Prequest, Request, Status
-from .topo import CART, DIST_GRAPH, GRAPH, Cartcomm, Compute_dims, Topocomm
+from .topo import CART, DIST_GRAPH, GRAPH, Cartcomm, Compute_dims
 
 # -- datatypes (MPI.DOUBLE ...) and error classes (MPI.ERR_TRUNCATE ...) ----------------
 globals().update({name: dt for name, dt in PREDEFINED.items() if name.isidentifier()})
@@ -291,7 +292,7 @@ _NOT_OFFERED = {
     "Publish_name": "name publishing", "Lookup_name": "name publishing",
     "Unpublish_name": "name publishing", "Session": "MPI sessions",
     "Intercomm": "inter-communicators", "Graphcomm": "graph topologies",
-    "Distgraphcomm": "distributed graph topologies", "Grequest": "generalized requests",
+"Grequest": "generalized requests",
     "WIN_NULL": "one-sided communication",
     "FILE_NULL": "MPI-IO", "Register_datarep": "MPI-IO data representations",
 }

@@ -268,6 +268,14 @@ class Intracomm(Comm):
         from .topo import create_cart
         return create_cart(self, dims, periods, reorder)
 
+    def Create_dist_graph_adjacent(self, sources, destinations, sourceweights=None,
+                                   destweights=None, info=None, reorder: bool = False):
+        """A distributed graph: this rank receives from ``sources`` and sends to
+        ``destinations`` in the neighbourhood collectives (collective; no reordering)."""
+        from .neighbor import create_dist_graph_adjacent
+        return create_dist_graph_adjacent(self, sources, destinations, sourceweights,
+                                          destweights)
+
     def Cart_map(self, dims, periods=None) -> int:
         from .topo import cart_map
         return cart_map(self, dims)

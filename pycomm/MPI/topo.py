@@ -17,6 +17,7 @@ from pycomm.p2p import PROC_NULL
 from .coll import Intracomm
 from .exceptions import mpi_error, translate_methods
 from .msgspec import as_int
+from .neighbor import Topocomm
 
 __all__ = ["CART", "Cartcomm", "Compute_dims", "Topocomm", "cart_map", "create_cart"]
 
@@ -98,19 +99,6 @@ def cart_map(comm: Intracomm, dims) -> int:
 
 
 @translate_methods
-class Topocomm(Intracomm):
-    """Base of the topology communicators (mpi4py's ``MPI.Topocomm``)."""
-
-    __slots__ = ()
-
-    def Neighbor_allgather(self, sendbuf, recvbuf) -> None:
-        raise NotImplementedError("Neighbor_allgather: neighbourhood collectives are not "
-                                  "offered by pycomm.MPI yet")
-
-    Neighbor_alltoall = Neighbor_allgather
-
-
-@translate_methods
 class Cartcomm(Topocomm):
     """A communicator with a Cartesian grid (mpi4py's ``MPI.Cartcomm``)."""
 
@@ -118,6 +106,19 @@ class Cartcomm(Topocomm):
 
     def Get_topology(self) -> int:
         return CART
+
+    def _sources(self) -> list[int]:
+        """Neighbours in MPI's order: per dimension, Shift's source then its dest."""
+        return [r for d in range(len(self._dims)) for r in self.Shift(d, 1)]
+
+    _destinations = _sources
+
+    def _tags(self) -> tuple[list[int], list[int]]:
+        """A message to out-slot k lands in the receiver's slot k ^ 1 (my "+1" neighbour
+        sees me as its "-1" one): tagging by the receiver's slot keeps a periodic
+        dimension of size 1 or 2, where both neighbours are the same rank, right."""
+        n = 2 * len(self._dims)
+        return [k ^ 1 for k in range(n)], list(range(n))
 
     def Get_dim(self) -> int:
         return len(self._dims)

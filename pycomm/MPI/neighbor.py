@@ -1,0 +1,198 @@
+"""Neighbourhood collectives and distributed graphs: ``MPI.Topocomm``, ``Distgraphcomm``.
+
+The Communicator has no neighbourhood collectives, so :class:`Topocomm` runs MPI's
+definition of them (MPI-4.0 section 8.6) with the Communicator's public ``Isend`` /
+``Irecv``: every rank sends block j of its send buffer to its j-th out-neighbour and
+receives from its i-th in-neighbour into block i of its receive buffer, all posted at once
+and waited together (no deadlock, whatever the graph). The traffic runs on a private
+duplicate of the communicator (made on the first neighbourhood call, collectively), so it
+never matches user messages. Matching between a pair of ranks: on a Cartesian grid the tag
+is the receiver's slot (a rank two steps round a periodic ring of two is both neighbours of
+its peer); on a distributed graph the k-th edge from a to b meets the k-th edge into b from
+a, since messages between two ranks keep their order. ``PROC_NULL`` neighbours (the edges
+of a non-periodic grid) send and receive nothing, leaving their blocks untouched.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pycomm.errors import ArgumentError
+from pycomm.p2p import PROC_NULL
+
+from .coll import Intracomm
+from .exceptions import mpi_error, translate_methods
+from .msgspec import as_int, message, vector_message
+
+__all__ = ["UNWEIGHTED", "Distgraphcomm", "Topocomm", "create_dist_graph_adjacent"]
+
+UNWEIGHTED = None
+WEIGHTS_EMPTY = ()
+
+
+@translate_methods
+class Topocomm(Intracomm):
+    """A communicator with neighbours (mpi4py's ``MPI.Topocomm``)."""
+
+    __slots__ = ("_nbrc",)
+
+    # -- neighbours, overridden by the topologies ---------------------------------------
+    def _sources(self) -> list[int]:
+        raise NotImplementedError
+
+    def _destinations(self) -> list[int]:
+        raise NotImplementedError
+
+    def _tags(self) -> tuple[list[int], list[int]]:
+        """Tags of the sends (per out-neighbour) and receives (per in-neighbour)."""
+        return [0] * len(self._destinations()), [0] * len(self._sources())
+
+    indegree = property(lambda self: len(self._sources()))
+    outdegree = property(lambda self: len(self._destinations()))
+    inedges = property(lambda self: list(self._sources()))
+    outedges = property(lambda self: list(self._destinations()))
+    inoutedges = property(lambda self: (list(self._sources()), list(self._destinations())))
+
+    def _private(self):
+        comm = getattr(self, "_nbrc", None)
+        if comm is None:
+            comm = self._nbrc = self._inner("neighbour collective").Dup()
+        return comm
+
+    def _exchange(self, sends, recvs) -> None:
+        """Post every receive and send (lists of wire arrays, per neighbour) and wait."""
+        comm = self._private()
+        stags, rtags = self._tags()
+        reqs = [comm.Irecv(buf, src, tag) for buf, src, tag in
+                zip(recvs, self._sources(), rtags)]
+        reqs += [comm.Isend(buf, dst, tag) for buf, dst, tag in
+                 zip(sends, self._destinations(), stags)]
+        if reqs:
+            reqs[0].Waitall(reqs)
+
+    @staticmethod
+    def _split(array: np.ndarray, parts: int, what: str) -> list[np.ndarray]:
+        if parts == 0:
+            return []
+        if array.size % parts:
+            raise mpi_error(ArgumentError, "ERR_COUNT", f"{what}: {array.size} elements do "
+                            f"not split into {parts} equal blocks")
+        n = array.size // parts
+        return [array[i * n:(i + 1) * n] for i in range(parts)]
+
+    def Neighbor_allgather(self, sendbuf, recvbuf) -> None:
+        """Send ``sendbuf`` to every out-neighbour; block i of ``recvbuf`` comes from the
+        i-th in-neighbour."""
+        w = f"rank {self.rank}: Neighbor_allgather"
+        s = message(sendbuf, w, "sendbuf", writable=False)
+        r = message(recvbuf, w, "recvbuf", writable=True, blocks=max(self.indegree, 1))
+        self._exchange([s.array] * self.outdegree, self._split(r.array, self.indegree, w))
+        r.finish()
+
+    def Neighbor_alltoall(self, sendbuf, recvbuf) -> None:
+        """Block j of ``sendbuf`` to the j-th out-neighbour; block i of ``recvbuf`` from
+        the i-th in-neighbour."""
+        w = f"rank {self.rank}: Neighbor_alltoall"
+        s = message(sendbuf, w, "sendbuf", writable=False, blocks=max(self.outdegree, 1))
+        r = message(recvbuf, w, "recvbuf", writable=True, blocks=max(self.indegree, 1))
+        self._exchange(self._split(s.array, self.outdegree, w),
+                       self._split(r.array, self.indegree, w))
+        r.finish()
+
+    def _blocks(self, spec, n, w, arg, writable):
+        m, counts, displs = vector_message(spec, n, w, arg, writable=writable)
+        return m, [m.array[d:d + c] for c, d in zip(counts, displs)]
+
+    def Neighbor_allgatherv(self, sendbuf, recvbuf) -> None:
+        """As :meth:`Neighbor_allgather` into the vector spec ``recvbuf`` (one block per
+        in-neighbour)."""
+        w = f"rank {self.rank}: Neighbor_allgatherv"
+        s = message(sendbuf, w, "sendbuf", writable=False)
+        r, rblocks = self._blocks(recvbuf, self.indegree, w, "recvbuf", True)
+        self._exchange([s.array] * self.outdegree, rblocks)
+        r.finish()
+
+    def Neighbor_alltoallv(self, sendbuf, recvbuf) -> None:
+        """As :meth:`Neighbor_alltoall` with vector specs (one block per neighbour)."""
+        w = f"rank {self.rank}: Neighbor_alltoallv"
+        _, sblocks = self._blocks(sendbuf, self.outdegree, w, "sendbuf", False)
+        r, rblocks = self._blocks(recvbuf, self.indegree, w, "recvbuf", True)
+        self._exchange(sblocks, rblocks)
+        r.finish()
+
+    def neighbor_allgather(self, sendobj) -> list:
+        """Object form: the list of the in-neighbours' objects (None for PROC_NULL)."""
+        return self.neighbor_alltoall([sendobj] * self.outdegree)
+
+    def neighbor_alltoall(self, sendobj) -> list:
+        """Object form: item j of ``sendobj`` to the j-th out-neighbour; returns the list
+        of what the in-neighbours sent."""
+        comm = self._private()
+        stags, rtags = self._tags()
+        items = list(sendobj)
+        if len(items) != self.outdegree:
+            raise mpi_error(ArgumentError, "ERR_COUNT", f"rank {self.rank}: "
+                            f"neighbor_alltoall: {len(items)} objects for "
+                            f"{self.outdegree} out-neighbours")
+        reqs = [comm.irecv(None, src, tag) for src, tag in zip(self._sources(), rtags)]
+        sends = [comm.isend(obj, dst, tag) for obj, dst, tag in
+                 zip(items, self._destinations(), stags)]
+        out = [r.wait() for r in reqs]
+        for r in sends:
+            r.wait()
+        return out
+
+
+@translate_methods
+class Distgraphcomm(Topocomm):
+    """A distributed-graph communicator (mpi4py's ``MPI.Distgraphcomm``)."""
+
+    __slots__ = ("_dst", "_dw", "_src", "_sw")
+
+    def _sources(self) -> list[int]:
+        return self._src
+
+    def _destinations(self) -> list[int]:
+        return self._dst
+
+    def Get_topology(self) -> int:
+        from .topo import DIST_GRAPH
+        return DIST_GRAPH
+
+    def Get_dist_neighbors_count(self) -> tuple[int, int, bool]:
+        """``(indegree, outdegree, weighted)``."""
+        return len(self._src), len(self._dst), self._sw is not None
+
+    def Get_dist_neighbors(self):
+        """``(sources, destinations, (sourceweights, destweights) or None)``."""
+        weights = None if self._sw is None else (list(self._sw), list(self._dw))
+        return list(self._src), list(self._dst), weights
+
+
+def create_dist_graph_adjacent(comm: Intracomm, sources, destinations, sourceweights,
+                               destweights) -> Distgraphcomm:
+    """``Intracomm.Create_dist_graph_adjacent`` (collective; ranks are not reordered).
+
+    Raises:
+        MPI.Exception (ERR_RANK / ERR_ARG): a neighbour outside the communicator, or
+            weights whose length differs from the neighbour list's.
+    """
+    c = comm._inner("Create_dist_graph_adjacent")
+    w = f"rank {c.rank}: Create_dist_graph_adjacent"
+    src = [as_int(r, "sources", w) for r in sources]
+    dst = [as_int(r, "destinations", w) for r in destinations]
+    for r in src + dst:
+        if not (0 <= r < c.size or r == PROC_NULL):
+            raise mpi_error(ArgumentError, "ERR_RANK", f"{w}: neighbour {r} is not a rank "
+                            f"of a communicator of size {c.size}")
+    weighted = sourceweights is not None or destweights is not None
+    sw = list(sourceweights) if sourceweights is not None else [1] * len(src)
+    dw = list(destweights) if destweights is not None else [1] * len(dst)
+    if len(sw) != len(src) or len(dw) != len(dst):
+        raise mpi_error(ArgumentError, "ERR_ARG", f"{w}: {len(sw)} source weights for "
+                        f"{len(src)} sources, {len(dw)} destination weights for "
+                        f"{len(dst)} destinations")
+    out = Distgraphcomm._wrap(c.Dup())
+    out._src, out._dst = src, dst
+    out._sw, out._dw = (sw, dw) if weighted else (None, None)
+    return out
