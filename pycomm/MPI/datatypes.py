@@ -428,55 +428,17 @@ class Datatype:
         return int(sum(self._dtypes[c].itemsize for c in self._codes))
 
     def gather_index(self, count: int, start: int) -> tuple:
-        """How to gather ``count`` items placed at byte ``start`` of a buffer.
-
-        Returns ``(index, by_element, lo, hi, blocks)``: ``index`` is in units of the basic
-        dtype's itemsize when ``by_element`` (the buffer is viewed in that dtype), else in
-        bytes (heterogeneous or misaligned layouts); ``lo``/``hi`` bound it (``hi``
-        exclusive); ``blocks`` is ``(first, nblocks, stride, blocklength)`` when the index
-        is equal-length runs at a constant positive stride (vectors, columns, subarrays of
-        one dimension...), which packs as a strided view (a copy loop, no index array).
-        Cached per (count, start).
-        """
+        """The plan that gathers ``count`` items at byte ``start`` of a buffer, cached per
+        (count, start): see :func:`pycomm.MPI.plans.gather_plan`."""
         key = (count, start)
         hit = self._cache.get(key)
-        if hit is not None:
-            return hit
-        item_offs = start + np.arange(count, dtype=np.int64) * self.extent
-        leaf = (item_offs[:, None] + self._disps[None, :]).reshape(-1)
-        isz = self._dtypes[0].itemsize if len(self._dtypes) == 1 else 0
-        if isz and not (leaf % isz).any():
-            index, by_element = leaf // isz, True
-        else:
-            lens = np.array([d.itemsize for d in self._dtypes],
-                            dtype=np.int64)[np.tile(self._codes, count)]
-            first = np.cumsum(lens) - lens
-            index = np.repeat(leaf - first, lens) + np.arange(int(lens.sum()))
-            by_element = False
-        out = (index, by_element, int(index.min()), int(index.max()) + 1, _runs(index))
-        if len(self._cache) >= _INDEX_CACHE:
-            self._cache.pop(next(iter(self._cache)))
-        self._cache[key] = out
-        return out
-
-
-def _runs(index: np.ndarray) -> tuple[int, int, int, int] | None:
-    """``(first, nblocks, stride, blocklength)`` when ``index`` is ``nblocks`` runs of
-    ``blocklength`` consecutive values whose starts lie ``stride >= blocklength`` apart."""
-    breaks = np.flatnonzero(np.diff(index) != 1)
-    bl = int(breaks[0]) + 1 if breaks.size else index.size
-    if index.size % bl:
-        return None
-    rows = index.reshape(-1, bl)
-    if bl > 1 and (rows[:, -1] - rows[:, 0] != bl - 1).any():
-        return None
-    if not (np.diff(rows, axis=1) == 1).all() if bl > 1 else False:
-        return None
-    starts = rows[:, 0]
-    stride = int(starts[1] - starts[0]) if starts.size > 1 else bl
-    if stride < bl or (starts.size > 1 and (np.diff(starts) != stride).any()):
-        return None
-    return int(starts[0]), int(starts.size), stride, bl
+        if hit is None:
+            from .plans import gather_plan
+            hit = gather_plan(self, count, start)
+            if len(self._cache) >= _INDEX_CACHE:
+                self._cache.pop(next(iter(self._cache)))
+            self._cache[key] = hit
+        return hit
 
 
 def _index_of(dtypes: list, dt: np.dtype) -> int:
