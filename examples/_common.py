@@ -378,15 +378,18 @@ def close(a: np.ndarray, b: np.ndarray, rtol: float = 1e-9) -> tuple[bool, float
 def allreduce_bytes(algorithm: str, n_bytes: int, p: int) -> float:
     """Mean bytes a rank sends in an all-reduce of ``n_bytes`` by ``algorithm``.
 
-    Recursive doubling exchanges the whole vector log2(p) times (Thakur et al. 2005);
-    ring, Rabenseifner, binomial reduce+broadcast and the double binary tree all send
-    2(p-1)/p·N per rank on average (the trees unevenly). Powers of two only: the
-    non-power-of-two fold adds N on the folded ranks.
+    Recursive doubling (Thakur et al. 2005) exchanges the whole vector log2(q) times among
+    the q = 2^floor(log2 p) ranks left after the non-power-of-two fold, which costs the
+    p - q folded pairs N in and N out: (2(p - q) + q·log2 q)/p · N. Ring, Rabenseifner
+    (its fold included), binomial reduce + broadcast and the double binary tree all move
+    every byte across p - 1 links on the way in and p - 1 on the way out: 2(p-1)/p·N on
+    average (the trees unevenly).
     """
     if p == 1:
         return 0.0
     if algorithm == "recursive_doubling":
-        return float(int(np.ceil(np.log2(p))) * n_bytes)
+        q = 1 << (p.bit_length() - 1)
+        return (2 * (p - q) + q * (q.bit_length() - 1)) / p * n_bytes
     return ring_allreduce_bytes(n_bytes, p)
 
 

@@ -131,6 +131,8 @@ def main(argv=None) -> int:
               "in the column; medians over the steps after the first: step ms the slowest rank's, "
               "comm ms the mean over ranks)",
               flush=True)
+        ok &= C.check(rank, all(np.isclose(r[4], r[5] + r[6]) for r in rows_out),
+                      "bytes sent per rank per step equal the formulas (tp + dp)")
     tp.Free()
     dp.Free()
     return C.finish(comm, ok)

@@ -268,8 +268,10 @@ def main(argv=None) -> int:
               f"first: step ms, the slowest worker's; comm ms, push + pull (or all-reduce), "
               f"the mean over workers)", flush=True)
         ok &= C.check(rank, all(np.isclose(r[3], 8 * n) for r in rows[:2])
-                      and all(np.isclose(r[4], 8 * n * W / S, rtol=0.01) for r in rows[:2]),
-                      "measured PS bytes equal the formulas (N per worker, W·N/S per server)")
+                      and all(np.isclose(r[4], 8 * n * W / S) for r in rows[:2])
+                      and np.isclose(rows[2][3], C.allreduce_bytes(alg, 8 * n, p)),
+                      "measured bytes equal the formulas (PS: N per worker, W·N/S per "
+                      "server; all-reduce: the chosen algorithm's)")
     return C.finish(comm, ok)
 
 

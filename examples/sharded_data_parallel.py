@@ -181,6 +181,7 @@ def main(argv=None) -> int:
     comm.Bcast(flat0, root=0)
     steps = C.full_batches(len(data[1]), args.batch_size, args.seed, args.steps)
     n = flat0.size
+    c = -(-n // p)                       # each rank's shard; vectors are padded to c·p
     if rank == 0:
         print(f"MLP {'-'.join(map(str, dims))}: N = {n} params, Adam, {p} ranks, batch "
               f"{args.batch_size}, {args.steps} steps (first untimed)", flush=True)
@@ -213,21 +214,27 @@ def main(argv=None) -> int:
         print(f"{'scheme':<9} {'state/rank':>11} {'formula':>10} {'peak alloc':>11} "
               f"{'step ms':>8} {'comm ms':>8} {'share':>6} {'sent/rank/step':>15} "
               f"{'formula':>11}")
+        bytes_ok = True
         for stage, (name, state, form, peak, step_s, comm_s, sent) in enumerate(rows):
             # plain: the chosen all-reduce's bytes; ZeRO: (p-1)/p·N reduce-scatter and as
-            # much all-gather, 2(p-1)/p·N in all (the paper's "same as data parallel")
-            alg = comm.chosen_algorithm("allreduce", 8 * n)
-            want = (C.allreduce_bytes(alg, 8 * n, p) if stage == 0
-                    else C.ring_allreduce_bytes(8 * n, p))
+            # much all-gather, 2(p-1)/p·N in all (the paper's "same as data parallel").
+            # Every buffer but ZeRO-2's per-layer gradients is padded to c·p elements.
+            padded = 8 * c * p
+            alg = comm.chosen_algorithm("allreduce", padded)
+            want = {0: C.allreduce_bytes(alg, padded, p),
+                    1: C.ring_allreduce_bytes(padded, p),
+                    2: (p - 1) / p * (8 * n + padded)}[stage]
             print(f"{name:<9} {C.mib(state):>11} {C.mib(form):>10} {C.mib(peak):>11} "
                   f"{step_s * 1e3:8.1f} {comm_s * 1e3:8.1f} {comm_s / step_s:6.1%} "
                   f"{C.mib(sent):>15} {C.mib(want):>11}")
+            bytes_ok &= bool(np.isclose(sent, want))
         print("(state formula, float64: plain 32N; ZeRO-1 16N + 24N/p; ZeRO-2 8N + 8·largest "
               "layer + 24N/p. Peak alloc: tracemalloc during training, the largest over "
               "ranks. Step and comm ms: medians over the steps after the first. Bytes "
               "formula: the chosen all-reduce's (2(p-1)/p·N, or log2(p)·N for recursive "
               "doubling); ZeRO: (p-1)/p·N reduce-scatter + as much "
               "all-gather)", flush=True)
+        ok &= C.check(rank, bytes_ok, "bytes sent per rank per step equal the formulas")
         ok &= C.check(rank, rows[2][1] < rows[1][1] < rows[0][1],
                       "state per rank shrinks: plain > ZeRO-1 > ZeRO-2 "
                       f"({' > '.join(C.mib(r[1]) for r in rows)})")

@@ -310,6 +310,8 @@ def main(argv=None) -> int:
                   f"{C.mib(per_step):>15} {C.mib(formula):>10}  ({text})")
         print("(medians over the steps after the first: step ms, the slowest rank's; comm ms, "
               "time inside the collectives, the mean over ranks)", flush=True)
+        ok &= C.check(rank, all(np.isclose(r[3], r[4]) for r in rows_out),
+                      "bytes sent per rank per step equal the formulas")
     return C.finish(comm, ok)
 
 

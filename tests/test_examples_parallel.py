@@ -164,11 +164,11 @@ def test_parameter_server_shards_and_zero2_buckets(C):
 
 EXPECTED = [  # (example, ranks, PASS lines it prints when every check holds)
     ("bucketed_data_parallel.py", 4, 6),
-    ("tensor_parallel.py", 4, 6),
+    ("tensor_parallel.py", 4, 7),
     ("pipeline_parallel.py", 4, 4),
-    ("sharded_data_parallel.py", 4, 5),
+    ("sharded_data_parallel.py", 4, 6),
     ("parameter_server.py", 3, 7),
-    ("hybrid_parallel.py", 4, 4),
+    ("hybrid_parallel.py", 4, 5),
 ]
 
 
