@@ -79,6 +79,9 @@ def listening_ports(pid: int) -> list[int]:
     return ports
 
 
+_ZEROS_64K = bytes(64 * 1024)
+
+
 def frame(body: bytes) -> bytes:
     """A store message: u32 little-endian length, then the body."""
     return struct.pack("<I", len(body)) + body
@@ -130,11 +133,15 @@ class Strangers:
             sock = self._open(host, port)
             self._spawn(self._stream, sock, head, mib)
 
-    def send(self, host: str, port: int, data: bytes) -> None:
-        """(c) one connection that sends ``data`` and stays open."""
+    def send(self, host: str, port: int, data: bytes | tuple[bytes, int]) -> None:
+        """(c) one connection that sends ``data`` and stays open; ``(head, kib)`` sends
+        ``head`` and then ``kib`` KiB of zeros (streamed: nothing that large is built)."""
         sock = self._open(host, port)
+        head, kib = data if isinstance(data, tuple) else (data, 0)
         try:
-            sock.sendall(data)
+            sock.sendall(head)
+            for _ in range(kib // 64):
+                sock.sendall(_ZEROS_64K)
         except OSError:
             pass            # the listener already hung up on it: that is its right
 
@@ -301,11 +308,12 @@ def test_tcp_start_up_is_not_held_by_strangers_who_connect_first(no_shared_world
 
 # -- (c) random and adversarial frames (hypothesis) -----------------------------------------
 
-def adversarial(proof_len: int, hello: bytes, bloat: bool) -> st.SearchStrategy[list[bytes]]:
+def adversarial(proof_len: int, hello: bytes, bloat: bool) -> st.SearchStrategy[list]:
     """What strangers send, one element per connection: random bytes, huge length prefixes,
     a ZMTP greeting with a huge frame, a hello cut short, a valid-looking hello followed by
     a wrong proof, with random trailing bytes; with ``bloat``, also a huge length prefix
-    followed by up to 4 MiB (sent only where the listener runs on a thread of its own)."""
+    followed by up to 16 MiB, as (head, KiB) for :meth:`Strangers.send` (only where the
+    listener runs on a thread of its own)."""
     one = st.one_of(
         st.binary(max_size=512),
         st.builds(lambda n, tail: struct.pack("<I", n) + tail,
@@ -317,8 +325,7 @@ def adversarial(proof_len: int, hello: bytes, bloat: bool) -> st.SearchStrategy[
                   st.binary(min_size=proof_len, max_size=proof_len), st.binary(max_size=64)),
     )
     if bloat:
-        one |= st.builds(lambda head, kib: head + bytes(kib * 1024), st.sampled_from(BLOAT_HEADS),
-                         st.integers(0, 4096))
+        one |= st.tuples(st.sampled_from(BLOAT_HEADS), st.integers(0, 16384))
     return st.lists(one, min_size=1, max_size=4)
 
 
