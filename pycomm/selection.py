@@ -105,7 +105,7 @@ class AlgorithmSelection:
         name, fn = self._choose(collective, nbytes, algorithm, commutative)
         debug = self._debug
         if not debug and self._defer is None:  # the common case: no closure, no log
-            # the flight recorder (pycomm.trace): one tuple and three slot writes a call
+            # the flight recorder (pycomm.trace): a tuple, a slot write, two clock reads
             n = _trace.begin(collective, self, self._seq, nbytes if log_bytes is None
                              else log_bytes, name, -1)
             try:

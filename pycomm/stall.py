@@ -63,7 +63,7 @@ def position(rank: int, waiting_for: int | None, sigusr1: bool, round_: int = 0)
     cur = trace.current()
     running = None
     if cur is not None:
-        op, comm, seq, _nbytes, _alg, peer, t0 = cur
+        op, comm, seq, _nbytes, _alg, peer, t0 = cur[:7]
         running = [op, getattr(comm, "name", "-"), getattr(comm, "_cid", -1), seq, peer,
                    (now - t0) / 1e9]
     last = trace.last_completed()

@@ -5,8 +5,8 @@ point-to-point, request waits) in a ring of preallocated slots: the operation, t
 communicator (name and context id), the call's sequence number (a collective's tag, a
 point-to-point call's tag), bytes, algorithm, peer (world rank, point-to-point), start and
 end times, and a state (running, done, or error with its text). Recording a call costs
-one tuple and three slot writes; nothing else runs on the fast path (its cost on an 8 B
-all-reduce is in benchmarks/README.md).
+one tuple, one slot write and two clock reads; nothing else runs on the fast path (its
+cost on an 8 B all-reduce: benchmarks/README.md, "Flight recorder").
 
 The ring is printed (human-readable, to stderr):
 
@@ -50,10 +50,9 @@ ERROR_DUMP_CALLS = 32  # calls printed when an error leaves a call (SIGUSR1: the
 
 _now = time.perf_counter_ns
 _cap = max(1, int(config.get("PYCOMM_TRACE_CALLS")))
-_calls: list = [None] * _cap    # slot -> (op, comm, seq, nbytes, algorithm, peer, t0 ns)
-_ends: list = [0] * _cap        # slot -> end time in ns; 0 while the call runs
-_owner: list = [-1] * _cap      # slot -> number of the call in it (a late end is ignored)
-_errors: dict = {}              # slot -> (call number, error text): failed calls only
+_calls: list = [None] * _cap    # slot -> (op, comm, seq, nbytes, algorithm, peer, t0, n)
+_ends: list = [0] * _cap        # slot -> end in ns; the call runs while this is < its t0
+_errors: dict = {}              # call number -> error text: failed calls only
 _counter = itertools.count()    # next() is atomic under the GIL: two threads record
 _spill: list | None = None      # PYCOMM_TRACE: calls the ring overwrote, kept for the JSON
 _rank = 0
@@ -75,19 +74,25 @@ def begin(op: str, comm, seq: int, nbytes: int, algorithm: str | None, peer: int
         peer: world rank of a point-to-point peer, -1 for none.
     """
     n = next(_counter)
+    _calls[n % _cap] = (op, comm, seq, nbytes, algorithm, peer, _now(), n)
+    return n
+
+
+def _begin_keeping(op: str, comm, seq: int, nbytes: int, algorithm: str | None,
+                   peer: int) -> int:
+    """:func:`begin` with ``PYCOMM_TRACE``: the call the slot held is kept for the JSON."""
+    n = next(_counter)
     i = n % _cap
-    if _spill is not None and n >= _cap:
+    if _calls[i] is not None:
         _keep(i)
-    _calls[i] = (op, comm, seq, nbytes, algorithm, peer, _now())
-    _ends[i] = 0
-    _owner[i] = n
+    _calls[i] = (op, comm, seq, nbytes, algorithm, peer, _now(), n)
     return n
 
 
 def end(n: int) -> None:
-    """Record that call ``n`` completed."""
+    """Record that call ``n`` completed (ignored when the ring has reused its slot)."""
     i = n % _cap
-    if _owner[i] == n:
+    if _calls[i][7] == n:
         _ends[i] = _now()
 
 
@@ -95,9 +100,12 @@ def fail(n: int, exc: BaseException) -> None:
     """Record that call ``n`` raised ``exc``; print the ring for a CommError (once per
     exception) and tell the stall inspector, which publishes whom the error blames."""
     i = n % _cap
-    if _owner[i] == n:
+    if _calls[i][7] == n:
         _ends[i] = _now()
-        _errors[i] = (n, f"{type(exc).__name__}: {exc}")
+        if len(_errors) >= _cap:        # forget errors the ring has overwritten
+            for old in [k for k in _errors if k < n - _cap]:
+                del _errors[old]
+        _errors[n] = f"{type(exc).__name__}: {exc}"
     if not isinstance(exc, CommError) or getattr(exc, "_pycomm_reported", False):
         return
     try:
@@ -156,9 +164,8 @@ def traced(op: str, comm, seq: int, nbytes: int, peer: int, fn, *args):
 
 def _keep(i: int) -> None:
     call = _calls[i]
-    if call is not None:
-        err = _errors.pop(i, None)
-        _spill.append((call, _ends[i], err[1] if err and err[0] == _owner[i] else None))
+    t1 = _ends[i]
+    _spill.append((call, t1 if t1 >= call[6] else 0, _errors.pop(call[7], None)))
 
 
 # -- reading the ring -----------------------------------------------------------------------
@@ -172,10 +179,10 @@ def _snapshot(limit: int | None = None) -> list:
     for n in range(first, top):
         i = n % _cap
         call = _calls[i]
-        if call is None or _owner[i] != n:
+        if call is None or call[7] != n:
             continue
-        err = _errors.get(i)
-        out.append((n, call, _ends[i], err[1] if err and err[0] == n else None))
+        t1 = _ends[i]
+        out.append((n, call, t1 if t1 >= call[6] else 0, _errors.get(n)))
     return out
 
 
@@ -260,7 +267,7 @@ def format_calls(calls: list, now_ns: int | None = None) -> list[str]:
     now_ns = _now() if now_ns is None else now_ns
     rows = [f"{'call':>6}  {'op':<22} {'comm':<24} {'seq':>6} {'bytes':>10} "
             f"{'algorithm':<20} {'peer':>4} {'started':>10} {'took':>10}  state"]
-    for n, (op, comm, seq, nbytes, alg, peer, t0), t1, err in calls:
+    for n, (op, comm, seq, nbytes, alg, peer, t0, _n), t1, err in calls:
         took = f"{(t1 - t0) / 1e6:.3f} ms" if t1 else "-"
         state = "running" if not t1 else f"error: {err}" if err else "done"
         rows.append(f"{n:>6}  {display_name(op):<22} {_comm_name(comm)[:24]:<24} {seq:>6} "
@@ -301,7 +308,7 @@ def chrome_events(rank: int | None = None) -> list[dict]:
                "args": {"name": "calls"}},
               {"name": "thread_name", "ph": "M", "pid": rank, "tid": 1,
                "args": {"name": "nonblocking collectives"}}]
-    for (op, comm, seq, nbytes, alg, peer, t0), t1, err in kept:
+    for (op, comm, seq, nbytes, alg, peer, t0, _n), t1, err in kept:
         nonblocking = _is_nonblocking(op)
         args = {"comm": _comm_name(comm), "cid": getattr(comm, "_cid", -1), "seq": seq,
                 "bytes": nbytes, "state": "running" if not t1 else "error" if err else "done"}
@@ -373,7 +380,7 @@ def install(rank: int) -> bool:
     """Set this process's rank; install the SIGUSR1 dump and, with ``PYCOMM_TRACE``, the
     exit dump and timeline (idempotent). Returns whether SIGUSR1 now dumps the ring (only
     from the main thread, and only when the program left SIGUSR1 at its default)."""
-    global _rank, _installed, _spill
+    global _rank, _installed, _spill, begin
     _rank = rank
     if _installed:
         return signal.getsignal(signal.SIGUSR1) is _on_sigusr1
@@ -381,6 +388,7 @@ def install(rank: int) -> bool:
     path = config.get("PYCOMM_TRACE")
     if path:
         _spill = []
+        begin = _begin_keeping
         atexit.register(_at_exit, path)
     if threading.current_thread() is threading.main_thread() and \
             signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL:
