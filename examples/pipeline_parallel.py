@@ -68,8 +68,9 @@ def schedule(kind: str, s: int, p: int, m: int) -> list[tuple[str, int]]:
 def train(kind, args, data, dims, flat0, steps_batches, comm, mod):
     """Train with schedule ``kind``; return (this stage's params, times, peak activations).
 
-    ``times[s]`` is step s's ``(wall seconds, busy seconds)`` on this stage, timed from a
-    barrier at the step's start to its optimizer step's end.
+    ``times[s]`` is step s's ``(wall, busy, waiting)`` seconds on this stage, timed from
+    a barrier at the step's start to its optimizer step's end; waiting is the time spent
+    in ``Wait`` for messages (the pipeline's communication, bubble included).
     """
     X, y = data[0], data[1]
     s, p, m = comm.rank, comm.size, args.micro_batches
@@ -84,7 +85,7 @@ def train(kind, args, data, dims, flat0, steps_batches, comm, mod):
     for batch in steps_batches:
         comm.Barrier()
         t_step = mod.Wtime()
-        busy = 0.0
+        busy = wait = 0.0
         micro = np.array_split(batch, m)
         # every receive of the step posted up front, tags: j forward, m + j backward
         acts = [np.empty((len(mb), width_in)) for mb in micro] if s > 0 else None
@@ -96,7 +97,9 @@ def train(kind, args, data, dims, flat0, steps_batches, comm, mod):
         for op, j in schedule(kind, s, p, m):
             if op == "F":
                 if s > 0:
+                    t0 = mod.Wtime()
                     recv_f[j].Wait()
+                    wait += mod.Wtime() - t0
                 t0 = mod.Wtime()
                 out, caches[j] = C.mlp_forward(P, acts[j] if s > 0 else X[micro[j]],
                                                first, last)
@@ -109,7 +112,9 @@ def train(kind, args, data, dims, flat0, steps_batches, comm, mod):
                                      for c in caches.values()))
             else:
                 if s < p - 1:
+                    t0 = mod.Wtime()
                     recv_b[j].Wait()
+                    wait += mod.Wtime() - t0
                 t0 = mod.Wtime()
                 dout = douts[j] if s < p - 1 else dlogits.pop(j)
                 dx = C.mlp_backward(P, G, caches.pop(j), dout, first, need_dx=s > 0)
@@ -117,13 +122,15 @@ def train(kind, args, data, dims, flat0, steps_batches, comm, mod):
                 busy += mod.Wtime() - t0
                 if s > 0:
                     sends.append(comm.Isend(dx, s - 1, m + j))
+        t0 = mod.Wtime()
         mod.Request.Waitall(sends)
+        wait += mod.Wtime() - t0
         t0 = mod.Wtime()
         vel[span] *= args.momentum
         vel[span] -= args.lr / len(batch) * acc[span]
         params[span] += vel[span]
         busy += mod.Wtime() - t0
-        times.append((mod.Wtime() - t_step, busy))
+        times.append((mod.Wtime() - t_step, busy, wait))
     return params[span], times, peak
 
 
@@ -174,26 +181,28 @@ def main(argv=None) -> int:
                           f"single-process run's (max rel. diff {max(e[1] for e in every):.2g})")
             # a step lasts until its slowest stage is done; a stage's bubble is the part
             # of that it was not computing. Medians over the steps after the first.
-            t = np.array([e[2] for e in every])[:, 1:, :]       # stage, step, (wall, busy)
+            t = np.array([e[2] for e in every])[:, 1:, :]  # stage, step, (wall, busy, wait)
             wall = t[:, :, 0].max(axis=0)
             step_ms = float(np.median(wall)) * 1e3
             bubbles = [float(np.median(1 - t[r, :, 1] / wall)) for r in range(p)]
+            waiting = float(np.median(t[:, :, 2].mean(axis=0) / wall))
             act_bytes = 2 * (len(steps[0]) * args.width * 8) * (p - 1) / p  # per rank, F + B
-            rows.append((kind, step_ms, bubbles, [e[3] for e in every],
+            rows.append((kind, step_ms, bubbles, waiting, [e[3] for e in every],
                          np.mean([e[4] for e in every]) / args.steps, act_bytes))
     if rank == 0:
         print(f"single-process loss {losses[0]:.1f} -> {losses[-1]:.1f} (summed over a batch)")
         print(f"{'schedule':<8} {'step ms':>8} {'bubble per stage (1 - busy/step)':>34} "
-              f"{'mean':>6} {'(p-1)/(m+p-1)':>14} {'peak acts/stage':>22} "
+              f"{'mean':>6} {'(p-1)/(m+p-1)':>14} {'waiting':>8} {'peak acts/stage':>22} "
               f"{'sent/rank/step':>15}")
-        for kind, step_ms, bubbles, peaks, sent, act_bytes in rows:
+        for kind, step_ms, bubbles, waiting, peaks, sent, act_bytes in rows:
             print(f"{kind:<8} {step_ms:8.1f} {' '.join(f'{b:5.1%}' for b in bubbles):>34} "
-                  f"{np.mean(bubbles):6.1%} {formula:14.1%} "
+                  f"{np.mean(bubbles):6.1%} {formula:14.1%} {waiting:8.1%} "
                   f"{' '.join(f'{x / 2**20:.1f}' for x in peaks):>17} MiB "
                   f"{C.mib(sent):>15}")
-        print(f"(bytes formula: activations forward + gradients back, 2·B·width·8·(p-1)/p "
-              f"= {C.mib(rows[0][5])} per rank per step; communication share of a step: "
-              f"the measured bubble includes the waits for messages)", flush=True)
+        print(f"(medians over the steps after the first; waiting: the share of a step spent "
+              f"in Wait for messages, mean over stages, the pipeline's communication share, "
+              f"its bubble included; bytes formula: activations forward + gradients back, "
+              f"2·B·width·8·(p-1)/p = {C.mib(rows[0][6])} per rank per step)", flush=True)
         ok &= C.check(rank, all(np.isclose(sent, want) for *_, sent, want in rows),
                       "bytes sent per rank per step equal 2·B·width·8·(p-1)/p")
     return C.finish(comm, ok)
