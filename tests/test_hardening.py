@@ -29,7 +29,7 @@ import cloudpickle
 import msgpack
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import pycomm
@@ -226,20 +226,21 @@ def check_job(pool: pycomm.Pool, calls: int = CALLS, within: float = CALLS_WITHI
 
 
 @pytest.fixture(scope="module")
-def shm_pool(no_shared_world):
+def shm_pool(own_ranks_only):
     with pycomm.Pool(2, transport="shm", timeout=30) as pool:
         yield pool
 
 
 @pytest.fixture(scope="module")
-def rdma_pool(no_shared_world):
+def rdma_pool(own_ranks_only):
     with pycomm.Pool(2, transport="rdma", timeout=30) as pool:
         yield pool
 
 
 @pytest.fixture(scope="module")
-def no_shared_world():
-    """Close the suite's shared pool first, so that only this module's ranks run."""
+def own_ranks_only():
+    """Close the suite's shared pool first (module-wide, unlike conftest's
+    ``no_shared_world``), so that only this module's ranks compete for the cores."""
     from conftest import _CACHE
     _CACHE.close()
 
@@ -284,7 +285,7 @@ def test_rdma_job_runs_at_speed_with_strangers_on_every_nic(rdma_pool, strangers
     assert max(grown) < RSS_SLACK_MIB, f"ranks grew by {grown} MiB"
 
 
-def test_tcp_start_up_is_not_held_by_strangers_who_connect_first(no_shared_world,
+def test_tcp_start_up_is_not_held_by_strangers_who_connect_first(own_ranks_only,
                                                                  monkeypatch, strangers):
     """Every rank's listener gets its strangers before any peer can know its address."""
     put = StoreServer._put
@@ -308,12 +309,13 @@ def test_tcp_start_up_is_not_held_by_strangers_who_connect_first(no_shared_world
 
 # -- (c) random and adversarial frames (hypothesis) -----------------------------------------
 
-def adversarial(proof_len: int, hello: bytes, bloat: bool) -> st.SearchStrategy[list]:
+def adversarial(hello: bytes, proof: st.SearchStrategy[bytes],
+                bloat: bool) -> st.SearchStrategy[list]:
     """What strangers send, one element per connection: random bytes, huge length prefixes,
-    a ZMTP greeting with a huge frame, a hello cut short, a valid-looking hello followed by
-    a wrong proof, with random trailing bytes; with ``bloat``, also a huge length prefix
-    followed by up to 16 MiB, as (head, KiB) for :meth:`Strangers.send` (only where the
-    listener runs on a thread of its own)."""
+    a ZMTP greeting with a huge frame, ``hello`` cut short, ``hello`` and a wrong ``proof``,
+    with random trailing bytes; with ``bloat``, also a huge length prefix followed by up to
+    16 MiB, as (head, KiB) for :meth:`Strangers.send` (only where the listener runs on a
+    thread of its own, so that the sender cannot stall the test)."""
     one = st.one_of(
         st.binary(max_size=512),
         st.builds(lambda n, tail: struct.pack("<I", n) + tail,
@@ -321,50 +323,52 @@ def adversarial(proof_len: int, hello: bytes, bloat: bool) -> st.SearchStrategy[
         st.builds(lambda n, tail: ZMTP_GREETING + ZMTP_READY + b"\x02" + struct.pack(">Q", n)
                   + tail, st.integers(2 ** 10, 2 ** 40), st.binary(max_size=64)),
         st.integers(1, len(hello) - 1).map(lambda k: hello[:k]),
-        st.builds(lambda proof, tail: hello + proof + tail,
-                  st.binary(min_size=proof_len, max_size=proof_len), st.binary(max_size=64)),
+        st.builds(lambda p, tail: hello + p + tail, proof, st.binary(max_size=64)),
     )
     if bloat:
         one |= st.tuples(st.sampled_from(BLOAT_HEADS), st.integers(0, 16384))
     return st.lists(one, min_size=1, max_size=4)
 
 
-STORE_HELLO = frame(HELLO)
-FUZZ = settings(max_examples=25, deadline=None,
-                suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                       HealthCheck.too_slow])
+FUZZ = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @pytest.fixture(scope="module")
-def store_rss(shm_pool):
-    return {"before": None}
+def store_rss(shm_pool) -> float:
+    """The store's process's VmRSS (MiB) before the fuzzing."""
+    return rss_mib(os.getpid())
 
 
 @FUZZ
-@given(sends=adversarial(68, STORE_HELLO, bloat=True))
+@given(sends=adversarial(frame(HELLO), st.binary(min_size=64, max_size=64).map(frame),
+                         bloat=True))
+@example(sends=[(BLOAT_HEADS[0], 16384)])          # a 128 MiB ZMTP frame, 16 MiB of it sent
 def test_store_fuzzed_while_the_job_runs(shm_pool, store_rss, sends):
     store = store_of(shm_pool)
-    if store_rss["before"] is None:
-        store_rss["before"] = rss_mib(os.getpid())
     s = Strangers()
     try:
         for data in sends:
             s.send(store.host, store.port, data)
         check_job(shm_pool, calls=5, within=2.0)
-        grown = rss_mib(os.getpid()) - store_rss["before"]     # the strangers still there
+        grown = rss_mib(os.getpid()) - store_rss        # the strangers still connected
     finally:
         s.close()
     assert grown < RSS_SLACK_MIB, f"the store's process grew by {grown:.0f} MiB"
 
 
 @pytest.fixture(scope="module")
-def rdma_rss(rdma_pool):
+def rdma_rss(rdma_pool) -> list[float]:
+    """The ranks' VmRSS (MiB) before the fuzzing."""
     return [rss_mib(pid) for pid in rdma_pool.pids]
 
 
+WRONG_PROOF = st.binary(min_size=handshake.PROOF_LEN, max_size=handshake.PROOF_LEN)
+
+
 @FUZZ
-@given(sends=adversarial(handshake.PROOF_LEN,
-                         handshake.Connector(b"not the token", 7, 0).hello(), bloat=True))
+@given(sends=adversarial(handshake.Connector(b"not the token", 7, 0).hello(), WRONG_PROOF,
+                         bloat=True))
+@example(sends=[NIC_LORIS[:10]])                    # a hello cut short, then silence
 def test_rdma_nics_fuzzed_while_the_job_runs(rdma_pool, rdma_rss, sends):
     s = Strangers()
     try:
@@ -402,18 +406,18 @@ class _AttackedStore:
 
 
 @pytest.fixture(scope="module")
-def tcp_rss():
-    return {"before": None}
+def tcp_rss() -> float:
+    """This process's VmRSS (MiB) before the fuzzing."""
+    return rss_mib(os.getpid())
 
 
 @FUZZ
-@given(sends=adversarial(handshake.PROOF_LEN,
-                         handshake.Connector(b"not the token", 1, 0).hello(), bloat=False))
+@given(sends=adversarial(handshake.Connector(b"not the token", 1, 0).hello(), WRONG_PROOF,
+                         bloat=False))
+@example(sends=[b""])                               # connected, and silent
 def test_tcp_start_up_fuzzed(tcp_rss, sends):
     """Two tcp transports (in this process) connect and move a message while rank 0's
     listener holds the strangers' connections, which arrived first."""
-    if tcp_rss["before"] is None:
-        tcp_rss["before"] = rss_mib(os.getpid())
     s = Strangers()
     store = _AttackedStore(lambda host, port: [s.send(host, port, d) for d in sends])
     job = "h" + uuid.uuid4().hex[:8]
@@ -449,5 +453,5 @@ def test_tcp_start_up_fuzzed(tcp_rss, sends):
         for t in ts:
             t.close()
         s.close()
-    grown = rss_mib(os.getpid()) - tcp_rss["before"]
+    grown = rss_mib(os.getpid()) - tcp_rss
     assert grown < RSS_SLACK_MIB, f"the process grew by {grown:.0f} MiB"
