@@ -513,8 +513,7 @@ class StoreClient:
         self.address = f"{host}:{port}"
         self._key = normalize_token(token)
         self._max_bytes = int(config.get("PYCOMM_STORE_MAX_BYTES"))
-        # A reply carries the value and a few fields around it.
-        self._reader = FrameReader(self._max_bytes + 4096)
+        self._reader = FrameReader(MAX_AUTH_FRAME)     # until the server has proved itself
         self._frames: list[bytearray] = []
         self._rid = 0
         deadline = time.monotonic() + self.timeout
@@ -522,12 +521,14 @@ class StoreClient:
             self._sock = self._connect(host, port, deadline)
             try:
                 self._handshake(deadline)
+                # A reply carries the value and a few fields around it.
+                self._reader.limit = self._max_bytes + 4096
                 break
             except _ClosedEarly:
                 # Evicted by a server full of unauthenticated connections, or past its
                 # deadline: try again with a fresh connection while time is left.
                 self._sock.close()
-                self._reader, self._frames = FrameReader(self._max_bytes + 4096), []
+                self._reader, self._frames = FrameReader(MAX_AUTH_FRAME), []
                 time.sleep(0.01)
             except BaseException:
                 self._sock.close()
@@ -581,7 +582,10 @@ class StoreClient:
             if not data:
                 raise _ClosedEarly(f"store at {self.address} closed the connection during "
                                    f"{what}")
-            self._frames.extend(self._reader.feed(data))
+            try:
+                self._frames.extend(self._reader.feed(data))
+            except ProtocolError as exc:
+                raise ProtocolError(f"store at {self.address} during {what}: {exc}") from None
         return self._frames.pop(0)
 
     def _handshake(self, deadline: float) -> None:

@@ -285,6 +285,27 @@ def test_client_rejects_a_server_without_the_token():
         fake.close()
 
 
+def test_client_holds_little_of_a_server_that_has_not_proved_itself():
+    fake = socket.create_server(("127.0.0.1", 0))
+    port = fake.getsockname()[1]
+
+    def announce_a_huge_challenge():
+        conn, _ = fake.accept()
+        with conn:
+            conn.recv(64)
+            conn.sendall(LENGTH.pack(1 << 30))
+            conn.recv(1)
+
+    thread = threading.Thread(target=announce_a_huge_challenge)
+    thread.start()
+    try:
+        with pytest.raises(ProtocolError, match="exceeds"):
+            StoreClient("127.0.0.1", port, TOKEN, timeout=3.0)
+    finally:
+        thread.join(5)
+        fake.close()
+
+
 def test_client_connects_again_when_closed_before_the_challenge():
     """A server full of unauthenticated connections evicts the oldest (closes it without a
     REFUSED): the client tries again on a new connection instead of failing."""
