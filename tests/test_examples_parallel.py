@@ -3,7 +3,7 @@
 The unit tests import the examples as modules and check the math each scheme rests on:
 the layers against finite differences, Megatron's split block against the unsplit one,
 the pipeline schedules, the buckets, the shards. The end-to-end tests run every example at
-its ``--small`` size through ``launch.py`` (about 3 s each on 2 cores) and require its
+its ``--small`` size through ``launch.py`` (3 to 8 s each on 2 cores) and require its
 exit status 0, no FAIL and its PASS lines: each example asserts its result against a
 single-process reference itself. Needs scikit-learn (the ``examples`` extra, also in
 ``test``) for the digits data.
