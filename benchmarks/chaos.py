@@ -1,7 +1,7 @@
 """Chaos trials (issue 15's proof): random faults on one rank of real jobs, tabulated.
 
 ``python -m benchmarks.chaos --trials N --seed S [--transports shm,tcp,rdma] [--sizes 3,4]
-[--json out.json]``
+[--json out.json] [--logs DIR]``
 
 Each trial starts ``launch.py -n SIZE --transport T --timeout 3`` (with
 ``PYCOMM_STALL_WARN=1.5``) on ``benchmarks/_chaos_rank.py``: every rank runs the same
@@ -29,6 +29,11 @@ What is measured, per trial (the rules are exact; misses are printed with their 
   a Bcast leaf; a mismatched call must raise on every rank), the last of those errors came
   within 5 s of the fault, and the job then ran to the end with exit code 0 (the
   communicator was usable again).
+* **end s** (median, max) — the latency behind "ended": fault to launcher exit (fatal),
+  fault to the last rank's error (recoverable). **named s** (median) — fault to the first
+  line that names the culprit as ``rank C``: a surviving rank's error or stall warning, or
+  the launcher's verdict (fatal); the last rank's error (recoverable). The gap between the
+  two is teardown: the time the launcher and the ranks take to stop once it is known.
 * **wrong** — ``CHAOS WRONG`` lines (a completed call whose result differs from numpy's),
   plus, for a mismatch, ranks that completed the mismatched call and raised nothing in the
   next two calls (a silent inconsistency). Must be 0.
@@ -103,6 +108,7 @@ class Trial:
     wall_s: float = 0.0            # launch to launcher exit
     latency_s: float | None = None  # fault to end (fatal) / to the last error (recoverable)
     end_s: float | None = None     # fault to launcher exit
+    named_s: float | None = None   # fault to the first error line naming the culprit
     ended: bool = False            # ended with a named error within BOUND_S
     timed_out: bool = False        # still running after HARD_LIMIT_S (killed)
     wrong: int = 0
@@ -152,8 +158,9 @@ def make_trial(index: int, kind: str, transport: str, size: int, culprit: int, c
 
 
 # -- running one trial -----------------------------------------------------------------------
-def _reader(pipe, sink: list) -> None:
+def _reader(pipe, sink: list, stamps: list) -> None:
     for raw in iter(pipe.readline, b""):
+        stamps.append(time.time())
         sink.append(raw.decode(errors="replace").rstrip("\n"))
     pipe.close()
 
@@ -241,8 +248,9 @@ def _word(name: str, text: str) -> bool:
     return re.search(rf"(?<![\w]){re.escape(name)}(?![\w])", text) is not None
 
 
-def run_trial(t: Trial, *, env: dict | None = None) -> Trial:
-    """Run trial ``t`` (filling in its measurements) and return it."""
+def run_trial(t: Trial, *, env: dict | None = None, log_dir: str | None = None) -> Trial:
+    """Run trial ``t`` (filling in its measurements) and return it; with ``log_dir``, write
+    its output there (``trial<index>.log``, each line stamped with seconds since launch)."""
     spec = {"kind": t.kind, "culprit": t.culprit, "call": t.call, "seed": t.seed,
             "variant": t.variant}
     env = {**os.environ, **(env or {}), "PYCOMM_STALL_WARN": str(STALL_WARN),
@@ -252,12 +260,14 @@ def run_trial(t: Trial, *, env: dict | None = None) -> Trial:
            "--timeout", str(JOB_TIMEOUT), WORKER, json.dumps(spec)]
     out: list[str] = []
     err: list[str] = []
+    out_t: list[float] = []
+    err_t: list[float] = []         # when each stderr line reached us
     t0 = time.time()
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, cwd=str(ROOT), env=env,
                             start_new_session=True)
-    readers = [threading.Thread(target=_reader, args=(p, s), daemon=True)
-               for p, s in ((proc.stdout, out), (proc.stderr, err))]
+    readers = [threading.Thread(target=_reader, args=(p, s, ts), daemon=True)
+               for p, s, ts in ((proc.stdout, out, out_t), (proc.stderr, err, err_t))]
     for r in readers:
         r.start()
     try:
@@ -278,6 +288,12 @@ def run_trial(t: Trial, *, env: dict | None = None) -> Trial:
     for r in readers:
         r.join(5)
     t.exit_code, t.wall_s = proc.returncode, t_end - t0
+    if log_dir:
+        lines = sorted([*zip(out_t, ["out"] * len(out), out),
+                        *zip(err_t, ["err"] * len(err), err)], key=lambda x: x[0])
+        Path(log_dir, f"trial{t.index}.log").write_text(
+            f"{describe(t)}\n" + "".join(f"+{w - t0:7.3f} {k} {line}\n" for w, k, line in lines)
+            + f"+{t_end - t0:7.3f} launcher exited {proc.returncode}\n")
 
     # what the ranks said
     job, pgids, ports = None, set(), set()
@@ -300,14 +316,23 @@ def run_trial(t: Trial, *, env: dict | None = None) -> Trial:
     t.verdict = verdicts[0] if verdicts else ""
     t.end_s = t_end - fault if fault is not None else None
     if t.kind in rankmod.FATAL:
-        _judge_fatal(t, err, fault)
+        _judge_fatal(t, err, err_t, fault)
     else:
         _judge_recoverable(t, out, fault)
     return t
 
 
-def _judge_fatal(t: Trial, err: list[str], fault: float | None) -> None:
+def _judge_fatal(t: Trial, err: list[str], err_t: list[float], fault: float | None) -> None:
     t.latency_s = t.end_s
+    # the first line from a survivor (its error or stall warning), or the verdict, that
+    # names the culprit: when the diagnosis was out, as against when the job ended
+    for when, line in zip(err_t, err):
+        m = _EXC.match(line) or _WARN.match(line)
+        survivor = m is not None and int(m[1]) != t.culprit
+        if fault is not None and (survivor or line is t.verdict) and \
+                re.search(rf"\brank {t.culprit}\b", line):
+            t.named_s = when - fault
+            break
     t.ended = (not t.timed_out and t.exit_code not in (0, None) and bool(t.verdict)
                and t.latency_s is not None and t.latency_s <= BOUND_S)
     t.names_culprit = bool(re.match(rf"pycomm\.launch: rank {t.culprit} ", t.verdict))
@@ -343,6 +368,7 @@ def _judge_recoverable(t: Trial, out: list[str], fault: float | None) -> None:
     everyone = raised == set(range(t.size)) or (
         t.kind == "badarg" and t.culprit in raised and done == set(range(t.size)))
     t.latency_s = (last - fault) if (last is not None and fault is not None) else None
+    t.named_s = t.latency_s
     t.ended = (not t.timed_out and t.exit_code == 0 and everyone and not t.silent
                and t.latency_s is not None and t.latency_s <= BOUND_S)
     firsts = {r: v[0] for r, v in caught.items()}
@@ -357,7 +383,7 @@ def _judge_recoverable(t: Trial, out: list[str], fault: float | None) -> None:
 
 # -- the table -----------------------------------------------------------------------------
 COLUMNS = ("kind", "transport", "trials", "ended<=5s", "wrong", "leaks", "names culprit",
-           "names call", "median s", "max s")
+           "names call", "end s median", "end s max", "named s median")
 
 
 def table(trials: list[Trial]) -> list[list[str]]:
@@ -371,13 +397,15 @@ def table(trials: list[Trial]) -> list[list[str]]:
     for key in [*keys, ("all", "all")]:
         ts = trials if key == ("all", "all") else groups[key]
         lat = [t.latency_s for t in ts if t.latency_s is not None]
+        named = [t.named_s for t in ts if t.named_s is not None]
         n = len(ts)
         rows.append([key[0], key[1], str(n), f"{sum(t.ended for t in ts)}/{n}",
                      str(sum(t.wrong for t in ts)), str(sum(len(t.leaks) for t in ts)),
                      f"{sum(t.names_culprit for t in ts)}/{n}",
                      f"{sum(t.names_call for t in ts)}/{n}",
                      f"{statistics.median(lat):.2f}" if lat else "-",
-                     f"{max(lat):.2f}" if lat else "-"])
+                     f"{max(lat):.2f}" if lat else "-",
+                     f"{statistics.median(named):.2f}" if named else "-"])
     return rows
 
 
@@ -424,6 +452,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", default="3,4")
     p.add_argument("--kinds", default=",".join(rankmod.KINDS))
     p.add_argument("--json", help="write every trial's record to this file")
+    p.add_argument("--logs", metavar="DIR", help="write each trial's output to DIR/trial<i>.log")
     p.add_argument("-q", "--quiet", action="store_true", help="no line per trial")
     args = p.parse_args(argv)
     kinds = tuple(args.kinds.split(","))
@@ -432,12 +461,15 @@ def main(argv: list[str] | None = None) -> int:
     trials = plan(args.trials, args.seed, args.transports.split(","),
                   [int(s) for s in args.sizes.split(",")], kinds)
     start = time.time()
+    if args.logs:
+        os.makedirs(args.logs, exist_ok=True)
     for t in trials:
-        run_trial(t)
+        run_trial(t, log_dir=args.logs)
         if not args.quiet:
             why = misses(t)
             lat = "?" if t.latency_s is None else f"{t.latency_s:.2f}"
-            print(f"{describe(t)}: exit {t.exit_code}, {lat} s, "
+            named = "?" if t.named_s is None else f"{t.named_s:.2f}"
+            print(f"{describe(t)}: exit {t.exit_code}, named {named} s, end {lat} s, "
                   f"{'ok' if not why else '; '.join(why)}", flush=True)
     took = time.time() - start
     print(f"\n{len(trials)} trials in {took:.0f} s, seed {args.seed}, "
