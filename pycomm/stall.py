@@ -328,6 +328,9 @@ class Inspector:
             if self._client is not None:
                 self._client.close()
                 self._client = None
+        # it reads the stop key within a store round trip; joining keeps its socket from
+        # outliving the interpreter's teardown
+        self._thread.join(1.0)
 
     def _get_client(self):
         if self._client is None:
