@@ -96,7 +96,7 @@ def dial(host: str, port: int, connector: Callable[[], handshake.Connector], dea
             sock.sendall(hs.on_challenge(recv_exact(sock, handshake.CHALL.size, deadline)))
             hs.on_ok(recv_exact(sock, len(handshake.OK), deadline))
             return sock, (then(sock) if then is not None else None)
-        except (handshake.ClosedEarly, BrokenPipeError):
+        except (handshake.ClosedEarly, BrokenPipeError, ConnectionResetError):
             sock.close()
             if deadline - time.monotonic() < 0.05:
                 raise
@@ -104,6 +104,7 @@ def dial(host: str, port: int, connector: Callable[[], handshake.Connector], dea
         except BaseException:
             sock.close()
             raise
+
 
 class Gate:
     """Accepts connections on a listening socket and authenticates them, never waiting on one.
