@@ -211,7 +211,8 @@ def describe_call(call) -> str:
         return f"{display_name(op)} #{seq} on {_comm_name(comm)}"
     where = f" from rank {peer}" if op == "Recv" else f" to rank {peer}" if op == "Send" \
         else f" with rank {peer}" if peer >= 0 else ""
-    return f"{op}{where} (tag {seq}) on {_comm_name(comm)}"
+    tag = f" (tag {seq})" if seq >= 0 else ""
+    return f"{op}{where}{tag}" + (f" on {_comm_name(comm)}" if comm is not None else "")
 
 
 def _is_nonblocking(op: str) -> bool:
