@@ -312,8 +312,11 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
         """Count a collective call and give its algorithm the call's view (``sig``: its
         signature, :func:`pycomm.signature.signature`).
 
+        A call a peer has abandoned already fails at its first send or receive (or, if it
+        has none here, when it returns: see :func:`pycomm.signature.collective`), after
+        this rank's own checks of its arguments, so that its own error comes first.
+
         Raises:
-            CollectiveError: a rank abandoned this call already (it failed there).
             CollectiveMismatchError: a message of a finished call was left over.
         """
         if self._freed:
@@ -321,10 +324,6 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
         seq = self._seq = (self._seq + 1) & _SEQ_MASK
         self._prev_sig, self._sig = self._sig, sig
         eng = self._engine
-        if eng.aborted:
-            err = eng.aborted_error(self._cctx, seq)
-            if err is not None:
-                raise err
         if eng.unexpected and eng.offload_posted == eng.offload_done:
             self._check_stale(at_start=True)
         return _Coll(self, seq, sig)
@@ -332,8 +331,10 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
     def _abandon(self, name: str, seq: int, exc: Exception) -> None:
         """Abandon this rank's call ``name`` #``seq`` after ``exc``, on every rank."""
         eng = self._engine
-        if eng.aborted_error(self._cctx, seq) is not None:
-            return                      # a peer, or a nested call, has abandoned it
+        if isinstance(exc, PeerError) or eng.aborted_error(self._cctx, seq) is not None:
+            # a peer, or a nested call, has abandoned it; or a peer died, which every
+            # survivor's liveness check finds by itself (and names, as a PeerError)
+            return
         cls = CollectiveMismatchError if isinstance(exc, CollectiveMismatchError) else \
             CollectiveError
         what = str(exc)

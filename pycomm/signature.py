@@ -118,6 +118,10 @@ def collective(method):
                 _guard_deferred(self, name)
                 return out
             eng = self._engine
+            if eng.aborted:             # abandoned by a peer, though nothing here failed
+                err = eng.aborted_error(self._cctx, self._seq)
+                if err is not None:
+                    raise err
             if eng.unexpected and eng.offload_posted == eng.offload_done:
                 self._check_stale(at_start=False)
             return out
