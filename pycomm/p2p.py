@@ -31,8 +31,10 @@ Abandoned collective calls (:meth:`Engine.abort_call`): a rank that fails inside
 collective call, or rejects its arguments before sending, tells every other rank of the
 communicator with ABORT. Each fails that call's pending requests with
 :class:`~pycomm.errors.CollectiveError` (withdrawing its large sends), drops the call's
-messages that arrive later, and fails the call at once if it has not entered it yet
-(:meth:`Engine.aborted_error`). Every rank counts the call, so the next one matches.
+messages that arrive later, and fails every later send or receive of the call at once,
+so a rank that has not entered it yet fails at its first step (:meth:`Engine.aborted_error`
+tells the communicator of a call with no step on this rank). Every rank counts the call,
+so the next one matches.
 
 Eager: the sender's buffer is free as soon as the transport has copied it out. The
 receiver lands the payload in the posted buffer if a receive matches, otherwise in an
