@@ -36,7 +36,7 @@ RECORDED_WAIT = Communicator._wait_posted
 def unrecorded_run(self, collective, nbytes, algorithm, op, call, *, log_bytes=None):
     """``_run`` without the recorder on the fast path (the code before it)."""
     commutative = op.commutative if op is not None else True
-    name, fn = self._choose(collective, nbytes, algorithm, commutative)
+    _name, fn = self._choose(collective, nbytes, algorithm, commutative)
     if not self._debug and self._defer is None:
         return call(fn)
     return RECORDED_RUN(self, collective, nbytes, algorithm, op, call, log_bytes=log_bytes)

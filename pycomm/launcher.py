@@ -283,8 +283,12 @@ class RankGroup:
         return True
 
     def stop(self, sig: int = signal.SIGTERM, grace: float | None = None) -> None:
-        """Send ``sig`` to the running ranks, then SIGKILL those left after ``grace`` seconds."""
+        """Send ``sig`` to the running ranks, then SIGKILL those left after ``grace`` seconds.
+
+        A stopped rank (SIGSTOP, a debugger) is continued after ``sig``, so that it acts on
+        it now rather than being killed after the grace."""
         self.signal_all(sig)
+        self.signal_all(signal.SIGCONT)
         if not self.wait_exit(self.grace if grace is None else grace):
             self.signal_all(signal.SIGKILL)
             self.wait_exit(5.0)
@@ -362,10 +366,12 @@ class RankGroup:
         return _culprit_line(failure, diags, positions, self.poll_all())
 
     def _last_words(self, positions: dict) -> None:
-        """SIGUSR1 the ranks still running whose pycomm prints its flight recorder on it."""
+        """SIGUSR1 the ranks still running that just answered (a stopped or stuck one would
+        not print) and whose pycomm prints its flight recorder on it."""
         told = 0
         for rank, pos in positions.items():
-            if pos is not None and pos.get("sigusr1") and self.procs[rank].poll() is None:
+            if pos is not None and pos.get("sigusr1") and pos.get("answered", True) and \
+                    self.procs[rank].poll() is None:
                 try:
                     os.kill(self.procs[rank].pid, signal.SIGUSR1)
                     told += 1
@@ -430,7 +436,9 @@ def _culprit_line(failure: RankExit, diags: dict, positions: dict,
     else:
         state = "it is still running: " + stall.describe_position(positions.get(culprit),
                                                                   culprit)
-    line = (f"rank {culprit} caused the failure ({state}); ranks {accusers} name it: "
+    call = diags[accusers[0]].get("call")
+    line = (f"rank {culprit} caused the failure ({state}); ranks {accusers} name it"
+            f"{' in ' + call if call else ''}: "
             f"{_first_line(diags[accusers[0]].get('error', ''))}")
     if failure.rank != culprit:
         line += f"; first to exit: {failure.describe()}"

@@ -6,7 +6,7 @@ and prints a warning naming the ranks that have not entered its call and what th
 did: "ranks [2] have not called Allreduce #57 on pycomm.COMM_WORLD; rank 2 last completed
 Bcast #56 on pycomm.COMM_WORLD 12.4 s ago, and is in no pycomm call". While the wait
 lasts it asks again every ``PYCOMM_STALL_WARN`` seconds (warning again only when the
-answer changed); when the wait times out, the ``CommTimeoutError`` names the call and
+suspects changed); when the wait times out, the ``CommTimeoutError`` names the call and
 carries the same diagnosis, and its ``culprits`` (world ranks) are published for the
 launcher (see :mod:`pycomm.launcher`), as is the dead peer of a ``PeerError``.
 
@@ -31,7 +31,8 @@ Store keys, all under ``pycomm/stall/<job id>/``::
     ask/<r>/<k>    b"?" asks rank r for its k-th answer; b"!" stops its responder
     ans/<r>/<k>    rank r's k-th answer (a position), deleted by whoever asked
     pos/<r>        rank r's latest position (first set when its world starts)
-    diag/<r>       why rank r failed: {"culprits": [world ranks], "error": text}
+    diag/<r>       why rank r failed: {"culprits": [world ranks], "call": the call the
+                   error left (e.g. "Allreduce #4 on pycomm.COMM_WORLD"), "error": text}
 """
 
 from __future__ import annotations
@@ -45,8 +46,8 @@ import msgpack
 from . import trace
 from .errors import CommError, CommTimeoutError, PeerError
 
-__all__ = ["Inspector", "ask_positions", "read_diagnoses", "describe_position",
-           "diagnose", "summarize", "read_positions", "key"]
+__all__ = ["Inspector", "ask_positions", "describe_position", "diagnose", "key",
+           "read_diagnoses", "read_positions", "summarize"]
 
 _IDLE_S = 60.0      # seconds one responder wait in the store lasts before it re-parks
 _ANSWER_S = 0.5     # seconds an asker waits for the answers of all ranks
@@ -64,27 +65,28 @@ def position(rank: int, waiting_for: int | None, sigusr1: bool, round_: int = 0)
     running = None
     if cur is not None:
         op, comm, seq, _nbytes, _alg, peer, t0 = cur[:7]
-        running = [op, getattr(comm, "name", "-"), getattr(comm, "_cid", -1), seq, peer,
+        running = [op, getattr(comm, "name", None), getattr(comm, "_cid", -1), seq, peer,
                    (now - t0) / 1e9]
     last = trace.last_completed()
     if last is not None:
         call, t1 = last
-        last = [call[0], getattr(call[1], "name", "-"), getattr(call[1], "_cid", -1),
+        last = [call[0], getattr(call[1], "name", None), getattr(call[1], "_cid", -1),
                 call[2], (now - t1) / 1e9]
     failed = trace.last_failed()
     if failed is not None:
         call, t1, err = failed
-        failed = [call[0], getattr(call[1], "name", "-"), getattr(call[1], "_cid", -1),
+        failed = [call[0], getattr(call[1], "name", None), getattr(call[1], "_cid", -1),
                   call[2], (now - t1) / 1e9, err.split(":", 1)[0]]
     return {"rank": rank, "pid": os.getpid(), "round": round_, "wall": time.time(),
             "running": running, "waiting_for": waiting_for, "last": last, "failed": failed,
             "comms": trace.collective_progress(), "sigusr1": sigusr1}
 
 
-def _call_text(op: str, comm_name: str, seq: int, peer: int = -1) -> str:
+def _call_text(op: str, comm_name: str | None, seq: int, peer: int = -1) -> str:
     if op[:1].islower():
         return f"{trace.display_name(op)} #{seq} on {comm_name}"
-    return trace.describe_call((op, _Named(comm_name), seq, 0, None, peer))
+    comm = _Named(comm_name) if comm_name is not None else None
+    return trace.describe_call((op, comm, seq, 0, None, peer))
 
 
 class _Named:
@@ -358,12 +360,13 @@ class Inspector:
             return "", []
         return diagnose(self.rank, call, positions)
 
-    def report_error(self, exc: BaseException) -> None:
-        """Publish whom ``exc`` (an error that left a call) blames, for the launcher."""
+    def report_error(self, exc: BaseException, call: str = "") -> None:
+        """Publish whom ``exc`` (an error that left ``call``, described) blames, for the
+        launcher."""
         culprits = getattr(exc, "culprits", None)
         if culprits is None and isinstance(exc, PeerError) and exc.peer is not None:
             culprits = [exc.peer]
-        body = msgpack.packb({"culprits": list(culprits or []),
+        body = msgpack.packb({"culprits": list(culprits or []), "call": call,
                               "error": f"{type(exc).__name__}: {exc}"[:4000]})
         with self._lock:
             try:

@@ -42,9 +42,10 @@ import time
 from . import config
 from .errors import CommError
 
-__all__ = ["begin", "end", "fail", "record_wait", "traced", "dump", "format_calls", "current",
-           "last_completed", "last_failed", "chrome_events", "write_chrome_trace", "install",
-           "display_name", "describe_call", "ERROR_DUMP_CALLS"]
+__all__ = ["ERROR_DUMP_CALLS", "begin", "chrome_events", "collective_progress", "current",
+           "describe_call", "display_name", "dump", "end", "fail", "format_calls", "install",
+           "last_completed", "last_failed", "merge_chrome_traces", "record_wait", "traced",
+           "write_chrome_trace"]
 
 ERROR_DUMP_CALLS = 32  # calls printed when an error leaves a call (SIGUSR1: the whole ring)
 
@@ -115,8 +116,9 @@ def fail(n: int, exc: BaseException) -> None:
     dump(limit=ERROR_DUMP_CALLS, why=f"{type(exc).__name__} left a call")
     if _on_error is not None:
         try:
-            _on_error(exc)
-        except Exception:       # reporting must never mask the error itself
+            call = _calls[i]
+            _on_error(exc, describe_call(call) if call[7] == n else "")
+        except Exception:  # noqa: BLE001, S110 - reporting must never mask the error itself
             pass
 
 
@@ -266,8 +268,8 @@ def collective_progress() -> dict:
 def format_calls(calls: list, now_ns: int | None = None) -> list[str]:
     """Human-readable rows for :func:`_snapshot` entries (times in seconds before now)."""
     now_ns = _now() if now_ns is None else now_ns
-    rows = [f"{'call':>6}  {'op':<22} {'comm':<24} {'seq':>6} {'bytes':>10} "
-            f"{'algorithm':<20} {'peer':>4} {'started':>10} {'took':>10}  state"]
+    rows = [(f"{'call':>6}  {'op':<22} {'comm':<24} {'seq':>6} {'bytes':>10} "
+             f"{'algorithm':<20} {'peer':>4} {'started':>10} {'took':>10}  state")]
     for n, (op, comm, seq, nbytes, alg, peer, t0, _n), t1, err in calls:
         took = f"{(t1 - t0) / 1e6:.3f} ms" if t1 else "-"
         state = "running" if not t1 else f"error: {err}" if err else "done"

@@ -64,10 +64,12 @@ class Waiting:
         return busy
 
     def _peer_error(self, exc: TransportError) -> PeerError:
+        call = self._my_call()          # an error path: naming the call costs nothing here
+        where = f"{trace.describe_call(call)}: " if call is not None else ""
         if isinstance(exc, PeerLostError):
-            err = PeerError(f"rank {self.rank}: {exc}", exc.peer)
+            err = PeerError(f"rank {self.rank}: {where}{exc}", exc.peer)
         else:
-            err = PeerError(f"rank {self.rank}: transport failure: {exc}")
+            err = PeerError(f"rank {self.rank}: {where}transport failure: {exc}")
         self._failed = err
         return err
 
@@ -241,8 +243,7 @@ class Waiting:
         if call is None:
             return CommTimeoutError(text)
         prefix = f"rank {self.rank}: "
-        body = text[len(prefix):] if text.startswith(prefix) else text
-        text = f"{prefix}{trace.describe_call(call)}: {body}"
+        text = f"{prefix}{trace.describe_call(call)}: {text.removeprefix(prefix)}"
         culprits: list = []
         if self._inspector is not None:
             peer = req.peer if req is not None and req.peer >= 0 else None

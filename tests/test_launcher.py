@@ -319,8 +319,9 @@ def test_survivors_report_the_dead_peer_before_they_are_stopped(tmp_path):
                          rf"CollectiveError: rank {r}: .*PeerError.*rank 2)", err, re.M), err
     # ... and the launcher names rank 2 as the cause, with the survivors' word for it
     assert re.search(r"^pycomm.launch: rank 2 caused the failure \(rank 2 \(pid \d+\) was "
-                     r"killed by signal SIGKILL\); ranks \[[01, ]+\] name it: PeerError: "
-                     r"rank \d: .*; stopping the other 0 ranks$", err, re.M), err
+                     r"killed by signal SIGKILL\); ranks \[[01, ]+\] name it in Allreduce #4 on "
+                     r"pycomm.COMM_WORLD: PeerError: rank \d: Allreduce #4 on pycomm.COMM_WORLD: "
+                     r".*; stopping the other 0 ranks$", err, re.M), err
     assert proc.returncode == 128 + signal.SIGKILL
 
 
@@ -339,3 +340,34 @@ def test_ranks_still_waiting_print_their_flight_recorder(tmp_path):
     assert re.search(r"rank 2 \(pid \d+\) exited with code 1; stopping the other 2 ranks",
                      err[summary:]), err
     assert err.index("[0] pycomm flight recorder") < summary    # last words come first
+
+
+STOPPED_PROGRAM = """
+import os, signal
+import numpy as np
+import pycomm
+comm = pycomm.COMM_WORLD
+comm.Barrier()
+if comm.rank == 1:
+    os.kill(os.getpid(), signal.SIGSTOP)
+comm.Allreduce(pycomm.IN_PLACE, np.ones(4))
+"""
+
+
+def test_stopped_rank_is_named_and_the_job_ends_promptly(tmp_path):
+    # a SIGSTOPped rank answers nobody: the others time out naming it, and the launcher
+    # continues it after SIGTERM instead of waiting PYCOMM_KILL_GRACE to SIGKILL it
+    script = tmp_path / "stopped.py"
+    script.write_text(STOPPED_PROGRAM)
+    env_path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, LAUNCH, "-n", "3", "--transport", "shm",
+                           "--timeout", "2", str(script)], capture_output=True, text=True,
+                          timeout=60, check=False,
+                          env={**os.environ, "PYTHONPATH": env_path, "PYCOMM_KILL_GRACE": "20"})
+    took = time.monotonic() - start
+    err = proc.stderr
+    assert re.search(r"^pycomm.launch: rank 1 caused the failure \(it is still running: rank 1 "
+                     r".*no answer now", err, re.M), err
+    assert "ranks [1] have not called Allreduce #4 on pycomm.COMM_WORLD" in err
+    assert took < 12, f"{took:.1f} s\n{err}"       # not the 20 s kill grace

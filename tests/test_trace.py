@@ -142,7 +142,7 @@ def test_sigusr1_prints_the_ring(tmp_path):
     assert proc.returncode == 0, proc.stderr
     dump = re.search(r"^\[0\] pycomm flight recorder, rank 0 \(pid \d+\): SIGUSR1: last "
                      r"(\d+) of \1 calls.*?\n(.*?)^\[0\] end of flight recorder$",
-                     proc.stderr, re.M | re.S)
+                     proc.stderr, re.MULTILINE | re.DOTALL)
     assert dump, proc.stderr
     rows = [line.split()[2] for line in dump[2].splitlines()[1:]]
     # start-up's Allreduce and Barrier, then the program's calls (the Barrier runs)
@@ -171,7 +171,7 @@ def test_pycomm_trace_writes_a_chrome_timeline(tmp_path):
     assert proc.returncode == 0, proc.stderr
     for r in range(3):   # every rank printed its ring at exit and wrote its file
         assert re.search(rf"^\[{r}\] pycomm flight recorder, rank {r} .*: exit "
-                         rf"\(PYCOMM_TRACE=", proc.stderr, re.M), proc.stderr
+                         rf"\(PYCOMM_TRACE=", proc.stderr, re.MULTILINE), proc.stderr
         assert (tmp_path / f"timeline.json.rank{r}.json").exists()
     merged = json.loads(path.read_text())             # merged by the launcher
     calls = [e for e in merged["traceEvents"] if e["ph"] == "X"]
