@@ -445,3 +445,39 @@ def _rank_neighbors() -> list:
 
 def test_neighbourhood_collectives(world_small):
     assert world_small.run(_rank_neighbors) == [[]] * world_small.size
+
+
+def _rank_more_comm_surface() -> list:
+    comm = MPI.COMM_WORLD
+    rank, size = comm.rank, comm.size
+    right, left = (rank + 1) % size, (rank - 1) % size
+    bad: list = []
+    got = np.zeros(3, np.int32)
+    req = comm.Isendrecv([np.full(3, rank, np.int32), MPI.INT], right, 31, [got, MPI.INT],
+                         left, 31)
+    req.Wait()
+    _check(bad, "Isendrecv", got, [left] * 3)
+    x = np.full(2, float(rank))
+    comm.Isendrecv_replace(x, right, 32, left, 32).Wait()
+    _check(bad, "Isendrecv_replace", x, [float(left)] * 2)
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    if node.Get_size() != size:          # one host in these tests
+        bad.append(f"rank {rank}: Split_type gave {node.Get_size()} ranks")
+    if comm.Split_type(MPI.UNDEFINED) != MPI.COMM_NULL:
+        bad.append(f"rank {rank}: Split_type(UNDEFINED) is not COMM_NULL")
+    dup, req = comm.Idup()
+    req.Wait()
+    if dup.Compare(comm) != MPI.CONGRUENT:
+        bad.append(f"rank {rank}: Idup")
+    group = comm.Get_group()
+    made = MPI.Intracomm.Create_from_group(group)
+    if made.Get_size() != size or made.allreduce(1) != size:
+        bad.append(f"rank {rank}: Create_from_group")
+    out = np.zeros(size, np.int64)
+    comm.Allgatherv(np.array([rank], np.int64), [out, [1] * size])
+    _check(bad, "Allgatherv", out, np.arange(size))
+    return bad
+
+
+def test_more_communicator_surface(world_small):
+    assert world_small.run(_rank_more_comm_surface) == [[]] * world_small.size

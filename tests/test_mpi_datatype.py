@@ -388,3 +388,18 @@ def test_reduce_local_and_user_ops_get_mpi_datatypes():
     assert op.Is_commutative() and not MPI.Op.Create(mysum).Is_commutative()
     with pytest.raises(MPI.Exception):
         MPI.MAX.Reduce_local(np.zeros(2, np.complex128), np.zeros(2, np.complex128))
+
+
+def test_vector_spec_int_counts_displs_and_bare_buffers():
+    buf = np.arange(12, dtype=np.int16)
+    m, counts, displs = vector_message([buf, (2, 4), MPI.SHORT], 3, "r", "recvbuf",
+                                       writable=True)
+    assert (counts, displs) == ([2, 2, 2], [0, 4, 8])          # mpi4py: (count, stride)
+    m, counts, displs = vector_message([buf, 3], 3, "r", "recvbuf", writable=True)
+    assert (counts, displs) == ([3, 3, 3], [0, 3, 6])
+    m, counts, displs = vector_message(buf, 3, "r", "recvbuf", writable=True)
+    assert (counts, displs) == ([4, 4, 4], [0, 4, 8]) and m.array.dtype == np.int16
+    signed = array.array("b", [1, -2])                        # format "b": SIGNED_CHAR
+    assert _send(signed).dtype == np.int8 and _send(bytearray(2)).dtype == np.uint8
+    assert MPI.Get_address(buf) == buf.__array_interface__["data"][0]
+    assert MPI.Aint_diff(MPI.Aint_add(100, 8), 100) == 8

@@ -30,6 +30,7 @@ from pycomm.objects import loads as _loads
 from pycomm.p2p import ANY_SOURCE, ANY_TAG, PROC_NULL
 
 from . import comm as _comm_mod
+from . import datatypes as _datatypes
 from .coll import Intracomm
 from .comm import (
     CONGRUENT,
@@ -83,6 +84,8 @@ from .topo import CART, DIST_GRAPH, GRAPH, Cartcomm, Compute_dims
 # -- datatypes (MPI.DOUBLE ...) and error classes (MPI.ERR_TRUNCATE ...) ----------------
 globals().update({name: dt for name, dt in PREDEFINED.items() if name.isidentifier()})
 globals().update(ERRORS)
+globals().update({k: v for k, v in vars(_datatypes).items()
+                  if k.startswith(("COMBINER_", "TYPECLASS_"))})
 
 # -- constants --------------------------------------------------------------------------
 ROOT = -3
@@ -260,6 +263,27 @@ def Detach_buffer():
     _comm_mod.BSEND.drain()
     buf, _comm_mod.BSEND.buffer = _comm_mod.BSEND.buffer, None
     return buf
+
+
+COMM_TYPE_SHARED, COMM_TYPE_HW_GUIDED, COMM_TYPE_HW_UNGUIDED, COMM_TYPE_RESOURCE_GUIDED = \
+    1, 2, 3, 4
+
+
+def Get_address(location) -> int:
+    """The memory address of a buffer (its first byte)."""
+    import numpy as np
+    if location is BOTTOM:
+        return 0
+    return int(np.frombuffer(memoryview(location).cast("B"), np.uint8)
+               .__array_interface__["data"][0])
+
+
+def Aint_add(base: int, disp: int) -> int:
+    return int(base) + int(disp)
+
+
+def Aint_diff(addr1: int, addr2: int) -> int:
+    return int(addr1) - int(addr2)
 
 
 def Alloc_mem(size: int, info=INFO_NULL) -> memoryview:

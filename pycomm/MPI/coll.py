@@ -10,6 +10,8 @@ non-root Gather, the send buffer of a non-root Scatter) are not parsed and may b
 
 from __future__ import annotations
 
+import numpy as np
+
 from pycomm.buffers import IN_PLACE
 from pycomm.errors import ArgumentError
 
@@ -21,6 +23,15 @@ from .ops import SUM
 from .request import Request
 
 __all__ = ["Intracomm"]
+
+
+def _match_empty(*msgs) -> None:
+    """An empty message (None, or zero items) takes the dtype of the other side's, so
+    that the Communicator's dtype checks do not refuse a rank that passes nothing."""
+    typed = [m for m in msgs if isinstance(m, Msg) and m.array.size]
+    for m in msgs:
+        if isinstance(m, Msg) and not m.array.size and typed:
+            m.array = np.empty(0, typed[0].array.dtype)
 
 
 def _reducible(where: str, op, *msgs) -> None:
@@ -47,6 +58,7 @@ class Intracomm(Comm):
             message(sendbuf, w, "sendbuf", writable=False, blocks=sblocks) if send else None)
         r = IN_PLACE if recvbuf is IN_PLACE else (
             message(recvbuf, w, "recvbuf", writable=True, blocks=rblocks) if recv else None)
+        _match_empty(s, r)
         return c, w, s, r
 
     @staticmethod
@@ -224,11 +236,17 @@ class Intracomm(Comm):
             s = IN_PLACE if sendbuf is IN_PLACE else message(sendbuf, w, "sendbuf",
                                                               writable=False)
             r, rspec = self._v(c, w, recvbuf, "recvbuf", True) if at_root else (None, None)
+            _match_empty(s, r)
+            if isinstance(r, Msg):
+                rspec[0] = r.array
             out = getattr(c, call)(self._a(s), rspec, root)
         else:
             s, sspec = self._v(c, w, sendbuf, "sendbuf", False) if at_root else (None, None)
             r = IN_PLACE if recvbuf is IN_PLACE else message(recvbuf, w, "recvbuf",
                                                               writable=True)
+            _match_empty(r, s)
+            if at_root and isinstance(s, Msg):
+                sspec[0] = s.array
             out = getattr(c, call)(sspec if at_root else None, self._a(r), root)
         return self._done(call[0] == "I", out, r)
 
@@ -253,9 +271,17 @@ class Intracomm(Comm):
         if "gather" in call:
             s = IN_PLACE if sendbuf is IN_PLACE else message(sendbuf, w, "sendbuf",
                                                               writable=False)
+            _match_empty(s, r)
+            if isinstance(r, Msg):
+                rspec[0] = r.array
             out = getattr(c, call)(self._a(s), rspec)
         else:
             s, sspec = self._v(c, w, sendbuf, "sendbuf", False)
+            _match_empty(s, r)
+            if isinstance(s, Msg):
+                sspec[0] = s.array
+            if isinstance(r, Msg):
+                rspec[0] = r.array
             out = getattr(c, call)(IN_PLACE if s is IN_PLACE else sspec, rspec)
         return self._done(call[0] == "I", out, r)
 

@@ -20,7 +20,7 @@ from pycomm.p2p import ANY_SOURCE, ANY_TAG
 
 from .exceptions import ERRORS, mpi_error, translate_methods
 from .msgspec import Msg, as_int, message
-from .ops import SUM
+from .objects import ObjectMethods
 from .request import Prequest, Request, Status
 
 __all__ = ["BSEND", "BufferPool", "Comm", "fin"]
@@ -60,7 +60,7 @@ def fin(*msgs: Msg):
 
 
 @translate_methods
-class Comm:
+class Comm(ObjectMethods):
     """A communicator (mpi4py's ``MPI.Comm``), wrapping a :class:`pycomm.Communicator`.
 
     ``Comm()`` is ``COMM_NULL``. Uppercase methods move buffers, lowercase ones objects,
@@ -198,6 +198,54 @@ class Comm:
     def Dup_with_info(self, info) -> Comm:
         return self.Dup()
 
+    def Idup(self, info=None) -> tuple[Comm, Request]:
+        """``(Dup(), a completed request)``: pycomm duplicates at once (collective)."""
+        return self.Dup(), Request()
+
+    Idup_with_info = Idup
+
+    def Get_info(self):
+        """The communicator's info hints (pycomm reads none)."""
+        from . import Info
+        return Info(self._attrs.get("__info__", {}))
+
+    def Set_info(self, info) -> None:
+        self._attrs["__info__"] = dict(info or {})
+
+    info = property(Get_info, Set_info)
+
+    def Split_type(self, split_type: int, key: int = 0, info=None) -> Comm:
+        """``COMM_TYPE_SHARED`` (or ``COMM_TYPE_NODE``...): the ranks of this host, by
+        processor name; ``UNDEFINED``: COMM_NULL. Collective."""
+        from . import Get_processor_name
+        names = self._inner("Split_type").allgather(Get_processor_name())
+        split_type = as_int(split_type, "split_type", "Split_type")
+        color = names.index(names[self.rank]) if split_type >= 0 else split_type
+        return self.Split(color, key)
+
+    def Attach_buffer(self, buf) -> None:
+        """As ``MPI.Attach_buffer`` (one buffered-send pool per process)."""
+        from . import Attach_buffer
+        Attach_buffer(buf)
+
+    def Detach_buffer(self):
+        from . import Detach_buffer
+        return Detach_buffer()
+
+    def Flush_buffer(self) -> None:
+        """Wait for the pending buffered sends."""
+        BSEND.drain()
+
+    @classmethod
+    def Create_from_group(cls, group, stringtag: str = "org.mpi4py", info=None,
+                          errhandler=None) -> Comm:
+        """The communicator of ``group``, made by its members (over COMM_WORLD)."""
+        from . import COMM_WORLD
+        from .coll import Intracomm
+        tag = sum(map(ord, str(stringtag))) % 32768
+        return Intracomm._wrap(COMM_WORLD._inner("Create_from_group").Create_group(
+            group._g, tag))
+
     def Free(self) -> None:
         """Release the communicator; the handle becomes ``COMM_NULL``."""
         self._inner("Free").Free()
@@ -286,6 +334,34 @@ class Comm:
                    status)
         r.finish()
 
+    def Isendrecv(self, sendbuf, dest: int, sendtag: int = 0, recvbuf=None,
+                  source: int = ANY_SOURCE, recvtag: int = ANY_TAG) -> Request:
+        """Nonblocking :meth:`Sendrecv`: one request completing both halves."""
+        c = self._inner("Isendrecv")
+        w = f"rank {c.rank}: Isendrecv"
+        s = message(sendbuf, w, "sendbuf", writable=False)
+        r = message(recvbuf, w, "recvbuf", writable=True)
+        return self._pair(c, w, s.array, dest, sendtag, r, source, recvtag)
+
+    def Isendrecv_replace(self, buf, dest: int, sendtag: int = 0,
+                          source: int = ANY_SOURCE, recvtag: int = ANY_TAG) -> Request:
+        """Nonblocking :meth:`Sendrecv_replace` (the outgoing data is copied first)."""
+        c = self._inner("Isendrecv_replace")
+        w = f"rank {c.rank}: Isendrecv_replace"
+        r = message(buf, w, "buf", writable=True)
+        return self._pair(c, w, r.array.copy(), dest, sendtag, r, source, recvtag)
+
+    def _pair(self, c, w, out, dest, sendtag, r, source, recvtag) -> Request:
+        """Post a receive and a send; the request completes when the receive has and then
+        waits for the send (its receiver posted it already, so that wait is short)."""
+        rr = c.Irecv(r.array, as_int(source, "source", w), as_int(recvtag, "recvtag", w))
+        sr = c.Isend(out, as_int(dest, "dest", w), as_int(sendtag, "sendtag", w))
+
+        def finish() -> None:
+            sr.Wait()
+            r.finish()
+        return Request._wrap(rr, finish)
+
     def Sendrecv_replace(self, buf, dest: int, sendtag: int = 0,
                          source: int = ANY_SOURCE, recvtag: int = ANY_TAG,
                          status: Status | None = None) -> None:
@@ -359,75 +435,3 @@ class Comm:
         """The parent of a spawned process: always COMM_NULL (pycomm does not spawn)."""
         from . import COMM_NULL
         return COMM_NULL
-
-    # -- point-to-point, objects ----------------------------------------------------------
-    def send(self, obj, dest: int, tag: int = 0) -> None:
-        """Send a picklable object."""
-        self._inner("send").send(obj, as_int(dest, "dest", "send"), as_int(tag, "tag", "send"))
-
-    ssend = send
-    bsend = send
-
-    def recv(self, buf=None, source: int = ANY_SOURCE, tag: int = ANY_TAG, status=None):
-        """Receive and return an object."""
-        return self._inner("recv").recv(buf, as_int(source, "source", "recv"),
-                                        as_int(tag, "tag", "recv"), status)
-
-    def isend(self, obj, dest: int, tag: int = 0) -> Request:
-        """Start sending an object; ``wait()`` returns None."""
-        return Request._wrap(self._inner("isend").isend(obj, as_int(dest, "dest", "isend"),
-                                                        as_int(tag, "tag", "isend")))
-
-    issend = isend
-    ibsend = isend
-
-    def irecv(self, buf=None, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
-        """Post an object receive; ``wait()`` returns the object."""
-        return Request._wrap(self._inner("irecv").irecv(
-            buf, as_int(source, "source", "irecv"), as_int(tag, "tag", "irecv")))
-
-    def sendrecv(self, sendobj, dest: int, sendtag: int = 0, recvbuf=None,
-                 source: int = ANY_SOURCE, recvtag: int = ANY_TAG, status=None):
-        """Send an object and receive one; returns the received object."""
-        w = "sendrecv"
-        return self._inner(w).sendrecv(sendobj, as_int(dest, "dest", w),
-                                       as_int(sendtag, "sendtag", w), recvbuf,
-                                       as_int(source, "source", w),
-                                       as_int(recvtag, "recvtag", w), status)
-
-    def probe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status=None) -> bool:
-        return self.Probe(source, tag, status)
-
-    def iprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status=None) -> bool:
-        return self.Iprobe(source, tag, status)
-
-    # -- collectives, objects -------------------------------------------------------------
-    def barrier(self) -> None:
-        self._inner("barrier").barrier()
-
-    def bcast(self, obj=None, root: int = 0):
-        return self._inner("bcast").bcast(obj, as_int(root, "root", "bcast"))
-
-    def gather(self, sendobj, root: int = 0):
-        return self._inner("gather").gather(sendobj, as_int(root, "root", "gather"))
-
-    def scatter(self, sendobj=None, root: int = 0):
-        return self._inner("scatter").scatter(sendobj, as_int(root, "root", "scatter"))
-
-    def allgather(self, sendobj):
-        return self._inner("allgather").allgather(sendobj)
-
-    def alltoall(self, sendobj):
-        return self._inner("alltoall").alltoall(sendobj)
-
-    def reduce(self, sendobj, op=SUM, root: int = 0):
-        return self._inner("reduce").reduce(sendobj, op, as_int(root, "root", "reduce"))
-
-    def allreduce(self, sendobj, op=SUM):
-        return self._inner("allreduce").allreduce(sendobj, op)
-
-    def scan(self, sendobj, op=SUM):
-        return self._inner("scan").scan(sendobj, op)
-
-    def exscan(self, sendobj, op=SUM):
-        return self._inner("exscan").exscan(sendobj, op)

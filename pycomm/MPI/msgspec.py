@@ -59,7 +59,7 @@ class _Bottom:
 
 
 BOTTOM = _Bottom()
-_BYTE_FORMATS = frozenset("Bbc")
+_BYTE_FORMATS = frozenset("Bc")     # bytes-like buffers: MPI.BYTE ("b" is SIGNED_CHAR)
 
 
 class Msg:
@@ -112,7 +112,7 @@ def _raw(buf, writable: bool, where: str, arg: str) -> tuple[np.ndarray, np.dtyp
         if writable and mv.readonly:
             raise _buf_error(f"{where}: {arg} ({type(buf).__name__}) is read-only "
                                      "but this call writes it")
-        own = None if mv.format in _BYTE_FORMATS or mv.nbytes == 0 else _np_format(mv)
+        own = None if mv.format in _BYTE_FORMATS else _np_format(mv)
         raw = np.frombuffer(mv.cast("B") if mv.ndim != 1 or mv.format != "B" else mv,
                             dtype=np.uint8)
         if not mv.readonly and not raw.flags.writeable:
@@ -295,15 +295,18 @@ def vector_message(spec, size: int, where: str, arg: str, *, writable: bool):
     """
     if spec is None:
         return Msg(np.empty(0, np.uint8)), [0] * size, [0] * size
-    if not isinstance(spec, (list, tuple)) or len(spec) < 2:
+    if not isinstance(spec, (list, tuple)):
+        spec = [spec, None]                 # a bare buffer: split evenly
+    if len(spec) < 2:
         raise _arg_error(f"{where}: {arg} must be [buf, counts], [buf, counts, displs],"
-                            " [buf, (counts, displs), datatype] or [buf, counts, displs, "
-                            "datatype]")
+                         " [buf, (counts, displs), datatype] or [buf, counts, displs, "
+                         "datatype]")
     buf, rest = spec[0], list(spec[1:])
     counts = displs = given = None
-    if isinstance(rest[0], tuple) and len(rest[0]) == 2 and len(rest) <= 2 and \
-            not isinstance(rest[0][0], (int, float, np.integer)):
-        (counts, displs), rest = rest[0], rest[1:]
+    if isinstance(rest[0], tuple) and len(rest[0]) == 2 and len(rest) <= 2:
+        (counts, displs), rest = rest[0], rest[1:]  # mpi4py: a 2-tuple is (counts, displs)
+    elif len(rest) == 1 and _is_typeish(rest[0]):
+        given, rest = rest[0], []
     else:
         counts = rest.pop(0)
         if rest and not (_is_typeish(rest[0]) or (rest[0] is None and len(rest) == 1)):
@@ -328,6 +331,9 @@ def vector_message(spec, size: int, where: str, arg: str, *, writable: bool):
     elif isinstance(counts, (int, float, np.integer)):
         counts = [as_int(counts, "counts", where)] * size
     counts = _list(counts, size, "counts", where, arg)
+    if isinstance(displs, (int, float, np.integer)):    # an int: block i at i * displs
+        step = as_int(displs, "displs", where)
+        displs = [i * step for i in range(size)]
     if displs is None:
         displs = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(int).tolist()
     else:

@@ -43,11 +43,13 @@ _TABLE = {
     "CXX_LONG_DOUBLE_COMPLEX": ("G", "G"),
     "AINT": ("i8", "p"), "OFFSET": ("i8", "p"), "COUNT": ("i8", "p"),
     # Fortran's basic types, as gfortran lays them out on LP64 Linux
-    "CHARACTER": ("S1", "c"), "LOGICAL": ("i4", None), "INTEGER": ("i4", "i"),
+    "CHARACTER": ("S1", "c"), "LOGICAL": ("i4", "i"), "INTEGER": ("i4", "i"),
     "REAL": ("f4", "f"), "DOUBLE_PRECISION": ("f8", "d"), "COMPLEX": ("c8", "F"),
     "DOUBLE_COMPLEX": ("c16", "D"), "INTEGER1": ("i1", "b"), "INTEGER2": ("i2", "h"),
     "INTEGER4": ("i4", "i"), "INTEGER8": ("i8", "q"), "REAL4": ("f4", "f"),
     "REAL8": ("f8", "d"), "COMPLEX8": ("c8", "F"), "COMPLEX16": ("c16", "D"),
+    "LOGICAL1": ("?", "?"), "LOGICAL2": ("i2", "h"), "LOGICAL4": ("i4", "i"),
+    "LOGICAL8": ("i8", "l"), "REAL2": ("f2", "e"),
     # value/index pairs for MAXLOC and MINLOC (C struct layout, size without padding)
     "FLOAT_INT": (_pair("f4"), None), "DOUBLE_INT": (_pair("f8"), None),
     "LONG_INT": (_pair("l"), None), "2INT": (_pair("i4"), None),
@@ -58,6 +60,10 @@ PREDEFINED: dict[str, Datatype] = {"DATATYPE_NULL": DATATYPE_NULL}
 for _name, (_dt, _code) in _TABLE.items():
     PREDEFINED[_name] = Datatype._basic(f"MPI_{_name}", _dt, _code)
 PREDEFINED["TWOINT"] = PREDEFINED["2INT"]
+# Fortran kinds numpy cannot hold (16-byte integers, quad precision, half complex): as in
+# mpi4py over an MPI that lacks them, they are DATATYPE_NULL
+for _name in ("INTEGER16", "REAL16", "COMPLEX4", "COMPLEX32"):
+    PREDEFINED[_name] = DATATYPE_NULL
 PREDEFINED["INT_INT"] = PREDEFINED["2INT"]
 # mpi4py's aliases of the same handles
 for _alias, _target in {"SIGNED_SHORT": "SHORT", "SIGNED_INT": "INT", "SIGNED_LONG": "LONG",

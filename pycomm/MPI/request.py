@@ -317,6 +317,47 @@ class Request:
             reqs[i].Wait(statuses[k] if statuses is not None and k < len(statuses) else None)
         return ready
 
+    @classmethod
+    def testany(cls, requests, status=None) -> tuple[int, bool, object]:
+        """Object form of Testany: ``(index, flag, object)``."""
+        reqs = list(requests)
+        if all(r._r is None for r in reqs):
+            _clear(status)
+            return UNDEFINED, True, None
+        ready = cls._ready(reqs)
+        if not ready:
+            return UNDEFINED, False, None
+        return ready[0], True, reqs[ready[0]].wait(status)
+
+    @classmethod
+    def waitsome(cls, requests, statuses=None) -> tuple[list[int] | None, list | None]:
+        """Object form of Waitsome: ``(indices, objects)`` (``(None, None)`` if all null)."""
+        reqs = list(requests)
+        active = [r._r for r in reqs if r._r is not None]
+        if not active:
+            return None, None
+        active[0].engine.wait_until(lambda: any(r.done for r in active), None, "waitsome")
+        return cls.testsome(reqs, statuses)
+
+    @classmethod
+    def testsome(cls, requests, statuses=None) -> tuple[list[int] | None, list | None]:
+        """Object form of Testsome: ``(indices, objects)`` completed now."""
+        reqs = list(requests)
+        if all(r._r is None for r in reqs):
+            return None, None
+        ready = cls._ready(reqs)
+        objs = [reqs[i].wait(statuses[k] if statuses is not None and k < len(statuses)
+                             else None) for k, i in enumerate(ready)]
+        return ready, objs
+
+    def cancel(self) -> None:
+        """Object form of :meth:`Cancel`."""
+        self.Cancel()
+
+    def get_status(self, status=None) -> bool:
+        """Object form of :meth:`Get_status`."""
+        return self.Get_status(status)
+
     def Start(self) -> None:
         """Only persistent requests (``Send_init``...) can be started."""
         raise ArgumentError("Request.Start: only a persistent request (Prequest) can be "
@@ -358,7 +399,7 @@ class Prequest(Request):
         self._r, self._finish, self._freed = None, None, True
 
     def __bool__(self) -> bool:
-        return not self._freed
+        return not getattr(self, "_freed", False)
 
     def __eq__(self, other) -> bool:
         if not isinstance(other, Request):

@@ -1,0 +1,93 @@
+"""mpi4py's lowercase (object) methods of ``MPI.Comm``, delegating to the Communicator's
+own object API (:mod:`pycomm.objects`: pickle, cloudpickle as fallback) after turning
+integral-float ranks and tags into ints."""
+
+from __future__ import annotations
+
+from pycomm.p2p import ANY_SOURCE, ANY_TAG
+
+from .exceptions import translate_methods
+from .msgspec import as_int
+from .ops import SUM
+from .request import Request
+
+__all__ = ["ObjectMethods"]
+
+
+@translate_methods
+class ObjectMethods:
+    """Mixin of :class:`pycomm.MPI.comm.Comm`: ``send``, ``recv``, ``bcast``, ..."""
+
+    __slots__ = ()
+
+    # -- point-to-point, objects ----------------------------------------------------------
+    def send(self, obj, dest: int, tag: int = 0) -> None:
+        """Send a picklable object."""
+        self._inner("send").send(obj, as_int(dest, "dest", "send"), as_int(tag, "tag", "send"))
+
+    ssend = send
+    bsend = send
+
+    def recv(self, buf=None, source: int = ANY_SOURCE, tag: int = ANY_TAG, status=None):
+        """Receive and return an object."""
+        return self._inner("recv").recv(buf, as_int(source, "source", "recv"),
+                                        as_int(tag, "tag", "recv"), status)
+
+    def isend(self, obj, dest: int, tag: int = 0) -> Request:
+        """Start sending an object; ``wait()`` returns None."""
+        return Request._wrap(self._inner("isend").isend(obj, as_int(dest, "dest", "isend"),
+                                                        as_int(tag, "tag", "isend")))
+
+    issend = isend
+    ibsend = isend
+
+    def irecv(self, buf=None, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
+        """Post an object receive; ``wait()`` returns the object."""
+        return Request._wrap(self._inner("irecv").irecv(
+            buf, as_int(source, "source", "irecv"), as_int(tag, "tag", "irecv")))
+
+    def sendrecv(self, sendobj, dest: int, sendtag: int = 0, recvbuf=None,
+                 source: int = ANY_SOURCE, recvtag: int = ANY_TAG, status=None):
+        """Send an object and receive one; returns the received object."""
+        w = "sendrecv"
+        return self._inner(w).sendrecv(sendobj, as_int(dest, "dest", w),
+                                       as_int(sendtag, "sendtag", w), recvbuf,
+                                       as_int(source, "source", w),
+                                       as_int(recvtag, "recvtag", w), status)
+
+    def probe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status=None) -> bool:
+        return self.Probe(source, tag, status)
+
+    def iprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status=None) -> bool:
+        return self.Iprobe(source, tag, status)
+
+    # -- collectives, objects -------------------------------------------------------------
+    def barrier(self) -> None:
+        self._inner("barrier").barrier()
+
+    def bcast(self, obj=None, root: int = 0):
+        return self._inner("bcast").bcast(obj, as_int(root, "root", "bcast"))
+
+    def gather(self, sendobj, root: int = 0):
+        return self._inner("gather").gather(sendobj, as_int(root, "root", "gather"))
+
+    def scatter(self, sendobj=None, root: int = 0):
+        return self._inner("scatter").scatter(sendobj, as_int(root, "root", "scatter"))
+
+    def allgather(self, sendobj):
+        return self._inner("allgather").allgather(sendobj)
+
+    def alltoall(self, sendobj):
+        return self._inner("alltoall").alltoall(sendobj)
+
+    def reduce(self, sendobj, op=SUM, root: int = 0):
+        return self._inner("reduce").reduce(sendobj, op, as_int(root, "root", "reduce"))
+
+    def allreduce(self, sendobj, op=SUM):
+        return self._inner("allreduce").allreduce(sendobj, op)
+
+    def scan(self, sendobj, op=SUM):
+        return self._inner("scan").scan(sendobj, op)
+
+    def exscan(self, sendobj, op=SUM):
+        return self._inner("exscan").exscan(sendobj, op)
