@@ -473,6 +473,16 @@ def _rank_more_comm_surface() -> list:
     made = MPI.Intracomm.Create_from_group(group)
     if made.Get_size() != size or made.allreduce(1) != size:
         bad.append(f"rank {rank}: Create_from_group")
+    preq = comm.Send_init(b"", MPI.PROC_NULL, 0)
+    if MPI.Prequest(preq) != preq or type(MPI.Prequest(preq)) is not MPI.Prequest:
+        bad.append(f"rank {rank}: a Prequest copy is not the same request")
+    preq.Start()
+    if not MPI.Request.Get_status_all([preq]) or not preq:
+        bad.append(f"rank {rank}: Get_status_all of a PROC_NULL send")
+    preq.Wait()
+    preq.Free()
+    if group.Translate_ranks([0, 0], group) != [0, 0]:
+        bad.append(f"rank {rank}: Translate_ranks with a repeated rank")
     out = np.zeros(size, np.int64)
     comm.Allgatherv(np.array([rank], np.int64), [out, [1] * size])
     _check(bad, "Allgatherv", out, np.arange(size))

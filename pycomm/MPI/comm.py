@@ -150,6 +150,7 @@ class Comm(ObjectMethods):
         return UNDEFINED
 
     topology = property(lambda self: self.Get_topology())
+    is_topo = property(lambda self: False)
 
     def Compare(self, comm: Comm) -> int:
         """IDENT (same handle), CONGRUENT (same group, other context), SIMILAR, UNEQUAL."""

@@ -71,7 +71,22 @@ class Group:
 
     def Translate_ranks(self, ranks=None, group: Group | None = None) -> list[int]:
         """Ranks in ``group`` of ``ranks`` of this group (``UNDEFINED`` where absent)."""
-        return self._inner().Translate_ranks(ranks, None if group is None else group._g)
+        g = self._inner()
+        if ranks is None:
+            ranks = range(g.size)
+        out = []
+        for r in ranks:                    # a rank may repeat (MPI allows it)
+            r = as_int(r, "ranks", "Group.Translate_ranks")
+            if r == -1:                    # PROC_NULL translates to itself
+                out.append(r)
+                continue
+            if not 0 <= r < g.size:
+                from pycomm.errors import ArgumentError
+                raise ArgumentError(f"Group.Translate_ranks: rank {r} is not in a group "
+                                    f"of size {g.size}")
+            w = g._world[r]
+            out.append(w if group is None else group._inner()._index.get(w, UNDEFINED))
+        return out
 
     def Compare(self, group: Group) -> int:
         """IDENT, SIMILAR or UNEQUAL."""

@@ -47,6 +47,7 @@ class Topocomm(Intracomm):
         """Tags of the sends (per out-neighbour) and receives (per in-neighbour)."""
         return [0] * len(self._destinations()), [0] * len(self._sources())
 
+    is_topo = property(lambda self: True)
     indegree = property(lambda self: len(self._sources()))
     outdegree = property(lambda self: len(self._destinations()))
     inedges = property(lambda self: list(self._sources()))

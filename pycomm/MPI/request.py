@@ -350,6 +350,40 @@ class Request:
                              else None) for k, i in enumerate(ready)]
         return ready, objs
 
+    @classmethod
+    def Get_status_all(cls, requests, statuses=None) -> bool:
+        """Whether every request is complete, without completing them."""
+        reqs = list(requests)
+        flags = [r.Get_status(statuses[i] if statuses is not None and i < len(statuses)
+                              else None) for i, r in enumerate(reqs)]
+        return all(flags)
+
+    @classmethod
+    def Get_status_any(cls, requests, status=None) -> tuple[int, bool]:
+        """``(index, True)`` of a complete request (not completed), else
+        ``(UNDEFINED, False)``; ``(UNDEFINED, True)`` when all are null."""
+        reqs = list(requests)
+        if all(r._r is None for r in reqs):
+            _clear(status)
+            return UNDEFINED, True
+        ready = cls._ready(reqs)
+        if not ready:
+            return UNDEFINED, False
+        reqs[ready[0]]._r._status(status)
+        return ready[0], True
+
+    @classmethod
+    def Get_status_some(cls, requests, statuses=None) -> list[int] | None:
+        """The indices of the complete requests (not completed); None if all are null."""
+        reqs = list(requests)
+        if all(r._r is None for r in reqs):
+            return None
+        ready = cls._ready(reqs)
+        for k, i in enumerate(ready):
+            if statuses is not None and k < len(statuses):
+                reqs[i]._r._status(statuses[k])
+        return ready
+
     def cancel(self) -> None:
         """Object form of :meth:`Cancel`."""
         self.Cancel()
@@ -376,6 +410,11 @@ class Prequest(Request):
     again each time; after completion it is inactive, not null, until ``Free``."""
 
     __slots__ = ("_freed", "_start")
+
+    def __init__(self, request: Request | None = None):
+        super().__init__(request)
+        self._start = getattr(request, "_start", None)
+        self._freed = getattr(request, "_freed", request is None)
 
     @classmethod
     def _persistent(cls, start) -> Prequest:
@@ -404,10 +443,12 @@ class Prequest(Request):
     def __eq__(self, other) -> bool:
         if not isinstance(other, Request):
             return NotImplemented
-        return self is other or (not self and not other)
+        return self is other or (self._start is not None and
+                                 self._start is getattr(other, "_start", None)) or \
+            (not self and not other)
 
     def __hash__(self) -> int:
-        return id(self)
+        return id(self._start)
 
 
 REQUEST_NULL = Request()
