@@ -2,7 +2,8 @@
 shm, 3 ranks through launch.py (about 40 s in all on 2 busy cores).
 
 Every trial must give no wrong result, leave nothing behind (processes, /dev/shm
-segments, listening ports), and end within its bound:
+segments, listening ports), name the culprit rank (the launcher's verdict for a fatal
+fault; every rank's error for a recoverable one), and end within its bound:
 
 * fatal faults (kill, stop, exit, raise, hang): the launcher exits non-zero with its
   verdict line within PYCOMM_TIMEOUT (3 s) + PYCOMM_REPORT_GRACE + PYCOMM_KILL_GRACE + 3 s
@@ -51,6 +52,7 @@ def test_one_fault_no_wrong_result_no_leak_ends_in_bound(kind, culprit, call, se
     assert t.wrong == 0, report
     assert t.leaks == [], report
     assert t.end_s is not None, report          # the culprit reported its fault
+    assert t.names_culprit, report              # the verdict / every rank's error names it
     if kind in rankmod.FATAL:
         assert t.exit_code not in (0, None), report
         assert t.verdict.startswith("pycomm.launch: "), report
