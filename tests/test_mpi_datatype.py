@@ -403,3 +403,27 @@ def test_vector_spec_int_counts_displs_and_bare_buffers():
     assert _send(signed).dtype == np.int8 and _send(bytearray(2)).dtype == np.uint8
     assert MPI.Get_address(buf) == buf.__array_interface__["data"][0]
     assert MPI.Aint_diff(MPI.Aint_add(100, 8), 100) == 8
+
+
+def test_envelope_contents_decode_and_pickle_rebuild_derived_types():
+    import pickle
+    v = MPI.DOUBLE.Create_vector(3, 2, 4)
+    assert v.Get_envelope() == (3, 0, 0, 1, MPI.COMBINER_VECTOR)
+    assert v.Get_contents() == ([3, 2, 4], [], [], [MPI.DOUBLE])
+    old, name, kw = v.decode()
+    assert (old, name, kw) == (MPI.DOUBLE, "VECTOR",
+                               {"count": 3, "blocklength": 2, "stride": 4})
+    again = getattr(old, "Create_" + name.lower())(**kw)
+    assert again.Get_extent() == v.Get_extent() and again.Get_size() == v.Get_size()
+    s = MPI.Datatype.Create_struct([1, 2], [0, 8], [MPI.INT, MPI.DOUBLE])
+    assert s.Get_contents() == ([2, 1, 2], [0, 8], [], [MPI.INT, MPI.DOUBLE])
+    sub = MPI.INT.Create_subarray([4, 5], [2, 3], [1, 1]).Commit()
+    assert sub.Get_envelope()[-1] == MPI.COMBINER_SUBARRAY
+    back = pickle.loads(pickle.dumps(sub))
+    assert back.decode()[1:] == sub.decode()[1:] and back.Get_extent() == (0, 80)
+    a = np.arange(20, dtype=np.int32).reshape(4, 5)
+    assert np.array_equal(_send([a, 1, back]), a[1:3, 1:4].ravel())
+    assert MPI.DOUBLE.Get_envelope() == (0, 0, 0, 0, MPI.COMBINER_NAMED)
+    assert MPI.DOUBLE.decode() == (MPI.DOUBLE, "NAMED", {})
+    with pytest.raises(NotImplementedError, match="darray"):
+        MPI.INT.Create_darray(4, 0, [4], [MPI.DISTRIBUTE_BLOCK], [0], [4])

@@ -27,6 +27,7 @@ import numpy as np
 from pycomm.errors import ArgumentError
 
 from .exceptions import mpi_error, translate_methods
+from .plans import _int, _ints, _nonneg
 
 __all__ = ["COMBINER_NAMED", "DATATYPE_NULL", "ORDER_C", "ORDER_F", "ORDER_FORTRAN",
            "Datatype"]
@@ -68,8 +69,8 @@ class Datatype:
     """
 
     __slots__ = ("__weakref__", "_cache", "_code", "_codes", "_combiner", "_committed",
-                 "_contig", "_disps", "_dtypes", "_freed", "_lb", "_name", "_predefined",
-                 "_size", "_ub")
+                 "_contig", "_ctor", "_disps", "_dtypes", "_freed", "_lb", "_name",
+                 "_predefined", "_size", "_ub")
 
     def __init__(self, datatype: Datatype | None = None):
         src = DATATYPE_NULL if datatype is None else datatype
@@ -105,6 +106,7 @@ class Datatype:
             np.array_equal(self._disps, np.arange(n, dtype=np.int64) *
                            self._dtypes[0].itemsize))
         self._cache = {}
+        self._ctor = None           # (combiner name, old type, arguments): decode.py
         return self
 
     @classmethod
@@ -168,13 +170,24 @@ class Datatype:
         """Set the name returned by :meth:`Get_name`."""
         self._name = str(name)
 
-    def Get_envelope(self) -> tuple[int, int, int, int]:
-        """``(0, 0, 0, combiner)``: pycomm keeps no constructor arguments."""
-        return 0, 0, 0, self._combiner
+    def Get_envelope(self) -> tuple[int, int, int, int, int]:
+        """``(n_integers, n_addresses, n_large_counts, n_datatypes, combiner)``."""
+        from .decode import envelope
+        return envelope(self)
 
-    @property
-    def combiner(self) -> int:
-        return self._combiner
+    def Get_contents(self) -> tuple[list, list, list, list]:
+        """The constructor's ``(integers, addresses, large_counts, datatypes)``."""
+        from .decode import contents
+        return contents(self)
+
+    def decode(self) -> tuple:
+        """``(oldtype, "VECTOR", {"count": ...})``: what rebuilds this type."""
+        from .decode import decode
+        return decode(self)
+
+    envelope = property(lambda self: self.Get_envelope())
+    contents = property(lambda self: self.Get_contents())
+    combiner = property(lambda self: self.Get_envelope()[-1])
 
     size = property(Get_size)
     name = property(Get_name, Set_name)
@@ -281,7 +294,10 @@ class Datatype:
     def __reduce__(self):
         if self._predefined:
             from .predefined import _KEY_OF, _predefined
-            return _predefined, (_KEY_OF[id(self)],)
+            return _predefined, (_KEY_OF[id(self._disps)],)
+        if self._ctor is not None:            # made by a constructor: made again by it
+            from .decode import recreate
+            return recreate, (*self._ctor, self._committed)
         return _rebuild, (self._dtypes, self._disps, self._codes, self._lb, self._ub,
                           self._combiner, self._committed)
 
@@ -451,29 +467,6 @@ def _index_of(dtypes: list, dt: np.dtype) -> int:
     return len(dtypes) - 1
 
 
-def _int(value, arg: str, what: str) -> int:
-    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
-        return int(value)
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    raise TypeError(f"{what}: {arg}={value!r} is not an integer")
-
-
-def _nonneg(value, arg: str, what: str) -> int:
-    v = _int(value, arg, what)
-    if v < 0:
-        raise _err(f"{what}: {arg}={v} must be >= 0")
-    return v
-
-
-def _ints(values, arg: str, what: str) -> np.ndarray:
-    try:
-        return np.array([_int(v, arg, what) for v in values], dtype=np.int64)
-    except TypeError:
-        raise TypeError(f"{what}: {arg} must be a sequence of integers, got "
-                        f"{values!r}") from None
-
-
 def _rebuild(dtypes, disps, codes, lb, ub, combiner, committed) -> Datatype:
     dt = Datatype._make(dtypes, disps, codes, lb, ub, combiner=combiner)
     dt._committed = committed
@@ -482,4 +475,6 @@ def _rebuild(dtypes, disps, codes, lb, ub, combiner, committed) -> Datatype:
 
 DATATYPE_NULL = Datatype._make([], [], [], 0, 0, name="MPI_DATATYPE_NULL", predefined=True)
 
+from .decode import install as _install
 
+_install(Datatype)

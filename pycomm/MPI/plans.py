@@ -4,7 +4,8 @@ buffer (:mod:`pycomm.MPI.msgspec` packs and unpacks with them).
 A plan holds the element (or byte) index of every basic element of ``count`` items, its
 bounds, and, when the index is equal-length runs at a constant stride (a vector column, a
 1-D subarray), that run structure, which packs as one strided numpy view (a copy loop over
-memory, no index array read) instead of a fancy-indexing gather.
+memory, no index array read) instead of a fancy-indexing gather. The integer-argument
+checks the datatype constructors share live here too.
 """
 
 from __future__ import annotations
@@ -53,3 +54,29 @@ def _runs(index: np.ndarray) -> tuple[int, int, int, int] | None:
     if stride < bl or (starts.size > 1 and (np.diff(starts) != stride).any()):
         return None
     return int(starts[0]), int(starts.size), stride, bl
+
+
+def _int(value, arg: str, what: str) -> int:
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        return int(value)
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    raise TypeError(f"{what}: {arg}={value!r} is not an integer")
+
+
+def _nonneg(value, arg: str, what: str) -> int:
+    v = _int(value, arg, what)
+    if v < 0:
+        from pycomm.errors import ArgumentError
+
+        from .exceptions import mpi_error
+        raise mpi_error(ArgumentError, "ERR_ARG", f"{what}: {arg}={v} must be >= 0")
+    return v
+
+
+def _ints(values, arg: str, what: str) -> np.ndarray:
+    try:
+        return np.array([_int(v, arg, what) for v in values], dtype=np.int64)
+    except TypeError:
+        raise TypeError(f"{what}: {arg} must be a sequence of integers, got "
+                        f"{values!r}") from None

@@ -103,7 +103,7 @@ for _name in ("FLOAT_INT", "DOUBLE_INT", "LONG_INT", "2INT", "SHORT_INT", "LONG_
     PREDEFINED[_name]._size = _data_size(PREDEFINED[_name]._dtypes[0])
 PREDEFINED["2INT"]._name = "MPI_2INT"
 
-_KEY_OF = {id(dt): key for key, dt in reversed(list(PREDEFINED.items()))}
+_KEY_OF = {id(dt._disps): key for key, dt in reversed(list(PREDEFINED.items()))}
 _BY_DTYPE: dict[np.dtype, Datatype] = {}
 
 

@@ -1,0 +1,155 @@
+"""Datatype introspection: ``Get_envelope``, ``Get_contents`` and ``decode`` (MPI-4.0
+section 5.1.13), from the constructor call that made each derived type.
+
+Every ``Create_*`` method of :class:`~pycomm.MPI.datatypes.Datatype` is wrapped here to
+record its name, its old type and its arguments; the envelope and the contents (integers,
+addresses, large counts, datatypes) are then laid out as MPI lays them out, and
+``decode()`` gives mpi4py's ``(oldtype, "VECTOR", {"count": ..., ...})``, whose keyword
+arguments rebuild the type: ``getattr(oldtype, "Create_vector")(**kwargs)``.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+
+__all__ = ["contents", "decode", "envelope", "install", "recreate"]
+
+# method -> (combiner name, how its arguments become (integers, addresses, datatypes))
+_RECIPES = {
+    "Dup": "DUP", "Create_contiguous": "CONTIGUOUS", "Create_vector": "VECTOR",
+    "Create_hvector": "HVECTOR", "Create_indexed": "INDEXED", "Create_hindexed": "HINDEXED",
+    "Create_indexed_block": "INDEXED_BLOCK", "Create_hindexed_block": "HINDEXED_BLOCK",
+    "Create_struct": "STRUCT", "Create_subarray": "SUBARRAY", "Create_resized": "RESIZED",
+}
+
+
+def _layout(name: str, old, kw: dict) -> tuple[list, list, list]:
+    """MPI's (integers, addresses, datatypes) of a constructor call."""
+    ints = lambda key: [int(v) for v in kw[key]]
+    if name == "DUP":
+        return [], [], [old]
+    if name == "CONTIGUOUS":
+        return [int(kw["count"])], [], [old]
+    if name == "VECTOR":
+        return [int(kw["count"]), int(kw["blocklength"]), int(kw["stride"])], [], [old]
+    if name == "HVECTOR":
+        return [int(kw["count"]), int(kw["blocklength"])], [int(kw["stride"])], [old]
+    if name == "INDEXED":
+        b, d = ints("blocklengths"), ints("displacements")
+        return [len(b), *b, *d], [], [old]
+    if name == "HINDEXED":
+        b = ints("blocklengths")
+        return [len(b), *b], ints("displacements"), [old]
+    if name == "INDEXED_BLOCK":
+        d = ints("displacements")
+        return [len(d), int(kw["blocklength"]), *d], [], [old]
+    if name == "HINDEXED_BLOCK":
+        d = ints("displacements")
+        return [len(d), int(kw["blocklength"])], d, [old]
+    if name == "STRUCT":
+        b = ints("blocklengths")
+        return [len(b), *b], ints("displacements"), list(kw["datatypes"])
+    if name == "SUBARRAY":
+        s = ints("sizes")
+        return [len(s), *s, *ints("subsizes"), *ints("starts"), int(kw["order"])], [], [old]
+    if name == "RESIZED":
+        return [], [int(kw["lb"]), int(kw["extent"])], [old]
+    raise ValueError(name)
+
+
+def _recording(method, name: str):
+    sig = inspect.signature(method)
+
+    @functools.wraps(method)
+    def create(*args, **kwargs):
+        out = method(*args, **kwargs)
+        bound = sig.bind(*args, **kwargs)
+        bound.apply_defaults()
+        kw = dict(bound.arguments)
+        old = kw.pop("self", None)
+        kw.pop("cls", None)
+        out._ctor = (name, old, kw)
+        return out
+    return create
+
+
+def install(cls) -> None:
+    """Wrap ``cls``'s constructors so that they record how each type was made."""
+    for method, name in _RECIPES.items():
+        value = cls.__dict__[method]
+        if isinstance(value, classmethod):
+            setattr(cls, method, classmethod(_recording(value.__func__, name)))
+        else:
+            setattr(cls, method, _recording(value, name))
+    cls.Create_dup = cls.Dup
+    for name, what in _NOT_OFFERED.items():
+        setattr(cls, name, classmethod(_not_offered(name, what)))
+
+
+# constructors MPI has and pycomm does not offer: NotImplementedError naming them
+_NOT_OFFERED = {
+    "Create_darray": "distributed-array datatypes (MPI_Type_create_darray)",
+    "Create_f90_integer": "Fortran 90 parameterized types",
+    "Create_f90_real": "Fortran 90 parameterized types",
+    "Create_f90_complex": "Fortran 90 parameterized types",
+    "Match_size": "MPI_Type_match_size", "Get_value_index": "MPI_Type_get_value_index",
+    "Create_keyval": "datatype attributes", "Pack_external": "external32 packing",
+    "Unpack_external": "external32 packing", "Pack_external_size": "external32 packing",
+}
+
+
+def _not_offered(name: str, what: str):
+    def method(cls, *args, **kwargs):
+        raise NotImplementedError(f"Datatype.{name}: pycomm does not offer {what}")
+    method.__name__ = name
+    return method
+
+
+def envelope(dt) -> tuple[int, int, int, int, int]:
+    """``(n_integers, n_addresses, n_large_counts, n_datatypes, combiner)``."""
+    from . import datatypes as mod
+    ctor = getattr(dt, "_ctor", None)
+    if ctor is None:
+        return 0, 0, 0, 0, mod.COMBINER_NAMED
+    i, a, d = _layout(*ctor)
+    return len(i), len(a), 0, len(d), getattr(mod, f"COMBINER_{ctor[0]}")
+
+
+def contents(dt) -> tuple[list, list, list, list]:
+    """``(integers, addresses, large_counts, datatypes)`` of a derived type (derived old
+    types come back as new handles, which the caller may free)."""
+    ctor = getattr(dt, "_ctor", None)
+    if ctor is None:
+        from pycomm.errors import ArgumentError
+        raise ArgumentError(f"Get_contents: {dt.Get_name()} is a named type")
+    i, a, d = _layout(*ctor)
+    return i, a, [], [t if t.is_predefined else t.Dup() for t in d]
+
+
+def decode(dt) -> tuple:
+    """mpi4py's ``(oldtype, combiner name, keyword arguments)``; ``(dt, "NAMED", {})``."""
+    ctor = getattr(dt, "_ctor", None)
+    if ctor is None:
+        return dt, "NAMED", {}
+    name, old, kw = ctor
+    kw = dict(kw)
+    if name == "STRUCT":               # a classmethod: any of its types rebuilds it
+        kw["datatypes"] = list(kw["datatypes"])
+        first = kw["datatypes"][0] if kw["datatypes"] else None
+        if first is None:
+            from .datatypes import DATATYPE_NULL
+            first = DATATYPE_NULL
+        return first, name, kw
+    return old, name, kw
+
+
+def recreate(name: str, old, kw: dict, committed: bool):
+    """Call the constructor again (how a derived type is unpickled)."""
+    from .datatypes import Datatype
+    method = "Dup" if name == "DUP" else f"Create_{name.lower()}"
+    out = getattr(Datatype, method)(**kw) if name == "STRUCT" else \
+        getattr(old, method)(**kw)
+    if committed:
+        out.Commit()
+    return out
