@@ -473,6 +473,20 @@ def _rank_more_comm_surface() -> list:
     made = MPI.Intracomm.Create_from_group(group)
     if made.Get_size() != size or made.allreduce(1) != size:
         bad.append(f"rank {rank}: Create_from_group")
+    # None where MPI would pass a zero count: the root's / every rank's own block stays
+    blocks = np.full(2 * size, -1, np.int32)
+    blocks[2 * rank:2 * rank + 2] = rank
+    comm.Allgather(None, [blocks, MPI.INT])
+    _check(bad, "Allgather(None)", blocks[2 * rank:2 * rank + 2], [rank, rank])
+    gathered = np.full(size, -1, np.int32)
+    gathered[0] = 0
+    comm.Gather(None if rank == 0 else np.array([rank], np.int32),
+                gathered if rank == 0 else None, root=0)
+    if rank == 0:
+        _check(bad, "Gather(None at root)", gathered, np.arange(size))
+    rs = np.zeros(1, np.int64)
+    comm.Ireduce_scatter(np.ones(size, np.int64), rs, [1] * size, MPI.SUM).Wait()
+    _check(bad, "Ireduce_scatter", rs, [size])
     preq = comm.Send_init(b"", MPI.PROC_NULL, 0)
     if MPI.Prequest(preq) != preq or type(MPI.Prequest(preq)) is not MPI.Prequest:
         bad.append(f"rank {rank}: a Prequest copy is not the same request")

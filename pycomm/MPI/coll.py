@@ -25,6 +25,16 @@ from .request import Request
 __all__ = ["Intracomm"]
 
 
+def _root_none(at_root: bool, gather: bool, sendbuf, recvbuf):
+    """At the root of a gather (scatter), a None send (receive) buffer moves nothing and
+    leaves the root's own block as it is (MPI: a zero count), which is IN_PLACE here."""
+    if at_root and gather and sendbuf is None:
+        return IN_PLACE, recvbuf
+    if at_root and not gather and recvbuf is None:
+        return sendbuf, IN_PLACE
+    return sendbuf, recvbuf
+
+
 def _match_empty(*msgs) -> None:
     """An empty message (None, or zero items) takes the dtype of the other side's, so
     that the Communicator's dtype checks do not refuse a rank that passes nothing."""
@@ -160,6 +170,12 @@ class Intracomm(Comm):
         if isinstance(r, Msg):
             r.finish()
 
+    def Ireduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=SUM) -> Request:
+        """:meth:`Reduce_scatter`, complete when it returns: the Communicator has no
+        nonblocking Reduce_scatter, so this one blocks (the request is already done)."""
+        self.Reduce_scatter(sendbuf, recvbuf, recvcounts, op)
+        return Request()
+
     # gathers and scatters
     def Gather(self, sendbuf, recvbuf, root: int = 0) -> None:
         """Gather every rank's message into root's ``recvbuf`` in rank order."""
@@ -180,6 +196,7 @@ class Intracomm(Comm):
         root = as_int(root, "root", f"rank {c.rank}: {call}")
         at_root = c.rank == root
         n = c.size
+        sendbuf, recvbuf = _root_none(at_root, root_recv, sendbuf, recvbuf)
         c, _w, s, r = self._send_recv(call, sendbuf, recvbuf,
                                      send=at_root or root_recv, recv=at_root or not root_recv,
                                      sblocks=1 if root_recv else n, rblocks=n if root_recv else 1)
@@ -200,6 +217,8 @@ class Intracomm(Comm):
         return self._all("Ialltoall", sendbuf, recvbuf)
 
     def _all(self, call, sendbuf, recvbuf):
+        if sendbuf is None and "gather" in call:    # zero count everywhere: blocks stay
+            sendbuf = IN_PLACE
         n = self._inner(call).size
         c, _w, s, r = self._send_recv(call, sendbuf, recvbuf, rblocks=n,
                                      sblocks=n if "lltoall" in call else 1)
@@ -232,6 +251,7 @@ class Intracomm(Comm):
         root = as_int(root, "root", w)
         gather = "atherv" in call
         at_root = c.rank == root
+        sendbuf, recvbuf = _root_none(at_root, gather, sendbuf, recvbuf)
         if gather:
             s = IN_PLACE if sendbuf is IN_PLACE else message(sendbuf, w, "sendbuf",
                                                               writable=False)
@@ -265,6 +285,8 @@ class Intracomm(Comm):
         return self._allv("Ialltoallv", sendbuf, recvbuf)
 
     def _allv(self, call, sendbuf, recvbuf):
+        if sendbuf is None and "gather" in call:    # zero count everywhere: blocks stay
+            sendbuf = IN_PLACE
         c = self._inner(call)
         w = f"rank {c.rank}: {call}"
         r, rspec = self._v(c, w, recvbuf, "recvbuf", True)
