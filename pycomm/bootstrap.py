@@ -249,7 +249,8 @@ def create_world(**options):
             engine._inspector = inspector = Inspector(
                 je.rank, je.size, je.job_id,
                 lambda: StoreClient(addr, port, token, timeout=timeout),
-                config.get("PYCOMM_STALL_WARN"), sigusr1)
+                config.get("PYCOMM_STALL_WARN"), sigusr1, client=store)
+            store = None                # its responder thread owns the start-up client now
     except TransportError as exc:
         engine.close()
         raise CommError(f"rank {je.rank}: could not start the world: {exc}") from exc

@@ -262,10 +262,12 @@ class Inspector:
         connect: returns a new StoreClient (one per thread: a client is not thread-safe).
         warn_s: ``PYCOMM_STALL_WARN``.
         sigusr1: whether SIGUSR1 prints this rank's flight recorder.
+        client: a connected StoreClient the responder thread takes over (and closes), so
+            that start-up pays no second handshake; None: it connects its own.
     """
 
     def __init__(self, rank: int, size: int, job_id: str, connect, warn_s: float,
-                 sigusr1: bool):
+                 sigusr1: bool, client=None):
         self.rank, self.size, self.job_id = rank, size, job_id
         self.warn_s = warn_s
         self.sigusr1 = sigusr1
@@ -274,23 +276,23 @@ class Inspector:
         self._client = None             # the waiting threads' client, under _lock
         self._lock = threading.Lock()
         self._stopped = False
-        self._ready = threading.Event()
+        self._handed = client
         self._thread = threading.Thread(target=self._respond, name="pycomm-stall-responder",
                                         daemon=True)
+        # not waited for: start-up must not pay the responder's store handshake (it
+        # publishes pos/<rank>, which the launcher looks for, a moment later)
         self._thread.start()
-        self._ready.wait(5.0)           # pos/<rank> is published: the launcher can see us
         trace._on_error = self.report_error
 
     # -- the responder thread ---------------------------------------------------------------
     def _respond(self) -> None:
         try:
-            client = self._connect()
+            client = self._handed or self._connect()
         except CommError:
-            self._ready.set()
             return
+        self._handed = None
         try:
             client.set(key(self.job_id, "pos", self.rank), self._position(0))
-            self._ready.set()
             k = 1
             while not self._stopped:
                 try:
@@ -307,7 +309,6 @@ class Inspector:
         except CommError:
             pass                        # the store is gone: the job is ending
         finally:
-            self._ready.set()
             client.close()
 
     def _position(self, round_: int) -> bytes:
