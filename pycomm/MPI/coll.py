@@ -328,6 +328,19 @@ class Intracomm(Comm):
         from .topo import cart_map
         return cart_map(self, dims)
 
+    def Create_graph(self, *args, **kwargs):
+        raise NotImplementedError("Intracomm.Create_graph: pycomm offers no (non-"
+                                  "distributed) graph topologies; use "
+                                  "Create_dist_graph_adjacent")
+
+    def Create_dist_graph(self, *args, **kwargs):
+        raise NotImplementedError("Intracomm.Create_dist_graph: pycomm offers only "
+                                  "Create_dist_graph_adjacent")
+
+    def Create_intercomm(self, *args, **kwargs):
+        raise NotImplementedError("Intracomm.Create_intercomm: pycomm offers no "
+                                  "inter-communicators")
+
     def Spawn(self, *args, **kwargs):
         raise NotImplementedError("Intracomm.Spawn: pycomm offers no dynamic process "
                                   "management (MPI_Comm_spawn)")

@@ -221,7 +221,9 @@ class Comm(ObjectMethods):
         from . import Get_processor_name
         names = self._inner("Split_type").allgather(Get_processor_name())
         split_type = as_int(split_type, "split_type", "Split_type")
-        color = names.index(names[self.rank]) if split_type >= 0 else split_type
+        # shared memory (and unguided hardware) domains are the host; the guided kinds
+        # need info hints pycomm does not read, and give COMM_NULL as MPI allows
+        color = names.index(names[self.rank]) if split_type in (1, 3) else -32766
         return self.Split(color, key)
 
     def Attach_buffer(self, buf) -> None:
@@ -236,6 +238,18 @@ class Comm(ObjectMethods):
     def Flush_buffer(self) -> None:
         """Wait for the pending buffered sends."""
         BSEND.drain()
+
+    def Iflush_buffer(self) -> Request:
+        """:meth:`Flush_buffer`, complete when it returns."""
+        BSEND.drain()
+        return Request()
+
+    def py2f(self) -> int:
+        raise NotImplementedError("Comm.py2f: pycomm has no Fortran handles")
+
+    @classmethod
+    def f2py(cls, arg: int):
+        raise NotImplementedError("Comm.f2py: pycomm has no Fortran handles")
 
     @classmethod
     def Create_from_group(cls, group, stringtag: str = "org.mpi4py", info=None,

@@ -180,8 +180,8 @@ def create_dist_graph_adjacent(comm: Intracomm, sources, destinations, sourcewei
     """
     c = comm._inner("Create_dist_graph_adjacent")
     w = f"rank {c.rank}: Create_dist_graph_adjacent"
-    src = [as_int(r, "sources", w) for r in sources]
-    dst = [as_int(r, "destinations", w) for r in destinations]
+    src = [as_int(r, "sources", w) for r in sources or ()]       # None: no neighbours
+    dst = [as_int(r, "destinations", w) for r in destinations or ()]
     for r in src + dst:
         if not (0 <= r < c.size or r == PROC_NULL):
             raise mpi_error(ArgumentError, "ERR_RANK", f"{w}: neighbour {r} is not a rank "

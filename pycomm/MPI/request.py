@@ -384,6 +384,18 @@ class Request:
                 reqs[i]._r._status(statuses[k])
         return ready
 
+    @classmethod
+    def get_status_all(cls, requests, statuses=None) -> bool:
+        return cls.Get_status_all(requests, statuses)
+
+    @classmethod
+    def get_status_any(cls, requests, status=None) -> tuple[int, bool]:
+        return cls.Get_status_any(requests, status)
+
+    @classmethod
+    def get_status_some(cls, requests, statuses=None) -> list[int] | None:
+        return cls.Get_status_some(requests, statuses)
+
     def cancel(self) -> None:
         """Object form of :meth:`Cancel`."""
         self.Cancel()
