@@ -341,13 +341,14 @@ class Inspector:
         return self._client
 
     # -- the waiting side --------------------------------------------------------------------
-    def inspect(self, peer: int | None) -> tuple[str, list[int]]:
-        """Ask every other rank where it is; explain this rank's current call's stall.
+    def inspect(self, peer: int | None, call=None) -> tuple[str, list[int]]:
+        """Ask every other rank where it is; explain the stall of ``call`` (a flight
+        recorder entry; default: the call this rank is in).
 
         Returns (text, culprits); ("", []) when this rank is in no recorded call or the
         store cannot be reached.
         """
-        call = trace.current()
+        call = trace.current() if call is None else call
         if call is None:
             return "", []
         self.waiting_for = peer

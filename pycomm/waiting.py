@@ -135,9 +135,7 @@ class Waiting:
             while not cond():
                 left = deadline - _perf()
                 if left <= 0:
-                    raise CommTimeoutError(f"rank {self.rank}: nonblocking collective did "
-                                           f"not complete within {limit:g} s "
-                                           "(PYCOMM_TIMEOUT)")
+                    raise self._offloaded_timeout(limit)
                 self._done_cv.wait(min(left, _LIVENESS_S))
 
     def _wait_slow(self, cond, timeout, req, what: str = "operation") -> None:
@@ -224,7 +222,7 @@ class Waiting:
         Returns the suspects (as text) for the next call's ``previous``."""
         call = self._my_call()
         peer = req.peer if req is not None and req.peer >= 0 else None
-        text, culprits = self._inspector.inspect(peer)
+        text, culprits = self._inspector.inspect(peer, call)
         seen = f"{culprits}" if text else ""
         if text and seen != previous:       # warn again only when the suspects change
             name = trace.describe_call(call) if call is not None else what
@@ -234,6 +232,22 @@ class Waiting:
                              f"{self._inspector.warn_s:g}): {text}\n")
             sys.stderr.flush()
         return seen or previous or ""
+
+    def _offloaded_timeout(self, limit: float) -> CommTimeoutError:
+        """The timeout of a Wait on a nonblocking collective: names the one the progress
+        thread is running and, with a store, why it stalled."""
+        call = trace.current(True)
+        text = (f"rank {self.rank}: nonblocking collective "
+                f"{trace.describe_call(call) + ' ' if call is not None else ''}did not "
+                f"complete within {limit:g} s (PYCOMM_TIMEOUT)")
+        culprits: list = []
+        if call is not None and self._inspector is not None:
+            why, culprits = self._inspector.inspect(None, call)
+            if why:
+                text += f"; {why}"
+        exc = CommTimeoutError(text)
+        exc.culprits = culprits
+        return exc
 
     def _timeout_error(self, req, what, limit) -> CommTimeoutError:
         """The timeout of a wait, naming the call and, with a store, why it stalled (the
@@ -247,7 +261,7 @@ class Waiting:
         culprits: list = []
         if self._inspector is not None:
             peer = req.peer if req is not None and req.peer >= 0 else None
-            why, culprits = self._inspector.inspect(peer)
+            why, culprits = self._inspector.inspect(peer, call)
             if why:
                 text += f"; {why}"
         exc = CommTimeoutError(text)

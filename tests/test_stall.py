@@ -41,6 +41,8 @@ HANG = textwrap.dedent("""
         time.sleep(30)
     if sys.argv[1] == "collective":
         comm.Allreduce(pycomm.IN_PLACE, x)
+    elif sys.argv[1] == "nonblocking":
+        comm.Iallreduce(pycomm.IN_PLACE, x).Wait()
     elif comm.rank == 0:
         comm.Recv(x, 2, tag=7)
     else:
@@ -116,6 +118,20 @@ def test_point_to_point_stall_names_the_peer(tmp_path):
     assert "rank 0 last completed Bcast #3 on pycomm.COMM_WORLD" in warn1[0]
     assert "and is in Recv from rank 2 (tag 7) on pycomm.COMM_WORLD" in warn1[0]
     assert "pycomm.launch: rank 2 caused the failure" in err
+
+
+def test_nonblocking_collective_stall_names_the_hung_rank(tmp_path):
+    proc, _ = run_job(tmp_path, "shm", "nonblocking")
+    err = proc.stderr
+    missing = "ranks [2] have not called Iallreduce #4 on pycomm.COMM_WORLD"
+    for r in (0, 1):    # the progress thread's wait warns; the Wait or the schedule times out
+        warn = re.search(rf"^\[{r}\] pycomm: rank {r}: warning: Iallreduce #4 on "
+                         r"pycomm.COMM_WORLD has waited .*$", err, re.MULTILINE)
+        assert warn and missing in warn[0] and LAST in warn[0], err
+        error = re.search(rf"^\[{r}\] pycomm.errors.\w+Error: rank {r}: .*Iallreduce #4 .*$",
+                          err, re.MULTILINE)
+        assert error and missing in error[0] and LAST in error[0], err
+    assert re.search(r"^pycomm.launch: rank 2 caused the failure", err, re.MULTILINE), err
 
 
 def test_no_warning_before_the_threshold(tmp_path):
