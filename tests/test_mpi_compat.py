@@ -487,6 +487,15 @@ def _rank_more_comm_surface() -> list:
     rs = np.zeros(1, np.int64)
     comm.Ireduce_scatter(np.ones(size, np.int64), rs, [1] * size, MPI.SUM).Wait()
     _check(bad, "Ireduce_scatter", rs, [size])
+    # Alltoallw: block j is 2 ints at byte 8*j on the send side; on the receive side the
+    # block from rank i lands in column i of a 2 x size matrix (a vector type per peer)
+    sendw = np.array([[100 * rank + j, -(100 * rank + j)] for j in range(size)], np.int32)
+    recvw = np.zeros((2, size), np.int32)
+    colw = MPI.INT.Create_vector(2, 1, size).Commit()
+    comm.Alltoallw([sendw, ([2] * size, [8 * j for j in range(size)]), [MPI.INT] * size],
+                   [recvw, [1] * size, [4 * i for i in range(size)], [colw] * size])
+    _check(bad, "Alltoallw", recvw, [[100 * i + rank for i in range(size)],
+                                     [-(100 * i + rank) for i in range(size)]])
     preq = comm.Send_init(b"", MPI.PROC_NULL, 0)
     if MPI.Prequest(preq) != preq or type(MPI.Prequest(preq)) is not MPI.Prequest:
         bad.append(f"rank {rank}: a Prequest copy is not the same request")

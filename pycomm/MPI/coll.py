@@ -18,7 +18,7 @@ from pycomm.errors import ArgumentError
 from .comm import Comm
 from .comm import fin as _fin
 from .exceptions import mpi_error, translate_methods
-from .msgspec import Msg, as_int, message, vector_message
+from .msgspec import BOTTOM, Msg, as_int, message, vector_message
 from .ops import SUM
 from .request import Request
 
@@ -33,6 +33,34 @@ def _root_none(at_root: bool, gather: bool, sendbuf, recvbuf):
     if at_root and not gather and recvbuf is None:
         return sendbuf, IN_PLACE
     return sendbuf, recvbuf
+
+
+def _starts(counts: list[int]) -> list[int]:
+    return [int(x) for x in np.concatenate([[0], np.cumsum(counts)[:-1]])] if counts else []
+
+
+def _wblocks(spec, size: int, w: str, arg: str, writable: bool) -> list[Msg]:
+    """The per-peer messages of an Alltoallw spec (byte displacements, one type each)."""
+    from .msgspec import _raw, _typed
+    from .predefined import to_datatype
+    if not isinstance(spec, (list, tuple)) or len(spec) not in (3, 4):
+        raise mpi_error(ArgumentError, "ERR_ARG", f"{w}: {arg} must be [buf, (counts, "
+                        "displs), datatypes] or [buf, counts, displs, datatypes]")
+    if len(spec) == 3:
+        buf, (counts, displs), types = spec
+    else:
+        buf, counts, displs, types = spec
+    if buf is BOTTOM:
+        raise NotImplementedError(f"{w}: MPI.BOTTOM (absolute addresses) is not offered")
+    raw, _ = _raw(buf, writable, w, arg)
+    counts = [as_int(x, "counts", w) for x in counts]
+    displs = [as_int(x, "displs", w) for x in displs]
+    types = [to_datatype(t, w) for t in types]
+    if not len(counts) == len(displs) == len(types) == size:
+        raise mpi_error(ArgumentError, "ERR_ARG", f"{w}: {arg} needs {size} counts, "
+                        f"displacements and datatypes")
+    return [_typed(raw, t, n, d, w, f"{arg} block {i}")
+            for i, (n, d, t) in enumerate(zip(counts, displs, types))]
 
 
 def _match_empty(*msgs) -> None:
@@ -306,6 +334,36 @@ class Intracomm(Comm):
                 rspec[0] = r.array
             out = getattr(c, call)(IN_PLACE if s is IN_PLACE else sspec, rspec)
         return self._done(call[0] == "I", out, r)
+
+    def Alltoallw(self, sendbuf, recvbuf) -> None:
+        """All-to-all with a datatype, count and byte displacement per peer: specs
+        ``[buf, (counts, displs), datatypes]`` or ``[buf, counts, displs, datatypes]``.
+
+        Each block is packed with its own datatype into bytes and the bytes move with the
+        Communicator's ``Alltoallv``; received blocks are unpacked through theirs.
+
+        Raises:
+            NotImplementedError: ``MPI.BOTTOM`` (absolute addresses) as the buffer.
+        """
+        c = self._inner("Alltoallw")
+        w = f"rank {c.rank}: Alltoallw"
+        rblocks = _wblocks(recvbuf, c.size, w, "recvbuf", True)
+        sblocks = rblocks if sendbuf is IN_PLACE else \
+            _wblocks(sendbuf, c.size, w, "sendbuf", False)
+        out = np.concatenate([b.array.view(np.uint8) for b in sblocks] or
+                             [np.empty(0, np.uint8)])
+        got = np.empty(sum(b.array.nbytes for b in rblocks), np.uint8)
+        scounts = [b.array.nbytes for b in sblocks]
+        rcounts = [b.array.nbytes for b in rblocks]
+        c.Alltoallv([out, scounts, _starts(scounts)], [got, rcounts, _starts(rcounts)])
+        for b, start, n in zip(rblocks, _starts(rcounts), rcounts):
+            b.array.view(np.uint8)[...] = got[start:start + n]
+            b.finish()
+
+    def Ialltoallw(self, sendbuf, recvbuf) -> Request:
+        """:meth:`Alltoallw`, complete when it returns (it runs as a blocking call)."""
+        self.Alltoallw(sendbuf, recvbuf)
+        return Request()
 
     def Ibarrier(self) -> Request:
         return Request._wrap(self._inner("Ibarrier").Ibarrier())

@@ -11,8 +11,8 @@ metadata, which takes a few minutes). Each module runs unmodified as
 ``python launch.py -n N --mpi4py test/<module>.py`` in the suite's directory; rank 0's
 unittest summary gives the counts (ran, failures, errors, skipped; a module that crashes
 or times out is reported as such). To compare with mpi4py + MPICH, run the suite there
-(``pip install mpi4py mpich``; ``mpiexec -n N python test/<module>.py``) and put the
-numbers side by side.
+(``pip install mpi4py mpich`` in a throwaway venv) with the same script and
+``--mpiexec venv/bin/mpiexec``, and put the numbers side by side.
 """
 
 from __future__ import annotations
@@ -49,10 +49,19 @@ def fetch(version: str, dest: str) -> str:
     return found[0]
 
 
-def run_module(testdir: str, module: str, nprocs: int, timeout: float) -> dict:
-    """Run one test module on ``nprocs`` ranks; return its counts (or its failure)."""
-    cmd = [sys.executable, os.path.join(_ROOT, "launch.py"), "-n", str(nprocs), "--mpi4py",
-           f"{module}.py"]
+def run_module(testdir: str, module: str, nprocs: int, timeout: float,
+               mpiexec: str | None = None) -> dict:
+    """Run one test module on ``nprocs`` ranks; return its counts (or its failure).
+
+    ``mpiexec``: the reference run instead, ``<mpiexec> -prepend-rank -n N <its python>``
+    (MPICH's Hydra; the python beside it, where mpi4py is installed).
+    """
+    if mpiexec:
+        python = os.path.join(os.path.dirname(mpiexec), "python")
+        cmd = [mpiexec, "-prepend-rank", "-n", str(nprocs), python, f"{module}.py"]
+    else:
+        cmd = [sys.executable, os.path.join(_ROOT, "launch.py"), "-n", str(nprocs),
+               "--mpi4py", f"{module}.py"]
     try:
         proc = subprocess.run(cmd, cwd=testdir, capture_output=True, text=True,
                               timeout=timeout, check=False)
@@ -89,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-n", type=int, nargs="+", default=[1, 2, 3], help="world sizes")
     parser.add_argument("-m", "--modules", nargs="+", default=MODULES)
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per run")
+    parser.add_argument("--mpiexec", help="reference: run the modules with this mpiexec "
+                        "(e.g. venv/bin/mpiexec of pip install mpi4py mpich) instead")
     args = parser.parse_args(argv)
     work = tempfile.mkdtemp(prefix="pycomm-mpi4py-")
     sdist = args.sdist or fetch(args.version, work)
@@ -117,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
           "fail/error: unittest's counts, subtests included)")
     for module in args.modules:
         for n in args.n:
-            r = run_module(testdir, module, n, args.timeout)
+            r = run_module(testdir, module, n, args.timeout, args.mpiexec)
             if "ran" not in r:
                 print(f"{module:<18} {n:>2} {'':>29}  {r['status']}", flush=True)
                 continue
