@@ -38,6 +38,7 @@ Store keys, all under ``pycomm/stall/<job id>/``::
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 
@@ -312,7 +313,9 @@ class Inspector:
             client.close()
 
     def _position(self, round_: int) -> bytes:
-        return msgpack.packb(position(self.rank, self.waiting_for, self.sigusr1, round_))
+        # the program may have taken SIGUSR1 over since start-up: then nobody may send it
+        sigusr1 = self.sigusr1 and signal.getsignal(signal.SIGUSR1) is trace.on_sigusr1
+        return msgpack.packb(position(self.rank, self.waiting_for, sigusr1, round_))
 
     def close(self) -> None:
         """Stop the responder (it exits when it reads the stop key) and the client."""

@@ -44,8 +44,8 @@ from .errors import CommError
 
 __all__ = ["ERROR_DUMP_CALLS", "begin", "chrome_events", "collective_progress", "current",
            "describe_call", "display_name", "dump", "end", "fail", "format_calls", "install",
-           "last_completed", "last_failed", "merge_chrome_traces", "record_wait", "traced",
-           "write_chrome_trace"]
+           "last_completed", "last_failed", "merge_chrome_traces", "on_sigusr1",
+           "record_wait", "traced", "write_chrome_trace"]
 
 ERROR_DUMP_CALLS = 32  # calls printed when an error leaves a call (SIGUSR1: the whole ring)
 
@@ -367,7 +367,8 @@ def merge_chrome_traces(path: str, nranks: int) -> str | None:
 
 
 # -- installation ---------------------------------------------------------------------------
-def _on_sigusr1(_signum, _frame) -> None:
+def on_sigusr1(_signum, _frame) -> None:
+    """The SIGUSR1 handler :func:`install` sets: print the whole ring."""
     dump(why="SIGUSR1")
 
 
@@ -386,7 +387,7 @@ def install(rank: int) -> bool:
     global _rank, _installed, _spill, begin
     _rank = rank
     if _installed:
-        return signal.getsignal(signal.SIGUSR1) is _on_sigusr1
+        return signal.getsignal(signal.SIGUSR1) is on_sigusr1
     _installed = True
     path = config.get("PYCOMM_TRACE")
     if path:
@@ -395,6 +396,6 @@ def install(rank: int) -> bool:
         atexit.register(_at_exit, path)
     if threading.current_thread() is threading.main_thread() and \
             signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL:
-        signal.signal(signal.SIGUSR1, _on_sigusr1)
+        signal.signal(signal.SIGUSR1, on_sigusr1)
         return True
     return False
