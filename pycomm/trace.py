@@ -211,7 +211,8 @@ def describe_call(call) -> str:
     op, comm, seq, _nbytes, _alg, peer = call[:6]
     if _is_collective(op):
         return f"{display_name(op)} #{seq} on {_comm_name(comm)}"
-    where = f" from rank {peer}" if op == "Recv" else f" to rank {peer}" if op == "Send" \
+    who = f"rank {peer}" if peer >= 0 else "any rank"     # -2: ANY_SOURCE
+    where = f" from {who}" if op == "Recv" else f" to {who}" if op == "Send" \
         else f" with rank {peer}" if peer >= 0 else ""
     tag = f" (tag {seq})" if seq >= 0 else ""
     return f"{op}{where}{tag}" + (f" on {_comm_name(comm)}" if comm is not None else "")
