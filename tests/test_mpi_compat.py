@@ -346,6 +346,15 @@ def test_environment_without_a_world():
     assert MPI.SUM(2, 3) == 5 and MPI.REPLACE(2, 3) == 3 and MPI.NO_OP(2, 3) == 2
     with pytest.raises(NotImplementedError, match="one-sided"):
         _ = MPI.Win
+    for call, code in ((MPI.Request().Free, MPI.ERR_REQUEST),
+                       (MPI.REQUEST_NULL.Cancel, MPI.ERR_REQUEST),
+                       (MPI.SUM.Free, MPI.ERR_OP),
+                       (lambda: MPI.COMM_NULL.Get_attr(MPI.TAG_UB), MPI.ERR_COMM),
+                       (lambda: MPI.COMM_NULL.Compare(MPI.COMM_NULL), MPI.ERR_COMM)):
+        with pytest.raises(MPI.Exception) as info:
+            call()
+        assert info.value.Get_error_class() == code
+    MPI.Op.Create(lambda a, b: None).Free()          # a user op frees silently
     assert MPI.Compute_dims(12, [0, 0, 0]) == [3, 2, 2]
     assert MPI.Compute_dims(6, [0, 3]) == [2, 3]
     with pytest.raises(MPI.Exception):

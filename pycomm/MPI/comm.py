@@ -137,9 +137,11 @@ class Comm(ObjectMethods):
     group = property(Get_group)
 
     def Is_inter(self) -> bool:
+        self._inner("Is_inter")
         return False
 
     def Is_intra(self) -> bool:
+        self._inner("Is_intra")
         return True
 
     is_inter = property(Is_inter)
@@ -147,6 +149,7 @@ class Comm(ObjectMethods):
 
     def Get_topology(self) -> int:
         """``UNDEFINED`` (no topology); ``CART`` for a :class:`Cartcomm`."""
+        self._inner("Get_topology")
         return UNDEFINED
 
     topology = property(lambda self: self.Get_topology())
@@ -154,6 +157,8 @@ class Comm(ObjectMethods):
 
     def Compare(self, comm: Comm) -> int:
         """IDENT (same handle), CONGRUENT (same group, other context), SIMILAR, UNEQUAL."""
+        self._inner("Compare")
+        comm._inner("Compare")
         if self._c is comm._c:
             return IDENT
         return self._inner("Compare").Compare(comm._inner("Compare"))
@@ -162,6 +167,7 @@ class Comm(ObjectMethods):
         """Predefined attributes: ``TAG_UB``, ``HOST``, ``IO``, ``WTIME_IS_GLOBAL``,
         ``UNIVERSE_SIZE``, ``APPNUM``, ``LASTUSEDCODE``; user keys set by Set_attr."""
         from pycomm.comm import TAG_UB
+        self._inner("Get_attr")
         fixed = {KEYVAL_TAG_UB: TAG_UB, KEYVAL_HOST: -1, KEYVAL_IO: ANY_SOURCE,
                  KEYVAL_WTIME_IS_GLOBAL: False, KEYVAL_APPNUM: None,
                  KEYVAL_LASTUSEDCODE: ERRORS["ERR_LASTCODE"]}
@@ -172,17 +178,21 @@ class Comm(ObjectMethods):
         return self._attrs.get(keyval)
 
     def Set_attr(self, keyval: int, attrval) -> None:
+        self._inner("Set_attr")
         self._attrs[keyval] = attrval
 
     def Delete_attr(self, keyval: int) -> None:
+        self._inner("Delete_attr")
         self._attrs.pop(keyval, None)
 
     def Get_errhandler(self):
         from . import ERRORS_ARE_FATAL
+        self._inner("Get_errhandler")
         return self._errhandler or ERRORS_ARE_FATAL
 
     def Set_errhandler(self, errhandler) -> None:
         """Errors are always raised as ``MPI.Exception`` (mpi4py's default handler)."""
+        self._inner("Set_errhandler")
         self._errhandler = errhandler
 
     def Abort(self, errorcode: int = 0) -> None:
@@ -262,7 +272,13 @@ class Comm(ObjectMethods):
             group._g, tag))
 
     def Free(self) -> None:
-        """Release the communicator; the handle becomes ``COMM_NULL``."""
+        """Release the communicator; the handle becomes ``COMM_NULL``.
+
+        Raises:
+            MPI.Exception (ERR_COMM): COMM_NULL, COMM_WORLD or COMM_SELF.
+        """
+        if self._name in ("MPI_COMM_WORLD", "MPI_COMM_SELF"):
+            raise mpi_error(CommError, "ERR_COMM", f"Free: {self._name} cannot be freed")
         self._inner("Free").Free()
         self._c = None
 

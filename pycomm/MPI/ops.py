@@ -69,6 +69,18 @@ class Op(_Op, metaclass=_OpType):
         out.__dict__.update(op.__dict__)
         return out
 
+    def Free(self) -> None:
+        """Release a user op (nothing to release); predefined ops cannot be freed.
+
+        Raises:
+            MPI.Exception (ERR_OP): a predefined op.
+        """
+        if self.is_predefined:
+            from pycomm.errors import ArgumentError
+
+            from .exceptions import mpi_error
+            raise mpi_error(ArgumentError, "ERR_OP", f"Op.Free: {self.name} is predefined")
+
     def Reduce_local(self, inbuf, inoutbuf) -> None:
         """``inoutbuf = inbuf ∘ inoutbuf`` on this process (message specs of one type)."""
         a = message(inbuf, "Op.Reduce_local", "inbuf", writable=False)

@@ -94,6 +94,13 @@ class Status(_Status):
     __hash__ = None
 
 
+def _null(call: str):
+    from pycomm.errors import ArgumentError
+
+    from .exceptions import mpi_error
+    return mpi_error(ArgumentError, "ERR_REQUEST", f"Request.{call}: REQUEST_NULL")
+
+
 def _clear(status) -> None:
     """An empty status (MPI-4.0 3.7.3): what waiting on a null request reports."""
     if status is not None:
@@ -178,12 +185,23 @@ class Request:
         return r.done
 
     def Cancel(self) -> None:
-        """Cancel a receive that has not matched, or a large send not yet handed over."""
-        if self._r is not None:
-            self._r.Cancel()
+        """Cancel a receive that has not matched, or a large send not yet handed over.
+
+        Raises:
+            MPI.Exception (ERR_REQUEST): a null request.
+        """
+        if self._r is None:
+            raise _null("Cancel")
+        self._r.Cancel()
 
     def Free(self) -> None:
-        """Forget the request (the operation still completes); it becomes null."""
+        """Forget the request (the operation still completes); it becomes null.
+
+        Raises:
+            MPI.Exception (ERR_REQUEST): a null request.
+        """
+        if self._r is None:
+            raise _null("Free")
         self._r, self._finish = None, None
 
     def wait(self, status=None):
