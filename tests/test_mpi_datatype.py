@@ -390,6 +390,23 @@ def test_reduce_local_and_user_ops_get_mpi_datatypes():
         MPI.MAX.Reduce_local(np.zeros(2, np.complex128), np.zeros(2, np.complex128))
 
 
+def test_op_handles_pickle_and_op_null():
+    import pickle
+    assert pickle.loads(pickle.dumps(MPI.MAX)) is MPI.MAX
+    copy = MPI.Op(MPI.MAX)
+    assert copy is not MPI.MAX and copy == MPI.MAX
+    assert pickle.loads(pickle.dumps(copy)) == MPI.MAX
+    user = MPI.Op.Create(np.add, commute=True)
+    again = pickle.loads(pickle.dumps(user))
+    assert again != user and again.Is_commutative()
+    a, b = np.arange(3.0), np.ones(3)
+    again.Reduce_local(a, b)
+    assert np.array_equal(b, np.arange(3.0) + 1)
+    assert MPI.Op() == MPI.OP_NULL and not MPI.OP_NULL and MPI.OP_NULL.is_predefined
+    with pytest.raises(ValueError):
+        MPI.OP_NULL(1, 2)
+
+
 def test_vector_spec_int_counts_displs_and_bare_buffers():
     buf = np.arange(12, dtype=np.int16)
     m, counts, displs = vector_message([buf, (2, 4), MPI.SHORT], 3, "r", "recvbuf",

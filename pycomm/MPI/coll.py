@@ -73,7 +73,9 @@ def _match_empty(*msgs) -> None:
 
 
 def _reducible(where: str, op, *msgs) -> None:
-    """Reject a reduction over a mixed-type datatype (it travels as bytes)."""
+    """Reject OP_NULL and a reduction over a mixed-type datatype (it travels as bytes)."""
+    if getattr(op, "name", None) == "OP_NULL":
+        raise mpi_error(ArgumentError, "ERR_OP", f"{where}: OP_NULL is not an operation")
     for m in msgs:
         if isinstance(m, Msg) and not m.reducible:
             raise mpi_error(ArgumentError, "ERR_TYPE", f"{where}: a datatype of mixed "

@@ -53,6 +53,35 @@ class _OpType(type):
 class Op(_Op, metaclass=_OpType):
     """A reduction operation (mpi4py's ``MPI.Op``); see the module docstring."""
 
+    def __init__(self, op: _Op | None = None):
+        """``Op(other)``: the same op (a new handle to it); ``Op()``: ``OP_NULL``."""
+        src = OP_NULL if op is None else op
+        if not isinstance(src, _Op):
+            raise TypeError(f"Op({op!r}): expected an MPI.Op")
+        self.__dict__.update(src.__dict__)
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, _Op):
+            return NotImplemented
+        return self is other or self.__dict__.get("_handle", self) is \
+            other.__dict__.get("_handle", other)
+
+    def __hash__(self) -> int:
+        return id(self.__dict__.get("_handle", self))
+
+    def __bool__(self) -> bool:
+        return self.name != "OP_NULL"
+
+    def __reduce__(self):
+        if self.name in _PREDEFINED and self is _PREDEFINED[self.name]:
+            return _predefined, (self.name,)
+        if self.name in _PREDEFINED:
+            return Op, (_PREDEFINED[self.name],)
+        user = self.__dict__.get("_user")
+        if user is None:
+            raise TypeError(f"cannot pickle {self!r}")
+        return Op.Create, user
+
     @classmethod
     def Create(cls, function, commute: bool = False) -> Op:
         """A user op from ``function(inbuf, inoutbuf[, datatype])`` leaving
@@ -67,6 +96,7 @@ class Op(_Op, metaclass=_OpType):
             op._nargs = 3
         out = cls.__new__(cls)
         out.__dict__.update(op.__dict__)
+        out._handle, out._user = object(), (function, bool(commute))
         return out
 
     def Free(self) -> None:
@@ -106,7 +136,16 @@ def _facade(op: _Op) -> Op:
     and ``pycomm.SUM`` agree: calls are matched by the op's name)."""
     out = Op.__new__(Op)
     out.__dict__.update(op.__dict__)
+    out._handle = object()
     return out
+
+
+def _predefined(name: str) -> Op:
+    return _PREDEFINED[name]
+
+
+def _op_null(*args):
+    raise ValueError("OP_NULL is not an operation")
 
 
 SUM, PROD, MIN, MAX = (_facade(o) for o in (_ops.SUM, _ops.PROD, _ops.MIN, _ops.MAX))
@@ -117,4 +156,7 @@ REPLACE = _facade(_Op("REPLACE", kernel=lambda inbuf, inoutbuf: None,
                       pyfunc=lambda a, b: b))
 NO_OP = _facade(_Op("NO_OP", kernel=lambda inbuf, inoutbuf: inoutbuf.__setitem__(..., inbuf),
                     pyfunc=lambda a, b: a))
-OP_NULL = None
+OP_NULL = _facade(_Op("OP_NULL", kernel=lambda inbuf, inoutbuf: _op_null(),
+                      pyfunc=_op_null))
+_PREDEFINED = {op.name: op for op in (SUM, PROD, MIN, MAX, LAND, LOR, LXOR, BAND, BOR, BXOR,
+                                      MAXLOC, MINLOC, REPLACE, NO_OP, OP_NULL)}
