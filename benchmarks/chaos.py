@@ -1,7 +1,8 @@
 """Chaos trials (issue 15's proof): random faults on one rank of real jobs, tabulated.
 
 ``python -m benchmarks.chaos --trials N --seed S [--transports shm,tcp,rdma] [--sizes 3,4]
-[--json out.json] [--logs DIR]``
+[--json out.json] [--logs DIR]``;
+``... --only 6 --repeat 8`` runs trial 6 of that plan 8 times (a miss's repro).
 
 Each trial starts ``launch.py -n SIZE --transport T --timeout 3`` (with
 ``PYCOMM_STALL_WARN=1.5``) on ``benchmarks/_chaos_rank.py``: every rank runs the same
@@ -293,7 +294,10 @@ def run_trial(t: Trial, *, env: dict | None = None, log_dir: str | None = None) 
     if log_dir:
         lines = sorted([*zip(out_t, ["out"] * len(out), out),
                         *zip(err_t, ["err"] * len(err), err)], key=lambda x: x[0])
-        Path(log_dir, f"trial{t.index}.log").write_text(
+        name, n = Path(log_dir, f"trial{t.index}.log"), 1
+        while name.exists():            # --repeat: keep every run's log
+            name, n = Path(log_dir, f"trial{t.index}.{n}.log"), n + 1
+        name.write_text(
             f"{describe(t)}\n" + "".join(f"+{w - t0:7.3f} {k} {line}\n" for w, k, line in lines)
             + f"+{t_end - t0:7.3f} launcher exited {proc.returncode}\n")
 
@@ -457,6 +461,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", default="3,4")
     p.add_argument("--kinds", default=",".join(rankmod.KINDS))
     p.add_argument("--json", help="write every trial's record to this file")
+    p.add_argument("--only", metavar="I,J", help="run only these trials of the plan (its "
+                   "--trials, --seed, --transports, --sizes and --kinds as when first run)")
+    p.add_argument("--repeat", type=int, default=1, metavar="K",
+                   help="run each (selected) trial K times, to see how often a miss recurs")
     p.add_argument("--logs", metavar="DIR", help="write each trial's output to DIR/trial<i>.log")
     p.add_argument("-q", "--quiet", action="store_true", help="no line per trial")
     args = p.parse_args(argv)
@@ -465,6 +473,12 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unknown fault kinds {sorted(unknown)}")
     trials = plan(args.trials, args.seed, args.transports.split(","),
                   [int(s) for s in args.sizes.split(",")], kinds)
+    if args.only:
+        keep = {int(i) for i in args.only.split(",")}
+        trials = [t for t in trials if t.index in keep]
+    if args.repeat > 1:
+        trials = [make_trial(t.index, t.kind, t.transport, t.size, t.culprit, t.call, t.seed)
+                  for t in trials for _ in range(args.repeat)]
     start = time.time()
     if args.logs:
         os.makedirs(args.logs, exist_ok=True)
