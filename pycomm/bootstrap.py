@@ -12,8 +12,10 @@ torchrun        RANK / WORLD_SIZE (LOCAL_RANK)               MASTER_ADDR, MASTER
 SLURM (srun)    SLURM_PROCID / SLURM_NTASKS                  MASTER_ADDR or the first host
                                                              of SLURM_STEP_NODELIST,
                                                              MASTER_PORT+1 or from the job id
-mpiexec         PMI_RANK / PMI_SIZE (MPICH, Hydra),          MASTER_ADDR or 127.0.0.1,
-                OMPI_COMM_WORLD_RANK / _SIZE (Open MPI)      port from MASTER_PORT or the
+mpiexec         PMI_RANK / PMI_SIZE (MPICH, Hydra),          MASTER_ADDR, else Open MPI's
+                OMPI_COMM_WORLD_RANK / _SIZE (Open MPI)      mpirun host (from its HNP
+                                                             URI), else 127.0.0.1; port
+                                                             from MASTER_PORT or the
                                                              launcher's pid
 none            a world of size 1                            none
 =============== ============================================ =============================
@@ -24,6 +26,11 @@ job secret is ``PYCOMM_JOB_TOKEN``; under an external launcher that does not set
 token is derived from the job's identifiers, which keeps strangers of other jobs out but is
 not secret: export PYCOMM_JOB_TOKEN (same value on every rank) for real authentication.
 
+Listening address (tcp and rdma): ``PYCOMM_HOST`` when set; else loopback when the store is
+on loopback (a single-host job); else the address of the interface that routes to the
+store's host (:func:`listen_address`), which every host of a cluster can reach back.
+``PYCOMM_PORT_RANGE=lo-hi`` pins the TCP transport's listening ports.
+
 Start-up: every rank publishes its host identity, each pair of ranks picks the first
 transport in the preference list that can link them (``auto``: shm inside a host, tcp
 across hosts), transports connect, and an init barrier runs over the new communicator.
@@ -32,8 +39,10 @@ across hosts), transports connect, and an init barrier runs over the new communi
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import os
 import re
+import socket
 from dataclasses import dataclass
 
 import msgpack
@@ -49,7 +58,7 @@ from .p2p import Engine, default_spin_seconds, default_yield_seconds
 from .stall import Inspector
 from .waiting import available_cores
 
-__all__ = ["JobEnv", "detect", "create_world"]
+__all__ = ["JobEnv", "create_world", "detect", "listen_address"]
 
 
 @dataclass
@@ -75,6 +84,55 @@ def _first_slurm_host(nodelist: str) -> str:
     if not ranges:
         return prefix
     return prefix + ranges.split(",")[0].split("-")[0]
+
+
+def _is_loopback(addr: str) -> bool:
+    if addr == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(addr).is_loopback
+    except ValueError:
+        return False
+
+
+def listen_address(master_addr: str | None, master_port: int | None = None) -> str:
+    """Return the IPv4 address a rank listens on and publishes when PYCOMM_HOST is unset.
+
+    Loopback when there is no store or it is on loopback (a single-host job); else the
+    source address the kernel would use to reach ``master_addr`` (a UDP ``connect`` sends
+    nothing; ``getsockname`` then tells the interface that routes there), so every host
+    that can reach the store's host can reach this rank.
+
+    Raises:
+        CommError: ``master_addr`` does not resolve, or no interface routes to it.
+    """
+    if not master_addr or _is_loopback(master_addr):
+        return "127.0.0.1"
+    try:
+        target = socket.getaddrinfo(master_addr, master_port or 9, socket.AF_INET,
+                                    socket.SOCK_DGRAM)[0][4]
+    except OSError as exc:
+        raise CommError(f"the store's host {master_addr!r} does not resolve: {exc}; set "
+                        "PYCOMM_MASTER_ADDR to its address") from exc
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect(target)
+        return probe.getsockname()[0]
+    except OSError as exc:
+        raise CommError(f"no interface of host {socket.gethostname()} routes to the store's "
+                        f"host {master_addr} ({target[0]}): {exc}; set PYCOMM_HOST to this "
+                        "host's address") from exc
+    finally:
+        probe.close()
+
+
+_HNP_HOST = re.compile(r"tcp6?://\[?([0-9A-Za-z.:-]+?)\]?[,:]")
+
+
+def _hnp_host(uri: str | None) -> str | None:
+    """Open MPI's HNP URI ('123.0;tcp://10.0.0.5,172.17.0.1:4123') -> its first address."""
+    match = _HNP_HOST.search(uri or "")
+    return match.group(1) if match else None
 
 
 def _derived_token(*parts: object) -> bytes:
@@ -130,7 +188,8 @@ def detect(environ: dict[str, str] | None = None) -> JobEnv:
             size = int(env.get("OMPI_COMM_WORLD_SIZE", "1"))
         # Every rank on a host shares the launcher's proxy process as parent.
         anchor = env.get("OMPI_MCA_orte_hnp_uri") or env.get("PMI_PORT") or str(os.getppid())
-        addr = over_addr or env.get("MASTER_ADDR", "127.0.0.1")
+        addr = (over_addr or env.get("MASTER_ADDR")
+                or _hnp_host(env.get("OMPI_MCA_orte_hnp_uri")) or "127.0.0.1")
         port = over_port or (int(env["MASTER_PORT"]) + 1 if "MASTER_PORT" in env else
                              20000 + int(hashlib.sha256(anchor.encode()).hexdigest(), 16)
                              % 20000)
@@ -187,6 +246,10 @@ def create_world(**options):
                             f"{sorted(known)}")
     je = detect()
     transport = options.get("transport") or config.get("PYCOMM_TRANSPORT")
+    try:
+        port_range = config.get("PYCOMM_PORT_RANGE")
+    except ValueError as exc:
+        raise ArgumentError(str(exc)) from None
     if transport not in ("auto", "shm", "tcp", "rdma"):
         raise ArgumentError(f"transport={transport!r} is invalid; use auto, shm, tcp or rdma")
     timeout = float(options.get("timeout") or config.get("PYCOMM_TIMEOUT"))
@@ -209,6 +272,8 @@ def create_world(**options):
                 server = StoreServer(je.token, host="0.0.0.0" if je.master_addr not in (
                     "127.0.0.1", "localhost") else "127.0.0.1", port=je.master_port)
             store = StoreClient(je.master_addr, je.master_port, je.token, timeout=timeout)
+            listen = (options.get("host") or config.get("PYCOMM_HOST")
+                      or listen_address(je.master_addr, je.master_port))
             info = {"host": host_identity(), "pid": os.getpid()}
             store.set(f"info/{je.job_id}/{je.rank}", msgpack.packb(info))
             infos = [msgpack.unpackb(store.get(f"info/{je.job_id}/{r}", timeout=timeout))
@@ -221,10 +286,9 @@ def create_world(**options):
                                               config.get("PYCOMM_SHM_RING_BYTES")),
                             "cma": config.get("PYCOMM_CMA")}
                 elif tname == "tcp":
-                    opts = {"host": options.get("host") or config.get("PYCOMM_HOST")}
+                    opts = {"host": listen, "port_range": port_range}
                 elif tname == "rdma":
-                    opts = {"host": options.get("host") or config.get("PYCOMM_HOST"),
-                            "cma": config.get("PYCOMM_CMA")}
+                    opts = {"host": listen, "cma": config.get("PYCOMM_CMA")}
                 t = get_transport_class(tname)(je.rank, je.size, je.job_id, je.token, engine,
                                                **opts)
                 engine.attach(t, peers)     # attach first so close() releases it on error

@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
-__all__ = ["Var", "VARS", "get", "algorithm_override", "describe"]
+__all__ = ["VARS", "Var", "algorithm_override", "describe", "get", "port_range"]
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,23 @@ class Var:
 
 def _bool(text: str) -> bool:
     return text.strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def port_range(text: str) -> tuple[int, int]:
+    """Parse ``"lo-hi"`` (or one port ``"p"``) into (lo, hi), 1 <= lo <= hi <= 65535.
+
+    Raises:
+        ValueError: not two integers joined by '-', out of 1..65535, or lo > hi.
+    """
+    lo_text, sep, hi_text = text.strip().partition("-")
+    try:
+        lo = int(lo_text)
+        hi = int(hi_text) if sep else lo
+    except ValueError:
+        raise ValueError("expected LO-HI, two port numbers such as 29500-29599") from None
+    if not 1 <= lo <= hi <= 65535:
+        raise ValueError(f"ports {lo}-{hi}: need 1 <= LO <= HI <= 65535")
+    return lo, hi
 
 
 _DECLARED = [
@@ -50,8 +67,11 @@ _DECLARED = [
     Var("PYCOMM_TIMEOUT", float, 300.0,
         "Seconds any blocking operation may wait before raising TimeoutError."),
     Var("PYCOMM_HOST", str, None,
-        "Address the TCP transport listens on (default: loopback, or MASTER_ADDR's interface "
-        "for multi-host jobs)."),
+        "Address the TCP and rdma transports listen on and publish (default: loopback for a "
+        "store on loopback, else the address of the interface that routes to the store)."),
+    Var("PYCOMM_PORT_RANGE", port_range, None,
+        "LO-HI: every listening port of the TCP transport is taken from this range (for "
+        "firewalled clusters); default: any free port."),
     Var("PYCOMM_EAGER_LIMIT", int, 65536,
         "Messages up to this many payload bytes go eagerly; larger ones use rendezvous."),
     Var("PYCOMM_SHM_RING_BYTES", int, 1 << 20,

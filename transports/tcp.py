@@ -1,7 +1,8 @@
 """TCP transport: one authenticated, non-blocking connection per peer.
 
-Connection set-up. Every rank listens on one port (loopback unless ``host`` is given) and
-publishes ``host:port`` in the store. A rank connects to every lower-ranked peer and
+Connection set-up. Every rank listens on one port (loopback unless ``host`` is given; in
+``port_range`` when one is given, see :func:`bind_listener`) and publishes ``host:port``
+and its hostname in the store, so a peer that cannot reach it names both. A rank connects to every lower-ranked peer and
 accepts every higher-ranked one, so the dependency always points down and set-up cannot
 deadlock. Each connection runs the mutual HMAC handshake of :mod:`transports.handshake`
 before a single frame is parsed. The accepting side runs through a :class:`Gate`: every
@@ -26,6 +27,7 @@ only the kernel's copies.
 from __future__ import annotations
 
 import errno
+import os
 import selectors
 import socket
 import time
@@ -38,7 +40,7 @@ import msgpack
 from . import handshake
 from .base import MAX_HEADER, PREFIX, HandshakeError, PeerLostError, Transport, TransportError
 
-__all__ = ["Gate", "TcpTransport", "dial", "recv_exact"]
+__all__ = ["Gate", "TcpTransport", "bind_listener", "dial", "recv_exact"]
 
 _STAGE = 256 * 1024
 _SOCKBUF = 4 * 1024 * 1024
@@ -104,6 +106,62 @@ def dial(host: str, port: int, connector: Callable[[], handshake.Connector], dea
         except BaseException:
             sock.close()
             raise
+
+
+def bind_listener(host: str, port_range: tuple[int, int] | None = None) -> socket.socket:
+    """Return a TCP socket bound to ``host`` on a free port, within ``port_range`` if given.
+
+    Ports of the range are tried in order from a point that depends on the pid, so ranks of
+    one host starting together seldom race for the same port.
+
+    Raises:
+        TransportError: every port of the range is taken, or ``host`` is no local address.
+    """
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        if port_range is None:
+            sock.bind((host, 0))
+            return sock
+        lo, hi = port_range
+        span = hi - lo + 1
+        start = os.getpid() % span
+        for i in range(span):
+            try:
+                sock.bind((host, lo + (start + i) % span))
+                return sock
+            except OSError as exc:
+                if exc.errno != errno.EADDRINUSE:
+                    raise
+        raise TransportError(f"no free port to listen on at {host} in {lo}-{hi} "
+                             f"(PYCOMM_PORT_RANGE): all {span} are in use")
+    except OSError as exc:
+        sock.close()
+        raise TransportError(f"cannot listen on {host}: {exc}") from exc
+    except BaseException:
+        sock.close()
+        raise
+
+
+_UNREACHABLE_POLL_S = 0.5  # how often a rank waiting for connections asks the store
+
+
+def _tell_unreachable(store, key: str, message: str) -> None:
+    """Publish why this rank cannot reach a peer, so the ranks waiting for it stop at once."""
+    if not hasattr(store, "add"):       # a store without counters: the waiters time out
+        return
+    try:
+        store.set(key + "unreachable", message.encode())
+        store.add(key + "unreachable#", 1)
+    except Exception:                   # noqa: BLE001 - the error being raised matters more
+        pass
+
+
+def _heard_unreachable(store, key: str) -> str | None:
+    """The message of a rank that could not reach its peer, or None (a non-blocking read)."""
+    if not hasattr(store, "add") or store.add(key + "unreachable#", 0) == 0:
+        return None
+    return store.get(key + "unreachable", timeout=5.0).decode(errors="replace")
 
 
 class Gate:
@@ -266,14 +324,16 @@ class TcpTransport(Transport):
 
     Options:
         host: address to listen on and to publish (default 127.0.0.1).
+        port_range: (lo, hi): listen on a port of this range (default: any free port).
     """
 
     name = "tcp"
 
     def __init__(self, rank, size, job_id, token, sink, *, host: str | None = None,
-                 **options: Any):
+                 port_range: tuple[int, int] | None = None, **options: Any):
         super().__init__(rank, size, job_id, token, sink)
         self.host = host or "127.0.0.1"
+        self.port_range = port_range
         self._conns: dict[int, _Conn] = {}
         self._by_fd: dict[int, _Conn] = {}
         self._sel = selectors.DefaultSelector()
@@ -293,9 +353,11 @@ class TcpTransport(Transport):
     def connect(self, store, peers: list[int], timeout: float) -> None:
         self.peers = sorted(peers)
         deadline = time.monotonic() + timeout
-        lst = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        lst.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        lst.bind((self.host, 0))
+        try:
+            lst = bind_listener(self.host, self.port_range)
+        except TransportError as exc:
+            raise TransportError(f"rank {self.rank} (host {socket.gethostname()}): "
+                                 f"{exc}") from exc
         lst.listen(max(_BACKLOG, 2 * len(peers)))
         self._listener = lst
         # Room for every peer at once on top of the strangers' share.
@@ -303,16 +365,25 @@ class TcpTransport(Transport):
                     max_pending=MAX_PENDING + len(peers))
         try:
             key = f"tcp/{self.job_id}/"
-            store.set(key + str(self.rank), msgpack.packb([self.host, lst.getsockname()[1]]))
+            store.set(key + str(self.rank), msgpack.packb([self.host, lst.getsockname()[1],
+                                                          socket.gethostname()]))
             for peer in (p for p in self.peers if p < self.rank):
-                self._connect_to(store, key, peer, deadline, timeout)
+                try:
+                    self._connect_to(store, key, peer, deadline, timeout)
+                except TransportError as exc:
+                    _tell_unreachable(store, key, str(exc))
+                    raise
             waiting = {p for p in self.peers if p > self.rank}
             while waiting:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise TransportError(f"rank {self.rank}: ranks {sorted(waiting)} did not "
                                          f"connect within {timeout:.0f} s")
-                for sock, adm in gate.poll(left):
+                said = _heard_unreachable(store, key)
+                if said is not None:
+                    raise TransportError(f"rank {self.rank}: ranks {sorted(waiting)} cannot "
+                                         f"connect: {said}")
+                for sock, adm in gate.poll(min(left, _UNREACHABLE_POLL_S)):
                     if adm.peer_rank not in waiting:
                         sock.close()        # a second connection claiming the same rank
                         continue
@@ -324,13 +395,18 @@ class TcpTransport(Transport):
 
     def _connect_to(self, store, key: str, peer: int, deadline: float,
                     timeout: float) -> None:
-        host, port = msgpack.unpackb(store.get(key + str(peer), timeout=timeout))
+        host, port, *rest = msgpack.unpackb(store.get(key + str(peer), timeout=timeout))
+        name = rest[0] if rest else "?"
         try:
             sock, _ = dial(host, port, lambda: handshake.Connector(self.token, self.rank, peer),
                            deadline)
         except (OSError, HandshakeError) as exc:
-            raise TransportError(f"rank {self.rank}: handshake with rank {peer} at "
-                                 f"{host}:{port} failed: {exc}") from exc
+            hint = (" (it listens on loopback: set PYCOMM_HOST, or PYCOMM_MASTER_ADDR to an "
+                    "address of the store's host)" if host.startswith("127.")
+                    and name != socket.gethostname() else "")
+            raise TransportError(f"rank {self.rank} (host {socket.gethostname()}) cannot "
+                                 f"reach rank {peer} on host {name} at {host}:{port}: "
+                                 f"{exc}{hint}") from exc
         self._add(peer, sock)
 
     def _add(self, peer: int, sock: socket.socket) -> None:

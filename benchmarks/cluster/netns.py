@@ -4,9 +4,13 @@ Each host ``K`` (1-based) is a network namespace ``<prefix>-h<K>`` whose ``eth0`
 of a veth pair; the other end is a port of the bridge ``<prefix>-br``. Host K has address
 ``<subnet>.K/24`` (default 10.77.0.K); that range exists only inside these namespaces (the
 initial namespace has no address on the bridge), so nothing here can reach a real network.
-A command runs in a host through ``ip netns exec NS unshare --uts [--mount] sh -c ...``:
-its own hostname ``host<K>`` and, with ``private_shm``, its own tmpfs on /dev/shm, so
-pycomm sees K different hosts (``host_identity`` differs) and uses TCP between them.
+Each host also has one holder process, started as ``ip netns exec NS unshare --uts --mount
+sh -c 'hostname host<K>; mount -t tmpfs tmpfs /dev/shm; exec sleep ...'``, that keeps the
+host's UTS and mount namespaces alive; a command runs in the host through ``nsenter`` into
+the holder's network, UTS and mount namespaces. So every process of host K sees hostname
+``host<K>`` and, with ``private_shm``, the same private tmpfs on /dev/shm (its ranks share
+memory, ranks of other hosts cannot): pycomm sees K hosts and uses shm inside a host and
+TCP between hosts.
 With ``rate`` (e.g. "2gbit") every host's eth0 egress goes through ``tc qdisc tbf``.
 
     with Cluster(2, rate="2gbit") as c:
@@ -47,7 +51,7 @@ def _run(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
 
 def check_support() -> None:
     """Raise ClusterError saying what is missing when namespaces cannot be made here."""
-    missing = [tool for tool in ("ip", "tc", "unshare") if shutil.which(tool) is None]
+    missing = [tool for tool in ("ip", "tc", "unshare", "nsenter") if shutil.which(tool) is None]
     if missing:
         raise ClusterError(f"the emulated cluster needs {', '.join(missing)} (iproute2, "
                            "util-linux) on PATH")
@@ -96,6 +100,7 @@ class Cluster:
         self.rate, self.private_shm = rate, private_shm
         self.bridge = f"{prefix}-br"
         self._procs: list[subprocess.Popen] = []
+        self._holders: dict[int, subprocess.Popen] = {}
 
     # -- names ------------------------------------------------------------------------------
     def ns(self, k: int) -> str:
@@ -145,10 +150,28 @@ class Cluster:
             if self.rate:
                 _run(*inside, "tc", "qdisc", "add", "dev", "eth0", "root", "tbf", "rate",
                      self.rate, "burst", "256kb", "latency", "50ms")
+            self._start_holder(k)
+
+    def _start_holder(self, k: int) -> None:
+        script = f"hostname {self.hostname(k)}"
+        unshare = ["unshare", "--uts"]
+        if self.private_shm:
+            unshare += ["--mount", "--propagation", "private"]
+            script += " && mount -t tmpfs -o size=50% tmpfs /dev/shm"
+        holder = subprocess.Popen(
+            ["ip", "netns", "exec", self.ns(k), *unshare, "sh", "-c",
+             script + " && echo ready && exec sleep 2147483647"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self._holders[k] = holder
+        line = holder.stdout.readline()      # the holder's only output; it sleeps after it
+        if line.strip() != "ready":
+            holder.kill()
+            raise ClusterError(f"host {k}: could not set up its hostname and /dev/shm: "
+                               f"{holder.stderr.read().strip()}")
 
     def close(self) -> None:
         """Kill what still runs in the hosts and delete every namespace and link."""
-        for p in self._procs:
+        for p in self._procs + list(self._holders.values()):
             if p.poll() is None:
                 p.kill()
                 try:
@@ -166,27 +189,26 @@ class Cluster:
         cleanup(self.prefix)
 
     # -- running ----------------------------------------------------------------------------
-    def command(self, k: int, argv: Sequence[str]) -> list[str]:
-        """The argv that runs ``argv`` on host ``k`` with its hostname (and /dev/shm)."""
-        if not 1 <= k <= self.n:
+    def command(self, k: int, argv: Sequence[str], cwd: str | None = None) -> list[str]:
+        """The argv that runs ``argv`` on host ``k`` (in ``cwd``, default the current one)."""
+        if k not in self._holders:
             raise ValueError(f"host {k}: this cluster has hosts 1..{self.n}")
-        script = f"hostname {self.hostname(k)}"
-        unshare = ["unshare", "--uts"]
-        if self.private_shm:
-            unshare += ["--mount", "--propagation", "private"]
-            script += " && mount -t tmpfs -o size=50% tmpfs /dev/shm"
-        return ["ip", "netns", "exec", self.ns(k), *unshare, "sh", "-c",
-                script + ' && exec "$@"', "sh", *argv]
+        ns = ["--uts", "--net"] + (["--mount"] if self.private_shm else [])
+        # Entering a mount namespace moves to the holder's cwd unless told otherwise.
+        return ["nsenter", "-t", str(self._holders[k].pid), *ns, f"--wd={cwd or os.getcwd()}",
+                "--", *argv]
 
-    def popen(self, k: int, argv: Sequence[str], **kwargs) -> subprocess.Popen:
+    def popen(self, k: int, argv: Sequence[str], cwd: str | None = None,
+              **kwargs) -> subprocess.Popen:
         """Start ``argv`` on host ``k``; it is killed when the cluster closes."""
-        p = subprocess.Popen(self.command(k, argv), **kwargs)
+        p = subprocess.Popen(self.command(k, argv, cwd), **kwargs)
         self._procs.append(p)
         return p
 
-    def run(self, k: int, argv: Sequence[str], timeout: float = 30, **kwargs):
+    def run(self, k: int, argv: Sequence[str], timeout: float = 30, cwd: str | None = None,
+            **kwargs) -> subprocess.CompletedProcess:
         """Run ``argv`` on host ``k`` to completion (text output captured)."""
-        return subprocess.run(self.command(k, argv), capture_output=True, text=True,
+        return subprocess.run(self.command(k, argv, cwd), capture_output=True, text=True,
                               timeout=timeout, **kwargs)
 
     def unplug(self, k: int) -> None:

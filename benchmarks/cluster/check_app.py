@@ -1,0 +1,51 @@
+"""A rank's check of a multi-host job: Allreduce, Bcast and Allgather against numpy.
+
+Prints one line ``OK rank R/S host H local L`` when every result matches, and exits 1 with
+the mismatch otherwise. ``CHECK_FAIL_RANK=R`` makes rank R raise after the first check
+(the cross-node abort case); the other ranks then wait in a Barrier.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+
+import numpy as np
+
+import pycomm
+
+
+def main() -> int:
+    comm = pycomm.COMM_WORLD
+    rank, size = comm.rank, comm.size
+    n = 1000
+    mine = np.arange(n, dtype=np.float64) * (rank + 1)
+    total = np.empty_like(mine)
+    comm.Allreduce(mine, total, op=pycomm.SUM)
+    want = np.arange(n, dtype=np.float64) * (size * (size + 1) // 2)
+    if not np.array_equal(total, want):
+        print(f"BAD Allreduce rank {rank}", flush=True)
+        return 1
+    if os.environ.get("CHECK_FAIL_RANK") == str(rank):
+        raise RuntimeError(f"rank {rank} fails on purpose on {socket.gethostname()}")
+    for root in range(size):
+        buf = np.arange(n, dtype=np.int32) + root if rank == root else np.zeros(n, np.int32)
+        comm.Bcast(buf, root=root)
+        if not np.array_equal(buf, np.arange(n, dtype=np.int32) + root):
+            print(f"BAD Bcast root {root} rank {rank}", flush=True)
+            return 1
+    got = np.empty(size * 3, dtype=np.int64)
+    comm.Allgather(np.full(3, rank, dtype=np.int64), got)
+    if not np.array_equal(got, np.repeat(np.arange(size, dtype=np.int64), 3)):
+        print(f"BAD Allgather rank {rank}: {got}", flush=True)
+        return 1
+    hosts = comm.allgather(socket.gethostname())
+    comm.Barrier()
+    print(f"OK rank {rank}/{size} host {socket.gethostname()} hosts {','.join(hosts)} "
+          f"transport {getattr(comm, 'transport_name', '?')}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

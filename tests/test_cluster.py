@@ -1,0 +1,137 @@
+"""Many hosts (issue 16): zero-configuration addresses, port ranges, and jobs across
+emulated hosts (benchmarks/cluster/netns.py: network namespaces joined by a bridge, each
+with its own hostname and /dev/shm).
+
+The cluster tests need root and iproute2; where namespaces cannot be made they FAIL with
+the reason (a silent skip would hide that the multi-host paths went untested).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from benchmarks.cluster.netns import Cluster, ClusterError, check_support
+from pycomm import config
+from pycomm.bootstrap import _hnp_host, detect, listen_address
+from pycomm.errors import CommError
+from transports import TransportError
+from transports.tcp import bind_listener
+
+ROOT = Path(__file__).resolve().parent.parent
+APP = str(ROOT / "benchmarks" / "cluster" / "check_app.py")
+
+
+# -- address choice and port ranges (no namespaces) -----------------------------------------
+@pytest.mark.parametrize("master", [None, "127.0.0.1", "localhost", "127.0.1.1"])
+def test_listen_address_is_loopback_for_a_single_host_job(master):
+    assert listen_address(master, 29500) == "127.0.0.1"
+
+
+def test_listen_address_is_the_interface_routing_to_the_store():
+    # Any local address routes to itself: the answer is that address, not loopback.
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect(("192.0.2.1", 9))     # TEST-NET-1: a UDP connect sends nothing
+        mine = s.getsockname()[0]
+    assert listen_address(mine, 29500) == mine
+
+
+def test_listen_address_names_an_unresolvable_store_host():
+    with pytest.raises(CommError, match="no-such-host.invalid"):
+        listen_address("no-such-host.invalid", 29500)
+
+
+@pytest.mark.parametrize("text,want", [("29500-29599", (29500, 29599)), ("40000", (40000, 40000)),
+                                       (" 1-65535 ", (1, 65535))])
+def test_port_range_parses(text, want):
+    assert config.get("PYCOMM_PORT_RANGE", {"PYCOMM_PORT_RANGE": text}) == want
+
+
+@pytest.mark.parametrize("text", ["a-b", "200-100", "0-10", "10-70000", "1-2-3"])
+def test_port_range_rejects_nonsense_naming_the_variable(text):
+    with pytest.raises(ValueError, match="PYCOMM_PORT_RANGE"):
+        config.get("PYCOMM_PORT_RANGE", {"PYCOMM_PORT_RANGE": text})
+
+
+def test_bind_listener_takes_a_port_of_the_range_and_reports_a_full_one():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    first = bind_listener("127.0.0.1", (port, port))
+    try:
+        assert first.getsockname()[1] == port
+        first.listen(1)
+        with pytest.raises(TransportError, match=f"{port}-{port}"):
+            bind_listener("127.0.0.1", (port, port))
+    finally:
+        first.close()
+
+
+def test_open_mpi_store_host_comes_from_the_hnp_uri():
+    assert _hnp_host("123.0;tcp://10.0.0.5,172.17.0.1:4123") == "10.0.0.5"
+    env = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "4", "MASTER_PORT": "29500",
+           "OMPI_MCA_orte_hnp_uri": "123.0;tcp://10.0.0.5:4123"}
+    assert detect(env).master_addr == "10.0.0.5"
+
+
+# -- jobs across emulated hosts ---------------------------------------------------------------
+@pytest.fixture(scope="module")
+def cluster():
+    try:
+        check_support()
+        with Cluster(2, prefix=f"pct{os.getpid() % 10000}") as c:
+            yield c
+    except ClusterError as exc:
+        pytest.fail(f"cannot build the emulated cluster: {exc}")
+
+
+def _rank_env(c: Cluster, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYCOMM_", "MASTER_"))}
+    env.update(PYTHONPATH=str(ROOT), PYCOMM_TIMEOUT="20", **extra)
+    return env
+
+
+def _wait_all(procs, timeout: float) -> list[tuple[int, str]]:
+    out = []
+    for p in procs:
+        text, _ = p.communicate(timeout=timeout)
+        out.append((p.returncode, text))
+    return out
+
+
+def test_torchrun_style_2x2_job_needs_no_pycomm_host(cluster):
+    port = str(29400 + os.getpid() % 500)
+    procs = [cluster.popen(1 + r // 2, [sys.executable, APP], cwd=str(ROOT),
+                           env=_rank_env(cluster, RANK=str(r), WORLD_SIZE="4",
+                                         LOCAL_RANK=str(r % 2), MASTER_ADDR=cluster.addr(1),
+                                         MASTER_PORT=port),
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in range(4)]
+    results = _wait_all(procs, 60)
+    for r, (rc, text) in enumerate(results):
+        assert rc == 0, f"rank {r}: {text}"
+        assert f"OK rank {r}/4 host host{1 + r // 2} hosts host1,host1,host2,host2" in text
+        assert "transport shm+tcp" in text        # shm inside a host, tcp across
+
+
+def test_a_peer_listening_on_loopback_is_a_comm_error_naming_it_on_every_rank(cluster):
+    port = str(29900 + os.getpid() % 90)
+    t0 = time.monotonic()
+    procs = [cluster.popen(1 + r // 2, [sys.executable, APP], cwd=str(ROOT),
+                           env=_rank_env(cluster, RANK=str(r), WORLD_SIZE="4",
+                                         MASTER_ADDR=cluster.addr(1), MASTER_PORT=port,
+                                         PYCOMM_HOST="127.0.0.1"),
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in range(4)]
+    results = _wait_all(procs, 60)
+    assert time.monotonic() - t0 < 10, "the ranks waited for connections until the timeout"
+    for r, (rc, text) in enumerate(results):
+        assert rc != 0 and "pycomm.errors.CommError" in text, f"rank {r}: {text}"
+        assert "ConnectionRefusedError" not in text.splitlines()[-1]
+        assert "on host host1 at 127.0.0.1:" in text, f"rank {r}: {text}"
