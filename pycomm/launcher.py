@@ -453,6 +453,8 @@ def _first_line(text: str, limit: int = 600) -> str:
 # -- the command line -------------------------------------------------------------------
 
 _VALUE_OPTIONS = {"-n", "--nprocs", "--transport", "--timeout", "--master-addr", "--master-port"}
+# Multi-node options (pycomm.nodes): torchrun's names.
+_VALUE_OPTIONS |= {"--nnodes", "--node-rank", "--nproc-per-node", "--placement"}
 
 
 def _split_argv(argv: list[str]) -> tuple[list[str], list[str] | None]:
@@ -485,6 +487,16 @@ def _parser() -> argparse.ArgumentParser:
                         help="address the rendezvous store binds (127.0.0.1)")
     parser.add_argument("--master-port", type=int, default=0,
                         help="port of the rendezvous store (0: any free port)")
+    nodes = parser.add_argument_group(
+        "many hosts", "run once per node, torchrun's way (see pycomm.nodes): the world is "
+        "NNODES x NPROC_PER_NODE ranks and node rank 0 hosts the store at --master-addr")
+    nodes.add_argument("--nnodes", type=int, default=None, help="number of nodes")
+    nodes.add_argument("--node-rank", type=int, default=0, help="this node's rank (0)")
+    nodes.add_argument("--nproc-per-node", type=int, default=1,
+                       help="ranks on this node (1)")
+    nodes.add_argument("--placement", choices=("block", "cyclic"), default="block",
+                       help="world ranks of a node: consecutive (block) or one per node in "
+                            "turn (cyclic)")
     parser.add_argument("--mpi4py", action="store_true",
                         help="run an unmodified mpi4py program: in the ranks, import mpi4py "
                              "resolves to pycomm.MPI (sets PYCOMM_MPI4PY=1 and puts pycomm's "
@@ -505,6 +517,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"-n must be at least 1, got {args.nprocs}")
     if args.timeout is not None and not args.timeout > 0:
         parser.error(f"--timeout must be positive, got {args.timeout}")
+
+    if args.nnodes is not None:         # one node of a multi-node job
+        from pycomm.nodes import run_nodes
+        extra = None
+        if args.mpi4py:
+            from pycomm.MPI.alias import environment
+            extra = environment()
+        return run_nodes(args, program, extra)
 
     got_signal: list[int] = []
 

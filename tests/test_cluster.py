@@ -21,6 +21,7 @@ from benchmarks.cluster.netns import Cluster, ClusterError, check_support
 from pycomm import config
 from pycomm.bootstrap import _hnp_host, detect, listen_address
 from pycomm.errors import CommError
+from pycomm.nodes import global_rank
 from transports import TransportError
 from transports.tcp import bind_listener
 
@@ -32,14 +33,6 @@ APP = str(ROOT / "benchmarks" / "cluster" / "check_app.py")
 @pytest.mark.parametrize("master", [None, "127.0.0.1", "localhost", "127.0.1.1"])
 def test_listen_address_is_loopback_for_a_single_host_job(master):
     assert listen_address(master, 29500) == "127.0.0.1"
-
-
-def test_listen_address_is_the_interface_routing_to_the_store():
-    # Any local address routes to itself: the answer is that address, not loopback.
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.connect(("192.0.2.1", 9))     # TEST-NET-1: a UDP connect sends nothing
-        mine = s.getsockname()[0]
-    assert listen_address(mine, 29500) == mine
 
 
 def test_listen_address_names_an_unresolvable_store_host():
@@ -73,6 +66,20 @@ def test_bind_listener_takes_a_port_of_the_range_and_reports_a_full_one():
         first.close()
 
 
+@pytest.mark.parametrize("nnodes,nproc", [(1, 1), (2, 2), (3, 2), (2, 3), (4, 1)])
+@pytest.mark.parametrize("placement", ["block", "cyclic"])
+def test_placements_cover_the_world_once(nnodes, nproc, placement):
+    ranks = [global_rank(k, i, nnodes, nproc, placement)
+             for k in range(nnodes) for i in range(nproc)]
+    assert sorted(ranks) == list(range(nnodes * nproc))
+    if placement == "block":
+        assert [global_rank(1 % nnodes, i, nnodes, nproc, placement) for i in range(nproc)] == \
+            [(1 % nnodes) * nproc + i for i in range(nproc)]
+    else:
+        assert [global_rank(0, i, nnodes, nproc, placement) for i in range(nproc)] == \
+            [i * nnodes for i in range(nproc)]
+
+
 def test_open_mpi_store_host_comes_from_the_hnp_uri():
     assert _hnp_host("123.0;tcp://10.0.0.5,172.17.0.1:4123") == "10.0.0.5"
     env = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "4", "MASTER_PORT": "29500",
@@ -93,7 +100,7 @@ def cluster():
 
 def _rank_env(c: Cluster, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYCOMM_", "MASTER_"))}
-    env.update(PYTHONPATH=str(ROOT), PYCOMM_TIMEOUT="20", **extra)
+    env.update({"PYTHONPATH": str(ROOT), "PYCOMM_TIMEOUT": "20", **extra})
     return env
 
 
@@ -135,3 +142,50 @@ def test_a_peer_listening_on_loopback_is_a_comm_error_naming_it_on_every_rank(cl
         assert rc != 0 and "pycomm.errors.CommError" in text, f"rank {r}: {text}"
         assert "ConnectionRefusedError" not in text.splitlines()[-1]
         assert "on host host1 at 127.0.0.1:" in text, f"rank {r}: {text}"
+
+
+def test_listen_address_is_the_interface_routing_to_the_store(cluster):
+    code = ("from pycomm.bootstrap import listen_address; "
+            f"print(listen_address({cluster.addr(1)!r}, 29500), listen_address('127.0.0.1'))")
+    for k in (1, 2):        # host 1 holds the store: its own address routes to itself
+        done = cluster.run(k, [sys.executable, "-c", code], cwd=str(ROOT), env=_rank_env(cluster))
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.split() == [cluster.addr(k), "127.0.0.1"]
+
+
+def _launch_nodes(c: Cluster, placement: str, port: int, **extra: str):
+    return [c.popen(k + 1, [sys.executable, "launch.py", "--nnodes", "2", "--node-rank", str(k),
+                            "--master-addr", c.addr(1), "--master-port", str(port),
+                            "--nproc-per-node", "2", "--placement", placement, APP],
+                    cwd=str(ROOT), env=_rank_env(c, PYCOMM_TIMEOUT="30", **extra),
+                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            for k in range(2)]
+
+
+@pytest.mark.parametrize("placement,hosts", [("block", "host1,host1,host2,host2"),
+                                             ("cyclic", "host1,host2,host1,host2")])
+def test_two_nodes_two_ranks_each_with_the_multi_node_launcher(cluster, placement, hosts):
+    port = 29300 + os.getpid() % 50 + (50 if placement == "cyclic" else 0)
+    results = _wait_all(_launch_nodes(cluster, placement, port), 60)
+    for k, (rc, text) in enumerate(results):
+        assert rc == 0, f"node {k}: {text}"
+        mine = [r for r in range(4) if hosts.split(",")[r] == f"host{k + 1}"]
+        for r in mine:
+            assert f"[{r}] OK rank {r}/4 host host{k + 1} hosts {hosts} transport shm+tcp" \
+                in text, f"node {k}: {text}"
+
+
+@pytest.mark.parametrize("early", [False, True], ids=["mid-job", "before-init"])
+def test_a_rank_failing_on_host2_stops_every_node_naming_host_and_rank(cluster, early):
+    port = 29200 + os.getpid() % 50 + (50 if early else 0)
+    extra = {"CHECK_FAIL_RANK": "3", **({"CHECK_FAIL_EARLY": "1"} if early else {})}
+    t0 = time.monotonic()
+    results = _wait_all(_launch_nodes(cluster, "block", port, **extra), 60)
+    took = time.monotonic() - t0
+    # PYCOMM_TIMEOUT is 30 s: before init, only the launcher can stop host 1's ranks sooner.
+    assert took < 10, f"the job took {took:.1f} s to stop"
+    verdict = "job failed: rank 3 on host host2 (node 1) failed: rank 3"
+    for k, (rc, text) in enumerate(results):
+        assert rc != 0, f"node {k}: {text}"
+        assert f"pycomm.launch[host{k + 1}]: {verdict}" in text, f"node {k}: {text}"
+        assert "exited with code 1" in text

@@ -2,7 +2,8 @@
 
 Prints one line ``OK rank R/S host H local L`` when every result matches, and exits 1 with
 the mismatch otherwise. ``CHECK_FAIL_RANK=R`` makes rank R raise after the first check
-(the cross-node abort case); the other ranks then wait in a Barrier.
+(the cross-node abort case); with ``CHECK_FAIL_EARLY=1`` it raises before it joins the
+world, so the others wait at start-up and only the launcher can stop them in time.
 """
 
 from __future__ import annotations
@@ -17,6 +18,10 @@ import pycomm
 
 
 def main() -> int:
+    if os.environ.get("CHECK_FAIL_EARLY") and os.environ.get("CHECK_FAIL_RANK") == \
+            os.environ.get("PYCOMM_RANK"):
+        raise RuntimeError(f"rank {os.environ['PYCOMM_RANK']} fails on purpose on "
+                           f"{socket.gethostname()} before joining the world")
     comm = pycomm.COMM_WORLD
     rank, size = comm.rank, comm.size
     n = 1000

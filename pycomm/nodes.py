@@ -1,0 +1,283 @@
+"""The node agent of a multi-node job: ``launch.py --nnodes N --node-rank K ...`` (torchrun's model).
+
+Run once per node::
+
+    python launch.py --nnodes 2 --node-rank 0 --master-addr HOST0 --nproc-per-node 2 app.py
+    python launch.py --nnodes 2 --node-rank 1 --master-addr HOST0 --nproc-per-node 2 app.py
+
+The world has N x M ranks. ``--placement block`` (default) gives node K the ranks
+K*M .. K*M+M-1; ``cyclic`` gives node K the ranks K, K+N, K+2N, ... (srun's
+``--distribution=cyclic``). The agent of node rank 0 hosts the rendezvous store on
+``0.0.0.0:--master-port``; every agent and rank reaches it at ``--master-addr``. Each agent
+starts and supervises its node's ranks (own session, parent-death signal, ``[rank]``
+prefixed output, /dev/shm swept at the end) and meets the others through the store:
+
+* a rank that fails (non-zero exit or a signal) makes its agent publish the failure — host,
+  rank, how it ended — under ``nodes/<job>/abort``; every agent polls that key every
+  :data:`_POLL_S` seconds, so every node prints the same line naming the failing host and
+  rank and stops its ranks (SIGTERM, SIGKILL after ``PYCOMM_KILL_GRACE``) within a second;
+* an agent whose ranks all exited 0 says so; node 0 keeps the store up until every node has
+  (or a failure, or ``--timeout``), so no rank loses the store while it still needs it;
+* an agent that loses the store (node 0 gone) stops its ranks and says so.
+
+The job secret is ``PYCOMM_JOB_TOKEN`` when set (the same on every node); else it is derived
+from the job's shape and store address, which keeps other jobs out but is no secret.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+
+import msgpack
+
+from pycomm import config
+from pycomm.errors import ArgumentError, CommError
+from pycomm.launcher import RankExit, _Forwarder, _preexec, sweep_shm
+from pycomm.store import StoreClient, StoreServer
+
+__all__ = ["NodeAgent", "global_rank"]
+
+_POLL_S = 0.1           # seconds between checks of the local ranks and the abort key
+_DONE_WAIT_S = 3600.0   # longest node 0 keeps the store for the others without --timeout
+
+
+def global_rank(node: int, local: int, nnodes: int, nproc: int, placement: str) -> int:
+    """World rank of local rank ``local`` on node ``node``.
+
+    block:  node 0 -> 0..M-1, node 1 -> M..2M-1, ...
+    cyclic: node 0 -> 0, N, 2N, ...; node 1 -> 1, N+1, ...
+    """
+    if placement == "block":
+        return node * nproc + local
+    if placement == "cyclic":
+        return local * nnodes + node
+    raise ArgumentError(f"placement={placement!r}: use block or cyclic")
+
+
+class NodeAgent:
+    """Start and supervise this node's ranks of an N-node job (see the module docstring).
+
+    Args:
+        nnodes, node_rank, nproc_per_node: the job's shape and this node's place in it.
+        master_addr, master_port: where node 0's agent hosts the store (default port 29500).
+        placement: "block" or "cyclic".
+        transport, timeout, prefix: as :class:`pycomm.launcher.RankGroup`.
+
+    Raises:
+        ArgumentError: an inconsistent shape or placement.
+    """
+
+    def __init__(self, nnodes: int, node_rank: int, nproc_per_node: int, master_addr: str,
+                 master_port: int = 29500, *, placement: str = "block",
+                 transport: str = "auto", timeout: float | None = None, prefix: bool = True):
+        if nnodes < 1 or not 0 <= node_rank < nnodes or nproc_per_node < 1:
+            raise ArgumentError(f"--nnodes {nnodes} --node-rank {node_rank} --nproc-per-node "
+                                f"{nproc_per_node}: need 0 <= node rank < nnodes and >= 1 "
+                                "process per node")
+        if not 0 < master_port < 65536:
+            raise ArgumentError(f"--master-port {master_port}: need 1..65535")
+        self.nnodes, self.node_rank, self.nproc = nnodes, node_rank, nproc_per_node
+        self.size = nnodes * nproc_per_node
+        self.ranks = [global_rank(node_rank, i, nnodes, nproc_per_node, placement)
+                      for i in range(nproc_per_node)]
+        self.master_addr, self.master_port = master_addr, master_port
+        self.transport, self.timeout, self.prefix = transport, timeout, prefix
+        self.grace = float(config.get("PYCOMM_KILL_GRACE"))
+        self.hostname = socket.gethostname()
+        shape = f"{nnodes}x{nproc_per_node}:{placement}:{master_addr}:{master_port}"
+        self.token = (config.get("PYCOMM_JOB_TOKEN")
+                      or hashlib.sha256(b"pycomm-nodes:" + shape.encode()).hexdigest())
+        self.job_id = "n" + hashlib.sha256(shape.encode()).hexdigest()[:11]
+        self.server = (StoreServer(self.token, "0.0.0.0", master_port)
+                       if node_rank == 0 else None)
+        self.procs: list[subprocess.Popen] = []
+        self._forwarders: list[_Forwarder] = []
+        self._client: StoreClient | None = None
+        self._key = f"nodes/{self.job_id}/"
+
+    def env_for(self, local: int) -> dict[str, str]:
+        """The environment contract for this node's ``local``-th rank."""
+        env = {
+            "PYCOMM_RANK": str(self.ranks[local]), "PYCOMM_WORLD_SIZE": str(self.size),
+            "PYCOMM_LOCAL_RANK": str(local), "PYCOMM_LOCAL_SIZE": str(self.nproc),
+            "PYCOMM_MASTER_ADDR": self.master_addr, "PYCOMM_MASTER_PORT": str(self.master_port),
+            "PYCOMM_JOB_TOKEN": self.token, "PYCOMM_JOB_ID": self.job_id,
+            "PYCOMM_LAUNCHER_PID": str(os.getpid()), "PYCOMM_TRANSPORT": self.transport,
+            "PYTHONUNBUFFERED": "1",
+        }
+        if self.timeout is not None:
+            env["PYCOMM_TIMEOUT"] = repr(float(self.timeout))
+        return env
+
+    def start(self, argv: Sequence[str], extra_env: dict[str, str] | None = None) -> None:
+        """Connect to the store, then start this node's ranks as ``sys.executable *argv``."""
+        wait = self.timeout or float(config.get("PYCOMM_TIMEOUT"))
+        self._client = StoreClient(self.master_addr, self.master_port, self.token,
+                                   timeout=wait)
+        pipe = subprocess.PIPE if self.prefix else None
+        for local, rank in enumerate(self.ranks):
+            env = {**os.environ, **(extra_env or {}), **self.env_for(local)}
+            proc = subprocess.Popen([sys.executable, *argv], env=env, stdin=subprocess.DEVNULL,
+                                    stdout=pipe, stderr=pipe, start_new_session=True,
+                                    preexec_fn=_preexec(os.getpid()))  # noqa: PLW1509
+            self.procs.append(proc)
+            if self.prefix:
+                for stream, src in (("stdout", proc.stdout), ("stderr", proc.stderr)):
+                    fwd = _Forwarder(src, rank, stream)
+                    fwd.start()
+                    self._forwarders.append(fwd)
+
+    # -- supervision ------------------------------------------------------------------------
+    def _failed(self) -> RankExit | None:
+        for local, proc in enumerate(self.procs):
+            code = proc.poll()
+            if code is not None and code != 0:
+                return RankExit(self.ranks[local], proc.pid, code)
+        return None
+
+    def _running(self) -> list[subprocess.Popen]:
+        return [p for p in self.procs if p.poll() is None]
+
+    def _publish_failure(self, failure: RankExit) -> str:
+        """Publish this node's failure unless another was first; return the job's verdict."""
+        mine = f"rank {failure.rank} on host {self.hostname} (node {self.node_rank}) failed: " \
+               f"{failure.describe()}"
+        assert self._client is not None
+        if self._client.add(self._key + "abort#", 1) == 1:
+            self._client.set(self._key + "abort", mine.encode())
+            return mine
+        return self._client.get(self._key + "abort", timeout=5.0).decode(errors="replace")
+
+    def _abort_said(self) -> str | None:
+        assert self._client is not None
+        if self._client.add(self._key + "abort#", 0) == 0:
+            return None
+        return self._client.get(self._key + "abort", timeout=5.0).decode(errors="replace")
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        """SIGTERM (and SIGCONT) the running ranks' groups, SIGKILL them after the grace."""
+        for s in (sig, signal.SIGCONT):
+            for p in self._running():
+                try:
+                    os.killpg(p.pid, s)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        deadline = time.monotonic() + self.grace
+        while self._running() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        for p in self.procs:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        for p in self.procs:
+            try:
+                p.wait(timeout=5.0)
+            except subprocess.TimeoutExpired:
+                pass
+
+    def supervise(self, interrupted: Callable[[], int | None] = lambda: None,
+                  log: Callable[[str], None] | None = None) -> int:
+        """Wait for the job to end on every node; return this agent's exit code.
+
+        Returns:
+            0 when the whole job succeeded; the failing rank's exit code when one of this
+            node's ranks failed; 1 when a rank on another node failed (or the store was
+            lost); 128 + signal number when interrupted.
+        """
+        log = log or (lambda msg: print(f"pycomm.launch[{self.hostname}]: {msg}",
+                                        file=sys.stderr, flush=True))
+        try:
+            while True:
+                sig = interrupted()
+                if sig is not None:
+                    log(f"got {signal.Signals(sig).name}; stopping this node's ranks")
+                    self._publish_failure(RankExit(self.ranks[0], os.getpid(), 128 + sig))
+                    self.stop(sig)
+                    return 128 + sig
+                failure = self._failed()
+                if failure is not None:
+                    verdict = self._publish_failure(failure)
+                    log(f"job failed: {verdict}; stopping the {len(self._running())} "
+                        "running ranks of this node")
+                    self.stop()
+                    return failure.exit_code
+                said = self._abort_said()
+                if said is not None:
+                    log(f"job failed: {said}; stopping the {len(self._running())} running "
+                        "ranks of this node")
+                    self.stop()
+                    return 1
+                if not self._running():
+                    return self._finish(log)
+                time.sleep(_POLL_S)
+        except CommError as exc:
+            log(f"lost the job's store at {self.master_addr}:{self.master_port} ({exc}); "
+                "stopping this node's ranks")
+            self.stop()
+            return 1
+
+    def _finish(self, log: Callable[[str], None]) -> int:
+        """This node's ranks all exited 0: say so; node 0 waits for the others to finish."""
+        assert self._client is not None
+        done = self._client.add(self._key + "done#", 1)
+        if self.node_rank != 0:
+            return 0
+        deadline = time.monotonic() + (self.timeout or _DONE_WAIT_S)
+        while done < self.nnodes:
+            said = self._abort_said()
+            if said is not None:
+                log(f"job failed: {said}")
+                return 1
+            if time.monotonic() >= deadline:
+                log(f"only {done} of {self.nnodes} nodes finished within the timeout")
+                return 1
+            time.sleep(_POLL_S)
+            done = self._client.add(self._key + "done#", 0)
+        return 0
+
+    def close(self) -> None:
+        """Kill what is left, close the store (node 0), sweep this node's /dev/shm."""
+        if self._running():
+            self.stop()
+        deadline = time.monotonic() + 2.0
+        for fwd in self._forwarders:
+            fwd.join(max(0.0, deadline - time.monotonic()))
+        if self._client is not None:
+            self._client.close()
+        if self.server is not None:
+            self.server.close()
+        sweep_shm(self.job_id)
+
+    def __enter__(self) -> NodeAgent:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def run_nodes(args, program: list[str], extra_env: dict[str, str] | None = None) -> int:
+    """``launch.py --nnodes ...``: run this node's agent until the job ends."""
+    got_signal: list[int] = []
+
+    def on_signal(signum: int, _frame: object) -> None:
+        got_signal.append(signum)
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with NodeAgent(args.nnodes, args.node_rank, args.nproc_per_node, args.master_addr,
+                       args.master_port or 29500, placement=args.placement,
+                       transport=args.transport, timeout=args.timeout,
+                       prefix=not args.no_prefix) as agent:
+            agent.start(program, extra_env)
+            return agent.supervise(lambda: got_signal[0] if got_signal else None)
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
