@@ -286,7 +286,8 @@ def create_world(**options):
                                               config.get("PYCOMM_SHM_RING_BYTES")),
                             "cma": config.get("PYCOMM_CMA")}
                 elif tname == "tcp":
-                    opts = {"host": listen, "port_range": port_range}
+                    opts = {"host": listen, "port_range": port_range,
+                            "peer_timeout": config.get("PYCOMM_PEER_TIMEOUT")}
                 elif tname == "rdma":
                     opts = {"host": listen, "cma": config.get("PYCOMM_CMA")}
                 t = get_transport_class(tname)(je.rank, je.size, je.job_id, je.token, engine,

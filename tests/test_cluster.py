@@ -189,3 +189,32 @@ def test_a_rank_failing_on_host2_stops_every_node_naming_host_and_rank(cluster, 
         assert rc != 0, f"node {k}: {text}"
         assert f"pycomm.launch[host{k + 1}]: {verdict}" in text, f"node {k}: {text}"
         assert "exited with code 1" in text
+
+
+def test_pulling_a_hosts_cable_is_a_peer_error_naming_it_within_the_peer_timeout():
+    try:
+        check_support()
+        c = Cluster(2, prefix=f"pcu{os.getpid() % 10000}")
+    except ClusterError as exc:
+        pytest.fail(f"cannot build the emulated cluster: {exc}")
+    with c:
+        port = str(29100 + os.getpid() % 90)
+        procs = [c.popen(1 + r // 2, [sys.executable, APP], cwd=str(ROOT),
+                         env=_rank_env(c, RANK=str(r), WORLD_SIZE="4", MASTER_ADDR=c.addr(1),
+                                       MASTER_PORT=port, PYCOMM_TIMEOUT="60",
+                                       PYCOMM_PEER_TIMEOUT="3", CHECK_LOOP_S="40"),
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                 for r in range(4)]
+        assert procs[0].stdout.readline().startswith("LOOPING rank 0")
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        c.unplug(2)
+        for r in (0, 1):
+            text, _ = procs[r].communicate(timeout=30)
+            took = time.monotonic() - t0
+            assert procs[r].returncode != 0, text
+            assert took < 8, f"rank {r} noticed the pulled cable after {took:.1f} s"
+            last = text.strip().splitlines()[-1]
+            assert last.startswith(f"pycomm.errors.PeerError: rank {r}: "), text
+            assert "no answer for 3 s (PYCOMM_PEER_TIMEOUT)" in last, text
+            assert "(host host2 at 10.77.0.2:" in last, text

@@ -164,6 +164,22 @@ def _heard_unreachable(store, key: str) -> str | None:
     return store.get(key + "unreachable", timeout=5.0).decode(errors="replace")
 
 
+def _keepalive(sock: socket.socket, timeout: float) -> None:
+    """Make the kernel drop ``sock`` within about ``timeout`` s of the peer going silent.
+
+    Keepalive probes start after a third of it idle, one a second; ``TCP_USER_TIMEOUT``
+    bounds both unacknowledged data and the probes, so the socket reports ETIMEDOUT
+    after ``timeout`` s either way (Linux; elsewhere only what the platform offers).
+    """
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    idle = max(1, int(timeout / 3))
+    for name, value in (("TCP_KEEPIDLE", idle), ("TCP_KEEPINTVL", 1),
+                        ("TCP_KEEPCNT", max(1, int(timeout) - idle)),
+                        ("TCP_USER_TIMEOUT", int(timeout * 1000))):
+        if hasattr(socket, name):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+
+
 class Gate:
     """Accepts connections on a listening socket and authenticates them, never waiting on one.
 
@@ -325,15 +341,22 @@ class TcpTransport(Transport):
     Options:
         host: address to listen on and to publish (default 127.0.0.1).
         port_range: (lo, hi): listen on a port of this range (default: any free port).
+        peer_timeout: seconds after which a silent or unacknowledging peer is lost (TCP
+            keepalive probes from a third of it on, and ``TCP_USER_TIMEOUT``): a pulled
+            cable or a frozen host becomes a PeerLostError naming the peer's host (None: the
+            kernel's defaults, i.e. hours).
     """
 
     name = "tcp"
 
     def __init__(self, rank, size, job_id, token, sink, *, host: str | None = None,
-                 port_range: tuple[int, int] | None = None, **options: Any):
+                 port_range: tuple[int, int] | None = None, peer_timeout: float | None = None,
+                 **options: Any):
         super().__init__(rank, size, job_id, token, sink)
         self.host = host or "127.0.0.1"
         self.port_range = port_range
+        self.peer_timeout = peer_timeout
+        self._where: dict[int, str] = {}    # peer -> "host NAME at ADDR:PORT", for errors
         self._conns: dict[int, _Conn] = {}
         self._by_fd: dict[int, _Conn] = {}
         self._sel = selectors.DefaultSelector()
@@ -389,6 +412,11 @@ class TcpTransport(Transport):
                         continue
                     waiting.discard(adm.peer_rank)
                     self._add(adm.peer_rank, sock)
+            for peer in (p for p in self.peers if p > self.rank):
+                # Published before it dialed us: its name, for the errors that blame it.
+                host, port, *rest = msgpack.unpackb(store.get(key + str(peer),
+                                                              timeout=timeout))
+                self._where[peer] = f"host {rest[0] if rest else '?'} at {host}:{port}"
         finally:
             gate.close()
             self._listener = None
@@ -397,6 +425,7 @@ class TcpTransport(Transport):
                     timeout: float) -> None:
         host, port, *rest = msgpack.unpackb(store.get(key + str(peer), timeout=timeout))
         name = rest[0] if rest else "?"
+        self._where[peer] = f"host {name} at {host}:{port}"
         try:
             sock, _ = dial(host, port, lambda: handshake.Connector(self.token, self.rank, peer),
                            deadline)
@@ -416,11 +445,23 @@ class TcpTransport(Transport):
                 sock.setsockopt(socket.SOL_SOCKET, opt, _SOCKBUF)
             except OSError:
                 pass
+        if self.peer_timeout:
+            _keepalive(sock, self.peer_timeout)
         sock.setblocking(False)
         conn = _Conn(peer, sock)
         self._conns[peer] = conn
         self._by_fd[conn.fd] = conn
         self._sel.register(sock, selectors.EVENT_READ, conn)
+
+    def _lost(self, peer: int, why: OSError | str) -> PeerLostError:
+        """The error for a dropped connection, naming the peer's host and address."""
+        if isinstance(why, OSError) and why.errno == errno.ETIMEDOUT and self.peer_timeout:
+            detail = (f"no answer for {self.peer_timeout:g} s (PYCOMM_PEER_TIMEOUT): the link "
+                      "is down or the host is frozen")
+        else:
+            detail = str(why)
+        where = self._where.get(peer)
+        return PeerLostError(peer, f"{detail} ({where})" if where else detail)
 
     # -- sending --------------------------------------------------------------------------
     def send(self, peer: int, header: bytes, payload, token: Any) -> bool:
@@ -434,7 +475,7 @@ class TcpTransport(Transport):
             except BlockingIOError:
                 sent = 0
             except OSError as exc:
-                raise PeerLostError(peer, str(exc)) from None
+                raise self._lost(peer, exc) from None
             parts = self._advance(parts, sent)
             if not parts:
                 return True
@@ -463,7 +504,7 @@ class TcpTransport(Transport):
             except BlockingIOError:
                 break
             except OSError as exc:
-                raise PeerLostError(conn.peer, str(exc)) from None
+                raise self._lost(conn.peer, exc) from None
             moved = moved or sent > 0
             item[0] = self._advance(item[0], sent)
             if item[0]:
@@ -520,7 +561,7 @@ class TcpTransport(Transport):
         except OSError as exc:
             if exc.errno in (errno.EAGAIN, errno.EWOULDBLOCK):
                 return False
-            raise PeerLostError(conn.peer, str(exc)) from None
+            raise self._lost(conn.peer, exc) from None
         if n == 0:
             return self._closed_by_peer(conn)
         conn.end += n
@@ -530,7 +571,7 @@ class TcpTransport(Transport):
     def _closed_by_peer(self, conn: _Conn) -> bool:
         """EOF: fine after the peer's goodbye frame (forget it), a failure otherwise."""
         if not conn.bye:
-            raise PeerLostError(conn.peer, "connection closed by peer")
+            raise self._lost(conn.peer, "connection closed by peer")
         try:
             self._sel.unregister(conn.sock)
         except (KeyError, ValueError):

@@ -4,6 +4,8 @@ Prints one line ``OK rank R/S host H local L`` when every result matches, and ex
 the mismatch otherwise. ``CHECK_FAIL_RANK=R`` makes rank R raise after the first check
 (the cross-node abort case); with ``CHECK_FAIL_EARLY=1`` it raises before it joins the
 world, so the others wait at start-up and only the launcher can stop them in time.
+``CHECK_LOOP_S=T`` repeats the Allreduce for T seconds after the checks (printing
+``LOOPING rank R`` first).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import time
 
 import numpy as np
 
@@ -45,6 +48,13 @@ def main() -> int:
     if not np.array_equal(got, np.repeat(np.arange(size, dtype=np.int64), 3)):
         print(f"BAD Allgather rank {rank}: {got}", flush=True)
         return 1
+    loop_s = float(os.environ.get("CHECK_LOOP_S", "0"))
+    if loop_s:              # keep the link busy (the link-failure case pulls it meanwhile)
+        print(f"LOOPING rank {rank}", flush=True)
+        end = time.monotonic() + loop_s
+        while time.monotonic() < end:
+            comm.Allreduce(mine, total, op=pycomm.SUM)
+            time.sleep(0.01)
     hosts = comm.allgather(socket.gethostname())
     comm.Barrier()
     print(f"OK rank {rank}/{size} host {socket.gethostname()} hosts {','.join(hosts)} "
