@@ -35,8 +35,6 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
-import msgpack
-
 from pycomm import config
 from pycomm.errors import ArgumentError, CommError
 from pycomm.launcher import RankExit, _Forwarder, _preexec, sweep_shm

@@ -153,7 +153,7 @@ def _tell_unreachable(store, key: str, message: str) -> None:
     try:
         store.set(key + "unreachable", message.encode())
         store.add(key + "unreachable#", 1)
-    except Exception:                   # noqa: BLE001 - the error being raised matters more
+    except Exception:  # noqa: BLE001, S110 - the error being raised matters more
         pass
 
 

@@ -32,7 +32,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
-__all__ = ["Cluster", "ClusterError", "cleanup", "check_support"]
+__all__ = ["Cluster", "ClusterError", "check_support", "cleanup"]
 
 PREFIX = "pcx"
 
@@ -42,7 +42,7 @@ class ClusterError(RuntimeError):
 
 
 def _run(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
     if check and proc.returncode != 0:
         raise ClusterError(f"{shlex.join(argv)} failed ({proc.returncode}): "
                            f"{proc.stderr.strip()}")
@@ -209,7 +209,7 @@ class Cluster:
             **kwargs) -> subprocess.CompletedProcess:
         """Run ``argv`` on host ``k`` to completion (text output captured)."""
         return subprocess.run(self.command(k, argv, cwd), capture_output=True, text=True,
-                              timeout=timeout, **kwargs)
+                              timeout=timeout, check=False, **kwargs)
 
     def unplug(self, k: int) -> None:
         """Pull host ``k``'s cable: delete its link (both veth ends go)."""
@@ -225,7 +225,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--rate", default=None, help="tc tbf rate per host, e.g. 2gbit")
     ap.add_argument("--no-private-shm", action="store_true")
     ap.add_argument("command", nargs=argparse.REMAINDER,
-                    help="run on every host at once ({host}, {addr}, {master} are substituted)")
+                    help="run on every host at once; {host} (1-based), {node} (0-based), {addr} and "
+                         "{master} (host 1's address) are substituted")
     args = ap.parse_args(argv)
     if args.cleanup:
         for name in cleanup(args.prefix):
@@ -238,7 +239,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(c.ns(k), c.hostname(k), c.addr(k))
             return 0
         command = args.command[1:] if args.command[0] == "--" else args.command
-        subst = lambda a, k: (a.replace("{host}", str(k)).replace("{addr}", c.addr(k))  # noqa: E731
+        subst = lambda a, k: (a.replace("{host}", str(k)).replace("{addr}", c.addr(k))
+                              .replace("{node}", str(k - 1))
                               .replace("{master}", c.addr(1)))
         procs = [c.popen(k, [subst(a, k) for a in command]) for k in range(1, c.n + 1)]
         return max(p.wait() for p in procs)
