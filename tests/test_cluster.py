@@ -9,6 +9,7 @@ the reason (a silent skip would hide that the multi-host paths went untested).
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -210,7 +211,16 @@ def test_pulling_a_hosts_cable_is_a_peer_error_naming_it_within_the_peer_timeout
         t0 = time.monotonic()
         c.unplug(2)
         for r in (0, 1):
-            text, _ = procs[r].communicate(timeout=30)
+            try:
+                text, _ = procs[r].communicate(timeout=20)
+            except subprocess.TimeoutExpired:
+                # nsenter execs the rank: ask it for its flight recorder (pycomm prints it
+                # on SIGUSR1), then fail with it.
+                os.kill(procs[r].pid, signal.SIGUSR1)
+                time.sleep(1)
+                procs[r].kill()
+                text, _ = procs[r].communicate(timeout=10)
+                pytest.fail(f"rank {r} still ran 20 s after the cable was pulled:\n{text}")
             took = time.monotonic() - t0
             assert procs[r].returncode != 0, text
             assert took < 8, f"rank {r} noticed the pulled cable after {took:.1f} s"
