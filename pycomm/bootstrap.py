@@ -58,7 +58,7 @@ from .p2p import Engine, default_spin_seconds, default_yield_seconds
 from .stall import Inspector
 from .waiting import available_cores
 
-__all__ = ["JobEnv", "create_world", "detect", "listen_address"]
+__all__ = ["HostLayout", "JobEnv", "create_world", "detect", "host_layout", "listen_address"]
 
 
 @dataclass
@@ -205,6 +205,41 @@ def detect(environ: dict[str, str] | None = None) -> JobEnv:
     return je
 
 
+@dataclass(frozen=True)
+class HostLayout:
+    """Which ranks of the world share a host (a kernel and /dev/shm), seen from one rank.
+
+    Hosts are numbered by their lowest rank. ``hosts[h]`` lists host h's ranks in increasing
+    order; this rank is ``hosts[host][local_rank]``. E.g. 2 hosts x 2 ranks, cyclic
+    placement, rank 2: hosts=((0, 2), (1, 3)), host=0, local_rank=1.
+    """
+
+    hosts: tuple[tuple[int, ...], ...]
+    names: tuple[str, ...]          # each host's hostname, for messages
+    host: int
+    local_rank: int
+
+    @property
+    def local_size(self) -> int:
+        return len(self.hosts[self.host])
+
+    @property
+    def nhosts(self) -> int:
+        return len(self.hosts)
+
+
+def host_layout(infos: list[dict], rank: int) -> HostLayout:
+    """Group the ranks' published start-up infos (``host`` identity, ``hostname``) by host."""
+    groups: dict[str, list[int]] = {}
+    for r, info in enumerate(infos):
+        groups.setdefault(info["host"], []).append(r)
+    hosts = tuple(tuple(g) for g in sorted(groups.values(), key=lambda g: g[0]))
+    host = next(h for h, g in enumerate(hosts) if rank in g)
+    names = tuple(str(infos[g[0]].get("hostname") or infos[g[0]]["host"].split("/")[0])
+                  for g in hosts)
+    return HostLayout(hosts, names, host, hosts[host].index(rank))
+
+
 def _choose_transports(name: str, rank: int, infos: list[dict]) -> dict[str, list[int]]:
     """Map transport name -> peers it serves, by the preference list for ``name``."""
     prefs = ["shm", "tcp"] if name == "auto" else [name]
@@ -274,7 +309,8 @@ def create_world(**options):
             store = StoreClient(je.master_addr, je.master_port, je.token, timeout=timeout)
             listen = (options.get("host") or config.get("PYCOMM_HOST")
                       or listen_address(je.master_addr, je.master_port))
-            info = {"host": host_identity(), "pid": os.getpid()}
+            info = {"host": host_identity(), "hostname": socket.gethostname(),
+                    "pid": os.getpid()}
             store.set(f"info/{je.job_id}/{je.rank}", msgpack.packb(info))
             infos = [msgpack.unpackb(store.get(f"info/{je.job_id}/{r}", timeout=timeout))
                      for r in range(je.size)]
@@ -296,6 +332,10 @@ def create_world(**options):
                 t.connect(store, peers, timeout)
         world = Communicator(engine, 0, list(range(je.size)), je.rank)
         world.transport = transport
+        # The world's hosts (issue 16's first step towards hierarchical collectives).
+        world.host_layout = (host_layout(infos, je.rank) if je.size > 1 else
+                             host_layout([{"host": host_identity(),
+                                           "hostname": socket.gethostname()}], 0))
         if je.size > 1:
             # Ranks per core on the busiest host, and the fewest cores of any host, agreed
             # by every rank: the cost model uses them, and all ranks must choose alike.

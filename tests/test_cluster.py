@@ -20,7 +20,7 @@ import pytest
 
 from benchmarks.cluster.netns import Cluster, ClusterError, check_support
 from pycomm import config
-from pycomm.bootstrap import _hnp_host, detect, listen_address
+from pycomm.bootstrap import _hnp_host, detect, host_layout, listen_address
 from pycomm.errors import CommError
 from pycomm.nodes import global_rank
 from transports import TransportError
@@ -79,6 +79,15 @@ def test_placements_cover_the_world_once(nnodes, nproc, placement):
     else:
         assert [global_rank(0, i, nnodes, nproc, placement) for i in range(nproc)] == \
             [i * nnodes for i in range(nproc)]
+
+
+def test_host_layout_groups_ranks_by_host_in_rank_order():
+    infos = [{"host": f"h{r % 2}/boot/shm", "hostname": f"node{r % 2}"} for r in range(5)]
+    lay = host_layout(infos, 3)
+    assert lay.hosts == ((0, 2, 4), (1, 3)) and lay.names == ("node0", "node1")
+    assert (lay.host, lay.local_rank, lay.local_size, lay.nhosts) == (1, 1, 2, 2)
+    solo = host_layout([{"host": "x/b/s"}], 0)
+    assert solo.hosts == ((0,),) and solo.names == ("x",) and solo.local_size == 1
 
 
 def test_open_mpi_store_host_comes_from_the_hnp_uri():
@@ -163,17 +172,21 @@ def _launch_nodes(c: Cluster, placement: str, port: int, **extra: str):
             for k in range(2)]
 
 
-@pytest.mark.parametrize("placement,hosts", [("block", "host1,host1,host2,host2"),
-                                             ("cyclic", "host1,host2,host1,host2")])
-def test_two_nodes_two_ranks_each_with_the_multi_node_launcher(cluster, placement, hosts):
+@pytest.mark.parametrize("placement,hosts,layout", [
+    ("block", "host1,host1,host2,host2", "0,1|2,3"),
+    ("cyclic", "host1,host2,host1,host2", "0,2|1,3")])
+def test_two_nodes_two_ranks_each_with_the_multi_node_launcher(cluster, placement, hosts,
+                                                               layout):
     port = 29300 + os.getpid() % 50 + (50 if placement == "cyclic" else 0)
     results = _wait_all(_launch_nodes(cluster, placement, port), 60)
     for k, (rc, text) in enumerate(results):
         assert rc == 0, f"node {k}: {text}"
         mine = [r for r in range(4) if hosts.split(",")[r] == f"host{k + 1}"]
         for r in mine:
-            assert f"[{r}] OK rank {r}/4 host host{k + 1} hosts {hosts} transport shm+tcp" \
-                in text, f"node {k}: {text}"
+            local = layout.split("|")[k].split(",").index(str(r))
+            assert f"[{r}] OK rank {r}/4 host host{k + 1} hosts {hosts} transport shm+tcp " \
+                f"layout {layout} names host1,host2 local {local}/2" in text, \
+                f"node {k}: {text}"
 
 
 @pytest.mark.parametrize("early", [False, True], ids=["mid-job", "before-init"])
@@ -203,7 +216,8 @@ def test_pulling_a_hosts_cable_is_a_peer_error_naming_it_within_the_peer_timeout
         procs = [c.popen(1 + r // 2, [sys.executable, APP], cwd=str(ROOT),
                          env=_rank_env(c, RANK=str(r), WORLD_SIZE="4", MASTER_ADDR=c.addr(1),
                                        MASTER_PORT=port, PYCOMM_TIMEOUT="60",
-                                       PYCOMM_PEER_TIMEOUT="3", CHECK_LOOP_S="40"),
+                                       PYCOMM_PEER_TIMEOUT="3", CHECK_LOOP_S="40",
+                                       PYTHONFAULTHANDLER="1"),
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
                  for r in range(4)]
         assert procs[0].stdout.readline().startswith("LOOPING rank 0")
@@ -217,6 +231,8 @@ def test_pulling_a_hosts_cable_is_a_peer_error_naming_it_within_the_peer_timeout
                 # nsenter execs the rank: ask it for its flight recorder (pycomm prints it
                 # on SIGUSR1), then fail with it.
                 os.kill(procs[r].pid, signal.SIGUSR1)
+                time.sleep(1)
+                os.kill(procs[r].pid, signal.SIGABRT)     # faulthandler: every thread's stack
                 time.sleep(1)
                 procs[r].kill()
                 text, _ = procs[r].communicate(timeout=10)

@@ -158,10 +158,21 @@ def _tell_unreachable(store, key: str, message: str) -> None:
 
 
 def _heard_unreachable(store, key: str) -> str | None:
-    """The message of a rank that could not reach its peer, or None (a non-blocking read)."""
-    if not hasattr(store, "add") or store.add(key + "unreachable#", 0) == 0:
+    """The message of a rank that could not reach its peer, or None (a non-blocking read).
+
+    The store's host may be the rank that failed: a store that is gone is an answer too.
+    """
+    if not hasattr(store, "add"):
         return None
-    return store.get(key + "unreachable", timeout=5.0).decode(errors="replace")
+    try:
+        if store.add(key + "unreachable#", 0) == 0:
+            return None
+    except Exception as exc:  # noqa: BLE001 - any store failure: its rank is gone
+        return f"lost the store while waiting for them ({exc})"
+    try:    # set before the count: it is there unless the store went away meanwhile
+        return store.get(key + "unreachable", timeout=5.0).decode(errors="replace")
+    except Exception as exc:  # noqa: BLE001
+        return f"a rank could not reach its peer, and the store went away with its words ({exc})"
 
 
 def _keepalive(sock: socket.socket, timeout: float) -> None:

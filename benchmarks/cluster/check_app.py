@@ -57,8 +57,11 @@ def main() -> int:
             time.sleep(0.01)
     hosts = comm.allgather(socket.gethostname())
     comm.Barrier()
+    lay = comm.host_layout
+    groups = "|".join(",".join(map(str, g)) for g in lay.hosts)
     print(f"OK rank {rank}/{size} host {socket.gethostname()} hosts {','.join(hosts)} "
-          f"transport {getattr(comm, 'transport_name', '?')}", flush=True)
+          f"transport {getattr(comm, 'transport_name', '?')} layout {groups} "
+          f"names {','.join(lay.names)} local {lay.local_rank}/{lay.local_size}", flush=True)
     return 0
 
 
