@@ -205,6 +205,9 @@ def detect(environ: dict[str, str] | None = None) -> JobEnv:
     return je
 
 
+_INSPECTOR_CONNECT_S = 3.0  # seconds the stall inspector's store clients take to connect
+
+
 @dataclass(frozen=True)
 class HostLayout:
     """Which ranks of the world share a host (a kernel and /dev/shm), seen from one rank.
@@ -351,9 +354,13 @@ def create_world(**options):
         sigusr1 = trace.install(je.rank)
         if store is not None:           # the stall inspector reaches the store on its own
             addr, port, token = je.master_addr, je.master_port, je.token
+            # The store is up by now: a client that cannot reach it within a few seconds
+            # means its host is gone (under torchrun rank 0 hosts it), and the inspector's
+            # report of an error must not hold the failing rank for the whole timeout.
+            reach = min(timeout, _INSPECTOR_CONNECT_S)
             engine._inspector = inspector = Inspector(
                 je.rank, je.size, je.job_id,
-                lambda: StoreClient(addr, port, token, timeout=timeout),
+                lambda: StoreClient(addr, port, token, timeout=reach),
                 config.get("PYCOMM_STALL_WARN"), sigusr1, client=store)
             store = None                # its responder thread owns the start-up client now
     except TransportError as exc:
