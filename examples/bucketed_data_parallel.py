@@ -33,9 +33,9 @@ from __future__ import annotations
 
 import sys
 
-import _common as C
+import _training as C
 
-import numpy as np  # noqa: E402  (after _common pins the BLAS threads)
+import numpy as np  # noqa: E402  (after _training pins the BLAS threads)
 
 
 def make_buckets(p: C.Params, cap_bytes: int) -> list[tuple[int, int]]:

@@ -34,10 +34,10 @@ from __future__ import annotations
 
 import sys
 
-import _common as C
+import _training as C
 import tensor_parallel as T
 
-import numpy as np  # noqa: E402  (after _common pins the BLAS threads)
+import numpy as np  # noqa: E402  (after _training pins the BLAS threads)
 
 
 def main(argv=None) -> int:

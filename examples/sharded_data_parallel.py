@@ -36,9 +36,9 @@ import sys
 import tracemalloc
 from types import SimpleNamespace
 
-import _common as C
+import _training as C
 
-import numpy as np  # noqa: E402  (after _common pins the BLAS threads)
+import numpy as np  # noqa: E402  (after _training pins the BLAS threads)
 
 
 class Adam:
@@ -94,7 +94,7 @@ def train(stage, args, dims, flat0, data, steps, comm, mod):
     Returns a dict: ``params`` (the first N of the padded vector), ``state_bytes`` (what
     the training keeps between steps: weights, gradients, optimizer moments), ``peak``
     (tracemalloc's peak during training), ``times`` (per step ``{"step", "comm"}``
-    seconds, for :func:`_common.step_medians`).
+    seconds, for :func:`_training.step_medians`).
     """
     X, y = data[0], data[1]
     rank, p = comm.rank, comm.size

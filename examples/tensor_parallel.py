@@ -35,9 +35,9 @@ from __future__ import annotations
 
 import sys
 
-import _common as C
+import _training as C
 
-import numpy as np  # noqa: E402  (after _common pins the BLAS threads)
+import numpy as np  # noqa: E402  (after _training pins the BLAS threads)
 
 
 def full_init(d: int, blocks: int, seed: int, d_in: int = 64, k: int = 10) -> dict:
@@ -189,7 +189,7 @@ def train(args, data, w0, variant="megatron", tp=None, mod=None, timer=None, row
     part of every batch (the hybrid example's data-parallel shard), default all rows;
     ``args.dp`` (a communicator or None) then sums gradients over data-parallel replicas.
     ``times[s]`` is step s's ``{"step", "comm", "dp comm": seconds}`` on this rank
-    (:func:`_common.step_medians` summarizes them).
+    (:func:`_training.step_medians` summarizes them).
     """
     X, y = data[0], data[1]
     w = {key: v.copy() for key, v in w0.items()}

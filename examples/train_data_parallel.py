@@ -60,7 +60,7 @@ def select_comm(use_mpi4py: bool):
 
 # The split and the batch order are the ones every example in this folder uses.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import batches, load_data  # noqa: E402,F401  (re-exported for the tests)
+from _training import batches, load_data  # noqa: E402,F401  (re-exported for the tests)
 
 
 # --------------------------------------------------------------------------- model

@@ -23,12 +23,12 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 
 pytest.importorskip("sklearn")
-sys.path.insert(0, str(EXAMPLES))   # the examples import _common as a sibling module
+sys.path.insert(0, str(EXAMPLES))   # the examples import _training as a sibling module
 
 
 @pytest.fixture(scope="module")
 def C():
-    return importlib.import_module("_common")
+    return importlib.import_module("_training")
 
 
 @pytest.fixture(scope="module")

@@ -291,8 +291,8 @@ def test_tcp_start_up_is_not_held_by_strangers_who_connect_first(own_ranks_only,
     put = StoreServer._put
 
     def put_after_strangers(self, key: str, value: bytes) -> None:
-        if key.startswith("tcp/") and key.count("/") == 2:
-            host, port = msgpack.unpackb(value)
+        if key.startswith("tcp/") and key.count("/") == 2 and key.rsplit("/", 1)[1].isdigit():
+            host, port = msgpack.unpackb(value)[:2]   # [host, port, hostname]
             strangers.idle(host, port, IDLE)
             strangers.loris(host, port, 2, NIC_LORIS)
             strangers.send(host, port, handshake.Connector(b"x" * 32, 1, 0).hello())
@@ -384,7 +384,7 @@ def test_rdma_nics_fuzzed_while_the_job_runs(rdma_pool, rdma_rss, sends):
 
 class _AttackedStore:
     """A two-rank in-memory store that lets ``attack(host, port)`` at rank 0's listener
-    before rank 1 can read its address."""
+    before rank 1 can read its address (published as ``[host, port, hostname]``)."""
 
     def __init__(self, attack):
         self.data: dict[str, bytes] = {}
@@ -393,7 +393,8 @@ class _AttackedStore:
 
     def set(self, key, value):
         if key.endswith("/0"):
-            self.attack(*msgpack.unpackb(value))
+            host, port = msgpack.unpackb(value)[:2]
+            self.attack(host, port)
         with self.cv:
             self.data[key] = value
             self.cv.notify_all()
