@@ -152,6 +152,8 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
         self.name = name
         self._seq = 0
         self._sig = self._prev_sig = None     # signatures of the current and previous call
+        self._aborts_seen = 0                 # engine.abort_count when last looked at
+        self._failed_upto = -1                # the last call that raised here (its seq)
         self._freed = False
         self._debug = config.get("PYCOMM_DEBUG")
 
@@ -328,12 +330,41 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
             self._check_stale(at_start=True)
         return _Coll(self, seq, sig)
 
+    def _check_late_abort(self, name: str) -> None:
+        """Raise if a peer abandoned a call that this rank had already finished.
+
+        A rank whose part of a call needs nothing from the others (the root of a Bcast,
+        for one) can finish it before a peer finds the call mismatched; the ABORT then
+        arrives for a call in this rank's past, at the latest before any later message
+        from that peer (a link keeps order). The call ``name`` that just completed here
+        (on every rank: nothing is abandoned, its results are right) raises, so that
+        this rank learns as the others did, and the ranks stay in step.
+        """
+        eng = self._engine
+        self._aborts_seen = eng.abort_count
+        ctx, seq, noticed = self._cctx, self._seq, self._failed_upto
+        for (c, tag), err in list(eng.aborted.items()):
+            if c != ctx or not 0 < (seq - tag) & _SEQ_MASK <= _PAST:
+                continue
+            if noticed >= 0 and (noticed - tag) & _SEQ_MASK < _PAST:
+                continue                # this rank raised in that call or a later one
+            self._failed_upto = seq
+            late = type(err)(
+                f"rank {self.rank}: {name} #{seq} on {self.name} completed (its results "
+                f"are right), but call #{tag}, which had finished on this rank, was "
+                f"abandoned by another rank: {err}")
+            late.late = True            # nothing to abandon (see _abandon)
+            raise late
+
     def _abandon(self, name: str, seq: int, exc: Exception) -> None:
         """Abandon this rank's call ``name`` #``seq`` after ``exc``, on every rank."""
         eng = self._engine
-        if isinstance(exc, PeerError) or eng.aborted_error(self._cctx, seq) is not None:
+        self._failed_upto = seq         # earlier abandoned calls need no more telling
+        if isinstance(exc, PeerError) or eng.aborted_error(self._cctx, seq) is not None \
+                or getattr(exc, "late", False):
             # a peer, or a nested call, has abandoned it; or a peer died, which every
-            # survivor's liveness check finds by itself (and names, as a PeerError)
+            # survivor's liveness check finds by itself (and names, as a PeerError); or
+            # the call completed everywhere and only reports an earlier abandoned one
             return
         cls = CollectiveMismatchError if isinstance(exc, CollectiveMismatchError) else \
             CollectiveError

@@ -79,7 +79,7 @@ from transports import RemoteAccessError, TransportError
 
 from .errors import (CollectiveError, CollectiveMismatchError, CommError, PeerError,
                      TruncationError)
-from .signature import describe
+from .signature import describe, empty_match
 from .request import Request
 from .waiting import Waiting, default_spin_seconds, default_yield_seconds
 
@@ -158,6 +158,7 @@ class Engine(Waiting):
         self._exposed: dict[int, tuple] = {}     # sid -> (transport, descriptor)
         self._withdrawn: set[int] = set()         # sids of cancelled sends (see cancel)
         self.aborted: dict[tuple[int, int], CollectiveError] = {}   # (ctx, tag) -> error
+        self.abort_count = 0                      # calls abandoned so far (see comm)
         self._next_id = 1
         self.next_cid = 1                         # context ids: see pycomm.groups
         self.oversubscription = 1.0               # agreed ranks per core (bootstrap)
@@ -249,7 +250,8 @@ class Engine(Waiting):
             if _matches(u.ctx, u.src, u.tag, ctx, source, tag):
                 del unexpected[i]
                 try:
-                    if u.sig != sig:         # the payload (arrived or not) is discarded
+                    if u.sig != sig and not empty_match(sig, u.sig, u.nbytes):
+                        # the payload (arrived or not) is discarded
                         self._mismatch(req, u.src, u.tag, u.nbytes, u.sig)
                         if u.kind == RTS:
                             self._send_ctl(u.src, (FIN, u.sid))
@@ -345,6 +347,7 @@ class Engine(Waiting):
     def _fail_call(self, ctx: int, tag: int, error: CollectiveError) -> None:
         aborted = self.aborted
         aborted[(ctx, tag)] = error
+        self.abort_count += 1
         if len(aborted) > _ABORTED_KEEP:
             del aborted[next(iter(aborted))]
         for r in [r for r in self.posted if r.ctx == ctx and r.tag == tag]:
@@ -434,7 +437,7 @@ class Engine(Waiting):
         for i, r in enumerate(self.posted):
             if _matches(ctx, self.rank, tag, r.ctx, r.peer, r.tag):
                 del self.posted[i]
-                if r.sig != sig:
+                if r.sig != sig and not empty_match(r.sig, sig, n):
                     self._mismatch(r, self.rank, tag, n, sig)
                     return
                 dest = self._dest_for(r, self.rank, tag, n)
@@ -463,7 +466,7 @@ class Engine(Waiting):
                 if r.ctx == ctx and (r.peer == peer or r.peer == ANY_SOURCE) and \
                         (r.tag == tag or (r.tag == ANY_TAG and tag >= 0)):
                     del posted[i]
-                    if r.sig != sig:
+                    if r.sig != sig and not empty_match(r.sig, sig, nbytes):
                         self._mismatch(r, peer, tag, nbytes, sig)
                         return memoryview(bytearray(nbytes))    # discarded
                     self._incoming[peer] = r
@@ -481,7 +484,7 @@ class Engine(Waiting):
             for i, r in enumerate(self.posted):
                 if _matches(ctx, peer, tag, r.ctx, r.peer, r.tag):
                     del self.posted[i]
-                    if r.sig != sig:
+                    if r.sig != sig and not empty_match(r.sig, sig, n):
                         self._mismatch(r, peer, tag, n, sig)
                         self._send_ctl(peer, (FIN, sid))
                         return None

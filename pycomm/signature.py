@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["COLLECTIVES", "collective", "signature", "describe", "dtype_code"]
+from .errors import ArgumentError
+
+__all__ = ["COLLECTIVES", "collective", "signature", "describe", "dtype_code", "empty_match"]
 
 # Index = the collective's id in a signature (never reorder: ranks of one job must agree,
 # and they run the same code).
@@ -78,6 +80,18 @@ def _signature(collective, dtype, count, root, op) -> tuple[int, int]:
             count)
 
 
+_DTYPE_BITS = 1023 << 10
+
+
+def empty_match(mine, theirs, nbytes: int) -> bool:
+    """Whether two different signatures still name one call: a message of no bytes has
+    an empty type signature, which matches any datatype (MPI 4.1, section 3.3.1), so a
+    rank that contributes nothing may name another dtype (mpi4py's ``None``/empty
+    arrays default to float64 or bytes); collective, op, root and count must agree."""
+    return (nbytes == 0 and mine is not None and theirs is not None and mine[1] == theirs[1]
+            and not (mine[0] ^ theirs[0]) & ~_DTYPE_BITS)
+
+
 def describe(sig) -> str:
     """``sig`` in words, e.g. ``Allreduce(SUM, float64x1000)`` or ``Bcast(root=0, ...)``."""
     if sig is None:
@@ -108,10 +122,13 @@ def collective(method):
     anything was sent), and every other rank of the communicator learns of it (see the
     module docstring); after a success, messages of finished calls are looked for.
     """
-    name = method.__name__
+    blocking_name = method.__name__
+    nonblocking_name = "I" + blocking_name[0].lower() + blocking_name[1:]
 
     def call(self, *args, **kwargs):
         seq = self._seq
+        # Iallreduce runs Allreduce with a deferred schedule: errors say which was called
+        name = blocking_name if self._defer is None else nonblocking_name
         try:
             out = method(self, *args, **kwargs)
             if self._defer is not None:     # a nonblocking twin: its schedule runs later
@@ -124,13 +141,19 @@ def collective(method):
                     raise err
             if eng.unexpected and eng.offload_posted == eng.offload_done:
                 self._check_stale(at_start=False)
-            return out
         except Exception as exc:
             if self._seq == seq:            # failed before it was counted: count it now
                 self._seq = (seq + 1) & 0x7FFFFFFF
             self._abandon(name, self._seq, exc)
+            if isinstance(exc, ArgumentError) and name not in str(exc):
+                # this rank's own bad argument: say in which call, as the peers' errors do
+                exc.args = (f"{exc} (in {name} #{self._seq} on {self.name})",
+                            *exc.args[1:])
             raise
-    call.__name__, call.__qualname__ = name, method.__qualname__
+        if eng.abort_count != self._aborts_seen:   # a finished call was abandoned since
+            self._check_late_abort(name)
+        return out
+    call.__name__, call.__qualname__ = blocking_name, method.__qualname__
     call.__doc__, call.__wrapped__ = method.__doc__, method
     return call
 

@@ -376,7 +376,15 @@ def _rank_error_case(call, who: str, partner=None):
     stray = pycomm.Status()
     leftover = (stray.source, stray.tag, stray.count) if comm.Iprobe(
         pycomm.ANY_SOURCE, pycomm.ANY_TAG, stray) else None
-    # The world still works: a collective, and a ring exchange with wildcards.
+    # The world still works: a collective, and a ring exchange with wildcards. A rank
+    # that finished the failed call learns of it now (the fence brought every abort):
+    # its next collective completes, then raises; the one after it is quiet.
+    x = np.full(5, comm.rank + 1.0)
+    try:
+        comm.Allreduce(pycomm.IN_PLACE, x)
+        late = None
+    except pycomm.CollectiveError as exc:
+        late = str(exc)
     x = np.full(5, comm.rank + 1.0)
     comm.Allreduce(pycomm.IN_PLACE, x)
     right, left = ring(comm)
@@ -385,7 +393,7 @@ def _rank_error_case(call, who: str, partner=None):
     comm.Sendrecv(np.array([comm.rank]), right, 8, got, pycomm.ANY_SOURCE, pycomm.ANY_TAG, st_)
     ok = bool((x == comm.size * (comm.size + 1) / 2).all()) and \
         (int(got[0]), st_.source, st_.tag) == (left, left, 8)
-    return caught, leftover, ok, (int(got[0]), st_.source, st_.tag)
+    return caught, leftover, ok, (int(got[0]), st_.source, st_.tag), late
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -394,14 +402,20 @@ def test_bad_input_raises_and_world_survives(world_small, name):
     if world_small.size == 1 and name in NEEDS_TWO:
         pytest.skip("not an error with one rank")
     results = world_small.run(_rank_error_case, call, who, PARTNERS.get(name))
-    for rank, (caught, leftover, ok, exchange) in enumerate(results):
+    for rank, (caught, leftover, ok, exchange, late) in enumerate(results):
         made_call = who == "all" or (who == "root") == (rank == 0)
+        finished = False
         if not made_call and name in PARTNERS:
             kind, message = caught
             culprit = "rank 0" if who == "root" else "rank "
             finished = kind == "no error" and name in SENDERS_MAY_FINISH
             assert finished or kind == "CollectiveError" and "failed on " + culprit in message, \
                 f"rank {rank}: expected a CollectiveError naming the culprit, got {caught}"
+        if finished:        # it is told in its next collective
+            assert late is not None and "was abandoned by another rank" in late and \
+                "failed on " + culprit in late, f"rank {rank}: never told: {late}"
+        else:
+            assert late is None, f"rank {rank}: told twice: {late}"
         if made_call:
             kind, message = caught
             assert kind == exc_name, f"rank {rank}: expected {exc_name}, got {kind}: {message}"

@@ -85,8 +85,9 @@ def _bad_call(kind, culprit):
         return None
 
     first = _outcome(run)
-    after = [_correct_allreduce(comm) for _ in range(3)]
-    return first, after
+    probes = [_outcome(lambda: _correct_allreduce(comm)) for _ in range(2)]
+    after = [_correct_allreduce(comm) for _ in range(2)]
+    return first, probes, after
 
 
 @pytest.mark.parametrize("kind", ["Allreduce-strided", "Allreduce-readonly", "Bcast-readonly",
@@ -97,19 +98,28 @@ def test_one_ranks_bad_argument_fails_the_call_everywhere_then_all_is_well(world
     results = world.run(_bad_call, kind, culprit)
     expect = world.size * (world.size + 1) / 2
     call = kind.split("-")[0]
-    for rank, (first, after) in enumerate(results):
-        assert after == [expect] * 3, (rank, after)      # never picks up the aborted data
+    for rank, (first, probes, after) in enumerate(results):
+        assert after == [expect] * 2, (rank, after)      # never picks up the aborted data
+        late = [p for p in probes if p[0] != "ok"]
+        assert all(p == ("ok", expect) for p in probes if p[0] == "ok"), (rank, probes)
         if rank == culprit:
             assert first[0] in ("ArgumentError", "InvalidBufferError"), first
             assert f"rank {culprit}" in first[1]
+            assert kind.split("-")[0] in first[1], first[1]      # and the call it was in
+            assert not late, (rank, probes)
         elif first[0] == "ok" and kind in ("Bcast-readonly", "Reduce-op") and \
                 not (kind == "Reduce-op" and rank == (culprit + 1) % world.size):
-            continue        # a rank that needs nothing from the bad one may finish
+            # a rank that needs nothing from the bad one may finish, and learns in a
+            # later call (whose results are right): the abort overtakes no message
+            assert len(late) == 1, (rank, probes)
+            assert "was abandoned by another rank" in late[0][1], late
+            assert f"failed on rank {culprit}" in late[0][1], late
         else:
+            assert not late, (rank, probes)
             assert first[0] in ("CollectiveError", "CollectiveMismatchError"), (rank, first)
             assert f"failed on rank {culprit}" in first[1] or \
                 f"rank {culprit} is in" in first[1], first[1]
-            assert call.replace("Iallreduce", "Allreduce") in first[1], first[1]
+            assert call in first[1], first[1]
 
 
 # -- mismatched calls -----------------------------------------------------------------------
@@ -167,6 +177,62 @@ def test_mismatched_calls_raise_on_every_rank_naming_both(world, kind):
         names = {"dtype": ("float32x2000", "float64x1000"),
                  "collective": ("Bcast(root=0, float64x1000)", "Allreduce(SUM,")}[kind]
         assert all(n in text for n in names), text
+
+
+def _mismatched_bcast_root():
+    """Bcast root 2 (the last rank) of float64, rank 0 passes float32; then a correct
+    Bcast from the same root, so the root's two calls need nothing from anyone."""
+    comm = pycomm.COMM_WORLD
+    r, root = comm.rank, comm.size - 1
+
+    def bcast(dtype):
+        x = np.full(3000, float(r), dtype)
+        comm.Bcast(x, root=root)
+        return float(x[0])
+
+    calls = [lambda: bcast(np.float32 if r == 0 else np.float64), lambda: bcast(np.float64),
+             lambda: _correct_allreduce(comm, 10), lambda: _correct_allreduce(comm, 10)]
+    outcomes = [_outcome(c) for c in calls]
+    after = [_correct_allreduce(comm, 10) for _ in range(2)]
+    return outcomes, after
+
+
+def test_the_root_of_a_mismatched_bcast_learns_of_it(world):
+    """The root sends and never receives in a Bcast, so it finishes the mismatched call
+    (and the next Bcast) before a peer's abort can reach it; it raises in the first call
+    that brings a message from that peer, and every rank stays in step."""
+    results = world.run(_mismatched_bcast_root)
+    expect = world.size * (world.size + 1) / 2
+    root = world.size - 1
+    for rank, (outcomes, after) in enumerate(results):
+        raised = [o for o in outcomes if o[0] != "ok"]
+        assert raised, (rank, outcomes)                  # nobody goes on unaware
+        assert "Bcast" in raised[0][1], raised[0]
+        assert after == [expect] * 2, (rank, after)
+    root_outcomes = results[root][0]
+    assert root_outcomes[0] == ("ok", float(root))       # its own part was done
+    late = [o for o in root_outcomes if o[0] != "ok"]
+    assert "was abandoned by another rank" in late[0][1], late
+    assert "float32x3000" in late[0][1], late            # the mismatch, in words
+
+
+def _empty_contributions():
+    """mpi4py programs pass ``None`` or an empty float64 array where a rank has nothing
+    to give: a message of no bytes has an empty type signature, matching any dtype."""
+    comm = pycomm.COMM_WORLD
+    r, n = comm.rank, comm.size
+    counts = [0 if k % 2 else k + 1 for k in range(n)]
+    mine = np.arange(counts[r], dtype=np.int32) + 100 * r if counts[r] else np.empty(0)
+    out = np.zeros(sum(counts), np.int32) if r == 0 else None
+    comm.Gatherv(mine, [out, counts] if r == 0 else None, root=0)
+    return None if out is None else out.tolist()
+
+
+def test_a_rank_with_nothing_to_send_may_name_another_dtype(world):
+    n = world.size
+    got = world.run(_empty_contributions)[0]
+    want = [v for k in range(n) if k % 2 == 0 for v in range(100 * k, 100 * k + k + 1)]
+    assert got == want
 
 
 # -- withdrawn sends -----------------------------------------------------------------------
