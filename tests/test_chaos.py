@@ -38,21 +38,26 @@ pytestmark = pytest.mark.usefixtures("no_shared_world")
 FATAL_BOUND = (chaos.JOB_TIMEOUT + float(config.get("PYCOMM_REPORT_GRACE"))
                + float(config.get("PYCOMM_KILL_GRACE")) + 3.0)
 
-# (kind, culprit, call, schedule seed): fixed, so the same calls and faults every run
-CASES = [("kill", 1, 2, 101), ("stop", 2, 1, 102), ("exit", 0, 2, 103), ("raise", 1, 1, 104),
-         ("hang", 2, 2, 105), ("badarg", 0, 1, 106), ("mismatch", 1, 2, 107)]
+# (kind, transport, culprit, call, schedule seed): fixed, so the same calls and faults
+# every run; a stopped peer on rdma once held every survivor's exit for its drain limit
+CASES = [("kill", "shm", 1, 2, 101), ("stop", "shm", 2, 1, 102), ("exit", "shm", 0, 2, 103),
+         ("raise", "shm", 1, 1, 104), ("hang", "shm", 2, 2, 105),
+         ("badarg", "shm", 0, 1, 106), ("mismatch", "shm", 1, 2, 107),
+         ("stop", "rdma", 1, 2, 108)]
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("kind,culprit,call,seed", CASES, ids=[c[0] for c in CASES])
-def test_one_fault_no_wrong_result_no_leak_ends_in_bound(kind, culprit, call, seed):
-    t = chaos.run_trial(chaos.make_trial(0, kind, "shm", 3, culprit, call, seed))
+@pytest.mark.parametrize("kind,transport,culprit,call,seed", CASES,
+                         ids=[f"{c[0]}-{c[1]}" for c in CASES])
+def test_one_fault_no_wrong_result_no_leak_ends_in_bound(kind, transport, culprit, call, seed):
+    t = chaos.run_trial(chaos.make_trial(0, kind, transport, 3, culprit, call, seed))
     report = f"{chaos.describe(t)}: {chaos.misses(t)}\n{t.verdict}\n{t.evidence}"
     assert not t.timed_out, report
     assert t.wrong == 0, report
     assert t.leaks == [], report
     assert t.end_s is not None, report          # the culprit reported its fault
     assert t.names_culprit, report              # the verdict / every rank's error names it
+    assert t.names_call, report                 # ... and the call (the culprit's own too)
     if kind in rankmod.FATAL:
         assert t.exit_code not in (0, None), report
         assert t.verdict.startswith("pycomm.launch: "), report

@@ -40,6 +40,7 @@ by another object while registered. Least recently used idle regions are evicted
 
 from __future__ import annotations
 
+import sys
 import time
 from collections import OrderedDict, deque
 from typing import Any
@@ -57,6 +58,8 @@ _RECV, _SEND, _CREDIT, _READ = 1 << 40, 2 << 40, 3 << 40, 4 << 40
 _KIND = 0xFF << 40
 _CACHE_REGIONS, _CACHE_BYTES = 128, 512 << 20
 _BYE = 1 << 31          # imm_data flag of the last message a closing rank sends
+_DRAIN_S = 5.0          # how long close() lets queued sends reach live peers
+_DRAIN_ON_ERROR_S = 0.3  # the same when the process is leaving through an exception
 
 
 class _Peer:
@@ -446,7 +449,11 @@ class RdmaTransport(Transport):
             return
         self._closed = True
         if self.ctx is not None:
-            self._drain(5.0)
+            # A process leaving through an uncaught exception (sys.last_value is set
+            # before atexit runs) takes its job down: a peer that is stopped or hung would
+            # hold a full drain for its whole limit, and nobody waits for the data.
+            self._drain(_DRAIN_ON_ERROR_S if getattr(sys, "last_value", None) is not None
+                        else _DRAIN_S)
             self.ctx.close()
         for mr, _ in self._cache.values():
             mr.dereg()
