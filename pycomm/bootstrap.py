@@ -230,6 +230,36 @@ class HostLayout:
     def nhosts(self) -> int:
         return len(self.hosts)
 
+    def restrict(self, members, rank: int) -> "HostLayout":
+        """The layout of a communicator made of some of this layout's ranks, computed
+        locally (every rank knows the whole layout, so no message is needed).
+
+        Args:
+            members: this layout's ranks, in the new communicator's rank order (new rank
+                ``i`` is old rank ``members[i]``).
+            rank: this process's rank in the new communicator.
+
+        Returns:
+            The new communicator's layout: hosts renumbered by their lowest new rank,
+            hostnames kept.
+
+        Raises:
+            ValueError: a member is not a rank of this layout, or ``rank`` is out of range.
+        """
+        host_of = {r: h for h, group in enumerate(self.hosts) for r in group}
+        groups: dict[int, list[int]] = {}
+        for new, old in enumerate(members):
+            if old not in host_of:
+                raise ValueError(f"rank {old} is not in the layout {self.hosts}")
+            groups.setdefault(host_of[old], []).append(new)
+        if not 0 <= rank < len(members):
+            raise ValueError(f"rank {rank} is out of range for {len(members)} members")
+        order = sorted(groups.items(), key=lambda kv: kv[1][0])
+        hosts = tuple(tuple(g) for _, g in order)
+        host = next(h for h, (_, g) in enumerate(order) if rank in g)
+        return HostLayout(hosts, tuple(self.names[h] for h, _ in order), host,
+                          hosts[host].index(rank))
+
 
 def host_layout(infos: list[dict], rank: int) -> HostLayout:
     """Group the ranks' published start-up infos (``host`` identity, ``hostname``) by host."""

@@ -12,6 +12,10 @@ communicators with disjoint members never see each other's traffic, since matchi
 Context ids map to three engine contexts: ``3*cid`` (user point-to-point), ``3*cid + 1``
 (collectives, tag = per-call sequence number) and ``3*cid + 2`` (the set-up traffic of
 ``Create_group``, which only the group's members take part in, tagged by the user's tag).
+
+Every new communicator gets a ``host_layout`` (which of its ranks share a host, see
+:class:`pycomm.bootstrap.HostLayout`) derived from its parent's without a message: every
+rank knows the parent's whole layout and the new member list.
 """
 
 from __future__ import annotations
@@ -160,7 +164,16 @@ class GroupMethods:
         comm = type(self)(self._engine, cid, world_ranks, world_ranks.index(me), name=name)
         comm.transport = getattr(self, "transport", None)
         comm.transport_name = getattr(self, "transport_name", None)
+        self._derive_layout(comm)
         return comm
+
+    def _derive_layout(self, comm) -> None:
+        """Give ``comm`` (a communicator of some of this one's processes) its
+        ``host_layout``, derived from this one's without a message (issue 16)."""
+        layout = getattr(self, "host_layout", None)
+        if layout is not None:
+            members = [self._from_world[w] for w in comm._world]
+            comm.host_layout = layout.restrict(members, comm.rank)
 
     def Dup(self):
         """A new communicator with the same group and a fresh context (collective)."""
@@ -221,6 +234,7 @@ class GroupMethods:
         temp = type(self)(self._engine, self._cid, list(group._world),
                           group._world.index(me), name="create_group")
         temp._cctx = 3 * self._cid + 2
+        self._derive_layout(temp)
         temp._seq = (tag * 64) & 0x7FFFFFFF
         cid = self._new_cid(temp)
         return self._derive(cid, list(group._world), f"{self.name}.Create_group")

@@ -90,6 +90,20 @@ def test_host_layout_groups_ranks_by_host_in_rank_order():
     assert solo.hosts == ((0,),) and solo.names == ("x",) and solo.local_size == 1
 
 
+def test_layout_restrict_renumbers_the_hosts_of_a_sub_communicator():
+    # 2 hosts x 3 ranks, cyclic: host 0 holds 0, 2, 4
+    infos = [{"host": f"h{r % 2}/boot/shm", "hostname": f"node{r % 2}"} for r in range(6)]
+    world = host_layout(infos, 0)
+    # Split(key) order 5, 1, 0, 4 (world ranks): new rank 0 is on node1
+    sub = world.restrict([5, 1, 0, 4], 2)
+    assert sub.hosts == ((0, 1), (2, 3)) and sub.names == ("node1", "node0")
+    assert (sub.host, sub.local_rank, sub.local_size, sub.nhosts) == (1, 0, 2, 2)
+    one = world.restrict([3, 1], 1)
+    assert one.hosts == ((0, 1),) and one.names == ("node1",) and one.local_rank == 1
+    with pytest.raises(ValueError, match="rank 9"):
+        world.restrict([0, 9], 0)
+
+
 def test_open_mpi_store_host_comes_from_the_hnp_uri():
     assert _hnp_host("123.0;tcp://10.0.0.5,172.17.0.1:4123") == "10.0.0.5"
     env = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "4", "MASTER_PORT": "29500",
