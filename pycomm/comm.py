@@ -43,15 +43,15 @@ from .objects import ObjectMethods
 from .vcoll import VectorMethods
 from .ops import SUM, Op
 from .p2p import ANY_SOURCE, ANY_TAG, PROC_NULL, Engine, Request
+from .plan import plan_call
 from .selection import AlgorithmSelection
-from .signature import collective, describe, signature
+from .signature import collective, describe
 from .status import Status, fill as _fill
 
 __all__ = ["Communicator", "Status", "TAG_UB"]
 
 TAG_UB = 2**31 - 1
 _SEQ_MASK = 0x7FFFFFFF
-_BARRIER = signature("Barrier")
 _PAST = 1 << 30         # a tag this far behind the current call or less is in the past
 
 
@@ -154,6 +154,8 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
         self._sig = self._prev_sig = None     # signatures of the current and previous call
         self._aborts_seen = 0                 # engine.abort_count when last looked at
         self._failed_upto = -1                # the last call that raised here (its seq)
+        self._plans: dict | None = None       # call shape -> plan (pycomm.plan)
+        self._plans_gen = 0
         self._freed = False
         self._debug = config.get("PYCOMM_DEBUG")
 
@@ -429,16 +431,18 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
     @collective
     def Barrier(self, *, algorithm: str | None = None) -> None:
         """Block until every rank of the communicator has entered the barrier."""
-        cc = self._coll(_BARRIER)
-        self._run("barrier", 0, algorithm, None, lambda fn: fn(cc))
+        plan = plan_call(self, "barrier", None, -1, 0, algorithm)
+        cc = self._coll(plan[0])
+        self._run("barrier", 0, algorithm, None, lambda fn: fn(cc), plan=plan)
 
     @collective
     def Bcast(self, buf, root: int = 0, *, algorithm: str | None = None) -> None:
         """Broadcast ``buf`` (same size and dtype on every rank) from ``root`` to all."""
         root = self._check_root(root)
         arr = as_array(buf, self.rank, "buf", writable=self.rank != root)
-        cc = self._coll(signature("Bcast", arr.dtype, arr.size, root))
-        self._run("bcast", arr.nbytes, algorithm, None, lambda fn: fn(cc, arr, root))
+        plan = plan_call(self, "bcast", arr.dtype, arr.size, arr.nbytes, algorithm, root=root)
+        cc = self._coll(plan[0])
+        self._run("bcast", arr.nbytes, algorithm, None, lambda fn: fn(cc, arr, root), plan=plan)
 
     @collective
     def Allreduce(self, sendbuf, recvbuf, op: Op = SUM, *,
@@ -458,14 +462,15 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
             if send.size != recv.size:
                 raise InvalidBufferError(f"rank {self.rank}: Allreduce: sendbuf has "
                                          f"{send.size} elements, recvbuf {recv.size}")
-        op = self._check_op(op, recv.dtype)
-        cc = self._coll(signature("Allreduce", recv.dtype, recv.size, op=op))
+        plan = plan_call(self, "allreduce", recv.dtype, recv.size, recv.nbytes, algorithm, op)
+        op = plan[3]
+        cc = self._coll(plan[0])
 
         def call(fn):           # recvbuf is written only once the algorithm is known
             if send is not None:
                 np.copyto(recv, send)
             fn(cc, recv, op)
-        self._run("allreduce", recv.nbytes, algorithm, op, call)
+        self._run("allreduce", recv.nbytes, algorithm, op, call, plan=plan)
 
     @collective
     def Reduce(self, sendbuf, recvbuf, op: Op = SUM, root: int = 0, *,
@@ -489,14 +494,16 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
                                     "the root")
             send = None
             work = as_array(sendbuf, self.rank, "sendbuf").copy()
-        op = self._check_op(op, work.dtype)
-        cc = self._coll(signature("Reduce", work.dtype, work.size, root, op))
+        plan = plan_call(self, "reduce", work.dtype, work.size, work.nbytes, algorithm, op,
+                         root)
+        op = plan[3]
+        cc = self._coll(plan[0])
 
         def call(fn):           # recvbuf is written only once the algorithm is known
             if send is not None:
                 np.copyto(work, send)
             fn(cc, work, root, op)
-        self._run("reduce", work.nbytes, algorithm, op, call)
+        self._run("reduce", work.nbytes, algorithm, op, call, plan=plan)
 
     @collective
     def Allgather(self, sendbuf, recvbuf, *, algorithm: str | None = None) -> None:
@@ -504,13 +511,14 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
         in rank order. IN_PLACE: this rank's block is already in ``recvbuf``."""
         send, recv = self._pair(sendbuf, recvbuf, "Allgather")
         count = self._blocks(recv, send, "Allgather")
-        cc = self._coll(signature("Allgather", recv.dtype, count))
+        plan = plan_call(self, "allgather", recv.dtype, count, recv.nbytes, algorithm)
+        cc = self._coll(plan[0])
 
         def call(fn):           # recvbuf is written only once the algorithm is known
             if send is not None:
                 recv[self.rank * count:(self.rank + 1) * count] = send
             fn(cc, recv, count)
-        self._run("allgather", recv.nbytes, algorithm, None, call)
+        self._run("allgather", recv.nbytes, algorithm, None, call, plan=plan)
 
     @collective
     def Gather(self, sendbuf, recvbuf, root: int = 0, *,
@@ -527,9 +535,11 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
                 raise ArgumentError(f"rank {self.rank}: Gather: IN_PLACE is only valid at "
                                     "the root")
             send, recv = as_array(sendbuf, self.rank, "sendbuf"), None
-        cc = self._coll(signature("Gather", send.dtype, send.size, root))
+        plan = plan_call(self, "gather", send.dtype, send.size, send.nbytes * self.size,
+                         algorithm, root=root)
+        cc = self._coll(plan[0])
         self._run("gather", send.nbytes * self.size, algorithm, None,
-                  lambda fn: fn(cc, send, recv, root))
+                  lambda fn: fn(cc, send, recv, root), plan=plan)
 
     @collective
     def Scatter(self, sendbuf, recvbuf, root: int = 0, *,
@@ -554,9 +564,11 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
                 raise ArgumentError(f"rank {self.rank}: Scatter: IN_PLACE is only valid at "
                                     "the root")
             send, recv = None, as_array(recvbuf, self.rank, "recvbuf", writable=True)
-        cc = self._coll(signature("Scatter", recv.dtype, recv.size, root))
+        plan = plan_call(self, "scatter", recv.dtype, recv.size, recv.nbytes * self.size,
+                         algorithm, root=root)
+        cc = self._coll(plan[0])
         self._run("scatter", recv.nbytes * self.size, algorithm, None,
-                  lambda fn: fn(cc, send, recv, root))
+                  lambda fn: fn(cc, send, recv, root), plan=plan)
 
     @collective
     def Alltoall(self, sendbuf, recvbuf, *, algorithm: str | None = None) -> None:
@@ -574,9 +586,10 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
             raise InvalidBufferError(f"rank {self.rank}: Alltoall: {recv.size} elements is "
                                      f"not a multiple of the communicator size {self.size}")
         count = recv.size // self.size
-        cc = self._coll(signature("Alltoall", recv.dtype, count))
+        plan = plan_call(self, "alltoall", recv.dtype, count, recv.nbytes, algorithm)
+        cc = self._coll(plan[0])
         self._run("alltoall", recv.nbytes, algorithm, None,
-                  lambda fn: fn(cc, send, recv, count))
+                  lambda fn: fn(cc, send, recv, count), plan=plan)
 
     @collective
     def Reduce_scatter_block(self, sendbuf, recvbuf, op: Op = SUM, *,
@@ -599,10 +612,12 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
                                          f"has {send.size} elements, expected size*"
                                          f"{recv.size} = {recv.size * self.size}")
             work, out = send.copy(), recv
-        op = self._check_op(op, out.dtype)
-        cc = self._coll(signature("Reduce_scatter_block", out.dtype, out.size, op=op))
+        plan = plan_call(self, "reduce_scatter_block", out.dtype, out.size, work.nbytes,
+                         algorithm, op)
+        op = plan[3]
+        cc = self._coll(plan[0])
         self._run("reduce_scatter_block", work.nbytes, algorithm, op,
-                  lambda fn: fn(cc, work, out, op))
+                  lambda fn: fn(cc, work, out, op), plan=plan)
 
     def _blocks(self, whole: np.ndarray, part: np.ndarray | None, what: str,
                 recv_side: bool = True) -> int:

@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
-__all__ = ["VARS", "Var", "algorithm_override", "describe", "get", "port_range"]
+__all__ = ["VARS", "Var", "algorithm_override", "describe", "get", "port_range", "reload"]
 
 
 @dataclass(frozen=True)
@@ -127,6 +127,23 @@ VARS: dict[str, Var] = {v.name: v for v in _DECLARED}
 
 # Per-collective algorithm overrides, PYCOMM_ALGORITHM_<COLLECTIVE> (e.g. ..._ALLREDUCE).
 ALGORITHM_PREFIX = "PYCOMM_ALGORITHM_"
+
+
+# Bumped by reload(): communicators compare it with the generation their plans were made
+# in (pycomm.plan), so that no call re-reads the environment.
+generation = 0
+
+
+def reload() -> None:
+    """Make every communicator read the configuration again.
+
+    Each communicator reads the variables that shape a collective call (the algorithm
+    overrides, segment sizes, the eager limit, the tuning file) once, when it first runs
+    a call of that shape (:mod:`pycomm.plan`); call this after changing any of them at run
+    time. Sends nothing; takes effect at each communicator's next collective.
+    """
+    global generation
+    generation += 1
 
 
 def get(name: str, environ: dict[str, str] | None = None) -> Any:

@@ -94,15 +94,19 @@ class AlgorithmSelection:
         return hit[0], hit[1]
 
     def _run(self, collective: str, nbytes: int, algorithm, op: Op | None, call, *,
-             log_bytes: int | None = None):
+             log_bytes: int | None = None, plan=None):
         """Choose the algorithm and run ``call(fn)`` (queue it, inside a nonblocking twin).
 
         ``log_bytes``: the bytes the debug log models when ``nbytes`` is not this rank's
         view of the call (the v-variants choose on 0 bytes: their counts are not known to
-        every rank).
+        every rank). ``plan``: the call's plan (:func:`pycomm.plan.plan_call`), whose
+        algorithm is then run without choosing again.
         """
-        commutative = op.commutative if op is not None else True
-        name, fn = self._choose(collective, nbytes, algorithm, commutative)
+        if plan is not None:
+            name, fn = plan[1], plan[2]
+        else:
+            name, fn = self._choose(collective, nbytes, algorithm,
+                                    op.commutative if op is not None else True)
         debug = self._debug
         if not debug and self._defer is None:  # the common case: no closure, no log
             # the flight recorder (pycomm.trace): a tuple, a slot write, two clock reads

@@ -40,7 +40,12 @@ def _rank_env_override():
     comm_module._CHOICES.clear()
     try:
         x = np.arange(10.0) + comm.rank
+        comm.Allreduce(pycomm.IN_PLACE, x)          # planned before the variable is set
         os.environ[var] = "ring"
+        n0 = len(chosen)
+        comm.Allreduce(pycomm.IN_PLACE, x)
+        out["set, no reload"] = len(chosen) - n0    # the plan stands: no choice made
+        pycomm.config.reload()
         comm.Allreduce(pycomm.IN_PLACE, x)
         out["env=ring"] = chosen[-1]
         comm.Allreduce(pycomm.IN_PLACE, x, algorithm="recursive_doubling")
@@ -51,12 +56,14 @@ def _rank_env_override():
         except pycomm.ArgumentError as exc:
             out["ring + non-commutative op"] = str(exc)
         os.environ[var] = "no_such_algorithm"
+        pycomm.config.reload()
         try:
             comm.Allreduce(pycomm.IN_PLACE, x)
             out["bad name"] = "ran"
         except pycomm.ArgumentError as exc:
             out["bad name"] = str(exc)
         del os.environ[var]
+        pycomm.config.reload()
         comm.Allreduce(pycomm.IN_PLACE, x)
         out["unset"] = chosen[-1]
         out["model"] = comm.chosen_algorithm("allreduce", x.nbytes, algorithm="auto")
@@ -74,6 +81,7 @@ def _rank_env_override():
     finally:
         os.environ.pop(var, None)
         restore(ring_segment)
+        pycomm.config.reload()
         comm_module.choose = real_choose
         comm_module._CHOICES.clear()
     return out
@@ -81,6 +89,8 @@ def _rank_env_override():
 
 def test_algorithm_environment_override(world):
     for rank, out in enumerate(world.run(_rank_env_override)):
+        # configuration is read when a call's plan is made (pycomm.plan), not per call
+        assert out["set, no reload"] == 0, out
         assert out["env=ring"] == "ring"
         assert out["env=ring, algorithm= wins"] == "recursive_doubling"
         if world.size > 1:
@@ -92,7 +102,7 @@ def test_algorithm_environment_override(world):
         # 4 Allreduce calls of SUM actually ran (the refused ones moved nothing)
         s = world.size
         base = np.arange(10.0) * s + s * (s - 1) / 2
-        assert out["value"] == (base * s ** 3).tolist()
+        assert out["value"] == (base * s ** 5).tolist()
 
 
 # -- waiting: the yielding phase where ranks outnumber cores --------------------------------

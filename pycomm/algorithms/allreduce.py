@@ -202,17 +202,19 @@ def allreduce_recursive_doubling(cc, buf: np.ndarray, op) -> None:
     size = cc.size
     if size == 1:
         return
-    pof2 = pof2_floor(size)
     scratch = take(buf.size, buf.dtype)
-    pipe = Pipe(buf.dtype, buf.size) if pof2 != size else None  # the fold's segments
-    new_rank = fold_in(cc, buf, op, pipe)
-    if pipe is not None:
+    folded = size & (size - 1) != 0     # a power of two sets up nothing (small messages)
+    if folded:
+        pof2, pipe = pof2_floor(size), Pipe(buf.dtype, buf.size)  # the fold's segments
+        new_rank = fold_in(cc, buf, op, pipe)
         pipe.close()
+    else:
+        pof2, new_rank = size, cc.rank
     if new_rank is not None:
         mask = 1
         while mask < pof2:
             partner_new = new_rank ^ mask
-            partner = fold_real_rank(partner_new, size)
+            partner = fold_real_rank(partner_new, size) if folded else partner_new
             cc.sendrecv(buf, partner, scratch, partner)
             if new_rank < partner_new:
                 op.apply_left(buf, scratch)
@@ -220,7 +222,8 @@ def allreduce_recursive_doubling(cc, buf: np.ndarray, op) -> None:
                 op.apply(scratch, buf)
             mask <<= 1
     give(scratch)
-    fold_out(cc, buf, new_rank)
+    if folded:
+        fold_out(cc, buf, new_rank)
 
 
 def allreduce_binomial(cc, buf: np.ndarray, op) -> None:

@@ -1,0 +1,76 @@
+"""A collective call's plan, decided once per communicator: signature, algorithm, function.
+
+A call's signature (:mod:`pycomm.signature`), its op's check against the dtype and the
+choice of algorithm (:meth:`pycomm.selection.AlgorithmSelection._choose`, which reads the
+configuration) depend only on the call's shape: the collective, dtype, element count,
+root, op and ``algorithm=``. Small messages repeat the same shapes call after call, so
+each communicator keeps the plan of every shape it has run (up to :data:`MAX_PLANS`) and
+a repeated call costs one dictionary lookup (the small-message fast path of issue 17;
+NCCL and MPICH likewise decide once per communicator and message size class).
+
+The configuration is read when a plan is made: after changing ``PYCOMM_ALGORITHM_*``,
+segment sizes, ``PYCOMM_EAGER_LIMIT`` or ``PYCOMM_TUNE_FILE`` at run time, call
+:func:`pycomm.config.reload` so that every communicator makes its plans again. Plans are
+kept only once a communicator's model inputs are final (its ``transport_name`` is set:
+the world's start-up collectives run before the ranks have agreed on them).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import config
+from .signature import signature
+
+__all__ = ["MAX_PLANS", "plan_call"]
+
+MAX_PLANS = 1024            # shapes kept per communicator; past it the cache starts over
+
+# registry name (pycomm.algorithms) -> the call's name in signatures and messages
+_CALL_NAMES = {"allreduce": "Allreduce", "bcast": "Bcast", "barrier": "Barrier",
+               "allgather": "Allgather", "reduce": "Reduce",
+               "reduce_scatter_block": "Reduce_scatter_block", "alltoall": "Alltoall",
+               "gather": "Gather", "scatter": "Scatter"}
+
+
+def plan_call(comm, collective: str, dtype, count: int, nbytes: int, algorithm,
+              op=None, root: int = -1) -> tuple[Any, str, Any, Any]:
+    """The plan ``(signature, algorithm name, function, op)`` of one call on ``comm``.
+
+    Args:
+        comm: the :class:`pycomm.comm.Communicator`.
+        collective: registry name, e.g. ``"allreduce"``.
+        dtype: numpy dtype of the call's elements (None for Barrier).
+        count: elements in the call's signature (-1: none).
+        nbytes: the bytes the algorithm choice is made on (see :mod:`pycomm.algorithms`).
+        algorithm: the caller's ``algorithm=`` (None, ``"auto"`` or a name).
+        op: the reduction op, or None.
+        root: the root rank, or -1.
+
+    Returns:
+        The signature, the algorithm's name and function, and the checked op.
+
+    Raises:
+        ArgumentError: ``op`` is not a :class:`pycomm.ops.Op` or not defined on ``dtype``;
+            ``algorithm`` is unknown or cannot serve the call.
+    """
+    plans = comm._plans
+    key = (collective, dtype, count, root, op, algorithm)
+    if plans is not None and comm._plans_gen == config.generation:
+        try:
+            plan = plans.get(key)
+        except TypeError:       # an unhashable op or algorithm: refused below
+            plan = None
+        if plan is not None:
+            return plan
+    if op is not None:
+        op = comm._check_op(op, dtype)
+    name, fn = comm._choose(collective, nbytes, algorithm,
+                            op.commutative if op is not None else True)
+    plan = (signature(_CALL_NAMES[collective], dtype, count, root, op), name, fn, op)
+    if getattr(comm, "transport_name", None) is not None:
+        if plans is None or comm._plans_gen != config.generation or len(plans) >= MAX_PLANS:
+            plans = comm._plans = {}
+            comm._plans_gen = config.generation
+        plans[key] = plan
+    return plan
