@@ -81,12 +81,14 @@ class AlgorithmSelection:
                _model_env())
         hit = _CHOICES.get(key)
         eng = self._engine
+        layout = getattr(self, "host_layout", None)   # hosts: hierarchical algorithms
         model = (self.size, eng.oversubscription, eng.min_cores,
-                 getattr(self, "transport_name", None))
+                 getattr(self, "transport_name", None), layout)
         if hit is None or hit[2] != model:
             name, fn = choose(collective, nbytes, self.size, requested=algorithm,
                               commutative=commutative, transport=self._model_transport(),
-                              oversubscription=self._oversubscription())
+                              oversubscription=self._oversubscription(),
+                              hosts=None if layout is None else tuple(map(len, layout.hosts)))
             if len(_CHOICES) > 4096:
                 _CHOICES.clear()
             _CHOICES[key] = (name, fn, model)

@@ -8,6 +8,7 @@ the reason (a silent skip would hide that the multi-host paths went untested).
 
 from __future__ import annotations
 
+import importlib
 import os
 import signal
 import socket
@@ -16,10 +17,16 @@ import sys
 import time
 from pathlib import Path
 
+import cloudpickle
+import numpy as np
 import pytest
 
+import pycomm
+from benchmarks.cluster import hier_check
 from benchmarks.cluster.netns import Cluster, ClusterError, check_support
-from pycomm import config
+from fakecomm import run_fake  # tests/ is on sys.path under pytest
+from pycomm import config, ops
+from pycomm.algorithms import hierarchical as hier
 from pycomm.bootstrap import _hnp_host, detect, host_layout, listen_address
 from pycomm.errors import CommError
 from pycomm.nodes import global_rank
@@ -28,6 +35,8 @@ from transports.tcp import bind_listener
 
 ROOT = Path(__file__).resolve().parent.parent
 APP = str(ROOT / "benchmarks" / "cluster" / "check_app.py")
+HIER_APP = str(ROOT / "benchmarks" / "cluster" / "hier_check.py")
+cloudpickle.register_pickle_by_value(hier_check)   # shipped to single-host pool ranks
 
 
 # -- address choice and port ranges (no namespaces) -----------------------------------------
@@ -116,7 +125,7 @@ def test_open_mpi_store_host_comes_from_the_hnp_uri():
 def cluster():
     try:
         check_support()
-        with Cluster(2, prefix=f"pct{os.getpid() % 10000}") as c:
+        with Cluster(3, prefix=f"pct{os.getpid() % 10000}") as c:
             yield c
     except ClusterError as exc:
         pytest.fail(f"cannot build the emulated cluster: {exc}")
@@ -262,3 +271,168 @@ def test_pulling_a_hosts_cable_is_a_peer_error_naming_it_within_the_peer_timeout
             assert last.startswith(f"pycomm.errors.PeerError: rank {r}: "), text
             assert "no answer for 3 s (PYCOMM_PEER_TIMEOUT)" in last, text
             assert "(host host2 at 10.77.0.2:" in last, text
+
+
+# -- hierarchical collectives -----------------------------------------------------------------
+# host of each rank: block and cyclic placements of 2x2, 3x2 and 2x3, uneven and irregular
+PLACEMENTS = {"2x2": [0, 0, 1, 1], "2x2c": [0, 1, 0, 1], "3x2": [0, 0, 1, 1, 2, 2],
+              "3x2c": [0, 1, 2, 0, 1, 2], "2x3": [0, 0, 0, 1, 1, 1], "2x3c": [0, 1, 0, 1, 0, 1],
+              "3+2": [0, 0, 0, 1, 1], "3+2c": [0, 1, 0, 1, 0], "2+2+1": [0, 1, 1, 0, 2]}
+
+
+def _on_fake_hosts(hostmap: list[int], fn):
+    """Run ``fn(cc)`` on fake ranks (tests/fakecomm.py) whose communicator has the layout
+    ``hostmap``; returns ``[(result, bytes this rank sent to other hosts)]``."""
+    infos = [{"host": f"h{h}/boot/shm", "hostname": f"node{h}"} for h in hostmap]
+
+    def body(cc):
+        cc.comm = type("Comm", (), {"host_layout": host_layout(infos, cc.rank),
+                                    "transport_name": "shm+tcp"})()
+        cc.link_bytes = 0
+        plain = cc.isend
+
+        def isend(buf, dest):
+            if hostmap[dest] != hostmap[cc.rank]:
+                cc.link_bytes += buf.nbytes
+            return plain(buf, dest)
+        cc.isend = isend            # send and sendrecv go through it
+        return fn(cc), cc.link_bytes
+    return run_fake(len(hostmap), body)
+
+
+@pytest.mark.parametrize("count", [0, 1, 5, 1000])
+@pytest.mark.parametrize("placement", sorted(PLACEMENTS))
+def test_hierarchical_allreduce_matches_numpy_and_every_local_rank_drives_the_link(
+        placement, count):
+    hostmap = PLACEMENTS[placement]
+    size, nhosts = len(hostmap), len(set(hostmap))
+    vecs = [np.arange(count, dtype=np.float64) * (r + 1) + r for r in range(size)]
+
+    def fn(cc):
+        buf = vecs[cc.rank].copy()
+        hier.allreduce_hierarchical(cc, buf, ops.SUM)
+        return buf
+    out = _on_fake_hosts(hostmap, fn)
+    want = np.sum(vecs, axis=0)
+    for r, (buf, _) in enumerate(out):
+        assert buf.tobytes() == want.tobytes(), f"rank {r}"
+    if count < 100:
+        return
+    slices = min(hostmap.count(h) for h in set(hostmap))
+    for r, (_, sent) in enumerate(out):
+        local = [q for q in range(size) if hostmap[q] == hostmap[r]].index(r)
+        assert (sent > 0) == (local < slices), f"rank {r} (local {local}) sent {sent} B"
+    if nhosts == 2:     # each host sends its n bytes once: 2 (H-1)/H n, the minimum
+        for h in (0, 1):
+            assert sum(s for (_, s), q in zip(out, hostmap) if q == h) == count * 8
+
+
+@pytest.mark.parametrize("placement", sorted(PLACEMENTS))
+def test_hierarchical_bcast_reduce_allgather_barrier_match_numpy(placement):
+    hostmap = PLACEMENTS[placement]
+    size = len(hostmap)
+    for count in (1, 300):
+        base = np.arange(count, dtype=np.float64)
+        for root in range(size):
+            def fn(cc, root=root):
+                buf = base + 10 * root if cc.rank == root else np.zeros(count)
+                hier.bcast_hierarchical(cc, buf, root)
+                red = base * 3 + cc.rank
+                hier.reduce_hierarchical(cc, red, root, ops.SUM)
+                return buf, red
+            out = _on_fake_hosts(hostmap, fn)
+            for r, ((buf, _), _) in enumerate(out):
+                assert np.array_equal(buf, base + 10 * root), f"bcast root {root} rank {r}"
+            assert np.array_equal(out[root][0][1], base * 3 * size + size * (size - 1) // 2)
+
+        def gather(cc):
+            buf = np.full(size * count, -1, dtype=np.int64)
+            buf[cc.rank * count:(cc.rank + 1) * count] = np.arange(count) + 1000 * cc.rank
+            hier.allgather_hierarchical(cc, buf, count)
+            hier.barrier_hierarchical(cc)
+            return buf
+        want = np.concatenate([np.arange(count) + 1000 * r for r in range(size)])
+        for r, (buf, sent) in enumerate(_on_fake_hosts(hostmap, gather)):
+            assert np.array_equal(buf, want), f"allgather rank {r}: {buf}"
+
+
+def test_hierarchical_plans_are_built_once_per_layout():
+    hostmap = PLACEMENTS["3+2c"]
+    plans = _on_fake_hosts(hostmap, lambda cc: (hier.plan_of(cc), hier.plan_of(cc)))
+    for r, ((a, b), _) in enumerate(plans):
+        assert a is b                                       # cached, not rebuilt per call
+    p0 = plans[0][0][0]                                     # rank 0: host 0 = ranks 0, 2, 4
+    assert (p0.local, p0.slices, p0.cross, p0.leaders, p0.block) == \
+        ((0, 2, 4), 2, (0, 1), (0, 1), False)
+    assert plans[4][0][0].cross is None                     # local rank 2 owns no slice
+
+
+def test_auto_chooses_hierarchical_only_when_hosts_are_spanned():
+    algs = importlib.import_module("pycomm.algorithms")
+    assert algs.choose("allreduce", 1 << 24, 4, hosts=(2, 2))[0] == "hierarchical"
+    assert algs.choose("barrier", 0, 5, hosts=(3, 2))[0] == "hierarchical"
+    assert algs.choose("allreduce", 1 << 24, 4, hosts=(4,))[0] != "hierarchical"
+    assert algs.choose("allreduce", 1 << 24, 4)[0] != "hierarchical"
+    # a non-commutative op cannot be combined host by host
+    assert algs.choose("allreduce", 1 << 24, 4, hosts=(2, 2), commutative=False)[0] != \
+        "hierarchical"
+    with pytest.raises(pycomm.ArgumentError, match="commutative"):
+        algs.choose("reduce", 8, 4, requested="hierarchical", commutative=False)
+
+
+def _fake_layout_task(hostmap: list[int]):
+    from pycomm.bootstrap import host_layout as layout_of
+    world = pycomm.COMM_WORLD
+    comm = world.Dup()          # a fresh communicator: no call has been planned on it yet
+    infos = [{"host": f"fake{h}/boot/shm", "hostname": f"fake{h}"} for h in hostmap]
+    comm.host_layout = layout_of(infos, comm.rank)
+    try:
+        return hier_check.check_all(comm, host_of=lambda c: f"fake{hostmap[world.rank]}")
+    finally:
+        comm.Free()
+
+
+def test_hierarchical_collectives_on_real_ranks_with_a_faked_host_layout():
+    # one host, 5 ranks over shared memory: the communicator machinery (auto choice,
+    # Split's derived layouts, the nonblocking twin) with hosts the namespaces need not make
+    with pycomm.Pool(5, transport="shm", timeout=60) as pool:
+        for hostmap, shapes in (([0, 0, 0, 1, 1], "3+2 3+2c 3+1 2x2 2x2c"),
+                                ([0, 1, 0, 1, 0], "3+2c 3+2 2x2c 2x2 2x2c"),
+                                ([0, 1, 1, 0, 2], "2+2+1c 2+2+1 2x2c 2x2 2x2c")):
+            seen = set()
+            for checks, got in pool.run(_fake_layout_task, hostmap):
+                assert got[0] == shapes.split()[0] and checks > 200
+                seen.update(got)
+            assert seen == set(shapes.split())
+
+
+def _launch_job(c: Cluster, nnodes: int, nproc: int, placement: str, port: int, app: str,
+                **extra: str):
+    return [c.popen(k + 1, [sys.executable, "launch.py", "--nnodes", str(nnodes),
+                            "--node-rank", str(k), "--master-addr", c.addr(1),
+                            "--master-port", str(port), "--nproc-per-node", str(nproc),
+                            "--placement", placement, app],
+                    cwd=str(ROOT), env=_rank_env(c, PYCOMM_TIMEOUT="30", **extra),
+                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            for k in range(nnodes)]
+
+
+@pytest.mark.parametrize("nnodes,nproc,placement,shapes", [
+    (2, 3, "block", "2x3 2x3c 3+2 2x2 2x2c"),
+    (3, 2, "cyclic", "3x2c 3x2 2+2+1c 2x2 2x2c")])
+def test_hierarchical_collectives_across_emulated_hosts(cluster, nnodes, nproc, placement,
+                                                        shapes):
+    # each job checks its world and sub-communicators of the other placement, uneven
+    # hosts and 2 x 2 (block and cyclic): every shape of the issue in two jobs
+    port = 29600 + os.getpid() % 50 + (50 if nnodes == 3 else 0)
+    results = _wait_all(_launch_job(cluster, nnodes, nproc, placement, port, HIER_APP), 120)
+    seen = set()
+    for k, (rc, text) in enumerate(results):
+        assert rc == 0, f"node {k}: {text}"
+        lines = [ln for ln in text.splitlines() if "HIER OK rank" in ln]
+        assert len(lines) == nproc, f"node {k}: {text}"
+        for line in lines:      # a rank checks the world and the communicators it is in
+            got = line.split("shapes ")[1].split(";")
+            assert f"/{nnodes * nproc} checks " in line and got[0] == shapes.split()[0], line
+            seen.update(got)
+    assert seen == set(shapes.split())

@@ -39,6 +39,9 @@ from pycomm.algorithms.barrier import barrier_binomial, barrier_dissemination
 from pycomm.algorithms.bcast import bcast_binomial, bcast_pipeline, bcast_scatter_allgather
 from pycomm.algorithms.cost import DEFAULT_TRANSPORT, cost, segment_bytes
 from pycomm.algorithms.gather import gather_binomial, gather_linear, gatherv_linear
+from pycomm.algorithms.hierarchical import (HIERARCHICAL, allgather_hierarchical,
+                                            allreduce_hierarchical, barrier_hierarchical,
+                                            bcast_hierarchical, reduce_hierarchical)
 from pycomm.algorithms.reduce import reduce_binomial, reduce_rabenseifner
 from pycomm.algorithms.reduce_scatter import (reduce_scatter_block_pairwise,
                                               reduce_scatter_block_recursive_halving,
@@ -98,6 +101,8 @@ REGISTRY: dict[str, dict[str, AlgorithmInfo]] = {
          "ceil(log2 p) rounds of zero-byte messages (Hensgen, Finkel & Manber 1988)"),
         ("binomial", barrier_binomial, False, False,
          "binomial gather + broadcast of zero-byte messages; 2 ceil(log2 p) rounds"),
+        (HIERARCHICAL, barrier_hierarchical, False, False,
+         "fan-in to each host's leader, dissemination across leaders, fan-out"),
     ),
     "bcast": _table(
         "bcast",
@@ -108,6 +113,8 @@ REGISTRY: dict[str, dict[str, AlgorithmInfo]] = {
         ("pipeline", bcast_pipeline, False, False,
          "segmented chain (NCCL ring broadcast); large messages; segment chosen by the "
          "model per size unless PYCOMM_SEGMENT_BYTES is set"),
+        (HIERARCHICAL, bcast_hierarchical, False, False,
+         "across the hosts' leaders, then inside each host (MPICH's SMP-aware bcast)"),
     ),
     "reduce": _table(
         "reduce",
@@ -115,6 +122,8 @@ REGISTRY: dict[str, dict[str, AlgorithmInfo]] = {
          "binomial tree; rank order kept for non-commutative ops"),
         ("rabenseifner", reduce_rabenseifner, False, False,
          "recursive-halving reduce-scatter + binomial gather; large messages"),
+        (HIERARCHICAL, reduce_hierarchical, True, False,
+         "inside each host to its leader, then across leaders; commutative ops"),
     ),
     "allreduce": _table(
         "allreduce",
@@ -129,6 +138,9 @@ REGISTRY: dict[str, dict[str, AlgorithmInfo]] = {
          "binomial reduce to rank 0 + binomial broadcast"),
         ("double_binary_tree", allreduce_double_binary_tree, False, False,
          "NCCL's two complementary binary trees, half the data each, segmented"),
+        (HIERARCHICAL, allreduce_hierarchical, True, False,
+         "reduce-scatter in each host, every local rank all-reduces its slice across "
+         "hosts, all-gather in each host (Horovod, NCCL); commutative ops"),
     ),
     "allgather": _table(
         "allgather",
@@ -137,6 +149,8 @@ REGISTRY: dict[str, dict[str, AlgorithmInfo]] = {
         ("ring", allgather_ring, False, False, "p-1 neighbour steps; any size"),
         ("bruck", allgather_bruck, False, False,
          "ceil(log2 p) steps for any size (Bruck et al. 1997); scratch n"),
+        (HIERARCHICAL, allgather_hierarchical, False, False,
+         "gather to each host's leader, all-gather across leaders, bcast in each host"),
     ),
     "allgatherv": _table(
         "allgatherv",
@@ -248,7 +262,8 @@ def model_time(collective: str, algorithm: str, nbytes: int, size: int, *,
 def choose(collective: str, nbytes: int, size: int, *, requested: str | None = None,
            commutative: bool = True,
            transport: str = DEFAULT_TRANSPORT,
-           oversubscription: float = 1.0) -> tuple[str, Callable]:
+           oversubscription: float = 1.0,
+           hosts: tuple[int, ...] | None = None) -> tuple[str, Callable]:
     """Pick the algorithm for one collective call.
 
     Every rank must call this with the same arguments so that all ranks run the same
@@ -257,8 +272,11 @@ def choose(collective: str, nbytes: int, size: int, *, requested: str | None = N
     Rule: a named algorithm wins. The name comes from ``requested`` (the call's
     ``algorithm=``); when that is None, from ``PYCOMM_ALGORITHM_<COLLECTIVE>``. ``"auto"``
     (from either source; ``requested="auto"`` also overrides the environment) or nothing
-    means automatic: the algorithm with the least modelled time among those that can
-    serve the call (:mod:`pycomm.algorithms.cost`; ties go to registry order).
+    means automatic: on a communicator spanning more than one host (``hosts``), the
+    ``hierarchical`` algorithm where the collective has one that can serve the call
+    (:mod:`pycomm.algorithms.hierarchical`); otherwise the algorithm with the least
+    modelled time among the flat ones that can serve the call
+    (:mod:`pycomm.algorithms.cost`; ties go to registry order).
 
     Args:
         collective: a key of :data:`REGISTRY`.
@@ -268,6 +286,8 @@ def choose(collective: str, nbytes: int, size: int, *, requested: str | None = N
         commutative: whether the reduction op is commutative (True for non-reductions).
         transport: the communicator's transport (``"shm"``, ``"tcp"``); selects the
             table of measured constants (unknown names use ``shm``'s).
+        hosts: ranks on each host of the communicator (its ``host_layout``), the same on
+            every rank; None: unknown (treated as one host).
 
     Returns:
         ``(name, fn)``; for a pipelined schedule whose segment the model chooses
@@ -297,7 +317,12 @@ def choose(collective: str, nbytes: int, size: int, *, requested: str | None = N
                                 f"serve this call: {reason}; usable here: "
                                 f"{AUTO}, {', '.join(fit)}")
         return info.name, _bound(info, nbytes, size, transport, oversubscription)
-    candidates = [i for i in table.values() if i.unfit_reason(size, commutative) is None]
+    hier = table.get(HIERARCHICAL)
+    if hosts is not None and len(hosts) > 1 and hier is not None \
+            and hier.unfit_reason(size, commutative) is None:
+        return hier.name, hier.fn
+    candidates = [i for i in table.values()
+                  if i.name != HIERARCHICAL and i.unfit_reason(size, commutative) is None]
     best = min(candidates, key=lambda i: cost(collective, i.name, nbytes, size, transport,
                                               oversubscription))
     return best.name, _bound(best, nbytes, size, transport, oversubscription)

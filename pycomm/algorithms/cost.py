@@ -341,6 +341,19 @@ FORMULAS: dict[tuple[str, str], Formula] = {
 }
 for _alg in ("ring", "pairwise", "recursive_halving"):
     FORMULAS[("reduce_scatter_block", _alg)] = FORMULAS[("reduce_scatter", _alg)]
+# The hierarchical schedules (pycomm.algorithms.hierarchical) priced as on one host, i.e.
+# their local steps alone: model_time has no host layout. On a communicator spanning
+# hosts choose() takes them by rule, not by this price.
+FORMULAS.update({
+    ("allreduce", "hierarchical"):
+        lambda n, p, k: (FORMULAS[("reduce_scatter", "ring")](n, p, k)
+                         + FORMULAS[("allgatherv", "ring")](n, p, k)),
+    ("reduce", "hierarchical"): _reduce_binomial,
+    ("bcast", "hierarchical"): _bcast_binomial,
+    ("allgather", "hierarchical"):
+        lambda n, p, k: FORMULAS[("gather", "linear")](n, p, k) + _bcast_binomial(n, p, k),
+    ("barrier", "hierarchical"): lambda n, p, k: 2 * (p - 1) * k.alpha,
+})
 
 
 

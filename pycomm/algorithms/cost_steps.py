@@ -260,3 +260,14 @@ SCHEDULES: dict[tuple[str, str], Callable[[float, int, Constants, float], float]
 }
 for _alg in ("ring", "pairwise", "recursive_halving"):
     SCHEDULES[("reduce_scatter_block", _alg)] = SCHEDULES[("reduce_scatter", _alg)]
+# the hierarchical schedules' local steps (see cost.FORMULAS)
+SCHEDULES.update({
+    ("allreduce", "hierarchical"):
+        lambda n, p, k, c: (SCHEDULES[("reduce_scatter", "ring")](n, p, k, c)
+                            + SCHEDULES[("allgatherv", "ring")](n, p, k, c)),
+    ("reduce", "hierarchical"): _o_reduce_binomial,
+    ("bcast", "hierarchical"): _o_bcast_binomial,
+    ("allgather", "hierarchical"):
+        lambda n, p, k, c: _o_linear(n, p, k, c) + _o_bcast_binomial(n, p, k, c),
+    ("barrier", "hierarchical"): lambda n, p, k, c: 2 * (p - 1) * _step(k, c),
+})

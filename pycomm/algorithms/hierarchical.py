@@ -1,0 +1,324 @@
+"""Hierarchical (two-level, topology-aware) collectives for communicators that span hosts.
+
+A communicator's ``host_layout`` (:class:`pycomm.bootstrap.HostLayout`: which of its ranks
+share a host) splits it into two kinds of groups, the *sub-communicators* of this module
+(:class:`Plan`, built once per layout and cached):
+
+* **local**: the ranks of one host, in rank order (shared memory between them);
+* **cross** ``j``: local rank ``j`` of every host, in host order (one per local rank,
+  ``j < m`` where ``m`` is the fewest ranks any host has), and **leaders**: one rank per
+  host (its lowest rank, or the root on the root's host).
+
+Example, 2 hosts x 2 ranks, cyclic placement (host 0 holds ranks 0 and 2)::
+
+    host 0: [0, 2]  --- cross 0: [0, 1]  --- host 1: [1, 3]
+                    --- cross 1: [2, 3]  ---
+
+The schedules are compositions of the flat ones in :mod:`pycomm.algorithms`, run on views
+of the call (:class:`View`: a group's ranks renumbered ``0..k-1``, sending on the call's
+own context, tag and signature), each inner step's algorithm chosen by the cost model for
+its group size, bytes and link (``shm`` inside a host, the communicator's network
+transport across hosts). The views need no context id of their own: within one call every
+rank sends to a given peer in the order that peer receives, and the steps inside a host
+and across hosts use disjoint pairs of ranks.
+
+Notation: ``H`` hosts, ``m`` the fewest ranks on a host, ``L`` the ranks on a host, ``n``
+bytes; ``T_x(k, b)`` a flat algorithm's time on ``k`` ranks over link ``x``.
+
+**allreduce** (Horovod's hierarchical allreduce, Sergeev & Del Balso 2018; NCCL's ring and
+tree across nodes, whose every channel is driven by a different local GPU; inner steps
+Thakur, Rabenseifner & Gropp 2005). (1) reduce-scatter inside each host (ring) into ``m``
+slices, slice ``j`` owned by local rank ``j`` (local ranks ``>= m`` own nothing); (2) the
+``m`` cross groups all-reduce their slices at once, so every local rank drives the link;
+(3) all-gather (ring) inside each host. Bytes each host sends over its link: ``2(H-1)/H n``,
+the minimum; time ``T_shm(L, n) + T_net(H, n/m) `` with the ``m`` link transfers
+concurrent. Operands are combined host by host, not in rank order: commutative ops only.
+Every rank ends with the same bytes (slices are copied after the cross step).
+
+**reduce**, **bcast** (MPICH's SMP-aware ``MPIR_Reduce_intra_smp`` / ``MPIR_Bcast_intra_smp``).
+Reduce: reduce inside each host to its leader, then across the leaders to the root (the
+root is its host's leader). Bcast: across the leaders from the root, then inside each host
+from its leader. ``n`` bytes cross each host's link once. Reduce: commutative ops only.
+
+**allgather** (MPICH's SMP-aware allgather: gather to the node leader, allgather among
+leaders, broadcast in the node). Gather each host's blocks to its leader (packed in local
+rank order), all-gather(v) the host blocks across the leaders, unpack them into rank
+order (a no-op with block placement), broadcast the whole buffer inside each host. Each
+host receives over its link only the other hosts' blocks.
+
+**barrier**: zero-byte fan-in to each host's leader, a dissemination barrier across the
+leaders (Hensgen, Finkel & Manber 1988), zero-byte fan-out.
+
+Any placement (block, cyclic, irregular) and uneven hosts (e.g. 3 + 2 ranks) are served; a
+communicator on one host runs only the local steps.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+
+from pycomm.algorithms.allgather import allgatherv_ring
+from pycomm.algorithms.barrier import barrier_dissemination
+from pycomm.algorithms.cost import DEFAULT_TRANSPORT, model_transport
+from pycomm.algorithms.reduce_scatter import reduce_scatter_ring
+from pycomm.algorithms.scratch import give, take
+from pycomm.algorithms.topology import chunk_offsets
+
+__all__ = ["HIERARCHICAL", "Plan", "View", "plan_of", "allreduce_hierarchical",
+           "reduce_hierarchical", "bcast_hierarchical", "allgather_hierarchical",
+           "barrier_hierarchical"]
+
+HIERARCHICAL = "hierarchical"
+_EMPTY = np.empty(0, dtype=np.uint8)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The groups of one communicator layout, seen from one rank (built once, cached).
+
+    Attributes:
+        hosts: each host's ranks, in rank order; hosts ordered by lowest rank.
+        host: this rank's host; ``local``: its ranks (``hosts[host]``).
+        local_rank: this rank's index in ``local``.
+        slices: ``m``, the fewest ranks of any host: slices of an all-reduce, cross groups.
+        cross: local rank ``local_rank`` of every host (host order), or None when this
+            rank owns no slice (``local_rank >= m``).
+        leaders: each host's lowest rank.
+        block: hosts hold consecutive ranks in host order (block placement), so a host's
+            blocks of an all-gather are contiguous and in order.
+    """
+
+    hosts: tuple[tuple[int, ...], ...]
+    host: int
+    local_rank: int
+    slices: int
+    cross: tuple[int, ...] | None
+    leaders: tuple[int, ...]
+    block: bool
+
+    @property
+    def local(self) -> tuple[int, ...]:
+        return self.hosts[self.host]
+
+
+@functools.lru_cache(maxsize=256)
+def _plan(hosts: tuple[tuple[int, ...], ...], host: int, local_rank: int) -> Plan:
+    slices = min(len(g) for g in hosts)
+    cross = tuple(g[local_rank] for g in hosts) if local_rank < slices else None
+    flat = [r for g in hosts for r in g]
+    return Plan(hosts, host, local_rank, slices, cross, tuple(g[0] for g in hosts),
+                flat == list(range(len(flat))))
+
+
+def plan_of(cc) -> Plan:
+    """The :class:`Plan` of the call's communicator (``cc.comm.host_layout``; a
+    communicator without a layout is treated as one host). Cached per layout."""
+    layout = getattr(getattr(cc, "comm", None), "host_layout", None)
+    if layout is None:
+        return _plan((tuple(range(cc.size)),), 0, cc.rank)
+    return _plan(layout.hosts, layout.host, layout.local_rank)
+
+
+class View:
+    """Some ranks of a collective call, renumbered ``0..size-1``: the ``cc`` contract of
+    :mod:`pycomm.algorithms` (``rank``, ``size``, ``isend``, ``irecv``, ``waitall``,
+    ``send``, ``recv``, ``sendrecv``), so that any flat schedule runs on the group.
+
+    Args:
+        cc: the call's collective context.
+        ranks: the group's ranks in ``cc``, in the group's rank order; must hold ``cc.rank``.
+    """
+
+    __slots__ = ("cc", "ranks", "rank", "size")
+
+    def __init__(self, cc, ranks):
+        self.cc, self.ranks = cc, ranks
+        self.rank, self.size = ranks.index(cc.rank), len(ranks)
+
+    def isend(self, buf: np.ndarray, dest: int):
+        return self.cc.isend(buf, self.ranks[dest])
+
+    def irecv(self, buf: np.ndarray, source: int):
+        return self.cc.irecv(buf, self.ranks[source])
+
+    def waitall(self, reqs) -> None:
+        self.cc.waitall(reqs)
+
+    def send(self, buf: np.ndarray, dest: int) -> None:
+        self.cc.send(buf, self.ranks[dest])
+
+    def recv(self, buf: np.ndarray, source: int) -> None:
+        self.cc.recv(buf, self.ranks[source])
+
+    def sendrecv(self, sendbuf: np.ndarray, dest: int, recvbuf: np.ndarray,
+                 source: int) -> None:
+        self.cc.sendrecv(sendbuf, self.ranks[dest], recvbuf, self.ranks[source])
+
+
+@functools.lru_cache(maxsize=1024)
+def _inner(collective: str, nbytes: int, size: int, commutative: bool, transport: str):
+    """The flat algorithm the cost model picks for one inner step (never hierarchical:
+    ``choose`` without hosts leaves it out; ``auto`` ignores PYCOMM_ALGORITHM_*)."""
+    from pycomm.algorithms import AUTO, choose      # the registry imports this module
+    return choose(collective, nbytes, size, requested=AUTO, commutative=commutative,
+                  transport=transport)[1]
+
+
+def _net(cc) -> str:
+    """The cost table of the links between hosts (the communicator's slowest)."""
+    return model_transport(getattr(getattr(cc, "comm", None), "transport_name", None))
+
+
+def allreduce_hierarchical(cc, buf: np.ndarray, op) -> None:
+    """Two-level all-reduce: reduce-scatter in each host, all-reduce of each slice across
+    hosts (every local rank at once), all-gather in each host.
+
+    Args:
+        cc: the collective context; ``cc.comm.host_layout`` gives the hosts.
+        buf: 1-D C-contiguous array of ``count`` elements (any dtype the op serves), the
+            same count and dtype on every rank; this rank's contribution on entry, the
+            result on return (bit-identical on every rank).
+        op: a commutative :class:`pycomm.ops.Op` (operands combine host by host).
+    """
+    plan = plan_of(cc)
+    count = buf.size
+    if count == 0 or cc.size == 1:
+        return
+    offs = chunk_offsets(count, plan.slices)
+    local = plan.local
+    counts = [offs[j + 1] - offs[j] if j < plan.slices else 0 for j in range(len(local))]
+    displs = [offs[min(j, plan.slices)] for j in range(len(local))]
+    mine = buf[displs[plan.local_rank]:displs[plan.local_rank] + counts[plan.local_rank]]
+    if len(local) > 1:
+        # the ring leaves this rank's reduced block where it is: ``mine`` is that block
+        reduce_scatter_ring(View(cc, local), buf, mine, counts, op)
+    if plan.cross is not None and len(plan.cross) > 1 and mine.size:
+        fn = _inner("allreduce", mine.nbytes, len(plan.cross), True, _net(cc))
+        fn(View(cc, plan.cross), mine, op)
+    if len(local) > 1:
+        allgatherv_ring(View(cc, local), buf, counts, displs)
+
+
+def _leaders(plan: Plan, root: int) -> tuple[tuple[int, ...], int]:
+    """Each host's leader with the root leading its own host; the root's index there."""
+    root_host = next(h for h, g in enumerate(plan.hosts) if root in g)
+    leaders = tuple(root if h == root_host else lead for h, lead in enumerate(plan.leaders))
+    return leaders, root_host
+
+
+def reduce_hierarchical(cc, buf: np.ndarray, root: int, op) -> None:
+    """Two-level reduce: to each host's leader, then across the leaders to ``root``.
+
+    Args:
+        cc: the collective context; ``cc.comm.host_layout`` gives the hosts.
+        buf: 1-D C-contiguous array holding this rank's contribution (same count and
+            dtype everywhere); used as scratch on every rank, on ``root`` the result.
+        root: the rank that receives the result.
+        op: a commutative :class:`pycomm.ops.Op`.
+    """
+    plan = plan_of(cc)
+    leaders, root_host = _leaders(plan, root)
+    lead = leaders[plan.host]
+    local = plan.local
+    if len(local) > 1:
+        fn = _inner("reduce", buf.nbytes, len(local), True, DEFAULT_TRANSPORT)
+        fn(View(cc, local), buf, local.index(lead), op)
+    if cc.rank == lead and len(leaders) > 1:
+        fn = _inner("reduce", buf.nbytes, len(leaders), True, _net(cc))
+        fn(View(cc, leaders), buf, root_host, op)
+
+
+def bcast_hierarchical(cc, buf: np.ndarray, root: int) -> None:
+    """Two-level broadcast: across the hosts' leaders from ``root``, then in each host.
+
+    Args:
+        cc: the collective context; ``cc.comm.host_layout`` gives the hosts.
+        buf: 1-D C-contiguous array, same size and dtype on every rank; read on ``root``,
+            written elsewhere.
+        root: the broadcasting rank.
+    """
+    plan = plan_of(cc)
+    leaders, root_host = _leaders(plan, root)
+    lead = leaders[plan.host]
+    if cc.rank == lead and len(leaders) > 1:
+        fn = _inner("bcast", buf.nbytes, len(leaders), True, _net(cc))
+        fn(View(cc, leaders), buf, root_host)
+    local = plan.local
+    if len(local) > 1:
+        fn = _inner("bcast", buf.nbytes, len(local), True, DEFAULT_TRANSPORT)
+        fn(View(cc, local), buf, local.index(lead))
+
+
+def allgather_hierarchical(cc, buf: np.ndarray, count: int) -> None:
+    """Two-level all-gather: gather to each host's leader, all-gather across the leaders,
+    broadcast in each host.
+
+    Args:
+        cc: the collective context; ``cc.comm.host_layout`` gives the hosts.
+        buf: 1-D C-contiguous array of ``size * count`` elements; block ``rank`` (elements
+            ``rank*count`` up to ``(rank+1)*count``) is this rank's on entry; on return
+            block ``r`` holds rank ``r``'s.
+        count: elements per rank (the same on every rank).
+    """
+    plan = plan_of(cc)
+    if count == 0 or cc.size == 1:
+        return
+    local, hosts = plan.local, plan.hosts
+    lead = plan.leaders[plan.host]
+    sizes = [len(g) * count for g in hosts]
+    displs = [0]
+    for s in sizes[:-1]:
+        displs.append(displs[-1] + s)
+    itembytes = count * buf.itemsize
+    # packed: every host's blocks in host order, each host's in local rank order; with
+    # block placement that is ``buf`` itself
+    packed = buf if plan.block else (take(buf.size, buf.dtype) if cc.rank == lead else None)
+    mine = buf[cc.rank * count:(cc.rank + 1) * count]
+    if len(local) > 1:
+        fn = _inner("gather", itembytes * len(local), len(local), True, DEFAULT_TRANSPORT)
+        at = displs[plan.host]
+        own = mine.copy() if cc.rank == lead else mine   # never a view of its own target
+        fn(View(cc, local), own, packed[at:at + sizes[plan.host]] if cc.rank == lead
+           else None, 0)
+    elif not plan.block:
+        packed[displs[plan.host]:displs[plan.host] + count] = mine
+    if cc.rank == lead and len(hosts) > 1:
+        view = View(cc, plan.leaders)
+        if len(set(sizes)) == 1:
+            fn = _inner("allgather", buf.nbytes, len(hosts), True, _net(cc))
+            fn(view, packed, sizes[0])
+        else:
+            allgatherv_ring(view, packed, sizes, displs)
+    if packed is not buf and packed is not None:
+        for h, group in enumerate(hosts):
+            for i, r in enumerate(group):
+                at = displs[h] + i * count
+                buf[r * count:(r + 1) * count] = packed[at:at + count]
+        give(packed)
+    if len(local) > 1:
+        fn = _inner("bcast", buf.nbytes, len(local), True, DEFAULT_TRANSPORT)
+        fn(View(cc, local), buf, 0)
+
+
+def barrier_hierarchical(cc) -> None:
+    """Two-level barrier: fan-in to each host's leader, dissemination across the leaders,
+    fan-out.
+
+    Args:
+        cc: the collective context; ``cc.comm.host_layout`` gives the hosts.
+    """
+    plan = plan_of(cc)
+    lead = plan.leaders[plan.host]
+    others = [r for r in plan.local if r != lead]
+    if cc.rank != lead:
+        cc.send(_EMPTY, lead)
+        cc.recv(np.empty(0, dtype=np.uint8), lead)
+        return
+    tokens = [np.empty(0, dtype=np.uint8) for _ in others]
+    cc.waitall([cc.irecv(t, r) for t, r in zip(tokens, others, strict=True)])
+    if len(plan.leaders) > 1:
+        barrier_dissemination(View(cc, plan.leaders))
+    cc.waitall([cc.isend(_EMPTY, r) for r in others])
