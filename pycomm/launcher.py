@@ -9,7 +9,14 @@ machinery, shared with :mod:`pycomm.spawn`:
 * each rank is ``sys.executable ARGV...`` in its own session (so signals and cleanup reach
   its whole process group), with ``PR_SET_PDEATHSIG=SIGKILL`` so it dies if the launcher is
   SIGKILLed, and with the environment contract of :mod:`pycomm.config`;
-* every line a rank writes to stdout/stderr is prefixed ``[rank] `` (switchable off);
+* every line a rank writes to stdout/stderr is prefixed ``[rank] `` (switchable off:
+  then the bytes pass unchanged, as under ``mpiexec``; whole lines at a time either way,
+  see :mod:`pycomm.forward`); ``launch.py``'s stdin is rank 0's (``--stdin``), the other
+  ranks read /dev/null, as under ``mpiexec``;
+* a rank that leaves through ``sys.exit(code)`` / ``raise SystemExit(msg)`` (a non-zero
+  code, no uncaught exception; :mod:`pycomm.MPI` tells the launcher so) ends the job at
+  once, as ``mpiexec`` does: its message is on its stderr, the others are stopped without
+  the report grace below, and the launcher exits with its code (1 for a message);
 * when a rank exits non-zero or is killed by a signal, the surviving ranks that run a
   pycomm world get up to ``PYCOMM_REPORT_GRACE`` seconds to report (a peer's death or a
   timeout names its culprit) and exit on their own; the launcher then names the rank that
@@ -29,22 +36,20 @@ create a :class:`RankGroup` from a thread that outlives it (normally the main th
 
 from __future__ import annotations
 
-import argparse
 import ctypes
 import os
 import secrets
 import signal
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
 
 from pycomm import config, stall, trace
 from pycomm.errors import ArgumentError, CommError
+from pycomm.forward import Forwarder as _Forwarder
 from pycomm.store import StoreClient, StoreServer
 
 __all__ = ["RankExit", "RankGroup", "main", "shm_prefix", "sweep_shm"]
@@ -127,52 +132,6 @@ def _preexec(parent_pid: int) -> Callable[[], None]:
     return run_in_child
 
 
-class _Forwarder(threading.Thread):
-    """Copies one pipe to ``sys.<stream>`` line by line, each line prefixed ``[rank] ``."""
-
-    locks: ClassVar[dict[str, threading.Lock]] = {"stdout": threading.Lock(),
-                                                   "stderr": threading.Lock()}
-
-    def __init__(self, pipe, rank: int, stream: str):
-        super().__init__(name=f"pycomm-forward-{rank}-{stream}", daemon=True)
-        self.pipe, self.stream = pipe, stream
-        self.prefix = f"[{rank}] ".encode()
-
-    def _write(self, data: bytes) -> None:
-        with self.locks[self.stream]:
-            out = getattr(sys, self.stream)
-            try:
-                out.flush()
-                if hasattr(out, "buffer"):
-                    out.buffer.write(data)
-                    out.buffer.flush()
-                else:
-                    out.write(data.decode(errors="replace"))
-                    out.flush()
-            except (OSError, ValueError):
-                pass  # our own stdout is gone; keep draining so the rank never blocks
-
-    def run(self) -> None:
-        fd, partial = self.pipe.fileno(), b""
-        try:
-            while True:
-                chunk = os.read(fd, 65536)
-                if not chunk:
-                    break
-                *lines, partial = (partial + chunk).split(b"\n")
-                if lines:
-                    self._write(b"".join(self.prefix + line + b"\n" for line in lines))
-                if len(partial) > 65536:  # a very long line without newline: pass it on
-                    self._write(self.prefix + partial + b"\n")
-                    partial = b""
-        except OSError:
-            pass
-        finally:
-            if partial:
-                self._write(self.prefix + partial + b"\n")
-            self.pipe.close()
-
-
 class RankGroup:
     """One job: its token, id and store, and the N rank processes once :meth:`start` ran.
 
@@ -180,10 +139,12 @@ class RankGroup:
         nprocs: number of ranks (>= 1).
         transport: ``PYCOMM_TRANSPORT`` for the ranks: "auto", "shm", "tcp" or "rdma".
         timeout: ``PYCOMM_TIMEOUT`` for the ranks, seconds (None: inherit / default).
-        prefix: prefix each output line with ``[rank] `` (else ranks inherit our stdio).
+        prefix: prefix each output line with ``[rank] `` (else pass it on unchanged).
         master_addr: address the store binds and ranks connect to (loopback by default).
         master_port: the store's port (0: any free port).
         grace: seconds between SIGTERM and SIGKILL when stopping (``PYCOMM_KILL_GRACE``).
+        stdin_rank: the rank that reads this process's stdin (None: every rank reads
+            /dev/null).
 
     Raises:
         ArgumentError: bad ``nprocs``, ``transport`` or ``timeout``.
@@ -191,7 +152,7 @@ class RankGroup:
 
     def __init__(self, nprocs: int, *, transport: str = "auto", timeout: float | None = None,
                  prefix: bool = True, master_addr: str = "127.0.0.1", master_port: int = 0,
-                 grace: float | None = None):
+                 grace: float | None = None, stdin_rank: int | None = None):
         if not isinstance(nprocs, int) or nprocs < 1:
             raise ArgumentError(f"nprocs must be a positive int, got {nprocs!r}")
         if transport not in TRANSPORT_CHOICES:
@@ -199,6 +160,10 @@ class RankGroup:
                                 f"got {transport!r}")
         if timeout is not None and not timeout > 0:
             raise ArgumentError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        if stdin_rank is not None and not 0 <= stdin_rank < nprocs:
+            raise ArgumentError(f"stdin_rank must be a rank in 0..{nprocs - 1} or None, "
+                                f"got {stdin_rank!r}")
+        self.stdin_rank = stdin_rank
         self.nprocs, self.transport, self.timeout, self.prefix = nprocs, transport, timeout, prefix
         self.grace = float(config.get("PYCOMM_KILL_GRACE") if grace is None else grace)
         self.job_id = uuid.uuid4().hex[:12]
@@ -231,20 +196,20 @@ class RankGroup:
         Raises:
             OSError: a process could not be started.
         """
-        pipe = subprocess.PIPE if self.prefix else None
+        pipe = subprocess.PIPE
         self._trace_path = config.get("PYCOMM_TRACE", {**os.environ, **(extra_env or {})})
         try:
             for rank in range(self.nprocs):
                 env = {**os.environ, **(extra_env or {}), **self.env_for(rank)}
-                proc = subprocess.Popen([sys.executable, *argv], env=env, stdin=subprocess.DEVNULL,
+                stdin = None if rank == self.stdin_rank else subprocess.DEVNULL
+                proc = subprocess.Popen([sys.executable, *argv], env=env, stdin=stdin,
                                         stdout=pipe, stderr=pipe, start_new_session=True,
                                         preexec_fn=_preexec(os.getpid()))  # noqa: PLW1509
                 self.procs.append(proc)
-                if self.prefix:
-                    for stream, src in (("stdout", proc.stdout), ("stderr", proc.stderr)):
-                        fwd = _Forwarder(src, rank, stream)
-                        fwd.start()
-                        self._forwarders.append(fwd)
+                for stream, src in (("stdout", proc.stdout), ("stderr", proc.stderr)):
+                    fwd = _Forwarder(src, rank, stream, prefix=self.prefix)
+                    fwd.start()
+                    self._forwarders.append(fwd)
         except BaseException:
             self.close()
             raise
@@ -347,6 +312,9 @@ class RankGroup:
         if client is None:
             return failure.describe()
         try:
+            if failure.returncode > 0 and stall.read_exits(client, self.job_id, [failure.rank]):
+                # sys.exit(code) / SystemExit(msg): the rank meant to end the job (mpiexec)
+                return f"{failure.describe()} (SystemExit)"
             ranks = range(self.nprocs)
             # ranks with a pycomm world publish a position when it starts
             worlds = set(stall.read_positions(client, self.job_id, ranks))
@@ -450,104 +418,14 @@ def _first_line(text: str, limit: int = 600) -> str:
     return line if len(line) <= limit else line[:limit] + "..."
 
 
-# -- the command line -------------------------------------------------------------------
-
-_VALUE_OPTIONS = {"-n", "--nprocs", "--transport", "--timeout", "--master-addr", "--master-port"}
-# Multi-node options (pycomm.nodes): torchrun's names.
-_VALUE_OPTIONS |= {"--nnodes", "--node-rank", "--nproc-per-node", "--placement"}
-
-
-def _split_argv(argv: list[str]) -> tuple[list[str], list[str] | None]:
-    """Split into (launcher options, program argv) at the script or ``-m module``."""
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        if arg == "-m":
-            return argv[:i], argv[i:]
-        if arg == "--":
-            return argv[:i], argv[i + 1:] or None
-        if not arg.startswith("-"):
-            return argv[:i], argv[i:]
-        i += 2 if arg in _VALUE_OPTIONS else 1
-    return argv, None
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="launch.py", usage="%(prog)s [options] (script.py | -m module) [args...]",
-        description="Run N copies of a Python program as the ranks of one pycomm job.")
-    parser.add_argument("-n", "--nprocs", type=int, default=1, help="number of ranks (1)")
-    parser.add_argument("--transport", choices=TRANSPORT_CHOICES, default="auto",
-                        help="PYCOMM_TRANSPORT for the ranks (auto)")
-    parser.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
-                        help="PYCOMM_TIMEOUT for the ranks: bound on every blocking wait")
-    parser.add_argument("--no-prefix", action="store_true",
-                        help="do not prefix output lines with [rank]")
-    parser.add_argument("--master-addr", default="127.0.0.1",
-                        help="address the rendezvous store binds (127.0.0.1)")
-    parser.add_argument("--master-port", type=int, default=0,
-                        help="port of the rendezvous store (0: any free port)")
-    nodes = parser.add_argument_group(
-        "many hosts", "run once per node, torchrun's way (see pycomm.nodes): the world is "
-        "NNODES x NPROC_PER_NODE ranks and node rank 0 hosts the store at --master-addr")
-    nodes.add_argument("--nnodes", type=int, default=None, help="number of nodes")
-    nodes.add_argument("--node-rank", type=int, default=0, help="this node's rank (0)")
-    nodes.add_argument("--nproc-per-node", type=int, default=1,
-                       help="ranks on this node (1)")
-    nodes.add_argument("--placement", choices=("block", "cyclic"), default="block",
-                       help="world ranks of a node: consecutive (block) or one per node in "
-                            "turn (cyclic)")
-    parser.add_argument("--mpi4py", action="store_true",
-                        help="run an unmodified mpi4py program: in the ranks, import mpi4py "
-                             "resolves to pycomm.MPI (sets PYCOMM_MPI4PY=1 and puts pycomm's "
-                             "alias package first on PYTHONPATH)")
-    return parser
-
+# -- the command line: pycomm.launch_cli ------------------------------------------------
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the launcher on ``argv`` (default ``sys.argv[1:]``); return its exit code."""
-    parser = _parser()
-    options, program = _split_argv(list(sys.argv[1:] if argv is None else argv))
-    args = parser.parse_args(options)
-    if not program:
-        parser.error("give the program to run: a script or -m module")
-    if program[0] == "-m" and len(program) < 2:
-        parser.error("-m needs a module name")
-    if args.nprocs < 1:
-        parser.error(f"-n must be at least 1, got {args.nprocs}")
-    if args.timeout is not None and not args.timeout > 0:
-        parser.error(f"--timeout must be positive, got {args.timeout}")
+    """Run the launcher on ``argv`` (default ``sys.argv[1:]``); return its exit code.
 
-    if args.nnodes is not None:         # one node of a multi-node job
-        from pycomm.nodes import run_nodes
-        extra = None
-        if args.mpi4py:
-            from pycomm.MPI.alias import environment
-            extra = environment()
-        return run_nodes(args, program, extra)
-
-    got_signal: list[int] = []
-
-    def on_signal(signum: int, _frame: object) -> None:
-        if got_signal:  # a second Ctrl-C: stop waiting politely
-            group.signal_all(signal.SIGKILL)
-        got_signal.append(signum)
-
-    group = RankGroup(args.nprocs, transport=args.transport, timeout=args.timeout,
-                      prefix=not args.no_prefix, master_addr=args.master_addr,
-                      master_port=args.master_port)
-    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        extra = None
-        if args.mpi4py:     # ``import mpi4py`` in the ranks gives pycomm.MPI
-            from pycomm.MPI.alias import environment
-            extra = environment()
-        group.start(program, extra_env=extra)
-        return group.supervise(lambda: got_signal[0] if got_signal else None)
-    finally:
-        group.close()
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
+    See :mod:`pycomm.launch_cli` for the options."""
+    from pycomm.launch_cli import main as run
+    return run(argv)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,8 @@ Store keys, all under ``pycomm/stall/<job id>/``::
     pos/<r>        rank r's latest position (first set when its world starts)
     diag/<r>       why rank r failed: {"culprits": [world ranks], "call": the call the
                    error left (e.g. "Allreduce #4 on pycomm.COMM_WORLD"), "error": text}
+    exit/<r>       b"exit": rank r is leaving through a return or ``sys.exit``, with no
+                   uncaught exception (published by :mod:`pycomm.MPI` at exit)
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from . import trace
 from .errors import CommError, CommTimeoutError, PeerError
 
 __all__ = ["Inspector", "ask_positions", "describe_position", "diagnose", "key",
-           "read_diagnoses", "read_positions", "summarize"]
+           "read_diagnoses", "read_exits", "read_positions", "summarize"]
 
 _IDLE_S = 60.0      # seconds one responder wait in the store lasts before it re-parks
 _ANSWER_S = 0.5     # seconds an asker waits for the answers of all ranks
@@ -255,6 +257,22 @@ def read_diagnoses(client, job_id: str, ranks) -> dict:
     return out
 
 
+def read_exits(client, job_id: str, ranks) -> set[int]:
+    """The ranks among ``ranks`` that published a deliberate exit (``exit/<r>``).
+
+    Raises:
+        CommError: the store failed.
+    """
+    out = set()
+    for r in ranks:
+        try:
+            client.get(key(job_id, "exit", r), timeout=0.0)
+            out.add(r)
+        except CommTimeoutError:
+            pass
+    return out
+
+
 class Inspector:
     """One rank's stall inspector: its responder thread and its side of the waits.
 
@@ -376,5 +394,15 @@ class Inspector:
         with self._lock:
             try:
                 self._get_client().set(key(self.job_id, "diag", self.rank), body)
+            except CommError:
+                pass
+
+    def report_exit(self) -> None:
+        """Publish that this rank is leaving with no uncaught exception (a return, or
+        ``sys.exit``/``SystemExit``): with a non-zero exit code the launcher then stops
+        the others at once (see :func:`read_exits`)."""
+        with self._lock:
+            try:
+                self._get_client().set(key(self.job_id, "exit", self.rank), b"exit")
             except CommError:
                 pass

@@ -109,3 +109,119 @@ def test_without_the_flag_mpi4py_is_not_importable_from_pycomm(tmp_path):
     proc = _run([LAUNCH, "-n", "1", "--no-prefix", str(prog)],
                 env={"PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0, proc.stderr
+
+
+# -- the launcher as mpiexec: stdin, SystemExit, output ------------------------------------
+
+STDIN_PROGRAM = """\
+import sys
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+sys.stdout.write("rank %d read %r\\n" % (comm.rank, sys.stdin.read()))
+"""
+
+EXIT_PROGRAM = """\
+import sys, time
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+if comm.rank == 1:
+    arg = sys.argv[1]
+    raise SystemExit(int(arg) if arg.isdigit() else arg)
+comm.Barrier()          # never completes: rank 1 left
+"""
+
+OUTPUT_PROGRAM = """\
+import sys, time
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+for i in range(3):
+    print("line", i, "of rank", comm.rank)
+sys.stderr.write("to stderr\\n")
+sys.stdout.write("progress 50%\\rprogress 100%")
+sys.stdout.flush()
+if comm.rank == 0 and sys.argv[1:] == ["slow"]:
+    time.sleep(1.5)
+sys.stdout.write(" done")
+"""
+
+
+@pytest.mark.usefixtures("no_shared_world")
+def test_stdin_goes_to_rank_zero_only(tmp_path):
+    prog = tmp_path / "prog.py"
+    prog.write_text(STDIN_PROGRAM)
+    proc = subprocess.run([sys.executable, LAUNCH, "-n", "2", "--mpi4py", str(prog)],
+                          input="first\nsecond", capture_output=True, text=True,
+                          timeout=120, check=False, cwd=str(ROOT))
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(proc.stdout.splitlines()) == ["rank 0 read 'first\\nsecond'",
+                                                "rank 1 read ''"]
+    none = subprocess.run([sys.executable, LAUNCH, "-n", "1", "--mpi4py", "--stdin", "none",
+                           str(prog)], input="ignored", capture_output=True, text=True,
+                          timeout=120, check=False, cwd=str(ROOT))
+    assert none.stdout == "rank 0 read ''\n", none.stderr
+    bad = _run([LAUNCH, "-n", "2", "--stdin", "2", str(prog)])
+    assert bad.returncode == 2 and "--stdin must be a rank in 0..1 or 'none', got '2'" \
+        in bad.stderr
+
+
+@pytest.mark.usefixtures("no_shared_world")
+@pytest.mark.parametrize(("arg", "code"), [("input file is missing", 1), ("7", 7)])
+def test_system_exit_on_one_rank_ends_the_job_with_its_message(tmp_path, arg, code):
+    prog = tmp_path / "prog.py"
+    prog.write_text(EXIT_PROGRAM)
+    # a 60 s report grace: without the exit note the launcher would wait it out
+    proc = _run([LAUNCH, "-n", "3", "--mpi4py", "--timeout", "60", str(prog), arg],
+                env={"PYCOMM_REPORT_GRACE": "60"}, timeout=50)
+    assert proc.returncode == code, proc.stderr
+    lines = proc.stderr.splitlines()
+    if code == 1:
+        assert lines[0] == arg          # Python's own words for SystemExit(msg), unprefixed
+    assert re.search(rf"^pycomm.launch: rank 1 \(pid \d+\) exited with code {code} "
+                     r"\(SystemExit\); stopping the other 2 ranks$", proc.stderr, re.M)
+    assert "flight recorder" not in proc.stderr and proc.stdout == ""
+
+
+def _run_bytes(args, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], capture_output=True, timeout=120,
+                          check=False, cwd=str(ROOT), env={**os.environ, **(env or {})})
+
+
+@pytest.mark.usefixtures("no_shared_world")
+def test_unprefixed_output_is_the_program_s_own_bytes(tmp_path):
+    prog = tmp_path / "prog.py"
+    prog.write_text(OUTPUT_PROGRAM)
+    alone = _run_bytes(["-m", "pycomm.MPI.alias", str(prog)], env={"PYTHONPATH": str(ROOT)})
+    assert alone.returncode == 0, alone.stderr
+    for flags in ([], ["--no-prefix"]):      # --mpi4py defaults to mpiexec's plain output
+        one = _run_bytes([LAUNCH, "-n", "1", "--mpi4py", *flags, str(prog)])
+        assert (one.returncode, one.stdout, one.stderr) == (0, alone.stdout, alone.stderr)
+    three = _run_bytes([LAUNCH, "-n", "3", "--mpi4py", str(prog)])
+    assert three.returncode == 0, three.stderr
+    # whole lines never mix; each rank's partial last line is passed on as written
+    assert sorted(x for x in three.stdout.split(b"\n") if x.startswith(b"line")) == sorted(
+        f"line {i} of rank {r}".encode() for i in range(3) for r in range(3))
+    assert three.stdout.count(b"progress 50%\rprogress 100%") == 3
+    assert three.stdout.count(b" done") == 3 and three.stderr == b"to stderr\n" * 3
+    tagged = _run([LAUNCH, "-n", "2", "--mpi4py", "--prefix", str(prog)])
+    assert "[1] line 2 of rank 1\n" in tagged.stdout and "[0] to stderr\n" in tagged.stderr
+
+
+@pytest.mark.usefixtures("no_shared_world")
+def test_a_partial_line_is_shown_before_its_newline(tmp_path):
+    # a prompt or a progress bar must not wait for the rank's next newline
+    prog = tmp_path / "prog.py"
+    prog.write_text(OUTPUT_PROGRAM)
+    proc = subprocess.Popen([sys.executable, LAUNCH, "-n", "1", "--mpi4py", str(prog), "slow"],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=str(ROOT))
+    try:
+        seen = b""
+        while not seen.endswith(b"progress 100%"):
+            chunk = os.read(proc.stdout.fileno(), 4096)
+            assert chunk, seen
+            seen += chunk
+        assert proc.poll() is None      # rank 0 is still asleep: the bar came on its own
+        assert proc.wait(60) == 0 and proc.stdout.read() == b" done"
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()

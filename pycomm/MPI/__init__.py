@@ -31,6 +31,7 @@ from pycomm.p2p import ANY_SOURCE, ANY_TAG, PROC_NULL
 
 from . import comm as _comm_mod
 from . import datatypes as _datatypes
+from . import exitnote as _exitnote
 from .coll import Intracomm
 from .comm import (
     CONGRUENT,
@@ -184,12 +185,14 @@ COMM_NULL = Comm()
 def Init() -> None:
     """Create the world (``pycomm.init()``): connects to the launcher's rendezvous."""
     _pycomm.init()
+    _exitnote.arm()
 
 
 def Init_thread(required: int = THREAD_MULTIPLE) -> int:
     """Init, and return the thread level provided: ``THREAD_SERIALIZED`` at most (one
     thread at a time may call pycomm; its own progress thread is internal)."""
     _pycomm.init()
+    _exitnote.arm()
     _state["thread_level"] = min(int(required), THREAD_SERIALIZED)
     return _state["thread_level"]
 
@@ -297,6 +300,7 @@ def Free_mem(mem) -> None:
 
 def _world() -> Intracomm:
     out = Intracomm._wrap(_pycomm.init())
+    _exitnote.arm()
     out._name = "MPI_COMM_WORLD"
     return out
 
