@@ -125,8 +125,11 @@ class _Coll:
         self.waitall([self.irecv(buf, source)])
 
     def sendrecv(self, sendbuf, dest, recvbuf, source) -> None:
-        r = self.irecv(recvbuf, source)
-        self.waitall([self.isend(sendbuf, dest), r])
+        # irecv and isend inlined: the exchange of every small recursive-doubling step
+        eng, world, ctx, tag, sig = self.engine, self.world, self.ctx, self.tag, self.sig
+        r = eng.irecv(byte_view(recvbuf), world[source], ctx, tag, sig)
+        r.expect = recvbuf.nbytes         # exact size, checked in waitall
+        self.waitall([eng.isend(byte_view(sendbuf), world[dest], ctx, tag, sig), r])
 
 
 class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethods,

@@ -92,7 +92,10 @@ PROC_NULL = -1
 
 EAGER, RTS, CTS, DATA, FIN, CANCEL, NAK, ABORT = 0, 1, 2, 3, 4, 5, 6, 7
 _ABORTED_KEEP = 1024            # abandoned calls remembered (to drop their late messages)
-_pack = msgpack.packb
+# One Packer for every header: msgpack.packb builds a new Packer per call, which doubles the
+# cost of a small message's header. Packer.pack runs without releasing the GIL and resets
+# its buffer on error, so the progress thread may share it.
+_pack = msgpack.Packer().pack
 _unpack = msgpack.unpackb
 
 
@@ -455,7 +458,9 @@ class Engine(Waiting):
         h = _HEADERS.get(header)
         if h is None:
             h = _unpack(header)
-            if h[0] == EAGER and len(_HEADERS) < 4096:   # eager headers repeat: cache them
+            # point-to-point eager headers repeat: cache them (a collective's carries its
+            # call number, which never repeats, and would only fill the cache)
+            if h[0] == EAGER and len(h) == 3 and len(_HEADERS) < 4096:
                 _HEADERS[header] = h
         kind = h[0]
         if kind == EAGER:

@@ -105,11 +105,6 @@ class ScratchPool:
 POOL = ScratchPool()
 
 
-def take(count: int, dtype) -> np.ndarray:
-    """:meth:`ScratchPool.take` on this process's pool."""
-    return POOL.take(count, dtype)
-
-
-def give(arr: np.ndarray) -> None:
-    """:meth:`ScratchPool.give` on this process's pool."""
-    POOL.give(arr)
+# this process's pool's methods, bound once (small calls should not pay a second frame)
+take = POOL.take
+give = POOL.give
