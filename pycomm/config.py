@@ -87,6 +87,9 @@ _DECLARED = [
         "before it sleeps in the kernel (default: 0, or 300 when ranks outnumber cores)."),
     Var("PYCOMM_CMA", _bool, True,
         "Use Linux cross-memory attach (process_vm_readv) for single-copy large messages."),
+    Var("PYCOMM_MPI4PY", _bool, False,
+        "Make 'import mpi4py' give pycomm.MPI (set by launch.py --mpi4py; under torchrun, "
+        "srun or mpiexec it acts through pycomm-mpi4py.pth: python -m pycomm.MPI.hook)."),
     Var("PYCOMM_DEBUG", _bool, False, "Log each collective's chosen algorithm to stderr."),
     Var("PYCOMM_TRACE_CALLS", int, 256,
         "Calls each rank's flight recorder keeps (printed on errors and SIGUSR1)."),

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from pycomm.MPI import hook
 from pycomm.MPI.alias import ALIAS_PATH
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -225,3 +227,55 @@ def test_a_partial_line_is_shown_before_its_newline(tmp_path):
         proc.kill()
         proc.wait()
         proc.stdout.close()
+
+
+# -- PYCOMM_MPI4PY=1 alone, under other launchers: the .pth hook ---------------------------
+
+def _user_site(tmp_path) -> tuple[dict[str, str], Path]:
+    """An environment whose user site directory is a fresh one under tmp_path."""
+    env = {"PYTHONUSERBASE": str(tmp_path / "userbase"), "PYTHONPATH": str(ROOT)}
+    out = _run(["-c", "import site; print(site.getusersitepackages())"], env=env)
+    return env, Path(out.stdout.strip())
+
+
+def test_pth_hook_resolves_mpi4py_only_when_asked(tmp_path):
+    env, usersite = _user_site(tmp_path)
+    assert Path(hook.install(str(usersite))) == usersite / hook.PTH_NAME
+    real = usersite / "mpi4py"
+    real.mkdir()
+    (real / "__init__.py").write_text("__version__ = '9.9.9-real'\n")
+    code = "import mpi4py; print(mpi4py.__version__)"
+    for value, expect in [("", "9.9.9-real"), ("0", "9.9.9-real"), ("1", "4.0.0+pycomm"),
+                          ("yes", "4.0.0+pycomm")]:
+        proc = _run(["-c", code], env={**env, "PYCOMM_MPI4PY": value})
+        assert proc.stdout.strip() == expect, (value, proc.stderr)
+    assert hook.uninstall(str(usersite)) and not hook.uninstall(str(usersite))
+    gone = _run(["-c", code], env={**env, "PYCOMM_MPI4PY": "1"})
+    assert gone.stdout.strip() == "9.9.9-real", gone.stderr
+
+
+@pytest.mark.usefixtures("no_shared_world")
+def test_pycomm_mpi4py_alone_under_a_torchrun_style_launch(tmp_path):
+    env, usersite = _user_site(tmp_path)
+    hook.install(str(usersite))
+    prog = tmp_path / "prog.py"
+    prog.write_text(PROGRAM)
+    with socket.socket() as s:      # the store listens on MASTER_PORT + 1 (rank 0 hosts it)
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1] - 1
+    common = {**os.environ, **env, "PYCOMM_MPI4PY": "1", "WORLD_SIZE": "2",
+              "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "PYCOMM_TRANSPORT": "tcp",
+              "PYCOMM_TIMEOUT": "60"}
+    procs = [subprocess.Popen([sys.executable, str(prog), "torch"], cwd=str(tmp_path),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**common, "RANK": str(r), "LOCAL_RANK": str(r)})
+             for r in range(2)]
+    try:
+        outs = [p.communicate(timeout=90) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    assert [p.returncode for p in procs] == [0, 0], [err for _, err in outs]
+    assert [out for out, _ in outs] == [f"rank {r} of 2 got torch sum 1 initialized True\n"
+                                        for r in range(2)]

@@ -4,7 +4,9 @@ The bootstrap for launchers other than ``launch.py --mpi4py`` (``torchrun``, ``s
 ``mpiexec``): it sets ``PYCOMM_MPI4PY=1``, puts pycomm's alias package first on
 ``sys.path`` (so ``from mpi4py import MPI`` gives :mod:`pycomm.MPI`, see
 ``pycomm/MPI/_alias/mpi4py``), then runs ``app.py [args]`` (or ``-m module [args]``) as
-``__main__`` with ``sys.argv`` as the program expects.
+``__main__`` with ``sys.argv`` as the program expects. With the start-up hook installed
+(:mod:`pycomm.MPI.hook`; a wheel install carries it), ``PYCOMM_MPI4PY=1`` alone does the
+same with no wrapper: ``PYCOMM_MPI4PY=1 torchrun --nproc-per-node 4 app.py``.
 """
 
 from __future__ import annotations

@@ -21,7 +21,10 @@ def _real_mpi4py():
     return _machinery.PathFinder.find_spec("mpi4py", path)
 
 
-_spec = None if _os.environ.get("PYCOMM_MPI4PY") == "1" else _real_mpi4py()
+# read directly, not through pycomm.config: the real mpi4py must load without pycomm
+_ASKED = _os.environ.get("PYCOMM_MPI4PY", "").strip().lower() not in ("", "0", "false", "no",
+                                                                       "off")
+_spec = None if _ASKED else _real_mpi4py()
 if _spec is not None:                           # not asked for: the real mpi4py wins
     import importlib.util as _util
     _real = _util.module_from_spec(_spec)
