@@ -300,17 +300,18 @@ def _on_fake_hosts(hostmap: list[int], fn):
     return run_fake(len(hostmap), body)
 
 
-@pytest.mark.parametrize("count", [0, 1, 5, 1000])
+@pytest.mark.parametrize("count,piece", [(0, None), (1, None), (5, None), (1000, None),
+                                         (1000, 136), (37, 24)])
 @pytest.mark.parametrize("placement", sorted(PLACEMENTS))
 def test_hierarchical_allreduce_matches_numpy_and_every_local_rank_drives_the_link(
-        placement, count):
+        placement, count, piece):
     hostmap = PLACEMENTS[placement]
     size, nhosts = len(hostmap), len(set(hostmap))
     vecs = [np.arange(count, dtype=np.float64) * (r + 1) + r for r in range(size)]
 
     def fn(cc):
         buf = vecs[cc.rank].copy()
-        hier.allreduce_hierarchical(cc, buf, ops.SUM)
+        hier.allreduce_hierarchical(cc, buf, ops.SUM, piece_bytes=piece)  # None: 1 MiB
         return buf
     out = _on_fake_hosts(hostmap, fn)
     want = np.sum(vecs, axis=0)

@@ -14,26 +14,37 @@ Example, 2 hosts x 2 ranks, cyclic placement (host 0 holds ranks 0 and 2)::
     host 0: [0, 2]  --- cross 0: [0, 1]  --- host 1: [1, 3]
                     --- cross 1: [2, 3]  ---
 
-The schedules are compositions of the flat ones in :mod:`pycomm.algorithms`, run on views
-of the call (:class:`View`: a group's ranks renumbered ``0..k-1``, sending on the call's
-own context, tag and signature), each inner step's algorithm chosen by the cost model for
-its group size, bytes and link (``shm`` inside a host, the communicator's network
-transport across hosts). The views need no context id of their own: within one call every
-rank sends to a given peer in the order that peer receives, and the steps inside a host
-and across hosts use disjoint pairs of ranks.
+Reduce, bcast, allgather and barrier are compositions of the flat schedules of
+:mod:`pycomm.algorithms`, run on views of the call (:class:`View`: a group's ranks
+renumbered ``0..k-1``, sending on the call's own context, tag and signature), each inner
+step's algorithm chosen by the cost model for its group size, bytes and link (``shm``
+inside a host, the communicator's network transport across hosts); the all-reduce is its
+own pipelined schedule. The groups need no context id of their own (so building them needs
+no message, and they work inside a nonblocking collective's progress thread): within one
+call every rank sends to a given peer in the order that peer receives.
 
 Notation: ``H`` hosts, ``m`` the fewest ranks on a host, ``L`` the ranks on a host, ``n``
-bytes; ``T_x(k, b)`` a flat algorithm's time on ``k`` ranks over link ``x``.
+bytes, ``β_net`` seconds per byte of a host's link.
 
 **allreduce** (Horovod's hierarchical allreduce, Sergeev & Del Balso 2018; NCCL's ring and
-tree across nodes, whose every channel is driven by a different local GPU; inner steps
-Thakur, Rabenseifner & Gropp 2005). (1) reduce-scatter inside each host (ring) into ``m``
-slices, slice ``j`` owned by local rank ``j`` (local ranks ``>= m`` own nothing); (2) the
-``m`` cross groups all-reduce their slices at once, so every local rank drives the link;
-(3) all-gather (ring) inside each host. Bytes each host sends over its link: ``2(H-1)/H n``,
-the minimum; time ``T_shm(L, n) + T_net(H, n/m) `` with the ``m`` link transfers
-concurrent. Operands are combined host by host, not in rank order: commutative ops only.
-Every rank ends with the same bytes (slices are copied after the cross step).
+tree across nodes, whose every channel is driven by a different local GPU and which
+pipelines in chunks; inner exchanges: the pairwise-exchange reduce-scatter and all-gather
+of Thakur, Rabenseifner & Gropp 2005, 4.1, with all peers at once). The vector is cut into
+pieces of :data:`PIECE_BYTES`, a piece into ``m`` slices (slice ``j`` owned by local rank
+``j`` of every host; local ranks ``>= m`` own none), a slice into ``H`` sub-chunks (one per
+host). Per piece: (1) every local rank sends its share of each slice to the slice's owner,
+who folds them in (reduce-scatter in the host, over shared memory); (2) the ``m`` owners of
+slice ``j`` (one per host) reduce-scatter it across hosts, sub-chunk ``g`` to host ``g``,
+and (3) all-gather the reduced sub-chunks back: every local rank drives the link at once;
+(4) each owner sends its reduced slice to its host's other ranks. The stages of
+consecutive pieces overlap (stage ``s`` of piece ``k`` at tick ``k + 2s``; every rank posts
+in the same order, so one tag serves the call), so the link is busy while ranks fold and
+copy inside their hosts. Bytes each host sends over its link: ``2(H-1)/H n``, the minimum
+(all-reduce lower bound); per piece of ``b`` bytes and rank: ``2(L-1)`` local messages of
+``b/m``, ``2(H-1)`` cross messages of ``b/(mH)``. Time about
+``max(2(H-1)/H n β_net, local copies and folds) + a piece's latency``. Operands are combined
+host by host, not in rank order: commutative ops only. Each element is folded by one rank
+and copied to the others, so every rank ends with the same bytes.
 
 **reduce**, **bcast** (MPICH's SMP-aware ``MPIR_Reduce_intra_smp`` / ``MPIR_Bcast_intra_smp``).
 Reduce: reduce inside each host to its leader, then across the leaders to the root (the
@@ -63,7 +74,6 @@ import numpy as np
 from pycomm.algorithms.allgather import allgatherv_ring
 from pycomm.algorithms.barrier import barrier_dissemination
 from pycomm.algorithms.cost import DEFAULT_TRANSPORT, model_transport
-from pycomm.algorithms.reduce_scatter import reduce_scatter_ring
 from pycomm.algorithms.scratch import give, take
 from pycomm.algorithms.topology import chunk_offsets
 
@@ -172,9 +182,12 @@ def _net(cc) -> str:
     return model_transport(getattr(getattr(cc, "comm", None), "transport_name", None))
 
 
-def allreduce_hierarchical(cc, buf: np.ndarray, op) -> None:
+PIECE_BYTES = 1 << 20      # bytes of the vector per pipeline piece of the all-reduce
+
+
+def allreduce_hierarchical(cc, buf: np.ndarray, op, *, piece_bytes: int | None = None) -> None:
     """Two-level all-reduce: reduce-scatter in each host, all-reduce of each slice across
-    hosts (every local rank at once), all-gather in each host.
+    hosts (every local rank at once), all-gather in each host; pipelined in pieces.
 
     Args:
         cc: the collective context; ``cc.comm.host_layout`` gives the hosts.
@@ -182,24 +195,100 @@ def allreduce_hierarchical(cc, buf: np.ndarray, op) -> None:
             same count and dtype on every rank; this rank's contribution on entry, the
             result on return (bit-identical on every rank).
         op: a commutative :class:`pycomm.ops.Op` (operands combine host by host).
+        piece_bytes: bytes per pipeline piece (default :data:`PIECE_BYTES`); the same on
+            every rank. Tests pass tiny ones to run many pieces on small vectors.
     """
     plan = plan_of(cc)
     count = buf.size
     if count == 0 or cc.size == 1:
         return
-    offs = chunk_offsets(count, plan.slices)
-    local = plan.local
-    counts = [offs[j + 1] - offs[j] if j < plan.slices else 0 for j in range(len(local))]
-    displs = [offs[min(j, plan.slices)] for j in range(len(local))]
-    mine = buf[displs[plan.local_rank]:displs[plan.local_rank] + counts[plan.local_rank]]
-    if len(local) > 1:
-        # the ring leaves this rank's reduced block where it is: ``mine`` is that block
-        reduce_scatter_ring(View(cc, local), buf, mine, counts, op)
-    if plan.cross is not None and len(plan.cross) > 1 and mine.size:
-        fn = _inner("allreduce", mine.nbytes, len(plan.cross), True, _net(cc))
-        fn(View(cc, plan.cross), mine, op)
-    if len(local) > 1:
-        allgatherv_ring(View(cc, local), buf, counts, displs)
+    per = PIECE_BYTES if piece_bytes is None else max(1, int(piece_bytes))
+    npieces = min(count, max(1, -(-buf.nbytes // per)))
+    pieces = chunk_offsets(count, npieces)
+    run = _Pieces(cc, plan, buf, op)
+    pending: list = [()] * npieces
+    # Stage s of piece k runs at tick k + s * _LAG, oldest piece first: every rank posts
+    # its messages in the same order, so each pair's messages match in order (one tag per
+    # call). A lag of two ticks keeps about four pieces' cross-host messages in flight, so
+    # the link does not idle while a rank folds a piece or waits on its host.
+    lag = _LAG
+    for tick in range(npieces + (_STAGES - 1) * lag):
+        for stage in range(_STAGES - 1, -1, -1):
+            k = tick - stage * lag
+            if 0 <= k < npieces:
+                if pending[k]:
+                    cc.waitall(pending[k])
+                pending[k] = run.stage(stage, k, pieces[k], pieces[k + 1])
+
+
+_LAG = 2        # ticks between two stages of a piece
+_STAGES = 5     # local reduce-scatter, cross reduce-scatter, cross all-gather, local
+                # all-gather, completion
+
+
+class _Pieces:
+    """The stages of :func:`allreduce_hierarchical` for one piece ``[a, b)`` of ``buf``.
+
+    The piece is cut into ``m`` slices (:class:`Plan` ``slices``), slice ``j`` owned by
+    local rank ``j`` of every host; a slice is cut into ``H`` sub-chunks, sub-chunk ``g``
+    owned by host ``g``'s owner of the slice. Each stage posts nonblocking messages and
+    returns them; the caller waits for them before the piece's next stage. Every exchange
+    inside a stage is direct (each peer at once: the pairwise exchange of Thakur et al.
+    2005, 4.1, without its steps), so no stage waits on another inside itself.
+    """
+
+    def __init__(self, cc, plan: Plan, buf: np.ndarray, op):
+        self.cc, self.plan, self.buf, self.op = cc, plan, buf, op
+        self.me = plan.local_rank
+        self.others = [r for r in plan.local if r != cc.rank]
+        self.scratch: dict[int, np.ndarray] = {}
+
+    def stage(self, s: int, k: int, a: int, b: int) -> list:
+        cc, plan, buf, me = self.cc, self.plan, self.buf, self.me
+        m, local, cross = plan.slices, plan.local, plan.cross
+        so = chunk_offsets(b - a, m)
+        part = [buf[a + so[q]:a + so[q + 1]] for q in range(m)]
+        mine = part[me] if me < m else buf[a:a]
+        reqs = []
+        if s == 0:      # local reduce-scatter: my share of every slice to its owner
+            reqs = [cc.isend(part[q], local[q]) for q in range(m) if q != me and part[q].size]
+            if mine.size and self.others:
+                n = mine.size
+                scr = self.scratch[k] = take(n * len(self.others), buf.dtype)
+                reqs += [cc.irecv(scr[t * n:(t + 1) * n], r) for t, r in enumerate(self.others)]
+        elif s == 3:    # local all-gather: my reduced slice to every local rank
+            if mine.size:
+                reqs = [cc.isend(mine, r) for r in self.others]
+            reqs += [cc.irecv(part[q], local[q]) for q in range(m) if q != me and part[q].size]
+        elif mine.size and (s == 1 or len(cross) > 1):
+            hosts, h = len(plan.hosts), plan.host
+            co = chunk_offsets(mine.size, hosts)
+            sub = [mine[co[g]:co[g + 1]] for g in range(hosts)]
+            peers = [g for g in range(hosts) if g != h]
+            if s == 1:  # fold in the host's shares, then cross reduce-scatter
+                n = mine.size
+                scr = self.scratch.pop(k, None)
+                for t in range(len(self.others)):
+                    self.op.apply(scr[t * n:(t + 1) * n], mine)
+                if scr is not None:
+                    give(scr)
+                if hosts > 1:
+                    reqs = [cc.isend(sub[g], cross[g]) for g in peers if sub[g].size]
+                    n = sub[h].size
+                    if n:
+                        scr = self.scratch[k] = take(n * len(peers), buf.dtype)
+                        reqs += [cc.irecv(scr[t * n:(t + 1) * n], cross[g])
+                                 for t, g in enumerate(peers)]
+            elif s == 2:    # fold in the other hosts' shares, then cross all-gather
+                n = sub[h].size
+                scr = self.scratch.pop(k, None)
+                for t in range(len(peers) if n else 0):
+                    self.op.apply(scr[t * n:(t + 1) * n], sub[h])
+                if scr is not None:
+                    give(scr)
+                reqs = [cc.isend(sub[h], cross[g]) for g in peers if n]
+                reqs += [cc.irecv(sub[g], cross[g]) for g in peers if sub[g].size]
+        return reqs
 
 
 def _leaders(plan: Plan, root: int) -> tuple[tuple[int, ...], int]:
