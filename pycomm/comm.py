@@ -206,11 +206,13 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
             status.tag, status.count, status.cancelled = req.tag, req.count, req.cancelled
 
     # -- point-to-point, buffers ----------------------------------------------------------
-    def Isend(self, buf, dest: int, tag: int = 0) -> Request:
+    def Isend(self, buf, dest: int, tag: int = 0, *, synchronous: bool = False) -> Request:
         """Start a standard-mode send of ``buf`` (any C-contiguous numeric buffer).
 
         Small messages (<= ``PYCOMM_EAGER_LIMIT`` bytes) are copied out eagerly; larger ones
         use rendezvous, so the buffer must stay untouched until the request completes.
+        ``synchronous=True`` (:meth:`Issend`) takes the rendezvous at every size: the
+        request completes only once the matching receive has started.
 
         Raises:
             ArgumentError: invalid ``dest`` or ``tag``; InvalidBufferError: bad ``buf``.
@@ -222,7 +224,8 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
         tag = self._check_tag(tag, "tag")
         if dest == PROC_NULL:
             return _null_request(self._engine)
-        return self._engine.isend(byte_view(arr), self._world[dest], self._pctx, tag)
+        return self._engine.isend(byte_view(arr), self._world[dest], self._pctx, tag,
+                                  None, synchronous)
 
     def Send(self, buf, dest: int, tag: int = 0, *, timeout: float | None = None) -> None:
         """Blocking send; returns when ``buf`` may be reused. See :meth:`Isend`.
@@ -235,7 +238,15 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
         """
         self._wait_posted([self.Isend(buf, dest, tag)], timeout)
 
-    Ssend = Send
+    def Issend(self, buf, dest: int, tag: int = 0) -> Request:
+        """Start a synchronous-mode send: complete once the matching receive has started
+        (MPI_Issend). See :meth:`Isend` for the arguments and errors."""
+        return self.Isend(buf, dest, tag, synchronous=True)
+
+    def Ssend(self, buf, dest: int, tag: int = 0, *, timeout: float | None = None) -> None:
+        """Blocking synchronous send: returns once ``dest`` has started the matching
+        receive. Raises as :meth:`Send` (a timeout withdraws the message)."""
+        self._wait_posted([self.Isend(buf, dest, tag, synchronous=True)], timeout)
 
     def Irecv(self, buf, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
         """Post a receive into ``buf``; a message larger than ``buf`` is a TruncationError.

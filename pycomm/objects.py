@@ -53,17 +53,26 @@ class ObjectMethods:
     """Mixin giving :class:`~pycomm.comm.Communicator` its lowercase methods."""
 
     # -- point-to-point -------------------------------------------------------------------
-    def isend(self, obj: Any, dest: int, tag: int = 0):
-        """Start sending a picklable object; returns a Request (``wait()`` returns None)."""
+    def isend(self, obj: Any, dest: int, tag: int = 0, *, synchronous: bool = False):
+        """Start sending a picklable object; returns a Request (``wait()`` returns None).
+        ``synchronous``: complete only once the matching receive has started (issend)."""
         payload = dumps(obj, self.rank, f"isend(dest={dest}, tag={tag})")
-        return self.Isend(np.frombuffer(payload, dtype=np.uint8), dest, tag)
+        return self.Isend(np.frombuffer(payload, dtype=np.uint8), dest, tag,
+                          synchronous=synchronous)
+
+    def issend(self, obj: Any, dest: int, tag: int = 0):
+        """Start a synchronous object send (see :meth:`isend`)."""
+        return self.isend(obj, dest, tag, synchronous=True)
 
     def send(self, obj: Any, dest: int, tag: int = 0, *, timeout: float | None = None):
         """Send a picklable object to ``dest`` (blocking until its bytes are out); a large
         one that times out is withdrawn, as in :meth:`Send`."""
         self._wait_posted([self.isend(obj, dest, tag)], timeout)
 
-    ssend = send
+    def ssend(self, obj: Any, dest: int, tag: int = 0, *, timeout: float | None = None):
+        """Send an object synchronously: returns once ``dest`` has started the matching
+        receive (a timeout withdraws it, as in :meth:`send`)."""
+        self._wait_posted([self.isend(obj, dest, tag, synchronous=True)], timeout)
 
     def irecv(self, buf=None, source: int = ANY_SOURCE, tag: int = ANY_TAG):
         """Post an object receive; ``req.wait()`` returns the object.

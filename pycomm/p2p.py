@@ -193,11 +193,13 @@ class Engine(Waiting):
 
     # -- posting --------------------------------------------------------------------------
     def isend(self, view: memoryview, dest: int, ctx: int, tag: int,
-              sig: tuple[int, int] | None = None) -> Request:
+              sig: tuple[int, int] | None = None, sync: bool = False) -> Request:
         """Start sending the bytes of ``view`` to world rank ``dest``; returns a Request.
 
         ``sig``: the collective call's signature (:mod:`pycomm.signature`), or None for
-        point-to-point traffic.
+        point-to-point traffic. ``sync``: MPI's synchronous mode, rendezvous at any size,
+        so the request completes only once a receive has matched (CTS or FIN came back);
+        a send to this rank itself completes at once.
         """
         req = Request(self, view, ctx, dest, tag)
         req.expect = -2                 # marks a send
@@ -212,7 +214,7 @@ class Engine(Waiting):
         t = self.route[dest]
         n = len(view)
         try:
-            if n <= self.eager_limit:
+            if n <= self.eager_limit and not sync:
                 if sig is None:
                     hdr = _EAGER_HEADERS.get((ctx, tag))
                     if hdr is None:

@@ -310,7 +310,13 @@ class Comm(ObjectMethods):
         m = message(buf, f"rank {c.rank}: Send", "buf", writable=False)
         c.Send(m.array, as_int(dest, "dest", "Send"), as_int(tag, "tag", "Send"))
 
-    Ssend = Send
+    def Ssend(self, buf, dest: int, tag: int = 0) -> None:
+        """Blocking synchronous send: returns once ``dest`` has started the matching
+        receive (rendezvous at every size)."""
+        c = self._inner("Ssend")
+        m = message(buf, f"rank {c.rank}: Ssend", "buf", writable=False)
+        c.Ssend(m.array, as_int(dest, "dest", "Ssend"), as_int(tag, "tag", "Ssend"))
+
     Rsend = Send
 
     def Bsend(self, buf, dest: int, tag: int = 0) -> None:
@@ -333,7 +339,14 @@ class Comm(ObjectMethods):
         return Request._wrap(c.Isend(m.array, as_int(dest, "dest", "Isend"),
                                      as_int(tag, "tag", "Isend")))
 
-    Issend = Isend
+    def Issend(self, buf, dest: int, tag: int = 0) -> Request:
+        """Start a synchronous send: the request completes once ``dest`` has started the
+        matching receive."""
+        c = self._inner("Issend")
+        m = message(buf, f"rank {c.rank}: Issend", "buf", writable=False)
+        return Request._wrap(c.Issend(m.array, as_int(dest, "dest", "Issend"),
+                                      as_int(tag, "tag", "Issend")))
+
     Irsend = Isend
 
     def Ibsend(self, buf, dest: int, tag: int = 0) -> Request:
@@ -409,7 +422,10 @@ class Comm(ObjectMethods):
         """A persistent send: each ``Start()`` sends ``buf``'s current contents."""
         return self._persistent("Send_init", self.Isend, buf, dest, tag)
 
-    Ssend_init = Send_init
+    def Ssend_init(self, buf, dest: int, tag: int = 0) -> Prequest:
+        """A persistent synchronous send: each ``Start()`` is an :meth:`Issend`."""
+        return self._persistent("Ssend_init", self.Issend, buf, dest, tag)
+
     Bsend_init = Send_init
     Rsend_init = Send_init
 

@@ -25,7 +25,12 @@ class ObjectMethods:
         """Send a picklable object."""
         self._inner("send").send(obj, as_int(dest, "dest", "send"), as_int(tag, "tag", "send"))
 
-    ssend = send
+    def ssend(self, obj, dest: int, tag: int = 0) -> None:
+        """Send a picklable object synchronously: returns once ``dest`` has started the
+        matching receive."""
+        self._inner("ssend").ssend(obj, as_int(dest, "dest", "ssend"),
+                                   as_int(tag, "tag", "ssend"))
+
     bsend = send
 
     def recv(self, buf=None, source: int = ANY_SOURCE, tag: int = ANY_TAG, status=None):
@@ -38,7 +43,11 @@ class ObjectMethods:
         return Request._wrap(self._inner("isend").isend(obj, as_int(dest, "dest", "isend"),
                                                         as_int(tag, "tag", "isend")))
 
-    issend = isend
+    def issend(self, obj, dest: int, tag: int = 0) -> Request:
+        """Start a synchronous object send; completes once the receive has started."""
+        return Request._wrap(self._inner("issend").issend(obj, as_int(dest, "dest", "issend"),
+                                                          as_int(tag, "tag", "issend")))
+
     ibsend = isend
 
     def irecv(self, buf=None, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:

@@ -1,0 +1,125 @@
+"""pycomm.MPI send modes and ranks that move nothing, on real worlds.
+
+* Synchronous mode: ``Ssend``/``Issend``/``Ssend_init``/``ssend``/``issend`` complete only
+  once the matching receive has started (the rendezvous at every size, even 0 bytes),
+  where a standard send of the same 8 bytes completes before any receive is posted.
+* A rank whose count is 0 in the v-collectives (``None``, an empty array, a zero count)
+  gets mpi4py's semantics.
+
+Each ``_rank_*`` function runs on the ranks and returns a list of what was wrong.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import cloudpickle
+import numpy as np
+
+import pycomm
+from pycomm import MPI
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+HOLD_S = 0.3        # seconds the receiver keeps a synchronous send waiting
+
+
+def _pending_for(req, seconds: float, lower: bool = False) -> bool:
+    """Whether ``req`` stays incomplete for ``seconds`` of repeated tests."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if (req.test()[0] if lower else req.Test()):
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def _rank_synchronous() -> list:
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    bad: list = []
+    if size == 1:       # to itself: complete once the receive is there
+        got = np.zeros(2)
+        r = comm.Irecv(got, 0, 5)
+        s = comm.Issend(np.array([1.0, 2.0]), 0, 5)
+        MPI.Request.Waitall([r, s])
+        if got.tolist() != [1.0, 2.0]:
+            bad.append(f"self Issend got {got.tolist()}")
+        return bad
+    if rank > 1:
+        comm.Barrier()
+        return bad
+    msg = np.arange(2, dtype=np.int32) + 7       # 8 bytes: eager for a standard send
+    starts = {
+        "Issend": lambda: comm.Issend(msg, 1, 11),
+        "Issend 0 bytes": lambda: comm.Issend([np.empty(0), MPI.DOUBLE], 1, 11),
+        "Ssend_init": lambda: _started(comm.Ssend_init(msg, 1, 11)),
+        "issend": lambda: comm.issend({"x": 1}, 1, 11),
+    }
+    for name, start in starts.items():
+        if rank == 0:
+            req = start()
+            if not _pending_for(req, HOLD_S, lower=name == "issend"):
+                bad.append(f"{name} completed before the receive was posted")
+            comm.send("go", 1, 12)
+            req.Wait()
+        else:
+            comm.recv(source=0, tag=12)
+            if name == "issend":
+                if comm.recv(source=0, tag=11) != {"x": 1}:
+                    bad.append("issend delivered the wrong object")
+            else:
+                got = np.zeros(2, dtype=np.int32)
+                st = MPI.Status()
+                comm.Recv(got, MPI.ANY_SOURCE, 11, st)
+                want = [0, 0] if "0 bytes" in name else [7, 8]
+                if got.tolist() != want or st.Get_count(MPI.BYTE) != 8 * (want[0] != 0):
+                    bad.append(f"{name}: got {got.tolist()}, {st.Get_count(MPI.BYTE)} B")
+    # the contrast: a standard send of the same bytes is out before any receive
+    if rank == 0:
+        req = comm.Isend(msg, 1, 13)
+        if _pending_for(req, HOLD_S):
+            bad.append("a standard Isend of 8 bytes waited for the receive")
+        comm.send("go", 1, 12)
+    else:
+        comm.recv(source=0, tag=12)
+        comm.Recv(np.zeros(2, dtype=np.int32), 0, 13)
+    # blocking forms return only after the receiver's late receive
+    for name in ("Ssend", "ssend", "core Ssend"):
+        if rank == 0:
+            t0 = time.monotonic()
+            if name == "Ssend":
+                comm.Ssend([msg, MPI.INT], 1, 14)
+            elif name == "ssend":
+                comm.ssend([1, 2], 1, 14)
+            else:
+                pycomm.COMM_WORLD.Ssend(msg, 1, 14)
+            if time.monotonic() - t0 < HOLD_S * 0.8:
+                bad.append(f"{name} returned after {time.monotonic() - t0:.3f} s, before "
+                           f"the receive posted {HOLD_S} s late")
+        else:
+            time.sleep(HOLD_S)
+            if name == "ssend":
+                comm.recv(source=0, tag=14)
+            else:
+                comm.Recv(np.zeros(2, dtype=np.int32), 0, 14)
+    # a synchronous send nobody receives can be cancelled
+    if rank == 0:
+        req = comm.Issend(msg, 1, 15)
+        req.Cancel()
+        st = MPI.Status()
+        req.Wait(st)
+        if not st.Is_cancelled():
+            bad.append("a cancelled Issend is not cancelled")
+    comm.Barrier()
+    return bad
+
+
+def _started(preq):
+    preq.Start()
+    return preq
+
+
+def test_synchronous_sends_complete_after_the_receive_started(world_small):
+    assert world_small.run(_rank_synchronous) == [[]] * world_small.size
