@@ -311,7 +311,7 @@ def test_hierarchical_allreduce_matches_numpy_and_every_local_rank_drives_the_li
 
     def fn(cc):
         buf = vecs[cc.rank].copy()
-        hier.allreduce_hierarchical(cc, buf, ops.SUM, piece_bytes=piece)  # None: 1 MiB
+        hier.allreduce_hierarchical(cc, buf, ops.SUM, piece_bytes=piece)  # None: PIECE_BYTES
         return buf
     out = _on_fake_hosts(hostmap, fn)
     want = np.sum(vecs, axis=0)
