@@ -22,6 +22,9 @@ from __future__ import annotations
 import queue
 import threading
 
+import numpy as np
+
+from .buffers import IN_PLACE, as_array
 from .errors import CommError
 from .ops import SUM
 from .p2p import ANY_TAG, PROC_NULL, Request
@@ -129,6 +132,17 @@ class NonblockingMethods:
     def Ireduce_scatter_block(self, sendbuf, recvbuf, op=SUM, **kw) -> Request:
         """Nonblocking :meth:`Reduce_scatter_block`."""
         return self._nonblocking(self.Reduce_scatter_block, sendbuf, recvbuf, op, **kw)
+
+    def Ireduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=SUM, **kw) -> Request:
+        """Nonblocking :meth:`Reduce_scatter`. With ``recvcounts`` None the ranks first
+        agree on the counts (each ``recvbuf``'s size) with a blocking Allgather, as
+        mpi4py's Ireduce_scatter does; the reduction itself runs on the progress thread."""
+        if recvcounts is None and sendbuf is not IN_PLACE:
+            recv = as_array(recvbuf, self.rank, "recvbuf", writable=True)
+            table = np.empty(self.size, dtype=np.int64)
+            self.Allgather(np.array([recv.size], dtype=np.int64), table)
+            recvcounts = table.tolist()
+        return self._nonblocking(self.Reduce_scatter, sendbuf, recvbuf, recvcounts, op, **kw)
 
     def Igather(self, sendbuf, recvbuf, root: int = 0, **kw) -> Request:
         """Nonblocking :meth:`Gather`."""

@@ -123,3 +123,52 @@ def _started(preq):
 
 def test_synchronous_sends_complete_after_the_receive_started(world_small):
     assert world_small.run(_rank_synchronous) == [[]] * world_small.size
+
+
+# -- Ireduce_scatter and Ialltoallw return before the collective is done --------------------
+
+def _rank_nonblocking_v() -> list:
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    bad: list = []
+    late = size - 1 if size > 1 else None
+    counts = [i + 1 for i in range(size)]
+    total = sum(counts)
+    send = np.arange(total, dtype=np.float64) * (rank + 1)
+    want_rs = (np.arange(total) * sum(range(1, size + 1)))[sum(counts[:rank]):][:rank + 1]
+    # Alltoallw: block j of INTs to rank j (j + 1 of them), received through a stride-2
+    # vector type (unpacked when the request completes)
+    sdispl = [4 * sum(counts[:j]) for j in range(size)]
+    out = np.concatenate([np.full(j + 1, rank * 100 + j, dtype=np.int32) for j in range(size)])
+    vec = MPI.INT.Create_vector(rank + 1, 1, 2).Commit()
+    got = np.full(2 * (rank + 1) * size, -1, dtype=np.int32)
+    rdispl = [4 * 2 * (rank + 1) * i for i in range(size)]
+    if rank == late:
+        time.sleep(HOLD_S)
+    res = np.zeros(rank + 1)
+    t0 = time.monotonic()
+    reqs = [comm.Ireduce_scatter([send, MPI.DOUBLE], [res, MPI.DOUBLE], counts, op=MPI.SUM),
+            comm.Ialltoallw([out, counts, sdispl, [MPI.INT] * size],
+                            [got, [1] * size, rdispl, [vec] * size])]
+    posted = time.monotonic() - t0
+    if late is not None and rank != late and posted > HOLD_S / 2:
+        bad.append(f"posting took {posted:.3f} s: it waited for the late rank")
+    MPI.Request.Waitall(reqs)
+    if not np.array_equal(res, want_rs):
+        bad.append(f"Ireduce_scatter got {res.tolist()} want {want_rs.tolist()}")
+    blocks = got.reshape(size, 2 * (rank + 1))
+    if not (np.array_equal(blocks[:, 0::2], np.add.outer(np.arange(size) * 100, [rank] *
+                                                         (rank + 1)))
+            and (blocks[:, 1::2] == -1).all()):
+        bad.append(f"Ialltoallw got {blocks.tolist()}")
+    # recvcounts None: the counts are each rank's recvbuf size, agreed first (as mpi4py)
+    res2 = np.zeros(rank + 1)
+    comm.Ireduce_scatter(send, res2, None, op=MPI.SUM).Wait()
+    if not np.array_equal(res2, want_rs):
+        bad.append(f"Ireduce_scatter(recvcounts=None) got {res2.tolist()}")
+    vec.Free()
+    return bad
+
+
+def test_ireduce_scatter_and_ialltoallw_are_nonblocking(world_small):
+    assert world_small.run(_rank_nonblocking_v) == [[]] * world_small.size

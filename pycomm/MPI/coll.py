@@ -189,22 +189,25 @@ class Intracomm(Comm):
         return self._done(call[0] == "I", out, r)
 
     def Reduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=SUM) -> None:
-        """Reduce ``sum(recvcounts)`` items; rank i gets ``recvcounts[i]`` of them."""
-        c, w, s, r = self._send_recv("Reduce_scatter", sendbuf, recvbuf)
+        """Reduce ``sum(recvcounts)`` items; rank i gets ``recvcounts[i]`` of them
+        (``recvcounts`` None: each rank's ``recvbuf`` count, agreed by an Allgather)."""
+        return self._reduce_scatter("Reduce_scatter", sendbuf, recvbuf, recvcounts, op)
+
+    def Ireduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=SUM) -> Request:
+        """Nonblocking :meth:`Reduce_scatter` (the reduction runs on the progress thread;
+        with ``recvcounts`` None the counts are first agreed by a blocking Allgather, as
+        in mpi4py)."""
+        return self._reduce_scatter("Ireduce_scatter", sendbuf, recvbuf, recvcounts, op)
+
+    def _reduce_scatter(self, call, sendbuf, recvbuf, recvcounts, op):
+        c, w, s, r = self._send_recv(call, sendbuf, recvbuf)
         _reducible(w, op, s, r)
         counts = recvcounts
         if recvcounts is not None:
             per = r.per if isinstance(r, Msg) else 1
             counts = [as_int(x, "recvcounts", w) * per for x in recvcounts]
-        c.Reduce_scatter(self._a(s), self._a(r), counts, op)
-        if isinstance(r, Msg):
-            r.finish()
-
-    def Ireduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=SUM) -> Request:
-        """:meth:`Reduce_scatter`, complete when it returns: the Communicator has no
-        nonblocking Reduce_scatter, so this one blocks (the request is already done)."""
-        self.Reduce_scatter(sendbuf, recvbuf, recvcounts, op)
-        return Request()
+        out = getattr(c, call)(self._a(s), self._a(r), counts, op)
+        return self._done(call[0] == "I", out, r)
 
     # gathers and scatters
     def Gather(self, sendbuf, recvbuf, root: int = 0) -> None:
@@ -347,8 +350,16 @@ class Intracomm(Comm):
         Raises:
             NotImplementedError: ``MPI.BOTTOM`` (absolute addresses) as the buffer.
         """
-        c = self._inner("Alltoallw")
-        w = f"rank {c.rank}: Alltoallw"
+        return self._alltoallw("Alltoallw", sendbuf, recvbuf)
+
+    def Ialltoallw(self, sendbuf, recvbuf) -> Request:
+        """Nonblocking :meth:`Alltoallw`: the send blocks are packed now, the bytes move
+        on the progress thread, and the receive blocks are unpacked at completion."""
+        return self._alltoallw("Ialltoallw", sendbuf, recvbuf)
+
+    def _alltoallw(self, call, sendbuf, recvbuf):
+        c = self._inner(call)
+        w = f"rank {c.rank}: {call}"
         rblocks = _wblocks(recvbuf, c.size, w, "recvbuf", True)
         sblocks = rblocks if sendbuf is IN_PLACE else \
             _wblocks(sendbuf, c.size, w, "sendbuf", False)
@@ -357,15 +368,17 @@ class Intracomm(Comm):
         got = np.empty(sum(b.array.nbytes for b in rblocks), np.uint8)
         scounts = [b.array.nbytes for b in sblocks]
         rcounts = [b.array.nbytes for b in rblocks]
-        c.Alltoallv([out, scounts, _starts(scounts)], [got, rcounts, _starts(rcounts)])
-        for b, start, n in zip(rblocks, _starts(rcounts), rcounts):
-            b.array.view(np.uint8)[...] = got[start:start + n]
-            b.finish()
 
-    def Ialltoallw(self, sendbuf, recvbuf) -> Request:
-        """:meth:`Alltoallw`, complete when it returns (it runs as a blocking call)."""
-        self.Alltoallw(sendbuf, recvbuf)
-        return Request()
+        def unpack() -> None:
+            for b, start, n in zip(rblocks, _starts(rcounts), rcounts):
+                b.array.view(np.uint8)[...] = got[start:start + n]
+                b.finish()
+        fn = c.Ialltoallv if call[0] == "I" else c.Alltoallv
+        inner = fn([out, scounts, _starts(scounts)], [got, rcounts, _starts(rcounts)])
+        if call[0] == "I":
+            return Request._wrap(inner, unpack)
+        unpack()
+        return None
 
     def Ibarrier(self) -> Request:
         return Request._wrap(self._inner("Ibarrier").Ibarrier())
