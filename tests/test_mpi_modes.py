@@ -16,6 +16,7 @@ import time
 
 import cloudpickle
 import numpy as np
+import pytest
 
 import pycomm
 from pycomm import MPI
@@ -172,3 +173,78 @@ def _rank_nonblocking_v() -> list:
 
 def test_ireduce_scatter_and_ialltoallw_are_nonblocking(world_small):
     assert world_small.run(_rank_nonblocking_v) == [[]] * world_small.size
+
+
+# -- a rank whose count is 0 in the v-collectives -------------------------------------------
+
+def _nothing(kind: str):
+    """What a rank that moves nothing passes, as mpi4py programs write it."""
+    return {"None": None, "empty int8": np.empty(0, np.int8),
+            "zero count": [np.empty(0), 0, MPI.DOUBLE]}[kind]
+
+
+def _rank_zero_counts(kind: str) -> list:
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    bad: list = []
+
+    def check(label, got, want):
+        if not np.array_equal(np.asarray(got), np.asarray(want)):
+            bad.append(f"{kind} {label}: got {np.asarray(got).tolist()} want "
+                       f"{np.asarray(want).tolist()}")
+    for root in sorted({0, size - 1}):
+        for zero in sorted({0, size // 2, size - 1}):     # the rank with nothing to move
+            counts = [0 if i == zero else i + 1 for i in range(size)]
+            displs = [sum(counts[:i]) for i in range(size)]
+            tot = sum(counts)
+            everyone = np.concatenate([np.full(c, float(i)) for i, c in enumerate(counts)]
+                                      or [np.empty(0)])
+            mine = _nothing(kind) if rank == zero else np.full(counts[rank], float(rank))
+            at = f"root {root}, rank {zero} moves nothing"
+            # Gatherv / Igatherv
+            for blocking in (True, False):
+                rb = np.full(tot, -1.0) if rank == root else None
+                spec = [rb, counts, displs, MPI.DOUBLE] if rank == root else None
+                if blocking:
+                    comm.Gatherv(mine, spec, root=root)
+                else:
+                    comm.Igatherv(mine, spec, root=root).Wait()
+                if rank == root:
+                    check(f"Gatherv ({at}, blocking={blocking})", rb, everyone)
+            # Scatterv / Iscatterv
+            for blocking in (True, False):
+                sb = np.arange(tot, dtype=np.float64) if rank == root else None
+                spec = [sb, counts, displs, MPI.DOUBLE] if rank == root else None
+                rb = _nothing(kind) if rank == zero else np.zeros(counts[rank])
+                if blocking:
+                    comm.Scatterv(spec, rb, root=root)
+                else:
+                    comm.Iscatterv(spec, rb, root=root).Wait()
+                if rank != zero:
+                    check(f"Scatterv ({at})", rb,
+                          np.arange(displs[rank], displs[rank] + counts[rank]))
+            # Allgatherv
+            rb = np.full(tot, -1.0)
+            comm.Allgatherv(mine, [rb, counts, displs, MPI.DOUBLE])
+            check(f"Allgatherv ({at})", rb, everyone)
+            # Alltoallv: the zero rank sends and receives nothing, in its own dtypes
+            sc = [0 if zero in (rank, j) else 1 for j in range(size)]
+            if rank == zero:
+                send = [np.empty(0, np.int64), sc, None, MPI.LONG]
+                recv = [np.empty(0, np.int16), sc, None, MPI.SHORT]
+            else:
+                send = [np.full(sum(sc), float(rank)), sc, None, MPI.DOUBLE]
+                recv = [np.full(sum(sc), -1.0), sc, None, MPI.DOUBLE]
+            comm.Alltoallv(send, recv)
+            if rank != zero:
+                check(f"Alltoallv ({at})", recv[0], [i for i in range(size) if i != zero])
+            # Reduce_scatter: the zero rank gets nothing
+            rb = np.zeros(counts[rank])
+            comm.Reduce_scatter(np.ones(tot), rb, counts, op=MPI.SUM)
+            check(f"Reduce_scatter ({at})", rb, np.full(counts[rank], float(size)))
+    return bad
+
+
+@pytest.mark.parametrize("kind", ["None", "empty int8", "zero count"])
+def test_a_rank_with_count_zero_in_v_collectives(world_small, kind):
+    assert world_small.run(_rank_zero_counts, kind) == [[]] * world_small.size

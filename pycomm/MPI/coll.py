@@ -64,11 +64,13 @@ def _wblocks(spec, size: int, w: str, arg: str, writable: bool) -> list[Msg]:
 
 
 def _match_empty(*msgs) -> None:
-    """An empty message (None, or zero items) takes the dtype of the other side's, so
-    that the Communicator's dtype checks do not refuse a rank that passes nothing."""
-    typed = [m for m in msgs if isinstance(m, Msg) and m.array.size]
-    for m in msgs:
-        if isinstance(m, Msg) and not m.array.size and typed:
+    """An empty message (None, or zero items) takes the dtype of the other side's (of the
+    first one when all are empty), so that the Communicator's dtype checks do not refuse
+    a rank that passes nothing: a zero count matches any datatype in MPI."""
+    given = [m for m in msgs if isinstance(m, Msg)]
+    typed = [m for m in given if m.array.size] or given[:1]
+    for m in given:
+        if not m.array.size and typed and m.array.dtype != typed[0].array.dtype:
             m.array = np.empty(0, typed[0].array.dtype)
 
 
