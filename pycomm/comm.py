@@ -342,8 +342,15 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
         seq = self._seq = (self._seq + 1) & _SEQ_MASK
         self._prev_sig, self._sig = self._sig, sig
         eng = self._engine
-        if eng.unexpected and eng.offload_posted == eng.offload_done:
-            self._check_stale(at_start=True)
+        eng.current[self._cctx] = (seq, sig, self._world)   # arrivals are checked on it
+        if eng.unexpected:
+            ctx = self._cctx
+            for u in eng.unexpected:        # messages of this call that came early
+                if u.ctx == ctx and u.tag == seq and u.sig != sig and u.sig is not None \
+                        and eng.foreign_message(ctx, seq, u.sig, u.src, u.nbytes):
+                    break
+            if eng.offload_posted == eng.offload_done:
+                self._check_stale(at_start=True)
         return _Coll(self, seq, sig)
 
     def _check_late_abort(self, name: str) -> None:

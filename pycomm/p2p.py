@@ -173,6 +173,9 @@ class Engine(Waiting):
         self.offload_ident = None     # that thread's threading.get_ident()
         # nonblocking collectives posted, and finished: each counter has one writer thread
         self.offload_posted = self.offload_done = 0
+        # ctx -> (tag, signature, world ranks) of the communicator's latest collective call,
+        # set by Communicator._coll: what an arriving collective message is checked against
+        self.current: dict[int, tuple] = {}
         self.lock = None
 
     # -- set-up ---------------------------------------------------------------------------
@@ -376,6 +379,39 @@ class Engine(Waiting):
     def _send_ctl(self, peer: int, frame: tuple) -> None:
         self.route[peer].send(peer, _pack(frame), None, None)
 
+    def foreign_message(self, ctx: int, tag: int, sig, peer: int, nbytes: int) -> bool:
+        """Whether an unmatched collective message proves a mismatch; if so, abandon calls.
+
+        Such a message (``sig`` from world rank ``peer``) is checked against this
+        communicator's latest call: one of that call with another signature, or one of a
+        call this rank has finished (none of its nonblocking calls being in flight), shows
+        that the ranks run different calls. A receive may never match it (the ranks
+        exchange with other partners in the calls they run), so both would wait out the
+        timeout; instead the message's call, the one after it and this rank's current call
+        are abandoned on every rank (a rank that had finished them learns in its next
+        call: see :meth:`pycomm.comm.Communicator._check_late_abort`).
+        """
+        seq, mine, world = self.current[ctx]
+        if tag == seq:
+            if mine == sig or empty_match(mine, sig, nbytes):
+                return False
+            text = (f"collective mismatch in call #{tag}: world rank {peer} is in "
+                    f"{describe(sig)}, world rank {self.rank} in {describe(mine)}")
+        elif 0 < (seq - tag) & 0x7FFFFFFF < 1 << 30 and \
+                self.offload_posted == self.offload_done and (ctx, tag) not in self.aborted:
+            text = (f"collective mismatch in call #{tag}: world rank {peer} sent a message "
+                    f"of {describe(sig)} for a call world rank {self.rank} has finished "
+                    f"(it is in call #{seq}, {describe(mine)})")
+        else:
+            return False
+        # the message's call, the next one (as Communicator._abandon does for a mismatch:
+        # a rank that needed nothing from the others may be in it), and this rank's own
+        for t in dict.fromkeys((tag, (tag + 1) & 0x7FFFFFFF, seq)):
+            note = text if t == tag else f"call #{t} is abandoned after a {text}"
+            self.abort_call(ctx, t, world, CollectiveMismatchError(f"rank {self.rank}: {note}"),
+                            note)
+        return True
+
     def _mismatch(self, req: Request, src: int, tag: int, nbytes: int, theirs) -> None:
         """Fail ``req``: the message from world rank ``src`` belongs to another call."""
         req.source, req.tag, req.count = src, tag, nbytes
@@ -480,6 +516,9 @@ class Engine(Waiting):
                     return self._dest_for(r, peer, tag, nbytes)
             if self.aborted and (ctx, tag) in self.aborted:
                 return memoryview(bytearray(nbytes))            # late: discarded
+            if sig is not None and ctx in self.current and \
+                    self.foreign_message(ctx, tag, sig, peer, nbytes):
+                return memoryview(bytearray(nbytes))            # its call is abandoned
             u = _Unexpected(ctx, peer, tag, nbytes, EAGER, sig)
             u.buf = bytearray(nbytes)
             self.unexpected.append(u)
@@ -497,6 +536,10 @@ class Engine(Waiting):
                         return None
                     self._start_rndv(r, peer, tag, n, sid, desc)
                     return None
+            if sig is not None and ctx in self.current and \
+                    self.foreign_message(ctx, tag, sig, peer, n):
+                self._send_ctl(peer, (FIN, sid))                # not to be read
+                return None
             u = _Unexpected(ctx, peer, tag, n, RTS, sig)
             u.sid, u.desc = sid, desc
             self.unexpected.append(u)

@@ -142,6 +142,13 @@ def _mismatched(kind):
                 comm.Bcast(np.zeros(1000), root=0)
             else:
                 comm.Allreduce(pycomm.IN_PLACE, np.ones(1000))
+        elif kind == "collective-unseen":
+            # no receive matches the foreign messages (rank 1 exchanges with others than
+            # the Bcast's tree gives it): only their arrival shows the mismatch
+            if r == 1:
+                comm.Allreduce(pycomm.IN_PLACE, np.ones(16))
+            else:
+                comm.Bcast(np.zeros(16), root=comm.size - 1)
         elif kind == "op":
             comm.Allreduce(pycomm.IN_PLACE, np.ones(10), op=pycomm.MAX if r == 1 else
                            pycomm.SUM)
@@ -158,7 +165,7 @@ def _mismatched(kind):
 
 
 @pytest.mark.parametrize("kind", ["dtype", "count-eager", "count-rendezvous", "root",
-                                  "collective", "op", "nonblocking"])
+                                  "collective", "collective-unseen", "op", "nonblocking"])
 def test_mismatched_calls_raise_on_every_rank_naming_both(world, kind):
     results = world.run(_mismatched, kind)
     expect = world.size * (world.size + 1) / 2
