@@ -61,7 +61,7 @@ def run_module(testdir: str, module: str, nprocs: int, timeout: float,
         cmd = [mpiexec, "-prepend-rank", "-n", str(nprocs), python, f"{module}.py"]
     else:
         cmd = [sys.executable, os.path.join(_ROOT, "launch.py"), "-n", str(nprocs),
-               "--mpi4py", f"{module}.py"]
+               "--mpi4py", "--prefix", f"{module}.py"]      # rank 0's lines: [0] ...
     try:
         proc = subprocess.run(cmd, cwd=testdir, capture_output=True, text=True,
                               timeout=timeout, check=False)
