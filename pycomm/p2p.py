@@ -114,7 +114,7 @@ def _eager_header(ctx: int, tag: int) -> bytes:
 
 class _Unexpected:
     __slots__ = ("ctx", "src", "tag", "nbytes", "kind", "buf", "arrived", "sid", "desc",
-                 "matched", "sig")
+                 "matched", "sig", "sender")
 
     def __init__(self, ctx, src, tag, nbytes, kind, sig=None):
         self.ctx, self.src, self.tag, self.nbytes, self.kind = ctx, src, tag, nbytes, kind
@@ -124,6 +124,7 @@ class _Unexpected:
         self.sid = 0
         self.desc = None
         self.matched: Request | None = None
+        self.sender: Request | None = None      # a synchronous send to this rank itself
 
 
 def _matches(ctx, src, tag, r_ctx, r_src, r_tag) -> bool:
@@ -202,7 +203,7 @@ class Engine(Waiting):
         ``sig``: the collective call's signature (:mod:`pycomm.signature`), or None for
         point-to-point traffic. ``sync``: MPI's synchronous mode, rendezvous at any size,
         so the request completes only once a receive has matched (CTS or FIN came back);
-        a send to this rank itself completes at once.
+        a send to this rank itself completes when a receive takes the message.
         """
         req = Request(self, view, ctx, dest, tag)
         req.expect = -2                 # marks a send
@@ -211,8 +212,11 @@ class Engine(Waiting):
             req._complete()
             return req
         if dest == self.rank:
-            self._deliver_local(view, ctx, tag, sig)
-            req._complete()
+            u = self._deliver_local(view, ctx, tag, sig)
+            if sync and u is not None:
+                u.sender = req          # complete when a receive takes it
+            else:
+                req._complete()
             return req
         t = self.route[dest]
         n = len(view)
@@ -297,6 +301,12 @@ class Engine(Waiting):
             return True
         if req.done or req.expect != -2:
             return False
+        for i, u in enumerate(self.unexpected):     # a synchronous send to itself
+            if u.sender is req:
+                del self.unexpected[i]
+                req.cancelled = True
+                req._complete()
+                return True
         try:
             self.progress()             # take in a CTS or FIN that has arrived already
         except PeerError:
@@ -442,6 +452,8 @@ class Engine(Waiting):
                 if u.nbytes:
                     dest[:] = u.buf
                 req._complete()
+                if u.sender is not None:        # a synchronous send to this rank
+                    u.sender._complete()
             else:
                 u.matched = req            # payload still streaming in; finish on arrival
         else:
@@ -473,7 +485,9 @@ class Engine(Waiting):
         req.view = dest
         t.send(src, _pack((CTS, sid, rid)), None, None)
 
-    def _deliver_local(self, view: memoryview, ctx: int, tag: int, sig) -> None:
+    def _deliver_local(self, view: memoryview, ctx: int, tag: int, sig) -> _Unexpected | None:
+        """Deliver a message to this rank itself: into a posted receive (returns None) or
+        as an unexpected message (returned)."""
         n = len(view)
         for i, r in enumerate(self.posted):
             if _matches(ctx, self.rank, tag, r.ctx, r.peer, r.tag):
@@ -485,11 +499,12 @@ class Engine(Waiting):
                 if n:
                     dest[:] = view
                 r._complete()
-                return
+                return None
         u = _Unexpected(ctx, self.rank, tag, n, EAGER, sig)
         u.buf = bytearray(view)
         u.arrived = True
         self.unexpected.append(u)
+        return u
 
     # -- Sink: called by transports inside progress() -------------------------------------
     def on_header(self, peer: int, header: bytes, nbytes: int):

@@ -40,13 +40,25 @@ def _rank_synchronous() -> list:
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
     bad: list = []
-    if size == 1:       # to itself: complete once the receive is there
-        got = np.zeros(2)
-        r = comm.Irecv(got, 0, 5)
-        s = comm.Issend(np.array([1.0, 2.0]), 0, 5)
-        MPI.Request.Waitall([r, s])
-        if got.tolist() != [1.0, 2.0]:
-            bad.append(f"self Issend got {got.tolist()}")
+    # to itself: pending until its own receive takes it (or cancelled)
+    s = comm.Issend(np.array([1.0, 2.0]), rank, 5)
+    if not _pending_for(s, 0.05):
+        bad.append("an Issend to itself completed before its receive")
+    got = np.zeros(2)
+    comm.Recv(got, rank, 5)
+    s.Wait()
+    if got.tolist() != [1.0, 2.0]:
+        bad.append(f"self Issend got {got.tolist()}")
+    s = comm.Issend(np.array([3.0]), rank, 6)
+    s.Cancel()
+    st = MPI.Status()
+    s.Wait(st)
+    if not st.Is_cancelled() or comm.Iprobe(rank, 6):
+        bad.append("a cancelled Issend to itself was not withdrawn")
+    r = comm.Irecv(got, rank, 7)            # a receive already posted: complete at once
+    if not comm.Issend(np.array([4.0, 5.0]), rank, 7).Test() or not r.Test():
+        bad.append("an Issend to itself with its receive posted did not complete")
+    if size == 1:
         return bad
     if rank > 1:
         comm.Barrier()
