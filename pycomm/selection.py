@@ -161,7 +161,9 @@ class AlgorithmSelection:
 
     def _model_transport(self) -> str:
         """The transport whose cost constants model this communicator (slowest link)."""
-        return model_transport(getattr(self, "transport_name", None))
+        layout = getattr(self, "host_layout", None)
+        return model_transport(getattr(self, "transport_name", None),
+                               None if layout is None else layout.nhosts)
 
     def _oversubscription(self) -> float:
         """Ranks per core (the cost model's oversubscription factor).

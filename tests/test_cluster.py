@@ -9,6 +9,7 @@ the reason (a silent skip would hide that the multi-host paths went untested).
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import signal
 import socket
@@ -437,3 +438,68 @@ def test_hierarchical_collectives_across_emulated_hosts(cluster, nnodes, nproc, 
             assert f"/{nnodes * nproc} checks " in line and got[0] == shapes.split()[0], line
             seen.update(got)
     assert seen == set(shapes.split())
+
+
+# -- link-aware selection ---------------------------------------------------------------------
+def _table_with_net(tmp_path, **net) -> str:
+    from pycomm.algorithms.cost import SHIPPED_TABLE
+    with open(SHIPPED_TABLE, encoding="utf-8") as fh:
+        table = json.load(fh)
+    table["net"] = {**table["shm"], **net}
+    path = tmp_path / "links.json"
+    path.write_text(json.dumps(table))
+    return str(path)
+
+
+def test_model_transport_prices_each_communicator_by_the_links_it_crosses(tmp_path,
+                                                                         monkeypatch):
+    from pycomm.algorithms.cost import model_transport
+    monkeypatch.delenv("PYCOMM_TUNE_FILE", raising=False)
+    assert model_transport("shm+tcp", 1) == "shm"       # a host's part of a multi-host job
+    assert model_transport("tcp", 1) == "tcp"           # --transport tcp on one host
+    assert model_transport("shm+tcp", 2) == "tcp"       # no measured link between hosts
+    assert model_transport("shm+tcp") == "tcp"
+    monkeypatch.setenv("PYCOMM_TUNE_FILE", _table_with_net(tmp_path, alpha=50e-6))
+    assert model_transport("shm+tcp", 2) == "net" and model_transport("shm+tcp", 1) == "shm"
+
+
+def test_a_measured_slow_link_makes_the_model_weigh_hierarchical_against_flat(tmp_path,
+                                                                             monkeypatch):
+    # a 2 Gbit/s link with 50 us latency between hosts
+    monkeypatch.setenv("PYCOMM_TUNE_FILE", _table_with_net(
+        tmp_path, alpha=50e-6, alpha_x=60e-6, alpha_rndv=100e-6, beta=4e-9, beta_rndv=4e-9))
+    algs = importlib.import_module("pycomm.algorithms")
+    big = 16 << 20
+    assert algs.choose("allreduce", big, 4, transport="net", hosts=(2, 2))[0] == \
+        "hierarchical"
+    # flat schedules are priced at the link's speed, not at loopback's: a ring moves
+    # 1.5 n per rank, so it cannot be modelled below 1.5 n beta_net
+    assert algs.model_time("allreduce", "ring", big, 4, transport="net") > 1.5 * big * 4e-9
+    # a tiny all-reduce: two latency-bound flat steps beat three two-level stages
+    small = algs.choose("allreduce", 8, 4, transport="net", hosts=(2, 2))[0]
+    assert small != "hierarchical"
+    # without the measurement, hierarchical is taken by structure
+    assert algs.choose("allreduce", 8, 4, transport="tcp", hosts=(2, 2))[0] == "hierarchical"
+
+
+def test_tune_links_measures_the_link_between_emulated_hosts(cluster, tmp_path, monkeypatch):
+    out = tmp_path / "links.json"
+    port = 29650 + os.getpid() % 40
+    procs = [cluster.popen(k + 1, [sys.executable, "launch.py", "--nnodes", "2",
+                                   "--node-rank", str(k), "--master-addr", cluster.addr(1),
+                                   "--master-port", str(port), "--nproc-per-node", "2",
+                                   "pycomm/tune_links.py", "--quick", "--out", str(out)],
+                           cwd=str(ROOT), env=_rank_env(cluster, PYCOMM_TIMEOUT="60"),
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for k in range(2)]
+    for k, (rc, text) in enumerate(_wait_all(procs, 120)):
+        assert rc == 0, f"node {k}: {text}"
+    net = json.loads(out.read_text())["net"]
+    assert net["measured"]["pair"] == [0, 2] and net["measured"]["names"] == ["host1", "host2"]
+    for entry in (net, net["measured"]["local"]):
+        for key in ("alpha", "beta", "alpha_rndv", "beta_rndv", "alpha_x"):
+            assert 0 < entry[key] < 1, (key, entry)
+    from pycomm.algorithms.cost import load_table, model_transport
+    monkeypatch.setenv("PYCOMM_TUNE_FILE", str(out))
+    assert load_table()["net"].beta_rndv == net["beta_rndv"]
+    assert model_transport("shm+tcp", 2) == "net"

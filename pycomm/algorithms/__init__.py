@@ -37,9 +37,10 @@ from pycomm.algorithms.allreduce import (allreduce_binomial, allreduce_double_bi
 from pycomm.algorithms.alltoall import alltoall_bruck, alltoall_pairwise, alltoallv_pairwise
 from pycomm.algorithms.barrier import barrier_binomial, barrier_dissemination
 from pycomm.algorithms.bcast import bcast_binomial, bcast_pipeline, bcast_scatter_allgather
-from pycomm.algorithms.cost import DEFAULT_TRANSPORT, cost, segment_bytes
+from pycomm.algorithms.cost import DEFAULT_TRANSPORT, NET, cost, segment_bytes
+from pycomm.algorithms.cost_hosts import two_level_time
 from pycomm.algorithms.gather import gather_binomial, gather_linear, gatherv_linear
-from pycomm.algorithms.hierarchical import (HIERARCHICAL, allgather_hierarchical,
+from pycomm.algorithms.hierarchical import (HIERARCHICAL, PIECE_BYTES, allgather_hierarchical,
                                             allreduce_hierarchical, barrier_hierarchical,
                                             bcast_hierarchical, reduce_hierarchical)
 from pycomm.algorithms.reduce import reduce_binomial, reduce_rabenseifner
@@ -272,11 +273,14 @@ def choose(collective: str, nbytes: int, size: int, *, requested: str | None = N
     Rule: a named algorithm wins. The name comes from ``requested`` (the call's
     ``algorithm=``); when that is None, from ``PYCOMM_ALGORITHM_<COLLECTIVE>``. ``"auto"``
     (from either source; ``requested="auto"`` also overrides the environment) or nothing
-    means automatic: on a communicator spanning more than one host (``hosts``), the
-    ``hierarchical`` algorithm where the collective has one that can serve the call
-    (:mod:`pycomm.algorithms.hierarchical`); otherwise the algorithm with the least
-    modelled time among the flat ones that can serve the call
-    (:mod:`pycomm.algorithms.cost`; ties go to registry order).
+    means automatic: the algorithm with the least modelled time among those that can
+    serve the call (:mod:`pycomm.algorithms.cost`; ties go to registry order). On a
+    communicator spanning hosts (``hosts``) the ``hierarchical`` algorithms
+    (:mod:`pycomm.algorithms.hierarchical`) take part, priced step by step with the link
+    each step crosses (:mod:`pycomm.algorithms.cost_hosts`), when ``transport`` is the
+    measured link between hosts (``"net"``, :mod:`pycomm.tune_links`); without that
+    measurement the hierarchical algorithm is taken wherever it can serve the call (its
+    link bytes are the minimum; the loopback-TCP row must not price a real link).
 
     Args:
         collective: a key of :data:`REGISTRY`.
@@ -318,14 +322,31 @@ def choose(collective: str, nbytes: int, size: int, *, requested: str | None = N
                                 f"{AUTO}, {', '.join(fit)}")
         return info.name, _bound(info, nbytes, size, transport, oversubscription)
     hier = table.get(HIERARCHICAL)
-    if hosts is not None and len(hosts) > 1 and hier is not None \
-            and hier.unfit_reason(size, commutative) is None:
+    spans = hosts is not None and len(hosts) > 1 and hier is not None \
+        and hier.unfit_reason(size, commutative) is None
+    if spans and transport != NET:
         return hier.name, hier.fn
     candidates = [i for i in table.values()
                   if i.name != HIERARCHICAL and i.unfit_reason(size, commutative) is None]
-    best = min(candidates, key=lambda i: cost(collective, i.name, nbytes, size, transport,
-                                              oversubscription))
+    price = {i.name: cost(collective, i.name, nbytes, size, transport, oversubscription)
+             for i in candidates}
+    best = min(candidates, key=lambda i: price[i.name])
+    if spans and two_level_time(collective, nbytes, hosts, _flat_time(commutative),
+                                PIECE_BYTES) <= price[best.name]:
+        return hier.name, hier.fn
     return best.name, _bound(best, nbytes, size, transport, oversubscription)
+
+
+def _flat_time(commutative: bool) -> Callable[[str, int, int, str], float]:
+    """``f(collective, nbytes, size, transport)``: the best flat algorithm's modelled
+    seconds (0 for one rank), for the inner steps of a two-level price."""
+    def best(collective: str, nbytes: int, size: int, transport: str) -> float:
+        if size <= 1:
+            return 0.0
+        return min(cost(collective, i.name, nbytes, size, transport)
+                   for i in REGISTRY[collective].values()
+                   if i.name != HIERARCHICAL and i.unfit_reason(size, commutative) is None)
+    return best
 
 
 def _bound(info: AlgorithmInfo, nbytes: int, size: int, transport: str,

@@ -54,7 +54,7 @@ from pycomm.algorithms.cost_terms import (pipeline_candidates, _segment, _ring_s
                                          _qfrac, _folds, _protocol)
 from pycomm.errors import ArgumentError
 
-__all__ = ["Constants", "FORMULAS", "SCHEDULES", "DEFAULT_TRANSPORT", "SHIPPED_TABLE",
+__all__ = ["Constants", "FORMULAS", "SCHEDULES", "DEFAULT_TRANSPORT", "NET", "SHIPPED_TABLE",
            "constants", "cost", "load_table", "model_transport", "segment_bytes"]
 
 DEFAULT_TRANSPORT = "shm"
@@ -211,10 +211,27 @@ def load_table(path: str | None = None) -> dict[str, Constants]:
     return hit
 
 
-def model_transport(transport_name: str | None) -> str:
-    """The table a communicator's ``transport_name`` (e.g. ``"shm+tcp"``) is priced with:
-    its slowest link's (``tcp``, then ``rdma``), else ``shm``'s (also when unknown)."""
+NET = "net"    # the table entry of the link between hosts (python -m pycomm.tune_links)
+
+
+def model_transport(transport_name: str | None, nhosts: int | None = None) -> str:
+    """The table a communicator is priced with: the slowest link its steps cross.
+
+    Args:
+        transport_name: the communicator's ``transport_name`` (e.g. ``"shm+tcp"``).
+        nhosts: hosts the communicator spans (its ``host_layout``), None if unknown.
+
+    Returns:
+        ``shm`` for a communicator on one host whose ranks share memory (a host's part of
+        a multi-host job, whose ``transport_name`` names the job's network transport too);
+        :data:`NET` for one spanning hosts when the table has that entry (measured between
+        hosts); else the slowest transport named (``tcp``, then ``rdma``), else ``shm``.
+    """
     name = transport_name or DEFAULT_TRANSPORT
+    if nhosts == 1 and DEFAULT_TRANSPORT in name.split("+"):
+        return DEFAULT_TRANSPORT
+    if nhosts is not None and nhosts > 1 and NET in load_table():
+        return NET
     return "tcp" if "tcp" in name else ("rdma" if "rdma" in name else DEFAULT_TRANSPORT)
 
 

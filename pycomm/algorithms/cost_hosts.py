@@ -1,0 +1,74 @@
+"""Modelled time of the hierarchical algorithms on a communicator that spans hosts.
+
+A hierarchical schedule (:mod:`pycomm.algorithms.hierarchical`) runs some steps inside
+hosts and some across them; each is priced with the link it crosses, as NCCL's tuner
+prices intra- and inter-node steps with separate bandwidths (``graph/tuning.cc``): steps
+inside a host with ``shm``'s constants, steps across hosts with those of the measured
+link between hosts (the :data:`~pycomm.algorithms.cost.NET` entry, written by
+:mod:`pycomm.tune_links`). A flat algorithm on the same communicator is priced with
+``NET``'s constants for every step, since nearly every step has a pair of ranks on
+different hosts (the slowest link a step crosses sets its time).
+
+Notation: ``n`` bytes, ``H`` hosts, ``L`` the most ranks on a host, ``m`` the fewest,
+``P = ceil(n / PIECE_BYTES)`` pieces; ``flat(c, b, p, t)`` the best flat algorithm's
+modelled time for collective ``c`` on ``b`` bytes and ``p`` ranks with table ``t``.
+
+* allreduce (pipelined): local = the ring reduce-scatter and all-gather on ``L`` ranks
+  (``shm``); cross = ``2(H-1)/H n β_net`` (each host's link carries that, shared by its
+  ``m`` senders) ``+ 2(H-1) α_net`` (one piece's messages; the others' overlap the
+  transfer); time ``max(local, cross) + (local + cross) / P`` (the pipeline's fill).
+* bcast: ``flat(bcast, n, H, net) + flat(bcast, n, L, shm)``; reduce: the mirror image.
+* allgather: ``flat(gather, nL/p, L, shm) + flat(allgather, n, H, net)
+  + flat(bcast, n, L, shm)``.
+* barrier: ``2(L-1) α_shm + flat(barrier, 0, H, net)``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from pycomm.algorithms.cost import DEFAULT_TRANSPORT, NET, _priced, constants, cost
+from pycomm.algorithms.cost_terms import _protocol
+
+__all__ = ["two_level_time"]
+
+Flat = Callable[[str, int, int, str], float]
+
+
+def two_level_time(collective: str, nbytes: int, hosts: tuple[int, ...], flat: Flat,
+                   piece_bytes: int) -> float:
+    """Modelled seconds of ``collective``'s hierarchical algorithm.
+
+    Args:
+        collective: ``allreduce``, ``bcast``, ``reduce``, ``allgather`` or ``barrier``.
+        nbytes: bytes of the call (as :func:`pycomm.algorithms.choose` defines them).
+        hosts: ranks on each host (at least two hosts).
+        flat: ``flat(collective, nbytes, ranks, transport)``, the best flat algorithm's
+            modelled seconds (0 for one rank).
+        piece_bytes: the all-reduce's pipeline piece.
+
+    Raises:
+        KeyError: a collective without a hierarchical algorithm.
+    """
+    big, few, nh = max(hosts), min(hosts), len(hosts)
+    shm, net = DEFAULT_TRANSPORT, NET
+    if collective == "allreduce":
+        local = (cost("reduce_scatter", "ring", nbytes, big, shm)
+                 + cost("allgather", "ring", nbytes, big, shm)) if big > 1 else 0.0
+        k = _priced(net)
+        pieces = max(1, math.ceil(nbytes / piece_bytes))
+        alpha, beta = _protocol(k, nbytes / pieces / few / nh)
+        cross = 2 * (nh - 1) / nh * nbytes * beta + 2 * (nh - 1) * alpha
+        return max(local, cross) + (local + cross) / pieces
+    if collective == "bcast":
+        return flat("bcast", nbytes, nh, net) + flat("bcast", nbytes, big, shm)
+    if collective == "reduce":
+        return flat("reduce", nbytes, big, shm) + flat("reduce", nbytes, nh, net)
+    if collective == "allgather":
+        mine = nbytes * big // max(1, sum(hosts))
+        return (flat("gather", mine, big, shm) + flat("allgather", nbytes, nh, net)
+                + flat("bcast", nbytes, big, shm))
+    if collective == "barrier":
+        return 2 * (big - 1) * constants(shm).alpha + flat("barrier", 0, nh, net)
+    raise KeyError(collective)
