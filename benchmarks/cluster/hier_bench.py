@@ -129,6 +129,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--algs", default=ALGS)
     ap.add_argument("--prefix", default="pchb")
     ap.add_argument("--out", default=None, help="write the records and summary as JSON")
+    ap.add_argument("--tune-file", default=None,
+                    help="PYCOMM_TUNE_FILE for the ranks (e.g. written by pycomm/tune_links.py)")
+    ap.add_argument("--env", action="append", default=[], metavar="VAR=VALUE",
+                    help="another PYCOMM_ variable for the ranks (repeatable)")
     ap.add_argument("--raw", action="store_true",
                     help="also time plain TCP carrying the same link load (2 hosts)")
     args = ap.parse_args(argv)
@@ -137,6 +141,13 @@ def main(argv: list[str] | None = None) -> int:
     env.update({"PYTHONPATH": str(ROOT), "PYCOMM_TIMEOUT": "120",
                 "HB_BYTES": str(int(args.mib * 2**20)), "HB_REPS": str(args.reps),
                 "HB_ALGS": args.algs})
+    if args.tune_file:
+        env["PYCOMM_TUNE_FILE"] = os.path.abspath(args.tune_file)
+    for item in args.env:
+        name, _, value = item.partition("=")
+        if not name.startswith("PYCOMM_") or not _:
+            raise SystemExit(f"--env {item!r}: expected PYCOMM_NAME=VALUE")
+        env[name] = value
     records = []
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     load = [os.getloadavg()]
@@ -155,7 +166,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = summarize(records, args.hosts, rate)
     print(f"{args.hosts} hosts x {args.nproc} ranks, {args.rate} links, {args.mib:g} MiB "
           f"float32 all-reduce; floor {rows[0]['floor_ms']:.1f} ms; "
-          f"{args.rounds} rounds x {args.reps} reps per job; load "
+          f"{args.rounds} rounds x {args.reps} reps per job"
+          f"{'; PYCOMM_TUNE_FILE=' + args.tune_file if args.tune_file else ''}"
+          f"{'; ' + ' '.join(args.env) if args.env else ''}; load "
           f"{', '.join(f'{x[0]:.1f}' for x in load)}")
     if raw:
         print(f"plain TCP, {args.nproc} flows carrying {args.mib:g} MiB each way: median "

@@ -71,6 +71,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pycomm import config
 from pycomm.algorithms.allgather import allgatherv_ring
 from pycomm.algorithms.barrier import barrier_dissemination
 from pycomm.algorithms.cost import DEFAULT_TRANSPORT, model_transport
@@ -168,10 +169,16 @@ class View:
         self.cc.sendrecv(sendbuf, self.ranks[dest], recvbuf, self.ranks[source])
 
 
-@functools.lru_cache(maxsize=1024)
 def _inner(collective: str, nbytes: int, size: int, commutative: bool, transport: str):
     """The flat algorithm the cost model picks for one inner step (never hierarchical:
-    ``choose`` without hosts leaves it out; ``auto`` ignores PYCOMM_ALGORITHM_*)."""
+    ``choose`` without hosts leaves it out; ``auto`` ignores PYCOMM_ALGORITHM_*); made
+    again after :func:`pycomm.config.reload`, as the communicators' plans are."""
+    return _inner_at(collective, nbytes, size, commutative, transport, config.generation)
+
+
+@functools.lru_cache(maxsize=1024)
+def _inner_at(collective: str, nbytes: int, size: int, commutative: bool, transport: str,
+              generation: int):
     from pycomm.algorithms import AUTO, choose      # the registry imports this module
     return choose(collective, nbytes, size, requested=AUTO, commutative=commutative,
                   transport=transport)[1]
