@@ -26,7 +26,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -134,6 +134,25 @@ class Collective:
         """nccl-tests' S: the bytes algbw counts for one call."""
         return size * n if self.per_rank else size
 
+
+def nonblocking(blocking: Collective) -> Collective:
+    """Return the nonblocking twin of a blocking spec (OSU's ``osu_i<name>``).
+
+    The twin times ``I<method>`` on the blocking spec's buffers (same sizes, same ``-c``
+    checks) with the compute overlap described at the top of this module; a spec with
+    no sizes (barrier) runs 1000 iterations at its single size, as OSU's ``osu_ibarrier``.
+
+    Args:
+        blocking: the spec of the blocking script (``osu_allreduce.SPEC``).
+
+    Returns:
+        A new spec named ``"i" + blocking.name`` timing ``"I" + <method, lowercased first
+        letter>`` (``Allreduce`` -> ``Iallreduce``).
+    """
+    method = "I" + blocking.method[0].lower() + blocking.method[1:]
+    return replace(blocking, name="i" + blocking.name, method=method, nonblocking=True,
+                   title=blocking.title.replace("MPI ", "MPI Non-blocking "),
+                   iters=(1000, 100, 100, 10) if blocking.sizes else (1000, 100, 1000, 100))
 
 # -- compute for the nonblocking benchmarks ----------------------------------------------
 
