@@ -17,26 +17,15 @@ import numpy as np
 import pytest
 
 import pycomm
-from pycomm.algorithms import REGISTRY
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 EAGER_LIMIT = 65536
 BIG = EAGER_LIMIT // 8 + 5          # float64 elements: past the eager limit (rendezvous)
 ROOTED = ("Bcast", "Reduce", "Gather", "Scatter", "Gatherv", "Scatterv")
-# collective name in the registry, for the variants whose algorithms may not exist yet
-NEEDS = {"Gatherv": "gatherv", "Scatterv": "scatterv", "Allgatherv": "allgatherv",
-         "Alltoallv": "alltoallv", "Scan": "scan", "Exscan": "exscan"}
 VARIANTS = ["Barrier", "Bcast", "Reduce", "Allreduce", "Allgather", "Alltoall",
-            "Reduce_scatter_block", "Gather", "Scatter", *NEEDS]
-
-
-def _variant_param(name: str):
-    coll = NEEDS.get(name)
-    if coll is not None and coll not in REGISTRY:
-        return pytest.param(name, marks=pytest.mark.xfail(
-            strict=False, reason=f"algorithms not landed ({coll!r} not in the registry)"))
-    return pytest.param(name)
+            "Reduce_scatter_block", "Gather", "Scatter", "Gatherv", "Scatterv", "Allgatherv",
+            "Alltoallv", "Scan", "Exscan"]
 
 
 # -- what runs on the ranks ----------------------------------------------------------------
@@ -134,7 +123,7 @@ def _rank_twins(name: str, cases: list):
     return out
 
 
-@pytest.mark.parametrize("name", [_variant_param(v) for v in VARIANTS])
+@pytest.mark.parametrize("name", VARIANTS)
 def test_i_variant_matches_blocking_twin(world_small, name):
     size = world_small.size
     roots = range(size) if name in ROOTED else (0,)

@@ -25,9 +25,6 @@ EAGER_LIMIT = 65536
 PAIR_OPS = ("MAXLOC", "MINLOC")
 LOGICAL = ("LAND", "LOR", "LXOR")
 BITWISE = ("BAND", "BOR", "BXOR")
-LANDED = all(hasattr(ops, name) for name in PAIR_OPS + LOGICAL + BITWISE)
-pytestmark = pytest.mark.xfail(not LANDED, strict=False,
-                               reason="pycomm.ops MAXLOC/MINLOC/LAND..BXOR not landed")
 
 PAIR_DTYPES = {
     "DOUBLE_INT": ("float64", "int32"), "FLOAT_INT": ("float32", "int32"),
@@ -144,13 +141,13 @@ def check_loc(results: list, coll: str) -> None:
             assert len({res[i][2] for res in results}) == 1, f"{c}: ranks differ"
 
 
-@pytest.mark.parametrize("alg", _alg_params("allreduce") if LANDED else [None], ids=_alg_id)
+@pytest.mark.parametrize("alg", _alg_params("allreduce"), ids=_alg_id)
 def test_maxloc_minloc_allreduce(world_small, alg):
     check_loc(world_small.run(_rank_loc, "allreduce", alg,
                               loc_cases("allreduce", world_small.size)), "allreduce")
 
 
-@pytest.mark.parametrize("alg", _alg_params("reduce") if LANDED else [None], ids=_alg_id)
+@pytest.mark.parametrize("alg", _alg_params("reduce"), ids=_alg_id)
 def test_maxloc_minloc_reduce_every_root(world_small, alg):
     check_loc(world_small.run(_rank_loc, "reduce", alg,
                               loc_cases("reduce", world_small.size)), "reduce")
