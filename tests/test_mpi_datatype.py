@@ -12,6 +12,7 @@ from __future__ import annotations
 import array
 import ctypes
 import mmap
+import pickle
 
 import numpy as np
 import pytest
@@ -444,3 +445,39 @@ def test_envelope_contents_decode_and_pickle_rebuild_derived_types():
     assert MPI.DOUBLE.decode() == (MPI.DOUBLE, "NAMED", {})
     with pytest.raises(NotImplementedError, match="darray"):
         MPI.INT.Create_darray(4, 0, [4], [MPI.DISTRIBUTE_BLOCK], [0], [4])
+
+
+def test_mpi41_types_queries_and_handles():
+    # MPI 4.1's fixed-size floats; numpy has no bfloat16
+    for name, dt in (("FLOAT16_T", "f2"), ("FLOAT32_T", "f4"), ("FLOAT64_T", "f8")):
+        t = getattr(MPI, name)
+        assert t.to_numpy() == np.dtype(dt) and t.typestr == dt
+        assert MPI.Datatype.fromcode(t.tocode()).typechar == t.typechar
+    assert MPI.BFLOAT16_T == MPI.DATATYPE_NULL and MPI.LOGICAL16 == MPI.DATATYPE_NULL
+    # a Dup keeps its basic type's typestr; pair types read as void
+    assert MPI.CHAR.Dup().typestr == "S1" and MPI.INT_INT.typechar == "V"
+    assert MPI.DATATYPE_NULL.typechar == ""
+    assert MPI.Datatype.Match_size(MPI.TYPECLASS_REAL, 8) == MPI.REAL8
+    assert MPI.Datatype.Match_size(MPI.TYPECLASS_LOGICAL, 1) == MPI.LOGICAL1
+    with pytest.raises(MPI.Exception, match="no INTEGER type of 16 bytes"):
+        MPI.Datatype.Match_size(MPI.TYPECLASS_INTEGER, 16)
+    assert MPI.Datatype.Get_value_index(MPI.DOUBLE, MPI.INT) == MPI.DOUBLE_INT
+    assert MPI.Datatype.Get_value_index(MPI.INT, MPI.INT) == MPI.INT_INT
+    assert MPI.Datatype.Get_value_index(MPI.DOUBLE, MPI.FLOAT) == MPI.DATATYPE_NULL
+    with pytest.raises(MPI.Exception) as err:
+        MPI.Datatype.Get_value_index(MPI.DATATYPE_NULL, MPI.INT)
+    assert err.value.Get_error_class() == MPI.ERR_TYPE
+    # the named handle unpickles to itself, a copy of it to a new equal handle
+    copy = pickle.loads(pickle.dumps(MPI.Datatype(MPI.INT)))
+    assert pickle.loads(pickle.dumps(MPI.INT)) is MPI.INT
+    assert copy == MPI.INT and copy is not MPI.INT
+    # a freed old type stays readable through the types built on it (MPI refcounts)
+    base = MPI.INT.Dup()
+    vec = base.Create_vector(2, 1, 3)
+    base.Free()
+    old, combiner, kw = vec.decode()
+    assert combiner == "VECTOR" and old.Create_vector(**kw).extent == vec.extent
+    assert vec.Get_contents()[3][0].Get_size() == 4
+    # a typemap too large to hold is refused before any allocation
+    with pytest.raises(MPI.Exception, match="basic items"):
+        MPI.BYTE.Create_contiguous(2**31 - 1)

@@ -38,10 +38,17 @@ ORDER_F = ORDER_FORTRAN
  COMBINER_INDEXED, COMBINER_HINDEXED, COMBINER_INDEXED_BLOCK, COMBINER_HINDEXED_BLOCK,
  COMBINER_STRUCT, COMBINER_SUBARRAY, COMBINER_RESIZED) = range(12)
 COMBINER_DARRAY, COMBINER_F90_REAL, COMBINER_F90_COMPLEX, COMBINER_F90_INTEGER = range(12, 16)
-TYPECLASS_REAL, TYPECLASS_INTEGER, TYPECLASS_COMPLEX = 1, 2, 3
+TYPECLASS_REAL, TYPECLASS_INTEGER, TYPECLASS_COMPLEX, TYPECLASS_LOGICAL = 1, 2, 3, 4
 
 _WIRE = {"S": np.dtype(np.uint8), "U": np.dtype(np.uint32)}   # non-numeric basic dtypes
+_MAX_ENTRIES = 1 << 28   # basic items of one derived type (its typemap: 2.5 GiB)
 _INDEX_CACHE = 8          # index arrays kept per datatype (one per distinct count/offset)
+
+
+def _check_entries(n: int, what: str) -> None:
+    if n > _MAX_ENTRIES:
+        raise _err(f"{what}: {n} basic items: pycomm keeps one displacement per basic item "
+                   f"(10 bytes each) and takes at most {_MAX_ENTRIES}")
 
 
 def _err(message: str):
@@ -128,6 +135,7 @@ class Datatype:
                              dtype=np.int16)    # kept even when empty: the wire dtype
             if offsets.size == 0 or dt._disps.size == 0:
                 continue
+            _check_entries(offsets.size * dt._disps.size, "a type constructor")
             disps.append((offsets[:, None] + dt._disps[None, :]).reshape(-1))
             codes.append(np.broadcast_to(remap[dt._codes][None, :],
                                          (offsets.size, dt._codes.size)).reshape(-1))
@@ -202,13 +210,15 @@ class Datatype:
 
     @property
     def typechar(self) -> str:
-        """numpy character code of a predefined type ("" for derived types)."""
-        return self._code[0] if self._code else ""
+        """numpy character code of a predefined type; ``"V"`` (void) for pair and derived
+        types, ``""`` for DATATYPE_NULL."""
+        return self._code[0] if self._code else ("V" if self is not DATATYPE_NULL else "")
 
     @property
     def typestr(self) -> str:
-        """numpy type string (``"f8"``...) of a basic type; ``"V<extent>"`` otherwise."""
-        if self._predefined and len(self._dtypes) == 1 and self._dtypes[0].fields is None:
+        """numpy type string (``"f8"``...) of a basic type or its ``Dup``; ``"V<extent>"``
+        otherwise."""
+        if self._code and len(self._dtypes) == 1 and self._dtypes[0].fields is None:
             dt = self._dtypes[0]
             return f"{dt.kind}{dt.itemsize}" if dt.kind != "b" else "b1"
         return f"V{self.extent}" if self is not DATATYPE_NULL else ""
@@ -293,8 +303,10 @@ class Datatype:
 
     def __reduce__(self):
         if self._predefined:
-            from .predefined import _KEY_OF, _predefined
-            return _predefined, (_KEY_OF[id(self._disps)],)
+            from .predefined import _KEY_OF, _copy_of, _predefined
+            key = _KEY_OF[id(self._disps)]
+            # the named handle unpickles to itself, a Datatype(named) copy to a new copy
+            return (_predefined if self is _predefined(key) else _copy_of), (key,)
         if self._ctor is not None:            # made by a constructor: made again by it
             from .decode import recreate
             return recreate, (*self._ctor, self._committed)
@@ -305,6 +317,7 @@ class Datatype:
     def Create_contiguous(self, count: int) -> Datatype:
         """``count`` items of this type back to back."""
         count = _nonneg(count, "count", "Create_contiguous")
+        _check_entries(count * self._disps.size, "Create_contiguous")
         return Datatype._compose([(np.arange(count) * self.extent, self)],
                                  COMBINER_CONTIGUOUS)
 
@@ -321,6 +334,7 @@ class Datatype:
     def _hvector(self, count, blocklength, stride_bytes, what, combiner):
         count = _nonneg(count, "count", what)
         blen = _nonneg(blocklength, "blocklength", what)
+        _check_entries(count * blen * self._disps.size, what)
         offs = (np.arange(count)[:, None] * stride_bytes +
                 np.arange(blen)[None, :] * self.extent)
         return Datatype._compose([(offs, self)], combiner)

@@ -93,7 +93,6 @@ _NOT_OFFERED = {
     "Create_f90_integer": "Fortran 90 parameterized types",
     "Create_f90_real": "Fortran 90 parameterized types",
     "Create_f90_complex": "Fortran 90 parameterized types",
-    "Match_size": "MPI_Type_match_size", "Get_value_index": "MPI_Type_get_value_index",
     "Create_keyval": "datatype attributes", "Pack_external": "external32 packing",
     "Unpack_external": "external32 packing", "Pack_external_size": "external32 packing",
 }
@@ -124,7 +123,17 @@ def contents(dt) -> tuple[list, list, list, list]:
         from pycomm.errors import ArgumentError
         raise ArgumentError(f"Get_contents: {dt.Get_name()} is a named type")
     i, a, d = _layout(*ctor)
-    return i, a, [], [t if t.is_predefined else t.Dup() for t in d]
+    return i, a, [], [t if t.is_predefined else _alive(t).Dup() for t in d]
+
+
+def _alive(old):
+    """``old``, or a usable copy of its handle when the user freed it: MPI keeps a freed
+    type alive for the types built on it, so their contents stay readable."""
+    if old._freed:
+        from .datatypes import Datatype
+        old = Datatype(old)
+        old._freed = False
+    return old
 
 
 def decode(dt) -> tuple:
@@ -135,13 +144,13 @@ def decode(dt) -> tuple:
     name, old, kw = ctor
     kw = dict(kw)
     if name == "STRUCT":               # a classmethod: any of its types rebuilds it
-        kw["datatypes"] = list(kw["datatypes"])
+        kw["datatypes"] = [_alive(t) for t in kw["datatypes"]]
         first = kw["datatypes"][0] if kw["datatypes"] else None
         if first is None:
             from .datatypes import DATATYPE_NULL
             first = DATATYPE_NULL
         return first, name, kw
-    return old, name, kw
+    return _alive(old), name, kw
 
 
 def recreate(name: str, old, kw: dict, committed: bool):

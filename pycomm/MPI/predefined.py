@@ -12,12 +12,18 @@ from __future__ import annotations
 import numpy as np
 
 from .datatypes import DATATYPE_NULL, Datatype, _data_size
+from .typequery import get_value_index, match_size
 
 __all__ = ["PREDEFINED", "TYPEDICT", "from_numpy", "to_datatype"]
 
 
 def _predefined(name: str) -> Datatype:
     return PREDEFINED[name]
+
+
+def _copy_of(name: str) -> Datatype:
+    """A new handle equal to predefined type ``name`` (how ``Datatype(MPI.INT)`` unpickles)."""
+    return Datatype(PREDEFINED[name])
 
 
 
@@ -37,6 +43,8 @@ _TABLE = {
     "INT8_T": ("i1", "i1"), "INT16_T": ("i2", "i2"), "INT32_T": ("i4", "i4"),
     "INT64_T": ("i8", "i8"), "UINT8_T": ("u1", "u1"), "UINT16_T": ("u2", "u2"),
     "UINT32_T": ("u4", "u4"), "UINT64_T": ("u8", "u8"),
+    # MPI 4.1's fixed-size floats (mpi4py 4.1 names them); numpy has no bfloat16
+    "FLOAT16_T": ("f2", "e"), "FLOAT32_T": ("f4", "f"), "FLOAT64_T": ("f8", "d"),
     "C_FLOAT_COMPLEX": ("c8", "F"), "C_DOUBLE_COMPLEX": ("c16", "D"),
     "C_LONG_DOUBLE_COMPLEX": ("G", "G"), "CXX_BOOL": ("?", "?"),
     "CXX_FLOAT_COMPLEX": ("c8", "F"), "CXX_DOUBLE_COMPLEX": ("c16", "D"),
@@ -62,7 +70,7 @@ for _name, (_dt, _code) in _TABLE.items():
 PREDEFINED["TWOINT"] = PREDEFINED["2INT"]
 # Fortran kinds numpy cannot hold (16-byte integers, quad precision, half complex): as in
 # mpi4py over an MPI that lacks them, they are DATATYPE_NULL
-for _name in ("INTEGER16", "REAL16", "COMPLEX4", "COMPLEX32"):
+for _name in ("INTEGER16", "REAL16", "COMPLEX4", "COMPLEX32", "LOGICAL16", "BFLOAT16_T"):
     PREDEFINED[_name] = DATATYPE_NULL
 PREDEFINED["INT_INT"] = PREDEFINED["2INT"]
 # mpi4py's aliases of the same handles
@@ -95,6 +103,7 @@ TYPEDICT.update({"b1": PREDEFINED["C_BOOL"], "f4": PREDEFINED["FLOAT"],
                  "U1": PREDEFINED["WCHAR"], "M": PREDEFINED["INT64_T"],
                  "m": PREDEFINED["INT64_T"], "M8": PREDEFINED["INT64_T"],
                  "m8": PREDEFINED["INT64_T"]})
+TYPEDICT.update({"e": PREDEFINED["FLOAT16_T"], "f2": PREDEFINED["FLOAT16_T"]})
 _gdt = np.dtype("g")
 TYPEDICT[f"f{_gdt.itemsize}"] = PREDEFINED["LONG_DOUBLE"]
 TYPEDICT[f"c{2 * _gdt.itemsize}"] = PREDEFINED["C_LONG_DOUBLE_COMPLEX"]
@@ -105,6 +114,10 @@ PREDEFINED["2INT"]._name = "MPI_2INT"
 
 _KEY_OF = {id(dt._disps): key for key, dt in reversed(list(PREDEFINED.items()))}
 _BY_DTYPE: dict[np.dtype, Datatype] = {}
+
+
+Datatype.Match_size = staticmethod(match_size)
+Datatype.Get_value_index = staticmethod(get_value_index)
 
 
 def from_numpy(dtype: np.dtype) -> Datatype:
