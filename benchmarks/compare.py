@@ -10,7 +10,8 @@ runs, each as a subprocess with a timeout (``--timeout``, default 600 s):
   ``mpiexec`` is on PATH (the reference);
 - ``reference.py`` (memcpy and loopback TCP: the ceiling).
 
-Then it writes into ``--out`` (default ``benchmarks/results``), named ``BENCH-nN``:
+Then it writes into ``--out`` (default ``benchmarks/results/compare/<UTC date>-<HHMM>``, a
+folder per run), named ``BENCH-nN``:
 ``.md`` (times per size, and the ratios pycomm time / MPI time, and pycomm time / ceiling
 time: memcpy of the same bytes for shm, loopback TCP for tcp), ``.json`` (the same numbers
 and every run's command, status and metadata) and, when matplotlib is installed, ``-lat.png``
@@ -211,11 +212,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-mpi", action="store_true", help="skip the mpi4py reference")
     p.add_argument("--no-ceiling", action="store_true", help="skip reference.py")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per run (600)")
-    p.add_argument("--out", default=os.path.join(HERE, "results"))
+    p.add_argument("--out", default=None,
+                   help="folder (default benchmarks/results/compare/<UTC date>-<HHMM>)")
     args = p.parse_args(argv)
     bench = args.bench.removeprefix("osu_").removesuffix(".py")
     if bench not in names() or bench == "reference":
         p.error(f"unknown benchmark {args.bench!r}; see python -m benchmarks --list")
+    if args.out is None:
+        stamp = time.strftime("%Y-%m-%d-%H%M", time.gmtime())
+        args.out = os.path.join(HERE, "results", "compare", stamp)
     os.makedirs(args.out, exist_ok=True)
     size_args = (["--sizes", args.sizes] if args.sizes else []) + \
         (["-m", args.message_size] if args.message_size else [])
