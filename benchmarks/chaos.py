@@ -49,9 +49,12 @@ What is measured, per trial (the rules are exact; misses are printed with their 
   caught contains ``rank C`` as words.
 * **names call** — fatal kinds: the name of the faulty call's collective (``Allreduce``,
   ...; when it is a Bcast, the next call's name also counts, since ranks upstream of the
-  culprit can finish a Bcast) appears as a word in one of: the launcher's verdict line, the
-  last line of a surviving rank's traceback (``[r] pycomm.errors.X: ...``), or a surviving
-  rank's stall warning (``[r] pycomm: rank r: warning: ...``). Traceback source lines and
+  culprit can finish a Bcast; on rdma the call before it also counts, since a killed or
+  stopped rank's last sends may still sit in its own emulated NIC, so that the survivors
+  never finish that call and rightly name it) appears as a word in one of: the
+  launcher's verdict line, the last line of a surviving rank's traceback (``[r]
+  pycomm.errors.X: ...``), or a surviving rank's stall warning (``[r] pycomm: rank r:
+  warning: ...``). Traceback source lines and
   flight-recorder tables do not count. Recoverable kinds: the first error every rank
   caught contains the scheduled collective's name.
 
@@ -105,6 +108,7 @@ class Trial:
     variant: str
     coll: str = ""                 # the faulty call's collective (as scheduled)
     next_coll: str = ""
+    prev_coll: str = ""
     count: int = 0
     # measured
     exit_code: int | None = None
@@ -157,7 +161,8 @@ def make_trial(index: int, kind: str, transport: str, size: int, culprit: int, c
     else:
         variant = kind
     return Trial(index, kind, transport, size, culprit, call, seed, variant, coll=c["coll"],
-                 next_coll=calls[call + 1]["coll"], count=c["count"])
+                 next_coll=calls[call + 1]["coll"], count=c["count"],
+                 prev_coll=calls[call - 1]["coll"] if call else "")
 
 
 # -- running one trial -----------------------------------------------------------------------
@@ -342,7 +347,8 @@ def _judge_fatal(t: Trial, err: list[str], err_t: list[float], fault: float | No
     t.ended = (not t.timed_out and t.exit_code not in (0, None) and bool(t.verdict)
                and t.latency_s is not None and t.latency_s <= BOUND_S)
     t.names_culprit = bool(re.match(rf"pycomm\.launch: rank {t.culprit} ", t.verdict))
-    names = [t.coll] + ([t.next_coll] if t.coll == "Bcast" else [])
+    names = [t.coll] + ([t.next_coll] if t.coll == "Bcast" else []) + \
+        ([t.prev_coll] if t.transport == "rdma" and t.prev_coll else [])
     lines = [t.verdict] if t.verdict else []
     for line in err:
         m = _EXC.match(line) or _WARN.match(line)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 import numpy as np
 
@@ -52,6 +53,7 @@ __all__ = ["Communicator", "Status", "TAG_UB"]
 
 TAG_UB = 2**31 - 1
 _SEQ_MASK = 0x7FFFFFFF
+_REASON_WAIT_S = 1.0    # how long a failed step waits for the abort that explains it
 _PAST = 1 << 30         # a tag this far behind the current call or less is in the past
 
 
@@ -99,18 +101,24 @@ class _Coll:
             ) from None
         except (CollectiveError, PeerError):
             raise
-        except CommError:
+        except CommError as exc:
             # a withdrawn message or a truncation may be the echo of a peer abandoning
-            # the call: its reason, already on the way, says more
+            # the call: its reason, already on the way (perhaps from a third rank, over
+            # another link that keeps no order with this one), says more
             eng = self.engine
-            try:
-                eng.progress()
-            except CommError:
-                pass
-            err = eng.aborted_error(self.ctx, self.tag)
-            if err is not None:
-                raise err from None
-            raise
+            deadline = time.monotonic() + (
+                0.0 if isinstance(exc, CommTimeoutError) else _REASON_WAIT_S)
+            while True:
+                try:
+                    eng.progress()
+                except CommError:
+                    pass
+                err = eng.aborted_error(self.ctx, self.tag)
+                if err is not None:
+                    raise err from None
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.0005)
         for r in reqs:
             if r.expect >= 0 and r.count != r.expect:
                 raise TruncationError(

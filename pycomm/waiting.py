@@ -189,6 +189,7 @@ class Waiting:
                 try:
                     for tr in ts:
                         tr.check_peers()
+                    self._fail_departed()
                 except TransportError as exc:
                     raise self._peer_error(exc) from None
                 if t >= warn_at:            # asks the others: a slow path, once per warn_s
@@ -210,6 +211,47 @@ class Waiting:
                 raise self._peer_error(exc) from None
         if stalled is not None:
             inspector.waiting_for = None
+
+    def _fail_departed(self) -> None:
+        """Fail the requests that wait for a peer which has closed cleanly.
+
+        A rank that finished its program closes pycomm and says goodbye (so that its exit
+        is no crash); a receive from it, or a large send it was to read, can then never
+        complete: fail them with a PeerError now rather than at the timeout.
+        """
+        gone: set[int] = set()
+        for tr in self.transports:
+            gone.update(tr.closed_peers())
+        if not gone:
+            return
+        self.progress()                 # whatever they sent before closing is in by now
+        lock = self.lock
+        if lock is not None:
+            with lock:
+                self._fail_waits_on(gone)
+        else:
+            self._fail_waits_on(gone)
+
+    def _fail_waits_on(self, gone: set[int]) -> None:
+        posted = [r for r in self.posted if r.peer in gone]
+        sends = [(sid, r) for sid, r in self._sends.items() if r.peer in gone]
+        reads = [(rid, r) for rid, r in self._recvs.items() if r.peer in gone and not r.done]
+        if not (posted or sends or reads):
+            return
+        call = self._my_call()
+        where = f"{trace.describe_call(call)}: " if call is not None else ""
+        for r in posted:
+            self.posted.remove(r)
+        for sid, _ in sends:
+            self._sends.pop(sid, None)
+            self._release(sid)
+        for rid, _ in reads:
+            self._recvs.pop(rid, None)
+        for r in posted + [r for _, r in sends] + [r for _, r in reads]:
+            r.error = PeerError(f"rank {self.rank}: {where}rank {r.peer} has left: it closed "
+                                "pycomm (its program ended) while this rank waits for it",
+                                r.peer)
+            r._complete()
 
     # -- stalls and timeouts (see pycomm.stall) -------------------------------------------
     def _my_call(self):

@@ -50,6 +50,8 @@ SURVIVOR_PROGRAM = textwrap.dedent("""
         time.sleep(0.5)
         if how == "exit":
             os._exit(3)
+        if how == "finish":         # its program ends: pycomm closes and says goodbye
+            sys.exit(0)
         os.kill(os.getpid(), signal.SIGKILL)
     t0 = time.monotonic()
     result = {"error": None, "pid": os.getpid()}
@@ -116,7 +118,8 @@ def run_survivors(tmp_path, transport: str, nprocs: int, how: str, victim: int,
 
 
 @pytest.mark.parametrize("how,call", [("exit", "recv"), ("sigkill", "recv"),
-                                      ("sigkill", "recv_any"), ("sigkill", "send")])
+                                      ("sigkill", "recv_any"), ("sigkill", "send"),
+                                      ("finish", "recv"), ("finish", "send")])
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_blocked_p2p_fails_naming_the_dead_peer(tmp_path, transport, how, call):
     results, _ = run_survivors(tmp_path, transport, 3, how, victim=2, call=call)

@@ -225,6 +225,11 @@ class Transport(ABC):
     def check_peers(self) -> None:
         """Raise PeerLostError if a peer is known to be dead (called while waiting long)."""
 
+    def closed_peers(self) -> set[int]:
+        """Peers that closed cleanly (said goodbye): alive or not, they send nothing more
+        (called while waiting long). Default: none known."""
+        return set()
+
     def has_backlog(self) -> bool:
         """True while frames accepted by :meth:`send` still wait in this process for the
         medium (a full ring, socket or credit window); ``progress()`` moves them on."""

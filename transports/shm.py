@@ -425,6 +425,9 @@ class ShmTransport(Transport):
         if self._own is not None:
             self._own.ring_doorbell()
 
+    def closed_peers(self) -> set[int]:
+        return {peer for peer in self._pids if self._others[peer].ctl64[1]}
+
     def check_peers(self) -> None:
         for peer, pid in self._pids.items():
             if self._others[peer].ctl64[1]:      # it closed cleanly: its exit is no failure

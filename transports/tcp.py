@@ -579,6 +579,9 @@ class TcpTransport(Transport):
         self._parse(conn)
         return True
 
+    def closed_peers(self) -> set[int]:
+        return {peer for peer, conn in self._conns.items() if conn.bye}
+
     def _closed_by_peer(self, conn: _Conn) -> bool:
         """EOF: fine after the peer's goodbye frame (forget it), a failure otherwise."""
         if not conn.bye:

@@ -298,6 +298,9 @@ class RdmaTransport(Transport):
         if self.ctx is not None:
             self.cq.notify()
 
+    def closed_peers(self) -> set[int]:
+        return {p.rank for p in self._peers.values() if p.bye}
+
     def check_peers(self) -> None:
         for p in self._peers.values():
             if p.bye:
