@@ -347,15 +347,21 @@ def test_hierarchical_bcast_reduce_allgather_barrier_match_numpy(placement):
                 assert np.array_equal(buf, base + 10 * root), f"bcast root {root} rank {r}"
             assert np.array_equal(out[root][0][1], base * 3 * size + size * (size - 1) // 2)
 
-        def gather(cc):
-            buf = np.full(size * count, -1, dtype=np.int64)
-            buf[cc.rank * count:(cc.rank + 1) * count] = np.arange(count) + 1000 * cc.rank
-            hier.allgather_hierarchical(cc, buf, count)
-            hier.barrier_hierarchical(cc)
-            return buf
-        want = np.concatenate([np.arange(count) + 1000 * r for r in range(size)])
-        for r, (buf, sent) in enumerate(_on_fake_hosts(hostmap, gather)):
-            assert np.array_equal(buf, want), f"allgather rank {r}: {buf}"
+        for piece in (None, 40):        # one piece; many (several per block)
+            def gather(cc, piece=piece):
+                buf = np.full(size * count, -1, dtype=np.int64)
+                buf[cc.rank * count:(cc.rank + 1) * count] = np.arange(count) + 1000 * cc.rank
+                hier.allgather_hierarchical(cc, buf, count, piece_bytes=piece)
+                hier.barrier_hierarchical(cc)
+                return buf
+            want = np.concatenate([np.arange(count) + 1000 * r for r in range(size)])
+            out = _on_fake_hosts(hostmap, gather)
+            for r, (buf, _) in enumerate(out):
+                assert np.array_equal(buf, want), f"allgather rank {r}: {buf}"
+            # each host sends its blocks once to each other host (8 B elements)
+            for x in set(hostmap):
+                sent = sum(b for (_, b), q in zip(out, hostmap) if q == x)
+                assert sent == hostmap.count(x) * count * 8 * (len(set(hostmap)) - 1)
 
 
 def test_hierarchical_plans_are_built_once_per_layout():

@@ -367,8 +367,7 @@ FORMULAS.update({
                          + FORMULAS[("allgatherv", "ring")](n, p, k)),
     ("reduce", "hierarchical"): _reduce_binomial,
     ("bcast", "hierarchical"): _bcast_binomial,
-    ("allgather", "hierarchical"):
-        lambda n, p, k: FORMULAS[("gather", "linear")](n, p, k) + _bcast_binomial(n, p, k),
+    ("allgather", "hierarchical"): lambda n, p, k: FORMULAS[("allgather", "ring")](n, p, k),
     ("barrier", "hierarchical"): lambda n, p, k: 2 * (p - 1) * k.alpha,
 })
 

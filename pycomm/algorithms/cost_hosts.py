@@ -17,9 +17,9 @@ modelled time for collective ``c`` on ``b`` bytes and ``p`` ranks with table ``t
   (``shm``); cross = ``2(H-1)/H n β_net`` (each host's link carries that, shared by its
   ``m`` senders) ``+ 2(H-1) α_net`` (one piece's messages; the others' overlap the
   transfer); time ``max(local, cross) + (local + cross) / P`` (the pipeline's fill).
+* allgather (pipelined): local = the ring all-gather of ``n`` on ``L`` ranks (``shm``);
+  cross = ``(H-1)/H n β_net + (H-1) α_net``; combined as the all-reduce's.
 * bcast: ``flat(bcast, n, H, net) + flat(bcast, n, L, shm)``; reduce: the mirror image.
-* allgather: ``flat(gather, nL/p, L, shm) + flat(allgather, n, H, net)
-  + flat(bcast, n, L, shm)``.
 * barrier: ``2(L-1) α_shm + flat(barrier, 0, H, net)``.
 """
 
@@ -53,22 +53,20 @@ def two_level_time(collective: str, nbytes: int, hosts: tuple[int, ...], flat: F
     """
     big, few, nh = max(hosts), min(hosts), len(hosts)
     shm, net = DEFAULT_TRANSPORT, NET
-    if collective == "allreduce":
-        local = (cost("reduce_scatter", "ring", nbytes, big, shm)
-                 + cost("allgather", "ring", nbytes, big, shm)) if big > 1 else 0.0
+    if collective in ("allreduce", "allgather"):
+        twice = 2 if collective == "allreduce" else 1      # reduce-scatter + all-gather
+        local = cost("allgather", "ring", nbytes, big, shm) if big > 1 else 0.0
+        if twice == 2 and big > 1:
+            local += cost("reduce_scatter", "ring", nbytes, big, shm)
         k = _priced(net)
         pieces = max(1, math.ceil(nbytes / piece_bytes))
         alpha, beta = _protocol(k, nbytes / pieces / few / nh)
-        cross = 2 * (nh - 1) / nh * nbytes * beta + 2 * (nh - 1) * alpha
+        cross = twice * (nh - 1) * (nbytes / nh * beta + alpha)
         return max(local, cross) + (local + cross) / pieces
     if collective == "bcast":
         return flat("bcast", nbytes, nh, net) + flat("bcast", nbytes, big, shm)
     if collective == "reduce":
         return flat("reduce", nbytes, big, shm) + flat("reduce", nbytes, nh, net)
-    if collective == "allgather":
-        mine = nbytes * big // max(1, sum(hosts))
-        return (flat("gather", mine, big, shm) + flat("allgather", nbytes, nh, net)
-                + flat("bcast", nbytes, big, shm))
     if collective == "barrier":
         return 2 * (big - 1) * constants(shm).alpha + flat("barrier", 0, nh, net)
     raise KeyError(collective)

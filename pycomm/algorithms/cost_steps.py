@@ -267,7 +267,6 @@ SCHEDULES.update({
                             + SCHEDULES[("allgatherv", "ring")](n, p, k, c)),
     ("reduce", "hierarchical"): _o_reduce_binomial,
     ("bcast", "hierarchical"): _o_bcast_binomial,
-    ("allgather", "hierarchical"):
-        lambda n, p, k, c: _o_linear(n, p, k, c) + _o_bcast_binomial(n, p, k, c),
+    ("allgather", "hierarchical"): lambda n, p, k, c: _o_ring_steps(n, p, k, c, False),
     ("barrier", "hierarchical"): lambda n, p, k, c: 2 * (p - 1) * _step(k, c),
 })

@@ -51,11 +51,13 @@ Reduce: reduce inside each host to its leader, then across the leaders to the ro
 root is its host's leader). Bcast: across the leaders from the root, then inside each host
 from its leader. ``n`` bytes cross each host's link once. Reduce: commutative ops only.
 
-**allgather** (MPICH's SMP-aware allgather: gather to the node leader, allgather among
-leaders, broadcast in the node). Gather each host's blocks to its leader (packed in local
-rank order), all-gather(v) the host blocks across the leaders, unpack them into rank
-order (a no-op with block placement), broadcast the whole buffer inside each host. Each
-host receives over its link only the other hosts' blocks.
+**allgather** (the hierarchy of the all-reduce, with its second half's direct exchanges;
+cf. MPICH's SMP-aware all-gathers, which gather inside a node first). Every rank sends its
+block to one rank of each other host (local rank ``j mod L_g`` of host ``g``: every local
+rank drives the link), then each rank sends its own block and the blocks it received to
+the other ranks of its host; received straight into ``buf`` (no packing, any placement),
+pipelined in pieces as the all-reduce. Each host's link carries its own blocks once to
+each other host: the minimum.
 
 **barrier**: zero-byte fan-in to each host's leader, a dissemination barrier across the
 leaders (Hensgen, Finkel & Manber 1988), zero-byte fan-out.
@@ -218,19 +220,10 @@ def allreduce_hierarchical(cc, buf: np.ndarray, op, *, piece_bytes: int | None =
     npieces = min(count, max(1, -(-buf.nbytes // per)))
     pieces = chunk_offsets(count, npieces)
     run = _Pieces(cc, plan, buf, op)
-    pending: list = [()] * npieces
-    # Stage s of piece k runs at tick k + s * _LAG, oldest piece first: every rank posts
-    # its messages in the same order, so each pair's messages match in order (one tag per
-    # call). A lag of two ticks keeps about four pieces' cross-host messages in flight, so
-    # the link does not idle while a rank folds a piece or waits on its host.
-    lag = _LAG
-    for tick in range(npieces + (_STAGES - 1) * lag):
-        for stage in range(_STAGES - 1, -1, -1):
-            k = tick - stage * lag
-            if 0 <= k < npieces:
-                if pending[k]:
-                    cc.waitall(pending[k])
-                pending[k] = run.stage(stage, k, pieces[k], pieces[k + 1])
+    # A lag of two ticks between a piece's stages keeps about four pieces' cross-host
+    # messages in flight, so the link does not idle while a rank folds a piece or waits
+    # on its host.
+    _ticks(cc, npieces, _STAGES, lambda s, k: run.stage(s, k, pieces[k], pieces[k + 1]))
 
 
 _LAG = 2        # ticks between two stages of a piece
@@ -353,9 +346,10 @@ def bcast_hierarchical(cc, buf: np.ndarray, root: int) -> None:
         fn(View(cc, local), buf, local.index(lead))
 
 
-def allgather_hierarchical(cc, buf: np.ndarray, count: int) -> None:
-    """Two-level all-gather: gather to each host's leader, all-gather across the leaders,
-    broadcast in each host.
+def allgather_hierarchical(cc, buf: np.ndarray, count: int, *,
+                           piece_bytes: int | None = None) -> None:
+    """Two-level all-gather: every rank sends its block once to each other host, then each
+    host's ranks pass on what they received; pipelined in pieces.
 
     Args:
         cc: the collective context; ``cc.comm.host_layout`` gives the hosts.
@@ -363,45 +357,53 @@ def allgather_hierarchical(cc, buf: np.ndarray, count: int) -> None:
             ``rank*count`` up to ``(rank+1)*count``) is this rank's on entry; on return
             block ``r`` holds rank ``r``'s.
         count: elements per rank (the same on every rank).
+        piece_bytes: bytes of ``buf`` per pipeline piece (default :data:`PIECE_BYTES`).
     """
     plan = plan_of(cc)
     if count == 0 or cc.size == 1:
         return
-    local, hosts = plan.local, plan.hosts
-    lead = plan.leaders[plan.host]
-    sizes = [len(g) * count for g in hosts]
-    displs = [0]
-    for s in sizes[:-1]:
-        displs.append(displs[-1] + s)
-    itembytes = count * buf.itemsize
-    # packed: every host's blocks in host order, each host's in local rank order; with
-    # block placement that is ``buf`` itself
-    packed = buf if plan.block else (take(buf.size, buf.dtype) if cc.rank == lead else None)
-    mine = buf[cc.rank * count:(cc.rank + 1) * count]
-    if len(local) > 1:
-        fn = _inner("gather", itembytes * len(local), len(local), True, DEFAULT_TRANSPORT)
-        at = displs[plan.host]
-        own = mine.copy() if cc.rank == lead else mine   # never a view of its own target
-        fn(View(cc, local), own, packed[at:at + sizes[plan.host]] if cc.rank == lead
-           else None, 0)
-    elif not plan.block:
-        packed[displs[plan.host]:displs[plan.host] + count] = mine
-    if cc.rank == lead and len(hosts) > 1:
-        view = View(cc, plan.leaders)
-        if len(set(sizes)) == 1:
-            fn = _inner("allgather", buf.nbytes, len(hosts), True, _net(cc))
-            fn(view, packed, sizes[0])
-        else:
-            allgatherv_ring(view, packed, sizes, displs)
-    if packed is not buf and packed is not None:
-        for h, group in enumerate(hosts):
-            for i, r in enumerate(group):
-                at = displs[h] + i * count
-                buf[r * count:(r + 1) * count] = packed[at:at + count]
-        give(packed)
-    if len(local) > 1:
-        fn = _inner("bcast", buf.nbytes, len(local), True, DEFAULT_TRANSPORT)
-        fn(View(cc, local), buf, 0)
+    hosts, h, me = plan.hosts, plan.host, plan.local_rank
+    local = plan.local
+    # on host g, local rank i stands for the blocks of ranks (x, j), x != g, j % len == i
+    mine = [cc.rank] + [r for x, group in enumerate(hosts) if x != h
+                        for j, r in enumerate(group) if j % len(local) == me]
+    theirs = {q: [q] + [r for x, group in enumerate(hosts) if x != h
+                        for j, r in enumerate(group) if j % len(local) == i]
+              for i, q in enumerate(local) if q != cc.rank}
+    targets = [group[me % len(group)] for x, group in enumerate(hosts) if x != h]
+    sources = [r for x, group in enumerate(hosts) if x != h
+               for j, r in enumerate(group) if j % len(local) == me]
+    per = PIECE_BYTES if piece_bytes is None else max(1, int(piece_bytes))
+    npieces = min(count, max(1, -(-buf.nbytes // per)))
+    offs = chunk_offsets(count, npieces)
+
+    def piece(r: int, k: int) -> np.ndarray:
+        return buf[r * count + offs[k]:r * count + offs[k + 1]]
+
+    def stage(s: int, k: int) -> list:
+        if s == 0:      # my block's piece to each other host; theirs from the ranks I serve
+            return ([cc.isend(piece(cc.rank, k), t) for t in targets]
+                    + [cc.irecv(piece(r, k), r) for r in sources])
+        if s == 1:      # what I hold to every local rank; what each holds from it
+            return ([cc.isend(piece(r, k), q) for q in theirs for r in mine]
+                    + [cc.irecv(piece(r, k), q) for q, rs in theirs.items() for r in rs])
+        return []
+    _ticks(cc, npieces, 3, stage)
+
+
+def _ticks(cc, npieces: int, stages: int, stage) -> None:
+    """Run ``stage(s, k)`` for every stage ``s`` of every piece ``k``, stage ``s`` of piece
+    ``k`` at tick ``k + s * _LAG``, oldest piece first, waiting for the requests a piece's
+    previous stage returned: every rank posts in the same order, so each pair's messages
+    match in order under the call's one tag."""
+    pending: list = [()] * npieces
+    for tick in range(npieces + (stages - 1) * _LAG):
+        for s in range(stages - 1, -1, -1):
+            k = tick - s * _LAG
+            if 0 <= k < npieces:
+                if pending[k]:
+                    cc.waitall(pending[k])
+                pending[k] = stage(s, k)
 
 
 def barrier_hierarchical(cc) -> None:
