@@ -80,6 +80,8 @@ from .ops import (
 )
 from .predefined import PREDEFINED
 from .request import REQUEST_NULL, Prequest, Request, Status
+from .handles import install as _install_handles
+from .pickling import install as _install_pickling
 from .topo import CART, DIST_GRAPH, GRAPH, Cartcomm, Compute_dims
 
 # -- datatypes (MPI.DOUBLE ...) and error classes (MPI.ERR_TRUNCATE ...) ----------------
@@ -177,6 +179,8 @@ class Pickle:
 pickle = Pickle()
 
 # -- environment ------------------------------------------------------------------------
+_install_handles(Comm, Group, Datatype, Op, Request, Message)
+_install_pickling(Comm, Group)
 _state = {"thread_level": THREAD_SERIALIZED, "finalized": False}
 _main_thread = _threading.main_thread()
 COMM_NULL = Comm()

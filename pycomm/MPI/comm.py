@@ -254,13 +254,6 @@ class Comm(ObjectMethods):
         BSEND.drain()
         return Request()
 
-    def py2f(self) -> int:
-        raise NotImplementedError("Comm.py2f: pycomm has no Fortran handles")
-
-    @classmethod
-    def f2py(cls, arg: int):
-        raise NotImplementedError("Comm.f2py: pycomm has no Fortran handles")
-
     @classmethod
     def Create_from_group(cls, group, stringtag: str = "org.mpi4py", info=None,
                           errhandler=None) -> Comm:

@@ -1,0 +1,28 @@
+"""pycomm.MPI handles: mpi4py's ``handle``/``fromhandle``/``toint``/``py2f`` and the
+pickling of predefined communicators and groups (no world needed)."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from pycomm import MPI
+
+
+def test_handles_and_pickling_of_predefined_handles():
+    # mpi4py's handle conversions: handle/fromhandle round-trip, no integer/Fortran handles
+    t = MPI.INT.Dup()
+    for obj, cls in ((MPI.GROUP_EMPTY, MPI.Group), (t, MPI.Datatype), (MPI.SUM, MPI.Op),
+                     (MPI.REQUEST_NULL, MPI.Request), (MPI.MESSAGE_NULL, MPI.Message)):
+        assert cls.fromhandle(obj.handle) == obj and obj.toint() == -1 and obj.py2f() == -1
+    with pytest.raises(NotImplementedError, match="Fortran"):
+        MPI.Comm.f2py(0)
+    # predefined communicators and groups unpickle to themselves, copies to equal copies,
+    # anything else is refused
+    assert pickle.loads(pickle.dumps(MPI.COMM_NULL)) is MPI.COMM_NULL
+    copy = pickle.loads(pickle.dumps(MPI.Comm(MPI.COMM_NULL)))
+    assert copy == MPI.COMM_NULL and copy is not MPI.COMM_NULL
+    assert pickle.loads(pickle.dumps(MPI.GROUP_EMPTY)) is MPI.GROUP_EMPTY
+    with pytest.raises(ValueError, match="cannot pickle"):
+        pickle.dumps(MPI.Group(MPI.GROUP_EMPTY).Incl([]).Union(MPI.COMM_SELF.Get_group()))
