@@ -52,11 +52,13 @@ from .. import handshake
 from ..base import HandshakeError, TransportError, host_identity
 from ..linux import copy_remote as _cma
 from ..tcp import Gate, dial
-from . import verbs as v
+from . import ibv as v
+from . import responder
+from .ibv import address_view
 from .wire import (_IOV, _MSG, F_IMM, F_PULL, M_IMM, M_READ_REQ, M_SEND, M_WRITE, NAK_RNR,
                    Wire, _exchange, _Link, address_frame, parse_address)
 
-__all__ = ["Nic", "address_view"]
+__all__ = ["Nic"]
 
 _INLINE = 8192          # SENDs up to this many bytes travel in the message itself
 _WINDOW = 64            # requests in flight per QP before waiting for ACKs
@@ -69,13 +71,11 @@ class _Entry(ctypes.Structure):
                 ("addr", ctypes.c_uint64), ("length", ctypes.c_uint64)]
 
 
-def address_view(addr: int, n: int) -> memoryview:
-    """A writable byte view of ``n`` bytes at ``addr`` of this process (no copy)."""
-    return memoryview((ctypes.c_char * n).from_address(addr)).cast("B")
-
-
 class Nic(Wire):
     """The engine of one device context (see the module docstring)."""
+
+    # Wire's header callback: the responder, as a method (its first argument is the NIC)
+    on_header = responder.on_header
 
     def __init__(self, token: bytes, *, host: str, cma: bool, max_mr: int):
         self.token, self.want_cma = token, cma
@@ -85,7 +85,7 @@ class Nic(Wire):
         self._free = list(range(max_mr - 1, 0, -1))
         self._gen = [0] * max_mr
         self.id = random.randrange(1, _ID_SPACE)
-        self.qps: dict[int, v.QueuePair] = {}
+        self.qps: dict = {}                     # qp_num -> verbs.QueuePair
         self._next_qpn = random.randrange(0x100, 0x10000)
         self.links: dict[int, _Link] = {}       # peer id -> the link we opened
         self._all: list[_Link] = []

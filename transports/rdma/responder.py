@@ -11,9 +11,9 @@ the initiator in order.
 
 from __future__ import annotations
 
-from . import verbs as v
+from . import ibv as v
 from ..linux import copy_remote as _cma
-from .nic import address_view
+from .ibv import address_view
 from .wire import (_IOV, _MSG, F_IMM, F_PULL, M_ACK, M_IMM, M_NAK, M_READ_REQ, M_READ_RESP,
                    M_SEND, M_WRITE, NAK_RNR)
 

@@ -51,7 +51,8 @@ class _Link:
 
 class Wire:
     """Sending and receiving messages on links (a mixin: it uses the NIC's ``_dirty``,
-    ``sel`` and ``_link_lost``)."""
+    ``sel``, ``_link_lost`` and ``on_header(link, msg) -> (dest, nbytes, finish)``, the
+    responder, which the NIC supplies so that this module imports neither)."""
 
     def _send(self, link: _Link, header: bytes, payload: list) -> None:
         if link.dead:
@@ -90,7 +91,6 @@ class Wire:
                 self.sel.modify(link.sock, selectors.EVENT_READ, link)
 
     def _read(self, link: _Link) -> None:
-        from .responder import on_header
         while not link.dead:
             if link.left and link.dest is not None and link.start == link.end:
                 n = self._recv_into(link, link.dest[link.off:link.off + link.left])
@@ -119,7 +119,7 @@ class Wire:
                     msg = _MSG.unpack_from(link.stage, link.start)
                     link.start += _MSG.size
                     link.msg, link.off = msg, 0
-                    link.dest, link.left, link.finish = on_header(self, link, msg)
+                    link.dest, link.left, link.finish = self.on_header(link, msg)
                     if not link.left:
                         self._done(link)
                     continue
