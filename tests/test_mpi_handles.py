@@ -26,3 +26,13 @@ def test_handles_and_pickling_of_predefined_handles():
     assert pickle.loads(pickle.dumps(MPI.GROUP_EMPTY)) is MPI.GROUP_EMPTY
     with pytest.raises(ValueError, match="cannot pickle"):
         pickle.dumps(MPI.Group(MPI.GROUP_EMPTY).Incl([]).Union(MPI.COMM_SELF.Get_group()))
+
+
+def test_errhandler_null_is_err_errhandler():
+    for call in (MPI.ERRHANDLER_NULL.Free,
+                 lambda: MPI.COMM_SELF.Set_errhandler(MPI.ERRHANDLER_NULL)):
+        with pytest.raises(MPI.Exception) as err:
+            call()
+        assert err.value.Get_error_class() == MPI.ERR_ERRHANDLER
+    assert MPI.Get_error_string(MPI.ERR_SESSION).startswith("MPI_ERR_SESSION")
+    MPI.COMM_SELF.Set_errhandler(MPI.ERRORS_RETURN)

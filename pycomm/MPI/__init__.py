@@ -24,6 +24,7 @@ import threading as _threading
 
 import pycomm as _pycomm
 from pycomm.buffers import IN_PLACE
+from pycomm.errors import ArgumentError
 from pycomm.groups import UNDEFINED
 from pycomm.objects import dumps as _dumps
 from pycomm.objects import loads as _loads
@@ -55,7 +56,7 @@ from .datatypes import (
     ORDER_FORTRAN,
     Datatype,
 )
-from .exceptions import ERRORS, Exception, Get_error_class, Get_error_string
+from .exceptions import ERRORS, Exception, Get_error_class, Get_error_string, mpi_error
 from .groups import GROUP_EMPTY, GROUP_NULL, Group
 from .message import MESSAGE_NO_PROC, MESSAGE_NULL, Message
 from .msgspec import BOTTOM
@@ -118,7 +119,11 @@ class Errhandler:
         self.name = name
 
     def Free(self) -> None:
-        """Predefined handlers hold nothing."""
+        """Predefined handlers hold nothing; freeing ``ERRHANDLER_NULL`` is
+        ``ERR_ERRHANDLER``."""
+        if self.name == "MPI_ERRHANDLER_NULL":
+            raise mpi_error(ArgumentError, "ERR_ERRHANDLER",
+                            "Errhandler.Free: ERRHANDLER_NULL cannot be freed")
 
     def __repr__(self) -> str:
         return f"<MPI.Errhandler {self.name}>"

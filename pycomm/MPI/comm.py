@@ -13,7 +13,7 @@ topologies (``Create_cart``, :class:`Cartcomm`) in :mod:`pycomm.MPI.topo`.
 
 from __future__ import annotations
 
-from pycomm.errors import CommError
+from pycomm.errors import ArgumentError, CommError
 from pycomm.groups import COMM_NULL as _COMM_NULL
 from pycomm.groups import UNDEFINED
 from pycomm.p2p import ANY_SOURCE, ANY_TAG
@@ -191,8 +191,12 @@ class Comm(ObjectMethods):
         return self._errhandler or ERRORS_ARE_FATAL
 
     def Set_errhandler(self, errhandler) -> None:
-        """Errors are always raised as ``MPI.Exception`` (mpi4py's default handler)."""
+        """Errors are always raised as ``MPI.Exception`` (mpi4py's default handler);
+        ``ERRHANDLER_NULL`` is ``ERR_ERRHANDLER``."""
         self._inner("Set_errhandler")
+        if getattr(errhandler, "name", None) == "MPI_ERRHANDLER_NULL":
+            raise mpi_error(ArgumentError, "ERR_ERRHANDLER",
+                            "Set_errhandler: ERRHANDLER_NULL is not an error handler")
         self._errhandler = errhandler
 
     def Abort(self, errorcode: int = 0) -> None:

@@ -68,6 +68,9 @@ _CLASSES = [
     ("ERR_RMA_CONFLICT", 49, "conflicting RMA accesses"),
     ("ERR_RMA_SYNC", 50, "wrong RMA synchronization"), ("ERR_SIZE", 51, "invalid size"),
     ("ERR_DISP", 52, "invalid displacement"), ("ERR_ASSERT", 53, "invalid assert"),
+    ("ERR_ERRHANDLER", 54, "invalid error handler"), ("ERR_SESSION", 55, "invalid session"),
+    ("ERR_PROC_ABORTED", 56, "process aborted"),
+    ("ERR_VALUE_TOO_LARGE", 57, "value too large to store"),
     ("ERR_LASTCODE", 0x3FFFFFFF, "last error code"),
 ]
 ERRORS: dict[str, int] = {name: code for name, code, _ in _CLASSES}
