@@ -1,18 +1,20 @@
-"""Proof benchmark of the hierarchical all-reduce (issue 16) on emulated hosts.
+"""Proof benchmark of the hierarchical collectives (issue 16) on emulated hosts.
 
 Builds ``--hosts`` emulated hosts (:mod:`benchmarks.cluster.netns`: network namespaces on
 a bridge, private hostname and /dev/shm each, every host's egress shaped by ``tc tbf``
 to ``--rate``), then, ``--rounds`` times, runs one job per placement (block, then cyclic)
-with the multi-node launcher, ``--nproc`` ranks per host. Each job times an all-reduce of
-``--mib`` MiB of float32 under every algorithm of ``--algs`` (``auto``: the automatic
-choice), alternating (see :mod:`benchmarks.cluster._hier_bench_rank`), and counts the bytes
-each host sent over its link from the interface counters.
+with the multi-node launcher, ``--nproc`` ranks per host. Each job times ``--collective``
+(allreduce by default; bcast, reduce, allgather) on ``--mib`` MiB of float32 under every
+algorithm of ``--algs`` (``auto``: the automatic choice), alternating (see
+:mod:`benchmarks.cluster._hier_bench_rank`), and counts the bytes each host sent over its
+link from the interface counters.
 
 Reported per placement and algorithm: median and spread (min-max) of the slowest rank's
 time, the link bytes per call (all hosts' eth0 tx, headers and ACKs included) against the
-hierarchical ideal ``2 (H-1) n`` (each host sends ``2 (H-1)/H n``), and the link-bound floor
-``2 (H-1)/H n / rate`` (each host's link must carry that many bytes at ``rate``). Needs
-root; everything is torn down on exit::
+hierarchical ideal (all-reduce ``2 (H-1) n``: each host sends ``2 (H-1)/H n``; all-gather
+``(H-1) n``; bcast and reduce ``(H-1) n``), and the link-bound floor: the busiest link's
+share (:data:`LINK_SHARE`: ``2 (H-1)/H n``, ``(H-1)/H n``, ``n``) at ``rate``. Needs root;
+everything is torn down on exit::
 
     sudo python -m benchmarks.cluster.hier_bench --hosts 2 --nproc 2 --rate 2gbit \\
         --mib 16 --reps 7 --rounds 2 --raw --out /tmp/hier.json
@@ -38,7 +40,15 @@ from benchmarks.cluster.netns import Cluster
 ROOT = Path(__file__).resolve().parents[2]
 RANK = str(ROOT / "benchmarks" / "cluster" / "_hier_bench_rank.py")
 RAW = str(ROOT / "benchmarks" / "cluster" / "_raw_tcp.py")
-ALGS = "ring,recursive_doubling,rabenseifner,hierarchical,auto"
+ALGS = {"allreduce": "ring,recursive_doubling,rabenseifner,hierarchical,auto",
+        "bcast": "binomial,scatter_allgather,pipeline,hierarchical,auto",
+        "reduce": "binomial,rabenseifner,hierarchical,auto",
+        "allgather": "ring,recursive_doubling,bruck,hierarchical,auto"}
+# bytes each host's link must carry, in units of n, for H hosts: the floor's numerator
+# (a reduction's result or a broadcast crosses every link once; an all-reduce is a
+# reduce-scatter and an all-gather; an all-gather brings each host the other blocks)
+LINK_SHARE = {"allreduce": lambda h: 2 * (h - 1) / h, "allgather": lambda h: (h - 1) / h,
+              "bcast": lambda h: 1.0, "reduce": lambda h: 1.0}
 _UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
 
 
@@ -87,12 +97,17 @@ def run_raw(c: Cluster, flows: int, nbytes_per_host: int, reps: int) -> list[flo
             if line.startswith("RAW ")]
 
 
-def summarize(records: list[dict], hosts: int, rate: float) -> list[dict]:
-    """Per (placement, algorithm): median/min/max ms, link bytes, ratios."""
+def summarize(records: list[dict], hosts: int, rate: float,
+              collective: str = "allreduce") -> list[dict]:
+    """Per (placement, algorithm): median/min/max ms, link bytes, ratios against the
+    floor (the busiest link's bytes at ``rate``) and the hierarchical ideal bytes."""
     rows = []
     nbytes = records[0]["nbytes"]
-    floor = 2 * (hosts - 1) / hosts * nbytes * 8 / rate
-    ideal = 2 * (hosts - 1) * nbytes
+    share = LINK_SHARE[collective](hosts)
+    floor = share * nbytes * 8 / rate
+    # all hosts' bytes: bcast and reduce send n over H-1 links, the others share each
+    ideal = (hosts - 1) * nbytes if collective in ("bcast", "reduce") else \
+        hosts * share * nbytes
     keys = dict.fromkeys((r["placement"], r["alg"]) for r in records)
     for placement, alg in keys:
         mine = [r for r in records if (r["placement"], r["alg"]) == (placement, alg)]
@@ -126,7 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mib", type=float, default=16.0, help="all-reduce size (float32)")
     ap.add_argument("--reps", type=int, default=7, help="timed calls per algorithm and job")
     ap.add_argument("--rounds", type=int, default=2, help="block + cyclic job pairs")
-    ap.add_argument("--algs", default=ALGS)
+    ap.add_argument("--collective", default="allreduce", choices=sorted(ALGS))
+    ap.add_argument("--algs", default=None, help="comma-separated (default: all of the "
+                    "collective's flat algorithms, hierarchical and auto)")
     ap.add_argument("--prefix", default="pchb")
     ap.add_argument("--out", default=None, help="write the records and summary as JSON")
     ap.add_argument("--tune-file", default=None,
@@ -140,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYCOMM_", "MASTER_"))}
     env.update({"PYTHONPATH": str(ROOT), "PYCOMM_TIMEOUT": "120",
                 "HB_BYTES": str(int(args.mib * 2**20)), "HB_REPS": str(args.reps),
-                "HB_ALGS": args.algs})
+                "HB_ALGS": args.algs or ALGS[args.collective], "HB_COLL": args.collective})
     if args.tune_file:
         env["PYCOMM_TUNE_FILE"] = os.path.abspath(args.tune_file)
     for item in args.env:
@@ -154,7 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     raw: list[float] = []
     with Cluster(args.hosts, prefix=args.prefix, rate=args.rate) as c:
         if args.raw and args.hosts == 2:
-            raw = run_raw(c, args.nproc, int(args.mib * 2**20), args.reps)
+            share = LINK_SHARE[args.collective](args.hosts)
+            raw = run_raw(c, args.nproc, int(share * args.mib * 2**20), args.reps)
         job = 0
         for rnd in range(args.rounds):
             for placement in ("block", "cyclic"):
@@ -163,15 +181,15 @@ def main(argv: list[str] | None = None) -> int:
                     records.append({**r, "placement": placement, "round": rnd})
                 job += 1
                 load.append(os.getloadavg())
-    rows = summarize(records, args.hosts, rate)
+    rows = summarize(records, args.hosts, rate, args.collective)
     print(f"{args.hosts} hosts x {args.nproc} ranks, {args.rate} links, {args.mib:g} MiB "
-          f"float32 all-reduce; floor {rows[0]['floor_ms']:.1f} ms; "
+          f"float32 {args.collective}; floor {rows[0]['floor_ms']:.1f} ms; "
           f"{args.rounds} rounds x {args.reps} reps per job"
           f"{'; PYCOMM_TUNE_FILE=' + args.tune_file if args.tune_file else ''}"
           f"{'; ' + ' '.join(args.env) if args.env else ''}; load "
           f"{', '.join(f'{x[0]:.1f}' for x in load)}")
     if raw:
-        print(f"plain TCP, {args.nproc} flows carrying {args.mib:g} MiB each way: median "
+        print(f"plain TCP, {args.nproc} flows carrying the floor's bytes each way: median "
               f"{statistics.median(raw):.1f} ms ({min(raw):.1f}-{max(raw):.1f}), "
               f"{statistics.median(raw) / rows[0]['floor_ms']:.2f} x floor")
     print(table(rows))
