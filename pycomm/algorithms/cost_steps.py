@@ -10,16 +10,12 @@ for every pair at p = 2..16).
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 from collections.abc import Callable
 
-from pycomm.algorithms.cost_terms import (pipeline_candidates, _ring_segs, _ring_scratch, _hsegs,
-                                         _pipe_scratch, _halving_scratch, _lg, _lq, _frac,
-                                         _folds, _protocol)
+from pycomm.algorithms.cost_terms import (Constants, pipeline_candidates, _ring_segs,
+                                         _ring_scratch, _hsegs, _pipe_scratch,
+                                         _halving_scratch, _lg, _lq, _frac, _folds, _protocol)
 from pycomm.algorithms.topology import ceil_log2, pof2_floor
-
-if TYPE_CHECKING:
-    from pycomm.algorithms.cost import Constants
 
 __all__ = ["SCHEDULES", "pipeline_segment"]
 
