@@ -1,12 +1,12 @@
 """Run a Python program as the N ranks of a pycomm job: ``python launch.py -n 4 script.py``.
 
-See :mod:`pycomm.launcher` for the options, the environment each rank gets and how the
-ranks are supervised and cleaned up after.
+See :mod:`pycomm.launch_cli` for the options, and :mod:`pycomm.launcher` for the
+environment each rank gets and how the ranks are supervised and cleaned up after.
 """
 
 import sys
 
-from pycomm.launcher import main
+from pycomm.launch_cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

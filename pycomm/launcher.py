@@ -417,16 +417,3 @@ def _first_line(text: str, limit: int = 600) -> str:
     line = text.splitlines()[0] if text else ""
     return line if len(line) <= limit else line[:limit] + "..."
 
-
-# -- the command line: pycomm.launch_cli ------------------------------------------------
-
-def main(argv: list[str] | None = None) -> int:
-    """Run the launcher on ``argv`` (default ``sys.argv[1:]``); return its exit code.
-
-    See :mod:`pycomm.launch_cli` for the options."""
-    from pycomm.launch_cli import main as run
-    return run(argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
