@@ -26,7 +26,7 @@ from .errors import (ArgumentError, CollectiveError, CollectiveMismatchError, Co
 from .ops import (BAND, BOR, BXOR, DOUBLE_INT, FLOAT_INT, INT_INT, LAND, LONG_INT, LOR, LXOR,
                   MAX, MAXLOC, MIN, MINLOC, PROD, SUM, Op)
 from .p2p import ANY_SOURCE, ANY_TAG, PROC_NULL, Request
-from .spawn import Pool, spawn  # noqa: E402  (rebinds the name spawn to the function)
+from .spawning import Pool, spawn
 
 __version__ = "0.1.0"
 

@@ -1,9 +1,9 @@
-"""One rank of a :class:`pycomm.spawn.Pool`: ``python -m pycomm._worker`` (not public).
+"""One rank of a :class:`pycomm.spawning.Pool`: ``python -m pycomm._worker`` (not public).
 
 Started by the pool with the launcher's environment contract. It connects to the job's
 store, initialises the world communicator once (``pycomm.init()``), reports that as the
 outcome of task 0, then runs tasks until told to exit. The protocol, all through the
-authenticated store (see :mod:`pycomm.spawn` for the parent's side)::
+authenticated store (see :mod:`pycomm.spawning` for the parent's side)::
 
     pool/syspath          msgpack list of the parent's sys.path (read once, at start)
     pool/task/<seq>       b"T" + cloudpickle((fn, args))   run fn(*args)

@@ -2,7 +2,7 @@
 
 ``python launch.py -n 4 script.py [args]`` or ``python launch.py -n 4 -m module [args]``
 runs N copies of a Python program as the ranks of one job. :class:`RankGroup` is the
-machinery, shared with :mod:`pycomm.spawn`:
+machinery, shared with :mod:`pycomm.spawning`:
 
 * a job has a random secret (``PYCOMM_JOB_TOKEN``) and id (``PYCOMM_JOB_ID``), and a
   :class:`~pycomm.store.StoreServer` on loopback that the ranks rendezvous through;

@@ -1,7 +1,7 @@
 """The rendezvous store: an authenticated key-value server over pyzmq, and its client.
 
 One :class:`StoreServer` per job runs in a daemon thread of the process that hosts the
-rendezvous (the launcher, :class:`pycomm.spawn.Pool`, or rank 0 under a torchrun-style
+rendezvous (the launcher, :class:`pycomm.spawning.Pool`, or rank 0 under a torchrun-style
 launcher) on a ZeroMQ ``STREAM`` socket: raw TCP, so the server sees every connection and
 every byte as it arrives and decides, per connection, how much it is willing to hold. Every
 rank talks to it through a :class:`StoreClient` (one TCP socket, confined to the thread

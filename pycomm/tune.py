@@ -174,7 +174,7 @@ def measure_pingpong(transport: str, nprocs: int = 2, *, quick: bool = False
         CommError: the ranks could not be started or failed.
     """
     from pycomm import config
-    from pycomm.spawn import spawn
+    from pycomm.spawning import spawn
 
     if nprocs < 2:
         raise ValueError(f"pycomm.tune needs at least 2 ranks, got -n {nprocs}")
@@ -232,7 +232,7 @@ def measure_wake(transport: str, alpha: float, *, quick: bool = False) -> float:
     world's life and moves the figure (27-69 us between worlds on the 2-core VM here while
     waiters went straight to sleep; three tune runs with yielding waiters gave 10-17 us).
     """
-    from pycomm.spawn import spawn
+    from pycomm.spawning import spawn
 
     cores = available_cores()
     hops = [spawn(_token_ring_rank, 2 * cores, (50 if quick else 300,),
@@ -279,7 +279,7 @@ def measure_exchange_wake(transport: str, alpha_x: float, *,
     Returns:
         ``{ranks per core: seconds per turn}`` (the cost model's ``wake_x``).
     """
-    from pycomm.spawn import spawn
+    from pycomm.spawning import spawn
 
     cores = available_cores()
     out = {}
@@ -335,7 +335,7 @@ def measure_lanes(*, quick: bool = False) -> dict[int, float]:
     Returns:
         ``{bytes: lanes}`` (each from 1 to the ranks started).
     """
-    from pycomm.spawn import spawn
+    from pycomm.spawning import spawn
 
     cores = available_cores()
     cores = max(1, min(cores, 16))

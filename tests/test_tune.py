@@ -439,7 +439,7 @@ def test_exchange_steps_pay_the_exchange_wake_when_oversubscribed(tmp_path, monk
 def test_measure_exchange_wake_points_and_formula(monkeypatch):
     # per turn = (median step of three worlds - alpha_x) / ranks per core; 4x only while
     # it stays within 64 ranks
-    spawn_module = importlib.import_module("pycomm.spawn")
+    spawn_module = importlib.import_module("pycomm.spawning")
     worlds = []
 
     def fake_spawn(fn, nprocs, args, transport):
