@@ -374,3 +374,19 @@ def test_stopped_rank_is_named_and_the_job_ends_promptly(tmp_path):
                      r".*no answer now", err, re.M), err
     assert "ranks [1] have not called Allreduce #4 on pycomm.COMM_WORLD" in err
     assert took < 12, f"{took:.1f} s\n{err}"       # not the 20 s kill grace
+
+
+def test_the_verdict_follows_a_cascade_to_the_rank_that_failed_first():
+    """Rank 2 raised and left; rank 0, waiting for it, failed and left too; rank 1, waiting
+    for rank 0, names rank 0. The verdict blames rank 2, whose own diagnosis names nobody."""
+    from pycomm.launcher import RankExit, _culprit_line
+    exits = {r: RankExit(r, 100 + r, 1) for r in range(3)}
+    diags = {0: {"culprits": [2], "call": "Allreduce #7", "error": "PeerError: rank 2 left"},
+             1: {"culprits": [0], "call": "Allreduce #7", "error": "PeerError: rank 0 left"}}
+    line = _culprit_line(exits[2], diags, {}, exits)
+    assert line.startswith("rank 2 caused the failure (rank 2 (pid 102) exited with code 1); "
+                           "ranks [0] name it in Allreduce #7: PeerError: rank 2 left"), line
+    # ranks that name each other (mutual timeouts) have no end: every vote counts
+    loop = {0: {"culprits": [1], "error": "x"}, 1: {"culprits": [0], "error": "y"},
+            2: {"culprits": [0], "error": "z"}}
+    assert _culprit_line(exits[0], loop, {}, exits).startswith("rank 0 caused the failure")
