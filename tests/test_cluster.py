@@ -341,11 +341,14 @@ def test_hierarchical_bcast_reduce_allgather_barrier_match_numpy(placement):
                 hier.bcast_hierarchical(cc, buf, root)
                 red = base * 3 + cc.rank
                 hier.reduce_hierarchical(cc, red, root, ops.SUM)
-                return buf, red
+                many = base * 3 + cc.rank               # many pieces of 3 elements
+                hier.reduce_hierarchical(cc, many, root, ops.SUM, piece_bytes=24)
+                return buf, red, many
             out = _on_fake_hosts(hostmap, fn)
-            for r, ((buf, _), _) in enumerate(out):
+            for r, ((buf, _, _), _) in enumerate(out):
                 assert np.array_equal(buf, base + 10 * root), f"bcast root {root} rank {r}"
-            assert np.array_equal(out[root][0][1], base * 3 * size + size * (size - 1) // 2)
+            for got in out[root][0][1:]:
+                assert np.array_equal(got, base * 3 * size + size * (size - 1) // 2)
 
         for piece in (None, 40):        # one piece; many (several per block)
             def gather(cc, piece=piece):

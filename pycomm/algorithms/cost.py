@@ -303,7 +303,9 @@ FORMULAS.update({
     ("allreduce", "hierarchical"):
         lambda n, p, k: (FORMULAS[("reduce_scatter", "ring")](n, p, k)
                          + FORMULAS[("allgatherv", "ring")](n, p, k)),
-    ("reduce", "hierarchical"): _reduce_binomial,
+    ("reduce", "hierarchical"):
+        lambda n, p, k: (FORMULAS[("reduce_scatter", "ring")](n, p, k)
+                         + FORMULAS[("gather", "linear")](n, p, k)),
     ("bcast", "hierarchical"): _bcast_binomial,
     ("allgather", "hierarchical"): lambda n, p, k: FORMULAS[("allgather", "ring")](n, p, k),
     ("barrier", "hierarchical"): lambda n, p, k: 2 * (p - 1) * k.alpha,

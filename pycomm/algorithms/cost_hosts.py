@@ -19,7 +19,9 @@ modelled time for collective ``c`` on ``b`` bytes and ``p`` ranks with table ``t
   transfer); time ``max(local, cross) + (local + cross) / P`` (the pipeline's fill).
 * allgather (pipelined): local = the ring all-gather of ``n`` on ``L`` ranks (``shm``);
   cross = ``(H-1)/H n β_net + (H-1) α_net``; combined as the all-reduce's.
-* bcast: ``flat(bcast, n, H, net) + flat(bcast, n, L, shm)``; reduce: the mirror image.
+* reduce (pipelined): local = the ring reduce-scatter on ``L`` ranks; cross as the
+  all-reduce's (its reduce-scatter, then the sub-chunks to the root).
+* bcast: ``flat(bcast, n, H, net) + flat(bcast, n, L, shm)``.
 * barrier: ``2(L-1) α_shm + flat(barrier, 0, H, net)``.
 """
 
@@ -53,10 +55,12 @@ def two_level_time(collective: str, nbytes: int, hosts: tuple[int, ...], flat: F
     """
     big, few, nh = max(hosts), min(hosts), len(hosts)
     shm, net = DEFAULT_TRANSPORT, NET
-    if collective in ("allreduce", "allgather"):
-        twice = 2 if collective == "allreduce" else 1      # reduce-scatter + all-gather
-        local = cost("allgather", "ring", nbytes, big, shm) if big > 1 else 0.0
-        if twice == 2 and big > 1:
+    if collective in ("allreduce", "allgather", "reduce"):
+        twice = 1 if collective == "allgather" else 2   # two passes over the link
+        local = 0.0
+        if big > 1 and collective != "reduce":
+            local += cost("allgather", "ring", nbytes, big, shm)
+        if big > 1 and collective != "allgather":
             local += cost("reduce_scatter", "ring", nbytes, big, shm)
         k = _priced(net)
         pieces = max(1, math.ceil(nbytes / piece_bytes))
@@ -65,8 +69,6 @@ def two_level_time(collective: str, nbytes: int, hosts: tuple[int, ...], flat: F
         return max(local, cross) + (local + cross) / pieces
     if collective == "bcast":
         return flat("bcast", nbytes, nh, net) + flat("bcast", nbytes, big, shm)
-    if collective == "reduce":
-        return flat("reduce", nbytes, big, shm) + flat("reduce", nbytes, nh, net)
     if collective == "barrier":
         return 2 * (big - 1) * constants(shm).alpha + flat("barrier", 0, nh, net)
     raise KeyError(collective)

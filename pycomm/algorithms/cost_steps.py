@@ -261,7 +261,9 @@ SCHEDULES.update({
     ("allreduce", "hierarchical"):
         lambda n, p, k, c: (SCHEDULES[("reduce_scatter", "ring")](n, p, k, c)
                             + SCHEDULES[("allgatherv", "ring")](n, p, k, c)),
-    ("reduce", "hierarchical"): _o_reduce_binomial,
+    ("reduce", "hierarchical"):
+        lambda n, p, k, c: (SCHEDULES[("reduce_scatter", "ring")](n, p, k, c)
+                            + _o_linear(n, p, k, c)),
     ("bcast", "hierarchical"): _o_bcast_binomial,
     ("allgather", "hierarchical"): lambda n, p, k, c: _o_ring_steps(n, p, k, c, False),
     ("barrier", "hierarchical"): lambda n, p, k, c: 2 * (p - 1) * _step(k, c),

@@ -46,10 +46,15 @@ copy inside their hosts. Bytes each host sends over its link: ``2(H-1)/H n``, th
 host by host, not in rank order: commutative ops only. Each element is folded by one rank
 and copied to the others, so every rank ends with the same bytes.
 
-**reduce**, **bcast** (MPICH's SMP-aware ``MPIR_Reduce_intra_smp`` / ``MPIR_Bcast_intra_smp``).
-Reduce: reduce inside each host to its leader, then across the leaders to the root (the
-root is its host's leader). Bcast: across the leaders from the root, then inside each host
-from its leader. ``n`` bytes cross each host's link once. Reduce: commutative ops only.
+**reduce** (the all-reduce's first half, then a gather: Rabenseifner's reduce, Thakur et
+al. 2005, 4.2, with the hierarchy): stages (1)-(2) of the all-reduce, then every owner of a
+reduced sub-chunk sends it straight to the root, pipelined likewise. The busiest link
+carries ``n`` (a non-root host's: its half of the reduce-scatter and its reduced halves),
+every local rank driving it. Commutative ops only.
+
+**bcast** (MPICH's SMP-aware ``MPIR_Bcast_intra_smp``): across the hosts' leaders from
+the root (the root leads its host), then inside each host from its leader; ``n`` bytes
+cross each link once.
 
 **allgather** (the hierarchy of the all-reduce, with its second half's direct exchanges;
 cf. MPICH's SMP-aware all-gathers, which gather inside a node first). Every rank sends its
@@ -242,18 +247,30 @@ class _Pieces:
     2005, 4.1, without its steps), so no stage waits on another inside itself.
     """
 
-    def __init__(self, cc, plan: Plan, buf: np.ndarray, op):
-        self.cc, self.plan, self.buf, self.op = cc, plan, buf, op
+    def __init__(self, cc, plan: Plan, buf: np.ndarray, op, root: int | None = None):
+        self.cc, self.plan, self.buf, self.op, self.root = cc, plan, buf, op, root
         self.me = plan.local_rank
         self.others = [r for r in plan.local if r != cc.rank]
         self.scratch: dict[int, np.ndarray] = {}
 
+    def _fold(self, k: int, into: np.ndarray, parts: int) -> None:
+        """Fold the ``parts`` contributions piece ``k``'s last stage received into ``into``."""
+        scr, n = self.scratch.pop(k, None), into.size
+        for t in range(parts if scr is not None and n else 0):
+            self.op.apply(scr[t * n:(t + 1) * n], into)
+        if scr is not None:
+            give(scr)
+
     def stage(self, s: int, k: int, a: int, b: int) -> list:
         cc, plan, buf, me = self.cc, self.plan, self.buf, self.me
-        m, local, cross = plan.slices, plan.local, plan.cross
+        m, local, cross, root = plan.slices, plan.local, plan.cross, self.root
+        nh, h = len(plan.hosts), plan.host
         so = chunk_offsets(b - a, m)
         part = [buf[a + so[q]:a + so[q + 1]] for q in range(m)]
         mine = part[me] if me < m else buf[a:a]
+        co = chunk_offsets(mine.size, nh)
+        sub = [mine[co[g]:co[g + 1]] for g in range(nh)]
+        peers = [g for g in range(nh) if g != h]
         reqs = []
         if s == 0:      # local reduce-scatter: my share of every slice to its owner
             reqs = [cc.isend(part[q], local[q]) for q in range(m) if q != me and part[q].size]
@@ -261,38 +278,34 @@ class _Pieces:
                 n = mine.size
                 scr = self.scratch[k] = take(n * len(self.others), buf.dtype)
                 reqs += [cc.irecv(scr[t * n:(t + 1) * n], r) for t, r in enumerate(self.others)]
-        elif s == 3:    # local all-gather: my reduced slice to every local rank
+        elif s == 1 and mine.size:  # fold in the host's shares, then cross reduce-scatter
+            self._fold(k, mine, len(self.others))
+            if nh > 1:
+                reqs = [cc.isend(sub[g], cross[g]) for g in peers if sub[g].size]
+                n = sub[h].size
+                if n:
+                    scr = self.scratch[k] = take(n * len(peers), buf.dtype)
+                    reqs += [cc.irecv(scr[t * n:(t + 1) * n], cross[g])
+                             for t, g in enumerate(peers)]
+        elif s == 2:    # fold in the other hosts' shares, then
+            if mine.size:
+                self._fold(k, sub[h], len(peers))
+            if root is None and mine.size:      # all-reduce: cross all-gather
+                reqs = [cc.isend(sub[h], cross[g]) for g in peers if sub[h].size]
+                reqs += [cc.irecv(sub[g], cross[g]) for g in peers if sub[g].size]
+            elif root is not None:              # reduce: every sub-chunk to the root
+                if cc.rank != root and sub[h].size:
+                    reqs = [cc.isend(sub[h], root)]
+                if cc.rank == root:
+                    for j in range(m):
+                        cj = chunk_offsets(part[j].size, nh)
+                        reqs += [cc.irecv(part[j][cj[g]:cj[g + 1]], plan.hosts[g][j])
+                                 for g in range(nh)
+                                 if plan.hosts[g][j] != root and cj[g + 1] > cj[g]]
+        elif s == 3 and root is None:   # local all-gather: my reduced slice to every local rank
             if mine.size:
                 reqs = [cc.isend(mine, r) for r in self.others]
             reqs += [cc.irecv(part[q], local[q]) for q in range(m) if q != me and part[q].size]
-        elif mine.size and (s == 1 or len(cross) > 1):
-            hosts, h = len(plan.hosts), plan.host
-            co = chunk_offsets(mine.size, hosts)
-            sub = [mine[co[g]:co[g + 1]] for g in range(hosts)]
-            peers = [g for g in range(hosts) if g != h]
-            if s == 1:  # fold in the host's shares, then cross reduce-scatter
-                n = mine.size
-                scr = self.scratch.pop(k, None)
-                for t in range(len(self.others)):
-                    self.op.apply(scr[t * n:(t + 1) * n], mine)
-                if scr is not None:
-                    give(scr)
-                if hosts > 1:
-                    reqs = [cc.isend(sub[g], cross[g]) for g in peers if sub[g].size]
-                    n = sub[h].size
-                    if n:
-                        scr = self.scratch[k] = take(n * len(peers), buf.dtype)
-                        reqs += [cc.irecv(scr[t * n:(t + 1) * n], cross[g])
-                                 for t, g in enumerate(peers)]
-            elif s == 2:    # fold in the other hosts' shares, then cross all-gather
-                n = sub[h].size
-                scr = self.scratch.pop(k, None)
-                for t in range(len(peers) if n else 0):
-                    self.op.apply(scr[t * n:(t + 1) * n], sub[h])
-                if scr is not None:
-                    give(scr)
-                reqs = [cc.isend(sub[h], cross[g]) for g in peers if n]
-                reqs += [cc.irecv(sub[g], cross[g]) for g in peers if sub[g].size]
         return reqs
 
 
@@ -303,8 +316,10 @@ def _leaders(plan: Plan, root: int) -> tuple[tuple[int, ...], int]:
     return leaders, root_host
 
 
-def reduce_hierarchical(cc, buf: np.ndarray, root: int, op) -> None:
-    """Two-level reduce: to each host's leader, then across the leaders to ``root``.
+def reduce_hierarchical(cc, buf: np.ndarray, root: int, op, *,
+                        piece_bytes: int | None = None) -> None:
+    """Two-level reduce: the all-reduce's reduce-scatter (in each host, then each slice
+    across hosts), then every reduced sub-chunk straight to ``root``; pipelined in pieces.
 
     Args:
         cc: the collective context; ``cc.comm.host_layout`` gives the hosts.
@@ -312,17 +327,17 @@ def reduce_hierarchical(cc, buf: np.ndarray, root: int, op) -> None:
             dtype everywhere); used as scratch on every rank, on ``root`` the result.
         root: the rank that receives the result.
         op: a commutative :class:`pycomm.ops.Op`.
+        piece_bytes: bytes per pipeline piece (default :data:`PIECE_BYTES`).
     """
     plan = plan_of(cc)
-    leaders, root_host = _leaders(plan, root)
-    lead = leaders[plan.host]
-    local = plan.local
-    if len(local) > 1:
-        fn = _inner("reduce", buf.nbytes, len(local), True, DEFAULT_TRANSPORT)
-        fn(View(cc, local), buf, local.index(lead), op)
-    if cc.rank == lead and len(leaders) > 1:
-        fn = _inner("reduce", buf.nbytes, len(leaders), True, _net(cc))
-        fn(View(cc, leaders), buf, root_host, op)
+    count = buf.size
+    if count == 0 or cc.size == 1:
+        return
+    per = PIECE_BYTES if piece_bytes is None else max(1, int(piece_bytes))
+    npieces = min(count, max(1, -(-buf.nbytes // per)))
+    pieces = chunk_offsets(count, npieces)
+    run = _Pieces(cc, plan, buf, op, root)
+    _ticks(cc, npieces, 4, lambda s, k: run.stage(s, k, pieces[k], pieces[k + 1]))
 
 
 def bcast_hierarchical(cc, buf: np.ndarray, root: int) -> None:
