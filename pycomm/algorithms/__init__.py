@@ -37,7 +37,9 @@ from pycomm.algorithms.allreduce import (allreduce_binomial, allreduce_double_bi
 from pycomm.algorithms.alltoall import alltoall_bruck, alltoall_pairwise, alltoallv_pairwise
 from pycomm.algorithms.barrier import barrier_binomial, barrier_dissemination
 from pycomm.algorithms.bcast import bcast_binomial, bcast_pipeline, bcast_scatter_allgather
-from pycomm.algorithms.cost import DEFAULT_TRANSPORT, NET, cost, segment_bytes
+from pycomm.algorithms.cost import DEFAULT_TRANSPORT, NET, segment_bytes
+# the function under another name: pycomm.algorithms.cost stays the module
+from pycomm.algorithms.cost import cost as _cost
 from pycomm.algorithms.cost_hosts import two_level_time
 from pycomm.algorithms.gather import gather_binomial, gather_linear, gatherv_linear
 from pycomm.algorithms.hierarchical import (HIERARCHICAL, PIECE_BYTES, allgather_hierarchical,
@@ -257,7 +259,7 @@ def model_time(collective: str, algorithm: str, nbytes: int, size: int, *,
     if algorithm not in table:
         raise ArgumentError(f"unknown {collective} algorithm {algorithm!r}; valid: "
                             f"{', '.join(table)}")
-    return cost(collective, algorithm, nbytes, size, transport, oversubscription)
+    return _cost(collective, algorithm, nbytes, size, transport, oversubscription)
 
 
 def choose(collective: str, nbytes: int, size: int, *, requested: str | None = None,
@@ -328,7 +330,7 @@ def choose(collective: str, nbytes: int, size: int, *, requested: str | None = N
         return hier.name, hier.fn
     candidates = [i for i in table.values()
                   if i.name != HIERARCHICAL and i.unfit_reason(size, commutative) is None]
-    price = {i.name: cost(collective, i.name, nbytes, size, transport, oversubscription)
+    price = {i.name: _cost(collective, i.name, nbytes, size, transport, oversubscription)
              for i in candidates}
     best = min(candidates, key=lambda i: price[i.name])
     if spans and two_level_time(collective, nbytes, hosts, _flat_time(commutative),
@@ -343,7 +345,7 @@ def _flat_time(commutative: bool) -> Callable[[str, int, int, str], float]:
     def best(collective: str, nbytes: int, size: int, transport: str) -> float:
         if size <= 1:
             return 0.0
-        return min(cost(collective, i.name, nbytes, size, transport)
+        return min(_cost(collective, i.name, nbytes, size, transport)
                    for i in REGISTRY[collective].values()
                    if i.name != HIERARCHICAL and i.unfit_reason(size, commutative) is None)
     return best
