@@ -36,3 +36,11 @@ def test_errhandler_null_is_err_errhandler():
         assert err.value.Get_error_class() == MPI.ERR_ERRHANDLER
     assert MPI.Get_error_string(MPI.ERR_SESSION).startswith("MPI_ERR_SESSION")
     MPI.COMM_SELF.Set_errhandler(MPI.ERRORS_RETURN)
+
+
+def test_waitall_extends_a_short_status_list():
+    statuses: list = []
+    assert MPI.Request.Waitall([MPI.Request()] * 3, statuses) is True
+    assert len(statuses) == 3 and all(isinstance(s, MPI.Status) for s in statuses)
+    more = [MPI.Status()]
+    assert MPI.Request.Testall([MPI.Request()] * 2, more) and len(more) == 2

@@ -109,6 +109,12 @@ def _clear(status) -> None:
 
 
 @translate_methods
+def _extend(statuses, n: int) -> None:
+    """Grow a list of statuses to ``n`` with new Status objects (mpi4py's Waitall)."""
+    if isinstance(statuses, list):
+        statuses.extend(Status() for _ in range(n - len(statuses)))
+
+
 class Request:
     """A pending operation (mpi4py's ``MPI.Request``); ``Request()`` is a null request."""
 
@@ -228,8 +234,10 @@ class Request:
     # -- many requests --------------------------------------------------------------------
     @classmethod
     def Waitall(cls, requests, statuses=None) -> bool:
-        """Wait for every request; fill ``statuses`` (a list, one per request)."""
+        """Wait for every request; fill ``statuses`` (one per request; a list shorter than
+        ``requests`` is extended with new Status objects, as in mpi4py)."""
         reqs = list(requests)
+        _extend(statuses, len(reqs))
         active = [r._r for r in reqs if r._r is not None]
         if active:
             _Inner.Waitall(active)
@@ -246,6 +254,7 @@ class Request:
     def waitall(cls, requests, statuses=None) -> list:
         """Object form of Waitall: the received objects (None for sends)."""
         reqs = list(requests)
+        _extend(statuses, len(reqs))
         return [r.wait(statuses[i] if statuses is not None else None)
                 for i, r in enumerate(reqs)]
 
