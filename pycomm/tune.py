@@ -229,8 +229,8 @@ def measure_wake(transport: str, alpha: float, *, quick: bool = False) -> float:
     once its yielding phase is over: :mod:`pycomm.waiting`) to be scheduled;
     ``wake`` = measured seconds per hop - ``alpha`` (never negative). The median of three
     worlds, each started afresh: where the scheduler places the ranks is fixed for a
-    world's life and moves the figure (27-69 us between worlds on the 2-core VM here while
-    waiters went straight to sleep; three tune runs with yielding waiters gave 10-17 us).
+    world's life and moves the figure (how much: benchmarks/README.md, "Measurements
+    behind design choices in the code").
     """
     from pycomm.spawning import spawn
 
@@ -271,10 +271,9 @@ def measure_exchange_wake(transport: str, alpha_x: float, *,
     8-byte exchanges (:func:`_exchange_rank`); per step every rank needs the core once
     and its partners must each have run, so a step takes ``α_x + o · wake_x``:
     ``wake_x = (step - α_x) / o``, the median of three worlds. A one-way hop of the token
-    ring (``wake``) hands the core over once; on the 2-core VM here an exchange step at
-    4 ranks per core measured 145 µs against 74 µs for a one-way step of the same ranks
-    (the model, with ``wake`` alone, said 78 and 74): a waiting rank is scheduled about
-    twice per exchange.
+    ring (``wake``) hands the core over once, where a waiting rank is scheduled about
+    twice per exchange (measured: benchmarks/README.md, "Measurements behind design
+    choices in the code").
 
     Returns:
         ``{ranks per core: seconds per turn}`` (the cost model's ``wake_x``).

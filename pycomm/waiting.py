@@ -121,8 +121,9 @@ class Waiting:
         This thread neither drives progress nor sleeps in a transport: the progress thread
         does both, and signals the engine's condition when a collective completes. Were
         both threads to drive the engine, every message would be handed between them (the
-        engine lock, the GIL, the single sleeper in the transport): measured here, that
-        made an ``Iallreduce`` + ``Wait`` of 4 KiB on 2 ranks take 10x its blocking twin.
+        engine lock, the GIL, the single sleeper in the transport), several times slower
+        than the blocking twin (benchmarks/README.md, "Measurements behind design choices
+        in the code").
         A dead peer still ends the wait: the progress thread's own bounded waits fail the
         collective's request with the error.
 
@@ -152,8 +153,8 @@ class Waiting:
                 break
             # Let another thread that needs the GIL have it (else it waits for the 5 ms
             # switch interval): a transport's own thread, or the progress thread while it
-            # runs a collective. Only then: sleep(0) costs up to 50 us of timer slack here,
-            # which made every blocking call 3-4x slower once threads were enabled.
+            # runs a collective. Only then: sleep(0) costs timer slack that slows every
+            # blocking call several times (benchmarks/README.md, "Measurements behind...").
             if yield_gil or (others and self.offload_running):
                 time.sleep(0)
         else:

@@ -28,9 +28,9 @@ against the time to fill the chain: ``s`` is ``PYCOMM_SEGMENT_BYTES`` when set, 
 power of two (4 KiB and up) that the cost model prices lowest for this ``n`` and ``p``
 (about ``sqrt((p-2) n β / α)``; Open MPI's tuned decision rules and MPICH likewise pick
 the pipeline's segment by message size). Large segments go by rendezvous: a single-copy
-read each, which the forwarding rank's successor makes while it reads the next. Measured
-on 16 cores, 8 ranks, 64 MiB: 35.0 ms with 64 KiB segments, 18.1 ms with the model's
-(binomial 22.0-23.7).
+read each, which the forwarding rank's successor makes while it reads the next (64 KiB
+segments against the model's, measured: benchmarks/README.md, "Measurements behind design
+choices in the code").
 """
 
 from __future__ import annotations

@@ -25,11 +25,8 @@ included, moves its range as segments of ``PYCOMM_HALVING_SEGMENT_BYTES`` and fo
 segment into the kept range as soon as it has arrived, while the next one is arriving
 (two receives in flight into two scratch segments). A segment is reduced while it is still
 in cache, where an unsegmented exchange copies the whole half out of cache and reads it
-back to reduce it. Measured here (2-core KVM guest, float32 SUM in place, median of 18
-alternating calls): all-reduce ``rabenseifner`` on 4 ranks 64 MiB 37.4 ms segmented
-against 43.1 ms whole (16 MiB: 10.0 against 11.5), on 2 ranks 64 MiB 12.1 against 15.4 ms;
-the whole-half exchange was what put it 13-15% behind the segmented ring at 64 MiB.
-Scratch is two segments instead of ``n/2``. ``S = ceil(b / s)`` messages for ``b`` bytes.
+back to reduce it (segmented against whole, measured: benchmarks/README.md, "Measurements
+behind design choices in the code"). Scratch is two segments instead of ``n/2``. ``S = ceil(b / s)`` messages for ``b`` bytes.
 
 **The echo** (all-reduce only: the last halving step fused with the first doubling step,
 as the segmented ring runs its reduce-scatter into its all-gather, Patarasuk & Yuan 2009).
@@ -40,11 +37,8 @@ it is fully reduced, and receives the partner's reduced segments into the range 
 away, instead of a separate whole-range exchange afterwards: the echoed segment leaves
 while it is still in cache, and the two phases overlap. Messages between the pair keep
 their order (the partner's given segments first, then its echoed ones), and a received
-echo overwrites a given segment only after that segment's send has completed. Measured
-here (2-core KVM guest, float32 SUM in place, median of 12 alternating calls, two runs):
-all-reduce ``rabenseifner`` on 2 ranks 7.7 ms at 64 MiB without the echo, 7.1-7.2 with it
-(the ring: 7.1-7.2), 16 MiB 2.2-2.4 against 2.0 (ring 1.9); on 4 ranks 64 MiB 22.0-23.6
-against 22.7-23.6 (ring 24.0-25.5), 16 MiB 7.5-8.2 against 6.4-6.5 (ring 6.8-9.4).
+echo overwrites a given segment only after that segment's send has completed (with and
+without the echo, measured: ibid.).
 """
 
 from __future__ import annotations

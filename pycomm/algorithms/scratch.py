@@ -4,10 +4,10 @@ Why: a schedule such as the recursive-doubling all-reduce needs ``n`` bytes of s
 call (Rabenseifner's needed ``n/2`` before its exchanges were segmented).
 Allocated afresh with numpy, a buffer of 32 MiB or more comes straight from ``mmap`` (glibc
 serves allocations above its largest dynamic mmap threshold, 32 MiB on 64-bit Linux, that
-way and unmaps them on free), so every call page-faults on all of its pages again. Measured
-here (2 cores, 4 ranks, 64 MiB float32): Rabenseifner 79 ms with fresh scratch, 69 ms with
-reused scratch; the ring, whose scratch is ``n/p``, 73 ms either way. Open MPI and MPICH
-keep such buffers too (MPICH's ``MPIR_Localcopy`` scratch, NCCL its fixed buffers).
+way and unmaps them on free), so every call page-faults on all of its pages again (the
+times with and without reuse: benchmarks/README.md, "Measurements behind design choices in
+the code"). Open MPI and MPICH keep such buffers too (MPICH's ``MPIR_Localcopy`` scratch,
+NCCL its fixed buffers).
 
 Contract: :func:`take` hands out a buffer no one else holds until it is given back with
 :func:`give`; a schedule gives back what it took when it has finished with it (after every
@@ -16,9 +16,7 @@ mid-schedule) is simply garbage-collected. Buffers under :data:`POOL_MIN_BYTES` 
 glibc's initial ``M_MMAP_THRESHOLD``) are plain ``np.empty``, served from the heap. Larger
 ones are pooled, from 128 KiB on and not only from 32 MiB: when a schedule frees a megabyte
 at the top of the heap, glibc trims it back to the kernel and the next call faults the
-pages in again. Measured here (2 ranks, 1 MiB all-reduce, Rabenseifner's two 512 KiB
-receive segments, when the pool started at 1 MiB): 587 µs per call with fresh segments,
-257 µs with reused ones. At most
+pages in again (a 1 MiB all-reduce's receive segments, ibid.). At most
 ``PYCOMM_SCRATCH_KEEP_BYTES`` bytes of free buffers are kept (0 keeps none). Thread-safe:
 nonblocking collectives run on a progress thread beside blocking ones.
 """
