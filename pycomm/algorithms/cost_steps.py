@@ -27,10 +27,8 @@ __all__ = ["SCHEDULES", "pipeline_segment"]
 # rank runs whenever it has work. On ``c`` cores shared by ``p`` ranks, every step needs
 # ``o = p / c`` turns of the cores: the ranks with work in it, and the ranks waiting in
 # the call too, which poll with ``sched_yield`` before they sleep (:mod:`pycomm.waiting`)
-# and so are scheduled as well. (Counting only the ranks with work made a binomial tree's
-# late rounds, with 2 or 4 ranks busy, cheap: the model priced binomial all-reduce at 8 B
-# on 8 ranks of 2 cores at 270 µs where it measured 480, 80 µs per round like a round of
-# all 8.) And ``m`` copies (or reductions) that would run side by side on ``m`` cores share
+# and so are scheduled as well (counting only the ranks with work made a binomial tree's
+# late rounds, with 2 or 4 ranks busy, too cheap). And ``m`` copies (or reductions) that would run side by side on ``m`` cores share
 # ``c`` of them. So each schedule is written out below as its sequence of steps; a step
 # costs
 #
@@ -54,15 +52,13 @@ __all__ = ["SCHEDULES", "pipeline_segment"]
 # exchange, a recursive-doubling, Bruck or dissemination step, a pipelined chain's middle
 # rank) costs each rank two message calls where the ping-pong that measures α prices one:
 # such a step pays ``xtra = α_x - α`` more, α_x being the measured exchange step
-# (``pycomm.tune``). (Without it the model put van de Geijn's broadcast ahead of binomial
-# at 256 KiB on 4 and 8 ranks of a 16-core machine, where it measured 1.5-2.2x behind.)
-# When ranks outnumber cores, such a step also pays ``wake_x``, the measured exchange
+# (``pycomm.tune``). When ranks outnumber cores, such a step also pays ``wake_x``, the measured exchange
 # wake-up, rather than ``wake`` per turn of the cores (carried in α_x by
 # :func:`pycomm.algorithms.cost._cores`): a waiting rank is scheduled about twice per
-# exchange where a one-way hop hands the core over once. (Without it the model tied
-# Rabenseifner and binomial at 2 MiB on 8 ranks of the 2-core machine, where binomial
-# measured 1.24x ahead in every launch.)
+# exchange where a one-way hop hands the core over once.
 # No fitted constant enters: α, α_x, β, γ, σ, wake, wake_x and the lanes are measured.
+# Which measured ranking each term was added for: benchmarks/README.md, "Measurements
+# behind design choices in the code".
 # ---------------------------------------------------------------------------------------
 
 
@@ -110,9 +106,7 @@ def _o_scatter_binomial(n, p, k, c):
 
 def _o_ring_steps(n, p, k, c, reduce: bool, segs: float = 1.0) -> float:
     # A step moves a chunk as ``segs`` segments: a message overhead each, but one wake-up
-    # per step, since a pipelined chunk's segments arrive back to back. (A wake-up per
-    # segment ranked the segmented ring 25% behind Rabenseifner at 16-64 MiB on 4 ranks;
-    # the sweep measured it 12-15% ahead.)
+    # per step, since a pipelined chunk's segments arrive back to back.
     b = n / p
     return (p - 1) * (_step(k, c, b, p, b if reduce else 0.0, p if reduce else 0)
                       + (segs - 1) * k.alpha + k.xtra)
@@ -139,9 +133,7 @@ def _o_doubling(n, p, k, c, echo: bool = False) -> float:
     """The recursive-doubling all-gather; with ``echo`` its first step is the echo of the
     last halving step (:mod:`pycomm.algorithms.halving`): a message per segment, and still
     a step of its own, since each echoed segment waits for the partner's reduction of it.
-    The overlap of the two phases is not priced, as the ring's is not. (Pricing the echo
-    as a step saved put Rabenseifner ahead of recursive doubling at 256 KiB on 4 ranks of
-    the 2-core machine, where it measured 1.40x behind.)"""
+    The overlap of the two phases is not priced, as the ring's is not."""
     q, t, b = pof2_floor(p), 0.0, n / pof2_floor(p)
     for i in range(_lq(p)):
         t += _step(k, c, b, q) + k.xtra + ((_hsegs(b) - 1) * k.alpha if echo and i == 0
@@ -154,9 +146,7 @@ def _o_pipeline_seg(n, p, k, c, seg: float) -> float:
     """The chain broadcast in segments of ``seg`` bytes: ``S = ceil(n / seg)`` segments,
     ``S + p - 2`` steps. In step ``s``, ``min(p - 1, s + 1)`` ranks receive a segment; a
     middle rank also forwards one in every step, an exchange's second message call
-    (``xtra``) more than an end rank pays. (Without it the
-    model put the 64 KiB chain within 5% of its measured time on 2 ranks and 40% under it
-    on 4, on a 16-core machine.)"""
+    (``xtra``) more than an end rank pays."""
     segs = max(1, math.ceil(n / seg))
     b = n / segs
     extra = k.xtra if p > 2 else 0.0
