@@ -4,7 +4,7 @@ Reads the JSON of ``--algorithm all`` sweeps (``osu_allreduce``, ``osu_bcast``,
 ``osu_allgather``, ...), one file per launch or several launches of the same (benchmark,
 world size), keeps for every (size, algorithm) the best average over the launches, and
 prints a Markdown table: for each size, the measured time of the algorithm the cost model
-picks now (:func:`pycomm.algorithms.choose` with the shipped or ``PYCOMM_TUNE_FILE``
+picks now (:func:`pycomm.collectives.choose` with the shipped or ``PYCOMM_TUNE_FILE``
 constants of the transport the sweep ran over, and the ranks per core of the sweep: world
 size over the ``cpu_count`` its JSON records) divided by the best algorithm's time, naming
 the best where the ratio passes ``--within``.
@@ -26,8 +26,8 @@ import json
 import statistics
 from collections import defaultdict
 
-from pycomm.algorithms import choose
-from pycomm.algorithms.cost import model_transport  # a run's meta.transport -> its table
+from pycomm.collectives import choose
+from pycomm.collectives.cost import model_transport  # a run's meta.transport -> its table
 
 __all__ = ["load", "model_transport", "table", "main"]
 

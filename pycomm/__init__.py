@@ -16,7 +16,7 @@ import atexit
 import threading
 import time
 
-from .algorithms import algorithms
+from .collectives import algorithms
 from .buffers import IN_PLACE
 from .comm import TAG_UB, Communicator, Status
 from .groups import COMM_NULL, CONGRUENT, IDENT, SIMILAR, UNDEFINED, UNEQUAL, Group

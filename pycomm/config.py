@@ -123,7 +123,7 @@ _DECLARED = [
         "(0: allocate afresh every call)."),
     Var("PYCOMM_TUNE_FILE", str, None,
         "JSON table of cost-model constants written by python -m pycomm.tune (default: the "
-        "table shipped in pycomm/algorithms/tuned.json)."),
+        "table shipped in pycomm/collectives/tuned.json)."),
 ]
 
 VARS: dict[str, Var] = {v.name: v for v in _DECLARED}

@@ -42,7 +42,7 @@ def plan_call(comm, collective: str, dtype, count: int, nbytes: int, algorithm,
         collective: registry name, e.g. ``"allreduce"``.
         dtype: numpy dtype of the call's elements (None for Barrier).
         count: elements in the call's signature (-1: none).
-        nbytes: the bytes the algorithm choice is made on (see :mod:`pycomm.algorithms`).
+        nbytes: the bytes the algorithm choice is made on (see :mod:`pycomm.collectives`).
         algorithm: the caller's ``algorithm=`` (None, ``"auto"`` or a name).
         op: the reduction op, or None.
         root: the root rank, or -1.

@@ -14,8 +14,8 @@ import sys
 import time
 
 from . import trace as _trace
-from .algorithms import choose, model_time
-from .algorithms.cost import model_transport
+from .collectives import choose, model_time
+from .collectives.cost import model_transport
 from .ops import Op
 
 __all__ = ["AlgorithmSelection"]

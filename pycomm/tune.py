@@ -4,7 +4,7 @@ Usage::
 
     python -m pycomm.tune [-n 2] [--transport shm|tcp|rdma|all] [--out FILE] [--quick]
 
-Writes the JSON table that :mod:`pycomm.algorithms.cost` reads (to stdout, or ``FILE``)::
+Writes the JSON table that :mod:`pycomm.collectives.cost` reads (to stdout, or ``FILE``)::
 
     {"shm": {"alpha": s, "beta": s/B, "alpha_rndv": s, "beta_rndv": s/B, "alpha_x": s,
              "gamma": s/B, "sigma": s/B, "wake": s, "wake_x": {ranks per core: s},
@@ -14,7 +14,7 @@ Writes the JSON table that :mod:`pycomm.algorithms.cost` reads (to stdout, or ``
                 "loadavg", "ranks", "eager_limit", "points"}}
 
 Point ``PYCOMM_TUNE_FILE`` at the file to use it instead of the shipped table
-(``pycomm/algorithms/tuned.json``, measured the same way). What is measured:
+(``pycomm/collectives/tuned.json``, measured the same way). What is measured:
 
 * **α, β, α_rndv, β_rndv** per transport: ranks started with :func:`pycomm.spawn`; ranks 0
   and 1 ping-pong ``Send``/``Recv`` messages (the others wait), one-way time = round trip

@@ -6,7 +6,7 @@ Run on every rank of a job that spans hosts (issue 16), e.g.::
         pycomm/tune_links.py --out links.json
 
 Rank 0 writes (or updates) ``links.json``, a table for ``PYCOMM_TUNE_FILE`` whose ``net``
-entry prices every step that crosses hosts (:func:`pycomm.algorithms.cost.model_transport`):
+entry prices every step that crosses hosts (:func:`pycomm.collectives.cost.model_transport`):
 a communicator spanning hosts is then priced with it rather than with the loopback-TCP
 row that ``python -m pycomm.tune`` measures on one machine, and the automatic choice
 weighs the hierarchical algorithms (local steps at ``shm``'s constants, cross-host steps at
@@ -35,7 +35,7 @@ import time
 import numpy as np
 
 import pycomm
-from pycomm.algorithms.cost import DEFAULT_TRANSPORT, NET, load_table
+from pycomm.collectives.cost import DEFAULT_TRANSPORT, NET, load_table
 from pycomm.errors import ArgumentError
 from pycomm.tune import EAGER, LARGE, SMALL, _iterations, _per_unit, fit_line
 

@@ -5,7 +5,7 @@ Vector buffers follow mpi4py's buffer specifications: ``[buf, counts]`` (displac
 are the running sum of the counts), ``[buf, counts, displs]``, ``[buf, counts, displs,
 datatype]`` or ``[buf, (counts, displs), datatype]``; counts and displacements are in
 elements. A rank may contribute zero elements. Everything is validated before any byte
-moves; the schedules live in :mod:`pycomm.algorithms`.
+moves; the schedules live in :mod:`pycomm.collectives`.
 """
 
 from __future__ import annotations

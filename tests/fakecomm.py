@@ -82,7 +82,7 @@ class _World:
 
 
 class FakeCC:
-    """One rank's collective context: the contract in ``pycomm.algorithms``."""
+    """One rank's collective context: the contract in ``pycomm.collectives``."""
 
     def __init__(self, world: _World, rank: int):
         self._world = world

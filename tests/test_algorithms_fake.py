@@ -16,7 +16,6 @@ the messages each schedule sends in test_wire_counts.py.
 from __future__ import annotations
 
 import functools
-import importlib
 import threading
 import time
 
@@ -25,13 +24,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import pycomm.collectives as algs
+import pycomm.collectives.scratch as scratch
 from pycomm import ops
 from pycomm.errors import ArgumentError
 from fakecomm import FakeCommError, run_fake  # tests/ is on sys.path under pytest
-
-# ``pycomm.algorithms`` the attribute is the re-exported function; take the module itself.
-algs = importlib.import_module("pycomm.algorithms")
-scratch = importlib.import_module("pycomm.algorithms.scratch")
 
 SIZES = list(range(1, 10))
 COUNTS = [0, 1, 2, 7, 13]

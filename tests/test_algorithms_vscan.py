@@ -9,20 +9,18 @@ Counts are in elements, as in the algorithms' signatures.
 from __future__ import annotations
 
 import functools
-import importlib
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import pycomm.collectives as algs
 from pycomm import ops
 from fakecomm import run_fake  # tests/ is on sys.path under pytest
 from test_algorithms_fake import (AFFINE, AFFINE_OP, REDUCTIONS, SIZES,  # noqa: F401
                                   _small_segments, affine_fold, affine_inputs,
                                   assert_same_bytes, contributions, fold, reduction_id)
-
-algs = importlib.import_module("pycomm.algorithms")
 
 # count patterns, as a function of (rank, size): zeros on some ranks, uneven, all zero
 PATTERNS = {

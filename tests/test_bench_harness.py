@@ -310,7 +310,7 @@ def _sweep_doc(tmp_path, name: str, rows: list[dict]) -> str:
 
 def test_sweep_report_compares_the_model_choice_with_the_best_launch(tmp_path):
     from benchmarks import sweep_report
-    from pycomm.algorithms import choose
+    from pycomm.collectives import choose
 
     picked = choose("allgather", 2 * 64, 2, requested="auto")[0]
     other = next(a for a in ("ring", "recursive_doubling") if a != picked)
@@ -334,7 +334,7 @@ def test_sweep_report_compares_the_model_choice_with_the_best_launch(tmp_path):
 
 def test_sweep_report_judges_a_run_by_its_transports_constants(tmp_path, monkeypatch):
     from benchmarks import sweep_report
-    from pycomm.algorithms import choose
+    from pycomm.collectives import choose
 
     assert [sweep_report.model_transport(t) for t in (None, "shm", "shm+tcp", "rdma")] == \
         ["shm", "shm", "tcp", "rdma"]

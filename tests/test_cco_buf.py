@@ -23,7 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import pycomm
-from pycomm.algorithms import REGISTRY
+from pycomm.collectives import REGISTRY
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 

@@ -27,7 +27,7 @@ from benchmarks.cluster import hier_check
 from benchmarks.cluster.netns import Cluster, ClusterError, check_support
 from fakecomm import run_fake  # tests/ is on sys.path under pytest
 from pycomm import config, ops
-from pycomm.algorithms import hierarchical as hier
+from pycomm.collectives import hierarchical as hier
 from pycomm.bootstrap import _hnp_host, detect, host_layout, listen_address
 from pycomm.errors import CommError
 from pycomm.nodes import global_rank
@@ -379,7 +379,7 @@ def test_hierarchical_plans_are_built_once_per_layout():
 
 
 def test_auto_chooses_hierarchical_only_when_hosts_are_spanned():
-    algs = importlib.import_module("pycomm.algorithms")
+    algs = importlib.import_module("pycomm.collectives")
     assert algs.choose("allreduce", 1 << 24, 4, hosts=(2, 2))[0] == "hierarchical"
     assert algs.choose("barrier", 0, 5, hosts=(3, 2))[0] == "hierarchical"
     assert algs.choose("allreduce", 1 << 24, 4, hosts=(4,))[0] != "hierarchical"
@@ -451,7 +451,7 @@ def test_hierarchical_collectives_across_emulated_hosts(cluster, nnodes, nproc, 
 
 # -- link-aware selection ---------------------------------------------------------------------
 def _table_with_net(tmp_path, **net) -> str:
-    from pycomm.algorithms.cost import SHIPPED_TABLE
+    from pycomm.collectives.cost import SHIPPED_TABLE
     with open(SHIPPED_TABLE, encoding="utf-8") as fh:
         table = json.load(fh)
     table["net"] = {**table["shm"], **net}
@@ -462,7 +462,7 @@ def _table_with_net(tmp_path, **net) -> str:
 
 def test_model_transport_prices_each_communicator_by_the_links_it_crosses(tmp_path,
                                                                          monkeypatch):
-    from pycomm.algorithms.cost import model_transport
+    from pycomm.collectives.cost import model_transport
     monkeypatch.delenv("PYCOMM_TUNE_FILE", raising=False)
     assert model_transport("shm+tcp", 1) == "shm"       # a host's part of a multi-host job
     assert model_transport("tcp", 1) == "tcp"           # --transport tcp on one host
@@ -477,7 +477,7 @@ def test_a_measured_slow_link_makes_the_model_weigh_hierarchical_against_flat(tm
     # a 2 Gbit/s link with 50 us latency between hosts
     monkeypatch.setenv("PYCOMM_TUNE_FILE", _table_with_net(
         tmp_path, alpha=50e-6, alpha_x=60e-6, alpha_rndv=100e-6, beta=4e-9, beta_rndv=4e-9))
-    algs = importlib.import_module("pycomm.algorithms")
+    algs = importlib.import_module("pycomm.collectives")
     big = 16 << 20
     assert algs.choose("allreduce", big, 4, transport="net", hosts=(2, 2))[0] == \
         "hierarchical"
@@ -508,7 +508,7 @@ def test_tune_links_measures_the_link_between_emulated_hosts(cluster, tmp_path, 
     for entry in (net, net["measured"]["local"]):
         for key in ("alpha", "beta", "alpha_rndv", "beta_rndv", "alpha_x"):
             assert 0 < entry[key] < 1, (key, entry)
-    from pycomm.algorithms.cost import load_table, model_transport
+    from pycomm.collectives.cost import load_table, model_transport
     monkeypatch.setenv("PYCOMM_TUNE_FILE", str(out))
     assert load_table()["net"].beta_rndv == net["beta_rndv"]
     assert model_transport("shm+tcp", 2) == "net"

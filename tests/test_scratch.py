@@ -1,4 +1,4 @@
-"""The scratch pool collective schedules reuse buffers from (pycomm.algorithms.scratch)."""
+"""The scratch pool collective schedules reuse buffers from (pycomm.collectives.scratch)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import threading
 import numpy as np
 import pytest
 
-from pycomm.algorithms.scratch import POOL_MIN_BYTES, ScratchPool
+from pycomm.collectives.scratch import POOL_MIN_BYTES, ScratchPool
 
 MB = 1 << 20
 

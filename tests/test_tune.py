@@ -11,12 +11,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import pycomm.collectives as algs
+import pycomm.collectives.cost as cost
 from pycomm import tune
 from pycomm.errors import ArgumentError
-
-# ``pycomm.algorithms.cost`` the attribute is the re-exported function; take the modules.
-cost = importlib.import_module("pycomm.algorithms.cost")
-algs = importlib.import_module("pycomm.algorithms")
 
 
 def test_fit_line_recovers_a_line():

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import pycomm
-from pycomm.algorithms import REGISTRY
+from pycomm.collectives import REGISTRY
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 

@@ -10,11 +10,10 @@ import importlib
 import numpy as np
 import pytest
 
+import pycomm.collectives as algs
 from pycomm import ops
-from pycomm.algorithms import topology
+from pycomm.collectives import topology
 from fakecomm import run_fake  # tests/ is on sys.path under pytest
-
-algs = importlib.import_module("pycomm.algorithms")
 
 SIZES = list(range(1, 10))
 SEGMENT_BYTES = 24
@@ -108,7 +107,7 @@ def test_pipeline_bcast_with_the_models_segment(size, monkeypatch):
     # model's segment for its size (shm constants, a core per rank); every rank but the
     # last forwards ceil(n / segment) messages, and every rank ends with the root's data
     monkeypatch.setenv("PYCOMM_SEGMENT_BYTES", "0")
-    cost = importlib.import_module("pycomm.algorithms.cost")
+    cost = importlib.import_module("pycomm.collectives.cost")
     count, root = (3 << 20) + 5, size - 1          # float64: 24 MiB and 40 bytes
     seg = cost.segment_bytes("bcast", "pipeline", count * 8, size)
     assert (seg < count * 8) == (size > 2)   # on 2 ranks one message is best
@@ -129,7 +128,7 @@ def test_pipeline_bcast_with_the_models_segment(size, monkeypatch):
 def test_default_segments(monkeypatch):
     # PYCOMM_SEGMENT_BYTES unset or 0: the double binary tree keeps its 64 KiB segments
     # (a 0 once reached it as 1-element segments: a 2 MiB all-reduce ran for seconds)
-    bcast = importlib.import_module("pycomm.algorithms.bcast")
+    bcast = importlib.import_module("pycomm.collectives.bcast")
     for value in (None, "0", "-4096"):  # a negative one is "automatic" to the model too
         if value is None:
             monkeypatch.delenv("PYCOMM_SEGMENT_BYTES", raising=False)

@@ -1,7 +1,7 @@
 """One rank of ``benchmarks/cluster/hier_bench.py``: time a large collective per algorithm.
 
 Environment: ``HB_COLL`` (allreduce, the default; bcast and reduce from rank 1; allgather),
-``HB_BYTES`` (the call's bytes as :mod:`pycomm.algorithms` counts them, float32),
+``HB_BYTES`` (the call's bytes as :mod:`pycomm.collectives` counts them, float32),
 ``HB_REPS`` (timed calls per algorithm), ``HB_ALGS`` (comma-separated; ``auto`` is the
 automatic choice). Each rep runs
 every algorithm once, in an order rotated by one per rep (alternating, so that drifts of a

@@ -20,7 +20,7 @@ order ``x_0 ∘ ... ∘ x_{p-1}``, and rank 0 then sends the result to ``root`` 
 **rabenseifner** (Rabenseifner 2004, "Optimization of collective reduction operations";
 Thakur et al. 2005, section 4.2; MPICH ``reduce_intra_reduce_scatter_gather``). Fold to
 ``q = pof2_floor(p)`` ranks and reduce-scatter by recursive halving
-(:mod:`pycomm.algorithms.halving`; distance 1 first, rank order kept), then gather the
+(:mod:`pycomm.collectives.halving`; distance 1 first, rank order kept), then gather the
 reduced chunks to the root by retracing the halving backwards: at each distance, of the
 two partners the one whose bit agrees with the root's new rank receives the other's
 range, so the ranges double along a binomial tree towards the root. When the root sat
@@ -36,9 +36,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from pycomm.algorithms.halving import Pipe, fold_in, halve
-from pycomm.algorithms.scratch import give, take
-from pycomm.algorithms.topology import (binomial_children, binomial_parent, chunk_offsets,
+from pycomm.collectives.halving import Pipe, fold_in, halve
+from pycomm.collectives.scratch import give, take
+from pycomm.collectives.topology import (binomial_children, binomial_parent, chunk_offsets,
                                         fold_new_rank, pof2_floor)
 
 __all__ = ["reduce_binomial", "reduce_rabenseifner"]

@@ -25,7 +25,7 @@ ring; scratch two blocks.
 
 **recursive_halving** (Thakur et al. 2005, section 4.1; MPICH
 ``reduce_scatter_intra_recursive_halving`` and its non-commutative variant). Fold to ``q``
-ranks (:mod:`pycomm.algorithms.halving`; new rank ``j < rem`` stands for the real ranks
+ranks (:mod:`pycomm.collectives.halving`; new rank ``j < rem`` stands for the real ranks
 ``2j, 2j+1``, whose blocks are adjacent), copy the send buffer into a work buffer whose
 chunk position ``i`` holds the blocks of new rank ``bit_reverse(i)``, then reduce-scatter by
 recursive halving with distance 1 first: rank order is kept and new rank ``j`` ends with
@@ -33,7 +33,7 @@ position ``bit_reverse(j)``, i.e. its own blocks. Each odd rank of the fold send
 partner's block back. Time ``log2(q) α + n(q-1)/q (β + γ)`` plus, for non-power-of-two
 ``p``, ``(ceil(n/s) + 1)α + (n + n/p)β + nγ`` (the fold in, and the block sent back). The
 fold and the halving exchanges go as segments of ``s = PYCOMM_HALVING_SEGMENT_BYTES`` (one
-``α`` each), reduced as they arrive (:class:`~pycomm.algorithms.halving.Pipe`); scratch
+``α`` each), reduced as they arrive (:class:`~pycomm.collectives.halving.Pipe`); scratch
 ``n`` (the work copy) plus two segments.
 **sendbuf may be overwritten** (on the odd ranks of the fold).
 """
@@ -44,9 +44,9 @@ from itertools import accumulate
 
 import numpy as np
 
-from pycomm.algorithms.halving import Pipe, fold_in, halve
-from pycomm.algorithms.scratch import give, take
-from pycomm.algorithms.topology import bit_reverse, pof2_floor, ring_neighbors
+from pycomm.collectives.halving import Pipe, fold_in, halve
+from pycomm.collectives.scratch import give, take
+from pycomm.collectives.topology import bit_reverse, pof2_floor, ring_neighbors
 
 __all__ = ["reduce_scatter_ring", "reduce_scatter_pairwise", "reduce_scatter_recursive_halving",
            "reduce_scatter_block_ring", "reduce_scatter_block_pairwise",

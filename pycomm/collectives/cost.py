@@ -8,7 +8,7 @@ per protocol in ``graph/tuning.cc``; the formulas are
 those of Thakur, Rabenseifner & Gropp 2005, "Optimization of collective communication
 operations in MPICH", and of each algorithm's module docstring, plus the σ term; pipelined
 schedules also read the segment size ``PYCOMM_SEGMENT_BYTES``). Each formula takes ``n``,
-the bytes of the call as defined in :func:`pycomm.algorithms.choose`, ``p``, the number of
+the bytes of the call as defined in :func:`pycomm.collectives.choose`, ``p``, the number of
 ranks, and the transport's :class:`Constants`, and returns seconds. Only the ranking
 matters: constants shift the crossovers, not the shapes.
 
@@ -17,22 +17,22 @@ same schedules step by step (:data:`SCHEDULES`), which prices each message by it
 and, when ranks outnumber cores (``oversubscription > 1``), makes every step pay a
 measured wake-up per turn of the cores its call's ranks need (an exchange step its own,
 larger one) while concurrent copies and reductions share the cores: see
-:mod:`pycomm.algorithms.cost_steps`.
+:mod:`pycomm.collectives.cost_steps`.
 
 Two measured refinements of the textbook forms (the algorithms' docstrings give those):
 a step in which every rank both sends and receives (ring, halving, doubling, recursive
 doubling, Bruck, dissemination, a pipelined chain's middle rank) costs ``α_x``, the
 measured exchange step, where a one-way message costs ``α`` (``Constants.xtra`` is the
 difference); and concurrent copies share the memory's *lanes* as well as the cores (see
-:mod:`pycomm.algorithms.cost_steps`).
+:mod:`pycomm.collectives.cost_steps`).
 
 Why σ: numpy scratch buffers come from fresh pages whose first touch page-faults; it is
 what separates recursive doubling (scratch ``n``) from the segmented schedules (ring,
 Rabenseifner: scratch two segments) at large ``n``. (Scratch of 1 MiB and more is reused
-between calls, :mod:`pycomm.algorithms.scratch`, so the measured σ is near 0.)
+between calls, :mod:`pycomm.collectives.scratch`, so the measured σ is near 0.)
 
 Constants: one :class:`Constants` per transport, measured by ``python -m pycomm.tune`` (see
-:mod:`pycomm.tune`). The table shipped in ``pycomm/algorithms/tuned.json`` records the run
+:mod:`pycomm.tune`). The table shipped in ``pycomm/collectives/tuned.json`` records the run
 it came from under ``"source"``; ``PYCOMM_TUNE_FILE`` points to a user table instead (a
 transport missing there falls back to the shipped table). Transports without an entry use
 ``shm``'s constants.
@@ -47,8 +47,8 @@ from dataclasses import replace
 from collections.abc import Callable
 
 from pycomm import config
-from pycomm.algorithms.cost_steps import SCHEDULES, _share, pipeline_segment
-from pycomm.algorithms.cost_terms import (Constants, pipeline_candidates, _segment,
+from pycomm.collectives.cost_steps import SCHEDULES, _share, pipeline_segment
+from pycomm.collectives.cost_terms import (Constants, pipeline_candidates, _segment,
                                          _ring_segs, _ring_scratch, _hsegs, _pipe_scratch,
                                          _halving_scratch, _lg, _lq, _frac, _qfrac, _folds,
                                          _protocol)
@@ -192,7 +192,7 @@ def _pipeline_seg(n: float, p: int, k: Constants, seg: float) -> float:
 
 
 def _pipeline(n: float, p: int, k: Constants) -> float:
-    """At the best segment of :func:`~pycomm.algorithms.cost_terms.pipeline_candidates`."""
+    """At the best segment of :func:`~pycomm.collectives.cost_terms.pipeline_candidates`."""
     return min(_pipeline_seg(n, p, k, seg) for seg in pipeline_candidates(n))
 
 
@@ -296,7 +296,7 @@ FORMULAS: dict[tuple[str, str], Formula] = {
 }
 for _alg in ("ring", "pairwise", "recursive_halving"):
     FORMULAS[("reduce_scatter_block", _alg)] = FORMULAS[("reduce_scatter", _alg)]
-# The hierarchical schedules (pycomm.algorithms.hierarchical) priced as on one host, i.e.
+# The hierarchical schedules (pycomm.collectives.hierarchical) priced as on one host, i.e.
 # their local steps alone: model_time has no host layout. On a communicator spanning
 # hosts choose() takes them by rule, not by this price.
 FORMULAS.update({
@@ -346,8 +346,8 @@ def segment_bytes(collective: str, algorithm: str, nbytes: int, size: int,
 
     Only the chain broadcast (``bcast``/``pipeline``) has one: ``PYCOMM_SEGMENT_BYTES`` when
     set, else the candidate its step model prices lowest for ``nbytes`` on ``size`` ranks
-    (:func:`~pycomm.algorithms.cost_steps.pipeline_segment`). Every rank computes the same
-    value from the same arguments, so :func:`pycomm.algorithms.choose` passes it to the
+    (:func:`~pycomm.collectives.cost_steps.pipeline_segment`). Every rank computes the same
+    value from the same arguments, so :func:`pycomm.collectives.choose` passes it to the
     schedule, which then runs what was priced.
     """
     if (collective, algorithm) != ("bcast", "pipeline"):
@@ -365,7 +365,7 @@ def cost(collective: str, algorithm: str, nbytes: int, size: int,
     Args:
         collective: e.g. ``"allreduce"``.
         algorithm: e.g. ``"ring"``.
-        nbytes: bytes of the call (see :func:`pycomm.algorithms.choose`), ``>= 0``.
+        nbytes: bytes of the call (see :func:`pycomm.collectives.choose`), ``>= 0``.
         size: number of ranks, ``>= 1``.
         transport: whose constants to use (``"shm"``, ``"tcp"``; others use ``shm``'s).
         oversubscription: ranks per core on the busiest host (> 1: more ranks than

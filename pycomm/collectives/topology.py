@@ -1,6 +1,6 @@
 """Communication topologies as small pure functions of (rank, size).
 
-Every collective schedule in :mod:`pycomm.algorithms` asks this module who its peers are;
+Every collective schedule in :mod:`pycomm.collectives` asks this module who its peers are;
 nothing here sends a byte, so each function is tested exhaustively for sizes 1..16 in
 ``tests/test_topology.py``.
 

@@ -15,7 +15,7 @@ Example, 2 hosts x 2 ranks, cyclic placement (host 0 holds ranks 0 and 2)::
                     --- cross 1: [2, 3]  ---
 
 Reduce, bcast, allgather and barrier are compositions of the flat schedules of
-:mod:`pycomm.algorithms`, run on views of the call (:class:`View`: a group's ranks
+:mod:`pycomm.collectives`, run on views of the call (:class:`View`: a group's ranks
 renumbered ``0..k-1``, sending on the call's own context, tag and signature), each inner
 step's algorithm chosen by the cost model for its group size, bytes and link (``shm``
 inside a host, the communicator's network transport across hosts); the all-reduce is its
@@ -79,11 +79,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from pycomm import config
-from pycomm.algorithms.allgather import allgatherv_ring
-from pycomm.algorithms.barrier import barrier_dissemination
-from pycomm.algorithms.cost import DEFAULT_TRANSPORT, model_transport
-from pycomm.algorithms.scratch import give, take
-from pycomm.algorithms.topology import chunk_offsets
+from pycomm.collectives.allgather import allgatherv_ring
+from pycomm.collectives.barrier import barrier_dissemination
+from pycomm.collectives.cost import DEFAULT_TRANSPORT, model_transport
+from pycomm.collectives.scratch import give, take
+from pycomm.collectives.topology import chunk_offsets
 
 __all__ = ["HIERARCHICAL", "Plan", "View", "plan_of", "allreduce_hierarchical",
            "reduce_hierarchical", "bcast_hierarchical", "allgather_hierarchical",
@@ -142,7 +142,7 @@ def plan_of(cc) -> Plan:
 
 class View:
     """Some ranks of a collective call, renumbered ``0..size-1``: the ``cc`` contract of
-    :mod:`pycomm.algorithms` (``rank``, ``size``, ``isend``, ``irecv``, ``waitall``,
+    :mod:`pycomm.collectives` (``rank``, ``size``, ``isend``, ``irecv``, ``waitall``,
     ``send``, ``recv``, ``sendrecv``), so that any flat schedule runs on the group.
 
     Args:
@@ -186,7 +186,7 @@ def _inner(collective: str, nbytes: int, size: int, commutative: bool, transport
 @functools.lru_cache(maxsize=1024)
 def _inner_at(collective: str, nbytes: int, size: int, commutative: bool, transport: str,
               generation: int):
-    from pycomm.algorithms import AUTO, choose      # the registry imports this module
+    from pycomm.collectives import AUTO, choose      # the registry imports this module
     return choose(collective, nbytes, size, requested=AUTO, commutative=commutative,
                   transport=transport)[1]
 

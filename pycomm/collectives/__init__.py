@@ -5,7 +5,7 @@ point calls of a collective context ``cc`` (``rank``, ``size``, ``send``, ``recv
 ``irecv``, ``waitall``, ``sendrecv``), in one module per collective. :data:`REGISTRY` maps
 collective -> algorithm -> :class:`AlgorithmInfo`; :func:`choose` picks one per call,
 either the one the user named (``algorithm=`` or ``PYCOMM_ALGORITHM_<COLLECTIVE>``) or the
-argmin of the α-β-γ model in :mod:`pycomm.algorithms.cost`.
+argmin of the α-β-γ model in :mod:`pycomm.collectives.cost`.
 
 Bytes of a call (``nbytes`` below), which must be the same on every rank:
 
@@ -18,7 +18,7 @@ Bytes of a call (``nbytes`` below), which must be the same on every rank:
 * barrier: 0.
 
 Constants come from the table of the communicator's transport (``transport=``; see
-:mod:`pycomm.algorithms.cost`), so every rank of a communicator, which shares one
+:mod:`pycomm.collectives.cost`), so every rank of a communicator, which shares one
 transport name, makes the same choice.
 """
 
@@ -29,32 +29,32 @@ from dataclasses import dataclass
 from typing import Callable
 
 from pycomm import config
-from pycomm.algorithms.allgather import (allgather_bruck, allgather_recursive_doubling,
+from pycomm.collectives.allgather import (allgather_bruck, allgather_recursive_doubling,
                                          allgather_ring, allgatherv_ring)
-from pycomm.algorithms.allreduce import (allreduce_binomial, allreduce_double_binary_tree,
+from pycomm.collectives.allreduce import (allreduce_binomial, allreduce_double_binary_tree,
                                          allreduce_rabenseifner, allreduce_recursive_doubling,
                                          allreduce_ring)
-from pycomm.algorithms.alltoall import alltoall_bruck, alltoall_pairwise, alltoallv_pairwise
-from pycomm.algorithms.barrier import barrier_binomial, barrier_dissemination
-from pycomm.algorithms.bcast import bcast_binomial, bcast_pipeline, bcast_scatter_allgather
-from pycomm.algorithms.cost import DEFAULT_TRANSPORT, NET, segment_bytes
-# the function under another name: pycomm.algorithms.cost stays the module
-from pycomm.algorithms.cost import cost as _cost
-from pycomm.algorithms.cost_hosts import two_level_time
-from pycomm.algorithms.gather import gather_binomial, gather_linear, gatherv_linear
-from pycomm.algorithms.hierarchical import (HIERARCHICAL, PIECE_BYTES, allgather_hierarchical,
+from pycomm.collectives.alltoall import alltoall_bruck, alltoall_pairwise, alltoallv_pairwise
+from pycomm.collectives.barrier import barrier_binomial, barrier_dissemination
+from pycomm.collectives.bcast import bcast_binomial, bcast_pipeline, bcast_scatter_allgather
+from pycomm.collectives.cost import DEFAULT_TRANSPORT, NET, segment_bytes
+# the function under another name: pycomm.collectives.cost stays the module
+from pycomm.collectives.cost import cost as _cost
+from pycomm.collectives.cost_hosts import two_level_time
+from pycomm.collectives.gather import gather_binomial, gather_linear, gatherv_linear
+from pycomm.collectives.hierarchical import (HIERARCHICAL, PIECE_BYTES, allgather_hierarchical,
                                             allreduce_hierarchical, barrier_hierarchical,
                                             bcast_hierarchical, reduce_hierarchical)
-from pycomm.algorithms.reduce import reduce_binomial, reduce_rabenseifner
-from pycomm.algorithms.reduce_scatter import (reduce_scatter_block_pairwise,
+from pycomm.collectives.reduce import reduce_binomial, reduce_rabenseifner
+from pycomm.collectives.reduce_scatter import (reduce_scatter_block_pairwise,
                                               reduce_scatter_block_recursive_halving,
                                               reduce_scatter_block_ring,
                                               reduce_scatter_pairwise,
                                               reduce_scatter_recursive_halving,
                                               reduce_scatter_ring)
-from pycomm.algorithms.scan import exscan_recursive_doubling, scan_recursive_doubling
-from pycomm.algorithms.scatter import scatter_binomial, scatter_linear, scatterv_linear
-from pycomm.algorithms.topology import is_pof2
+from pycomm.collectives.scan import exscan_recursive_doubling, scan_recursive_doubling
+from pycomm.collectives.scatter import scatter_binomial, scatter_linear, scatterv_linear
+from pycomm.collectives.topology import is_pof2
 from pycomm.errors import ArgumentError
 
 __all__ = ["AlgorithmInfo", "REGISTRY", "AUTO", "algorithms", "choose", "model_time"]
@@ -276,10 +276,10 @@ def choose(collective: str, nbytes: int, size: int, *, requested: str | None = N
     ``algorithm=``); when that is None, from ``PYCOMM_ALGORITHM_<COLLECTIVE>``. ``"auto"``
     (from either source; ``requested="auto"`` also overrides the environment) or nothing
     means automatic: the algorithm with the least modelled time among those that can
-    serve the call (:mod:`pycomm.algorithms.cost`; ties go to registry order). On a
+    serve the call (:mod:`pycomm.collectives.cost`; ties go to registry order). On a
     communicator spanning hosts (``hosts``) the ``hierarchical`` algorithms
-    (:mod:`pycomm.algorithms.hierarchical`) take part, priced step by step with the link
-    each step crosses (:mod:`pycomm.algorithms.cost_hosts`), when ``transport`` is the
+    (:mod:`pycomm.collectives.hierarchical`) take part, priced step by step with the link
+    each step crosses (:mod:`pycomm.collectives.cost_hosts`), when ``transport`` is the
     measured link between hosts (``"net"``, :mod:`pycomm.tune_links`); without that
     measurement the hierarchical algorithm is taken wherever it can serve the call (its
     link bytes are the minimum; the loopback-TCP row must not price a real link).
@@ -354,6 +354,6 @@ def _flat_time(commutative: bool) -> Callable[[str, int, int, str], float]:
 def _bound(info: AlgorithmInfo, nbytes: int, size: int, transport: str,
            oversubscription: float) -> Callable:
     """``info.fn``, with the segment size the model priced bound to it where it has one
-    (:func:`pycomm.algorithms.cost.segment_bytes`), so the schedule runs what was priced."""
+    (:func:`pycomm.collectives.cost.segment_bytes`), so the schedule runs what was priced."""
     seg = segment_bytes(info.collective, info.name, nbytes, size, transport, oversubscription)
     return info.fn if seg is None else functools.partial(info.fn, segment_bytes=seg)

@@ -1,5 +1,5 @@
-"""Terms shared by the cost model's closed forms (:mod:`pycomm.algorithms.cost`) and its
-step models (:mod:`pycomm.algorithms.cost_steps`): the transport's :class:`Constants`,
+"""Terms shared by the cost model's closed forms (:mod:`pycomm.collectives.cost`) and its
+step models (:mod:`pycomm.collectives.cost_steps`): the transport's :class:`Constants`,
 segment counts and scratch sizes of the pipelined schedules (read from the same variables
 the schedules read), tree depths, and the protocol that prices a message of a given size.
 The bottom of the cost model: it imports neither of the other two.
@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 
 from pycomm import config
-from pycomm.algorithms.topology import ceil_log2, pof2_floor
+from pycomm.collectives.topology import ceil_log2, pof2_floor
 
 
 @dataclass(frozen=True)

@@ -28,9 +28,9 @@ fold joins two adjacent aligned blocks of ranks, so rank order is kept (non-comm
 are served) and ownership ends bit-reversed; the recursive-doubling all-gather retraces the
 steps backwards, copying. The fold and every halving exchange go as segments of ``s``
 bytes (``PYCOMM_HALVING_SEGMENT_BYTES``), each reduced as soon as it arrives, while it is
-still in cache (:class:`~pycomm.algorithms.halving.Pipe`). The last halving step and the
+still in cache (:class:`~pycomm.collectives.halving.Pipe`). The last halving step and the
 all-gather's first, which swap the same two ranges with the same partner, run as one: each
-segment goes back as soon as it is reduced (the *echo* of :mod:`~pycomm.algorithms.halving`,
+segment goes back as soon as it is reduced (the *echo* of :mod:`~pycomm.collectives.halving`,
 as the ring pipelines its two phases). Time
 ``(Σ_i ceil(n/(2^i s)) + ceil(n/(qs)) + log2 q - 1) α + 2n(q-1)/q β + n(q-1)/q γ`` plus the
 fold; scratch two segments.
@@ -42,20 +42,20 @@ the whole vector with ``new_rank XOR 2^k``; both partners compute
 are bit-identical and rank-ordered. Time ``log2(q)(α + nβ + nγ)`` plus the fold;
 latency-optimal for small vectors. Scratch ``n``.
 
-**The fold** (non-power-of-two ``p``; :mod:`pycomm.algorithms.halving`): ranks
+**The fold** (non-power-of-two ``p``; :mod:`pycomm.collectives.halving`): ranks
 ``0..2rem-1`` pair up, each even rank sends its vector to the odd rank above, which computes
 ``op(even, odd)`` and plays new rank ``r // 2``; ranks ``>= 2rem`` play ``r - rem``. At the
 end each odd rank sends the result back to its even partner. Cost
 ``(ceil(n/s) + 1)α + 2nβ + nγ`` (the fold in is segmented).
 
 **binomial** (MPICH's fallback "reduce + bcast"; Thakur et al. 2005, section 4): a binomial
-reduce to rank 0 (:func:`~pycomm.algorithms.reduce.reduce_binomial`, rank order kept)
+reduce to rank 0 (:func:`~pycomm.collectives.reduce.reduce_binomial`, rank order kept)
 followed by a binomial broadcast. Every rank ends with rank 0's bytes. Time
 ``2L(α + nβ) + Lnγ`` with ``L = ceil(log2 p)``; scratch ``n`` on inner ranks.
 
 **double_binary_tree** (NCCL's tree allreduce: Sanders, Speck & Träff 2009, "Two-tree
 algorithms for full bandwidth broadcast, reduction and scan"; NCCL ``graph/trees.cc``,
-``ncclGetDtree``). Two binary trees (:func:`~pycomm.algorithms.topology.double_binary_tree`:
+``ncclGetDtree``). Two binary trees (:func:`~pycomm.collectives.topology.double_binary_tree`:
 NCCL's in-order btree rooted at 0 and its mirror image rooted at ``p-1``) each carry half
 of the vector. Each half is cut into segments of ``s`` bytes (``PYCOMM_SEGMENT_BYTES``);
 segment ``k`` is reduced up its tree (a rank folds ``lower child ∘ own ∘ higher child``:
@@ -77,11 +77,11 @@ import collections
 import numpy as np
 
 from pycomm import config
-from pycomm.algorithms.bcast import SEND_WINDOW, bcast_binomial, segment_elements
-from pycomm.algorithms.halving import Pipe, fold_in, fold_out, halve
-from pycomm.algorithms.reduce import reduce_binomial
-from pycomm.algorithms.scratch import give, take
-from pycomm.algorithms.topology import (ceil_log2, chunk_offsets, double_binary_tree,
+from pycomm.collectives.bcast import SEND_WINDOW, bcast_binomial, segment_elements
+from pycomm.collectives.halving import Pipe, fold_in, fold_out, halve
+from pycomm.collectives.reduce import reduce_binomial
+from pycomm.collectives.scratch import give, take
+from pycomm.collectives.topology import (ceil_log2, chunk_offsets, double_binary_tree,
                                         fold_real_rank, pof2_floor, ring_neighbors,
                                         segment_offsets)
 

@@ -1,10 +1,10 @@
 """Modelled time of the hierarchical algorithms on a communicator that spans hosts.
 
-A hierarchical schedule (:mod:`pycomm.algorithms.hierarchical`) runs some steps inside
+A hierarchical schedule (:mod:`pycomm.collectives.hierarchical`) runs some steps inside
 hosts and some across them; each is priced with the link it crosses, as NCCL's tuner
 prices intra- and inter-node steps with separate bandwidths (``graph/tuning.cc``): steps
 inside a host with ``shm``'s constants, steps across hosts with those of the measured
-link between hosts (the :data:`~pycomm.algorithms.cost.NET` entry, written by
+link between hosts (the :data:`~pycomm.collectives.cost.NET` entry, written by
 :mod:`pycomm.tune_links`). A flat algorithm on the same communicator is priced with
 ``NET``'s constants for every step, since nearly every step has a pair of ranks on
 different hosts (the slowest link a step crosses sets its time).
@@ -30,8 +30,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from pycomm.algorithms.cost import DEFAULT_TRANSPORT, NET, _priced, constants, cost
-from pycomm.algorithms.cost_terms import _protocol
+from pycomm.collectives.cost import DEFAULT_TRANSPORT, NET, _priced, constants, cost
+from pycomm.collectives.cost_terms import _protocol
 
 __all__ = ["two_level_time"]
 
@@ -44,7 +44,7 @@ def two_level_time(collective: str, nbytes: int, hosts: tuple[int, ...], flat: F
 
     Args:
         collective: ``allreduce``, ``bcast``, ``reduce``, ``allgather`` or ``barrier``.
-        nbytes: bytes of the call (as :func:`pycomm.algorithms.choose` defines them).
+        nbytes: bytes of the call (as :func:`pycomm.collectives.choose` defines them).
         hosts: ranks on each host (at least two hosts).
         flat: ``flat(collective, nbytes, ranks, transport)``, the best flat algorithm's
             modelled seconds (0 for one rank).

@@ -1,9 +1,9 @@
 """The cost model's step models: every schedule written out as its sequence of steps.
 
-:func:`pycomm.algorithms.cost.cost` evaluates these (:data:`SCHEDULES`) rather than the
+:func:`pycomm.collectives.cost.cost` evaluates these (:data:`SCHEDULES`) rather than the
 closed forms, so that each message is priced by its protocol and, when ranks outnumber
 cores, each step pays for the turns of the cores it needs. With a core per rank and one
-protocol each equals its closed form in :data:`pycomm.algorithms.cost.FORMULAS` (tested
+protocol each equals its closed form in :data:`pycomm.collectives.cost.FORMULAS` (tested
 for every pair at p = 2..16).
 """
 
@@ -12,10 +12,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from pycomm.algorithms.cost_terms import (Constants, pipeline_candidates, _ring_segs,
+from pycomm.collectives.cost_terms import (Constants, pipeline_candidates, _ring_segs,
                                          _ring_scratch, _hsegs, _pipe_scratch,
                                          _halving_scratch, _lg, _lq, _frac, _folds, _protocol)
-from pycomm.algorithms.topology import ceil_log2, pof2_floor
+from pycomm.collectives.topology import ceil_log2, pof2_floor
 
 __all__ = ["SCHEDULES", "pipeline_segment"]
 
@@ -54,7 +54,7 @@ __all__ = ["SCHEDULES", "pipeline_segment"]
 # such a step pays ``xtra = α_x - α`` more, α_x being the measured exchange step
 # (``pycomm.tune``). When ranks outnumber cores, such a step also pays ``wake_x``, the measured exchange
 # wake-up, rather than ``wake`` per turn of the cores (carried in α_x by
-# :func:`pycomm.algorithms.cost._cores`): a waiting rank is scheduled about twice per
+# :func:`pycomm.collectives.cost._cores`): a waiting rank is scheduled about twice per
 # exchange where a one-way hop hands the core over once.
 # No fitted constant enters: α, α_x, β, γ, σ, wake, wake_x and the lanes are measured.
 # Which measured ranking each term was added for: benchmarks/README.md, "Measurements
@@ -131,7 +131,7 @@ def _o_halving(n, p, k, c) -> float:
 
 def _o_doubling(n, p, k, c, echo: bool = False) -> float:
     """The recursive-doubling all-gather; with ``echo`` its first step is the echo of the
-    last halving step (:mod:`pycomm.algorithms.halving`): a message per segment, and still
+    last halving step (:mod:`pycomm.collectives.halving`): a message per segment, and still
     a step of its own, since each echoed segment waits for the partner's reduction of it.
     The overlap of the two phases is not priced, as the ring's is not."""
     q, t, b = pof2_floor(p), 0.0, n / pof2_floor(p)
@@ -155,7 +155,7 @@ def _o_pipeline_seg(n, p, k, c, seg: float) -> float:
 
 
 def pipeline_segment(n, p, k, c) -> int:
-    """The segment (bytes) among :func:`~pycomm.algorithms.cost_terms.pipeline_candidates`
+    """The segment (bytes) among :func:`~pycomm.collectives.cost_terms.pipeline_candidates`
     that the step model prices lowest for a chain broadcast of ``n`` bytes: larger
     segments pay fewer messages, smaller ones fill the chain sooner (the optimum of the
     closed form is ``sqrt((p - 2) n β / α)`` bytes, as in Open MPI's and MPICH's segmented
