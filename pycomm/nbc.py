@@ -85,7 +85,14 @@ def shutdown(engine, timeout: float = 5.0) -> None:
 
 
 class NonblockingMethods:
-    """Mixin: the I-variants of the buffer collectives (mpi4py names)."""
+    """Mixin: the I-variants of the buffer collectives (mpi4py names).
+
+    Each validates and prepares its call in the calling thread exactly as its blocking
+    twin (same checks and errors, same algorithm choice), then queues the schedule for the
+    progress thread and returns a Request. The buffers must stay untouched until the
+    request completes; its ``Wait``/``Test`` raise what the schedule raised (PeerError,
+    CommTimeoutError, CollectiveMismatchError, CollectiveError).
+    """
 
     _defer: list | None = None
 
@@ -106,37 +113,160 @@ class NonblockingMethods:
         return req
 
     def Ibarrier(self, **kw) -> Request:
-        """Nonblocking :meth:`Barrier`."""
+        """Start a barrier (:meth:`Barrier`).
+
+        Args:
+            **kw: keyword-only options of :meth:`Barrier` (``algorithm=``).
+
+        Returns:
+            A Request; it completes once every rank has entered the barrier.
+
+        Raises:
+            ArgumentError, InvalidBufferError: as :meth:`Barrier`, before anything
+                is posted.
+            CommError: called inside another nonblocking collective's schedule.
+        """
         return self._nonblocking(self.Barrier, **kw)
 
     def Ibcast(self, buf, root: int = 0, **kw) -> Request:
-        """Nonblocking :meth:`Bcast`: ``buf`` must stay untouched until completion."""
+        """Start broadcasting ``buf`` from ``root`` (:meth:`Bcast`).
+
+        Args:
+            buf: the data at the root, the receive buffer elsewhere (same size and dtype).
+            root: rank that sends.
+            **kw: keyword-only options of :meth:`Bcast` (``algorithm=``).
+
+        Returns:
+            A Request; it completes when the schedule has run.
+
+        Raises:
+            ArgumentError, InvalidBufferError: as :meth:`Bcast`, before anything
+                is posted.
+            CommError: called inside another nonblocking collective's schedule.
+        """
         return self._nonblocking(self.Bcast, buf, root, **kw)
 
     def Ireduce(self, sendbuf, recvbuf, op=SUM, root: int = 0, **kw) -> Request:
-        """Nonblocking :meth:`Reduce`."""
+        """Start combining every rank's ``sendbuf`` with ``op`` into ``recvbuf`` at ``root``
+        (:meth:`Reduce`).
+
+        Args:
+            sendbuf: this rank's contribution, or IN_PLACE (then ``recvbuf`` holds it).
+            recvbuf: receives the result at the root (ignored elsewhere).
+            op: SUM, PROD, MIN, MAX, ... or a user Op.
+            root: rank that gets the result.
+            **kw: keyword-only options of :meth:`Reduce` (``algorithm=``).
+
+        Returns:
+            A Request; it completes when the schedule has run.
+
+        Raises:
+            ArgumentError, InvalidBufferError: as :meth:`Reduce`, before anything
+                is posted.
+            CommError: called inside another nonblocking collective's schedule.
+        """
         return self._nonblocking(self.Reduce, sendbuf, recvbuf, op, root, **kw)
 
     def Iallreduce(self, sendbuf, recvbuf, op=SUM, **kw) -> Request:
-        """Nonblocking :meth:`Allreduce`; ``recvbuf`` is valid after Wait."""
+        """Start combining every rank's ``sendbuf`` with ``op``; all get the result
+        (:meth:`Allreduce`).
+
+        Args:
+            sendbuf: this rank's contribution, or IN_PLACE (then ``recvbuf`` holds it).
+            recvbuf: receives the result (writable).
+            op: SUM, PROD, MIN, MAX, ... or a user Op.
+            **kw: keyword-only options of :meth:`Allreduce` (``algorithm=``).
+
+        Returns:
+            A Request; it completes when the schedule has run.
+
+        Raises:
+            ArgumentError, InvalidBufferError: as :meth:`Allreduce`, before anything
+                is posted.
+            CommError: called inside another nonblocking collective's schedule.
+        """
         return self._nonblocking(self.Allreduce, sendbuf, recvbuf, op, **kw)
 
     def Iallgather(self, sendbuf, recvbuf, **kw) -> Request:
-        """Nonblocking :meth:`Allgather`."""
+        """Start gathering every rank's block into every ``recvbuf``, in rank order
+        (:meth:`Allgather`).
+
+        Args:
+            sendbuf: this rank's block (n elements), or IN_PLACE (already in ``recvbuf``).
+            recvbuf: size * n elements (writable).
+            **kw: keyword-only options of :meth:`Allgather` (``algorithm=``).
+
+        Returns:
+            A Request; it completes when the schedule has run.
+
+        Raises:
+            ArgumentError, InvalidBufferError: as :meth:`Allgather`, before anything
+                is posted.
+            CommError: called inside another nonblocking collective's schedule.
+        """
         return self._nonblocking(self.Allgather, sendbuf, recvbuf, **kw)
 
     def Ialltoall(self, sendbuf, recvbuf, **kw) -> Request:
-        """Nonblocking :meth:`Alltoall`."""
+        """Start an all-to-all: block j of ``sendbuf`` goes to rank j (:meth:`Alltoall`).
+
+        Args:
+            sendbuf: size blocks of n elements, or IN_PLACE (``recvbuf`` holds them).
+            recvbuf: size blocks of n elements; block j receives rank j's block (writable).
+            **kw: keyword-only options of :meth:`Alltoall` (``algorithm=``).
+
+        Returns:
+            A Request; it completes when the schedule has run.
+
+        Raises:
+            ArgumentError, InvalidBufferError: as :meth:`Alltoall`, before anything
+                is posted.
+            CommError: called inside another nonblocking collective's schedule.
+        """
         return self._nonblocking(self.Alltoall, sendbuf, recvbuf, **kw)
 
     def Ireduce_scatter_block(self, sendbuf, recvbuf, op=SUM, **kw) -> Request:
-        """Nonblocking :meth:`Reduce_scatter_block`."""
+        """Start a reduction whose block i goes to rank i (:meth:`Reduce_scatter_block`).
+
+        Args:
+            sendbuf: size blocks of n elements, or IN_PLACE (``recvbuf`` holds them all).
+            recvbuf: receives this rank's n reduced elements (writable).
+            op: SUM, PROD, MIN, MAX, ... or a user Op.
+            **kw: keyword-only options of :meth:`Reduce_scatter_block` (``algorithm=``).
+
+        Returns:
+            A Request; it completes when the schedule has run.
+
+        Raises:
+            ArgumentError, InvalidBufferError: as :meth:`Reduce_scatter_block`, before anything
+                is posted.
+            CommError: called inside another nonblocking collective's schedule.
+        """
         return self._nonblocking(self.Reduce_scatter_block, sendbuf, recvbuf, op, **kw)
 
     def Ireduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=SUM, **kw) -> Request:
-        """Nonblocking :meth:`Reduce_scatter`. With ``recvcounts`` None the ranks first
-        agree on the counts (each ``recvbuf``'s size) with a blocking Allgather, as
-        mpi4py's Ireduce_scatter does; the reduction itself runs on the progress thread."""
+        """Start a reduction whose ``recvcounts[i]`` elements go to rank i
+        (:meth:`Reduce_scatter`).
+
+        With ``recvcounts`` None the ranks first agree on the counts (each ``recvbuf``'s
+        size) with a blocking Allgather, as mpi4py's Ireduce_scatter does; the reduction itself
+        runs on the progress thread.
+
+        Args:
+            sendbuf: ``sum(recvcounts)`` elements, or IN_PLACE (``recvbuf`` holds them).
+            recvbuf: receives this rank's ``recvcounts[rank]`` elements (writable).
+            recvcounts: elements per rank, or None (see above).
+            op: SUM, PROD, MIN, MAX, ... or a user Op.
+            **kw: keyword-only options of :meth:`Reduce_scatter` (``algorithm=``).
+
+        Returns:
+            A Request; it completes when the schedule has run.
+
+        Raises:
+            ArgumentError, InvalidBufferError: as :meth:`Reduce_scatter`, before anything
+                is posted.
+            PeerError, CommTimeoutError: the blocking Allgather of the counts failed.
+            CommError: called inside another nonblocking collective's schedule.
+        """
         if recvcounts is None and sendbuf is not IN_PLACE:
             recv = as_array(recvbuf, self.rank, "recvbuf", writable=True)
             table = np.empty(self.size, dtype=np.int64)
@@ -145,33 +275,153 @@ class NonblockingMethods:
         return self._nonblocking(self.Reduce_scatter, sendbuf, recvbuf, recvcounts, op, **kw)
 
     def Igather(self, sendbuf, recvbuf, root: int = 0, **kw) -> Request:
-        """Nonblocking :meth:`Gather`."""
+        """Start gathering every rank's ``sendbuf`` into ``recvbuf`` at ``root``
+        (:meth:`Gather`).
+
+        Args:
+            sendbuf: this rank's n elements, or IN_PLACE at the root.
+            recvbuf: size * n elements at the root (ignored elsewhere).
+            root: rank that receives.
+            **kw: keyword-only options of :meth:`Gather` (``algorithm=``).
+
+        Returns:
+            A Request; it completes when the schedule has run.
+
+        Raises:
+            ArgumentError, InvalidBufferError: as :meth:`Gather`, before anything
+                is posted.
+            CommError: called inside another nonblocking collective's schedule.
+        """
         return self._nonblocking(self.Gather, sendbuf, recvbuf, root, **kw)
 
     def Iscatter(self, sendbuf, recvbuf, root: int = 0, **kw) -> Request:
-        """Nonblocking :meth:`Scatter`."""
+        """Start sending block i of root's ``sendbuf`` to rank i (:meth:`Scatter`).
+
+        Args:
+            sendbuf: size * n elements at the root (ignored elsewhere).
+            recvbuf: this rank's n elements, or IN_PLACE at the root.
+            root: rank that sends.
+            **kw: keyword-only options of :meth:`Scatter` (``algorithm=``).
+
+        Returns:
+            A Request; it completes when the schedule has run.
+
+        Raises:
+            ArgumentError, InvalidBufferError: as :meth:`Scatter`, before anything
+                is posted.
+            CommError: called inside another nonblocking collective's schedule.
+        """
         return self._nonblocking(self.Scatter, sendbuf, recvbuf, root, **kw)
 
     def Igatherv(self, sendbuf, recvbuf, root: int = 0, **kw) -> Request:
-        """Nonblocking :meth:`Gatherv`."""
+        """Start gathering variable-size blocks at ``root`` (:meth:`Gatherv`).
+
+        Args:
+            sendbuf: this rank's block, or IN_PLACE at the root.
+            recvbuf: at the root, a vector spec ``[buf, counts, displs, ...]``.
+            root: rank that receives.
+            **kw: keyword-only options of :meth:`Gatherv` (``algorithm=``).
+
+        Returns:
+            A Request; it completes when the schedule has run.
+
+        Raises:
+            ArgumentError, InvalidBufferError: as :meth:`Gatherv`, before anything
+                is posted.
+            CommError: called inside another nonblocking collective's schedule.
+        """
         return self._nonblocking(self.Gatherv, sendbuf, recvbuf, root, **kw)
 
     def Iscatterv(self, sendbuf, recvbuf, root: int = 0, **kw) -> Request:
-        """Nonblocking :meth:`Scatterv`."""
+        """Start sending variable-size blocks from ``root`` (:meth:`Scatterv`).
+
+        Args:
+            sendbuf: at the root, a vector spec ``[buf, counts, displs, ...]``.
+            recvbuf: this rank's block, or IN_PLACE at the root.
+            root: rank that sends.
+            **kw: keyword-only options of :meth:`Scatterv` (``algorithm=``).
+
+        Returns:
+            A Request; it completes when the schedule has run.
+
+        Raises:
+            ArgumentError, InvalidBufferError: as :meth:`Scatterv`, before anything
+                is posted.
+            CommError: called inside another nonblocking collective's schedule.
+        """
         return self._nonblocking(self.Scatterv, sendbuf, recvbuf, root, **kw)
 
     def Iallgatherv(self, sendbuf, recvbuf, **kw) -> Request:
-        """Nonblocking :meth:`Allgatherv`."""
+        """Start gathering variable-size blocks on every rank (:meth:`Allgatherv`).
+
+        Args:
+            sendbuf: this rank's block, or IN_PLACE (already in ``recvbuf``).
+            recvbuf: a vector spec ``[buf, counts, displs, ...]``.
+            **kw: keyword-only options of :meth:`Allgatherv` (``algorithm=``).
+
+        Returns:
+            A Request; it completes when the schedule has run.
+
+        Raises:
+            ArgumentError, InvalidBufferError: as :meth:`Allgatherv`, before anything
+                is posted.
+            CommError: called inside another nonblocking collective's schedule.
+        """
         return self._nonblocking(self.Allgatherv, sendbuf, recvbuf, **kw)
 
     def Ialltoallv(self, sendbuf, recvbuf, **kw) -> Request:
-        """Nonblocking :meth:`Alltoallv`."""
+        """Start a variable-size all-to-all (:meth:`Alltoallv`).
+
+        Args:
+            sendbuf: a vector spec whose block j goes to rank j, or IN_PLACE.
+            recvbuf: a vector spec whose block j receives rank j's block.
+            **kw: keyword-only options of :meth:`Alltoallv` (``algorithm=``).
+
+        Returns:
+            A Request; it completes when the schedule has run.
+
+        Raises:
+            ArgumentError, InvalidBufferError: as :meth:`Alltoallv`, before anything
+                is posted.
+            CommError: called inside another nonblocking collective's schedule.
+        """
         return self._nonblocking(self.Alltoallv, sendbuf, recvbuf, **kw)
 
     def Iscan(self, sendbuf, recvbuf, op=SUM, **kw) -> Request:
-        """Nonblocking :meth:`Scan`."""
+        """Start an inclusive prefix reduction (:meth:`Scan`).
+
+        Args:
+            sendbuf: this rank's contribution, or IN_PLACE (then ``recvbuf`` holds it).
+            recvbuf: receives the result (writable).
+            op: SUM, PROD, MIN, MAX, ... or a user Op (rank order kept).
+            **kw: keyword-only options of :meth:`Scan` (``algorithm=``).
+
+        Returns:
+            A Request; it completes when the schedule has run.
+
+        Raises:
+            ArgumentError, InvalidBufferError: as :meth:`Scan`, before anything
+                is posted.
+            CommError: called inside another nonblocking collective's schedule.
+        """
         return self._nonblocking(self.Scan, sendbuf, recvbuf, op, **kw)
 
     def Iexscan(self, sendbuf, recvbuf, op=SUM, **kw) -> Request:
-        """Nonblocking :meth:`Exscan`."""
+        """Start an exclusive prefix reduction (:meth:`Exscan`); rank 0's ``recvbuf`` is
+        left untouched.
+
+        Args:
+            sendbuf: this rank's contribution, or IN_PLACE (then ``recvbuf`` holds it).
+            recvbuf: receives the result (writable).
+            op: SUM, PROD, MIN, MAX, ... or a user Op (rank order kept).
+            **kw: keyword-only options of :meth:`Exscan` (``algorithm=``).
+
+        Returns:
+            A Request; it completes when the schedule has run.
+
+        Raises:
+            ArgumentError, InvalidBufferError: as :meth:`Exscan`, before anything
+                is posted.
+            CommError: called inside another nonblocking collective's schedule.
+        """
         return self._nonblocking(self.Exscan, sendbuf, recvbuf, op, **kw)

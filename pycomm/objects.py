@@ -54,31 +54,102 @@ class ObjectMethods:
 
     # -- point-to-point -------------------------------------------------------------------
     def isend(self, obj: Any, dest: int, tag: int = 0, *, synchronous: bool = False):
-        """Start sending a picklable object; returns a Request (``wait()`` returns None).
-        ``synchronous``: complete only once the matching receive has started (issend)."""
+        """Start sending a picklable object to ``dest``.
+
+        Args:
+            obj: any object pickle (or, failing that, cloudpickle) can serialise.
+            dest: destination rank in this communicator, or PROC_NULL.
+            tag: message tag, 0..TAG_UB.
+            synchronous: keyword-only; complete only once the matching receive has started
+                (as :meth:`issend`).
+
+        Returns:
+            A Request; its ``wait()`` returns None once the bytes are out (or received, when
+            synchronous), and raises PeerError if ``dest`` dies first.
+
+        Raises:
+            ArgumentError: bad ``dest`` or ``tag``, or ``obj`` cannot be pickled.
+            CommError: the communicator has been freed.
+        """
         payload = dumps(obj, self.rank, f"isend(dest={dest}, tag={tag})")
         return self.Isend(np.frombuffer(payload, dtype=np.uint8), dest, tag,
                           synchronous=synchronous)
 
     def issend(self, obj: Any, dest: int, tag: int = 0):
-        """Start a synchronous object send (see :meth:`isend`)."""
+        """Start a synchronous object send: it completes once ``dest`` has started the
+        matching receive.
+
+        Args:
+            obj: any picklable object.
+            dest: destination rank, or PROC_NULL.
+            tag: message tag, 0..TAG_UB.
+
+        Returns:
+            A Request; ``wait()`` returns None (PeerError if ``dest`` dies first).
+
+        Raises:
+            ArgumentError: bad ``dest`` or ``tag``, or ``obj`` cannot be pickled.
+            CommError: the communicator has been freed.
+        """
         return self.isend(obj, dest, tag, synchronous=True)
 
     def send(self, obj: Any, dest: int, tag: int = 0, *, timeout: float | None = None):
-        """Send a picklable object to ``dest`` (blocking until its bytes are out); a large
-        one that times out is withdrawn, as in :meth:`Send`."""
+        """Send a picklable object to ``dest``, blocking until its bytes are out.
+
+        Args:
+            obj: any picklable object.
+            dest: destination rank, or PROC_NULL.
+            tag: message tag, 0..TAG_UB.
+            timeout: keyword-only; seconds to wait (default ``PYCOMM_TIMEOUT``); a large
+                message still unsent then is withdrawn, as in :meth:`Send`.
+
+        Returns:
+            None.
+
+        Raises:
+            ArgumentError: bad ``dest`` or ``tag``, or ``obj`` cannot be pickled.
+            PeerError: ``dest`` died or its connection dropped.
+            CommTimeoutError: not sent within ``timeout``.
+        """
         self._wait_posted([self.isend(obj, dest, tag)], timeout)
 
     def ssend(self, obj: Any, dest: int, tag: int = 0, *, timeout: float | None = None):
-        """Send an object synchronously: returns once ``dest`` has started the matching
-        receive (a timeout withdraws it, as in :meth:`send`)."""
+        """Send an object synchronously: return once ``dest`` has started the
+        matching receive.
+
+        Args:
+            obj: any picklable object.
+            dest: destination rank, or PROC_NULL.
+            tag: message tag, 0..TAG_UB.
+            timeout: keyword-only; seconds to wait (default ``PYCOMM_TIMEOUT``); the message
+                is withdrawn when it runs out, as in :meth:`send`.
+
+        Returns:
+            None.
+
+        Raises:
+            ArgumentError: bad ``dest`` or ``tag``, or ``obj`` cannot be pickled.
+            PeerError: ``dest`` died or its connection dropped.
+            CommTimeoutError: no matching receive started within ``timeout``.
+        """
         self._wait_posted([self.isend(obj, dest, tag, synchronous=True)], timeout)
 
     def irecv(self, buf=None, source: int = ANY_SOURCE, tag: int = ANY_TAG):
-        """Post an object receive; ``req.wait()`` returns the object.
+        """Post an object receive.
 
-        ``buf`` is accepted for mpi4py compatibility and ignored: the receive buffer is
-        allocated to the incoming message's size.
+        Args:
+            buf: accepted for mpi4py compatibility and ignored: the receive buffer is allocated
+                to the incoming message's size.
+            source: sending rank, ANY_SOURCE or PROC_NULL.
+            tag: message tag, or ANY_TAG.
+
+        Returns:
+            A Request; ``req.wait(status)`` returns the object (None from PROC_NULL) and raises
+            PeerError if ``source`` dies first.
+
+        Raises:
+            ArgumentError: bad ``source`` or ``tag``.
+            CommError: the communicator has been freed.
         """
         self._check_alive()
         source = self._check_rank(source, "source", allow_any=True)
@@ -93,7 +164,23 @@ class ObjectMethods:
 
     def recv(self, buf=None, source: int = ANY_SOURCE, tag: int = ANY_TAG, status=None, *,
              timeout: float | None = None) -> Any:
-        """Receive and return an object; fills ``status`` (source, tag, count in bytes)."""
+        """Receive and return an object.
+
+        Args:
+            buf: ignored (mpi4py compatibility; the buffer fits the message).
+            source: sending rank, ANY_SOURCE or PROC_NULL.
+            tag: message tag, or ANY_TAG.
+            status: a Status to fill (source, tag, count in bytes), or None.
+            timeout: keyword-only; seconds to wait (default ``PYCOMM_TIMEOUT``).
+
+        Returns:
+            The object sent (None from PROC_NULL).
+
+        Raises:
+            ArgumentError: bad ``source`` or ``tag``.
+            PeerError: ``source`` died or its connection dropped.
+            CommTimeoutError: nothing matched within ``timeout``.
+        """
         req = self.irecv(buf, source, tag)
         self._wait_posted([req], timeout)
         return req.wait(status)
@@ -101,7 +188,29 @@ class ObjectMethods:
     def sendrecv(self, sendobj: Any, dest: int, sendtag: int = 0, recvbuf=None,
                  source: int = ANY_SOURCE, recvtag: int = ANY_TAG, status=None, *,
                  timeout: float | None = None) -> Any:
-        """Send ``sendobj`` to ``dest`` and return the object received from ``source``."""
+        """Send ``sendobj`` to ``dest`` and return the object received from ``source``.
+
+        Both are in flight at once, so a ring of sendrecv calls cannot deadlock.
+
+        Args:
+            sendobj: any picklable object.
+            dest: destination rank, or PROC_NULL.
+            sendtag: tag of the message sent.
+            recvbuf: ignored (mpi4py compatibility).
+            source: sending rank, ANY_SOURCE or PROC_NULL.
+            recvtag: tag to receive, or ANY_TAG.
+            status: a Status to fill for the receive, or None.
+            timeout: keyword-only; seconds to wait for both (default ``PYCOMM_TIMEOUT``).
+
+        Returns:
+            The object received (None from PROC_NULL).
+
+        Raises:
+            ArgumentError: bad rank or tag, or ``sendobj`` cannot be pickled (checked before
+                anything is posted).
+            PeerError: a peer died or its connection dropped.
+            CommTimeoutError: not complete within ``timeout``.
+        """
         # Check and pickle the send side before the receive is posted: a receive left
         # posted by a call that raised would swallow a later message.
         self._check_rank(dest, "dest")
@@ -115,12 +224,34 @@ class ObjectMethods:
 
     # -- collectives ----------------------------------------------------------------------
     def barrier(self) -> None:
-        """Same as :meth:`Barrier`."""
+        """Block until every rank of the communicator has called it (as :meth:`Barrier`).
+
+        Returns:
+            None.
+
+        Raises:
+            CollectiveMismatchError: the ranks called different collectives or signatures.
+            PeerError, CommTimeoutError: a peer failed, or the call did not finish in time.
+        """
         self.Barrier()
 
     @collective
     def bcast(self, obj: Any = None, root: int = 0) -> Any:
-        """Broadcast a picklable object from ``root``; every rank returns it."""
+        """Broadcast a picklable object from ``root``.
+
+        Args:
+            obj: the object at the root; ignored elsewhere.
+            root: rank that sends.
+
+        Returns:
+            The root's object on every rank (the root returns ``obj`` itself, the others an
+            unpickled copy).
+
+        Raises:
+            ArgumentError: bad ``root``, or ``obj`` cannot be pickled.
+            CollectiveMismatchError: the ranks called different collectives or signatures.
+            PeerError, CommTimeoutError: a peer failed, or the call did not finish in time.
+        """
         root = self._check_root(root)
         data = dumps(obj, self.rank, "bcast") if self.rank == root else b""
         n = np.array([len(data)], dtype=np.int64)
@@ -132,7 +263,20 @@ class ObjectMethods:
 
     @collective
     def gather(self, sendobj: Any, root: int = 0) -> list | None:
-        """Gather one object per rank at ``root`` (a list in rank order); None elsewhere."""
+        """Gather one object per rank at ``root``.
+
+        Args:
+            sendobj: this rank's picklable object.
+            root: rank that receives.
+
+        Returns:
+            At the root, the list of every rank's object in rank order; None elsewhere.
+
+        Raises:
+            ArgumentError: bad ``root``, or ``sendobj`` cannot be pickled.
+            CollectiveMismatchError: the ranks called different collectives or signatures.
+            PeerError, CommTimeoutError: a peer failed, or the call did not finish in time.
+        """
         root = self._check_root(root)
         data = dumps(sendobj, self.rank, "gather") if self.rank != root else b""
         cc = self._coll(signature("gather (objects)", root=root))
@@ -145,7 +289,21 @@ class ObjectMethods:
 
     @collective
     def scatter(self, sendobj=None, root: int = 0) -> Any:
-        """Rank i gets ``sendobj[i]`` from ``root`` (a sequence of ``size`` objects)."""
+        """Send ``sendobj[i]`` from ``root`` to rank i.
+
+        Args:
+            sendobj: at the root, a sequence of ``size`` picklable objects; ignored elsewhere.
+            root: rank that sends.
+
+        Returns:
+            This rank's item of the root's sequence.
+
+        Raises:
+            ArgumentError: bad ``root``, the root's ``sendobj`` is not a sequence of ``size``
+                objects, or an item cannot be pickled.
+            CollectiveMismatchError: the ranks called different collectives or signatures.
+            PeerError, CommTimeoutError: a peer failed, or the call did not finish in time.
+        """
         root = self._check_root(root)
         if self.rank == root:
             items = list(sendobj) if sendobj is not None else None
@@ -163,12 +321,36 @@ class ObjectMethods:
         return loads(req.obj)
 
     def allgather(self, sendobj: Any) -> list:
-        """Every rank gets the list of every rank's object, in rank order."""
+        """Every rank gets every rank's object (a gather at rank 0, then a broadcast).
+
+        Args:
+            sendobj: this rank's picklable object.
+
+        Returns:
+            The list of every rank's object, in rank order.
+
+        Raises:
+            ArgumentError: ``sendobj`` cannot be pickled.
+            CollectiveMismatchError: the ranks called different collectives or signatures.
+            PeerError, CommTimeoutError: a peer failed, or the call did not finish in time.
+        """
         return self.bcast(self.gather(sendobj, 0), 0)
 
     @collective
     def alltoall(self, sendobj) -> list:
-        """Rank i sends ``sendobj[j]`` to rank j and returns what each rank sent it."""
+        """Rank i sends ``sendobj[j]`` to rank j.
+
+        Args:
+            sendobj: a sequence of ``size`` picklable objects, item j for rank j.
+
+        Returns:
+            The list of what each rank sent this rank, in rank order.
+
+        Raises:
+            ArgumentError: ``sendobj`` does not hold ``size`` items, or one cannot be pickled.
+            CollectiveMismatchError: the ranks called different collectives or signatures.
+            PeerError, CommTimeoutError: a peer failed, or the call did not finish in time.
+        """
         items = list(sendobj)
         if len(items) != self.size:
             raise ArgumentError(f"rank {self.rank}: alltoall needs a sequence of {self.size} "
@@ -181,7 +363,23 @@ class ObjectMethods:
         return [items[r] if r == self.rank else loads(recvs[r].obj) for r in range(self.size)]
 
     def reduce(self, sendobj: Any, op=None, root: int = 0) -> Any:
-        """Combine one object per rank with ``op`` (default SUM) in rank order at root."""
+        """Combine one object per rank with ``op`` at ``root``, in rank order.
+
+        Args:
+            sendobj: this rank's picklable object.
+            op: an Op whose object reduction combines two objects (None: SUM, i.e. ``+``); a
+                non-commutative op gets r0 ∘ r1 ∘ … ∘ r(n-1).
+            root: rank that gets the result.
+
+        Returns:
+            The result at the root; None elsewhere.
+
+        Raises:
+            ArgumentError: bad ``root``, or ``sendobj`` cannot be pickled; the op's own
+                exception if it cannot combine the objects.
+            CollectiveMismatchError: the ranks called different collectives or signatures.
+            PeerError, CommTimeoutError: a peer failed, or the call did not finish in time.
+        """
         from .ops import SUM
         op = SUM if op is None else op
         values = self.gather(sendobj, root)
@@ -193,5 +391,21 @@ class ObjectMethods:
         return acc
 
     def allreduce(self, sendobj: Any, op=None) -> Any:
-        """:meth:`reduce` at rank 0, then broadcast: every rank returns the result."""
+        """Combine one object per rank with ``op``; every rank returns the result.
+
+        A :meth:`reduce` at rank 0, then a :meth:`bcast`.
+
+        Args:
+            sendobj: this rank's picklable object.
+            op: an Op whose object reduction combines two objects (None: SUM, i.e. ``+``).
+
+        Returns:
+            The result, on every rank.
+
+        Raises:
+            ArgumentError: ``sendobj`` or the result cannot be pickled; the op's own exception
+                if it cannot combine the objects.
+            CollectiveMismatchError: the ranks called different collectives or signatures.
+            PeerError, CommTimeoutError: a peer failed, or the call did not finish in time.
+        """
         return self.bcast(self.reduce(sendobj, op, 0), 0)

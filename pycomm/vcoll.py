@@ -66,7 +66,24 @@ class VectorMethods:
     def Gatherv(self, sendbuf, recvbuf, root: int = 0, *, algorithm: str | None = None):
         """Gather a variable-size block from every rank into root's ``[buf, counts, displs]``.
 
-        IN_PLACE as ``sendbuf`` at the root: its block is already at ``displs[root]``.
+        Args:
+            sendbuf: this rank's block (``counts[rank]`` elements of the receive dtype at the
+                root), or IN_PLACE at the root: its block is already at ``displs[root]``.
+            recvbuf: at the root, a vector spec (``[buf, counts]``, ``[buf, counts, displs]``,
+                ``[buf, counts, displs, datatype]`` or ``[buf, (counts, displs), datatype]``);
+                ignored elsewhere.
+            root: rank that receives.
+            algorithm: keyword-only; a name of ``pycomm.algorithms("gatherv")`` or None.
+
+        Returns:
+            None; block i lands at ``displs[i]`` of the root's buffer.
+
+        Raises:
+            ArgumentError: bad root, counts or displacements, or IN_PLACE off the root.
+            InvalidBufferError: a block overruns ``recvbuf``, or ``sendbuf`` does not match
+                ``counts[root]`` and the receive dtype.
+            CollectiveMismatchError: the ranks called different collectives or signatures.
+            PeerError, CommTimeoutError: a peer failed, or the call did not finish in time.
         """
         root = self._check_root(root)
         counts = displs = recv = None
@@ -93,7 +110,23 @@ class VectorMethods:
     def Scatterv(self, sendbuf, recvbuf, root: int = 0, *, algorithm: str | None = None):
         """Send block i (``counts[i]`` elements at ``displs[i]``) of root's buffer to rank i.
 
-        IN_PLACE as ``recvbuf`` at the root: it keeps its own block in place.
+        Args:
+            sendbuf: at the root, a vector spec (as ``recvbuf`` of :meth:`Gatherv`); ignored
+                elsewhere.
+            recvbuf: this rank's block (``counts[rank]`` elements, writable), or IN_PLACE at the
+                root: it keeps its own block in place.
+            root: rank that sends.
+            algorithm: keyword-only; a name of ``pycomm.algorithms("scatterv")`` or None.
+
+        Returns:
+            None; ``recvbuf`` holds this rank's block.
+
+        Raises:
+            ArgumentError: bad root, counts or displacements, or IN_PLACE off the root.
+            InvalidBufferError: a block overruns ``sendbuf``, or ``recvbuf`` does not match
+                ``counts[rank]`` and the send dtype.
+            CollectiveMismatchError: the ranks called different collectives or signatures.
+            PeerError, CommTimeoutError: a peer failed, or the call did not finish in time.
         """
         root = self._check_root(root)
         send = counts = displs = None
@@ -118,7 +151,25 @@ class VectorMethods:
 
     @collective
     def Allgatherv(self, sendbuf, recvbuf, *, algorithm: str | None = None):
-        """Every rank gets every rank's block in ``[recvbuf, counts, displs]``."""
+        """Every rank gets every rank's block in ``[recvbuf, counts, displs]``.
+
+        Args:
+            sendbuf: this rank's block (``counts[rank]`` elements of ``recvbuf``'s dtype), or
+                IN_PLACE: it is already at ``displs[rank]`` of ``recvbuf``.
+            recvbuf: a vector spec (as ``recvbuf`` of :meth:`Gatherv`), the same counts on
+                every rank.
+            algorithm: keyword-only; a name of ``pycomm.algorithms("allgatherv")`` or None.
+
+        Returns:
+            None; block i lands at ``displs[i]`` of every rank's ``recvbuf``.
+
+        Raises:
+            ArgumentError: bad counts or displacements.
+            InvalidBufferError: a block overruns ``recvbuf``, or ``sendbuf`` does not match
+                ``counts[rank]`` and ``recvbuf``'s dtype.
+            CollectiveMismatchError: the ranks called different collectives or signatures.
+            PeerError, CommTimeoutError: a peer failed, or the call did not finish in time.
+        """
         recv, counts, displs = self._vspec(recvbuf, "recvbuf", writable=True)
         mine = recv[displs[self.rank]:displs[self.rank] + counts[self.rank]]
         if sendbuf is not IN_PLACE:
@@ -134,7 +185,25 @@ class VectorMethods:
 
     @collective
     def Alltoallv(self, sendbuf, recvbuf, *, algorithm: str | None = None):
-        """Rank i sends ``sendcounts[j]`` elements to rank j, described by both specs."""
+        """Rank i sends ``sendcounts[j]`` elements to rank j, described by both specs.
+
+        Args:
+            sendbuf: a vector spec whose block j goes to rank j, or IN_PLACE: ``recvbuf``'s
+                blocks are sent (a copy is taken first).
+            recvbuf: a vector spec whose block j receives rank j's block for this rank (its
+                count must equal that rank's send count to this rank).
+            algorithm: keyword-only; a name of ``pycomm.algorithms("alltoallv")`` or None.
+
+        Returns:
+            None; block j of ``recvbuf`` holds what rank j sent this rank.
+
+        Raises:
+            ArgumentError: bad counts or displacements.
+            InvalidBufferError: a block overruns its buffer, or the two dtypes differ.
+            TruncationError: a peer sent more elements than the matching receive count.
+            CollectiveMismatchError: the ranks called different collectives or signatures.
+            PeerError, CommTimeoutError: a peer failed, or the call did not finish in time.
+        """
         recv, rcounts, rdispls = self._vspec(recvbuf, "recvbuf", writable=True)
         if sendbuf is IN_PLACE:
             send, scounts, sdispls = recv.copy(), rcounts, rdispls
@@ -153,8 +222,25 @@ class VectorMethods:
                        algorithm: str | None = None):
         """Reduce ``sendbuf`` (sum(recvcounts) elements); rank i gets ``recvcounts[i]``.
 
-        ``recvcounts`` None: each rank's ``recvbuf`` size is its count (one Allgather).
-        IN_PLACE: ``recvbuf`` holds the whole input; the result lands in its start.
+        Args:
+            sendbuf: this rank's contribution, ``sum(recvcounts)`` elements, or IN_PLACE:
+                ``recvbuf`` holds the whole input and the result lands in its start.
+            recvbuf: receives this rank's ``recvcounts[rank]`` reduced elements (writable).
+            recvcounts: elements each rank receives; None: each rank's ``recvbuf`` size, agreed
+                first with one blocking Allgather (not with IN_PLACE).
+            op: SUM, PROD, MIN, MAX, ... or a user Op (applied in rank order).
+            algorithm: keyword-only; a name of ``pycomm.algorithms("reduce_scatter")`` or None.
+
+        Returns:
+            None; ``recvbuf[:recvcounts[rank]]`` holds block ``rank`` of the reduction.
+
+        Raises:
+            ArgumentError: bad ``recvcounts``, IN_PLACE without ``recvcounts``, or an op the
+                dtype does not support.
+            InvalidBufferError: sizes or dtypes of ``sendbuf`` and ``recvbuf`` do not fit the
+                counts.
+            CollectiveMismatchError: the ranks called different collectives or signatures.
+            PeerError, CommTimeoutError: a peer failed, or the call did not finish in time.
         """
         recv = as_array(recvbuf, self.rank, "recvbuf", writable=True)
         if recvcounts is None:
@@ -197,18 +283,63 @@ class VectorMethods:
 
     @collective
     def Scan(self, sendbuf, recvbuf, op=SUM, *, algorithm: str | None = None):
-        """Inclusive prefix reduction: rank r gets x0 ∘ x1 ∘ … ∘ xr (rank order kept)."""
+        """Inclusive prefix reduction: rank r gets x0 ∘ x1 ∘ … ∘ xr (rank order kept).
+
+        Args:
+            sendbuf: this rank's vector x_r, or IN_PLACE (then ``recvbuf`` holds it).
+            recvbuf: receives the prefix, same size and dtype (writable).
+            op: SUM, PROD, MIN, MAX, ... or a user Op (non-commutative ones keep rank order).
+            algorithm: keyword-only; a name of ``pycomm.algorithms("scan")`` or None.
+
+        Returns:
+            None; ``recvbuf`` holds x0 ∘ … ∘ x_rank.
+
+        Raises:
+            ArgumentError: an op the dtype does not support, or a bad ``algorithm``.
+            InvalidBufferError: the buffers' sizes or dtypes differ.
+            CollectiveMismatchError: the ranks called different collectives or signatures.
+            PeerError, CommTimeoutError: a peer failed, or the call did not finish in time.
+        """
         self._scan("scan", sendbuf, recvbuf, op, algorithm)
 
     @collective
     def Exscan(self, sendbuf, recvbuf, op=SUM, *, algorithm: str | None = None):
-        """Exclusive prefix reduction: rank r > 0 gets x0 ∘ … ∘ x(r-1); rank 0's recvbuf
-        is left untouched (undefined in MPI)."""
+        """Exclusive prefix reduction: rank r > 0 gets x0 ∘ … ∘ x(r-1).
+
+        Args:
+            sendbuf: this rank's vector x_r, or IN_PLACE (then ``recvbuf`` holds it).
+            recvbuf: receives the prefix, same size and dtype (writable); rank 0's is left
+                untouched (undefined in MPI).
+            op: SUM, PROD, MIN, MAX, ... or a user Op (non-commutative ones keep rank order).
+            algorithm: keyword-only; a name of ``pycomm.algorithms("exscan")`` or None.
+
+        Returns:
+            None.
+
+        Raises:
+            ArgumentError: an op the dtype does not support, or a bad ``algorithm``.
+            InvalidBufferError: the buffers' sizes or dtypes differ.
+            CollectiveMismatchError: the ranks called different collectives or signatures.
+            PeerError, CommTimeoutError: a peer failed, or the call did not finish in time.
+        """
         self._scan("exscan", sendbuf, recvbuf, op, algorithm)
 
     # -- object forms ---------------------------------------------------------------------
     def scan(self, sendobj, op=SUM):
-        """Inclusive prefix reduction of Python objects, in rank order."""
+        """Inclusive prefix reduction of Python objects, in rank order.
+
+        Args:
+            sendobj: this rank's picklable object.
+            op: an Op whose object reduction combines two objects (default SUM: ``+``).
+
+        Returns:
+            sendobj of rank 0 ∘ … ∘ sendobj of this rank.
+
+        Raises:
+            ArgumentError: an object cannot be pickled.
+            CommError: as :meth:`allgather` (a peer failed, a timeout); the op's own exception
+                if it cannot combine the objects.
+        """
         values = self.allgather(sendobj)
         acc = values[0]
         for v in values[1:self.rank + 1]:
@@ -216,7 +347,20 @@ class VectorMethods:
         return acc
 
     def exscan(self, sendobj, op=SUM):
-        """Exclusive prefix reduction of Python objects; None on rank 0."""
+        """Exclusive prefix reduction of Python objects, in rank order.
+
+        Args:
+            sendobj: this rank's picklable object.
+            op: an Op whose object reduction combines two objects (default SUM: ``+``).
+
+        Returns:
+            sendobj of rank 0 ∘ … ∘ sendobj of rank - 1; None on rank 0.
+
+        Raises:
+            ArgumentError: an object cannot be pickled.
+            CommError: as :meth:`allgather` (a peer failed, a timeout); the op's own exception
+                if it cannot combine the objects.
+        """
         values = self.allgather(sendobj)
         if self.rank == 0:
             return None
