@@ -131,13 +131,23 @@ def _plan(hosts: tuple[tuple[int, ...], ...], host: int, local_rank: int) -> Pla
                 flat == list(range(len(flat))))
 
 
+_PLANS: dict[int, tuple] = {}      # id(layout) -> (layout, its Plan): no hashing per call
+
+
 def plan_of(cc) -> Plan:
     """The :class:`Plan` of the call's communicator (``cc.comm.host_layout``; a
-    communicator without a layout is treated as one host). Cached per layout."""
+    communicator without a layout is treated as one host). Cached per layout object, so
+    a call pays one dict lookup, whatever the number of ranks."""
     layout = getattr(getattr(cc, "comm", None), "host_layout", None)
     if layout is None:
         return _plan((tuple(range(cc.size)),), 0, cc.rank)
-    return _plan(layout.hosts, layout.host, layout.local_rank)
+    hit = _PLANS.get(id(layout))
+    if hit is None or hit[0] is not layout:
+        if len(_PLANS) > 256:
+            _PLANS.clear()
+        hit = _PLANS[id(layout)] = (layout, _plan(layout.hosts, layout.host,
+                                                  layout.local_rank))
+    return hit[1]
 
 
 class View:
