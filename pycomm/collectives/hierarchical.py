@@ -207,10 +207,9 @@ def _net(cc) -> str:
     return model_transport(getattr(getattr(cc, "comm", None), "transport_name", None), 2)
 
 
-# Bytes of the vector per pipeline piece of the all-reduce. Measured on 2 emulated hosts x 2
-# ranks, 2 Gbit/s link, 16 MiB (medians of 8 alternating calls, a loaded 2-core machine):
-# 512 KiB 106 / 122 ms (block / cyclic), 1 MiB 85 / 101, 2 MiB 83 / 92, 4 MiB 85 / 93:
-# smaller pieces pay more Python per byte, larger ones a longer pipeline fill.
+# Bytes of the vector per pipeline piece of the all-reduce: smaller pieces pay more Python
+# per byte, larger ones a longer pipeline fill (the sizes measured: benchmarks/README.md,
+# "Measurements behind design choices in the code").
 PIECE_BYTES = 2 << 20
 
 
