@@ -45,8 +45,9 @@ def dumps(obj: Any, rank: int | None = None, call: str = "") -> bytes:
 
 
 def loads(data) -> Any:
-    """Inverse of :func:`dumps`."""
-    return pickle.loads(data)
+    """Inverse of :func:`dumps`; a message of no bytes (a buffer send of nothing) is None,
+    as in mpi4py."""
+    return pickle.loads(data) if len(data) else None
 
 
 class ObjectMethods:

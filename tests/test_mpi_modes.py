@@ -260,3 +260,40 @@ def _rank_zero_counts(kind: str) -> list:
 @pytest.mark.parametrize("kind", ["None", "empty int8", "zero count"])
 def test_a_rank_with_count_zero_in_v_collectives(world_small, kind):
     assert world_small.run(_rank_zero_counts, kind) == [[]] * world_small.size
+
+
+# -- object receives as mpi4py 4 -------------------------------------------------------
+
+def _rank_object_receives() -> list:
+    import warnings
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    bad: list = []
+    # an empty buffer message received as an object is None
+    s = comm.Isend([None, 0, "B"], rank, 3)
+    if comm.recv(None, rank, 3) is not None:
+        bad.append("an empty message was not received as None")
+    s.Wait()
+    # recv(buf): deprecated in mpi4py, a UserWarning, the buffer ignored
+    req = comm.isend([42], rank, 4)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        got = comm.recv(bytearray(1), rank, 4)
+    req.wait()
+    if got != [42] or not any(issubclass(w.category, UserWarning) for w in seen):
+        bad.append(f"recv(buf) got {got!r}, warnings {[str(w.message) for w in seen]}")
+    # waitsome/testsome grow the statuses list to the requests completed
+    reqs = [comm.irecv(source=rank, tag=10 + i) for i in range(3)]
+    comm.send("x", rank, 11)
+    statuses: list = []
+    idxs, objs = MPI.Request.waitsome(reqs, statuses)
+    if idxs != [1] or objs != ["x"] or [s.Get_tag() for s in statuses] != [11]:
+        bad.append(f"waitsome: {idxs}, {objs}, {len(statuses)} statuses")
+    for i in (0, 2):
+        comm.send(i, rank, 10 + i)
+    MPI.Request.waitall(reqs)
+    return bad
+
+
+def test_object_receives_as_mpi4py(world_small):
+    assert world_small.run(_rank_object_receives) == [[]] * world_small.size

@@ -4,6 +4,8 @@ integral-float ranks and tags into ints."""
 
 from __future__ import annotations
 
+import warnings
+
 from pycomm.p2p import ANY_SOURCE, ANY_TAG
 
 from .exceptions import translate_methods
@@ -34,7 +36,10 @@ class ObjectMethods:
     bsend = send
 
     def recv(self, buf=None, source: int = ANY_SOURCE, tag: int = ANY_TAG, status=None):
-        """Receive and return an object."""
+        """Receive and return an object. ``buf`` is deprecated in mpi4py (a UserWarning)
+        and ignored: the receive is sized to the message."""
+        if buf is not None:
+            warnings.warn("the 'buf' argument is deprecated", UserWarning, stacklevel=3)
         return self._inner("recv").recv(buf, as_int(source, "source", "recv"),
                                         as_int(tag, "tag", "recv"), status)
 

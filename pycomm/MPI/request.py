@@ -110,7 +110,8 @@ def _clear(status) -> None:
 
 @translate_methods
 def _extend(statuses, n: int) -> None:
-    """Grow a list of statuses to ``n`` with new Status objects (mpi4py's Waitall)."""
+    """Grow a list of statuses to ``n`` with new Status objects (mpi4py's Waitall,
+    Waitsome...)."""
     if isinstance(statuses, list):
         statuses.extend(Status() for _ in range(n - len(statuses)))
 
@@ -340,6 +341,7 @@ class Request:
         if all(r._r is None for r in reqs):
             return None
         ready = cls._ready(reqs)
+        _extend(statuses, len(ready))
         for k, i in enumerate(ready):
             reqs[i].Wait(statuses[k] if statuses is not None and k < len(statuses) else None)
         return ready
@@ -373,6 +375,7 @@ class Request:
         if all(r._r is None for r in reqs):
             return None, None
         ready = cls._ready(reqs)
+        _extend(statuses, len(ready))
         objs = [reqs[i].wait(statuses[k] if statuses is not None and k < len(statuses)
                              else None) for k, i in enumerate(ready)]
         return ready, objs
@@ -406,6 +409,7 @@ class Request:
         if all(r._r is None for r in reqs):
             return None
         ready = cls._ready(reqs)
+        _extend(statuses, len(ready))
         for k, i in enumerate(ready):
             if statuses is not None and k < len(statuses):
                 reqs[i]._r._status(statuses[k])
