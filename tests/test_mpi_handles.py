@@ -44,3 +44,9 @@ def test_waitall_extends_a_short_status_list():
     assert len(statuses) == 3 and all(isinstance(s, MPI.Status) for s in statuses)
     more = [MPI.Status()]
     assert MPI.Request.Testall([MPI.Request()] * 2, more) and len(more) == 2
+
+
+def test_comm_constructor_and_null_name():
+    with pytest.raises(TypeError, match="expected a communicator"):
+        MPI.Comm((1, 2, 3))
+    assert MPI.COMM_NULL.Get_name() == "MPI_COMM_NULL"

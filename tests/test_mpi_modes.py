@@ -297,3 +297,26 @@ def _rank_object_receives() -> list:
 
 def test_object_receives_as_mpi4py(world_small):
     assert world_small.run(_rank_object_receives) == [[]] * world_small.size
+
+
+def _rank_split_type() -> list:
+    comm = MPI.COMM_WORLD
+    bad: list = []
+    shared = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    if shared.Get_size() != comm.Get_size():        # one host
+        bad.append(f"COMM_TYPE_SHARED has {shared.Get_size()} ranks")
+    info = MPI.Info.Create()
+    if comm.Split_type(MPI.COMM_TYPE_HW_GUIDED, info=info) != MPI.COMM_NULL:
+        bad.append("HW_GUIDED without a resource type is not COMM_NULL")
+    info.Set("mpi_hw_resource_type", "mpi_shared_memory")
+    guided = comm.Split_type(MPI.COMM_TYPE_HW_GUIDED, info=info)
+    if guided == MPI.COMM_NULL or guided.Get_size() != comm.Get_size():
+        bad.append("HW_GUIDED for mpi_shared_memory is not the host")
+    # one host: no hardware domain smaller than the world
+    if comm.Split_type(MPI.COMM_TYPE_HW_UNGUIDED, info=MPI.Info.Create()) != MPI.COMM_NULL:
+        bad.append("HW_UNGUIDED on one host is not COMM_NULL")
+    return bad
+
+
+def test_split_type_kinds(world_small):
+    assert world_small.run(_rank_split_type) == [[]] * world_small.size

@@ -70,6 +70,8 @@ class Comm(ObjectMethods):
     __slots__ = ("__weakref__", "_attrs", "_c", "_errhandler", "_name")
 
     def __init__(self, comm: Comm | None = None):
+        if comm is not None and not isinstance(comm, Comm):
+            raise TypeError(f"Comm({comm!r}): expected a communicator or nothing")
         self._c = comm._c if isinstance(comm, Comm) else None
         self._name = None
         self._attrs: dict = {}
@@ -122,6 +124,8 @@ class Comm(ObjectMethods):
         """The communicator's name (``"MPI_COMM_WORLD"``, ...)."""
         if self._name is not None:
             return self._name
+        if self._c is None:
+            return "MPI_COMM_NULL"
         return self._inner("Get_name").name
 
     def Set_name(self, name: str) -> None:
@@ -230,14 +234,26 @@ class Comm(ObjectMethods):
     info = property(Get_info, Set_info)
 
     def Split_type(self, split_type: int, key: int = 0, info=None) -> Comm:
-        """``COMM_TYPE_SHARED`` (or ``COMM_TYPE_NODE``...): the ranks of this host, by
-        processor name; ``UNDEFINED``: COMM_NULL. Collective."""
+        """Split by hardware domain; pycomm knows one, the host (by processor name).
+        Collective; ranks may pass different kinds (``UNDEFINED``: COMM_NULL).
+
+        ``COMM_TYPE_SHARED``: the ranks of this host. ``COMM_TYPE_HW_GUIDED``: the same
+        when ``info`` asks for ``mpi_hw_resource_type=mpi_shared_memory``, else
+        COMM_NULL. ``COMM_TYPE_HW_UNGUIDED``: the host when it is a strict subset of this
+        communicator (``info`` then names it), else COMM_NULL. Other kinds: COMM_NULL.
+        """
         from . import Get_processor_name
         names = self._inner("Split_type").allgather(Get_processor_name())
         split_type = as_int(split_type, "split_type", "Split_type")
-        # shared memory (and unguided hardware) domains are the host; the guided kinds
-        # need info hints pycomm does not read, and give COMM_NULL as MPI allows
-        color = names.index(names[self.rank]) if split_type in (1, 3) else -32766
+        host = names.index(names[self.rank])
+        hint = info.Get("mpi_hw_resource_type") if hasattr(info, "Get") else None
+        color = -32766                                  # UNDEFINED
+        if split_type == 1 or (split_type == 2 and hint == "mpi_shared_memory"):
+            color = host
+        elif split_type == 3 and len(set(names)) > 1:   # a smaller domain than this one
+            color = host
+            if hasattr(info, "Set"):
+                info.Set("mpi_hw_resource_type", "mpi_shared_memory")
         return self.Split(color, key)
 
     def Attach_buffer(self, buf) -> None:
