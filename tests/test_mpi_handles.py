@@ -50,3 +50,11 @@ def test_comm_constructor_and_null_name():
     with pytest.raises(TypeError, match="expected a communicator"):
         MPI.Comm((1, 2, 3))
     assert MPI.COMM_NULL.Get_name() == "MPI_COMM_NULL"
+
+
+def test_status_copies_only_a_status():
+    st = MPI.Status()
+    st.source, st.tag = 3, 4
+    assert MPI.Status(st).Get_source() == 3
+    with pytest.raises(TypeError, match="expected a Status"):
+        MPI.Status(123)

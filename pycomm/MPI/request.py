@@ -36,6 +36,8 @@ class Status(_Status):
 
     def __init__(self, status: _Status | None = None):
         super().__init__()
+        if status is not None and not isinstance(status, _Status):
+            raise TypeError(f"Status({status!r}): expected a Status or nothing")
         if status is not None:
             self.source, self.tag, self.count = status.source, status.tag, status.count
             self.error, self.cancelled = status.error, status.cancelled
