@@ -58,7 +58,8 @@ def _parser() -> argparse.ArgumentParser:
                             "default with --mpi4py)")
     parser.add_argument("--stdin", default="0", metavar="RANK|none",
                         help="the rank that reads launch.py's stdin (0, as mpiexec); the "
-                             "others read /dev/null")
+                             "others read /dev/null (one-node jobs: with --nnodes every "
+                             "rank reads /dev/null)")
     parser.add_argument("--master-addr", default="127.0.0.1",
                         help="address the rendezvous store binds (127.0.0.1)")
     parser.add_argument("--master-port", type=int, default=0,
