@@ -2,7 +2,7 @@
 
 A :class:`Communicator` validates every argument (before any byte moves), translates its
 ranks to world ranks, and hands the work to the p2p engine (point-to-point) or to a
-collective algorithm from :mod:`pycomm.algorithms`, chosen by the cost model or by the
+collective algorithm from :mod:`pycomm.collectives`, chosen by the cost model or by the
 caller (``algorithm=`` / ``PYCOMM_ALGORITHM_<COLLECTIVE>``).
 
 Tag spaces: user point-to-point traffic travels on context ``3*cid``, collectives on

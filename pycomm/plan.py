@@ -26,7 +26,7 @@ __all__ = ["MAX_PLANS", "plan_call"]
 
 MAX_PLANS = 1024            # shapes kept per communicator; past it the cache starts over
 
-# registry name (pycomm.algorithms) -> the call's name in signatures and messages
+# registry name (pycomm.collectives) -> the call's name in signatures and messages
 _CALL_NAMES = {"allreduce": "Allreduce", "bcast": "Bcast", "barrier": "Barrier",
                "allgather": "Allgather", "reduce": "Reduce",
                "reduce_scatter_block": "Reduce_scatter_block", "alltoall": "Alltoall",

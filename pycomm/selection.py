@@ -4,7 +4,7 @@
 communicator must run the same schedule, so the inputs of the choice are the same on every
 rank: the collective, its byte count, the op's commutativity, ``algorithm=`` or
 ``PYCOMM_ALGORITHM_<COLLECTIVE>``, and the model's inputs agreed at start-up (size,
-transport, ranks per core). The rule itself is :func:`pycomm.algorithms.choose`.
+transport, ranks per core). The rule itself is :func:`pycomm.collectives.choose`.
 """
 
 from __future__ import annotations
@@ -54,13 +54,13 @@ class AlgorithmSelection:
                          algorithm: str | None = None) -> str:
         """Name the algorithm a call on this communicator would run.
 
-        The same choice the collective itself makes (:func:`pycomm.algorithms.choose` with
+        The same choice the collective itself makes (:func:`pycomm.collectives.choose` with
         this communicator's size, transport and agreed ranks per core), for logs and
         benchmarks. Sends nothing.
 
         Args:
-            collective: e.g. ``"allreduce"`` (a key of ``pycomm.algorithms.REGISTRY``).
-            nbytes: bytes of the call as defined in :mod:`pycomm.algorithms` (e.g. the
+            collective: e.g. ``"allreduce"`` (a key of ``pycomm.collectives.REGISTRY``).
+            nbytes: bytes of the call as defined in :mod:`pycomm.collectives` (e.g. the
                 whole receive buffer for allgather).
             commutative: whether the reduction op commutes.
             algorithm: as the collective's ``algorithm=``; None honours
@@ -73,7 +73,7 @@ class AlgorithmSelection:
         return self._choose(collective, int(nbytes), algorithm, commutative)[0]
 
     def _choose(self, collective: str, nbytes: int, algorithm, commutative: bool):
-        """``(name, fn)`` of :func:`pycomm.algorithms.choose` for this communicator, cached."""
+        """``(name, fn)`` of :func:`pycomm.collectives.choose` for this communicator, cached."""
         # The choice is a pure function of these, the override variable, the variables the
         # model reads, and the model's inputs (size, transport, ranks per core: the world's
         # change once, at start-up, after its first collectives), so cache it.
