@@ -14,14 +14,14 @@ Example, 2 hosts x 2 ranks, cyclic placement (host 0 holds ranks 0 and 2)::
     host 0: [0, 2]  --- cross 0: [0, 1]  --- host 1: [1, 3]
                     --- cross 1: [2, 3]  ---
 
-Reduce, bcast, allgather and barrier are compositions of the flat schedules of
-:mod:`pycomm.collectives`, run on views of the call (:class:`View`: a group's ranks
-renumbered ``0..k-1``, sending on the call's own context, tag and signature), each inner
-step's algorithm chosen by the cost model for its group size, bytes and link (``shm``
-inside a host, the communicator's network transport across hosts); the all-reduce is its
-own pipelined schedule. The groups need no context id of their own (so building them needs
-no message, and they work inside a nonblocking collective's progress thread): within one
-call every rank sends to a given peer in the order that peer receives.
+Bcast and barrier are compositions of the flat schedules of :mod:`pycomm.collectives`,
+run on views of the call (:class:`View`: a group's ranks renumbered ``0..k-1``, sending on
+the call's own context, tag and signature), each inner step's algorithm chosen by the cost
+model for its group size, bytes and link (``shm`` inside a host, the link between hosts
+across them). All-reduce, reduce and all-gather are pipelined schedules of direct
+exchanges (:func:`_ticks`). The groups need no context id of their own (so building them
+needs no message, and they work inside a nonblocking collective's progress thread): within
+one call every rank sends to a given peer in the order that peer receives.
 
 Notation: ``H`` hosts, ``m`` the fewest ranks on a host, ``L`` the ranks on a host, ``n``
 bytes, ``β_net`` seconds per byte of a host's link.
@@ -246,7 +246,9 @@ _STAGES = 5     # local reduce-scatter, cross reduce-scatter, cross all-gather, 
 
 
 class _Pieces:
-    """The stages of :func:`allreduce_hierarchical` for one piece ``[a, b)`` of ``buf``.
+    """The stages of :func:`allreduce_hierarchical` (with ``root``, of
+    :func:`reduce_hierarchical`: the last two replaced by sending to the root) for one
+    piece ``[a, b)`` of ``buf``.
 
     The piece is cut into ``m`` slices (:class:`Plan` ``slices``), slice ``j`` owned by
     local rank ``j`` of every host; a slice is cut into ``H`` sub-chunks, sub-chunk ``g``
