@@ -244,13 +244,15 @@ def test_pth_hook_resolves_mpi4py_only_when_asked(tmp_path):
     real = usersite / "mpi4py"
     real.mkdir()
     (real / "__init__.py").write_text("__version__ = '9.9.9-real'\n")
-    code = "import mpi4py; print(mpi4py.__version__)"
+    # -S: only this site directory's .pth files run (not a hook installed system-wide)
+    code = (f"import site; site.addsitedir({str(usersite)!r}); import mpi4py; "
+            "print(mpi4py.__version__)")
     for value, expect in [("", "9.9.9-real"), ("0", "9.9.9-real"), ("1", "4.0.0+pycomm"),
                           ("yes", "4.0.0+pycomm")]:
-        proc = _run(["-c", code], env={**env, "PYCOMM_MPI4PY": value})
+        proc = _run(["-S", "-c", code], env={**env, "PYCOMM_MPI4PY": value})
         assert proc.stdout.strip() == expect, (value, proc.stderr)
     assert hook.uninstall(str(usersite)) and not hook.uninstall(str(usersite))
-    gone = _run(["-c", code], env={**env, "PYCOMM_MPI4PY": "1"})
+    gone = _run(["-S", "-c", code], env={**env, "PYCOMM_MPI4PY": "1"})
     assert gone.stdout.strip() == "9.9.9-real", gone.stderr
 
 
