@@ -320,3 +320,43 @@ def _rank_split_type() -> list:
 
 def test_split_type_kinds(world_small):
     assert world_small.run(_rank_split_type) == [[]] * world_small.size
+
+
+# -- MPI.BOTTOM: datatypes of absolute addresses ------------------------------------------
+
+def _rank_bottom() -> list:
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    right, left = (rank + 1) % size, (rank - 1) % size
+    bad: list = []
+    # two arrays of different dtypes moved as one message through their addresses
+    a, b = np.arange(5, dtype=np.float64) + rank, np.arange(3, dtype=np.int32) * 10 + rank
+    ra, rb = np.zeros(5), np.zeros(3, np.int32)
+    out = MPI.Datatype.Create_struct([5, 3], [MPI.Get_address(a), MPI.Get_address(b)],
+                                     [MPI.DOUBLE, MPI.INT]).Commit()
+    into = MPI.Datatype.Create_struct([5, 3], [MPI.Get_address(ra), MPI.Get_address(rb)],
+                                      [MPI.DOUBLE, MPI.INT]).Commit()
+    comm.Sendrecv([MPI.BOTTOM, 1, out], right, 4, [MPI.BOTTOM, 1, into], left, 4)
+    if ra.tolist() != (np.arange(5) + left).tolist() or \
+            rb.tolist() != (np.arange(3) * 10 + left).tolist():
+        bad.append(f"Sendrecv from BOTTOM: {ra.tolist()} {rb.tolist()}")
+    # Alltoallw with BOTTOM: block j of a (size, 2) array to rank j, by address
+    s = np.arange(2 * size, dtype=np.int64).reshape(size, 2) + 100 * rank
+    r = np.full((size, 2), -1, dtype=np.int64)
+    stypes = [MPI.Datatype.Create_struct([2], [MPI.Get_address(s[j])], [MPI.INT64_T]).Commit()
+              for j in range(size)]
+    rtypes = [MPI.Datatype.Create_struct([2], [MPI.Get_address(r[j])], [MPI.INT64_T]).Commit()
+              for j in range(size)]
+    comm.Alltoallw((MPI.BOTTOM, ([1] * size, [0] * size), stypes),
+                   (MPI.BOTTOM, ([1] * size, [0] * size), rtypes))
+    want = np.array([[2 * rank, 2 * rank + 1] for _ in range(size)]) + \
+        100 * np.arange(size)[:, None]
+    if not np.array_equal(r, want):
+        bad.append(f"Alltoallw from BOTTOM got {r.tolist()}")
+    for t in (out, into, *stypes, *rtypes):
+        t.Free()
+    return bad
+
+
+def test_bottom_with_absolute_addresses(world_small):
+    assert world_small.run(_rank_bottom) == [[]] * world_small.size

@@ -41,7 +41,7 @@ def _starts(counts: list[int]) -> list[int]:
 
 def _wblocks(spec, size: int, w: str, arg: str, writable: bool) -> list[Msg]:
     """The per-peer messages of an Alltoallw spec (byte displacements, one type each)."""
-    from .msgspec import _raw, _typed
+    from .msgspec import _raw, _typed, bottom
     from .predefined import to_datatype
     if not isinstance(spec, (list, tuple)) or len(spec) not in (3, 4):
         raise mpi_error(ArgumentError, "ERR_ARG", f"{w}: {arg} must be [buf, (counts, "
@@ -50,15 +50,16 @@ def _wblocks(spec, size: int, w: str, arg: str, writable: bool) -> list[Msg]:
         buf, (counts, displs), types = spec
     else:
         buf, counts, displs, types = spec
-    if buf is BOTTOM:
-        raise NotImplementedError(f"{w}: MPI.BOTTOM (absolute addresses) is not offered")
-    raw, _ = _raw(buf, writable, w, arg)
+    raw = None if buf is BOTTOM else _raw(buf, writable, w, arg)[0]
     counts = [as_int(x, "counts", w) for x in counts]
     displs = [as_int(x, "displs", w) for x in displs]
     types = [to_datatype(t, w) for t in types]
     if not len(counts) == len(displs) == len(types) == size:
         raise mpi_error(ArgumentError, "ERR_ARG", f"{w}: {arg} needs {size} counts, "
                         f"displacements and datatypes")
+    if raw is None:         # MPI.BOTTOM: each type's displacements are addresses
+        return [bottom(t, n, d, w, f"{arg} block {i}")
+                for i, (n, d, t) in enumerate(zip(counts, displs, types))]
     return [_typed(raw, t, n, d, w, f"{arg} block {i}")
             for i, (n, d, t) in enumerate(zip(counts, displs, types))]
 
@@ -349,8 +350,8 @@ class Intracomm(Comm):
         Each block is packed with its own datatype into bytes and the bytes move with the
         Communicator's ``Alltoallv``; received blocks are unpacked through theirs.
 
-        Raises:
-            NotImplementedError: ``MPI.BOTTOM`` (absolute addresses) as the buffer.
+        ``MPI.BOTTOM`` as the buffer: each datatype's displacements are absolute
+        addresses (:func:`pycomm.MPI.msgspec.bottom`).
         """
         return self._alltoallw("Alltoallw", sendbuf, recvbuf)
 

@@ -30,6 +30,8 @@ moves.
 
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
@@ -39,7 +41,7 @@ from .datatypes import Datatype
 from .exceptions import mpi_error
 from .predefined import from_numpy, to_datatype
 
-__all__ = ["BOTTOM", "Msg", "as_int", "message", "vector_message"]
+__all__ = ["BOTTOM", "Msg", "as_int", "bottom", "message", "vector_message"]
 
 
 def _buf_error(message: str):
@@ -52,7 +54,8 @@ def _arg_error(message: str):
 
 
 class _Bottom:
-    """``MPI.BOTTOM``: the address 0; pycomm has no absolute addresses (an empty buffer)."""
+    """``MPI.BOTTOM``: the address 0; with a datatype built from absolute addresses
+    (``MPI.Get_address``) it names that memory (see :func:`bottom`), else an empty buffer."""
 
     def __repr__(self) -> str:
         return "MPI.BOTTOM"
@@ -215,6 +218,12 @@ def message(spec, where: str, arg: str, *, writable: bool, blocks: int = 1) -> M
     if buf is None or buf is BOTTOM:
         dt = to_datatype(given, where) if given is not None else from_numpy(np.dtype("u1"))
         c = as_int(count, "count", where) if count is not None else 0
+        if c != 0 and buf is BOTTOM and given is not None:  # absolute addresses
+            if not dt._committed:
+                raise _arg_error(f"{where}: {arg}: derived datatype {dt!r} was not "
+                                 "committed (call .Commit() first)")
+            d = as_int(displ, "displ", where) if displ is not None else 0
+            return bottom(dt, c * blocks, d * dt.extent, where, arg)
         if c != 0:
             raise _buf_error(f"{where}: {arg} is None with count {c}")
         return Msg(np.empty(0, dtype=dt.wire_dtype()))
@@ -253,6 +262,27 @@ def _block_view(src: np.ndarray, first: int, nb: int, stride: int, bl: int) -> n
         return src[first:first + nb * stride].reshape(nb, stride)[:, :bl]
     return as_strided(src[first:], shape=(nb, bl),
                       strides=(stride * src.itemsize, src.itemsize), writeable=True)
+
+
+def bottom(dt: Datatype, count: int, start: int, where: str, arg: str) -> Msg:
+    """``count`` items of ``dt`` at byte ``start`` from ``MPI.BOTTOM``: the datatype's
+    displacements are absolute addresses (``MPI.Get_address``), and the memory they cover
+    is read or written in place, as in MPI. The arrays must stay alive meanwhile; a wrong
+    address is the caller's, as in C.
+
+    Raises:
+        InvalidBufferError: the typemap reaches below address 1.
+    """
+    if count == 0 or dt._disps.size == 0:
+        return _typed(np.empty(0, np.uint8), dt, 0, 0, where, arg)
+    tlb, text = dt.Get_true_extent()
+    lo = start + tlb
+    n = (count - 1) * dt.extent + text if dt.extent >= 0 else text
+    if lo <= 0 or n <= 0:
+        raise _buf_error(f"{where}: {arg}: MPI.BOTTOM with a datatype whose items start "
+                         f"at address {lo}: build it from MPI.Get_address of the arrays")
+    raw = np.frombuffer((ctypes.c_ubyte * n).from_address(lo), dtype=np.uint8)
+    return _typed(raw, dt, count, start - lo, where, arg)
 
 
 def _typed(raw: np.ndarray, dt: Datatype, count: int, start: int, where: str,
