@@ -351,12 +351,15 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
         self._prev_sig, self._sig = self._sig, sig
         eng = self._engine
         eng.current[self._cctx] = (seq, sig, self._world)   # arrivals are checked on it
-        if eng.unexpected:
+        if eng.coll_tags:
             ctx = self._cctx
-            for u in eng.unexpected:        # messages of this call that came early
-                if u.ctx == ctx and u.tag == seq and u.sig != sig and u.sig is not None \
-                        and eng.foreign_message(ctx, seq, u.sig, u.src, u.nbytes):
-                    break
+            early = eng.coll_tags.get((ctx, seq))  # messages of this call that came early
+            if early is not None and early[1] != sig:
+                for u in eng.unexpected:
+                    if u.ctx == ctx and u.tag == seq and u.sig != sig and \
+                            u.sig is not None and \
+                            eng.foreign_message(ctx, seq, u.sig, u.src, u.nbytes):
+                        break
             if eng.offload_posted == eng.offload_done:
                 self._check_stale(at_start=True)
         return _Coll(self, seq, sig)
@@ -421,9 +424,12 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
         """
         eng, ctx, seq = self._engine, self._cctx, self._seq
         finished = (seq - 1) & _SEQ_MASK if at_start else seq
+        # Only the call just finished: a message of an older one either was here when
+        # that call ended (found then) or arrived later (Engine.foreign_message found it)
+        if (ctx, finished) not in eng.coll_tags:
+            return
         for u in eng.unexpected:
-            if u.ctx != ctx or (finished - u.tag) & _SEQ_MASK >= _PAST or \
-                    (ctx, u.tag) in eng.aborted:
+            if u.ctx != ctx or u.tag != finished or (ctx, u.tag) in eng.aborted:
                 continue
             mine = self._sig if u.tag == seq else \
                 self._prev_sig if u.tag == (seq - 1) & _SEQ_MASK else None

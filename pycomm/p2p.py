@@ -96,6 +96,7 @@ _ABORTED_KEEP = 1024            # abandoned calls remembered (to drop their late
 # cost of a small message's header. Packer.pack runs without releasing the GIL and resets
 # its buffer on error, so the progress thread may share it.
 _pack = msgpack.Packer().pack
+MIXED = object()        # Engine.coll_tags: messages of one call with different signatures
 _unpack = msgpack.unpackb
 
 
@@ -156,6 +157,11 @@ class Engine(Waiting):
         self.transports: list[Any] = []
         self.posted: list[Request] = []
         self.unexpected: list[_Unexpected] = []
+        # (ctx, tag) -> [how many unexpected messages are of that collective call, their
+        # signature (MIXED if they differ)]: the checks at each call's start and end look it
+        # up instead of scanning the list, which a fast Bcast root fills with thousands of
+        # messages ahead of this rank
+        self.coll_tags: dict[tuple[int, int], list] = {}
         self._incoming: dict[int, Any] = {}
         self._sends: dict[int, Request] = {}
         self._recvs: dict[int, Request] = {}
@@ -261,6 +267,8 @@ class Engine(Waiting):
         for i, u in enumerate(unexpected):
             if _matches(u.ctx, u.src, u.tag, ctx, source, tag):
                 del unexpected[i]
+                if u.sig is not None:
+                    self._unqueued(u)
                 try:
                     if u.sig != sig and not empty_match(sig, u.sig, u.nbytes):
                         # the payload (arrived or not) is discarded
@@ -304,6 +312,8 @@ class Engine(Waiting):
         for i, u in enumerate(self.unexpected):     # a synchronous send to itself
             if u.sender is req:
                 del self.unexpected[i]
+                if u.sig is not None:
+                    self._unqueued(u)
                 req.cancelled = True
                 req._complete()
                 return True
@@ -374,8 +384,14 @@ class Engine(Waiting):
             r._complete()
         # arrived or arriving eager messages of the call are dropped; announced large ones
         # stay until their sender, which abandons the call too, withdraws them (CANCEL)
-        self.unexpected = [u for u in self.unexpected
-                           if not (u.ctx == ctx and u.tag == tag and u.kind == EAGER)]
+        kept = []
+        for u in self.unexpected:
+            if u.ctx == ctx and u.tag == tag and u.kind == EAGER:
+                if u.sig is not None:
+                    self._unqueued(u)
+            else:
+                kept.append(u)
+        self.unexpected = kept
         for rid, r in list(self._recvs.items()):
             if r.ctx == ctx and r.tag == tag and not r.done:
                 r.error = error         # its DATA, if it still comes, lands and is ignored
@@ -445,6 +461,27 @@ class Engine(Waiting):
             return memoryview(bytearray(nbytes))
         return req.view[:nbytes] if nbytes != req.nbytes else req.view
 
+    def _queue(self, u: _Unexpected) -> None:
+        """Keep an arrived message no receive has matched yet (see :attr:`coll_tags`)."""
+        self.unexpected.append(u)
+        if u.sig is not None:
+            entry = self.coll_tags.get((u.ctx, u.tag))
+            if entry is None:
+                self.coll_tags[(u.ctx, u.tag)] = [1, u.sig]
+            else:
+                entry[0] += 1
+                if entry[1] != u.sig:
+                    entry[1] = MIXED
+
+    def _unqueued(self, u: _Unexpected) -> None:
+        """Account for collective message ``u`` having left :attr:`unexpected`."""
+        key = (u.ctx, u.tag)
+        entry = self.coll_tags.get(key)
+        if entry is not None:
+            entry[0] -= 1
+            if entry[0] <= 0:
+                del self.coll_tags[key]
+
     def _take_unexpected(self, req: Request, u: _Unexpected) -> None:
         if u.kind == EAGER:
             dest = self._dest_for(req, u.src, u.tag, u.nbytes)
@@ -503,7 +540,7 @@ class Engine(Waiting):
         u = _Unexpected(ctx, self.rank, tag, n, EAGER, sig)
         u.buf = bytearray(view)
         u.arrived = True
-        self.unexpected.append(u)
+        self._queue(u)
         return u
 
     # -- Sink: called by transports inside progress() -------------------------------------
@@ -536,7 +573,7 @@ class Engine(Waiting):
                 return memoryview(bytearray(nbytes))            # its call is abandoned
             u = _Unexpected(ctx, peer, tag, nbytes, EAGER, sig)
             u.buf = bytearray(nbytes)
-            self.unexpected.append(u)
+            self._queue(u)
             self._incoming[peer] = u
             return memoryview(u.buf)
         if kind == RTS:
@@ -557,7 +594,7 @@ class Engine(Waiting):
                 return None
             u = _Unexpected(ctx, peer, tag, n, RTS, sig)
             u.sid, u.desc = sid, desc
-            self.unexpected.append(u)
+            self._queue(u)
             return None
         if kind == CTS:
             if h[1] in self._withdrawn:
@@ -586,6 +623,8 @@ class Engine(Waiting):
             for i, u in enumerate(self.unexpected):
                 if u.kind == RTS and u.src == peer and u.sid == h[1]:
                     del self.unexpected[i]
+                    if u.sig is not None:
+                        self._unqueued(u)
                     break
             # answered whether or not it was found (read already, or dropped with an
             # abandoned call): the sender then forgets the message

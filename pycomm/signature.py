@@ -139,7 +139,7 @@ def collective(method):
                 err = eng.aborted_error(self._cctx, self._seq)
                 if err is not None:
                     raise err
-            if eng.unexpected and eng.offload_posted == eng.offload_done:
+            if eng.coll_tags and eng.offload_posted == eng.offload_done:
                 self._check_stale(at_start=False)
         except Exception as exc:
             if self._seq == seq:            # failed before it was counted: count it now
