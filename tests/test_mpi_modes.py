@@ -353,7 +353,14 @@ def _rank_bottom() -> list:
         100 * np.arange(size)[:, None]
     if not np.array_equal(r, want):
         bad.append(f"Alltoallw from BOTTOM got {r.tolist()}")
-    for t in (out, into, *stypes, *rtypes):
+    # a vector spec from BOTTOM: a one-double type at dest's address, blocks by displs
+    dest = np.full(2 * size, -1.0)
+    at = MPI.Datatype.Create_struct([1], [MPI.Get_address(dest)], [MPI.DOUBLE]).Commit()
+    comm.Allgatherv(np.array([rank, rank + 0.5]),
+                    [MPI.BOTTOM, [2] * size, [2 * i for i in range(size)], at])
+    if dest.tolist() != [x for r in range(size) for x in (r, r + 0.5)]:
+        bad.append(f"Allgatherv into BOTTOM got {dest.tolist()}")
+    for t in (out, into, at, *stypes, *rtypes):
         t.Free()
     return bad
 

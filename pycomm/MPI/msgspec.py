@@ -380,7 +380,7 @@ def vector_message(spec, size: int, where: str, arg: str, *, writable: bool):
     else:
         displs = _list(displs, size, "displs", where, arg)
     n = dt.elements()
-    if dt._contig:
+    if dt._contig and buf is not BOTTOM:
         whole = raw[:raw.size - raw.size % max(dt._dtypes[0].itemsize, 1)].view(
             dt.wire_dtype())
         for r, (c, d) in enumerate(zip(counts, displs)):
@@ -389,8 +389,12 @@ def vector_message(spec, size: int, where: str, arg: str, *, writable: bool):
                                          f"displacement {d}) overruns the buffer of "
                                          f"{raw.size} bytes")
         return Msg(whole, None, n), [c * n for c in counts], [d * n for d in displs]
-    blocks = [_typed(raw, dt, c, d * extent, where, f"{arg} block {r}")
-              for r, (c, d) in enumerate(zip(counts, displs))]
+    if buf is BOTTOM:       # absolute addresses: each block maps the memory it names
+        blocks = [bottom(dt, c, d * extent, where, f"{arg} block {r}")
+                  for r, (c, d) in enumerate(zip(counts, displs))]
+    else:
+        blocks = [_typed(raw, dt, c, d * extent, where, f"{arg} block {r}")
+                  for r, (c, d) in enumerate(zip(counts, displs))]
     packed = np.concatenate([b.array for b in blocks]) if blocks else \
         np.empty(0, dt.wire_dtype())
     sizes = [b.array.size for b in blocks]
