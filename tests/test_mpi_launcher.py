@@ -260,6 +260,13 @@ def test_pth_hook_resolves_mpi4py_only_when_asked(tmp_path):
 def test_pycomm_mpi4py_alone_under_a_torchrun_style_launch(tmp_path):
     env, usersite = _user_site(tmp_path)
     hook.install(str(usersite))
+    # A virtual environment (as in CI) never reads the user site directory, so a
+    # sitecustomize on PYTHONPATH makes it a site directory for these two processes only,
+    # standing in for the site-packages a wheel install puts the hook in.
+    boot = tmp_path / "boot"
+    boot.mkdir()
+    (boot / "sitecustomize.py").write_text(f"import site\nsite.addsitedir({str(usersite)!r})\n")
+    env = {**env, "PYTHONPATH": os.pathsep.join([str(boot), env["PYTHONPATH"]])}
     prog = tmp_path / "prog.py"
     prog.write_text(PROGRAM)
     with socket.socket() as s:      # the store listens on MASTER_PORT + 1 (rank 0 hosts it)
