@@ -342,6 +342,18 @@ def ring_allreduce_bytes(n_bytes: int, p: int) -> float:
     return 2.0 * (p - 1) / p * n_bytes
 
 
+def half_ring_bytes(comm, collective: str, n_bytes: int) -> float:
+    """Bytes each rank sends in an all-gather (``n_bytes``: the gathered whole) or a
+    reduce-scatter (``n_bytes``: each rank's input) on ``comm``: (p-1)/p·N by messages
+    (ring, Patarasuk & Yuan 2009); none where the call goes through shared-memory slots
+    (``comm.chosen_algorithm`` says ``shared_slots``: each rank writes its own slot and
+    its peers read it in place, no message is sent).
+    """
+    if comm.chosen_algorithm(collective, n_bytes) == "shared_slots":
+        return 0.0
+    return (comm.size - 1) / comm.size * n_bytes
+
+
 def mib(n: float) -> str:
     """``n`` bytes as a short MiB string."""
     return f"{n / 2**20:.2f} MiB"
@@ -383,9 +395,10 @@ def allreduce_bytes(algorithm: str, n_bytes: int, p: int) -> float:
     p - q folded pairs N in and N out: (2(p - q) + q·log2 q)/p · N. Ring, Rabenseifner
     (its fold included), binomial reduce + broadcast and the double binary tree all move
     every byte across p - 1 links on the way in and p - 1 on the way out: 2(p-1)/p·N on
-    average (the trees unevenly).
+    average (the trees unevenly). Through shared-memory slots (``shared_slots``, small
+    calls on one host) a rank sends no message at all.
     """
-    if p == 1:
+    if p == 1 or algorithm == "shared_slots":   # slots: written in place, no message
         return 0.0
     if algorithm == "recursive_doubling":
         q = 1 << (p.bit_length() - 1)

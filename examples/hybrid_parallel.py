@@ -111,7 +111,8 @@ def main(argv=None) -> int:
         else:
             rep = 8 * sum(v.size for key, v in full0.items()
                           if key not in T.sharded_keys(args.blocks))
-            tp_form = (4 * args.blocks * (tp_size - 1) / tp_size * act
+            tp_form = (2 * args.blocks * (C.half_ring_bytes(tp, "allgather", act) +
+                                          C.half_ring_bytes(tp, "reduce_scatter_block", act))
                        + C.allreduce_bytes(tp.chosen_algorithm("allreduce", rep + 8),
                                            rep + 8, tp_size))
         dp_form = C.allreduce_bytes(dp.chosen_algorithm("allreduce", 8 * n_mine),

@@ -222,8 +222,10 @@ def main(argv=None) -> int:
             padded = 8 * c * p
             alg = comm.chosen_algorithm("allreduce", padded)
             want = {0: C.allreduce_bytes(alg, padded, p),
-                    1: C.ring_allreduce_bytes(padded, p),
-                    2: (p - 1) / p * (8 * n + padded)}[stage]
+                    1: (C.half_ring_bytes(comm, "reduce_scatter_block", padded)
+                        + C.half_ring_bytes(comm, "allgather", padded)),
+                    2: (p - 1) / p * 8 * n + C.half_ring_bytes(comm, "allgather", padded)
+                    }[stage]
             print(f"{name:<9} {C.mib(state):>11} {C.mib(form):>10} {C.mib(peak):>11} "
                   f"{step_s * 1e3:8.1f} {comm_s * 1e3:8.1f} {comm_s / step_s:6.1%} "
                   f"{C.mib(sent):>15} {C.mib(want):>11}")

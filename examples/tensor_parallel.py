@@ -296,7 +296,9 @@ def main(argv=None) -> int:
             else:
                 rep = 8 * sum(v.size for key, v in full0.items()
                               if key not in sharded_keys(args.blocks))
-                formula = (4 * args.blocks * (size - 1) / size * act
+                formula = (2 * args.blocks * (C.half_ring_bytes(comm, "allgather", act) +
+                                              C.half_ring_bytes(comm, "reduce_scatter_block",
+                                                                act))
                            + C.allreduce_bytes(comm.chosen_algorithm("allreduce", rep + 8),
                                                rep + 8, size))
                 text = "2 x blocks x (AG + RS) of B*d, + replicated grads"

@@ -50,7 +50,7 @@ import numpy as np
 
 from transports import TransportError, get_transport_class, host_identity
 
-from . import config, trace
+from . import config, shmcoll, trace
 from .errors import ArgumentError, CommError
 from .buffers import IN_PLACE as pycomm_IN_PLACE
 from .ops import MAX as _MAX
@@ -353,7 +353,9 @@ def create_world(**options):
                 if tname == "shm":
                     opts = {"ring_bytes": int(options.get("ring_bytes") or
                                               config.get("PYCOMM_SHM_RING_BYTES")),
-                            "cma": config.get("PYCOMM_CMA")}
+                            "cma": config.get("PYCOMM_CMA"),
+                            "coll_bytes": shmcoll.area_bytes(
+                                config.get("PYCOMM_SHM_COLL_BYTES"))}
                 elif tname == "tcp":
                     opts = {"host": listen, "port_range": port_range,
                             "peer_timeout": config.get("PYCOMM_PEER_TIMEOUT")}

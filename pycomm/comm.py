@@ -44,7 +44,7 @@ from .objects import ObjectMethods
 from .vcoll import VectorMethods
 from .ops import SUM, Op
 from .p2p import ANY_SOURCE, ANY_TAG, PROC_NULL, Engine, Request
-from .plan import plan_call
+from .plan import UNDECIDED, plan_call
 from .selection import AlgorithmSelection
 from .signature import collective, describe
 from .status import Status, fill as _fill
@@ -166,6 +166,8 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
         self._aborts_seen = 0                 # engine.abort_count when last looked at
         self._failed_upto = -1                # the last call that raised here (its seq)
         self._plans: dict | None = None       # call shape -> plan (pycomm.plan)
+        # pycomm.shmcoll.SharedSlots, or None; decided with the first plan (plan.slots_of)
+        self._slots = UNDECIDED
         self._plans_gen = 0
         self._freed = False
         self._debug = config.get("PYCOMM_DEBUG")
@@ -334,9 +336,10 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
         return True
 
     # -- collectives, buffers -------------------------------------------------------------
-    def _coll(self, sig) -> _Coll:
+    def _coll(self, sig, fast: bool = False) -> _Coll:
         """Count a collective call and give its algorithm the call's view (``sig``: its
-        signature, :func:`pycomm.signature.signature`).
+        signature, :func:`pycomm.signature.signature`; ``fast``: it runs through the
+        shared-memory slots of :mod:`pycomm.shmcoll`, which hear of every call).
 
         A call a peer has abandoned already fails at its first send or receive (or, if it
         has none here, when it returns: see :func:`pycomm.signature.collective`), after
@@ -349,6 +352,9 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
             raise CommError(f"rank {self.rank}: {self.name} has been freed")
         seq = self._seq = (self._seq + 1) & _SEQ_MASK
         self._prev_sig, self._sig = self._sig, sig
+        slots = self._slots
+        if slots is not None and slots is not UNDECIDED:
+            slots.enter(seq, not fast)
         eng = self._engine
         eng.current[self._cctx] = (seq, sig, self._world)   # arrivals are checked on it
         if eng.coll_tags:
@@ -467,7 +473,9 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
     def Barrier(self, *, algorithm: str | None = None) -> None:
         """Block until every rank of the communicator has entered the barrier."""
         plan = plan_call(self, "barrier", None, -1, 0, algorithm)
-        cc = self._coll(plan[0])
+        if plan[4] is not None and self._defer is None:
+            plan = plan[4]
+        cc = self._coll(plan[0], plan[4] is True)
         self._run("barrier", 0, algorithm, None, lambda fn: fn(cc), plan=plan)
 
     @collective
@@ -476,7 +484,9 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
         root = self._check_root(root)
         arr = as_array(buf, self.rank, "buf", writable=self.rank != root)
         plan = plan_call(self, "bcast", arr.dtype, arr.size, arr.nbytes, algorithm, root=root)
-        cc = self._coll(plan[0])
+        if plan[4] is not None and self._defer is None:
+            plan = plan[4]
+        cc = self._coll(plan[0], plan[4] is True)
         self._run("bcast", arr.nbytes, algorithm, None, lambda fn: fn(cc, arr, root), plan=plan)
 
     @collective
@@ -498,8 +508,10 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
                 raise InvalidBufferError(f"rank {self.rank}: Allreduce: sendbuf has "
                                          f"{send.size} elements, recvbuf {recv.size}")
         plan = plan_call(self, "allreduce", recv.dtype, recv.size, recv.nbytes, algorithm, op)
+        if plan[4] is not None and self._defer is None:
+            plan = plan[4]
         op = plan[3]
-        cc = self._coll(plan[0])
+        cc = self._coll(plan[0], plan[4] is True)
 
         def call(fn):           # recvbuf is written only once the algorithm is known
             if send is not None:
@@ -531,8 +543,10 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
             work = as_array(sendbuf, self.rank, "sendbuf").copy()
         plan = plan_call(self, "reduce", work.dtype, work.size, work.nbytes, algorithm, op,
                          root)
+        if plan[4] is not None and self._defer is None:
+            plan = plan[4]
         op = plan[3]
-        cc = self._coll(plan[0])
+        cc = self._coll(plan[0], plan[4] is True)
 
         def call(fn):           # recvbuf is written only once the algorithm is known
             if send is not None:
@@ -547,7 +561,9 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
         send, recv = self._pair(sendbuf, recvbuf, "Allgather")
         count = self._blocks(recv, send, "Allgather")
         plan = plan_call(self, "allgather", recv.dtype, count, recv.nbytes, algorithm)
-        cc = self._coll(plan[0])
+        if plan[4] is not None and self._defer is None:
+            plan = plan[4]
+        cc = self._coll(plan[0], plan[4] is True)
 
         def call(fn):           # recvbuf is written only once the algorithm is known
             if send is not None:
@@ -649,8 +665,10 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
             work, out = send.copy(), recv
         plan = plan_call(self, "reduce_scatter_block", out.dtype, out.size, work.nbytes,
                          algorithm, op)
+        if plan[4] is not None and self._defer is None:
+            plan = plan[4]
         op = plan[3]
-        cc = self._coll(plan[0])
+        cc = self._coll(plan[0], plan[4] is True)
         self._run("reduce_scatter_block", work.nbytes, algorithm, op,
                   lambda fn: fn(cc, work, out, op), plan=plan)
 

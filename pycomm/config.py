@@ -79,6 +79,9 @@ _DECLARED = [
         "Messages up to this many payload bytes go eagerly; larger ones use rendezvous."),
     Var("PYCOMM_SHM_RING_BYTES", int, 1 << 20,
         "Bytes of each shared-memory ring (one per ordered pair of ranks)."),
+    Var("PYCOMM_SHM_COLL_BYTES", int, 8192,
+        "Collectives of one host's ranks with at most this many bytes per rank go through "
+        "shared-memory slots instead of messages (pycomm.shmcoll); 0 turns them off."),
     Var("PYCOMM_SPIN_US", float, None,
         "Microseconds a waiting rank spins before it blocks in the kernel (default: 50, or 5 "
         "when ranks outnumber cores)."),

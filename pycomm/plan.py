@@ -13,16 +13,25 @@ segment sizes, ``PYCOMM_EAGER_LIMIT`` or ``PYCOMM_TUNE_FILE`` at run time, call
 :func:`pycomm.config.reload` so that every communicator makes its plans again. Plans are
 kept only once a communicator's model inputs are final (its ``transport_name`` is set:
 the world's start-up collectives run before the ranks have agreed on them).
+
+A plan also says whether the call may go through shared-memory slots instead
+(:mod:`pycomm.shmcoll`): on a communicator of one host's ranks, for the six collectives
+that module serves, when each rank's data fits a slot and neither ``algorithm=`` nor
+``PYCOMM_ALGORITHM_<COLLECTIVE>`` names an algorithm (MPICH likewise tries its
+shared-memory collectives first, below a size, unless the user forces an algorithm).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from . import config
+from . import config, shmcoll
 from .signature import signature
 
-__all__ = ["MAX_PLANS", "plan_call"]
+__all__ = ["MAX_PLANS", "SHARED_SLOTS", "UNDECIDED", "plan_call", "slots_of", "takes_slots"]
+
+SHARED_SLOTS = "shared_slots"   # the algorithm name of a call through pycomm.shmcoll
+UNDECIDED = object()            # Communicator._slots before its first plan
 
 MAX_PLANS = 1024            # shapes kept per communicator; past it the cache starts over
 
@@ -33,9 +42,52 @@ _CALL_NAMES = {"allreduce": "Allreduce", "bcast": "Bcast", "barrier": "Barrier",
                "gather": "Gather", "scatter": "Scatter"}
 
 
+# bytes one rank puts in its slot, from the call's nbytes (see pycomm.collectives)
+_SLOT_BYTES = {"barrier": lambda nbytes, size: 0,
+               "bcast": lambda nbytes, size: nbytes,
+               "allreduce": lambda nbytes, size: nbytes,
+               "reduce": lambda nbytes, size: nbytes,
+               "allgather": lambda nbytes, size: nbytes // size,
+               "reduce_scatter_block": lambda nbytes, size: nbytes}
+
+
+def slots_of(comm):
+    """``comm``'s :class:`pycomm.shmcoll.SharedSlots` or None, decided once (when the
+    communicator's transports are known)."""
+    slots = comm._slots
+    if slots is UNDECIDED:
+        if getattr(comm, "transport_name", None) is None:
+            return None
+        slots = comm._slots = shmcoll.slots_for(comm)
+    return slots
+
+
+def takes_slots(comm, collective: str, nbytes: int, algorithm) -> bool:
+    """Whether a blocking call of ``collective`` on ``nbytes`` (as :mod:`pycomm.collectives`
+    counts them) with ``algorithm=`` goes through shared-memory slots on ``comm``."""
+    if algorithm not in (None, "auto") or collective not in _SLOT_BYTES:
+        return False
+    if algorithm is None and config.algorithm_override(collective) is not None:
+        return False
+    slots = slots_of(comm)
+    return slots is not None and _SLOT_BYTES[collective](nbytes, comm.size) <= min(
+        slots.limit, config.get("PYCOMM_SHM_COLL_BYTES"))
+
+
+def _fast_plan(comm, collective, dtype, count, root, nbytes, algorithm, plan):
+    """The plan through shared-memory slots that may replace ``plan``, or None."""
+    if not takes_slots(comm, collective, nbytes, algorithm):
+        return None
+    return (plan[0], SHARED_SLOTS,
+            comm._slots.kernel(collective, dtype, count, root, plan[3], plan[2]), plan[3],
+            True)
+
+
 def plan_call(comm, collective: str, dtype, count: int, nbytes: int, algorithm,
-              op=None, root: int = -1) -> tuple[Any, str, Any, Any]:
-    """The plan ``(signature, algorithm name, function, op)`` of one call on ``comm``.
+              op=None, root: int = -1) -> tuple[Any, str, Any, Any, Any]:
+    """The plan ``(signature, algorithm name, function, op, fast)`` of one call on
+    ``comm``: ``fast`` is the plan through shared-memory slots that a blocking call runs
+    instead (None: there is none); in such a plan itself, ``fast`` is True.
 
     Args:
         comm: the :class:`pycomm.comm.Communicator`.
@@ -48,7 +100,8 @@ def plan_call(comm, collective: str, dtype, count: int, nbytes: int, algorithm,
         root: the root rank, or -1.
 
     Returns:
-        The signature, the algorithm's name and function, and the checked op.
+        The signature, the algorithm's name and function, the checked op, and the
+        shared-memory plan (or None).
 
     Raises:
         ArgumentError: ``op`` is not a :class:`pycomm.ops.Op` or not defined on ``dtype``;
@@ -67,7 +120,9 @@ def plan_call(comm, collective: str, dtype, count: int, nbytes: int, algorithm,
         op = comm._check_op(op, dtype)
     name, fn = comm._choose(collective, nbytes, algorithm,
                             op.commutative if op is not None else True)
-    plan = (signature(_CALL_NAMES[collective], dtype, count, root, op), name, fn, op)
+    plan = (signature(_CALL_NAMES[collective], dtype, count, root, op), name, fn, op, None)
+    plan = (*plan[:4], _fast_plan(comm, collective, dtype, count, root, nbytes,
+                                          algorithm, plan))
     if getattr(comm, "transport_name", None) is not None:
         if plans is None or comm._plans_gen != config.generation or len(plans) >= MAX_PLANS:
             plans = comm._plans = {}

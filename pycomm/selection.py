@@ -17,6 +17,7 @@ from . import trace as _trace
 from .collectives import choose, model_time
 from .collectives.cost import model_transport
 from .ops import Op
+from .plan import SHARED_SLOTS, takes_slots
 
 __all__ = ["AlgorithmSelection"]
 
@@ -56,7 +57,8 @@ class AlgorithmSelection:
 
         The same choice the collective itself makes (:func:`pycomm.collectives.choose` with
         this communicator's size, transport and agreed ranks per core), for logs and
-        benchmarks. Sends nothing.
+        benchmarks: ``"shared_slots"`` where a blocking call goes through shared-memory
+        slots instead of messages (:mod:`pycomm.shmcoll`). Sends nothing.
 
         Args:
             collective: e.g. ``"allreduce"`` (a key of ``pycomm.collectives.REGISTRY``).
@@ -70,7 +72,8 @@ class AlgorithmSelection:
             ArgumentError: unknown collective or algorithm, or a named algorithm that
                 cannot serve the call.
         """
-        return self._choose(collective, int(nbytes), algorithm, commutative)[0]
+        name = self._choose(collective, int(nbytes), algorithm, commutative)[0]
+        return SHARED_SLOTS if takes_slots(self, collective, int(nbytes), algorithm) else name
 
     def _choose(self, collective: str, nbytes: int, algorithm, commutative: bool):
         """``(name, fn)`` of :func:`pycomm.collectives.choose` for this communicator, cached."""

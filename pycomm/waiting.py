@@ -109,11 +109,14 @@ class Waiting:
             if r.error is not None:
                 raise r.error
 
-    def wait_until(self, cond, timeout: float | None = None, what: str = "operation") -> None:
-        """Drive progress until ``cond()`` is true (used by Probe and the object layer)."""
+    def wait_until(self, cond, timeout: float | None = None, what: str = "operation",
+                   req=None) -> None:
+        """Drive progress until ``cond()`` is true (used by Probe, the object layer and the
+        shared-memory collectives). ``req``: what a timeout or stall warning names as
+        awaited (anything with ``peer``, ``tag`` and ``expect``), or None."""
         if not cond():
             self.progress()
-            self._wait_slow(cond, timeout, None, what)
+            self._wait_slow(cond, timeout, req, what)
 
     def _wait_offloaded(self, cond, timeout, req) -> None:
         """Wait for requests only the progress thread completes (nonblocking collectives).

@@ -113,13 +113,26 @@ def call(comm, name: str, nonblocking: bool, n: int, root: int, seed: int) -> li
     return [a.tobytes() for a in out]
 
 
+REDUCTIONS = {"Reduce": "reduce", "Allreduce": "allreduce",
+              "Reduce_scatter_block": "reduce_scatter_block"}
+
+
 def _rank_twins(name: str, cases: list):
     comm = pycomm.COMM_WORLD
     out = []
     for n, root, seed in cases:
         blocking = call(comm, name, False, n, root, seed)
         nonblocking = call(comm, name, True, n, root, seed)
-        out.append((n, root, blocking == nonblocking))
+        same = blocking == nonblocking
+        if not same and name in REDUCTIONS and comm.chosen_algorithm(
+                REDUCTIONS[name], 8 * n * (comm.size if name.endswith("block") else 1)) \
+                == "shared_slots":
+            # the blocking call went through shared-memory slots, which add in rank order
+            # x0 + x1 + ...; the I-variant's algorithm brackets the same sum its own way:
+            # equal to the last bits only
+            same = all(np.allclose(np.frombuffer(a), np.frombuffer(b), rtol=1e-13, atol=0)
+                       for a, b in zip(blocking, nonblocking))
+        out.append((n, root, same))
     return out
 
 

@@ -98,7 +98,10 @@ def test_algorithm_environment_override(world):
             assert "commutative" in out["ring + non-commutative op"]
             assert "PYCOMM_ALGORITHM_ALLREDUCE" in out["ring + non-commutative op"]
         assert "PYCOMM_ALGORITHM_ALLREDUCE" in out["bad name"] and "ring" in out["bad name"]
-        assert out["unset"] == out["model"]
+        # what ran when unset is the model's choice; a blocking call this small on one
+        # host's shared memory goes through the slots instead (pycomm.shmcoll)
+        slots = world.transport == "shm" and world.size > 1
+        assert out["model"] == ("shared_slots" if slots else out["unset"]), out
         assert out["cached"] == 0 and out["after a model variable changed"] == 1
         # 6 Allreduce calls of SUM actually ran (the refused ones moved nothing)
         s = world.size

@@ -28,6 +28,10 @@ message travels by rendezvous: the receiver reads the sender's buffer directly w
 one copy and no ring traffic but two small control frames. Where CMA is refused (ptrace
 restrictions), the payload streams through the ring, two copies, pipelined.
 
+Collective slots. After the rings, each segment holds an area for the small-message
+collectives of :mod:`pycomm.shmcoll` (``coll_bytes`` long; its layout is that module's):
+one rank writes there, its peers on the host read it in place.
+
 Cleanup. Every rank unlinks its segment as soon as all its peers have mapped it, so after
 start-up nothing is left in /dev/shm even if the job is SIGKILLed; before that, the
 launcher sweeps ``pycomm-<job>-*``.
@@ -160,17 +164,24 @@ class ShmTransport(Transport):
     Options:
         ring_bytes: bytes per ring (default 1 MiB); eager messages must be far smaller.
         cma: allow process_vm_readv single-copy reads (default True).
+        coll_bytes: bytes of the collective area (:mod:`pycomm.shmcoll`; 0: none). Every
+            rank of the host must use the same value.
     """
 
     name = "shm"
 
     def __init__(self, rank, size, job_id, token, sink, *, ring_bytes: int = 1 << 20,
-                 cma: bool = True, **options: Any):
+                 cma: bool = True, coll_bytes: int = 0, **options: Any):
         super().__init__(rank, size, job_id, token, sink)
         if ring_bytes < 4096 or ring_bytes % 64:
             raise ValueError(f"ring_bytes={ring_bytes} must be a multiple of 64, >= 4096")
         self.ring_bytes = ring_bytes
+        self.coll_bytes = max(0, int(coll_bytes))
         self.want_cma = cma
+        # callables the sleeping rank checks after raising its waiting flag (the waits of
+        # pycomm.shmcoll watch a peer's slot, which no ring counter shows)
+        self.watches: list = []
+        self._coll_at: dict[int, tuple[_Segment, int]] = {}
         self.one_sided_read = cma
         self._own: _Segment | None = None
         self._path: str | None = None
@@ -192,7 +203,8 @@ class ShmTransport(Transport):
     # -- set-up ---------------------------------------------------------------------------
     def connect(self, store, peers: list[int], timeout: float) -> None:
         self.peers = sorted(peers)
-        nbytes = _CTRL + max(1, len(self.peers)) * (_RING_HDR + self.ring_bytes)
+        rings = _CTRL + max(1, len(self.peers)) * (_RING_HDR + self.ring_bytes)
+        nbytes = rings + self.coll_bytes
         name = segment_name(self.job_id, self.rank)
         self._path = "/dev/shm/" + name
         fd = os.open(self._path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
@@ -202,9 +214,11 @@ class ShmTransport(Transport):
         finally:
             os.close(fd)
         self._own.ctl64[0] = os.getpid()
+        self._coll_at[self.rank] = (self._own, rings)
         key = f"shm/{self.job_id}/"
         store.set(key + str(self.rank), msgpack.packb({
             "name": name, "nbytes": nbytes, "peers": self.peers, "ring": self.ring_bytes,
+            "coll": self.coll_bytes, "coll_at": rings,
             "pid": os.getpid(), "probe": ctypes.addressof(self._probe),
             "probe_value": self._probe.raw}))
         for slot, peer in enumerate(self.peers):
@@ -212,12 +226,17 @@ class ShmTransport(Transport):
             if info["ring"] != self.ring_bytes:
                 raise TransportError(f"rank {peer} uses ring_bytes={info['ring']}, "
                                      f"rank {self.rank} uses {self.ring_bytes}")
+            if info["coll"] != self.coll_bytes:
+                raise TransportError(
+                    f"rank {peer} has a {info['coll']}-byte collective area, rank "
+                    f"{self.rank} {self.coll_bytes} (PYCOMM_SHM_COLL_BYTES differs)")
             fd = os.open("/dev/shm/" + info["name"], os.O_RDWR)
             try:
                 seg = _Segment(fd, info["nbytes"])
             finally:
                 os.close(fd)
             self._others[peer] = seg
+            self._coll_at[peer] = (seg, info["coll_at"])
             self._pids[peer] = info["pid"]
             ctl, data = seg.ring(info["peers"].index(self.rank), self.ring_bytes)
             self._out[peer] = _OutRing(peer, ctl, data, seg)
@@ -230,6 +249,26 @@ class ShmTransport(Transport):
             store.get(key + f"{peer}/mapped", timeout=timeout)
         os.unlink(self._path)
         self._path = None
+
+    # -- the collective area (pycomm.shmcoll) ----------------------------------------------
+    def coll_area(self, rank: int) -> memoryview | None:
+        """The collective area in ``rank``'s segment (this rank's own or a connected
+        peer's), or None when there is none. Only ``rank`` writes to it."""
+        at = self._coll_at.get(rank)
+        if at is None or not self.coll_bytes:
+            return None
+        seg, off = at
+        return seg.view[off:off + self.coll_bytes]
+
+    def doorbells(self, ranks: list[int]) -> list[tuple[memoryview, ctypes.c_void_p]]:
+        """``(control words, futex address)`` of each peer's doorbell, for a caller that
+        rings them itself (bump word 0; ``FUTEX_WAKE`` when word 1, waiting, is set), as
+        :meth:`_Segment.ring_doorbell` does."""
+        return [(self._others[r].ctl32, self._others[r].futex) for r in ranks]
+
+    def said_goodbye(self, rank: int) -> bool:
+        """Whether peer ``rank`` has closed pycomm cleanly (its program ended)."""
+        return bool(self._others[rank].ctl64[1])
 
     def _try_cma(self, info: dict) -> bool:
         buf = ctypes.create_string_buffer(16)
@@ -400,6 +439,13 @@ class ShmTransport(Transport):
     def has_backlog(self) -> bool:
         return bool(self._pending)
 
+    def has_input(self) -> bool:
+        """Whether a peer has written frames this rank has not taken in yet."""
+        for ring in self._in:
+            if ring.ctl[_HEAD] != ring.seen_head:
+                return True
+        return False
+
     def _changed(self) -> bool:
         for ring in self._in:
             if ring.ctl[_HEAD] != ring.seen_head:
@@ -415,7 +461,7 @@ class ShmTransport(Transport):
         seen = c[0]
         c[1] = 1
         try:
-            if not self._changed():
+            if not self._changed() and not any(w() for w in self.watches):
                 _futex_wait(own.futex, seen, max(timeout, 0.0))
         finally:
             c[1] = 0

@@ -1,0 +1,411 @@
+"""Small collectives through shared-memory slots: one store per rank, no messages.
+
+On a communicator whose ranks all share one host's shared-memory transport, a collective
+call whose per-rank data fits a slot (``PYCOMM_SHM_COLL_BYTES``, default 8 KiB) skips the
+message layer. Each rank writes its contribution, with a header naming the call, into
+its own slot in its own segment (:mod:`transports.shm` reserves the area); every rank
+then reads its peers' slots in place and computes its result from them. An 8-byte
+all-reduce on 2 ranks becomes one copy in, one flag store, one flag load and one ufunc
+reading the peer's slot directly, where the message path builds, frames, matches and
+copies a message each way.
+
+This is the flag-based shared-memory collective design of MPICH's CH4 POSIX collectives
+(``src/mpid/ch4/shm/posix/release_gather``) and Open MPI's ``coll/sm`` (Graham & Shipman,
+"MPI Support for Multi-core Architectures: Optimized Shared Memory Collectives",
+EuroPVM/MPI 2008), reduced to its flat form: with at most 16 ranks per host and at most
+a few KiB per rank, reading every peer's slot beats any tree.
+
+Layout. The area holds :data:`MAX_COMMS` communicator blocks, indexed by context id
+(context ids are agreed by the members and never reused, so a block belongs to one
+communicator for the life of the job; communicators with larger ids use messages)::
+
+    +------------------------+----------------------------+----------------------------+
+    | arrival (int64, 64 B)  | slot 0: header 64 B | data | slot 1: header 64 B | data |
+    +------------------------+----------------------------+----------------------------+
+
+``arrival`` is ``seq << 2 | 2 | slow`` of the last collective call this rank entered on
+the communicator (``slow``: by messages); a slot header is ``[seq + 1, signature code,
+signature count, nbytes]``, the sequence number stored last. Call ``seq`` uses slot
+``(seq + 1) & 1``.
+
+Safety. A rank overwrites its slot ``p`` only once every peer has entered call
+``seq - 1`` or later (their ``arrival``): by then each has finished the earlier call that
+used ``p``, so no reader is left. A header is read only after its sequence number, and a
+slot is not rewritten while a reader may still need it, so the data read is whole.
+
+Integrity (issue 15). Every rank waits for every peer's header of the call and compares
+its signature with its own before it reads any data, so two ranks in different
+collectives, with different counts, dtypes, roots or ops, raise
+:class:`~pycomm.errors.CollectiveMismatchError` on the ranks that see it and abandon the
+call on all (the root of a broadcast waits for its peers' headers too: a rank that took
+itself for another root is found). Waiting drives the engine, so an abandoned call, a
+dead or departed peer and the timeout end it as they end a message wait.
+
+A peer that runs the call by messages (its nonblocking variant, which pycomm lets match
+the blocking call, or a count past the limit on that rank only) never writes its header;
+its ``arrival`` word shows it in this call, or past it, without one. Every rank waiting
+for that header sees this and runs the call's message algorithm instead, from the same
+inputs (nothing has been written yet), so the call completes or, if the ranks' arguments
+differ, fails with the message path's own mismatch checks.
+"""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import numpy as np
+
+from transports.linux import futex_wake
+
+from .errors import CollectiveMismatchError, PeerError
+from .signature import describe, empty_match
+
+__all__ = ["MAX_COMMS", "ByMessages", "SharedSlots", "area_bytes", "slots_for"]
+
+MAX_COMMS = 16          # communicator blocks per rank's area (context ids 0..15)
+_HDR = 64               # bytes of the arrival word's line and of each slot header
+_SEQ_MASK = 0x7FFFFFFF  # the communicator's sequence numbers wrap at 2**31
+_HALF = 1 << 30
+_SPIN = 64              # polls of a peer's header between clock reads
+_perf = time.perf_counter
+
+
+class ByMessages(Exception):
+    """A peer runs this call by messages: so must this rank (caught by the kernels)."""
+
+
+def _round(slot_bytes: int) -> int:
+    return (max(0, int(slot_bytes)) + 63) // 64 * 64
+
+
+def _block_bytes(slot_bytes: int) -> int:
+    return _HDR + 2 * (_HDR + _round(slot_bytes))
+
+
+def area_bytes(slot_bytes: int) -> int:
+    """Bytes of one rank's area for slots of ``slot_bytes`` data bytes (0: no area)."""
+    return MAX_COMMS * _block_bytes(slot_bytes) if slot_bytes > 0 else 0
+
+
+def slots_for(comm):
+    """The :class:`SharedSlots` of ``comm``, or None when its calls must use messages:
+    not every rank on this host's shared-memory transport, a context id past
+    :data:`MAX_COMMS`, a world of one, or no area (``PYCOMM_SHM_COLL_BYTES=0``).
+
+    The answer depends only on what every member agrees on (its context id, its
+    members, the transports chosen at start-up), so all members decide alike.
+    """
+    if comm.size < 2 or comm._cctx != 3 * comm._cid + 1 or comm._cid >= MAX_COMMS:
+        return None
+    layout = getattr(comm, "host_layout", None)
+    if layout is not None and layout.nhosts > 1:    # (a test may fake several hosts)
+        return None
+    eng = comm._engine
+    me = comm._world[comm.rank]
+    shm = None
+    for w in comm._world:
+        if w == me:
+            continue
+        t = eng.route[w]
+        if t is None or getattr(t, "name", None) != "shm" or (shm is not None and t is not shm):
+            return None
+        shm = t
+    if shm is None or not shm.coll_bytes:
+        return None
+    return SharedSlots(comm, shm)
+
+
+class SharedSlots:
+    """One communicator's view of its members' slot blocks (see the module docstring).
+
+    Attributes:
+        limit: the most data bytes one rank may put in its slot in a call.
+    """
+
+    def __init__(self, comm, shm):
+        self.comm, self.shm, self.engine = comm, shm, comm._engine
+        self.size, self.rank = comm.size, comm.rank
+        slot = (shm.coll_bytes // MAX_COMMS - 3 * _HDR) // 2 // 64 * 64
+        self.limit = slot
+        block = _block_bytes(slot)
+        base = comm._cid * block
+        self.arrival, self.headers, self.data = [], [], []
+        for w in comm._world:
+            area = shm.coll_area(w)
+            self.arrival.append(area[base:base + 8].cast("q"))
+            hs, ds = [], []
+            for p in (0, 1):
+                at = base + _HDR + p * (_HDR + slot)
+                hs.append(area[at:at + 32].cast("q"))
+                ds.append(np.frombuffer(area, np.uint8, slot, at + _HDR))
+            self.headers.append(hs)
+            self.data.append(ds)
+        self.peers = [r for r in range(self.size) if r != self.rank]
+        self._bells = shm.doorbells([comm._world[r] for r in self.peers])
+        self._written = [False, False]
+        self._synced = -1               # the last call whose every header this rank saw
+
+    # -- arrival ------------------------------------------------------------------------
+    def enter(self, seq: int, slow: bool) -> None:
+        """Say that this rank entered call ``seq`` (``slow``: by messages)."""
+        self.arrival[self.rank][0] = seq << 2 | 2 | slow
+
+    # -- the steps of every call --------------------------------------------------------
+    def reserve(self, cc) -> int:
+        """The slot call ``cc.tag`` writes, once no peer can still be reading it.
+
+        Waits, if need be, until every peer has entered the previous call: each has then
+        finished the earlier call that used this slot (see the module docstring).
+        """
+        seq = cc.tag
+        p = (seq + 1) & 1
+        # (after an all-waiting call on seq - 1, every peer is known to have entered it)
+        if self._written[p] and self._synced != (seq - 1) & _SEQ_MASK:
+            need = (seq - 1) & _SEQ_MASK
+            arrival = self.arrival
+            for r in self.peers:
+                a = arrival[r][0]
+                if not (a & 2 and ((a >> 2) - need) & _SEQ_MASK < _HALF):
+                    self._wait_entered(cc, r, need)
+        self._written[p] = True
+        return p
+
+    def announce(self, cc, p: int, nbytes: int) -> None:
+        """Publish this rank's header of call ``cc.tag`` in slot ``p`` (its data is
+        written) and ring the peers' doorbells."""
+        h = self.headers[self.rank][p]
+        sig = cc.sig
+        h[1] = sig[0]
+        h[2] = sig[1]
+        h[3] = nbytes
+        h[0] = cc.tag + 1               # last: it makes the slot valid
+        for c, fx in self._bells:
+            c[0] = (c[0] + 1) & 0xFFFFFFFF
+            if c[1]:
+                futex_wake(fx)
+
+    def await_all(self, cc, p: int) -> None:
+        """Wait until every peer has published call ``cc.tag``; check their signatures.
+
+        Raises:
+            CollectiveMismatchError: a peer is in another call (its signature differs).
+            ByMessages: a peer runs this call by messages.
+            PeerError, CommTimeoutError, CollectiveError: as any wait of the engine.
+        """
+        s1 = cc.tag + 1
+        headers = self.headers
+        code, count = cc.sig
+        for r in self.peers:
+            h = headers[r][p]
+            if h[0] != s1:
+                for _ in range(_SPIN):
+                    if h[0] == s1:
+                        break
+                else:
+                    self._wait_slot(cc, r, h, s1)
+            if h[1] != code or h[2] != count:
+                theirs = (h[1], h[2])
+                if not empty_match(cc.sig, theirs, h[3]):
+                    self._mismatch(cc, r, describe(theirs))
+        # A peer's ABORT of an earlier call, sent before it published this header, is in
+        # its ring by now: take it in, so that this call reports it as a message call
+        # would (a link keeps order; the slots and the rings keep none between them).
+        if self.shm.has_input():
+            self.engine.progress()
+        self._synced = cc.tag
+
+    # -- waits (the engine's: progress, liveness, aborts, timeout) ------------------------
+    def _wait_slot(self, cc, r: int, h, s1: int) -> None:
+        """Wait for peer ``r``'s header of this call.
+
+        Raises:
+            ByMessages: ``r`` entered this call by messages, or went past it without a
+                header (see the module docstring).
+        """
+        arrival = self.arrival[r]
+        seq = cc.tag
+
+        def ready():
+            if h[0] == s1:
+                return True
+            a = arrival[0]              # in this call by messages, or past it
+            return a == (seq << 2 | 3) or (a & 2 and 0 < ((a >> 2) - seq) & _SEQ_MASK
+                                           < _HALF)
+        self._wait(cc, r, ready)
+        if h[0] != s1:
+            raise ByMessages
+
+    def _wait_entered(self, cc, r: int, need: int) -> None:
+        arrival = self.arrival[r]
+
+        def entered():
+            a = arrival[0]
+            return bool(a & 2) and ((a >> 2) - need) & _SEQ_MASK < _HALF
+        self._wait(cc, r, entered)
+
+    def _wait(self, cc, r: int, ready) -> None:
+        """Wait for ``ready()`` on peer ``r``'s account, as a message wait would."""
+        eng, shm = self.engine, self.shm
+        peer = self.comm._world[r]
+        ctx, tag = cc.ctx, cc.tag
+        state = [eng.abort_count]
+        err = eng.aborted_error(ctx, tag)   # abandoned before this rank began to wait
+        if err is not None:
+            raise err
+        # Spin a while first (the peer is usually a few microseconds behind), then let
+        # the engine wait: progress, liveness, the kernel sleep, the timeout.
+        end = _perf() + eng.spin_s
+        while _perf() < end:
+            for _ in range(_SPIN):
+                if ready():
+                    return
+
+        def cond():
+            if ready():
+                return True
+            if eng.abort_count != state[0]:
+                state[0] = eng.abort_count
+                return eng.aborted_error(ctx, tag) is not None
+            return shm.said_goodbye(peer)
+        shm.watches.append(cond)
+        try:
+            while not ready():
+                eng.wait_until(cond, None, f"call #{tag}'s slot of rank {r}",
+                               req=SimpleNamespace(peer=peer, tag=tag, expect=-1))
+                err = eng.aborted_error(ctx, tag)
+                if err is not None:
+                    raise err
+                if not ready() and shm.said_goodbye(peer):
+                    raise PeerError(f"rank {self.rank}: rank {r} has left: it closed pycomm "
+                                    "(its program ended) while this rank waits for it",
+                                    peer)
+        finally:
+            shm.watches.remove(cond)
+
+    def _mismatch(self, cc, r: int, theirs: str) -> None:
+        comm = self.comm
+        raise CollectiveMismatchError(
+            f"rank {self.rank}: collective mismatch in call #{cc.tag} on {comm.name}: rank "
+            f"{r} is in {theirs}, rank {self.rank} in {describe(cc.sig)}")
+
+    # -- the collectives ----------------------------------------------------------------
+    def kernel(self, collective: str, dtype, count: int, root: int, op, by_messages):
+        """The function that runs one call shape through the slots, with the algorithm
+        function's arguments (:mod:`pycomm.collectives`); views of every slot made once.
+
+        Args:
+            collective: ``barrier``, ``bcast``, ``allreduce``, ``reduce``, ``allgather``
+                or ``reduce_scatter_block``.
+            dtype, count, root, op: the call's shape as :func:`pycomm.plan.plan_call`
+                has it (``count``: the elements of one rank's block for allgather and
+                reduce_scatter_block).
+            by_messages: the message algorithm's function, run instead when a peer takes
+                messages (:class:`ByMessages`).
+        """
+        return getattr(self, "_" + collective)(dtype, count, root, op, by_messages)
+
+    def _views(self, dtype, lo: int, n: int) -> list[list[np.ndarray]]:
+        """``[slot][rank]`` arrays of ``n`` ``dtype`` elements from element ``lo``."""
+        b0, b1 = lo * dtype.itemsize, (lo + n) * dtype.itemsize
+        return [[d[p][b0:b1].view(dtype) for d in self.data] for p in (0, 1)]
+
+    def _reducer(self, op):
+        """``fold(views, out)``: ``out = x_0 op x_1 op ... op x_{n-1}`` in rank order, in
+        the same steps on every rank (so every rank's result has the same bits). A numpy
+        ufunc reads the peers' slots in place; other ops get copies (they may write their
+        input)."""
+        ufunc = op._ufunc
+
+        if ufunc is not None:
+            def fold(v, out):
+                ufunc(v[0], v[1], out=out)
+                for x in v[2:]:
+                    ufunc(out, x, out=out)
+        else:
+            def fold(v, out):
+                np.copyto(out, v[0])
+                for x in v[1:]:
+                    op.apply_left(out, x.copy())
+        return fold
+
+    def _barrier(self, dtype, count, root, op, by_messages):
+        def run(cc):
+            try:
+                p = self.reserve(cc)
+                self.announce(cc, p, 0)
+                self.await_all(cc, p)
+            except ByMessages:
+                by_messages(cc)
+        return run
+
+    def _bcast(self, dtype, count, root, op, by_messages):
+        views = [v[root] for v in self._views(dtype, 0, count)]
+        nb, me = count * dtype.itemsize, self.rank
+
+        def run(cc, buf, _root):
+            try:
+                p = self.reserve(cc)
+                if me == root:
+                    np.copyto(views[p], buf)
+                self.announce(cc, p, nb)
+                self.await_all(cc, p)
+            except ByMessages:
+                return by_messages(cc, buf, _root)
+            if me != root:
+                np.copyto(buf, views[p])
+        return run
+
+    def _allreduce(self, dtype, count, root, op, by_messages, to_all=True):
+        views = self._views(dtype, 0, count)
+        nb, me, fold = count * dtype.itemsize, self.rank, self._reducer(op)
+
+        def run(cc, buf, *rest):
+            try:
+                p = self.reserve(cc)
+                v = views[p]
+                np.copyto(v[me], buf)
+                self.announce(cc, p, nb)
+                self.await_all(cc, p)
+            except ByMessages:
+                return by_messages(cc, buf, *rest)
+            if to_all or me == root:
+                fold(v, buf)
+        return run
+
+    def _reduce(self, dtype, count, root, op, by_messages):
+        return self._allreduce(dtype, count, root, op, by_messages, to_all=False)
+
+    def _allgather(self, dtype, count, root, op, by_messages):
+        views = self._views(dtype, 0, count)
+        nb, me, peers = count * dtype.itemsize, self.rank, self.peers
+
+        def run(cc, recv, _count):
+            try:
+                p = self.reserve(cc)
+                v = views[p]
+                np.copyto(v[me], recv[me * count:(me + 1) * count])
+                self.announce(cc, p, nb)
+                self.await_all(cc, p)
+            except ByMessages:
+                return by_messages(cc, recv, _count)
+            for r in peers:
+                recv[r * count:(r + 1) * count] = v[r]
+        return run
+
+    def _reduce_scatter_block(self, dtype, count, root, op, by_messages):
+        me, n = self.rank, self.size
+        whole = [v[me] for v in self._views(dtype, 0, count * n)]
+        blocks = self._views(dtype, me * count, count)
+        nb, fold = count * n * dtype.itemsize, self._reducer(op)
+
+        def run(cc, send, recv, _op):
+            try:
+                p = self.reserve(cc)
+                np.copyto(whole[p], send)
+                self.announce(cc, p, nb)
+                self.await_all(cc, p)
+            except ByMessages:
+                return by_messages(cc, send, recv, _op)
+            fold(blocks[p], recv)
+        return run

@@ -1,0 +1,387 @@
+"""Small collectives through shared-memory slots (pycomm.shmcoll): results, choice,
+integrity and failures.
+
+* every collective the slots serve gives numpy's answer, in rank order and with the same
+  bits on every rank, for every op kind (ufunc, pair kernel, non-commutative user op),
+  several dtypes and counts up to the slot's limit, on 2..8 ranks;
+* the slots are taken exactly where promised: a one-host shared-memory communicator,
+  per-rank data up to ``PYCOMM_SHM_COLL_BYTES``, no algorithm named; messages otherwise
+  (a larger call, ``algorithm=``, ``PYCOMM_SHM_COLL_BYTES=0``, a context id past the
+  area, TCP);
+* a random schedule mixing slot and message calls, with ranks delayed at random, keeps
+  every result right (a slot is never rewritten while a peer may read it);
+* a rank whose call takes messages while the others take slots (its I-variant, or a
+  count past the limit) makes them take messages too: the call completes, or fails as a
+  mismatch, never hangs; a dead or departed peer ends a slot wait with a PeerError
+  naming it.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import cloudpickle
+import numpy as np
+import pytest
+
+import pycomm
+from conftest import World
+from pycomm.plan import SHARED_SLOTS, plan_call
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+ROOT = Path(__file__).resolve().parent.parent
+SLOT_WORLDS = [(2, "shm"), (3, "shm"), (5, "shm"), (8, "shm")]
+LIMIT = 8192            # PYCOMM_SHM_COLL_BYTES's default
+
+
+@pytest.fixture(scope="session", params=SLOT_WORLDS, ids=lambda p: f"n{p[0]}-{p[1]}")
+def world(request) -> World:
+    return World(*request.param)
+
+
+def _keep_left(invec, inoutvec, datatype):
+    """Associative, not commutative: a op b = a (so the result is rank 0's)."""
+    inoutvec[:] = invec
+
+
+KEEP_LEFT = pycomm.Op.Create(_keep_left, commute=False)
+
+
+def _contribution(rank: int, count: int, dtype) -> np.ndarray:
+    rng = np.random.default_rng(1000 + rank)
+    dt = np.dtype(dtype)
+    if dt.kind == "f":
+        return rng.standard_normal(count).astype(dt)
+    if dt.kind == "c":
+        return (rng.standard_normal(count) + 1j * rng.standard_normal(count)).astype(dt)
+    return rng.integers(1, 5, count).astype(dt)
+
+
+def _fold(values, op):
+    """Rank order, left to right: the order (and so the bits) the slots promise."""
+    if op is KEEP_LEFT:
+        return values[0].copy()
+    fn = {"SUM": np.add, "PROD": np.multiply, "MAX": np.maximum, "MIN": np.minimum,
+          "BAND": np.bitwise_and}[op.name]
+    return functools.reduce(lambda a, b: fn(a, b), values[1:], values[0].copy())
+
+
+def _used_slots(comm, collective, dtype, count, nbytes, op=None, root=-1) -> bool:
+    plan = plan_call(comm, collective, dtype, count, nbytes, None, op, root)
+    return plan[4] is not None and plan[4][1] == SHARED_SLOTS
+
+
+def _every_collective(count, dtype, op_name):
+    comm = pycomm.COMM_WORLD
+    r, n = comm.rank, comm.size
+    op = KEEP_LEFT if op_name == "KEEP_LEFT" else getattr(pycomm, op_name)
+    mine = _contribution(r, count, dtype)
+    every = [_contribution(k, count, dtype) for k in range(n)]
+    want = _fold(every, op)
+    dt = np.dtype(dtype)
+    out = {}
+    recv = np.empty_like(mine)
+    comm.Allreduce(mine, recv, op=op)
+    out["allreduce"] = recv
+    inplace = mine.copy()
+    comm.Allreduce(pycomm.IN_PLACE, inplace, op=op)
+    out["allreduce-in-place"] = inplace
+    red = np.zeros_like(mine)
+    comm.Reduce(mine, red, op=op, root=n - 1)
+    out["reduce"] = red if r == n - 1 else want
+    root = 1 % n
+    b = mine.copy()
+    comm.Bcast(b, root=root)
+    out["bcast"] = b
+    block = min(count, max(count // n, 1))
+    g = np.empty(block * n, dt)
+    comm.Allgather(mine[:block], g)
+    out["allgather"] = g
+    rs = np.empty(block, dt)
+    comm.Reduce_scatter_block(np.tile(mine[:block], n), rs, op=op)
+    out["reduce_scatter_block"] = rs
+    comm.Barrier()
+    took = {
+        "allreduce": _used_slots(comm, "allreduce", dt, count, mine.nbytes, op),
+        "bcast": _used_slots(comm, "bcast", dt, count, mine.nbytes, root=root),
+        "allgather": _used_slots(comm, "allgather", dt, block, block * n * dt.itemsize),
+        "barrier": _used_slots(comm, "barrier", None, -1, 0),
+    }
+    expect = {"allreduce": want, "allreduce-in-place": want, "reduce": want,
+              "bcast": every[root],
+              "allgather": np.concatenate([e[:block] for e in every]),
+              "reduce_scatter_block": _fold([e[:block] for e in every], op)}
+    wrong = [k for k in expect if not np.array_equal(out[k], expect[k])]
+    return wrong, took, {k: v.tobytes() for k, v in out.items()}
+
+
+@pytest.mark.parametrize("dtype,count,op", [
+    (np.float64, 1, "SUM"), (np.float64, 1024, "SUM"), (np.float32, 7, "PROD"),
+    (np.int32, 100, "MAX"), (np.int8, 33, "MIN"), (np.int64, 16, "BAND"),
+    (np.complex128, 5, "SUM"), (np.float64, 64, "KEEP_LEFT"), (np.float64, 0, "SUM")])
+def test_every_slot_collective_gives_numpys_answer_in_rank_order(world, dtype, count, op):
+    results = world.run(_every_collective, count, dtype, op)
+    for rank, (wrong, took, _) in enumerate(results):
+        assert wrong == [], (rank, wrong)
+        assert all(took.values()), (rank, took)      # these shapes do take the slots
+    # every rank holds the same bits (rank order on every rank, not its own order)
+    for key in ("allreduce", "allreduce-in-place", "bcast", "allgather"):
+        assert len({res[2][key] for res in results}) == 1, key
+
+
+def _pairs_maxloc():
+    comm = pycomm.COMM_WORLD
+    r, n = comm.rank, comm.size
+    dt = pycomm.ops.pair_dtype(np.float64)
+    x = np.zeros(3, dt)
+    x["val"] = [r % 2, -r, 5.0]        # ties on the last element: the lowest index wins
+    x["idx"] = r
+    out = np.zeros_like(x)
+    comm.Allreduce(x, out, op=pycomm.MAXLOC)
+    return out["val"].tolist(), out["idx"].tolist(), \
+        _used_slots(comm, "allreduce", dt, 3, x.nbytes, pycomm.MAXLOC)
+
+
+def test_pair_kernel_op_through_the_slots(world):
+    n = world.size
+    for values, index, took in world.run(_pairs_maxloc):
+        assert took
+        assert values == [1.0 if n > 1 else 0.0, 0.0, 5.0]
+        assert index == [1 if n > 1 else 0, 0, 0]
+
+
+def _choices():
+    comm = pycomm.COMM_WORLD
+    f8 = np.dtype(np.float64)
+    per = LIMIT // 8
+    return {
+        "at-limit": _used_slots(comm, "allreduce", f8, per, LIMIT, pycomm.SUM),
+        "over-limit": _used_slots(comm, "allreduce", f8, per + 1, LIMIT + 8, pycomm.SUM),
+        "allgather-block-at-limit": _used_slots(comm, "allgather", f8, per,
+                                                per * 8 * comm.size),
+        "named": plan_call(comm, "allreduce", f8, 1, 8, "ring", pycomm.SUM)[4] is not None,
+        "auto": plan_call(comm, "allreduce", f8, 1, 8, "auto", pycomm.SUM)[4] is not None,
+        "gather": plan_call(comm, "gather", f8, 1, 8 * comm.size, None)[4] is not None,
+    }
+
+
+def test_slots_are_taken_exactly_where_promised(world):
+    for took in world.run(_choices):
+        assert took == {"at-limit": True, "over-limit": False,
+                        "allgather-block-at-limit": True, "named": False, "auto": True,
+                        "gather": False}
+
+
+def _override_env():
+    comm = pycomm.COMM_WORLD
+    os.environ["PYCOMM_ALGORITHM_ALLREDUCE"] = "recursive_doubling"
+    try:
+        pycomm.config.reload()
+        forced = plan_call(comm, "allreduce", np.dtype(np.float64), 1, 8, None,
+                           pycomm.SUM)[4] is not None
+        x = np.ones(4)
+        comm.Allreduce(pycomm.IN_PLACE, x)
+    finally:
+        del os.environ["PYCOMM_ALGORITHM_ALLREDUCE"]
+        pycomm.config.reload()
+    return forced, x.tolist()
+
+
+def test_a_forced_algorithm_is_honoured(world):
+    for forced, x in world.run(_override_env):
+        assert not forced and x == [float(world.size)] * 4
+
+
+def _schedule(seed, steps):
+    """The same random schedule on every rank (seeded); random delays differ per rank."""
+    comm = pycomm.COMM_WORLD
+    r, n = comm.rank, comm.size
+    plan = np.random.default_rng(seed)
+    jitter = np.random.default_rng(seed * 100 + r)
+    wrong = []
+    for step in range(steps):
+        kind = plan.integers(0, 5)
+        big = plan.random() < 0.2                   # a call past the limit: messages
+        count = 2000 if big else int(plan.integers(1, 64))
+        root = int(plan.integers(0, n))
+        if jitter.random() < 0.1:
+            time.sleep(float(jitter.random()) * 0.003)
+        vals = [np.arange(count, dtype=np.float64) * (k + 1) + step for k in range(n)]
+        mine = vals[r].copy()
+        if kind == 0:
+            comm.Allreduce(pycomm.IN_PLACE, mine)
+            ok = np.array_equal(mine, functools.reduce(np.add, vals[1:], vals[0].copy()))
+        elif kind == 1:
+            comm.Bcast(mine, root=root)
+            ok = np.array_equal(mine, vals[root])
+        elif kind == 2:
+            out = np.empty(count * n)
+            comm.Allgather(mine, out)
+            ok = np.array_equal(out, np.concatenate(vals))
+        elif kind == 3:
+            out = np.zeros(count)
+            comm.Reduce(mine, out, root=root)
+            ok = r != root or np.array_equal(out, functools.reduce(np.add, vals[1:],
+                                                                   vals[0].copy()))
+        else:
+            comm.Barrier()
+            ok = True
+        if not ok:
+            wrong.append((step, int(kind), count, root))
+    return wrong
+
+
+def test_random_schedule_with_delays_keeps_every_result_right(world):
+    for rank, wrong in enumerate(world.run(_schedule, 7, 300)):
+        assert wrong == [], (rank, wrong[:5])
+
+
+def _sub_communicators():
+    comm = pycomm.COMM_WORLD
+    r = comm.rank
+    half = comm.Split(r % 2, r)
+    x = np.array([float(r)])
+    half.Allreduce(pycomm.IN_PLACE, x)
+    dups = [comm.Dup() for _ in range(17)]          # context ids past the area
+    last = dups[-1]
+    y = np.array([1.0])
+    last.Allreduce(pycomm.IN_PLACE, y)
+    out = (x[0], half._slots is not None or half.size == 1, last._cid,
+           last._slots is None, y[0])
+    for d in dups:
+        d.Free()
+    half.Free()
+    return out
+
+
+def test_sub_communicators_use_their_own_slots_and_late_ids_use_messages(world):
+    n = world.size
+    for r, (x, half_slots, cid, last_messages, y) in enumerate(world.run(_sub_communicators)):
+        assert x == sum(k for k in range(n) if k % 2 == r % 2)
+        assert half_slots
+        assert cid >= 16 and last_messages
+        assert y == n
+
+
+def _slots_against_messages():
+    comm = pycomm.COMM_WORLD
+    r = comm.rank
+    per = LIMIT // 8
+    t0 = time.monotonic()
+    try:
+        # rank 0 is one element past the limit (messages), the others at it (slots)
+        comm.Allreduce(pycomm.IN_PLACE, np.ones(per + 1 if r == 0 else per))
+        first = "ok"
+    except pycomm.CommError as exc:
+        first = f"{type(exc).__name__}: {exc}"
+    after = []
+    for _ in range(3):
+        try:
+            x = np.ones(4)
+            comm.Allreduce(pycomm.IN_PLACE, x)
+            after.append(x[0])
+        except pycomm.CommError as exc:
+            after.append(type(exc).__name__)
+    return first, after, time.monotonic() - t0
+
+
+def test_a_count_past_the_limit_on_one_rank_is_a_mismatch_not_a_hang(world):
+    for rank, (first, after, took) in enumerate(world.run(_slots_against_messages)):
+        assert first.startswith("Collective"), (rank, first)
+        assert after[-1] == world.size, (rank, after)    # usable again
+        assert took < 5.0, (rank, took)                  # no rank waited for a timeout
+    texts = " ".join(res[0] for res in world.run(_slots_against_messages))
+    assert "by messages" in texts or "float64x1025" in texts, texts
+
+
+def _blocking_against_nonblocking():
+    """pycomm lets a blocking call match its I-variant (MPI does not promise it): the
+    ranks in the slots see the nonblocking rank's arrival and take messages too."""
+    comm = pycomm.COMM_WORLD
+    r, n = comm.rank, comm.size
+    x = np.full(8, float(r + 1))
+    if r == 0:
+        comm.Iallreduce(pycomm.IN_PLACE, x).Wait()
+    else:
+        comm.Allreduce(pycomm.IN_PLACE, x)
+    y = np.full(4, 5.0 if r == n - 1 else 0.0)
+    if r == 1 % n:
+        comm.Ibcast(y, root=n - 1).Wait()
+    else:
+        comm.Bcast(y, root=n - 1)
+    comm.Ibarrier().Wait() if r == 0 else comm.Barrier()
+    z = np.ones(2)
+    comm.Allreduce(pycomm.IN_PLACE, z)              # and the slots again afterwards
+    return x.tolist(), y.tolist(), z.tolist()
+
+
+def test_a_blocking_call_matches_its_nonblocking_twin(world):
+    n = world.size
+    for x, y, z in world.run(_blocking_against_nonblocking):
+        assert x == [n * (n + 1) / 2] * 8 and y == [5.0] * 4 and z == [float(n)] * 2
+
+
+# -- failures, on whole jobs ----------------------------------------------------------------
+def _launch(tmp_path, program: str, n: int = 2, env: dict | None = None):
+    prog = tmp_path / "prog.py"
+    prog.write_text(textwrap.dedent(program))
+    return subprocess.run([sys.executable, str(ROOT / "launch.py"), "-n", str(n), str(prog)],
+                          cwd=str(tmp_path), capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYCOMM_TIMEOUT": "60", **(env or {})})
+
+
+def test_a_peer_that_dies_during_a_slot_wait_is_named(tmp_path):
+    proc = _launch(tmp_path, """
+        import os, time, numpy as np, pycomm
+        comm = pycomm.init()
+        x = np.ones(4)
+        comm.Allreduce(pycomm.IN_PLACE, x)
+        assert comm._slots is not None
+        if comm.rank == 1:
+            time.sleep(0.5)
+            os._exit(7)
+        t = time.monotonic()
+        try:
+            comm.Allreduce(pycomm.IN_PLACE, x)
+        except pycomm.PeerError as exc:
+            print("PEER-ERROR", round(time.monotonic() - t, 1), exc, flush=True)
+            raise SystemExit(3)
+        """)
+    out = proc.stdout + proc.stderr
+    assert "PEER-ERROR" in out and "rank 1" in out, out
+    seconds = float(out.split("PEER-ERROR", 1)[1].split()[0])
+    assert seconds < 10, out                        # not PYCOMM_TIMEOUT (60 s)
+
+
+def test_a_peer_that_left_during_a_slot_wait_is_named(tmp_path):
+    proc = _launch(tmp_path, """
+        import numpy as np, pycomm
+        comm = pycomm.init()
+        comm.Barrier()
+        if comm.rank == 0:
+            try:
+                comm.Barrier()
+            except pycomm.PeerError as exc:
+                print("LEFT", exc, flush=True)
+        """)
+    out = proc.stdout + proc.stderr
+    assert "LEFT" in out and "rank 1 has left" in out, out
+
+
+def test_slots_off_by_variable(tmp_path):
+    proc = _launch(tmp_path, """
+        import numpy as np, pycomm
+        comm = pycomm.init()
+        x = np.ones(4)
+        comm.Allreduce(pycomm.IN_PLACE, x)
+        print("RESULT", comm._slots is None, x.tolist(), flush=True)
+        """, n=3, env={"PYCOMM_SHM_COLL_BYTES": "0"})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("RESULT True [3.0, 3.0, 3.0, 3.0]") == 3, proc.stdout
