@@ -44,7 +44,7 @@ from .objects import ObjectMethods
 from .vcoll import VectorMethods
 from .ops import SUM, Op
 from .p2p import ANY_SOURCE, ANY_TAG, PROC_NULL, Engine, Request
-from .plan import UNDECIDED, plan_call
+from .plan import SHARED_SLOTS, UNDECIDED, plan_call
 from .selection import AlgorithmSelection
 from .signature import collective, describe
 from .status import Status, fill as _fill
@@ -370,6 +370,22 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
                 self._check_stale(at_start=True)
         return _Coll(self, seq, sig)
 
+    def _slots_call(self, plan, collective: str, nbytes: int, *args) -> None:
+        """Run a blocking call through shared-memory slots (``plan``: its plan there, see
+        :func:`pycomm.plan.plan_call`; ``args``: its kernel's, see
+        :meth:`pycomm.shmcoll.SharedSlots.kernel`), recorded like any call."""
+        cc = self._coll(plan[0], True)
+        if self._debug:
+            return self._run(collective, nbytes, None, plan[3],
+                             lambda fn: fn(cc, *args), plan=plan)
+        n = _trace.begin(collective, self, cc.tag, nbytes, SHARED_SLOTS, -1)
+        try:
+            plan[2](cc, *args)
+        except BaseException as exc:
+            _trace.fail(n, exc)
+            raise
+        _trace.end(n)
+
     def _check_late_abort(self, name: str) -> None:
         """Raise if a peer abandoned a call that this rank had already finished.
 
@@ -474,8 +490,8 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
         """Block until every rank of the communicator has entered the barrier."""
         plan = plan_call(self, "barrier", None, -1, 0, algorithm)
         if plan[4] is not None and self._defer is None:
-            plan = plan[4]
-        cc = self._coll(plan[0], plan[4] is True)
+            return self._slots_call(plan[4], "barrier", 0)
+        cc = self._coll(plan[0])
         self._run("barrier", 0, algorithm, None, lambda fn: fn(cc), plan=plan)
 
     @collective
@@ -485,8 +501,8 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
         arr = as_array(buf, self.rank, "buf", writable=self.rank != root)
         plan = plan_call(self, "bcast", arr.dtype, arr.size, arr.nbytes, algorithm, root=root)
         if plan[4] is not None and self._defer is None:
-            plan = plan[4]
-        cc = self._coll(plan[0], plan[4] is True)
+            return self._slots_call(plan[4], "bcast", arr.nbytes, arr, root)
+        cc = self._coll(plan[0])
         self._run("bcast", arr.nbytes, algorithm, None, lambda fn: fn(cc, arr, root), plan=plan)
 
     @collective
@@ -509,9 +525,9 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
                                          f"{send.size} elements, recvbuf {recv.size}")
         plan = plan_call(self, "allreduce", recv.dtype, recv.size, recv.nbytes, algorithm, op)
         if plan[4] is not None and self._defer is None:
-            plan = plan[4]
+            return self._slots_call(plan[4], "allreduce", recv.nbytes, recv, plan[3], send)
         op = plan[3]
-        cc = self._coll(plan[0], plan[4] is True)
+        cc = self._coll(plan[0])
 
         def call(fn):           # recvbuf is written only once the algorithm is known
             if send is not None:
@@ -540,13 +556,15 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
                 raise ArgumentError(f"rank {self.rank}: Reduce: IN_PLACE is only valid at "
                                     "the root")
             send = None
-            work = as_array(sendbuf, self.rank, "sendbuf").copy()
+            work = as_array(sendbuf, self.rank, "sendbuf")   # copied below if need be
         plan = plan_call(self, "reduce", work.dtype, work.size, work.nbytes, algorithm, op,
                          root)
         if plan[4] is not None and self._defer is None:
-            plan = plan[4]
+            return self._slots_call(plan[4], "reduce", work.nbytes, work, root, plan[3], send)
+        if self.rank != root:
+            work = work.copy()          # the algorithms reduce into it
         op = plan[3]
-        cc = self._coll(plan[0], plan[4] is True)
+        cc = self._coll(plan[0])
 
         def call(fn):           # recvbuf is written only once the algorithm is known
             if send is not None:
@@ -562,8 +580,8 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
         count = self._blocks(recv, send, "Allgather")
         plan = plan_call(self, "allgather", recv.dtype, count, recv.nbytes, algorithm)
         if plan[4] is not None and self._defer is None:
-            plan = plan[4]
-        cc = self._coll(plan[0], plan[4] is True)
+            return self._slots_call(plan[4], "allgather", recv.nbytes, recv, count, send)
+        cc = self._coll(plan[0])
 
         def call(fn):           # recvbuf is written only once the algorithm is known
             if send is not None:
@@ -656,19 +674,21 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
                                          f"of {recv.size} elements is not a multiple of "
                                          f"{self.size}")
             n = recv.size // self.size
-            work, out = recv.copy(), recv[:n]
+            work, out = recv, recv[:n]
         else:
             if send.size != recv.size * self.size:
                 raise InvalidBufferError(f"rank {self.rank}: Reduce_scatter_block: sendbuf "
                                          f"has {send.size} elements, expected size*"
                                          f"{recv.size} = {recv.size * self.size}")
-            work, out = send.copy(), recv
+            work, out = send, recv
         plan = plan_call(self, "reduce_scatter_block", out.dtype, out.size, work.nbytes,
                          algorithm, op)
         if plan[4] is not None and self._defer is None:
-            plan = plan[4]
+            return self._slots_call(plan[4], "reduce_scatter_block", work.nbytes, work, out,
+                                    plan[3])
+        work = work.copy()              # the algorithms reduce into it
         op = plan[3]
-        cc = self._coll(plan[0], plan[4] is True)
+        cc = self._coll(plan[0])
         self._run("reduce_scatter_block", work.nbytes, algorithm, op,
                   lambda fn: fn(cc, work, out, op), plan=plan)
 

@@ -319,12 +319,12 @@ class SharedSlots:
 
         if ufunc is not None:
             def fold(v, out):
-                ufunc(v[0], v[1], out=out)
+                ufunc(v[0], v[1], out)
                 for x in v[2:]:
-                    ufunc(out, x, out=out)
+                    ufunc(out, x, out)
         else:
             def fold(v, out):
-                np.copyto(out, v[0])
+                out[...] = v[0]
                 for x in v[1:]:
                     op.apply_left(out, x.copy())
         return fold
@@ -347,13 +347,13 @@ class SharedSlots:
             try:
                 p = self.reserve(cc)
                 if me == root:
-                    np.copyto(views[p], buf)
+                    views[p][...] = buf
                 self.announce(cc, p, nb)
                 self.await_all(cc, p)
             except ByMessages:
-                return by_messages(cc, buf, _root)
+                return by_messages(cc, buf, root)
             if me != root:
-                np.copyto(buf, views[p])
+                buf[...] = views[p]
         return run
 
     def _allreduce(self, dtype, count, root, op, by_messages, to_all=True):
@@ -361,14 +361,21 @@ class SharedSlots:
         nb, me, fold = count * dtype.itemsize, self.rank, self._reducer(op)
 
         def run(cc, buf, *rest):
+            # (cc, recv, op, send) for allreduce, (cc, work, root, op, send) for reduce;
+            # send None: IN_PLACE (recv holds the contribution)
+            src = rest[-1]
             try:
                 p = self.reserve(cc)
                 v = views[p]
-                np.copyto(v[me], buf)
+                v[me][...] = buf if src is None else src
                 self.announce(cc, p, nb)
                 self.await_all(cc, p)
             except ByMessages:
-                return by_messages(cc, buf, *rest)
+                if src is not None:
+                    buf[...] = src
+                elif not to_all and me != root:
+                    buf = buf.copy()    # a non-root's sendbuf: the algorithms reduce into it
+                return by_messages(cc, buf, *rest[:-1])
             if to_all or me == root:
                 fold(v, buf)
         return run
@@ -379,16 +386,21 @@ class SharedSlots:
     def _allgather(self, dtype, count, root, op, by_messages):
         views = self._views(dtype, 0, count)
         nb, me, peers = count * dtype.itemsize, self.rank, self.peers
+        lo, hi = me * count, (me + 1) * count
 
-        def run(cc, recv, _count):
+        def run(cc, recv, _count, src):
             try:
                 p = self.reserve(cc)
                 v = views[p]
-                np.copyto(v[me], recv[me * count:(me + 1) * count])
+                v[me][...] = recv[lo:hi] if src is None else src
                 self.announce(cc, p, nb)
                 self.await_all(cc, p)
             except ByMessages:
-                return by_messages(cc, recv, _count)
+                if src is not None:
+                    recv[lo:hi] = src
+                return by_messages(cc, recv, count)
+            if src is not None:
+                recv[lo:hi] = src
             for r in peers:
                 recv[r * count:(r + 1) * count] = v[r]
         return run
@@ -399,13 +411,13 @@ class SharedSlots:
         blocks = self._views(dtype, me * count, count)
         nb, fold = count * n * dtype.itemsize, self._reducer(op)
 
-        def run(cc, send, recv, _op):
+        def run(cc, src, out, _op):
             try:
                 p = self.reserve(cc)
-                np.copyto(whole[p], send)
+                whole[p][...] = src
                 self.announce(cc, p, nb)
                 self.await_all(cc, p)
             except ByMessages:
-                return by_messages(cc, send, recv, _op)
-            fold(blocks[p], recv)
+                return by_messages(cc, src.copy(), out, op)
+            fold(blocks[p], out)
         return run
