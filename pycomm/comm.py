@@ -686,7 +686,8 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
         if plan[4] is not None and self._defer is None:
             return self._slots_call(plan[4], "reduce_scatter_block", work.nbytes, work, out,
                                     plan[3])
-        work = work.copy()              # the algorithms reduce into it
+        if send is None:
+            work = work.copy()          # IN_PLACE: the result lands on the input
         op = plan[3]
         cc = self._coll(plan[0])
         self._run("reduce_scatter_block", work.nbytes, algorithm, op,

@@ -319,9 +319,9 @@ class SharedSlots:
 
         if ufunc is not None:
             def fold(v, out):
-                ufunc(v[0], v[1], out)
+                ufunc(v[0], v[1], out=out)
                 for x in v[2:]:
-                    ufunc(out, x, out)
+                    ufunc(out, x, out=out)
         else:
             def fold(v, out):
                 out[...] = v[0]

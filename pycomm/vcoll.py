@@ -264,7 +264,7 @@ class VectorMethods:
                                          f"{send.size} x {send.dtype} (need {total}), recvbuf "
                                          f"{recv.size} x {recv.dtype} (need "
                                          f"{counts[self.rank]})")
-            work, out = send.copy(), recv[:counts[self.rank]]
+            work, out = send, recv[:counts[self.rank]]   # the schedules only read it
         op = self._check_op(op, out.dtype)
         cc = self._coll(signature("Reduce_scatter", out.dtype, total, op=op))
         self._run("reduce_scatter", work.nbytes, algorithm, op,

@@ -188,7 +188,9 @@ def test_reduce_scatter_block(name, size, count, case):
 
     def body(cc):
         recvbuf = np.full(count, 99, dtype=dtype)
-        fn(cc, xs[cc.rank].copy(), recvbuf, op)
+        sendbuf = xs[cc.rank].copy()
+        fn(cc, sendbuf, recvbuf, op)
+        np.testing.assert_array_equal(sendbuf, xs[cc.rank])  # input untouched
         return recvbuf
 
     for rank, res in enumerate(run_fake(size, body)):

@@ -13,15 +13,18 @@ lie back to back, ``sendbuf`` has ``sum(counts)`` elements and ``recvbuf`` ``cou
 each rank folding in its own contribution, and arrives complete at rank ``b`` after
 ``p-1`` steps: in step ``s`` rank ``r`` sends its partial of block ``r-s-1`` and receives
 block ``r-s-2``. Blocks are reduced in ring order, so the op must be commutative.
-**sendbuf is overwritten** (partials accumulate in it). Time
-``(p-1)α + n(p-1)/p β + n(p-1)/p γ`` for equal blocks; scratch one (largest) block.
+With a ufunc op each step reduces the incoming partial and the rank's own block into a
+fresh partial (two alternating scratch blocks; the last step into ``recvbuf``), so the
+send buffer is only read and never copied; other ops accumulate in a copy of it. Time
+``(p-1)α + n(p-1)/p β + n(p-1)/p γ`` for equal blocks; scratch three (largest) blocks.
 
 **pairwise** (MPICH ``reduce_scatter_intra_pairwise``). In step ``k = 1..p-1`` rank ``r``
 sends block ``r+k`` of its ``sendbuf`` to rank ``r+k`` and receives rank ``r-k``'s
 contribution to block ``r``. Sources arrive as ``r-1, ..., 0, p-1, ..., r+1``, so two
 accumulators (one for ranks ``<= r``, one for ranks ``> r``, each grown on the left) give
 exact rank order: non-commutative ops are served. ``sendbuf`` is not modified. Same time as
-ring; scratch two blocks.
+ring; scratch two blocks. With a ufunc op the first contribution received is combined
+with the rank's own block straight into ``recvbuf`` (no copy of the block first).
 
 **recursive_halving** (Thakur et al. 2005, section 4.1; MPICH
 ``reduce_scatter_intra_recursive_halving`` and its non-commutative variant). Fold to ``q``
@@ -34,8 +37,10 @@ partner's block back. Time ``log2(q) α + n(q-1)/q (β + γ)`` plus, for non-pow
 ``p``, ``(ceil(n/s) + 1)α + (n + n/p)β + nγ`` (the fold in, and the block sent back). The
 fold and the halving exchanges go as segments of ``s = PYCOMM_HALVING_SEGMENT_BYTES`` (one
 ``α`` each), reduced as they arrive (:class:`~pycomm.collectives.halving.Pipe`); scratch
-``n`` (the work copy) plus two segments.
-**sendbuf may be overwritten** (on the odd ranks of the fold).
+``n`` (the work copy) plus two segments; the odd ranks of the fold reduce into a copy of
+their send buffer.
+
+No schedule modifies ``sendbuf``.
 """
 
 from __future__ import annotations
@@ -63,8 +68,7 @@ def reduce_scatter_ring(cc, sendbuf: np.ndarray, recvbuf: np.ndarray, counts, op
 
     Args:
         cc: the collective context.
-        sendbuf: 1-D C-contiguous array of ``sum(counts)`` elements; **overwritten**
-            (used as the accumulator; pass a copy to keep it).
+        sendbuf: 1-D C-contiguous array of ``sum(counts)`` elements; not modified.
         recvbuf: 1-D C-contiguous array of ``counts[rank]`` elements, not overlapping
             ``sendbuf``; receives this rank's reduced block.
         counts: elements of each rank's block (``size`` ints, the same on every rank).
@@ -73,19 +77,34 @@ def reduce_scatter_ring(cc, sendbuf: np.ndarray, recvbuf: np.ndarray, counts, op
     size, rank = cc.size, cc.rank
     displs = _displs(counts)
     left, right = ring_neighbors(rank, size)
+    ufunc = op._ufunc
+    if size > 1 and ufunc is None:
+        sendbuf = sendbuf.copy()        # the partials accumulate in it
 
     def block(b: int) -> np.ndarray:
         b %= size
         return sendbuf[displs[b]:displs[b + 1]]
 
-    scratch = take(max(counts), sendbuf.dtype)
+    widest = max(counts)
+    scratch = take(widest, sendbuf.dtype)
+    partials = [take(widest, sendbuf.dtype), take(widest, sendbuf.dtype)] if ufunc else []
+    outgoing = block(rank - 1)
     for step in range(size - 1):
         mine = block(rank - step - 2)
         incoming = scratch[:mine.size]
-        cc.sendrecv(block(rank - step - 1), right, incoming, left)
-        op.apply(incoming, mine)  # incoming: earlier ranks on the ring
+        cc.sendrecv(outgoing, right, incoming, left)
+        if ufunc is None:
+            op.apply(incoming, mine)    # incoming: earlier ranks on the ring
+            outgoing = mine
+        else:                           # out of place: sendbuf is only read
+            dest = recvbuf if step == size - 2 else partials[step & 1][:mine.size]
+            ufunc(incoming, mine, out=dest)
+            outgoing = dest
     give(scratch)
-    recvbuf[:] = block(rank)
+    for buf in partials:
+        give(buf)
+    if size == 1 or ufunc is None:
+        recvbuf[:] = block(rank)
 
 
 def reduce_scatter_pairwise(cc, sendbuf: np.ndarray, recvbuf: np.ndarray, counts, op) -> None:
@@ -106,21 +125,32 @@ def reduce_scatter_pairwise(cc, sendbuf: np.ndarray, recvbuf: np.ndarray, counts
     def block(b: int) -> np.ndarray:
         return sendbuf[displs[b]:displs[b + 1]]
 
-    recvbuf[:] = block(rank)
+    ufunc = op._ufunc
+    mine = block(rank)
+    fresh = ufunc is not None and rank > 0   # low is first made from a received block
+    if not fresh:
+        recvbuf[:] = mine
     low = recvbuf  # x_src ∘ ... ∘ x_rank for the sources seen so far (src <= rank)
     high = None    # x_src ∘ ... ∘ x_{p-1} for the sources seen so far (src > rank)
-    incoming = np.empty(count, dtype=sendbuf.dtype)
+    pool = [take(count, sendbuf.dtype), take(count, sendbuf.dtype)]
+    incoming = pool[0]
     for step in range(1, size):
         dest, source = (rank + step) % size, (rank - step) % size
         cc.sendrecv(block(dest), dest, incoming, source)
         if source < rank:
-            op.apply(incoming, low)
+            if fresh:                   # x_{rank-1} ∘ x_rank straight into recvbuf
+                ufunc(incoming, mine, out=low)
+                fresh = False
+            else:
+                op.apply(incoming, low)
         elif high is None:
-            high, incoming = incoming, np.empty(count, dtype=sendbuf.dtype)
+            high, incoming = incoming, pool[1]
         else:
             op.apply(incoming, high)
     if high is not None:
         op.apply_left(low, high)
+    for buf in pool:
+        give(buf)
 
 
 def reduce_scatter_recursive_halving(cc, sendbuf: np.ndarray, recvbuf: np.ndarray, counts,
@@ -129,8 +159,7 @@ def reduce_scatter_recursive_halving(cc, sendbuf: np.ndarray, recvbuf: np.ndarra
 
     Args:
         cc: the collective context.
-        sendbuf: 1-D C-contiguous array of ``sum(counts)`` elements; **may be
-            overwritten** (on odd ranks below ``2 * (size - pof2)``).
+        sendbuf: 1-D C-contiguous array of ``sum(counts)`` elements; not modified.
         recvbuf: 1-D C-contiguous array of ``counts[rank]`` elements, not overlapping
             ``sendbuf``; receives this rank's reduced block.
         counts: elements of each rank's block (``size`` ints, the same on every rank).
@@ -157,6 +186,8 @@ def reduce_scatter_recursive_halving(cc, sendbuf: np.ndarray, recvbuf: np.ndarra
     # The fold receives a whole vector; halving at most the larger half of the first step.
     half = offs[pof2 // 2]
     pipe = Pipe(sendbuf.dtype, total if rem else max(half, total - half))
+    if rank < 2 * rem:
+        sendbuf = sendbuf.copy()        # the fold's odd ranks reduce into it
     new_rank = fold_in(cc, sendbuf, op, pipe)
     if new_rank is None:  # an even rank of the fold: its block comes back from rank + 1
         pipe.close()
@@ -181,7 +212,7 @@ def reduce_scatter_recursive_halving(cc, sendbuf: np.ndarray, recvbuf: np.ndarra
 def reduce_scatter_block_ring(cc, sendbuf: np.ndarray, recvbuf: np.ndarray, op) -> None:
     """Ring reduce-scatter with equal blocks of ``recvbuf.size`` elements.
 
-    Args as :func:`reduce_scatter_ring` without ``counts``; **sendbuf is overwritten**.
+    Args as :func:`reduce_scatter_ring` without ``counts``.
     """
     reduce_scatter_ring(cc, sendbuf, recvbuf, [recvbuf.size] * cc.size, op)
 
@@ -198,7 +229,6 @@ def reduce_scatter_block_recursive_halving(cc, sendbuf: np.ndarray, recvbuf: np.
                                            op) -> None:
     """Recursive-halving reduce-scatter with equal blocks, in rank order.
 
-    Args as :func:`reduce_scatter_recursive_halving` without ``counts``; **sendbuf may be
-    overwritten**.
+    Args as :func:`reduce_scatter_recursive_halving` without ``counts``.
     """
     reduce_scatter_recursive_halving(cc, sendbuf, recvbuf, [recvbuf.size] * cc.size, op)
