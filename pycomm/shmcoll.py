@@ -145,6 +145,9 @@ class SharedSlots:
         self._bells = shm.doorbells([comm._world[r] for r in self.peers])
         self._written = [False, False]
         self._synced = -1               # the last call whose every header this rank saw
+        # Where ranks outnumber cores (the engine then yields while it waits), the peer a
+        # rank waits for may need this very core: poll a few times, then yield at once.
+        self._polls = 4 if self.engine.yield_s > 0 else _SPIN
 
     # -- arrival ------------------------------------------------------------------------
     def enter(self, seq: int, slow: bool) -> None:
@@ -199,7 +202,7 @@ class SharedSlots:
         for r in self.peers:
             h = headers[r][p]
             if h[0] != s1:
-                for _ in range(_SPIN):
+                for _ in range(self._polls):
                     if h[0] == s1:
                         break
                 else:
@@ -254,12 +257,13 @@ class SharedSlots:
         if err is not None:
             raise err
         # Spin a while first (the peer is usually a few microseconds behind), then let
-        # the engine wait: progress, liveness, the kernel sleep, the timeout.
-        end = _perf() + eng.spin_s
-        while _perf() < end:
-            for _ in range(_SPIN):
-                if ready():
-                    return
+        # the engine wait: progress, liveness, yielding, the kernel sleep, the timeout.
+        if not eng.yield_s:
+            end = _perf() + eng.spin_s
+            while _perf() < end:
+                for _ in range(_SPIN):
+                    if ready():
+                        return
 
         def cond():
             if ready():
