@@ -328,6 +328,36 @@ def test_a_blocking_call_matches_its_nonblocking_twin(world):
         assert x == [n * (n + 1) / 2] * 8 and y == [5.0] * 4 and z == [float(n)] * 2
 
 
+def _beside_a_nonblocking_collective(rounds):
+    """Slot calls in this thread while the progress thread runs a large Iallreduce on the
+    same communicator (posted first, as MPI orders collectives) and on a duplicate."""
+    comm = pycomm.COMM_WORLD
+    dup = comm.Dup()
+    r, n = comm.rank, comm.size
+    bad = []
+    for i in range(rounds):
+        big = np.full(200_000, float(r + i))
+        other = np.full(50_000, 1.0)
+        reqs = [comm.Iallreduce(pycomm.IN_PLACE, big), dup.Iallreduce(pycomm.IN_PLACE, other)]
+        for j in range(5):
+            x = np.full(3, float(r * j + i))
+            comm.Allreduce(pycomm.IN_PLACE, x)
+            y = np.array([float(r)])
+            dup.Bcast(y, root=j % n)
+            if x[0] != sum(k * j + i for k in range(n)) or y[0] != j % n:
+                bad.append((i, j, x[0], y[0]))
+        pycomm.Request.Waitall(reqs)
+        if big[0] != sum(k + i for k in range(n)) or other[0] != n:
+            bad.append((i, "big", big[0], other[0]))
+    dup.Free()
+    return bad
+
+
+def test_slot_calls_beside_a_nonblocking_collective_in_flight(world):
+    for rank, bad in enumerate(world.run(_beside_a_nonblocking_collective, 4)):
+        assert bad == [], (rank, bad[:4])
+
+
 # -- failures, on whole jobs ----------------------------------------------------------------
 def _launch(tmp_path, program: str, n: int = 2, env: dict | None = None):
     prog = tmp_path / "prog.py"
