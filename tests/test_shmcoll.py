@@ -33,6 +33,7 @@ import pytest
 import pycomm
 from conftest import World
 from pycomm.plan import SHARED_SLOTS, plan_call
+from pycomm.shmcoll import MAX_COMMS
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -253,8 +254,9 @@ def _sub_communicators():
     last = dups[-1]
     y = np.array([1.0])
     last.Allreduce(pycomm.IN_PLACE, y)
-    out = (x[0], half._slots is not None or half.size == 1, last._cid,
-           last._slots is None, y[0])
+    # context ids below MAX_COMMS have slots (a long-lived test world may be past them)
+    out = (x[0], (half._slots is not None) == (half._cid < MAX_COMMS and half.size > 1),
+           last._cid, last._slots is None, y[0])
     for d in dups:
         d.Free()
     half.Free()
@@ -403,6 +405,23 @@ def test_a_peer_that_left_during_a_slot_wait_is_named(tmp_path):
         """)
     out = proc.stdout + proc.stderr
     assert "LEFT" in out and "rank 1 has left" in out, out
+
+
+def test_a_fresh_jobs_sub_communicators_take_slots(tmp_path):
+    proc = _launch(tmp_path, """
+        import numpy as np, pycomm
+        comm = pycomm.init()
+        half = comm.Split(comm.rank % 2, comm.rank)
+        x = np.array([float(comm.rank)])
+        half.Allreduce(pycomm.IN_PLACE, x)
+        print("RESULT", half._cid, half._slots is not None, x[0], flush=True)
+        """, n=4)
+    assert proc.returncode == 0, proc.stderr
+    lines = sorted(line.split("RESULT")[1].split() for line in proc.stdout.splitlines()
+                   if "RESULT" in line)
+    assert len(lines) == 4 and all(int(cid) < MAX_COMMS and took == "True"
+                                   for cid, took, _ in lines), proc.stdout
+    assert sorted(float(v) for *_, v in lines) == [2.0, 2.0, 4.0, 4.0], proc.stdout
 
 
 def test_slots_off_by_variable(tmp_path):
