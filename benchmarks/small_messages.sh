@@ -12,6 +12,7 @@
 set -u
 cd "$(dirname "$0")/.."
 base=${1:-benchmarks/results/compare/$(date -u +%Y-%m-%d-%H%M)}
+if [ -e "$base" ]; then base="$base-$(date -u +%S)"; fi   # never overwrite a run
 common=(--transports shm --auto-only --no-ceiling)
 for pass in a b; do
   out=$base/pass-$pass
