@@ -151,8 +151,20 @@ class SharedSlots:
 
     # -- arrival ------------------------------------------------------------------------
     def enter(self, seq: int, slow: bool) -> None:
-        """Say that this rank entered call ``seq`` (``slow``: by messages)."""
+        """Say that this rank entered call ``seq`` (``slow``: by messages).
+
+        A call by messages rings the peers' doorbells: a peer asleep waiting for this
+        rank's header learns that it will not come (a slot call rings them when it
+        publishes its header, see :meth:`announce`)."""
         self.arrival[self.rank][0] = seq << 2 | 2 | slow
+        if slow:
+            self._ring()
+
+    def _ring(self) -> None:
+        for c, fx in self._bells:
+            c[0] = (c[0] + 1) & 0xFFFFFFFF
+            if c[1]:
+                futex_wake(fx)
 
     # -- the steps of every call --------------------------------------------------------
     def reserve(self, cc) -> int:
@@ -183,7 +195,7 @@ class SharedSlots:
         h[2] = sig[1]
         h[3] = nbytes
         h[0] = cc.tag + 1               # last: it makes the slot valid
-        for c, fx in self._bells:
+        for c, fx in self._bells:       # (self._ring, inlined: every slot call does it)
             c[0] = (c[0] + 1) & 0xFFFFFFFF
             if c[1]:
                 futex_wake(fx)
@@ -252,7 +264,7 @@ class SharedSlots:
         eng, shm = self.engine, self.shm
         peer = self.comm._world[r]
         ctx, tag = cc.ctx, cc.tag
-        state = [eng.abort_count]
+        seen = eng.abort_count
         err = eng.aborted_error(ctx, tag)   # abandoned before this rank began to wait
         if err is not None:
             raise err
@@ -265,12 +277,13 @@ class SharedSlots:
                     if ready():
                         return
 
+        # No state: the progress thread may evaluate this too (ShmTransport.block runs
+        # the watches), and must not use up what this thread has to see.
         def cond():
             if ready():
                 return True
-            if eng.abort_count != state[0]:
-                state[0] = eng.abort_count
-                return eng.aborted_error(ctx, tag) is not None
+            if eng.abort_count != seen and eng.aborted_error(ctx, tag) is not None:
+                return True
             return shm.said_goodbye(peer)
         shm.watches.append(cond)
         try:
@@ -421,7 +434,8 @@ class SharedSlots:
                 whole[p][...] = src
                 self.announce(cc, p, nb)
                 self.await_all(cc, p)
-            except ByMessages:
-                return by_messages(cc, src.copy(), out, op)
+            except ByMessages:              # IN_PLACE: the result lands on the input
+                return by_messages(cc, src.copy() if np.shares_memory(src, out) else src,
+                                   out, op)
             fold(blocks[p], out)
         return run

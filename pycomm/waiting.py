@@ -392,6 +392,10 @@ class Waiting:
                         tr.block(min(slice_, 0.001))
             finally:
                 self._blocker.release()
+            # Whatever woke this thread (a frame, or a peer's shared-memory slot, which
+            # progress() does not see) may be what the other thread waits for: wake it.
+            with self._cv:
+                self._cv.notify_all()
             return
         with self._cv:
             if not cond():

@@ -424,6 +424,84 @@ def test_a_fresh_jobs_sub_communicators_take_slots(tmp_path):
     assert sorted(float(v) for *_, v in lines) == [2.0, 2.0, 4.0, 4.0], proc.stdout
 
 
+# -- waits that must end as soon as their cause is there (bounds far above the fix, far
+#    below the defect: a missed wake-up costs the 0.25 s liveness tick, or 50 ms slices)
+def test_a_peer_entering_by_messages_wakes_the_slot_waiters(tmp_path):
+    proc = _launch(tmp_path, """
+        import time, numpy as np, pycomm
+        comm = pycomm.init()
+        buf = np.arange(4.0) if comm.rank == 0 else np.zeros(4)
+        comm.Barrier()
+        t = time.perf_counter()
+        for i in range(8):      # rank 1 runs the I-variant: the root must fall back, at once
+            if comm.rank == 1:
+                time.sleep(0.005)
+                comm.Ibcast(buf, root=0).Wait()
+            else:
+                comm.Bcast(buf, root=0)
+        print("TOOK", round(time.perf_counter() - t, 3), buf.tolist(), flush=True)
+        """)
+    assert proc.returncode == 0, proc.stderr
+    for line in [ln for ln in proc.stdout.splitlines() if "TOOK" in ln]:
+        took = float(line.split("TOOK")[1].split()[0])
+        assert took < 1.0, proc.stdout             # was 8 x 0.25 s
+        assert "[0.0, 1.0, 2.0, 3.0]" in line
+
+
+def test_slot_waits_beside_a_pending_nonblocking_collective_wake_promptly(tmp_path):
+    proc = _launch(tmp_path, """
+        import time, numpy as np, pycomm
+        comm = pycomm.init()
+        dup = comm.Dup()
+        comm.Barrier()
+        req = dup.Ibarrier() if comm.rank == 0 else None   # a progress thread, asleep
+        time.sleep(0.1)
+        t = time.perf_counter()
+        for i in range(20):
+            if comm.rank == 1:
+                time.sleep(0.003)
+            comm.Barrier()
+        print("TOOK", round(time.perf_counter() - t, 3), flush=True)
+        if comm.rank == 1:
+            dup.Barrier()
+        else:
+            req.Wait()
+        """)
+    assert proc.returncode == 0, proc.stderr
+    took = [float(ln.split("TOOK")[1]) for ln in proc.stdout.splitlines() if "TOOK" in ln]
+    assert len(took) == 2 and max(took) < 0.8, proc.stdout     # was 20 x 55 ms
+
+
+def test_an_abandoned_call_reaches_a_slot_waiter_beside_a_nonblocking_collective(tmp_path):
+    proc = _launch(tmp_path, """
+        import time, numpy as np, pycomm
+        comm = pycomm.init()
+        dup = comm.Dup()
+        x, y = np.ones(4), np.empty(4)
+        comm.Allreduce(x, y)
+        req = dup.Ibarrier() if comm.rank == 1 else None   # its thread also runs the watches
+        comm.Barrier()
+        if comm.rank == 0:
+            time.sleep(0.1)
+            try:
+                comm.Allreduce(x, np.empty(3))   # a bad argument: the call is abandoned
+            except pycomm.CommError:
+                pass
+            time.sleep(4)                        # away: no message of rank 0 wakes rank 1
+            dup.Barrier()
+        else:
+            t = time.perf_counter()
+            try:
+                comm.Allreduce(x, y)
+            except pycomm.CollectiveError as exc:
+                print("RAISED", round(time.perf_counter() - t, 3), flush=True)
+            req.Wait()
+        """)
+    assert proc.returncode == 0, proc.stderr
+    line = [ln for ln in proc.stdout.splitlines() if "RAISED" in ln]
+    assert line and float(line[0].split("RAISED")[1]) < 2.0, proc.stdout
+
+
 def test_slots_off_by_variable(tmp_path):
     proc = _launch(tmp_path, """
         import numpy as np, pycomm

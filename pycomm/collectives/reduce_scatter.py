@@ -186,7 +186,7 @@ def reduce_scatter_recursive_halving(cc, sendbuf: np.ndarray, recvbuf: np.ndarra
     # The fold receives a whole vector; halving at most the larger half of the first step.
     half = offs[pof2 // 2]
     pipe = Pipe(sendbuf.dtype, total if rem else max(half, total - half))
-    if rank < 2 * rem:
+    if rank < 2 * rem and rank & 1:
         sendbuf = sendbuf.copy()        # the fold's odd ranks reduce into it
     new_rank = fold_in(cc, sendbuf, op, pipe)
     if new_rank is None:  # an even rank of the fold: its block comes back from rank + 1
