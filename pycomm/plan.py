@@ -67,8 +67,10 @@ def takes_slots(comm, collective: str, nbytes: int, algorithm) -> bool:
     counts them) with ``algorithm=`` goes through shared-memory slots on ``comm``."""
     if algorithm not in (None, "auto") or collective not in _SLOT_BYTES:
         return False
-    if algorithm is None and config.algorithm_override(collective) is not None:
-        return False
+    if algorithm is None:
+        forced = config.algorithm_override(collective)
+        if forced is not None and forced.lower() != "auto":
+            return False
     slots = slots_of(comm)
     return slots is not None and _SLOT_BYTES[collective](nbytes, comm.size) <= min(
         slots.limit, config.get("PYCOMM_SHM_COLL_BYTES"))

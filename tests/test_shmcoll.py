@@ -195,6 +195,22 @@ def _override_env():
     return forced, x.tolist()
 
 
+def _override_auto():
+    comm = pycomm.COMM_WORLD
+    os.environ["PYCOMM_ALGORITHM_ALLREDUCE"] = "auto"
+    try:
+        pycomm.config.reload()
+        return plan_call(comm, "allreduce", np.dtype(np.float64), 1, 8, None,
+                         pycomm.SUM)[4] is not None
+    finally:
+        del os.environ["PYCOMM_ALGORITHM_ALLREDUCE"]
+        pycomm.config.reload()
+
+
+def test_an_override_of_auto_keeps_the_slots(world):
+    assert world.run(_override_auto) == [True] * world.size
+
+
 def test_a_forced_algorithm_is_honoured(world):
     for forced, x in world.run(_override_env):
         assert not forced and x == [float(world.size)] * 4
