@@ -63,7 +63,7 @@ from .signature import describe, empty_match
 
 __all__ = ["MAX_COMMS", "ByMessages", "SharedSlots", "area_bytes", "slots_for"]
 
-MAX_COMMS = 16          # communicator blocks per rank's area (context ids 0..15)
+MAX_COMMS = 64          # communicator blocks per rank's area (context ids 0..63)
 _HDR = 64               # bytes of the arrival word's line and of each slot header
 _SEQ_MASK = 0x7FFFFFFF  # the communicator's sequence numbers wrap at 2**31
 _HALF = 1 << 30

@@ -266,7 +266,7 @@ def _sub_communicators():
     half = comm.Split(r % 2, r)
     x = np.array([float(r)])
     half.Allreduce(pycomm.IN_PLACE, x)
-    dups = [comm.Dup() for _ in range(17)]          # context ids past the area
+    dups = [comm.Dup() for _ in range(MAX_COMMS + 1)]   # context ids past the area
     last = dups[-1]
     y = np.array([1.0])
     last.Allreduce(pycomm.IN_PLACE, y)
@@ -284,7 +284,7 @@ def test_sub_communicators_use_their_own_slots_and_late_ids_use_messages(world):
     for r, (x, half_slots, cid, last_messages, y) in enumerate(world.run(_sub_communicators)):
         assert x == sum(k for k in range(n) if k % 2 == r % 2)
         assert half_slots
-        assert cid >= 16 and last_messages
+        assert cid >= MAX_COMMS and last_messages
         assert y == n
 
 
