@@ -69,6 +69,7 @@ _SEQ_MASK = 0x7FFFFFFF  # the communicator's sequence numbers wrap at 2**31
 _HALF = 1 << 30
 _SPIN = 64              # polls of a peer's header between clock reads
 _perf = time.perf_counter
+_DEPARTED_S = 0.25      # a departed peer is reported after this (the engine's liveness tick)
 
 
 class ByMessages(Exception):
@@ -277,6 +278,11 @@ class SharedSlots:
                     if ready():
                         return
 
+        # A peer that closed pycomm is noticed after _DEPARTED_S, as the engine's liveness
+        # check notices it for a message wait (a launcher that saw that rank exit is
+        # meanwhile stopping this one, which then need not report a failure of its own).
+        departed_from = _perf() + _DEPARTED_S
+
         # No state: the progress thread may evaluate this too (ShmTransport.block runs
         # the watches), and must not use up what this thread has to see.
         def cond():
@@ -284,7 +290,7 @@ class SharedSlots:
                 return True
             if eng.abort_count != seen and eng.aborted_error(ctx, tag) is not None:
                 return True
-            return shm.said_goodbye(peer)
+            return shm.said_goodbye(peer) and _perf() >= departed_from
         shm.watches.append(cond)
         try:
             while not ready():
@@ -293,7 +299,7 @@ class SharedSlots:
                 err = eng.aborted_error(ctx, tag)
                 if err is not None:
                     raise err
-                if not ready() and shm.said_goodbye(peer):
+                if not ready() and shm.said_goodbye(peer) and _perf() >= departed_from:
                     raise PeerError(f"rank {self.rank}: rank {r} has left: it closed pycomm "
                                     "(its program ended) while this rank waits for it",
                                     peer)
