@@ -139,7 +139,7 @@ def test_every_slot_collective_gives_numpys_answer_in_rank_order(world, dtype, c
 
 def _pairs_maxloc():
     comm = pycomm.COMM_WORLD
-    r, n = comm.rank, comm.size
+    r = comm.rank
     dt = pycomm.ops.pair_dtype(np.float64)
     x = np.zeros(3, dt)
     x["val"] = [r % 2, -r, 5.0]        # ties on the last element: the lowest index wins
