@@ -76,13 +76,13 @@ def takes_slots(comm, collective: str, nbytes: int, algorithm) -> bool:
         slots.limit, config.get("PYCOMM_SHM_COLL_BYTES"))
 
 
-def _fast_plan(comm, collective, dtype, count, root, nbytes, algorithm, plan):
-    """The plan through shared-memory slots that may replace ``plan``, or None."""
+def _fast_plan(comm, collective, dtype, count, root, nbytes, algorithm, sig, fn, op):
+    """The plan through shared-memory slots that may replace the message plan
+    ``(sig, ..., fn, op)``, or None."""
     if not takes_slots(comm, collective, nbytes, algorithm):
         return None
-    return (plan[0], SHARED_SLOTS,
-            comm._slots.kernel(collective, dtype, count, root, plan[3], plan[2]), plan[3],
-            True)
+    return (sig, SHARED_SLOTS, comm._slots.kernel(collective, dtype, count, root, op, fn),
+            op, True)
 
 
 def plan_call(comm, collective: str, dtype, count: int, nbytes: int, algorithm,
@@ -122,9 +122,9 @@ def plan_call(comm, collective: str, dtype, count: int, nbytes: int, algorithm,
         op = comm._check_op(op, dtype)
     name, fn = comm._choose(collective, nbytes, algorithm,
                             op.commutative if op is not None else True)
-    plan = (signature(_CALL_NAMES[collective], dtype, count, root, op), name, fn, op, None)
-    plan = (*plan[:4], _fast_plan(comm, collective, dtype, count, root, nbytes,
-                                          algorithm, plan))
+    sig = signature(_CALL_NAMES[collective], dtype, count, root, op)
+    plan = (sig, name, fn, op, _fast_plan(comm, collective, dtype, count, root, nbytes,
+                                          algorithm, sig, fn, op))
     if getattr(comm, "transport_name", None) is not None:
         if plans is None or comm._plans_gen != config.generation or len(plans) >= MAX_PLANS:
             plans = comm._plans = {}

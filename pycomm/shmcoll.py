@@ -56,8 +56,6 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from transports.linux import futex_wake
-
 from .errors import CollectiveMismatchError, PeerError
 from .signature import describe, empty_match
 
@@ -159,13 +157,8 @@ class SharedSlots:
         publishes its header, see :meth:`announce`)."""
         self.arrival[self.rank][0] = seq << 2 | 2 | slow
         if slow:
-            self._ring()
-
-    def _ring(self) -> None:
-        for c, fx in self._bells:
-            c[0] = (c[0] + 1) & 0xFFFFFFFF
-            if c[1]:
-                futex_wake(fx)
+            for ring in self._bells:
+                ring()
 
     # -- the steps of every call --------------------------------------------------------
     def reserve(self, cc) -> int:
@@ -196,10 +189,8 @@ class SharedSlots:
         h[2] = sig[1]
         h[3] = nbytes
         h[0] = cc.tag + 1               # last: it makes the slot valid
-        for c, fx in self._bells:       # (self._ring, inlined: every slot call does it)
-            c[0] = (c[0] + 1) & 0xFFFFFFFF
-            if c[1]:
-                futex_wake(fx)
+        for ring in self._bells:
+            ring()
 
     def await_all(self, cc, p: int) -> None:
         """Wait until every peer has published call ``cc.tag``; check their signatures.

@@ -33,7 +33,7 @@ import pytest
 import pycomm
 from conftest import World
 from pycomm.plan import SHARED_SLOTS, plan_call
-from pycomm.shmcoll import MAX_COMMS
+from pycomm.shmcoll import MAX_COMMS, area_bytes
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -374,6 +374,47 @@ def _beside_a_nonblocking_collective(rounds):
 def test_slot_calls_beside_a_nonblocking_collective_in_flight(world):
     for rank, bad in enumerate(world.run(_beside_a_nonblocking_collective, 4)):
         assert bad == [], (rank, bad[:4])
+
+
+def _tcp_choices():
+    comm = pycomm.COMM_WORLD
+    return (comm._slots, comm.chosen_algorithm("allreduce", 8),
+            comm.chosen_algorithm("barrier", 0))
+
+
+def test_a_tcp_world_has_no_slots():
+    for slots, allreduce, barrier in World(3, "tcp").run(_tcp_choices):
+        assert slots is None and "shared_slots" not in (allreduce, barrier)
+
+
+def test_ranks_of_a_host_that_disagree_on_the_area_size_fail_at_connect():
+    import threading
+    import uuid
+
+    from test_transports import DictStore
+    from transports import TransportError
+    from transports.shm import ShmTransport
+    store, job = DictStore(), "t" + uuid.uuid4().hex[:8]
+    sizes = [area_bytes(LIMIT), area_bytes(2 * LIMIT)]
+    ts = [ShmTransport(r, 2, job, b"k" * 32, None, coll_bytes=sizes[r]) for r in range(2)]
+    errors: list = [None, None]
+
+    def connect(r):
+        try:
+            ts[r].connect(store, [1 - r], 10.0)
+        except Exception as exc:
+            errors[r] = exc
+
+    threads = [threading.Thread(target=connect, args=(r,)) for r in range(2)]
+    try:
+        [t.start() for t in threads]
+        [t.join() for t in threads]
+    finally:
+        for t in ts:
+            t.close()
+    assert all(isinstance(e, TransportError) and "PYCOMM_SHM_COLL_BYTES differs" in str(e)
+               for e in errors), errors
+    assert not [f for f in os.listdir("/dev/shm") if job in f]     # nothing left behind
 
 
 # -- failures, on whole jobs ----------------------------------------------------------------

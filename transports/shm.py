@@ -260,11 +260,10 @@ class ShmTransport(Transport):
         seg, off = at
         return seg.view[off:off + self.coll_bytes]
 
-    def doorbells(self, ranks: list[int]) -> list[tuple[memoryview, ctypes.c_void_p]]:
-        """``(control words, futex address)`` of each peer's doorbell, for a caller that
-        rings them itself (bump word 0; ``FUTEX_WAKE`` when word 1, waiting, is set), as
-        :meth:`_Segment.ring_doorbell` does."""
-        return [(self._others[r].ctl32, self._others[r].futex) for r in ranks]
+    def doorbells(self, ranks: list[int]) -> list:
+        """A function per peer of ``ranks`` that rings its doorbell (it may sleep waiting
+        for something this rank wrote outside the rings)."""
+        return [self._others[r].ring_doorbell for r in ranks]
 
     def said_goodbye(self, rank: int) -> bool:
         """Whether peer ``rank`` has closed pycomm cleanly (its program ended)."""
@@ -447,9 +446,8 @@ class ShmTransport(Transport):
         return False
 
     def _changed(self) -> bool:
-        for ring in self._in:
-            if ring.ctl[_HEAD] != ring.seen_head:
-                return True
+        if self.has_input():
+            return True
         for ring in self._pending:
             if ring.ctl[_TAIL] != ring.seen_tail:
                 return True
