@@ -73,6 +73,8 @@ class JobEnv:
     job_id: str
     launcher: str
     host_store: bool = False        # this rank must host the rendezvous store
+    local_rank: int | None = None   # as the launcher says (the world's host_layout is
+    local_size: int | None = None   # measured, not taken from these)
 
 
 def _first_slurm_host(nodelist: str) -> str:
@@ -291,10 +293,12 @@ def _choose_transports(name: str, rank: int, infos: list[dict]) -> dict[str, lis
     return chosen
 
 
-def create_world(**options):
+def create_world(job: JobEnv | None = None, **options):
     """Create COMM_WORLD: connect to the store, link every peer, run the init barrier.
 
     Args:
+        job: who this rank is and where the store is; default :func:`detect` (the
+            environment). :mod:`pycomm.ray` passes its own.
         transport: "auto" (default, or ``PYCOMM_TRANSPORT``), "shm", "tcp" or "rdma".
         timeout: seconds for start-up and the default for every wait (``PYCOMM_TIMEOUT``).
         eager_limit: bytes (``PYCOMM_EAGER_LIMIT``).
@@ -312,7 +316,7 @@ def create_world(**options):
     if unknown:
         raise ArgumentError(f"pycomm.init: unknown option(s) {sorted(unknown)}; known: "
                             f"{sorted(known)}")
-    je = detect()
+    je = detect() if job is None else job
     transport = options.get("transport") or config.get("PYCOMM_TRANSPORT")
     try:
         port_range = config.get("PYCOMM_PORT_RANGE")
@@ -321,7 +325,7 @@ def create_world(**options):
     if transport not in ("auto", "shm", "tcp", "rdma"):
         raise ArgumentError(f"transport={transport!r} is invalid; use auto, shm, tcp or rdma")
     timeout = float(options.get("timeout") or config.get("PYCOMM_TIMEOUT"))
-    local_size = config.get("PYCOMM_LOCAL_SIZE") or je.size
+    local_size = config.get("PYCOMM_LOCAL_SIZE") or je.local_size or je.size
     spin_us = options.get("spin_us", config.get("PYCOMM_SPIN_US"))
     yield_us = config.get("PYCOMM_YIELD_US")
     engine = Engine(je.rank, je.size,
