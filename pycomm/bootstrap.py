@@ -2,23 +2,33 @@
 
 Launchers understood, in this order (the first whose variables are set wins):
 
-=============== ============================================ =============================
-launcher        rank / size                                  store address
-=============== ============================================ =============================
-pycomm          PYCOMM_RANK / PYCOMM_WORLD_SIZE              PYCOMM_MASTER_ADDR/PORT
-                                                             (hosted by the launcher)
-torchrun        RANK / WORLD_SIZE (LOCAL_RANK)               MASTER_ADDR, MASTER_PORT + 1
-                                                             (hosted by rank 0)
-SLURM (srun)    SLURM_PROCID / SLURM_NTASKS                  MASTER_ADDR or the first host
-                                                             of SLURM_STEP_NODELIST,
-                                                             MASTER_PORT+1 or from the job id
-mpiexec         PMI_RANK / PMI_SIZE (MPICH, Hydra),          MASTER_ADDR, else Open MPI's
-                OMPI_COMM_WORLD_RANK / _SIZE (Open MPI)      mpirun host (from its HNP
-                                                             URI), else 127.0.0.1; port
-                                                             from MASTER_PORT or the
-                                                             launcher's pid
-none            a world of size 1                            none
-=============== ============================================ =============================
+=============== ========================================= ================================
+launcher        rank / size (local rank / size)           store address
+=============== ========================================= ================================
+pycomm          PYCOMM_RANK / PYCOMM_WORLD_SIZE           PYCOMM_MASTER_ADDR/PORT
+                                                          (hosted by the launcher)
+torchrun        RANK / WORLD_SIZE                         MASTER_ADDR, MASTER_PORT + 1
+                (LOCAL_RANK / LOCAL_WORLD_SIZE)           (hosted by rank 0)
+SLURM (srun)    SLURM_PROCID / SLURM_NTASKS               MASTER_ADDR or the first host of
+                (SLURM_LOCALID / SLURM_STEP_TASKS_PER_    SLURM_STEP_NODELIST ('node[01-
+                NODE at SLURM_NODEID, or SLURM_NTASKS_    04]' -> node01); MASTER_PORT + 1
+                PER_NODE)                                 or a port from the job id
+mpiexec, Hydra  PMI_RANK / PMI_SIZE                       one host: 127.0.0.1, a port from
+                (MPI_LOCALRANKID / MPI_LOCALNRANKS)       the launcher's proxy; more hosts:
+                                                          MASTER_ADDR and MASTER_PORT + 1
+                                                          (Hydra names no host of rank 0)
+mpiexec, Open   OMPI_COMM_WORLD_RANK / _SIZE              MASTER_ADDR, else mpirun's host
+MPI             (OMPI_COMM_WORLD_LOCAL_RANK / _LOCAL_     from OMPI_MCA_orte_hnp_uri (<= 4);
+                SIZE)                                     port from MASTER_PORT + 1, the
+                                                          HNP URI or PMIX_NAMESPACE (5)
+Ray             :mod:`pycomm.ray` builds the JobEnv       its group's directory actor
+none            a world of size 1                         none
+=============== ========================================= ================================
+
+Where the store's host is derived (not given), rank 0 checks that it is an address of its
+own host and says what to set when not (a non-block SLURM distribution, an mpirun on a
+login node), rather than leaving the others to wait for a store nobody serves; a
+multi-host mpiexec whose variables name no host of rank 0 is the same clear error.
 
 ``PYCOMM_MASTER_ADDR`` / ``PYCOMM_MASTER_PORT`` override the derived address for every
 launcher. Under an external launcher rank 0 hosts the store in a background thread. The
@@ -75,17 +85,35 @@ class JobEnv:
     host_store: bool = False        # this rank must host the rendezvous store
     local_rank: int | None = None   # as the launcher says (the world's host_layout is
     local_size: int | None = None   # measured, not taken from these)
+    addr_from: str | None = None    # the variable master_addr was derived from, if derived
 
 
 def _first_slurm_host(nodelist: str) -> str:
-    """First hostname of a SLURM compressed list, e.g. 'gpu[03-07,9],cpu1' -> 'gpu03'."""
-    m = re.match(r"([^,\[]+)(\[([^\]]+)\])?", nodelist.strip())
-    if not m:
-        return nodelist
-    prefix, _, ranges = m.groups()
-    if not ranges:
-        return prefix
-    return prefix + ranges.split(",")[0].split("-")[0]
+    """First hostname of a SLURM hostlist expression.
+
+    E.g. 'gpu[03-07,9],cpu1' -> 'gpu03'; 'node[1-2]-ib' -> 'node1-ib';
+    'rack[2-3]-n[01-04]' -> 'rack2-n01' (every bracket's first value, zero padding kept).
+    """
+    entry = re.split(r",(?![^\[]*\])", nodelist.strip())[0]      # commas outside brackets
+    return re.sub(r"\[([^\]]*)\]", lambda m: re.split(r"[,-]", m.group(1))[0], entry)
+
+
+def _slurm_tasks_on_node(spec: str, node: int) -> int | None:
+    """Tasks on node ``node`` (0-based) from SLURM's '2(x3),1' form; None if unknown."""
+    counts: list[int] = []
+    for part in spec.split(","):
+        m = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
+        if not m:
+            return None
+        counts += [int(m.group(1))] * int(m.group(2) or 1)
+    return counts[node] if 0 <= node < len(counts) else None
+
+
+def _int_or_none(value: str | None) -> int | None:
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
 
 
 def _is_loopback(addr: str) -> bool:
@@ -95,6 +123,27 @@ def _is_loopback(addr: str) -> bool:
         return ipaddress.ip_address(addr).is_loopback
     except ValueError:
         return False
+
+
+def _check_store_host(je: JobEnv) -> None:
+    """Rank 0 hosts the store at the address the other ranks derived: say so at once when
+    that address is not this host's (the others would wait for a store nobody serves).
+
+    Raises:
+        ArgumentError: naming the address, this host and what to set.
+    """
+    if not (je.host_store and je.addr_from and je.master_addr) or \
+            _is_loopback(je.master_addr):
+        return              # an address the user gave (MASTER_ADDR) may be a proxy's
+    try:
+        ip = socket.getaddrinfo(je.master_addr, None, socket.AF_INET)[0][4][0]
+        with socket.socket() as probe:
+            probe.bind((ip, 0))
+    except OSError as exc:
+        raise ArgumentError(
+            f"{je.launcher}: rank 0 hosts the rendezvous store at {je.master_addr}, the host "
+            f"{je.addr_from} names, but that is not an address of this host "
+            f"({socket.gethostname()}): {exc}; set MASTER_ADDR to rank 0's host") from None
 
 
 def listen_address(master_addr: str | None, master_port: int | None = None) -> str:
@@ -171,7 +220,8 @@ def detect(environ: dict[str, str] | None = None) -> JobEnv:
         port = over_port or (int(env["MASTER_PORT"]) + 1 if "MASTER_PORT" in env else None)
         job = env.get("TORCHELASTIC_RUN_ID", "torchrun")
         je = JobEnv(rank, size, addr, port, token_or(job, addr, port), f"t{port}", "torchrun",
-                    host_store=rank == 0)
+                    host_store=rank == 0, local_rank=_int_or_none(env.get("LOCAL_RANK")),
+                    local_size=_int_or_none(env.get("LOCAL_WORLD_SIZE")))
     elif "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
         rank, size = int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"])
         jobid = env.get("SLURM_JOB_ID", "0") + "." + env.get("SLURM_STEP_ID", "0")
@@ -180,23 +230,49 @@ def detect(environ: dict[str, str] | None = None) -> JobEnv:
         port = over_port or (int(env["MASTER_PORT"]) + 1 if "MASTER_PORT" in env else
                              20000 + int(hashlib.sha256(jobid.encode()).hexdigest(), 16)
                              % 20000)
+        per_node = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
+        node = _int_or_none(env.get("SLURM_NODEID")) or 0
+        local_size = (_slurm_tasks_on_node(per_node, node) if per_node else
+                      _int_or_none(env.get("SLURM_NTASKS_PER_NODE")))
         je = JobEnv(rank, size, addr, port, token_or(jobid), f"s{jobid}", "slurm",
-                    host_store=rank == 0)
+                    host_store=rank == 0, local_rank=_int_or_none(env.get("SLURM_LOCALID")),
+                    local_size=local_size, addr_from=None if over_addr or env.get(
+                        "MASTER_ADDR") else "SLURM_STEP_NODELIST's first host")
     elif "PMI_RANK" in env or "OMPI_COMM_WORLD_RANK" in env:
         if "PMI_RANK" in env:
             rank, size = int(env["PMI_RANK"]), int(env.get("PMI_SIZE", "1"))
+            local = (_int_or_none(env.get("MPI_LOCALRANKID")),
+                     _int_or_none(env.get("MPI_LOCALNRANKS")))
         else:
             rank = int(env["OMPI_COMM_WORLD_RANK"])
             size = int(env.get("OMPI_COMM_WORLD_SIZE", "1"))
-        # Every rank on a host shares the launcher's proxy process as parent.
-        anchor = env.get("OMPI_MCA_orte_hnp_uri") or env.get("PMI_PORT") or str(os.getppid())
-        addr = (over_addr or env.get("MASTER_ADDR")
-                or _hnp_host(env.get("OMPI_MCA_orte_hnp_uri")) or "127.0.0.1")
-        port = over_port or (int(env["MASTER_PORT"]) + 1 if "MASTER_PORT" in env else
-                             20000 + int(hashlib.sha256(anchor.encode()).hexdigest(), 16)
-                             % 20000)
-        je = JobEnv(rank, size, addr, port, token_or(anchor), f"m{port}", "mpiexec",
-                    host_store=rank == 0)
+            local = (_int_or_none(env.get("OMPI_COMM_WORLD_LOCAL_RANK")),
+                     _int_or_none(env.get("OMPI_COMM_WORLD_LOCAL_SIZE")))
+        hnp = env.get("OMPI_MCA_orte_hnp_uri")
+        # The ranks' local size says whether the job spans hosts; unknown counts as one host.
+        many_hosts = local[1] is not None and local[1] < size
+        # A port anchor every rank of the job shares: Open MPI's HNP URI (<= 4) or PMIx
+        # namespace (5); on one host, the launcher's proxy, every rank's parent.
+        anchor = hnp or env.get("PMIX_NAMESPACE") or (
+            None if many_hosts else (env.get("PMI_PORT") or str(os.getppid())))
+        addr = over_addr or env.get("MASTER_ADDR") or _hnp_host(hnp)
+        port = over_port or (int(env["MASTER_PORT"]) + 1 if "MASTER_PORT" in env else None)
+        if many_hosts and (addr is None or (port is None and anchor is None)):
+            kind = "Hydra" if "PMI_RANK" in env else "Open MPI"
+            how = "-genv MASTER_ADDR node01 -genv MASTER_PORT 29500" if kind == "Hydra" \
+                else "-x MASTER_ADDR=node01 -x MASTER_PORT=29500"
+            raise ArgumentError(
+                f"mpiexec ({kind}) started {size} ranks on more than one host "
+                f"({local[1]} on this one) and its variables do not name the host of rank 0: "
+                f"set MASTER_ADDR to rank 0's host and MASTER_PORT to a free port on every "
+                f"rank, e.g. mpiexec {how} ...")
+        addr = addr or "127.0.0.1"
+        if port is None:
+            port = 20000 + int(hashlib.sha256(anchor.encode()).hexdigest(), 16) % 20000
+        je = JobEnv(rank, size, addr, port, token_or(anchor or f"{addr}:{port}"), f"m{port}",
+                    "mpiexec", host_store=rank == 0, local_rank=local[0], local_size=local[1],
+                    addr_from=None if over_addr or env.get("MASTER_ADDR") or not hnp
+                    else "OMPI_MCA_orte_hnp_uri")
     else:
         return JobEnv(0, 1, None, None, b"", f"solo{os.getpid()}", "none")
     if not 0 <= je.rank < je.size:
@@ -317,6 +393,7 @@ def create_world(job: JobEnv | None = None, **options):
         raise ArgumentError(f"pycomm.init: unknown option(s) {sorted(unknown)}; known: "
                             f"{sorted(known)}")
     je = detect() if job is None else job
+    _check_store_host(je)
     transport = options.get("transport") or config.get("PYCOMM_TRANSPORT")
     try:
         port_range = config.get("PYCOMM_PORT_RANGE")

@@ -11,7 +11,8 @@ import textwrap
 
 import pytest
 
-from pycomm.bootstrap import _first_slurm_host, detect
+from pycomm.bootstrap import (_check_store_host, _first_slurm_host, _slurm_tasks_on_node,
+                              detect)
 from pycomm.errors import ArgumentError
 
 SCRIPT = textwrap.dedent("""
@@ -57,6 +58,78 @@ def test_slurm_variables_and_nodelist():
     assert (je.rank, je.size, je.master_addr, je.launcher) == (3, 8, "gpu03", "slurm")
     assert 20000 <= je.master_port < 40000
     assert _first_slurm_host("node1") == "node1"
+
+
+@pytest.mark.parametrize("nodelist,first", [
+    ("node1", "node1"), ("node[01-03]", "node01"), ("gpu[03-07,9],cpu1", "gpu03"),
+    ("node[7,2-3]", "node7"), ("n[1-2]-ib", "n1-ib"), ("rack[2-3]-n[01-04]", "rack2-n01"),
+    ("a,b[1-2]", "a"), ("10.77.0.[1-2]", "10.77.0.1")])
+def test_first_host_of_a_slurm_hostlist(nodelist, first):
+    assert _first_slurm_host(nodelist) == first
+
+
+@pytest.mark.parametrize("spec,node,want", [("2(x3),1", 0, 2), ("2(x3),1", 2, 2),
+                                            ("2(x3),1", 3, 1), ("4", 0, 4), ("1,3", 1, 3),
+                                            ("2(x2)", 5, None), ("two", 0, None)])
+def test_slurm_tasks_per_node(spec, node, want):
+    assert _slurm_tasks_on_node(spec, node) == want
+
+
+def test_local_rank_and_size_come_from_each_launcher():
+    slurm = {"SLURM_PROCID": "5", "SLURM_NTASKS": "7", "SLURM_LOCALID": "1",
+             "SLURM_NODEID": "2", "SLURM_STEP_TASKS_PER_NODE": "3(x2),1",
+             "SLURM_STEP_NODELIST": "node[01-03]", "SLURM_JOB_ID": "9"}
+    # the step's own count wins over the allocation's
+    assert (detect({**slurm, "SLURM_TASKS_PER_NODE": "4(x2)"}).local_size) == 1
+    je = detect({**slurm, "SLURM_NODEID": "1", "SLURM_LOCALID": "2"})
+    assert (je.local_rank, je.local_size, je.master_addr) == (2, 3, "node01")
+    assert detect({**slurm, "SLURM_STEP_TASKS_PER_NODE": "", "SLURM_NTASKS_PER_NODE": "2"}
+                  ).local_size == 2
+    torch = detect({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1",
+                    "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1", "MASTER_PORT": "29500"})
+    assert (torch.local_rank, torch.local_size) == (1, 2)
+    hydra = detect({"PMI_RANK": "1", "PMI_SIZE": "2", "MPI_LOCALRANKID": "1",
+                    "MPI_LOCALNRANKS": "2"})
+    assert (hydra.local_rank, hydra.local_size, hydra.master_addr) == (1, 2, "127.0.0.1")
+    ompi = detect({"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4",
+                   "OMPI_COMM_WORLD_LOCAL_RANK": "0", "OMPI_COMM_WORLD_LOCAL_SIZE": "4"})
+    assert (ompi.local_rank, ompi.local_size) == (0, 4)
+
+
+def test_multi_host_hydra_without_master_addr_says_what_to_set():
+    env = {"PMI_RANK": "2", "PMI_SIZE": "4", "MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "2",
+           "PMI_FD": "9"}
+    with pytest.raises(ArgumentError, match="more than one host.*-genv MASTER_ADDR"):
+        detect(env)
+    je = detect({**env, "MASTER_ADDR": "node01", "MASTER_PORT": "29500"})
+    assert (je.master_addr, je.master_port, je.host_store) == ("node01", 29501, False)
+
+
+def test_multi_host_open_mpi_shares_a_port_through_its_job_wide_variables():
+    base = {"OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}
+    with pytest.raises(ArgumentError, match="-x MASTER_ADDR"):
+        detect({**base, "OMPI_COMM_WORLD_RANK": "0"})
+    # Open MPI 5: PMIx namespace, the same on every host (the PMIx server URI is not)
+    five = [detect({**base, "OMPI_COMM_WORLD_RANK": str(r), "MASTER_ADDR": "node01",
+                    "PMIX_NAMESPACE": "prterun-node01-4242@1",
+                    "PMIX_SERVER_URI41": f"prterun-node01-4242@0.{r // 2};tcp4://10.0.0."
+                                         f"{r // 2 + 1}:5000"}) for r in range(4)]
+    assert len({(j.master_addr, j.master_port, j.token) for j in five}) == 1
+    # Open MPI 4: mpirun's HNP URI names the host too
+    four = detect({**base, "OMPI_COMM_WORLD_RANK": "0",
+                   "OMPI_MCA_orte_hnp_uri": "77.0;tcp://10.0.0.1,172.17.0.1:4123"})
+    assert (four.master_addr, four.addr_from) == ("10.0.0.1", "OMPI_MCA_orte_hnp_uri")
+
+
+def test_rank0_on_a_host_other_than_the_derived_store_host_is_a_clear_error():
+    # 203.0.113.9 (TEST-NET-3) is no address of this host; binding to it sends nothing
+    env = {"SLURM_PROCID": "0", "SLURM_NTASKS": "4", "SLURM_JOB_ID": "5",
+           "SLURM_STEP_NODELIST": "203.0.113.[9-10]"}
+    with pytest.raises(ArgumentError, match="203.0.113.9.*SLURM_STEP_NODELIST.*MASTER_ADDR"):
+        _check_store_host(detect(env))
+    _check_store_host(detect({**env, "SLURM_PROCID": "1"}))       # only rank 0 hosts it
+    _check_store_host(detect({**env, "MASTER_ADDR": "203.0.113.9"}))  # given, not derived
+    _check_store_host(detect({**env, "SLURM_STEP_NODELIST": "127.0.0.1"}))
 
 
 @pytest.mark.parametrize("env", [{"PMI_RANK": "1", "PMI_SIZE": "2"},
