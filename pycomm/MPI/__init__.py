@@ -60,6 +60,7 @@ from .exceptions import ERRORS, Exception, Get_error_class, Get_error_string, mp
 from .groups import GROUP_EMPTY, GROUP_NULL, Group
 from .message import MESSAGE_NO_PROC, MESSAGE_NULL, Message
 from .msgspec import BOTTOM
+from .graph import Graphcomm
 from .neighbor import UNWEIGHTED, WEIGHTS_EMPTY, Distgraphcomm, Topocomm
 from .ops import (
     BAND,
@@ -328,8 +329,7 @@ _NOT_OFFERED = {
     "Open_port": "ports (MPI_Open_port)", "Close_port": "ports (MPI_Close_port)",
     "Publish_name": "name publishing", "Lookup_name": "name publishing",
     "Unpublish_name": "name publishing", "Session": "MPI sessions",
-    "Intercomm": "inter-communicators", "Graphcomm": "graph topologies",
-"Grequest": "generalized requests",
+    "Intercomm": "inter-communicators", "Grequest": "generalized requests",
     "WIN_NULL": "one-sided communication",
     "FILE_NULL": "MPI-IO", "Register_datarep": "MPI-IO data representations",
 }

@@ -404,14 +404,21 @@ class Intracomm(Comm):
         from .topo import cart_map
         return cart_map(self, dims)
 
-    def Create_graph(self, *args, **kwargs):
-        raise NotImplementedError("Intracomm.Create_graph: pycomm offers no (non-"
-                                  "distributed) graph topologies; use "
-                                  "Create_dist_graph_adjacent")
+    def Create_graph(self, index, edges, reorder: bool = False):
+        """A general graph over the first ``len(index)`` ranks (others: COMM_NULL); see
+        :mod:`pycomm.MPI.graph`."""
+        from .graph import create_graph
+        return create_graph(self, index, edges, reorder)
 
-    def Create_dist_graph(self, *args, **kwargs):
-        raise NotImplementedError("Intracomm.Create_dist_graph: pycomm offers only "
-                                  "Create_dist_graph_adjacent")
+    def Graph_map(self, index, edges) -> int:
+        from .graph import graph_map
+        return graph_map(self, index, edges)
+
+    def Create_dist_graph(self, sources, degrees, destinations, weights=None, info=None,
+                          reorder: bool = False):
+        """A distributed graph from the edges each rank names (collective)."""
+        from .graph import create_dist_graph
+        return create_dist_graph(self, sources, degrees, destinations, weights)
 
     def Create_intercomm(self, *args, **kwargs):
         raise NotImplementedError("Intracomm.Create_intercomm: pycomm offers no "

@@ -152,12 +152,13 @@ class Comm(ObjectMethods):
     is_intra = property(Is_intra)
 
     def Get_topology(self) -> int:
-        """``UNDEFINED`` (no topology); ``CART`` for a :class:`Cartcomm`."""
-        self._inner("Get_topology")
-        return UNDEFINED
+        """``CART``, ``GRAPH`` or ``DIST_GRAPH``; ``UNDEFINED`` without a topology."""
+        from .neighbor import TOPOLOGIES
+        t = TOPOLOGIES.get(self._inner("Get_topology"))
+        return UNDEFINED if t is None else t.kind
 
     topology = property(lambda self: self.Get_topology())
-    is_topo = property(lambda self: False)
+    is_topo = property(lambda self: self.Get_topology() != UNDEFINED)
 
     def Compare(self, comm: Comm) -> int:
         """IDENT (same handle), CONGRUENT (same group, other context), SIMILAR, UNEQUAL."""

@@ -11,9 +11,15 @@ is the receiver's slot (a rank two steps round a periodic ring of two is both ne
 its peer); on a distributed graph the k-th edge from a to b meets the k-th edge into b from
 a, since messages between two ranks keep their order. ``PROC_NULL`` neighbours (the edges
 of a non-periodic grid) send and receive nothing, leaving their blocks untouched.
+
+A topology belongs to the communicator, not to one handle of it: :data:`TOPOLOGIES` maps
+each pycomm Communicator to its :class:`Topology`, so ``MPI.Cartcomm(cart)``,
+``Comm.fromhandle`` and ``Intracomm(cart).Get_topology()`` all see the same grid.
 """
 
 from __future__ import annotations
+
+import weakref
 
 import numpy as np
 
@@ -24,17 +30,84 @@ from .coll import Intracomm
 from .exceptions import mpi_error, translate_methods
 from .msgspec import as_int, message, vector_message
 
-__all__ = ["UNWEIGHTED", "Distgraphcomm", "Topocomm", "create_dist_graph_adjacent"]
+__all__ = ["CART", "DIST_GRAPH", "GRAPH", "TOPOLOGIES", "UNWEIGHTED", "Distgraphcomm",
+           "Topocomm", "Topology", "create_dist_graph_adjacent", "with_topology"]
 
 UNWEIGHTED = None
 WEIGHTS_EMPTY = ()
+CART, GRAPH, DIST_GRAPH = 1, 2, 3
+_KIND_NAMES = {None: "a topology", CART: "a Cartesian", GRAPH: "a general graph",
+               DIST_GRAPH: "a distributed graph"}
+
+
+class Topology:
+    """A communicator's topology: ``kind`` (CART, GRAPH or DIST_GRAPH) and that kind's
+    fields (``dims``/``periods``; ``index``/``edges``; ``src``/``dst``/``sw``/``dw``);
+    ``private`` is the duplicate the neighbourhood collectives run on, made on first use."""
+
+    def __init__(self, kind: int, **fields):
+        self.kind, self.private = kind, None
+        self.__dict__.update(fields)
+
+    def copy(self) -> Topology:
+        """The same topology for a duplicate communicator (without the private one)."""
+        return Topology(**{k: v for k, v in vars(self).items() if k != "private"})
+
+
+# pycomm Communicator -> its Topology (weak: a freed communicator drops its entry)
+TOPOLOGIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def with_topology(cls: type, inner, kind: int, **fields):
+    """``cls`` wrapping ``inner`` with a new topology (COMM_NULL when ``inner`` is none)."""
+    out = cls._wrap(inner)
+    if out:
+        TOPOLOGIES[inner] = Topology(kind, **fields)
+    return out
 
 
 @translate_methods
 class Topocomm(Intracomm):
-    """A communicator with neighbours (mpi4py's ``MPI.Topocomm``)."""
+    """A communicator with neighbours (mpi4py's ``MPI.Topocomm``).
 
-    __slots__ = ("_nbrc",)
+    ``Topocomm(comm)`` (and ``Cartcomm(comm)``...) is a new handle to ``comm``, which must
+    have a topology of the class's kind (else ``TypeError``, as mpi4py); ``Topocomm()`` is
+    a null communicator.
+    """
+
+    __slots__ = ()
+    _KIND: int | None = None        # the topology kind this class wraps (None: any)
+
+    def __init__(self, comm=None):
+        super().__init__(comm)
+        if self._c is not None:
+            t = TOPOLOGIES.get(self._c)
+            if t is None or self._KIND not in (None, t.kind):
+                raise TypeError(f"MPI.{type(self).__name__}(comm): expecting "
+                                f"{_KIND_NAMES[self._KIND]} communicator")
+
+    def _topo(self) -> Topology:
+        return TOPOLOGIES[self._inner("topology query")]
+
+    def Get_topology(self) -> int:
+        return self._topo().kind
+
+    def Dup(self, info=None) -> Topocomm:
+        """A duplicate with the same topology (collective)."""
+        t = self._topo()
+        out = type(self)._wrap(self._inner("Dup").Dup())
+        TOPOLOGIES[out._c] = t.copy()
+        return out
+
+    Clone = Dup
+
+    def Free(self) -> None:
+        """Free the communicator and the duplicate its neighbourhood collectives use."""
+        t = self._topo()
+        super().Free()
+        if t.private is not None:
+            t.private.Free()
+            t.private = None
 
     # -- neighbours, overridden by the topologies ---------------------------------------
     def _sources(self) -> list[int]:
@@ -55,10 +128,10 @@ class Topocomm(Intracomm):
     inoutedges = property(lambda self: (list(self._sources()), list(self._destinations())))
 
     def _private(self):
-        comm = getattr(self, "_nbrc", None)
-        if comm is None:
-            comm = self._nbrc = self._inner("neighbour collective").Dup()
-        return comm
+        t = self._topo()
+        if t.private is None:
+            t.private = self._inner("neighbour collective").Dup()
+        return t.private
 
     def _exchange(self, sends, recvs) -> None:
         """Post every receive and send (lists of wire arrays, per neighbour) and wait."""
@@ -148,17 +221,18 @@ class Topocomm(Intracomm):
 class Distgraphcomm(Topocomm):
     """A distributed-graph communicator (mpi4py's ``MPI.Distgraphcomm``)."""
 
-    __slots__ = ("_dst", "_dw", "_src", "_sw")
+    __slots__ = ()
+    _KIND = DIST_GRAPH
+    _src = property(lambda self: self._topo().src)
+    _dst = property(lambda self: self._topo().dst)
+    _sw = property(lambda self: self._topo().sw)
+    _dw = property(lambda self: self._topo().dw)
 
     def _sources(self) -> list[int]:
         return self._src
 
     def _destinations(self) -> list[int]:
         return self._dst
-
-    def Get_topology(self) -> int:
-        from .topo import DIST_GRAPH
-        return DIST_GRAPH
 
     def Get_dist_neighbors_count(self) -> tuple[int, int, bool]:
         """``(indegree, outdegree, weighted)``."""
@@ -193,7 +267,5 @@ def create_dist_graph_adjacent(comm: Intracomm, sources, destinations, sourcewei
         raise mpi_error(ArgumentError, "ERR_ARG", f"{w}: {len(sw)} source weights for "
                         f"{len(src)} sources, {len(dw)} destination weights for "
                         f"{len(dst)} destinations")
-    out = Distgraphcomm._wrap(c.Dup())
-    out._src, out._dst = src, dst
-    out._sw, out._dw = (sw, dw) if weighted else (None, None)
-    return out
+    return with_topology(Distgraphcomm, c.Dup(), DIST_GRAPH, src=src, dst=dst,
+                         sw=sw if weighted else None, dw=dw if weighted else None)

@@ -17,11 +17,10 @@ from pycomm.p2p import PROC_NULL
 from .coll import Intracomm
 from .exceptions import mpi_error, translate_methods
 from .msgspec import as_int
-from .neighbor import Topocomm
+from .neighbor import CART, DIST_GRAPH, GRAPH, Topocomm, with_topology
 
-__all__ = ["CART", "Cartcomm", "Compute_dims", "Topocomm", "cart_map", "create_cart"]
-
-CART, GRAPH, DIST_GRAPH = 1, 2, 3
+__all__ = ["CART", "DIST_GRAPH", "GRAPH", "Cartcomm", "Compute_dims", "Topocomm",
+           "cart_map", "create_cart"]
 
 
 def Compute_dims(nnodes: int, dims) -> list[int]:
@@ -85,10 +84,7 @@ def create_cart(comm: Intracomm, dims, periods, reorder) -> Cartcomm:
         raise mpi_error(ArgumentError, "ERR_DIMS", f"rank {c.rank}: Create_cart: dims "
                         f"{dims} need {n} processes, the communicator has {c.size}")
     inner = c.Split(0 if c.rank < n else UNDEFINED, c.rank)
-    out = Cartcomm._wrap(inner)
-    if out:
-        out._dims, out._periods = dims, periods
-    return out
+    return with_topology(Cartcomm, inner, CART, dims=dims, periods=periods)
 
 
 def cart_map(comm: Intracomm, dims) -> int:
@@ -102,10 +98,10 @@ def cart_map(comm: Intracomm, dims) -> int:
 class Cartcomm(Topocomm):
     """A communicator with a Cartesian grid (mpi4py's ``MPI.Cartcomm``)."""
 
-    __slots__ = ("_dims", "_periods")
-
-    def Get_topology(self) -> int:
-        return CART
+    __slots__ = ()
+    _KIND = CART
+    _dims = property(lambda self: self._topo().dims)
+    _periods = property(lambda self: self._topo().periods)
 
     def _sources(self) -> list[int]:
         """Neighbours in MPI's order: per dimension, Shift's source then its dest."""
@@ -190,14 +186,6 @@ class Cartcomm(Topocomm):
                                          or [1]))
         key = int(np.ravel_multi_index([x for x, k in zip(me, keep) if k] or [0],
                                        [d for d, k in zip(self._dims, keep) if k] or [1]))
-        out = Cartcomm._wrap(self._inner("Sub").Split(color, key))
-        out._dims = [d for d, k in zip(self._dims, keep) if k]
-        out._periods = [p for p, k in zip(self._periods, keep) if k]
-        return out
-
-    def Dup(self, info=None) -> Cartcomm:
-        out = Cartcomm._wrap(self._inner("Dup").Dup())
-        out._dims, out._periods = list(self._dims), list(self._periods)
-        return out
-
-    Clone = Dup
+        return with_topology(Cartcomm, self._inner("Sub").Split(color, key), CART,
+                             dims=[d for d, k in zip(self._dims, keep) if k],
+                             periods=[p for p, k in zip(self._periods, keep) if k])
