@@ -58,6 +58,8 @@ from .datatypes import (
 )
 from .exceptions import ERRORS, Exception, Get_error_class, Get_error_string, mpi_error
 from .groups import GROUP_EMPTY, GROUP_NULL, Group
+from .info import INFO_ENV, INFO_NULL, KEYVAL_INVALID, Info
+from .intercomm import Intercomm
 from .message import MESSAGE_NO_PROC, MESSAGE_NULL, Message
 from .msgspec import BOTTOM
 from .graph import Graphcomm
@@ -94,7 +96,6 @@ globals().update({k: v for k, v in vars(_datatypes).items()
 
 # -- constants --------------------------------------------------------------------------
 ROOT = -3
-KEYVAL_INVALID = -1
 TAG_UB, HOST, IO, WTIME_IS_GLOBAL = KEYVAL_TAG_UB, KEYVAL_HOST, KEYVAL_IO, \
     KEYVAL_WTIME_IS_GLOBAL
 UNIVERSE_SIZE, APPNUM, LASTUSEDCODE = KEYVAL_UNIVERSE_SIZE, KEYVAL_APPNUM, \
@@ -136,37 +137,6 @@ ERRORS_ARE_FATAL = Errhandler("MPI_ERRORS_ARE_FATAL")
 ERRORS_ABORT = Errhandler("MPI_ERRORS_ABORT")
 
 
-class Info(dict):
-    """An info object (key/value hints): a dict; pycomm reads no hints."""
-
-    @classmethod
-    def Create(cls, items=None) -> Info:
-        return cls(items or {})
-
-    def Set(self, key: str, value: str) -> None:
-        self[str(key)] = str(value)
-
-    def Get(self, key: str, default=None):
-        return self.get(key, default)
-
-    def Delete(self, key: str) -> None:
-        self.pop(key, None)
-
-    def Get_nkeys(self) -> int:
-        return len(self)
-
-    def Get_nthkey(self, n: int) -> str:
-        return list(self)[n]
-
-    def Dup(self) -> Info:
-        return Info(self)
-
-    def Free(self) -> None:
-        self.clear()
-
-
-INFO_NULL = Info()
-INFO_ENV = Info()
 
 
 class Pickle:
@@ -254,7 +224,8 @@ def Get_processor_name() -> str:
 
 
 def Get_hw_resource_info() -> Info:
-    return Info()
+    """Hardware hints: none (an empty info object)."""
+    return Info.Create()
 
 
 Wtime = _pycomm.Wtime
@@ -329,7 +300,7 @@ _NOT_OFFERED = {
     "Open_port": "ports (MPI_Open_port)", "Close_port": "ports (MPI_Close_port)",
     "Publish_name": "name publishing", "Lookup_name": "name publishing",
     "Unpublish_name": "name publishing", "Session": "MPI sessions",
-    "Intercomm": "inter-communicators", "Grequest": "generalized requests",
+    "Grequest": "generalized requests",
     "WIN_NULL": "one-sided communication",
     "FILE_NULL": "MPI-IO", "Register_datarep": "MPI-IO data representations",
 }

@@ -172,7 +172,10 @@ class Comm(ObjectMethods):
         """Predefined attributes: ``TAG_UB``, ``HOST``, ``IO``, ``WTIME_IS_GLOBAL``,
         ``UNIVERSE_SIZE``, ``APPNUM``, ``LASTUSEDCODE``; user keys set by Set_attr."""
         from pycomm.comm import TAG_UB
+
+        from .info import check_keyval
         self._inner("Get_attr")
+        check_keyval(keyval, "Comm.Get_attr")
         fixed = {KEYVAL_TAG_UB: TAG_UB, KEYVAL_HOST: -1, KEYVAL_IO: ANY_SOURCE,
                  KEYVAL_WTIME_IS_GLOBAL: False, KEYVAL_APPNUM: None,
                  KEYVAL_LASTUSEDCODE: ERRORS["ERR_LASTCODE"]}
@@ -183,12 +186,14 @@ class Comm(ObjectMethods):
         return self._attrs.get(keyval)
 
     def Set_attr(self, keyval: int, attrval) -> None:
+        from .info import check_keyval
         self._inner("Set_attr")
-        self._attrs[keyval] = attrval
+        self._attrs[check_keyval(keyval, "Comm.Set_attr")] = attrval
 
     def Delete_attr(self, keyval: int) -> None:
+        from .info import check_keyval
         self._inner("Delete_attr")
-        self._attrs.pop(keyval, None)
+        self._attrs.pop(check_keyval(keyval, "Comm.Delete_attr"), None)
 
     def Get_errhandler(self):
         from . import ERRORS_ARE_FATAL
@@ -226,11 +231,11 @@ class Comm(ObjectMethods):
 
     def Get_info(self):
         """The communicator's info hints (pycomm reads none)."""
-        from . import Info
-        return Info(self._attrs.get("__info__", {}))
+        from .info import Info
+        return Info.Create(self._attrs.get("__info__", {}))
 
     def Set_info(self, info) -> None:
-        self._attrs["__info__"] = dict(info or {})
+        self._attrs["__info__"] = dict(info.items()) if info else {}
 
     info = property(Get_info, Set_info)
 
@@ -238,22 +243,22 @@ class Comm(ObjectMethods):
         """Split by hardware domain; pycomm knows one, the host (by processor name).
         Collective; ranks may pass different kinds (``UNDEFINED``: COMM_NULL).
 
-        ``COMM_TYPE_SHARED``: the ranks of this host. ``COMM_TYPE_HW_GUIDED``: the same
-        when ``info`` asks for ``mpi_hw_resource_type=mpi_shared_memory``, else
-        COMM_NULL. ``COMM_TYPE_HW_UNGUIDED``: the host when it is a strict subset of this
+        ``COMM_TYPE_SHARED``: the ranks of this host. ``COMM_TYPE_HW_GUIDED`` and
+        ``COMM_TYPE_RESOURCE_GUIDED``: the same when ``info`` asks for
+        ``mpi_hw_resource_type=mpi_shared_memory``, else COMM_NULL. ``COMM_TYPE_HW_UNGUIDED``: the host when it is a strict subset of this
         communicator (``info`` then names it), else COMM_NULL. Other kinds: COMM_NULL.
         """
         from . import Get_processor_name
         names = self._inner("Split_type").allgather(Get_processor_name())
         split_type = as_int(split_type, "split_type", "Split_type")
         host = names.index(names[self.rank])
-        hint = info.Get("mpi_hw_resource_type") if hasattr(info, "Get") else None
+        hint = info.Get("mpi_hw_resource_type") if info else None
         color = -32766                                  # UNDEFINED
-        if split_type == 1 or (split_type == 2 and hint == "mpi_shared_memory"):
+        if split_type == 1 or (split_type in (2, 4) and hint == "mpi_shared_memory"):
             color = host
         elif split_type == 3 and len(set(names)) > 1:   # a smaller domain than this one
             color = host
-            if hasattr(info, "Set"):
+            if info:
                 info.Set("mpi_hw_resource_type", "mpi_shared_memory")
         return self.Split(color, key)
 
@@ -493,6 +498,12 @@ class Comm(ObjectMethods):
 
     @classmethod
     def Get_parent(cls) -> Comm:
-        """The parent of a spawned process: always COMM_NULL (pycomm does not spawn)."""
-        from . import COMM_NULL
-        return COMM_NULL
+        """The parent of a spawned process: a null ``Intercomm`` (pycomm does not spawn,
+        so no process has a parent)."""
+        from .intercomm import Intercomm
+        return Intercomm()
+
+    def Disconnect(self) -> None:
+        """Wait for pending communication and free the communicator (as :meth:`Free`;
+        pycomm's frees already wait for nothing outstanding)."""
+        self.Free()

@@ -490,5 +490,7 @@ def _rebuild(dtypes, disps, codes, lb, ub, combiner, committed) -> Datatype:
 DATATYPE_NULL = Datatype._make([], [], [], 0, 0, name="MPI_DATATYPE_NULL", predefined=True)
 
 from .decode import install as _install
+from .info import install_type_attrs as _install_attrs
 
 _install(Datatype)
+_install_attrs(Datatype)

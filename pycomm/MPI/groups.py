@@ -29,7 +29,9 @@ class Group:
     def _inner(self) -> _Group:
         if self._g is None:
             from pycomm.errors import ArgumentError
-            raise ArgumentError("Group: GROUP_NULL cannot be used")
+
+            from .exceptions import mpi_error
+            raise mpi_error(ArgumentError, "ERR_GROUP", "Group: GROUP_NULL cannot be used")
         return self._g
 
     def Get_size(self) -> int:

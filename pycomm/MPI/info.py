@@ -1,0 +1,192 @@
+"""``MPI.Info`` (key/value hints) and attribute caching on datatypes.
+
+An :class:`Info` is a handle to a dict of string keys and values: ``Info.Create()`` makes
+one, ``Info(other)`` is a second handle to the same dict, ``INFO_NULL`` is the null
+handle (false; every call on it is ``ERR_INFO``) and ``INFO_ENV`` the predefined one.
+It is also a mapping (``info[key]``, ``len``, ``in``, ``items()``...), as in mpi4py.
+pycomm reads no hints. ``KEYVAL_INVALID`` in ``Get_attr``/``Set_attr``/``Delete_attr``
+is ``ERR_KEYVAL``.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+from pycomm.errors import ArgumentError
+
+from .exceptions import mpi_error, translate_methods
+
+__all__ = ["INFO_ENV", "INFO_NULL", "KEYVAL_INVALID", "Info", "check_keyval",
+           "install_type_attrs"]
+
+KEYVAL_INVALID = -1
+
+
+def check_keyval(keyval, call: str) -> int:
+    """``keyval`` as an int.
+
+    Raises:
+        MPI.Exception (ERR_KEYVAL): ``KEYVAL_INVALID``.
+    """
+    if keyval == KEYVAL_INVALID:
+        raise mpi_error(ArgumentError, "ERR_KEYVAL", f"{call}: KEYVAL_INVALID is not a key")
+    return int(keyval)
+
+
+@translate_methods
+class Info:
+    """Key/value hints (mpi4py's ``MPI.Info``); ``Info()`` is ``INFO_NULL``."""
+
+    __slots__ = ("_d",)
+
+    def __init__(self, info: Info | None = None):
+        if info is not None and not isinstance(info, Info):
+            raise TypeError(f"Info({info!r}): expected an MPI.Info or nothing")
+        self._d = None if info is None else info._d
+
+    @classmethod
+    def Create(cls, items=None) -> Info:
+        """A new info object, filled from a mapping or (key, value) pairs if given."""
+        out = cls()
+        out._d = {}
+        if items is not None:
+            out.update(items)
+        return out
+
+    @classmethod
+    def Create_env(cls, args=None) -> Info:
+        return cls.Create()
+
+    def _dict(self, call: str) -> dict:
+        if self._d is None:
+            raise mpi_error(ArgumentError, "ERR_INFO", f"Info.{call}: INFO_NULL")
+        return self._d
+
+    def Free(self) -> None:
+        """The handle becomes INFO_NULL (ERR_INFO for INFO_NULL itself)."""
+        self._dict("Free")
+        self._d = None
+
+    def Dup(self) -> Info:
+        return Info.Create(self._dict("Dup"))
+
+    def Get(self, key: str, default=None):
+        """The value of ``key`` (a str), or None when absent."""
+        return self._dict("Get").get(str(key), default)
+
+    def Set(self, key: str, value: str) -> None:
+        self._dict("Set")[str(key)] = str(value)
+
+    def Delete(self, key: str) -> None:
+        """Remove ``key`` (ERR_INFO_NOKEY when absent)."""
+        d = self._dict("Delete")
+        if str(key) not in d:
+            raise mpi_error(ArgumentError, "ERR_INFO_NOKEY", f"Info.Delete: no key {key!r}")
+        del d[str(key)]
+
+    def Get_nkeys(self) -> int:
+        return len(self._dict("Get_nkeys"))
+
+    def Get_nthkey(self, n: int) -> str:
+        """The ``n``-th key (in insertion order; ERR_ARG when out of range)."""
+        keys = list(self._dict("Get_nthkey"))
+        if not 0 <= int(n) < len(keys):
+            raise mpi_error(ArgumentError, "ERR_ARG", f"Info.Get_nthkey: n={n} is not in "
+                            f"0..{len(keys) - 1}")
+        return keys[int(n)]
+
+    # -- the mapping interface (mpi4py's) ---------------------------------------------
+    def __len__(self) -> int:
+        return 0 if self._d is None else len(self._d)
+
+    def __contains__(self, key) -> bool:
+        return self._d is not None and str(key) in self._d
+
+    def __iter__(self):
+        return iter(() if self._d is None else list(self._d))
+
+    def __getitem__(self, key: str) -> str:
+        return self._dict("__getitem__")[str(key)]
+
+    def __setitem__(self, key: str, value: str) -> None:
+        self.Set(key, value)
+
+    def __delitem__(self, key: str) -> None:
+        d = self._dict("__delitem__")
+        del d[str(key)]
+
+    def get(self, key: str, default=None):
+        return default if self._d is None else self._d.get(str(key), default)
+
+    def keys(self) -> list[str]:
+        return list(self)
+
+    def values(self) -> list[str]:
+        return [] if self._d is None else list(self._d.values())
+
+    def items(self) -> list[tuple[str, str]]:
+        return [] if self._d is None else list(self._d.items())
+
+    def update(self, other=(), **kwargs) -> None:
+        d = self._dict("update")
+        pairs = other.items() if hasattr(other, "items") else other
+        for k, v in list(pairs) + list(kwargs.items()):
+            d[str(k)] = str(v)
+
+    def pop(self, key: str, *default):
+        return self._dict("pop").pop(str(key), *default)
+
+    def popitem(self) -> tuple[str, str]:
+        return self._dict("popitem").popitem()
+
+    def copy(self) -> Info:
+        return self.Dup()
+
+    def clear(self) -> None:
+        self._dict("clear").clear()
+
+    def __bool__(self) -> bool:
+        return self._d is not None
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, Info):
+            return NotImplemented
+        return self._d is other._d
+
+    def __hash__(self) -> int:
+        return id(self._d)
+
+    def __repr__(self) -> str:
+        return "<MPI.INFO_NULL>" if self._d is None else f"<MPI.Info {self._d!r}>"
+
+
+INFO_NULL = Info()
+INFO_ENV = Info.Create()
+
+# datatype -> its attributes; keyed by identity (equal datatypes are distinct handles)
+_TYPE_ATTRS: dict[int, dict] = {}
+
+
+def _type_attrs(dt) -> dict:
+    key = id(dt)
+    if key not in _TYPE_ATTRS:
+        _TYPE_ATTRS[key] = {}
+        weakref.finalize(dt, _TYPE_ATTRS.pop, key, None)
+    return _TYPE_ATTRS[key]
+
+
+def install_type_attrs(Datatype: type) -> None:
+    """Give ``Datatype`` ``Get_attr``/``Set_attr``/``Delete_attr`` (user attributes; no
+    predefined keys apply to datatypes)."""
+    def Get_attr(self, keyval: int):
+        """The attribute stored under ``keyval``, or None."""
+        return _type_attrs(self).get(check_keyval(keyval, "Datatype.Get_attr"))
+
+    def Set_attr(self, keyval: int, attrval) -> None:
+        _type_attrs(self)[check_keyval(keyval, "Datatype.Set_attr")] = attrval
+
+    def Delete_attr(self, keyval: int) -> None:
+        _type_attrs(self).pop(check_keyval(keyval, "Datatype.Delete_attr"), None)
+
+    for fn in (Get_attr, Set_attr, Delete_attr):
+        setattr(Datatype, fn.__name__, fn)
