@@ -469,7 +469,8 @@ class _Rank:
 
 
 def run(fn: Callable[..., Any], num_actors: int, *args: Any, transport: str = "auto",
-        timeout: float | None = None, num_cpus: float = 1, resources: dict | None = None,
+        timeout: float | None = None, num_cpus: float | None = None,
+        resources: dict | None = None,
         actor_options: dict | None = None, error_grace: float = 15.0) -> list[Any]:
     """Start ``num_actors`` Ray actors, run ``fn(comm, *args)`` on each, tear them down.
 
@@ -483,7 +484,9 @@ def run(fn: Callable[..., Any], num_actors: int, *args: Any, transport: str = "a
         transport: "auto", "shm", "tcp" or "rdma".
         timeout: seconds the whole call may take, start-up included; also the world's
             default wait (default ``PYCOMM_TIMEOUT``).
-        num_cpus, resources: each actor's Ray resource request.
+        num_cpus, resources: each actor's Ray resource request (default Ray's for an
+            actor: a CPU to be placed, none held while it runs, so N actors fit on fewer
+            CPUs).
         actor_options: more of Ray's ``.options()`` for every actor (e.g.
             ``scheduling_strategy="SPREAD"``).
         error_grace: seconds the other ranks get to finish after one failed.
@@ -506,8 +509,8 @@ def run(fn: Callable[..., Any], num_actors: int, *args: Any, transport: str = "a
     if not isinstance(num_actors, int) or num_actors < 1:
         raise ArgumentError(f"num_actors={num_actors!r}: a positive int is required")
     limit = _timeout(timeout)
-    options = {"num_cpus": num_cpus, **({"resources": resources} if resources else {}),
-               **(actor_options or {})}
+    options = {**({"num_cpus": num_cpus} if num_cpus is not None else {}),
+               **({"resources": resources} if resources else {}), **(actor_options or {})}
     group = f"run-{uuid.uuid4().hex[:12]}"
     actors = [_Rank.options(**options).remote() for _ in range(num_actors)]
     places: list[tuple[int, str]] = []

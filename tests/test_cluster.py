@@ -2,6 +2,11 @@
 emulated hosts (benchmarks/cluster/netns.py: network namespaces joined by a bridge, each
 with its own hostname and /dev/shm).
 
+Jobs started the way srun, a multi-host Hydra mpiexec and Open MPI's mpirun start them
+are emulated: no slurmd, Hydra proxy or ssh runs between the emulated hosts here, so each
+rank gets exactly the variables the engine would give it (SLURM_*, PMI_*/MPI_LOCAL*,
+OMPI_COMM_WORLD_*) and nothing else; a real srun or multi-host mpiexec is not tested.
+
 The cluster tests need root and iproute2; where namespaces cannot be made they FAIL with
 the reason (a silent skip would hide that the multi-host paths went untested).
 """
@@ -189,6 +194,108 @@ def test_listen_address_is_the_interface_routing_to_the_store(cluster):
         done = cluster.run(k, [sys.executable, "-c", code], cwd=str(ROOT), env=_rank_env(cluster))
         assert done.returncode == 0, done.stderr
         assert done.stdout.split() == [cluster.addr(k), "127.0.0.1"]
+
+
+# -- ranks started the way srun and a multi-host mpiexec start them ----------------------------
+# Real SLURM and multi-host Hydra / Open MPI cannot run here (no slurmd, no ssh between the
+# emulated hosts): each rank gets exactly the variables the engine gives a task on that
+# host, and nothing of pycomm's or torchrun's; that emulation is what these tests check.
+_ENGINE_PREFIXES = ("PYCOMM_", "MASTER_", "SLURM_", "PMI_", "PMIX_", "OMPI_", "MPI_", "HYDI_",
+                    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK")
+
+
+def _engine_job(c: Cluster, hostmap: list[int], env_of, timeout: float = 60):
+    """Start rank r of ``len(hostmap)`` on host ``hostmap[r]`` with ``env_of(r)`` as its only
+    launcher variables; return [(exit code, output)] in rank order."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith(_ENGINE_PREFIXES)}
+    base.update({"PYTHONPATH": str(ROOT), "PYCOMM_TIMEOUT": "20"})
+    procs = [c.popen(hostmap[r], [sys.executable, APP], cwd=str(ROOT),
+                     env={**base, **env_of(r)}, stdout=subprocess.PIPE,
+                     stderr=subprocess.STDOUT, text=True)
+             for r in range(len(hostmap))]
+    return _wait_all(procs, timeout)
+
+
+def _hostlist(hosts: list[int]) -> str:
+    return f"host[{min(hosts)}-{max(hosts)}]"
+
+
+def _check_engine_job(results, hostmap: list[int], local_of):
+    size, nodes = len(hostmap), sorted(set(hostmap))
+    names = ",".join(f"host{h}" for h in hostmap)
+    layout = "|".join(",".join(str(r) for r in range(size) if hostmap[r] == h)
+                      for h in sorted(nodes, key=hostmap.index))
+    for r, (rc, text) in enumerate(results):
+        assert rc == 0, f"rank {r}: {text}"
+        local_size = hostmap.count(hostmap[r])
+        links = "shm+tcp" if local_size > 1 else "tcp"      # a host's lone rank has no shm
+        assert f"OK rank {r}/{size} host host{hostmap[r]} hosts {names} transport {links} " \
+            f"layout {layout} " in text and f" local {local_of(r)}/{local_size}" in text, \
+            f"rank {r}: {text}"
+
+
+# host of each rank: srun -N2 -n4 (block), --distribution=cyclic, and -N3 -n5 (2, 2, 1)
+SRUN_PLACEMENTS = {"block": [1, 1, 2, 2], "cyclic": [1, 2, 1, 2], "uneven": [1, 1, 2, 2, 3]}
+
+
+@pytest.mark.parametrize("placement", sorted(SRUN_PLACEMENTS))
+def test_srun_style_job_across_hosts_derives_everything_from_slurm_variables(cluster,
+                                                                            placement):
+    hostmap = SRUN_PLACEMENTS[placement]
+    size, nodes = len(hostmap), sorted(set(hostmap))
+    per_node = ",".join(str(hostmap.count(h)) for h in nodes)
+    job = str(700000 + os.getpid() % 10000 + 10 * sorted(SRUN_PLACEMENTS).index(placement))
+
+    def env_of(r):
+        mine = [q for q in range(size) if hostmap[q] == hostmap[r]]
+        return {"SLURM_PROCID": str(r), "SLURM_NTASKS": str(size),
+                "SLURM_LOCALID": str(mine.index(r)), "SLURM_NODEID": str(hostmap[r] - 1),
+                "SLURM_STEP_NODELIST": _hostlist(nodes), "SLURM_NODELIST": _hostlist(nodes),
+                "SLURM_STEP_TASKS_PER_NODE": per_node, "SLURM_TASKS_PER_NODE": per_node,
+                "SLURM_JOB_ID": job, "SLURM_STEP_ID": "0", "SLURMD_NODENAME": f"host{hostmap[r]}"}
+    _check_engine_job(_engine_job(cluster, hostmap, env_of), hostmap,
+                      lambda r: int(env_of(r)["SLURM_LOCALID"]))
+
+
+def _hydra_env(hostmap: list[int], r: int) -> dict[str, str]:
+    mine = [q for q in range(len(hostmap)) if hostmap[q] == hostmap[r]]
+    # what Hydra's proxy gives a process (MPICH 5.0's mpiexec -n 1 env shows these; PMI_FD
+    # is the proxy's socket, useless to anyone but an MPI library)
+    return {"PMI_RANK": str(r), "PMI_SIZE": str(len(hostmap)), "PMI_FD": "9",
+            "MPI_LOCALRANKID": str(mine.index(r)), "MPI_LOCALNRANKS": str(len(mine)),
+            "PMI_HOSTNAME": f"host{hostmap[r]}", "HYDI_CONTROL_FD": "7"}
+
+
+def test_hydra_style_job_across_hosts_with_master_addr_from_genv(cluster):
+    # mpiexec -hosts host1,host2 -ppn 2 -genv MASTER_ADDR host1 -genv MASTER_PORT P app.py
+    hostmap, port = [1, 1, 2, 2], str(28800 + os.getpid() % 100)
+    results = _engine_job(cluster, hostmap, lambda r: {
+        **_hydra_env(hostmap, r), "MASTER_ADDR": "host1", "MASTER_PORT": port})
+    _check_engine_job(results, hostmap, lambda r: r % 2)
+
+
+def test_hydra_style_job_across_hosts_without_master_addr_says_so_at_once(cluster):
+    t0 = time.monotonic()
+    results = _engine_job(cluster, [1, 1, 2, 2], lambda r: _hydra_env([1, 1, 2, 2], r))
+    assert time.monotonic() - t0 < 10, "the ranks waited instead of failing"
+    for r, (rc, text) in enumerate(results):
+        assert rc != 0, f"rank {r}: {text}"
+        assert "pycomm.errors.ArgumentError: mpiexec (Hydra) started 4 ranks on more than " \
+            "one host (2 on this one)" in text and "-genv MASTER_ADDR" in text, text
+
+
+def test_open_mpi_style_job_across_hosts_finds_mpirun_through_its_hnp_uri(cluster):
+    # mpirun -H host1:2,host2:2 app.py (Open MPI 4): no MASTER_ADDR, rank 0 on mpirun's host
+    hostmap = [1, 2, 1, 2]          # --map-by node
+    hnp = f"{os.getpid()}.0;tcp://{cluster.addr(1)}:41{os.getpid() % 1000:03d}"
+
+    def env_of(r):
+        mine = [q for q in range(4) if hostmap[q] == hostmap[r]]
+        return {"OMPI_COMM_WORLD_RANK": str(r), "OMPI_COMM_WORLD_SIZE": "4",
+                "OMPI_COMM_WORLD_LOCAL_RANK": str(mine.index(r)),
+                "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "OMPI_COMM_WORLD_NODE_RANK": str(
+                    mine.index(r)), "OMPI_MCA_orte_hnp_uri": hnp}
+    _check_engine_job(_engine_job(cluster, hostmap, env_of), hostmap, lambda r: r // 2)
 
 
 def _launch_nodes(c: Cluster, placement: str, port: int, **extra: str):

@@ -10,7 +10,9 @@ host's UTS and mount namespaces alive; a command runs in the host through ``nsen
 the holder's network, UTS and mount namespaces. So every process of host K sees hostname
 ``host<K>`` and, with ``private_shm``, the same private tmpfs on /dev/shm (its ranks share
 memory, ranks of other hosts cannot): pycomm sees K hosts and uses shm inside a host and
-TCP between hosts.
+TCP between hosts. With ``private_shm`` the hosts also resolve each other's names: an
+/etc/hosts listing ``host<K> <address>`` is bind-mounted in each host's mount namespace
+(as cluster nodes resolve each other; SLURM's nodelist names hosts, not addresses).
 With ``rate`` (e.g. "2gbit") every host's eth0 egress goes through ``tc qdisc tbf``.
 
     with Cluster(2, rate="2gbit") as c:
@@ -30,6 +32,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Sequence
 
 __all__ = ["Cluster", "ClusterError", "check_support", "cleanup"]
@@ -101,6 +104,7 @@ class Cluster:
         self.bridge = f"{prefix}-br"
         self._procs: list[subprocess.Popen] = []
         self._holders: dict[int, subprocess.Popen] = {}
+        self._hosts_file: str | None = None
 
     # -- names ------------------------------------------------------------------------------
     def ns(self, k: int) -> str:
@@ -133,6 +137,12 @@ class Cluster:
         self.close()
 
     def _build(self) -> None:
+        if self.private_shm:
+            fd, self._hosts_file = tempfile.mkstemp(prefix=f"{self.prefix}-hosts-")
+            with os.fdopen(fd, "w") as fh:
+                fh.write("127.0.0.1 localhost\n" + "".join(
+                    f"{self.addr(k)} {self.hostname(k)}\n" for k in range(1, self.n + 1)))
+            os.chmod(self._hosts_file, 0o644)
         _run("ip", "link", "add", self.bridge, "type", "bridge")
         _run("ip", "link", "set", self.bridge, "up")
         for k in range(1, self.n + 1):
@@ -158,6 +168,7 @@ class Cluster:
         if self.private_shm:
             unshare += ["--mount", "--propagation", "private"]
             script += " && mount -t tmpfs -o size=50% tmpfs /dev/shm"
+            script += f" && mount --bind {shlex.quote(self._hosts_file)} /etc/hosts"
         holder = subprocess.Popen(
             ["ip", "netns", "exec", self.ns(k), *unshare, "sh", "-c",
              script + " && echo ready && exec sleep 2147483647"],
@@ -187,6 +198,12 @@ class Cluster:
                 except (ProcessLookupError, ValueError):
                     pass
         cleanup(self.prefix)
+        if self._hosts_file is not None:
+            try:
+                os.unlink(self._hosts_file)
+            except FileNotFoundError:
+                pass
+            self._hosts_file = None
 
     # -- running ----------------------------------------------------------------------------
     def command(self, k: int, argv: Sequence[str], cwd: str | None = None) -> list[str]:
