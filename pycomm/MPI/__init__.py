@@ -30,7 +30,6 @@ from pycomm.objects import dumps as _dumps
 from pycomm.objects import loads as _loads
 from pycomm.p2p import ANY_SOURCE, ANY_TAG, PROC_NULL
 
-from . import comm as _comm_mod
 from . import datatypes as _datatypes
 from . import exitnote as _exitnote
 from .coll import Intracomm
@@ -57,13 +56,17 @@ from .datatypes import (
     Datatype,
 )
 from .exceptions import ERRORS, Exception, Get_error_class, Get_error_string, mpi_error
+from .grequest import Grequest
 from .groups import GROUP_EMPTY, GROUP_NULL, Group
 from .info import INFO_ENV, INFO_NULL, KEYVAL_INVALID, Info
 from .intercomm import Intercomm
+from .membuf import BSEND, BUFFER_AUTOMATIC, Alloc_mem, Free_mem, buffer, memory
 from .message import MESSAGE_NO_PROC, MESSAGE_NULL, Message
 from .msgspec import BOTTOM
 from .graph import Graphcomm
 from .neighbor import UNWEIGHTED, WEIGHTS_EMPTY, Distgraphcomm, Topocomm
+from .objects import comm_lock as _comm_lock
+from .objects import comm_lock_table as _comm_lock_table
 from .ops import (
     BAND,
     BOR,
@@ -189,7 +192,7 @@ def Is_thread_main() -> bool:
 def Finalize() -> None:
     """Release the world (``pycomm.finalize()``); pending Bsends are flushed first."""
     if _pycomm.is_initialized():
-        _comm_mod.BSEND.drain()
+        BSEND.drain()
     _pycomm.finalize()
     _state["finalized"] = True
 
@@ -238,15 +241,25 @@ def Pcontrol(level: int) -> None:
 
 def Attach_buffer(buf) -> None:
     """Attach a buffer for ``Bsend`` (pycomm copies each buffered message privately, so
-    the buffer is only kept to be handed back by :func:`Detach_buffer`)."""
-    _comm_mod.BSEND.buffer = buf
+    the buffer is only kept to be handed back by :func:`Detach_buffer`; None or
+    ``BUFFER_AUTOMATIC``: automatic)."""
+    BSEND.attach(buf)
 
 
 def Detach_buffer():
     """Wait for every pending buffered send; return the attached buffer."""
-    _comm_mod.BSEND.drain()
-    buf, _comm_mod.BSEND.buffer = _comm_mod.BSEND.buffer, None
-    return buf
+    return BSEND.detach()
+
+
+def Flush_buffer() -> None:
+    """Wait for the pending buffered sends (MPI 4.1)."""
+    BSEND.drain()
+
+
+def Iflush_buffer() -> Request:
+    """:func:`Flush_buffer`, complete when it returns."""
+    BSEND.drain()
+    return Request()
 
 
 COMM_TYPE_SHARED, COMM_TYPE_HW_GUIDED, COMM_TYPE_HW_UNGUIDED, COMM_TYPE_RESOURCE_GUIDED = \
@@ -270,15 +283,6 @@ def Aint_diff(addr1: int, addr2: int) -> int:
     return int(addr1) - int(addr2)
 
 
-def Alloc_mem(size: int, info=INFO_NULL) -> memoryview:
-    """``size`` bytes of zeroed memory (a writable memoryview)."""
-    return memoryview(bytearray(int(size)))
-
-
-def Free_mem(mem) -> None:
-    """Memory from Alloc_mem is garbage-collected; accepted for compatibility."""
-
-
 def _world() -> Intracomm:
     out = Intracomm._wrap(_pycomm.init())
     _exitnote.arm()
@@ -300,7 +304,6 @@ _NOT_OFFERED = {
     "Open_port": "ports (MPI_Open_port)", "Close_port": "ports (MPI_Close_port)",
     "Publish_name": "name publishing", "Lookup_name": "name publishing",
     "Unpublish_name": "name publishing", "Session": "MPI sessions",
-    "Grequest": "generalized requests",
     "WIN_NULL": "one-sided communication",
     "FILE_NULL": "MPI-IO", "Register_datarep": "MPI-IO data representations",
 }

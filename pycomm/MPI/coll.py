@@ -43,13 +43,21 @@ def _wblocks(spec, size: int, w: str, arg: str, writable: bool) -> list[Msg]:
     """The per-peer messages of an Alltoallw spec (byte displacements, one type each)."""
     from .msgspec import _raw, _typed, bottom
     from .predefined import to_datatype
-    if not isinstance(spec, (list, tuple)) or len(spec) not in (3, 4):
-        raise mpi_error(ArgumentError, "ERR_ARG", f"{w}: {arg} must be [buf, (counts, "
-                        "displs), datatypes] or [buf, counts, displs, datatypes]")
-    if len(spec) == 3:
+    if not isinstance(spec, (list, tuple)) or len(spec) not in (2, 3, 4):
+        raise mpi_error(ArgumentError, "ERR_ARG", f"{w}: {arg} must be [buf, datatypes], "
+                        "[buf, (counts, displs), datatypes] or [buf, counts, displs, "
+                        "datatypes]")
+    if len(spec) == 2:
+        (buf, types), counts, displs = spec, None, None
+    elif len(spec) == 3:
         buf, (counts, displs), types = spec
     else:
         buf, counts, displs, types = spec
+    if buf is BOTTOM and (counts is None or displs is None):
+        raise mpi_error(ArgumentError, "ERR_ARG", f"{w}: {arg}: MPI.BOTTOM needs counts "
+                        "and displacements (absolute addresses)")
+    if counts is None and displs is None:   # mpi4py: one item of each type at byte 0
+        counts, displs = [1] * size, [0] * size
     raw = None if buf is BOTTOM else _raw(buf, writable, w, arg)[0]
     counts = [as_int(x, "counts", w) for x in counts]
     displs = [as_int(x, "displs", w) for x in displs]

@@ -19,36 +19,16 @@ from pycomm.groups import UNDEFINED
 from pycomm.p2p import ANY_SOURCE, ANY_TAG
 
 from .exceptions import ERRORS, mpi_error, translate_methods
+from .membuf import BSEND
 from .msgspec import Msg, as_int, message
 from .objects import ObjectMethods
 from .request import Prequest, Request, Status
 
-__all__ = ["BSEND", "BufferPool", "Comm", "fin"]
+__all__ = ["BSEND", "Comm", "fin"]
 
 IDENT, CONGRUENT, SIMILAR, UNEQUAL = 0, 1, 2, 3
 KEYVAL_TAG_UB, KEYVAL_HOST, KEYVAL_IO, KEYVAL_WTIME_IS_GLOBAL = 0, 1, 2, 3
 KEYVAL_UNIVERSE_SIZE, KEYVAL_APPNUM, KEYVAL_LASTUSEDCODE = 4, 5, 6
-
-
-class BufferPool:
-    """The buffer attached for ``Bsend`` (``MPI.Attach_buffer``): pending buffered sends
-    hold private copies of their data; ``Detach_buffer`` waits for them."""
-
-    def __init__(self) -> None:
-        self.buffer = None
-        self.pending: list = []
-
-    def add(self, request) -> None:
-        self.pending = [r for r in self.pending if not r.done]
-        self.pending.append(request)
-
-    def drain(self) -> None:
-        if self.pending:
-            self.pending[0].engine.wait_all(self.pending)
-        self.pending = []
-
-
-BSEND = BufferPool()
 
 
 def fin(*msgs: Msg):

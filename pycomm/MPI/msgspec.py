@@ -39,6 +39,7 @@ from pycomm.errors import ArgumentError, InvalidBufferError
 
 from .datatypes import Datatype
 from .exceptions import mpi_error
+from .membuf import buffer
 from .predefined import from_numpy, to_datatype
 
 __all__ = ["BOTTOM", "Msg", "as_int", "bottom", "message", "vector_message"]
@@ -46,6 +47,11 @@ __all__ = ["BOTTOM", "Msg", "as_int", "bottom", "message", "vector_message"]
 
 def _buf_error(message: str):
     return mpi_error(InvalidBufferError, "ERR_BUFFER", message)
+
+
+class NotABufferError(InvalidBufferError, TypeError):
+    """An object that is no buffer at all where a buffer is expected: a TypeError too,
+    as mpi4py raises for it."""
 
 
 def _arg_error(message: str):
@@ -95,21 +101,24 @@ def as_int(value, arg: str, where: str) -> int:
         return int(value)
     if isinstance(value, (float, np.floating)) and float(value).is_integer():
         return int(value)
+    if isinstance(value, np.ndarray) and value.ndim == 0 and value.dtype.kind in "iu":
+        return int(value)                   # a 0-d integer array, as numpy indexes take
     raise TypeError(f"{where}: {arg}={value!r} is not an integer")
 
 
 def _raw(buf, writable: bool, where: str, arg: str) -> tuple[np.ndarray, np.dtype | None]:
     """The buffer's bytes as a flat uint8 array (no copy) and its own numpy dtype."""
-    if isinstance(buf, np.ndarray):
+    if isinstance(buf, np.ndarray) and not isinstance(buf, buffer):
         arr = buf
-    elif isinstance(buf, (bytes, bytearray, memoryview)) or hasattr(buf, "__buffer__") \
+    elif isinstance(buf, (bytes, bytearray, memoryview, buffer)) or \
+            hasattr(buf, "__buffer__") \
             or not (hasattr(buf, "__array_interface__") or hasattr(buf, "__dlpack__")):
         try:
             mv = memoryview(buf)
         except TypeError:
-            raise _buf_error(f"{where}: {arg} must support the buffer protocol "
-                                     f"(numpy array, bytes, bytearray, memoryview...), got "
-                                     f"{type(buf).__name__}") from None
+            raise mpi_error(NotABufferError, "ERR_BUFFER", f"{where}: {arg} must "
+                            "support the buffer protocol (numpy array, bytes, bytearray, "
+                            f"memoryview...), got {type(buf).__name__}") from None
         if not mv.contiguous:
             raise _buf_error(f"{where}: {arg} is a non-contiguous memoryview")
         if writable and mv.readonly:
@@ -143,14 +152,25 @@ def _raw(buf, writable: bool, where: str, arg: str) -> tuple[np.ndarray, np.dtyp
 
 
 def _np_format(mv: memoryview) -> np.dtype | None:
+    """The numpy dtype of a memoryview's items (None when numpy has none), keeping an
+    explicit byte order ('<', '>', '!') so that a foreign one is caught."""
+    fmt = mv.format
     try:
-        return np.dtype(mv.format.lstrip("@=<>!"))
+        dt = np.dtype(fmt.lstrip("@=<>!"))
     except TypeError:
         return None
+    if fmt[:1] in ("<", ">", "!") and dt.itemsize == mv.itemsize:
+        dt = dt.newbyteorder(">" if fmt[0] == "!" else fmt[0])
+    return dt
 
 
 def _datatype(own: np.dtype | None, given, where: str) -> Datatype:
     if given is None:
+        if own is not None and not own.isnative:
+            # the buffer's own type decides the datatype, and MPI types are native
+            raise BufferError(f"{where}: the buffer's items are of non-native byte order "
+                              f"({own.str}); name a datatype ([buf, MPI.INT]) to send "
+                              "its bytes as they are, or convert it with astype")
         return from_numpy(own) if own is not None else from_numpy(np.dtype(np.uint8))
     dt = to_datatype(given, where)
     # pycomm.ops' packed pair dtypes read as themselves under an MPI pair type: the pair
@@ -234,8 +254,16 @@ def message(spec, where: str, arg: str, *, writable: bool, blocks: int = 1) -> M
                             "(call .Commit() first)")
     extent = dt.extent
     d = as_int(displ, "displ", where) if displ is not None else 0
+    if d < 0:
+        raise _arg_error(f"{where}: {arg}: displacement {d} is negative")
+    if d > 0 and (extent <= 0 or d * extent > raw.size):
+        raise _buf_error(f"{where}: {arg}: displacement {d} x extent {extent} is beyond "
+                         f"the buffer of {raw.size} bytes")
     if count is None:
         if extent <= 0:
+            if raw.size:
+                raise _arg_error(f"{where}: {arg}: a datatype of extent {extent} cannot "
+                                 "measure the buffer; give a count")
             count_ = 0
         else:
             avail = raw.size - d * extent
@@ -367,12 +395,18 @@ def vector_message(spec, size: int, where: str, arg: str, *, writable: bool):
         raise _arg_error(f"{where}: {arg}: derived datatype was not committed")
     extent = dt.extent
     if counts is None:
+        if raw.size and (extent <= 0 or raw.size % extent or (raw.size // extent) % size):
+            raise _buf_error(f"{where}: {arg}: buffer of {raw.size} bytes does not split "
+                             f"into {size} equal blocks of items of extent {extent}; "
+                             "give counts")
         per = raw.size // extent // size if extent > 0 else 0
         counts = [per] * size
-    elif isinstance(counts, (int, float, np.integer)):
+    elif isinstance(counts, (int, float, np.integer)) or \
+            (isinstance(counts, np.ndarray) and counts.ndim == 0):
         counts = [as_int(counts, "counts", where)] * size
     counts = _list(counts, size, "counts", where, arg)
-    if isinstance(displs, (int, float, np.integer)):    # an int: block i at i * displs
+    if isinstance(displs, (int, float, np.integer)) or \
+            (isinstance(displs, np.ndarray) and displs.ndim == 0):  # block i at i * displs
         step = as_int(displs, "displs", where)
         displs = [i * step for i in range(size)]
     if displs is None:

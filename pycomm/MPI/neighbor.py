@@ -196,11 +196,18 @@ class Topocomm(Intracomm):
 
     def neighbor_allgather(self, sendobj) -> list:
         """Object form: the list of the in-neighbours' objects (None for PROC_NULL)."""
-        return self.neighbor_alltoall([sendobj] * self.outdegree)
+        from .objects import comm_lock
+        with comm_lock(self, "neighbor_allgather"):
+            return self._neighbor_objects([sendobj] * self.outdegree)
 
     def neighbor_alltoall(self, sendobj) -> list:
         """Object form: item j of ``sendobj`` to the j-th out-neighbour; returns the list
         of what the in-neighbours sent."""
+        from .objects import comm_lock
+        with comm_lock(self, "neighbor_alltoall"):
+            return self._neighbor_objects(sendobj)
+
+    def _neighbor_objects(self, sendobj) -> list:
         comm = self._private()
         stags, rtags = self._tags()
         items = list(sendobj)

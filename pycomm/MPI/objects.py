@@ -1,10 +1,18 @@
 """mpi4py's lowercase (object) methods of ``MPI.Comm``, delegating to the Communicator's
 own object API (:mod:`pycomm.objects`: pickle, cloudpickle as fallback) after turning
-integral-float ranks and tags into ints."""
+integral-float ranks and tags into ints.
+
+As mpi4py, the object collectives hold a per-communicator lock named by the call
+(``"bcast"``, ``"gather"``, ...) while they run, so that threads sharing a communicator
+do not interleave them; ``MPI._comm_lock(comm, key)`` and ``MPI._comm_lock_table(comm)``
+give the locks (mpi4py's internal API, which its test suite and some libraries use).
+"""
 
 from __future__ import annotations
 
+import threading
 import warnings
+import weakref
 
 from pycomm.p2p import ANY_SOURCE, ANY_TAG
 
@@ -13,7 +21,31 @@ from .msgspec import as_int
 from .ops import SUM
 from .request import Request
 
-__all__ = ["ObjectMethods"]
+__all__ = ["ObjectMethods", "comm_lock", "comm_lock_table"]
+
+_LOCKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # Communicator -> dict
+_LOCKS_LOCK = threading.Lock()
+
+
+def comm_lock_table(comm) -> dict:
+    """The communicator's lock table: call name -> ``threading.Lock`` (made on first
+    use of each call). Raises ``MPI.Exception`` (ERR_COMM) for COMM_NULL."""
+    inner = comm._inner("_comm_lock_table")
+    with _LOCKS_LOCK:
+        table = _LOCKS.get(inner)
+        if table is None:
+            table = _LOCKS[inner] = {}
+        return table
+
+
+def comm_lock(comm, key=None) -> threading.Lock:
+    """The lock named ``key`` of the communicator (made on first use)."""
+    table = comm_lock_table(comm)
+    with _LOCKS_LOCK:
+        lock = table.get(key)
+        if lock is None:
+            lock = table[key] = threading.Lock()
+        return lock
 
 
 @translate_methods
@@ -80,19 +112,24 @@ class ObjectMethods:
         self._inner("barrier").barrier()
 
     def bcast(self, obj=None, root: int = 0):
-        return self._inner("bcast").bcast(obj, as_int(root, "root", "bcast"))
+        with comm_lock(self, "bcast"):
+            return self._inner("bcast").bcast(obj, as_int(root, "root", "bcast"))
 
     def gather(self, sendobj, root: int = 0):
-        return self._inner("gather").gather(sendobj, as_int(root, "root", "gather"))
+        with comm_lock(self, "gather"):
+            return self._inner("gather").gather(sendobj, as_int(root, "root", "gather"))
 
     def scatter(self, sendobj=None, root: int = 0):
-        return self._inner("scatter").scatter(sendobj, as_int(root, "root", "scatter"))
+        with comm_lock(self, "scatter"):
+            return self._inner("scatter").scatter(sendobj, as_int(root, "root", "scatter"))
 
     def allgather(self, sendobj):
-        return self._inner("allgather").allgather(sendobj)
+        with comm_lock(self, "allgather"):
+            return self._inner("allgather").allgather(sendobj)
 
     def alltoall(self, sendobj):
-        return self._inner("alltoall").alltoall(sendobj)
+        with comm_lock(self, "alltoall"):
+            return self._inner("alltoall").alltoall(sendobj)
 
     def reduce(self, sendobj, op=SUM, root: int = 0):
         return self._inner("reduce").reduce(sendobj, op, as_int(root, "root", "reduce"))

@@ -151,7 +151,8 @@ def to_datatype(value, what: str) -> Datatype:
     (``"d"``, ``"i4"``...) or a numpy dtype / scalar type.
 
     Raises:
-        TypeError: not a datatype; ArgumentError: a freed or null datatype.
+        TypeError: not a datatype; KeyError: a string that is no typecode (as mpi4py's
+        typecode table); ArgumentError: a freed or null datatype.
     """
     if isinstance(value, Datatype):
         value._check_usable(what)
@@ -160,9 +161,14 @@ def to_datatype(value, what: str) -> Datatype:
         hit = TYPEDICT.get(value)
         if hit is not None:
             return hit
+        if not (value.isprintable() and value.strip()):   # numpy reads "\0" as bool
+            raise KeyError(f"{what}: {value!r} is not a typecode ('d', 'i', 'f8'...)")
     try:
         dt = np.dtype(value)
     except TypeError:
+        if isinstance(value, str):
+            raise KeyError(f"{what}: {value!r} is not a typecode ('d', 'i', 'f8'...)") \
+                from None
         raise TypeError(f"{what}: {value!r} is not a datatype (an MPI.Datatype, a typecode "
                         "such as 'd', or a numpy dtype)") from None
     return from_numpy(dt)

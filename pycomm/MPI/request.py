@@ -1,4 +1,5 @@
-"""``MPI.Request``, ``MPI.Prequest`` (persistent requests) and ``MPI.Status``.
+"""``MPI.Request`` and ``MPI.Prequest`` (persistent requests); ``MPI.Status`` is in
+:mod:`pycomm.MPI.status`, generalized requests in :mod:`pycomm.MPI.grequest`.
 
 A façade :class:`Request` wraps one :class:`pycomm.Request` and what must run when it
 completes (unpacking a receive of a non-contiguous datatype). As in MPI, a completed
@@ -14,86 +15,11 @@ from __future__ import annotations
 from pycomm.errors import ArgumentError
 from pycomm.p2p import ANY_SOURCE, ANY_TAG
 from pycomm.request import Request as _Inner
-from pycomm.status import Status as _Status
 
 from .exceptions import translate_methods
-from .predefined import PREDEFINED, to_datatype
+from .status import UNDEFINED, Status
 
 __all__ = ["REQUEST_NULL", "UNDEFINED", "Prequest", "Request", "Status"]
-
-UNDEFINED = -32766
-
-
-@translate_methods
-class Status(_Status):
-    """Where a received message came from (mpi4py's ``MPI.Status``).
-
-    Attributes: ``source``, ``tag``, ``error``, ``cancelled``; ``count`` is in bytes.
-    ``Status(other)`` copies ``other``.
-    """
-
-    __slots__ = ()
-
-    def __init__(self, status: _Status | None = None):
-        super().__init__()
-        if status is not None and not isinstance(status, _Status):
-            raise TypeError(f"Status({status!r}): expected a Status or nothing")
-        if status is not None:
-            self.source, self.tag, self.count = status.source, status.tag, status.count
-            self.error, self.cancelled = status.error, status.cancelled
-
-    def Get_count(self, datatype=None) -> int:
-        """Items of ``datatype`` received (default ``BYTE``); ``UNDEFINED`` when the bytes
-        are not a whole number of items."""
-        size = to_datatype(PREDEFINED["BYTE"] if datatype is None else datatype,
-                           "Status.Get_count").Get_size()
-        if size == 0:
-            return 0
-        return self.count // size if self.count % size == 0 else UNDEFINED
-
-    def Get_elements(self, datatype) -> int:
-        """Basic elements of ``datatype`` received (equal to the count for basic types)."""
-        dt = to_datatype(datatype, "Status.Get_elements")
-        if dt.Get_size() == 0:
-            return 0
-        per = dt.Get_size() / max(dt._disps.size, 1)
-        return int(self.count // per) if dt.homogeneous else self.Get_count(dt)
-
-    def Set_elements(self, datatype, count: int) -> None:
-        """Record ``count`` items of ``datatype`` as received."""
-        self.count = int(count) * to_datatype(datatype, "Status.Set_elements").Get_size()
-
-    def Set_source(self, source: int) -> None:
-        self.source = int(source)
-
-    def Set_tag(self, tag: int) -> None:
-        self.tag = int(tag)
-
-    def Set_error(self, error: int) -> None:
-        self.error = int(error)
-
-    def Set_cancelled(self, flag: bool) -> None:
-        self.cancelled = bool(flag)
-
-    def Get_source(self) -> int:
-        return self.source
-
-    def Get_tag(self) -> int:
-        return self.tag
-
-    def Get_error(self) -> int:
-        return self.error
-
-    def Is_cancelled(self) -> bool:
-        return self.cancelled
-
-    def __eq__(self, other) -> bool:
-        if not isinstance(other, _Status):
-            return NotImplemented
-        return (self.source, self.tag, self.count, self.error, self.cancelled) == \
-            (other.source, other.tag, other.count, other.error, other.cancelled)
-
-    __hash__ = None
 
 
 def _null(call: str):
@@ -110,7 +36,6 @@ def _clear(status) -> None:
         status.error, status.cancelled = 0, False
 
 
-@translate_methods
 def _extend(statuses, n: int) -> None:
     """Grow a list of statuses to ``n`` with new Status objects (mpi4py's Waitall,
     Waitsome...)."""
@@ -118,18 +43,26 @@ def _extend(statuses, n: int) -> None:
         statuses.extend(Status() for _ in range(n - len(statuses)))
 
 
+@translate_methods
 class Request:
     """A pending operation (mpi4py's ``MPI.Request``); ``Request()`` is a null request."""
 
-    __slots__ = ("_finish", "_r")
+    __slots__ = ("_finish", "_p", "_r")
 
     def __init__(self, request: Request | None = None):
         if isinstance(request, Request):
             self._r, self._finish = request._r, request._finish
+            self._p = request._ident() if isinstance(request, Prequest) else None
         elif request is None:
-            self._r, self._finish = None, None
+            self._r, self._finish, self._p = None, None, None
         else:
             raise TypeError(f"Request({request!r}): expected an MPI.Request or nothing")
+
+    def _ident(self):
+        """What this handle names: its pending operation, or the persistent request it
+        was made from (``Request(prequest) == prequest``); None when null."""
+        p = getattr(self, "_p", None)     # unset in the requests _wrap makes
+        return self._r if p is None else p
 
     @classmethod
     def _wrap(cls, inner: _Inner, finish=None) -> Request:
@@ -151,10 +84,10 @@ class Request:
     def __eq__(self, other) -> bool:
         if not isinstance(other, Request):
             return NotImplemented
-        return self._r is other._r
+        return self._ident() is other._ident()
 
     def __hash__(self) -> int:
-        return id(self._r)
+        return id(self._ident())
 
     def __repr__(self) -> str:
         return "<MPI.Request null>" if self._r is None else f"<MPI.Request {self._r!r}>"
@@ -457,6 +390,8 @@ class Prequest(Request):
     __slots__ = ("_freed", "_start")
 
     def __init__(self, request: Request | None = None):
+        if request is not None and not isinstance(request, Prequest):
+            raise TypeError(f"Prequest({request!r}): expected a persistent request")
         super().__init__(request)
         self._start = getattr(request, "_start", None)
         self._freed = getattr(request, "_freed", request is None)
@@ -485,15 +420,9 @@ class Prequest(Request):
     def __bool__(self) -> bool:
         return not getattr(self, "_freed", False)
 
-    def __eq__(self, other) -> bool:
-        if not isinstance(other, Request):
-            return NotImplemented
-        return self is other or (self._start is not None and
-                                 self._start is getattr(other, "_start", None)) or \
-            (not self and not other)
-
-    def __hash__(self) -> int:
-        return id(self._start)
+    def _ident(self):
+        """The persistent request (its start function), None once freed."""
+        return None if getattr(self, "_freed", True) else self._start
 
 
 REQUEST_NULL = Request()
