@@ -140,6 +140,29 @@ def test_exception_classes_of_null_handles_and_keyvals():
     assert MPI.Intercomm() == MPI.COMM_NULL and MPI.Intercomm() is not MPI.COMM_NULL
 
 
+def test_user_error_classes_codes_and_strings():
+    errclass = MPI.Add_error_class()
+    assert errclass > MPI.ERR_LASTCODE and MPI.Get_error_string(errclass) == ""
+    code = MPI.Add_error_code(errclass)
+    MPI.Add_error_string(code, "disk on fire")
+    assert (MPI.Get_error_class(code), MPI.Get_error_string(code)) == \
+        (errclass, "disk on fire")
+    assert MPI.Exception(code).Get_error_class() == errclass
+    assert MPI.Add_error_code(MPI.ERR_ARG) > code      # codes of predefined classes too
+    for call in (lambda: MPI.Remove_error_class(errclass),    # a code is left
+                 lambda: MPI.Remove_error_code(code),         # it has a string
+                 lambda: MPI.Remove_error_class(MPI.ERR_ARG)):
+        with pytest.raises(MPI.Exception):
+            call()
+    MPI.Remove_error_string(code)
+    MPI.Remove_error_code(code)
+    MPI.Remove_error_class(errclass)
+    with pytest.raises(MPI.Exception):
+        MPI.Remove_error_class(errclass)
+    assert MPI.Exception(MPI.ERR_ARG) > MPI.SUCCESS and repr(MPI.Exception(3)) == \
+        "MPI.Exception(3)"
+
+
 # -- message specs ------------------------------------------------------------------------
 def _rank_specs() -> list:
     comm = MPI.COMM_SELF

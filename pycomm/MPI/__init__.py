@@ -55,7 +55,19 @@ from .datatypes import (
     ORDER_FORTRAN,
     Datatype,
 )
-from .exceptions import ERRORS, Exception, Get_error_class, Get_error_string, mpi_error
+from .exceptions import (
+    ERRORS,
+    Add_error_class,
+    Add_error_code,
+    Add_error_string,
+    Exception,
+    Get_error_class,
+    Get_error_string,
+    Remove_error_class,
+    Remove_error_code,
+    Remove_error_string,
+    mpi_error,
+)
 from .grequest import Grequest
 from .groups import GROUP_EMPTY, GROUP_NULL, Group
 from .info import INFO_ENV, INFO_NULL, KEYVAL_INVALID, Info
@@ -110,7 +122,7 @@ MAX_OBJECT_NAME = 128
 MAX_LIBRARY_VERSION_STRING = 8192
 MAX_INFO_KEY, MAX_INFO_VAL = 255, 1024
 BSEND_OVERHEAD = 96          # bytes per message MPI says to add when sizing Attach_buffer
-VERSION, SUBVERSION = 4, 0
+VERSION, SUBVERSION = 4, 1
 DISTRIBUTE_BLOCK, DISTRIBUTE_CYCLIC, DISTRIBUTE_NONE = 121, 122, 123
 DISTRIBUTE_DFLT_DARG = -49767
 
@@ -207,7 +219,7 @@ def Is_finalized() -> bool:
 
 
 def Get_version() -> tuple[int, int]:
-    """The MPI standard version whose names pycomm.MPI follows: ``(4, 0)``."""
+    """The MPI standard version whose names pycomm.MPI follows: ``(4, 1)``."""
     return VERSION, SUBVERSION
 
 

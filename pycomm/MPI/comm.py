@@ -18,7 +18,7 @@ from pycomm.groups import COMM_NULL as _COMM_NULL
 from pycomm.groups import UNDEFINED
 from pycomm.p2p import ANY_SOURCE, ANY_TAG
 
-from .exceptions import ERRORS, mpi_error, translate_methods
+from .exceptions import last_used_code, mpi_error, translate_methods
 from .membuf import BSEND
 from .msgspec import Msg, as_int, message
 from .objects import ObjectMethods
@@ -158,7 +158,7 @@ class Comm(ObjectMethods):
         check_keyval(keyval, "Comm.Get_attr")
         fixed = {KEYVAL_TAG_UB: TAG_UB, KEYVAL_HOST: -1, KEYVAL_IO: ANY_SOURCE,
                  KEYVAL_WTIME_IS_GLOBAL: False, KEYVAL_APPNUM: None,
-                 KEYVAL_LASTUSEDCODE: ERRORS["ERR_LASTCODE"]}
+                 KEYVAL_LASTUSEDCODE: last_used_code()}
         if keyval == KEYVAL_UNIVERSE_SIZE:
             return self.Get_size()
         if keyval in fixed:

@@ -27,6 +27,13 @@ from pycomm.errors import (
 
 __all__ = [
     "ERRORS",
+    "Add_error_class",
+    "Add_error_code",
+    "Add_error_string",
+    "Remove_error_class",
+    "Remove_error_code",
+    "Remove_error_string",
+    "last_used_code",
     "Exception",
     "Get_error_class",
     "Get_error_string",
@@ -77,23 +84,94 @@ ERRORS: dict[str, int] = {name: code for name, code, _ in _CLASSES}
 _TEXT = {code: f"MPI_{name}: {text}" for name, code, text in _CLASSES}
 
 
+# user-defined error classes and codes (Add_error_class/code): code -> its class, and
+# the strings Add_error_string attached; numbered from ERR_LASTCODE + 1 upwards
+_USER_CLASS: dict[int, int] = {}
+_USER_TEXT: dict[int, str] = {}
+_LAST = [ERRORS["ERR_LASTCODE"]]
+
+
 def Get_error_string(errorcode: int) -> str:
-    """The text of an error code or class (``"MPI_ERR_TRUNCATE: message truncated"``).
+    """The text of an error code or class (``"MPI_ERR_TRUNCATE: message truncated"``;
+    for a user-defined one, what ``Add_error_string`` set, else ``""``).
 
     Raises:
         ValueError: not a known code.
     """
     try:
-        return _TEXT[int(errorcode)]
+        code = int(errorcode)
+        return _USER_TEXT.get(code, "") if code in _USER_CLASS else _TEXT[code]
     except (KeyError, TypeError, ValueError):
         raise ValueError(f"Get_error_string: {errorcode!r} is not an MPI error code") \
             from None
 
 
 def Get_error_class(errorcode: int) -> int:
-    """The error class of a code: pycomm's codes are the classes themselves."""
+    """The error class of a code: pycomm's own codes are the classes themselves."""
     Get_error_string(errorcode)
-    return int(errorcode)
+    return _USER_CLASS.get(int(errorcode), int(errorcode))
+
+
+def last_used_code() -> int:
+    """The largest error code in use (the ``LASTUSEDCODE`` attribute)."""
+    return _LAST[0]
+
+
+def Add_error_class() -> int:
+    """A new error class (above ``ERR_LASTCODE``), which is its own first code."""
+    _LAST[0] += 1
+    _USER_CLASS[_LAST[0]] = _LAST[0]
+    return _LAST[0]
+
+
+def Add_error_code(errorclass: int) -> int:
+    """A new error code of ``errorclass`` (predefined or user-defined)."""
+    Get_error_string(errorclass)
+    _LAST[0] += 1
+    _USER_CLASS[_LAST[0]] = Get_error_class(errorclass)
+    return _LAST[0]
+
+
+def Add_error_string(errorcode: int, string: str) -> None:
+    """Attach ``string`` to a user-defined code or class."""
+    _user(errorcode, "Add_error_string")
+    _USER_TEXT[int(errorcode)] = str(string)
+
+
+def _user(errorcode: int, call: str) -> int:
+    code = int(errorcode)
+    if code not in _USER_CLASS:
+        raise Exception(ERRORS["ERR_ARG"], f"{call}: {errorcode!r} is not a user-defined "
+                        "error code")
+    return code
+
+
+def Remove_error_string(errorcode: int) -> None:
+    """Remove the string of a user-defined code or class (MPI 4.1)."""
+    _USER_TEXT.pop(_user(errorcode, "Remove_error_string"), None)
+
+
+def Remove_error_code(errorcode: int) -> None:
+    """Remove a user-defined code that has no string any more (MPI 4.1).
+
+    Raises:
+        MPI.Exception (ERR_ARG): not a user-defined code, a class, or one with a string.
+    """
+    code = _user(errorcode, "Remove_error_code")
+    if _USER_CLASS[code] == code or code in _USER_TEXT:
+        raise Exception(ERRORS["ERR_ARG"], f"Remove_error_code: {code} is an error class "
+                        "or still has a string")
+    del _USER_CLASS[code]
+
+
+def Remove_error_class(errorclass: int) -> None:
+    """Remove a user-defined class that has no string and no codes left (MPI 4.1)."""
+    code = _user(errorclass, "Remove_error_class")
+    if _USER_CLASS[code] != code or code in _USER_TEXT or \
+            any(c != code and k == code for c, k in _USER_CLASS.items()):
+        raise Exception(ERRORS["ERR_ARG"], f"Remove_error_class: {code} is not a class "
+                        "without codes and string")
+    del _USER_CLASS[code]
 
 
 class Exception(CommError):
@@ -108,6 +186,8 @@ class Exception(CommError):
 
     def __init__(self, ierr: int = ERRORS["ERR_OTHER"], message: str | None = None):
         code = int(ierr)
+        if code < 0:                # as mpi4py: a negative code is no MPI error code
+            code = ERRORS["ERR_UNKNOWN"]
         super().__init__(message if message is not None else _TEXT.get(code, str(code)))
         self.error_code = code
 
@@ -119,13 +199,28 @@ class Exception(CommError):
         return self.error_code
 
     def Get_error_class(self) -> int:
-        return self.error_code
+        return _USER_CLASS.get(self.error_code, self.error_code)
 
     def Get_error_string(self) -> str:
         return _TEXT.get(self.error_code, str(self))
 
     def __int__(self) -> int:
         return self.error_code
+
+    def __repr__(self) -> str:
+        return f"MPI.Exception({self.error_code})"
+
+    def __lt__(self, other) -> bool:
+        return int(self) < int(other)
+
+    def __le__(self, other) -> bool:
+        return int(self) <= int(other)
+
+    def __gt__(self, other) -> bool:
+        return int(self) > int(other)
+
+    def __ge__(self, other) -> bool:
+        return int(self) >= int(other)
 
     def __bool__(self) -> bool:
         return self.error_code != 0
