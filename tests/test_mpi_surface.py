@@ -299,5 +299,45 @@ def _rank_intercomm_parent() -> list:
     return bad
 
 
+def _rank_session() -> list:
+    world = MPI.COMM_WORLD
+    bad: list = []
+    s = MPI.Session.Init()
+    names = [s.Get_nth_pset(n) for n in range(s.Get_num_psets())]
+    if names != ["mpi://WORLD", "mpi://SELF"]:
+        bad.append(f"psets {names}")
+    sizes = [s.Get_pset_info(n).Get("mpi_size") for n in names]
+    if sizes != [str(world.size), "1"]:
+        bad.append(f"pset sizes {sizes}")
+    g = MPI.Group.Create_from_session_pset(s, "mpi://WORLD")
+    comm = MPI.Intracomm.Create_from_group(g, "session-test")
+    total = comm.allreduce(world.rank)
+    if (g.size, g.rank, total) != (world.size, world.rank, sum(range(world.size))):
+        bad.append(f"WORLD group {(g.size, g.rank, total)}")
+    comm.Free()
+    me = s.Create_group("mpi://SELF")
+    if (me.size, me.rank) != (1, 0):
+        bad.append(f"SELF group {(me.size, me.rank)}")
+    for call, code in ((lambda: s.Get_nth_pset(2), MPI.ERR_ARG),
+                       (lambda: s.Create_group("mpi://NOPE"), MPI.ERR_ARG),
+                       (MPI.SESSION_NULL.Get_num_psets, MPI.ERR_SESSION)):
+        try:
+            call()
+            bad.append("no error")
+        except MPI.Exception as exc:
+            if exc.Get_error_class() != code:
+                bad.append(f"error class {exc.Get_error_class()} != {code}")
+    if MPI.Session(s) != s or not s:
+        bad.append("a second handle differs")
+    s.Finalize()
+    if s != MPI.SESSION_NULL:
+        bad.append("Finalize left the handle non-null")
+    return bad
+
+
+def test_sessions(world_small):
+    assert world_small.run(_rank_session) == [[]] * world_small.size
+
+
 def test_intercomm_null_and_disconnect(world_small):
     assert world_small.run(_rank_intercomm_parent) == [[]] * world_small.size

@@ -99,6 +99,7 @@ from .ops import (
 )
 from .predefined import PREDEFINED
 from .request import REQUEST_NULL, Prequest, Request, Status
+from .session import SESSION_NULL, Session
 from .handles import install as _install_handles
 from .pickling import install as _install_pickling
 from .topo import CART, DIST_GRAPH, GRAPH, Cartcomm, Compute_dims
@@ -315,7 +316,7 @@ _NOT_OFFERED = {
     "Win": "one-sided communication (MPI windows)", "File": "MPI-IO (MPI.File)",
     "Open_port": "ports (MPI_Open_port)", "Close_port": "ports (MPI_Close_port)",
     "Publish_name": "name publishing", "Lookup_name": "name publishing",
-    "Unpublish_name": "name publishing", "Session": "MPI sessions",
+    "Unpublish_name": "name publishing",
     "WIN_NULL": "one-sided communication",
     "FILE_NULL": "MPI-IO", "Register_datarep": "MPI-IO data representations",
 }

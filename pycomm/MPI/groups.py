@@ -94,6 +94,11 @@ class Group:
         """IDENT, SIMILAR or UNEQUAL."""
         return self._inner().Compare(group._inner())
 
+    @classmethod
+    def Create_from_session_pset(cls, session, pset_name: str) -> Group:
+        """The group of a session's process set (``session.Create_group``)."""
+        return session.Create_group(pset_name)
+
     def Free(self) -> None:
         """The handle becomes GROUP_NULL."""
         self._g = None
