@@ -35,7 +35,7 @@ import time
 import numpy as np
 
 from . import config, trace as _trace
-from .buffers import IN_PLACE, as_array, byte_view
+from .buffers import _CASTABLE, IN_PLACE, as_array, byte_view
 from .errors import (ArgumentError, CollectiveError, CollectiveMismatchError, CommError,
                      CommTimeoutError, InvalidBufferError, PeerError, TruncationError)
 from .groups import GroupMethods
@@ -246,6 +246,17 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
                 receive posted later never reads ``buf`` (see :mod:`pycomm.p2p`).
             PeerError: ``dest`` died.
         """
+        eng = self._engine
+        # The common case, a small numpy array that the transport takes at once, needs no
+        # request: the checks the general path makes (with their messages) are inlined.
+        if type(buf) is np.ndarray and type(dest) is int and type(tag) is int and \
+                0 < buf.nbytes <= eng.eager_limit and 0 <= dest < self.size and \
+                0 <= tag <= TAG_UB and not eng._threaded and buf.flags.c_contiguous and \
+                buf.dtype.char in _CASTABLE and not self._freed:
+            w = self._world[dest]
+            if eng.send_now(buf.data.cast("B"), w, self._pctx, tag):
+                _trace.instant("Send", self, tag, buf.nbytes, w)
+                return
         self._wait_posted([self.Isend(buf, dest, tag)], timeout)
 
     def Issend(self, buf, dest: int, tag: int = 0) -> Request:
@@ -279,10 +290,32 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
 
     def Recv(self, buf, source: int = ANY_SOURCE, tag: int = ANY_TAG,
              status: Status | None = None, *, timeout: float | None = None) -> None:
-        """Blocking receive into ``buf``; fills ``status`` (source, tag, count in bytes)."""
-        req = self.Irecv(buf, source, tag)
-        self._wait_posted([req], timeout)
-        self._status_of(req, status)
+        """Blocking receive into ``buf``; fills ``status`` (source, tag, count in bytes).
+
+        Raises:
+            ArgumentError, InvalidBufferError: as :meth:`Irecv`; TruncationError: the
+            message is larger than ``buf``; CommTimeoutError: nothing matched within
+            ``timeout`` seconds (default ``PYCOMM_TIMEOUT``); PeerError: ``source`` died.
+        """
+        eng = self._engine
+        if type(buf) is np.ndarray and type(source) is int and type(tag) is int and \
+                buf.nbytes and (0 <= source < self.size or source == ANY_SOURCE) and \
+                (0 <= tag <= TAG_UB or tag == ANY_TAG) and not eng._threaded and \
+                buf.flags.c_contiguous and buf.flags.writeable and \
+                buf.dtype.char in _CASTABLE and not self._freed:
+            # the common case with the checks of Irecv inlined (see Send)
+            req = eng.irecv(buf.data.cast("B"), self._world[source] if source >= 0 else
+                            ANY_SOURCE, self._pctx, tag)
+            req.comm = self
+            if req.done and req.error is None:      # taken from the unexpected queue
+                _trace.instant("Recv", self, tag, req.nbytes, req.peer)
+            else:
+                self._wait_posted([req], timeout)
+        else:
+            req = self.Irecv(buf, source, tag)
+            self._wait_posted([req], timeout)
+        if status is not None:
+            self._status_of(req, status)
 
     def Sendrecv(self, sendbuf, dest: int, sendtag: int = 0, recvbuf=None,
                  source: int = ANY_SOURCE, recvtag: int = ANY_TAG,

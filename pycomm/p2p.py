@@ -250,6 +250,21 @@ class Engine(Waiting):
             raise self._peer_error(exc) from None
         return req
 
+    def send_now(self, view: memoryview, dest: int, ctx: int, tag: int) -> bool:
+        """Send a point-to-point message of at most ``eager_limit`` bytes to world rank
+        ``dest`` if its transport takes the whole frame at once (True); False when nothing
+        was sent and :meth:`isend` must be used (a full ring, this rank itself, a transport
+        without the capability, an abandoned call's tag)."""
+        if dest == self.rank or (self.aborted and (ctx, tag) in self.aborted):
+            return False
+        hdr = _EAGER_HEADERS.get((ctx, tag))
+        if hdr is None:
+            hdr = _eager_header(ctx, tag)
+        try:
+            return self.route[dest].send_now(dest, hdr, view)
+        except TransportError as exc:
+            raise self._peer_error(exc) from None
+
     def irecv(self, view: memoryview | None, source: int, ctx: int, tag: int,
               sig: tuple[int, int] | None = None) -> Request:
         """Post a receive into ``view`` (None: allocate a bytearray of the message's size).
@@ -544,6 +559,37 @@ class Engine(Waiting):
         return u
 
     # -- Sink: called by transports inside progress() -------------------------------------
+    def on_frame(self, peer: int, header: bytes, payload: memoryview) -> None:
+        """A whole frame at once: a point-to-point eager message that a posted receive
+        matches is copied straight into it; anything else goes through :meth:`on_header`
+        and :meth:`on_payload`."""
+        h = _HEADERS.get(header)        # cached: point-to-point eager headers only
+        if h is not None:
+            ctx, tag = h[1], h[2]
+            posted = self.posted
+            for i, r in enumerate(posted):
+                if r.ctx == ctx and (r.peer == peer or r.peer == ANY_SOURCE) and \
+                        (r.tag == tag or (r.tag == ANY_TAG and tag >= 0)):
+                    if r.sig is not None:
+                        break
+                    del posted[i]
+                    n = len(payload)
+                    if n == r.nbytes and r.on_done is None:     # _dest_for, _complete
+                        r.source, r.tag, r.count = peer, tag, n
+                        r.view[:] = payload
+                        r.done = True
+                        return
+                    dest = self._dest_for(r, peer, tag, n)
+                    if n:
+                        dest[:n] = payload
+                    r._complete()
+                    return
+        n = len(payload)
+        dest = self.on_header(peer, header, n)
+        if n:
+            dest[:n] = payload
+        self.on_payload(peer)
+
     def on_header(self, peer: int, header: bytes, nbytes: int):
         h = _HEADERS.get(header)
         if h is None:

@@ -90,6 +90,18 @@ def _begin_keeping(op: str, comm, seq: int, nbytes: int, algorithm: str | None,
     return n
 
 
+def instant(op: str, comm, seq: int, nbytes: int, peer: int) -> None:
+    """Record a point-to-point call that completed within the call itself (an eager Send
+    whose frame the transport took at once); arguments as for :func:`begin`."""
+    n = next(_counter)
+    i = n % _cap
+    if _spill is not None and _calls[i] is not None:
+        _keep(i)                        # PYCOMM_TRACE: as _begin_keeping
+    t = _now()
+    _calls[i] = (op, comm, seq, nbytes, None, peer, t, n)
+    _ends[i] = t
+
+
 def end(n: int) -> None:
     """Record that call ``n`` completed (ignored when the ring has reused its slot)."""
     i = n % _cap

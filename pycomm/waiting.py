@@ -84,6 +84,18 @@ class Waiting:
         if not req.done:
             if req.expect == OFFLOADED and self._threaded:
                 self._wait_offloaded(lambda: req.done, timeout, req)
+            elif len(self.transports) == 1 and not self._threaded and not self._yield_gil:
+                # Spin on the one transport directly: a small message's latency is
+                # mostly the period of this loop.
+                poll = self.transports[0].progress
+                spin_end = _perf() + self.spin_s
+                try:
+                    while not req.done:
+                        if not poll() and _perf() >= spin_end:
+                            self._wait_slow(lambda: req.done, timeout, req, spin=False)
+                            break
+                except TransportError as exc:
+                    raise self._peer_error(exc) from None
             else:
                 self.progress()
                 if not req.done:
@@ -142,10 +154,11 @@ class Waiting:
                     raise self._offloaded_timeout(limit)
                 self._done_cv.wait(min(left, _LIVENESS_S))
 
-    def _wait_slow(self, cond, timeout, req, what: str = "operation") -> None:
+    def _wait_slow(self, cond, timeout, req, what: str = "operation",
+                   spin: bool = True) -> None:
         progress = self.progress
         now = _perf()
-        spin_end = now + self.spin_s
+        spin_end = now + self.spin_s if spin else now
         yield_gil = self._yield_gil
         # the progress thread itself need not yield to the collective it is running
         others = self._threaded and threading.get_ident() != self.offload_ident

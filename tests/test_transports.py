@@ -112,6 +112,43 @@ def test_exchange_both_ways(name, opts, n):
     assert not glob.glob(f"/dev/shm/pycomm-{job}-*")
 
 
+@pytest.mark.parametrize("name", ["shm", "tcp"])
+def test_send_now_writes_whole_frames_in_order_or_refuses(name):
+    """Engine.send_now (a blocking Send's path without a request) hands a frame over only
+    when the transport takes it at once: never on TCP, never past a full shm ring or ahead
+    of frames queued before it; what it refuses goes by isend, and the receiver gets every
+    message once, in the order sent."""
+    engines, ts, job = make_pair(name, **({"ring_bytes": 4096} if name == "shm" else {}))
+    try:
+        sender, receiver = engines
+        sent, refused = [], 0
+        for i in range(400):            # 400 x ~50 B: more than the 4 KiB ring holds
+            msg = np.full(32, i % 251, np.uint8)
+            if sender.send_now(msg.data, 1, 0, 7):
+                sent.append(None)
+            else:
+                refused += 1
+                sent.append(sender.isend(msg.data, 1, 0, 7))
+        out = [np.zeros(32, np.uint8) for _ in range(400)]
+        rr = [receiver.irecv(o.data, 0, 0, 7) for o in out]
+        pending = [r for r in sent if r is not None]
+        done = threading.Thread(target=sender.wait_all, args=(pending,))
+        done.start()
+        receiver.wait_all(rr, timeout=20)
+        done.join()
+        assert [int(o[0]) for o in out] == [i % 251 for i in range(400)]
+        assert all((o == o[0]).all() for o in out)
+        if name == "tcp":
+            assert refused == 400
+        else:
+            assert 0 < refused < 400 and sent[0] is None
+        assert not sender.send_now(np.ones(4, np.uint8).data, 0, 0, 7)   # to itself
+    finally:
+        for t in ts:
+            t.close()
+    assert not glob.glob(f"/dev/shm/pycomm-{job}-*")
+
+
 def test_shm_segments_are_unlinked_after_connect():
     engines, ts, job = make_pair("shm")
     try:

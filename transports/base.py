@@ -28,6 +28,7 @@ from abc import ABC, abstractmethod
 from typing import Any, ClassVar, Protocol
 
 __all__ = ["Store", "Sink", "Transport", "TransportError", "PeerLostError", "HandshakeError",
+           "whole_frame_handler",
            "RemoteAccessError", "ExposureFlags", "PREFIX", "MAX_HEADER", "host_identity"]
 
 PREFIX = struct.Struct("<IQ")
@@ -129,6 +130,25 @@ class Sink(Protocol):
     def on_sent(self, token: Any) -> None:
         """A queued send's payload has left the caller's buffer."""
 
+    # Optional: ``on_frame(peer, header, payload)``, a whole frame at once (``payload`` a
+    # byte view valid only during the call), which saves a small message the hand-over
+    # between on_header and on_payload; see :func:`whole_frame_handler`.
+
+
+def whole_frame_handler(sink: Sink):
+    """The sink's ``on_frame``, or one made of its ``on_header`` and ``on_payload``."""
+    on_frame = getattr(sink, "on_frame", None)
+    if on_frame is not None:
+        return on_frame
+
+    def on_frame(peer: int, header: bytes, payload: memoryview) -> None:
+        n = len(payload)
+        dest = sink.on_header(peer, header, n)
+        if n:
+            dest[:n] = payload
+        sink.on_payload(peer)
+    return on_frame
+
 
 def host_identity() -> str:
     """Return a string equal for two processes exactly when they share a kernel and /dev/shm.
@@ -198,6 +218,12 @@ class Transport(ABC):
     @abstractmethod
     def send(self, peer: int, header: bytes, payload: memoryview | None, token: Any) -> bool:
         """Queue one frame to ``peer``; True when the payload buffer is already free."""
+
+    def send_now(self, peer: int, header: bytes, payload: memoryview) -> bool:
+        """Hand one whole frame to the medium at once, if it can take it without queueing;
+        False (nothing sent) otherwise. A blocking send of a small message then needs no
+        request. Default: never."""
+        return False
 
     @abstractmethod
     def progress(self) -> bool:

@@ -51,7 +51,7 @@ import errno
 import struct
 
 from .base import (MAX_HEADER, PREFIX, ExposureFlags, PeerLostError, RemoteAccessError,
-                   Transport, TransportError, host_identity)
+                   Transport, TransportError, host_identity, whole_frame_handler)
 from .linux import copy_remote, futex_wait as _futex_wait, futex_wake as _futex_wake
 
 __all__ = ["ShmTransport", "segment_name"]
@@ -173,6 +173,7 @@ class ShmTransport(Transport):
     def __init__(self, rank, size, job_id, token, sink, *, ring_bytes: int = 1 << 20,
                  cma: bool = True, coll_bytes: int = 0, **options: Any):
         super().__init__(rank, size, job_id, token, sink)
+        self._on_frame = whole_frame_handler(sink)
         if ring_bytes < 4096 or ring_bytes % 64:
             raise ValueError(f"ring_bytes={ring_bytes} must be a multiple of 64, >= 4096")
         self.ring_bytes = ring_bytes
@@ -276,28 +277,37 @@ class ShmTransport(Transport):
         return not err and buf.raw == info["probe_value"]
 
     # -- sending --------------------------------------------------------------------------
+    def send_now(self, peer: int, header: bytes, payload) -> bool:
+        """Write a whole frame into ``peer``'s ring at once if it fits there unwrapped and
+        nothing is queued before it; False (nothing written) otherwise."""
+        ring = self._out[peer]
+        if ring.queue:
+            return False
+        hlen = len(header)
+        plen = len(payload)
+        ctl = ring.ctl
+        head = ctl[_HEAD]
+        end = 12 + hlen + plen
+        pos = head % ring.size
+        if pos + end > ring.size or end > ring.size - (head - ctl[_TAIL]):
+            return False
+        data = ring.data
+        PREFIX.pack_into(data, pos, hlen, plen)
+        pos += 12
+        data[pos:pos + hlen] = header
+        if plen:
+            pos += hlen
+            data[pos:pos + plen] = payload
+        ctl[_HEAD] = head + end
+        ring.seg.ring_doorbell()
+        return True
+
     def send(self, peer: int, header: bytes, payload, token: Any) -> bool:
+        if self.send_now(peer, header, payload if payload is not None else b""):
+            return True
         ring = self._out[peer]
         hlen = len(header)
-        plen = len(payload) if payload is not None else 0
-        if not ring.queue:
-            # Fast path: the whole frame fits before the end of the ring: write it in place.
-            ctl = ring.ctl
-            head = ctl[_HEAD]
-            end = 12 + hlen + plen
-            pos = head % ring.size
-            if pos + end <= ring.size and end <= ring.size - (head - ctl[_TAIL]):
-                data = ring.data
-                PREFIX.pack_into(data, pos, hlen, plen)
-                pos += 12
-                data[pos:pos + hlen] = header
-                if plen:
-                    pos += hlen
-                    data[pos:pos + plen] = payload
-                ctl[_HEAD] = head + end
-                ring.seg.ring_doorbell()
-                return True
-        hb = PREFIX.pack(hlen, plen) + header
+        hb = PREFIX.pack(hlen, len(payload) if payload is not None else 0) + header
         if not ring.queue:
             ctl = ring.ctl
             head = ctl[_HEAD]
@@ -377,6 +387,7 @@ class ShmTransport(Transport):
         ctl = ring.ctl
         tail = start = ctl[_TAIL]
         sink, peer = self.sink, ring.peer
+        on_frame = self._on_frame
         size, data = ring.size, ring.data
         while True:
             avail = head - tail
@@ -390,12 +401,9 @@ class ShmTransport(Transport):
                     if end <= avail and pos + end <= size and hlen <= MAX_HEADER:
                         # Fast path: a whole frame, contiguous: no state to keep.
                         pos += 12
-                        dest = sink.on_header(peer, bytes(data[pos:pos + hlen]), plen)
-                        if plen:
-                            pos += hlen
-                            dest[:plen] = data[pos:pos + plen]
+                        on_frame(peer, bytes(data[pos:pos + hlen]),
+                                 data[pos + hlen:pos + hlen + plen])
                         tail += end
-                        sink.on_payload(peer)
                         continue
                 if pos + 12 <= ring.size:          # the usual case: no wrap, no copy
                     hlen, plen = PREFIX.unpack_from(ring.data, pos)
