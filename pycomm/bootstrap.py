@@ -15,8 +15,10 @@ SLURM (srun)    SLURM_PROCID / SLURM_NTASKS               MASTER_ADDR or the fir
                 PER_NODE)                                 or a port from the job id
 mpiexec, Hydra  PMI_RANK / PMI_SIZE                       one host: 127.0.0.1, a port from
                 (MPI_LOCALRANKID / MPI_LOCALNRANKS)       the launcher's proxy; more hosts:
-                                                          MASTER_ADDR and MASTER_PORT + 1
-                                                          (Hydra names no host of rank 0)
+                                                          MASTER_ADDR and MASTER_PORT + 1,
+                                                          else rank 0 publishes its address
+                                                          and port through PMI (PMI_FD or
+                                                          PMI_PORT; :mod:`pycomm.pmi`)
 mpiexec, Open   OMPI_COMM_WORLD_RANK / _SIZE              MASTER_ADDR, else mpirun's host
 MPI             (OMPI_COMM_WORLD_LOCAL_RANK / _LOCAL_     from OMPI_MCA_orte_hnp_uri (<= 4);
                 SIZE)                                     port from MASTER_PORT + 1, the
@@ -27,8 +29,17 @@ none            a world of size 1                         none
 
 Where the store's host is derived (not given), rank 0 checks that it is an address of its
 own host and says what to set when not (a non-block SLURM distribution, an mpirun on a
-login node), rather than leaving the others to wait for a store nobody serves; a
-multi-host mpiexec whose variables name no host of rank 0 is the same clear error.
+login node), rather than leaving the others to wait for a store nobody serves.
+
+A multi-host Hydra job needs no ``MASTER_ADDR``: as MPI libraries do, the ranks use the
+PMI connection Hydra gives each process. Rank 0 starts the store on a free port (or
+``MASTER_PORT + 1``), publishes its address, port and a fresh job secret in the job's PMI
+key-value space, and every rank reads them after a PMI barrier (the job id comes from the
+space's name). The address is ``MASTER_ADDR`` or ``PYCOMM_HOST`` when set, else what the
+name Hydra knows rank 0's host by (``PMI_HOSTNAME``, then the hostname) resolves to; when
+that is loopback or not rank 0's, every rank stops with that reason and what to set. A
+multi-host mpiexec that gives neither a PMI connection nor ``MASTER_ADDR`` (Open MPI 5) is
+a clear error naming what to set.
 
 ``PYCOMM_MASTER_ADDR`` / ``PYCOMM_MASTER_PORT`` override the derived address for every
 launcher. Under an external launcher rank 0 hosts the store in a background thread. The
@@ -60,7 +71,7 @@ import numpy as np
 
 from transports import TransportError, get_transport_class, host_identity
 
-from . import config, shmcoll, trace
+from . import config, pmi, shmcoll, trace
 from .errors import ArgumentError, CommError
 from .buffers import IN_PLACE as pycomm_IN_PLACE
 from .ops import MAX as _MAX
@@ -86,6 +97,11 @@ class JobEnv:
     local_rank: int | None = None   # as the launcher says (the world's host_layout is
     local_size: int | None = None   # measured, not taken from these)
     addr_from: str | None = None    # the variable master_addr was derived from, if derived
+    # Hydra's PMI connection when the store's address (and, if token is b"", the job secret)
+    # is to be read from rank 0 through PMI at start-up; host_name is what Hydra calls this
+    # host (PMI_HOSTNAME), the first name rank 0 tries for its own address.
+    pmi: pmi.Endpoint | None = None
+    host_name: str | None = None
 
 
 def _first_slurm_host(nodelist: str) -> str:
@@ -190,6 +206,31 @@ def _derived_token(*parts: object) -> bytes:
     return hashlib.sha256("pycomm-derived:".encode() + repr(parts).encode()).digest()
 
 
+def _pmi_or_raise(env: dict[str, str], kind: str, size: int,
+                  local_size: int | None) -> pmi.Endpoint:
+    """The PMI connection through which a multi-host mpiexec's ranks learn rank 0's store.
+
+    Raises:
+        ArgumentError: there is none (Open MPI, or no usable PMI_FD / PMI_PORT), saying why
+            and what to set instead.
+    """
+    why = ""
+    if kind == "Hydra":
+        try:
+            endpoint = pmi.endpoint_from_env(env)
+        except ArgumentError as exc:
+            endpoint, why = None, f"; pycomm reads it through PMI, but {exc}"
+        if endpoint is not None:
+            return endpoint
+        why = why or "; pycomm reads it through PMI, but neither PMI_FD nor PMI_PORT is set"
+    how = "-genv MASTER_ADDR node01 -genv MASTER_PORT 29500" if kind == "Hydra" \
+        else "-x MASTER_ADDR=node01 -x MASTER_PORT=29500"
+    raise ArgumentError(
+        f"mpiexec ({kind}) started {size} ranks on more than one host ({local_size} on this "
+        f"one) and its variables do not name the host of rank 0{why}: set MASTER_ADDR to "
+        f"rank 0's host and MASTER_PORT to a free port on every rank, e.g. mpiexec {how} ...")
+
+
 def detect(environ: dict[str, str] | None = None) -> JobEnv:
     """Read the launcher's variables; see the module docstring for the table.
 
@@ -257,33 +298,143 @@ def detect(environ: dict[str, str] | None = None) -> JobEnv:
             None if many_hosts else (env.get("PMI_PORT") or str(os.getppid())))
         addr = over_addr or env.get("MASTER_ADDR") or _hnp_host(hnp)
         port = over_port or (int(env["MASTER_PORT"]) + 1 if "MASTER_PORT" in env else None)
+        endpoint = None
         if many_hosts and (addr is None or (port is None and anchor is None)):
-            kind = "Hydra" if "PMI_RANK" in env else "Open MPI"
-            how = "-genv MASTER_ADDR node01 -genv MASTER_PORT 29500" if kind == "Hydra" \
-                else "-x MASTER_ADDR=node01 -x MASTER_PORT=29500"
-            raise ArgumentError(
-                f"mpiexec ({kind}) started {size} ranks on more than one host "
-                f"({local[1]} on this one) and its variables do not name the host of rank 0: "
-                f"set MASTER_ADDR to rank 0's host and MASTER_PORT to a free port on every "
-                f"rank, e.g. mpiexec {how} ...")
-        addr = addr or "127.0.0.1"
-        if port is None:
-            port = 20000 + int(hashlib.sha256(anchor.encode()).hexdigest(), 16) % 20000
-        je = JobEnv(rank, size, addr, port, token_or(anchor or f"{addr}:{port}"), f"m{port}",
-                    "mpiexec", host_store=rank == 0, local_rank=local[0], local_size=local[1],
-                    addr_from=None if over_addr or env.get("MASTER_ADDR") or not hnp
-                    else "OMPI_MCA_orte_hnp_uri")
+            endpoint = _pmi_or_raise(env, "Hydra" if "PMI_RANK" in env else "Open MPI", size,
+                                     local[1])
+        if endpoint is not None:
+            # The store's address, port and (unless given) secret come from rank 0 through
+            # PMI at start-up (:func:`_pmi_rendezvous`); so does the job id.
+            je = JobEnv(rank, size, addr, port, token_or() if token_text else b"", "m",
+                        "mpiexec", host_store=rank == 0, local_rank=local[0],
+                        local_size=local[1], pmi=endpoint, host_name=env.get("PMI_HOSTNAME"))
+        else:
+            addr = addr or "127.0.0.1"
+            if port is None:
+                port = 20000 + int(hashlib.sha256(anchor.encode()).hexdigest(), 16) % 20000
+            je = JobEnv(rank, size, addr, port, token_or(anchor or f"{addr}:{port}"),
+                        f"m{port}", "mpiexec", host_store=rank == 0, local_rank=local[0],
+                        local_size=local[1],
+                        addr_from=None if over_addr or env.get("MASTER_ADDR") or not hnp
+                        else "OMPI_MCA_orte_hnp_uri")
     else:
         return JobEnv(0, 1, None, None, b"", f"solo{os.getpid()}", "none")
     if not 0 <= je.rank < je.size:
         raise ArgumentError(f"{je.launcher} says rank {je.rank} of {je.size}: out of range")
-    if je.size > 1 and je.master_port is None:
+    if je.size > 1 and je.master_port is None and je.pmi is None:
         raise ArgumentError(f"{je.launcher} launch without a store port: set MASTER_PORT or "
                             "PYCOMM_MASTER_PORT")
     return je
 
 
 _INSPECTOR_CONNECT_S = 3.0  # seconds the stall inspector's store clients take to connect
+_PMI_KEY = "pycomm-store"   # rank 0's "address,port,secret hex" (or "error,host,why") in PMI
+
+
+def _own_address(je: JobEnv) -> str:
+    """An IPv4 address of this host (rank 0's) for the other hosts to reach its store.
+
+    ``MASTER_ADDR`` or ``PYCOMM_HOST`` when set; else what the name Hydra knows this host by
+    (``PMI_HOSTNAME``), then this host's name, resolves to, the first non-loopback address
+    this host can bind (the names by which the launcher reached the hosts are the ones the
+    hosts resolve; MPICH's TCP netmod takes its address from the hostname alike).
+
+    Raises:
+        ArgumentError: no name resolves to such an address (each name and why, what to set).
+    """
+    given = je.master_addr or config.get("PYCOMM_HOST")
+    if given:
+        return given
+    tried = []
+    for name in dict.fromkeys(n for n in (je.host_name, socket.gethostname()) if n):
+        try:
+            ips = dict.fromkeys(i[4][0] for i in socket.getaddrinfo(
+                name, None, socket.AF_INET, socket.SOCK_STREAM))
+        except OSError as exc:
+            tried.append(f"{name} does not resolve ({exc})")
+            continue
+        for ip in ips:
+            if _is_loopback(ip):
+                tried.append(f"{name} is {ip}, a loopback address")
+                continue
+            try:
+                with socket.socket() as probe:
+                    probe.bind((ip, 0))
+                return ip
+            except OSError:
+                tried.append(f"{name} is {ip}, not an address of this host")
+    raise ArgumentError(
+        f"mpiexec (Hydra): rank 0 (host {socket.gethostname()}) found no address of its own "
+        f"for the other hosts to reach its store: {'; '.join(tried) or 'no name to resolve'}; "
+        "set PYCOMM_HOST to rank 0's address, or MASTER_ADDR to rank 0's host on every rank "
+        "(mpiexec -genv MASTER_ADDR node01 ...)")
+
+
+def _pmi_rendezvous(je: JobEnv, timeout: float):
+    """Learn the store's address, port and secret from rank 0 through Hydra's PMI.
+
+    Rank 0 starts the store (on ``MASTER_PORT + 1`` if given, else a free port), publishes
+    ``address,port,secret`` under :data:`_PMI_KEY`, or ``error,host,reason`` if it cannot;
+    every rank then passes a PMI barrier and reads it, so a failing rank 0 stops every rank
+    at once with its reason. The PMI connection is finalized and closed before returning.
+
+    Args:
+        je: a JobEnv with ``pmi`` set (from :func:`detect`).
+        timeout: seconds each PMI exchange may take; the barrier waits for every rank.
+
+    Returns:
+        (job, server): the JobEnv with the store's address, port, token and a job id from
+        the PMI space's name; rank 0's running StoreServer, None on the others.
+
+    Raises:
+        ArgumentError: rank 0 found no address of its own (on every rank, with rank 0's
+            reason); CommError / CommTimeoutError: PMI failed or timed out.
+    """
+    from dataclasses import replace
+    import secrets
+
+    from .store import StoreServer
+
+    server, failure = None, None
+    with pmi.Client(je.pmi, timeout) as client:
+        try:
+            if je.rank == 0:
+                try:
+                    addr = _own_address(je)
+                    token = je.token or secrets.token_bytes(32)
+                    server = StoreServer(token, host="0.0.0.0", port=je.master_port or 0)
+                    value = f"{addr},{server.port},{'' if je.token else token.hex()}"
+                except Exception as exc:            # noqa: BLE001 - told to every rank
+                    failure = exc
+                    value = pmi.fit(f"error,{socket.gethostname()},"
+                                    f"{type(exc).__name__}: {exc}")
+                client.put(_PMI_KEY, value)
+            client.barrier()
+            value = client.get(_PMI_KEY)
+        except BaseException:
+            if server is not None:
+                server.close()
+            raise
+    if failure is not None:
+        raise failure
+    fields = value.split(",", 2)
+    if fields[0] == "error" and len(fields) == 3:
+        kind = ArgumentError if fields[2].startswith("ArgumentError:") else CommError
+        raise kind(f"rank {je.rank}: rank 0 (host {fields[1]}) cannot serve the job's "
+                   f"rendezvous store: {fields[2]}")
+    try:
+        addr, port, secret = fields
+        port = int(port)
+        token = je.token or bytes.fromhex(secret)
+    except ValueError:
+        if server is not None:
+            server.close()
+        raise CommError(f"rank {je.rank}: the PMI key {_PMI_KEY!r} holds {value!r}, not "
+                        "rank 0's 'address,port,secret' (another program in this job used "
+                        "the key?)") from None
+    job_id = "m" + hashlib.sha256(client.kvsname.encode()).hexdigest()[:12]
+    return replace(je, master_addr=addr, master_port=port, token=token, job_id=job_id,
+                   pmi=None), server
 
 
 @dataclass(frozen=True)
@@ -415,9 +566,11 @@ def create_world(job: JobEnv | None = None, **options):
                     timeout=timeout)
     server = store = inspector = None
     try:
+        if je.pmi is not None:
+            je, server = _pmi_rendezvous(je, timeout)
         if je.size > 1:
             from .store import StoreClient, StoreServer
-            if je.host_store:
+            if je.host_store and server is None:
                 server = StoreServer(je.token, host="0.0.0.0" if je.master_addr not in (
                     "127.0.0.1", "localhost") else "127.0.0.1", port=je.master_port)
             store = StoreClient(je.master_addr, je.master_port, je.token, timeout=timeout)
@@ -478,6 +631,8 @@ def create_world(job: JobEnv | None = None, **options):
             store = None                # its responder thread owns the start-up client now
     except TransportError as exc:
         engine.close()
+        if server is not None:
+            server.close()
         raise CommError(f"rank {je.rank}: could not start the world: {exc}") from exc
     except BaseException:
         if inspector is not None:

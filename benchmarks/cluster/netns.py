@@ -14,6 +14,9 @@ TCP between hosts. With ``private_shm`` the hosts also resolve each other's name
 /etc/hosts listing ``host<K> <address>`` is bind-mounted in each host's mount namespace
 (as cluster nodes resolve each other; SLURM's nodelist names hosts, not addresses).
 With ``rate`` (e.g. "2gbit") every host's eth0 egress goes through ``tc qdisc tbf``.
+:meth:`Cluster.ssh_stand_in` writes an ``ssh`` stand-in that runs a command on the host it
+names, so launchers that reach hosts by ssh (MPICH's Hydra: ``mpiexec -launcher ssh
+-launcher-exec PATH``) start their proxies in the emulated hosts.
 
     with Cluster(2, rate="2gbit") as c:
         p = c.popen(1, ["python", "-c", "import socket; print(socket.gethostname())"])
@@ -105,6 +108,7 @@ class Cluster:
         self._procs: list[subprocess.Popen] = []
         self._holders: dict[int, subprocess.Popen] = {}
         self._hosts_file: str | None = None
+        self._ssh_file: str | None = None
 
     # -- names ------------------------------------------------------------------------------
     def ns(self, k: int) -> str:
@@ -198,12 +202,13 @@ class Cluster:
                 except (ProcessLookupError, ValueError):
                     pass
         cleanup(self.prefix)
-        if self._hosts_file is not None:
-            try:
-                os.unlink(self._hosts_file)
-            except FileNotFoundError:
-                pass
-            self._hosts_file = None
+        for attr in ("_hosts_file", "_ssh_file"):
+            if getattr(self, attr) is not None:
+                try:
+                    os.unlink(getattr(self, attr))
+                except FileNotFoundError:
+                    pass
+                setattr(self, attr, None)
 
     # -- running ----------------------------------------------------------------------------
     def command(self, k: int, argv: Sequence[str], cwd: str | None = None) -> list[str]:
@@ -228,6 +233,44 @@ class Cluster:
         return subprocess.run(self.command(k, argv, cwd), capture_output=True, text=True,
                               timeout=timeout, check=False, **kwargs)
 
+    def ssh_stand_in(self) -> str:
+        """Path of an executable ``ssh`` stand-in for these hosts (written once, removed on
+        close): ``PATH [-x|-q|-T|-n] [-o OPT|-p PORT|-l USER] HOST COMMAND...`` runs COMMAND
+        (its words joined by spaces and run by ``sh -c``, as sshd's login shell would) on the
+        host named ``host<K>`` or ``<subnet>.K``, in the current directory, through nsenter
+        into that host's namespaces, and exits with its status (255: no such host, as ssh).
+        Processes it starts are in the host's network namespace, so :meth:`close` kills
+        them. E.g. ``mpiexec -launcher ssh -launcher-exec PATH -hosts host1,host2 ...`` run
+        on host 1 starts Hydra's proxy on host 2 with it.
+        """
+        if self._ssh_file is None:
+            cases = "".join(f"    {self.hostname(k)}|{self.addr(k)}) pid={holder.pid} ;;\n"
+                            for k, holder in sorted(self._holders.items()))
+            ns = "--uts --net" + (" --mount" if self.private_shm else "")
+            script = f"""#!/bin/sh
+# ssh stand-in for the emulated cluster {self.prefix} (benchmarks/cluster/netns.py)
+while [ $# -gt 0 ]; do
+    case "$1" in
+    -o|-p|-l|-i|-F) shift 2 ;;
+    -*) shift ;;
+    *) break ;;
+    esac
+done
+[ $# -ge 2 ] || {{ echo "usage: $0 [options] HOST COMMAND..." >&2; exit 255; }}
+host=$1
+shift
+case "$host" in
+{cases}    *) echo "$0: no emulated host $host in {self.prefix}" >&2; exit 255 ;;
+esac
+exec nsenter -t "$pid" {ns} --wd="$PWD" -- sh -c "$*"
+"""
+            fd, path = tempfile.mkstemp(prefix=f"{self.prefix}-ssh-", suffix=".sh")
+            with os.fdopen(fd, "w") as fh:
+                fh.write(script)
+            os.chmod(path, 0o755)
+            self._ssh_file = path
+        return self._ssh_file
+
     def unplug(self, k: int) -> None:
         """Pull host ``k``'s cable: delete its link (both veth ends go)."""
         _run("ip", "link", "del", self.veth(k))
@@ -241,9 +284,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--hosts", type=int, default=2)
     ap.add_argument("--rate", default=None, help="tc tbf rate per host, e.g. 2gbit")
     ap.add_argument("--no-private-shm", action="store_true")
+    ap.add_argument("--on", type=int, default=None, metavar="K",
+                    help="run the command on host K only (e.g. an mpiexec that reaches the "
+                         "others through {ssh})")
     ap.add_argument("command", nargs=argparse.REMAINDER,
-                    help="run on every host at once; {host} (1-based), {node} (0-based), {addr} and "
-                         "{master} (host 1's address) are substituted")
+                    help="run on every host at once; {host} (1-based), {node} (0-based), {addr}, "
+                         "{master} (host 1's address) and {ssh} (an ssh stand-in that runs a "
+                         "command on a named host: Cluster.ssh_stand_in) are substituted")
     args = ap.parse_args(argv)
     if args.cleanup:
         for name in cleanup(args.prefix):
@@ -256,10 +303,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(c.ns(k), c.hostname(k), c.addr(k))
             return 0
         command = args.command[1:] if args.command[0] == "--" else args.command
+        ssh = c.ssh_stand_in() if any("{ssh}" in a for a in command) else ""
         subst = lambda a, k: (a.replace("{host}", str(k)).replace("{addr}", c.addr(k))
                               .replace("{node}", str(k - 1))
-                              .replace("{master}", c.addr(1)))
-        procs = [c.popen(k, [subst(a, k) for a in command]) for k in range(1, c.n + 1)]
+                              .replace("{master}", c.addr(1)).replace("{ssh}", ssh))
+        hosts = range(1, c.n + 1) if args.on is None else [args.on]
+        procs = [c.popen(k, [subst(a, k) for a in command]) for k in hosts]
         return max(p.wait() for p in procs)
 
 
