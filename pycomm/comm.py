@@ -144,11 +144,24 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
                    AlgorithmSelection):
     """A group of ranks that communicate (mpi4py's ``Comm`` / ``Intracomm``).
 
+    Every collective call (buffer, object, vector and the preparation of the nonblocking
+    ones) can raise, besides its own argument errors:
+
+    - :class:`~pycomm.errors.CollectiveMismatchError`: the ranks called different
+      collectives, or this one with a different root, op, dtype or count;
+    - :class:`~pycomm.errors.CollectiveError`: the call failed on another rank (it is
+      abandoned on every rank, and the communicator stays usable);
+    - :class:`~pycomm.errors.PeerError`: a peer died or its connection dropped;
+    - :class:`~pycomm.errors.CommTimeoutError`: not complete within ``PYCOMM_TIMEOUT``
+      seconds;
+    - :class:`~pycomm.errors.CommError`: the communicator has been freed.
+
     Args:
         engine: the process's p2p engine.
         cid: context id (unique per communicator in the job).
         world_ranks: world rank of each member, in communicator rank order.
         rank: this process's rank in the communicator.
+        name: the communicator's name, for messages (default ``"pycomm.COMM_WORLD"``).
     """
 
     def __init__(self, engine: Engine, cid: int, world_ranks: list[int], rank: int,
@@ -174,12 +187,36 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
 
     # -- basics ---------------------------------------------------------------------------
     def Get_rank(self) -> int:
+        """Return this process's rank in the communicator (the ``rank`` attribute).
+
+        Returns:
+            int: 0 .. size - 1.
+
+        Raises:
+            Nothing.
+        """
         return self.rank
 
     def Get_size(self) -> int:
+        """Return the number of ranks in the communicator (the ``size`` attribute).
+
+        Returns:
+            int: at least 1.
+
+        Raises:
+            Nothing.
+        """
         return self.size
 
     def Get_name(self) -> str:
+        """Return the communicator's name (e.g. ``"pycomm.COMM_WORLD.Split(1)"``).
+
+        Returns:
+            str: the name used in error messages and in the flight recorder.
+
+        Raises:
+            Nothing.
+        """
         return self.name
 
     def __repr__(self) -> str:
@@ -217,15 +254,31 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
 
     # -- point-to-point, buffers ----------------------------------------------------------
     def Isend(self, buf, dest: int, tag: int = 0, *, synchronous: bool = False) -> Request:
-        """Start a standard-mode send of ``buf`` (any C-contiguous numeric buffer).
+        """Start a standard-mode send of ``buf`` to ``dest`` (MPI_Isend).
 
-        Small messages (<= ``PYCOMM_EAGER_LIMIT`` bytes) are copied out eagerly; larger ones
-        use rendezvous, so the buffer must stay untouched until the request completes.
-        ``synchronous=True`` (:meth:`Issend`) takes the rendezvous at every size: the
-        request completes only once the matching receive has started.
+        Small messages (<= ``PYCOMM_EAGER_LIMIT`` bytes) are copied out eagerly; larger ones use
+        rendezvous, so the buffer must stay untouched until the request completes.
+        ``synchronous=True`` (:meth:`Issend`) takes the rendezvous at every size: the request
+        completes only once the matching receive has started.
+
+        Args:
+            buf: a C-contiguous numpy array of a numeric or bool dtype (any shape), any
+                buffer-protocol object, or ``[buf, datatype]`` / ``[buf, count, datatype]``;
+                its bytes are sent (``buf.nbytes`` of them).
+            dest: destination rank in this communicator, or PROC_NULL (nothing is sent).
+            tag: message tag, 0..TAG_UB (default 0).
+            synchronous: keyword-only; complete only once the matching receive has started.
+
+        Returns:
+            Request: complete once ``buf`` may be reused; its ``Wait`` raises PeerError if
+            ``dest`` dies first.
 
         Raises:
-            ArgumentError: invalid ``dest`` or ``tag``; InvalidBufferError: bad ``buf``.
+            ArgumentError: invalid ``dest`` or ``tag``.
+            InvalidBufferError: ``buf`` is not a contiguous numeric buffer, or its count or
+                datatype does not fit it.
+            PeerError: the connection to ``dest`` has already failed.
+            CommError: the communicator has been freed.
         """
         if self._freed:
             raise CommError(f"rank {self.rank}: {self.name} has been freed")
@@ -238,13 +291,27 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
                                   None, synchronous)
 
     def Send(self, buf, dest: int, tag: int = 0, *, timeout: float | None = None) -> None:
-        """Blocking send; returns when ``buf`` may be reused. See :meth:`Isend`.
+        """Send ``buf`` to ``dest``; return once ``buf`` may be reused (MPI_Send).
+
+        A small message returns as soon as the transport has copied it, a large (rendezvous) one
+        once the receiver has taken it. See :meth:`Isend`.
+
+        Args:
+            buf: the data, as for :meth:`Isend`.
+            dest: destination rank, or PROC_NULL.
+            tag: message tag, 0..TAG_UB (default 0).
+            timeout: keyword-only; seconds to wait (None: ``PYCOMM_TIMEOUT``).
+
+        Returns:
+            None.
 
         Raises:
-            CommTimeoutError: not handed over within ``timeout`` seconds (default
-                ``PYCOMM_TIMEOUT``); a large (rendezvous) message is then withdrawn, so a
-                receive posted later never reads ``buf`` (see :mod:`pycomm.p2p`).
-            PeerError: ``dest`` died.
+            ArgumentError, InvalidBufferError: as :meth:`Isend`, before anything is sent.
+            CommTimeoutError: not handed over within ``timeout`` seconds; a large (rendezvous)
+                message is then withdrawn, so a receive posted later never reads ``buf`` (see
+                :mod:`pycomm.p2p`).
+            PeerError: ``dest`` died or its connection dropped.
+            CommError: the communicator has been freed.
         """
         eng = self._engine
         # The common case, a small numpy array that the transport takes at once, needs no
@@ -260,21 +327,61 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
         self._wait_posted([self.Isend(buf, dest, tag)], timeout)
 
     def Issend(self, buf, dest: int, tag: int = 0) -> Request:
-        """Start a synchronous-mode send: complete once the matching receive has started
-        (MPI_Issend). See :meth:`Isend` for the arguments and errors."""
+        """Start a synchronous-mode send, complete once the matching receive has started.
+
+        Args:
+            buf: the data, as for :meth:`Isend`.
+            dest: destination rank, or PROC_NULL.
+            tag: message tag, 0..TAG_UB (default 0).
+
+        Returns:
+            Request: complete once ``dest`` has started the matching receive.
+
+        Raises:
+            ArgumentError, InvalidBufferError, PeerError, CommError: as :meth:`Isend`.
+        """
         return self.Isend(buf, dest, tag, synchronous=True)
 
     def Ssend(self, buf, dest: int, tag: int = 0, *, timeout: float | None = None) -> None:
-        """Blocking synchronous send: returns once ``dest`` has started the matching
-        receive. Raises as :meth:`Send` (a timeout withdraws the message)."""
+        """Send ``buf`` synchronously: return once ``dest`` has started the matching receive.
+
+        Args:
+            buf: the data, as for :meth:`Isend`.
+            dest: destination rank, or PROC_NULL.
+            tag: message tag, 0..TAG_UB (default 0).
+            timeout: keyword-only; seconds to wait (None: ``PYCOMM_TIMEOUT``).
+
+        Returns:
+            None.
+
+        Raises:
+            ArgumentError, InvalidBufferError: as :meth:`Isend`, before anything is sent.
+            CommTimeoutError: no matching receive started within ``timeout`` seconds; the
+                message is then withdrawn, as in :meth:`Send`.
+            PeerError: ``dest`` died or its connection dropped.
+            CommError: the communicator has been freed.
+        """
         self._wait_posted([self.Isend(buf, dest, tag, synchronous=True)], timeout)
 
     def Irecv(self, buf, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
-        """Post a receive into ``buf``; a message larger than ``buf`` is a TruncationError.
+        """Post a receive of a message into ``buf`` (MPI_Irecv).
+
+        Args:
+            buf: a writable C-contiguous numeric buffer (or ``[buf, datatype]`` / ``[buf,
+                count, datatype]``); the message may fill up to ``buf.nbytes`` bytes.
+            source: sending rank, ANY_SOURCE (default) or PROC_NULL (completes at once, with
+                count 0).
+            tag: message tag, or ANY_TAG (default).
+
+        Returns:
+            Request: after its ``Wait``, a Status gives source, tag and count (bytes); ``Wait``
+            raises TruncationError if the message was larger than ``buf``.
 
         Raises:
-            ArgumentError: invalid ``source`` or ``tag``; InvalidBufferError: bad or
-                read-only ``buf``.
+            ArgumentError: invalid ``source`` or ``tag``.
+            InvalidBufferError: ``buf`` is not a contiguous numeric buffer, or is read-only.
+            PeerError: the connection to ``source`` has already failed.
+            CommError: the communicator has been freed.
         """
         if self._freed:
             raise CommError(f"rank {self.rank}: {self.name} has been freed")
@@ -290,12 +397,26 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
 
     def Recv(self, buf, source: int = ANY_SOURCE, tag: int = ANY_TAG,
              status: Status | None = None, *, timeout: float | None = None) -> None:
-        """Blocking receive into ``buf``; fills ``status`` (source, tag, count in bytes).
+        """Receive a message into ``buf``, blocking until it has arrived (MPI_Recv).
+
+        Args:
+            buf: a writable C-contiguous numeric buffer, as for :meth:`Irecv`.
+            source: sending rank, ANY_SOURCE (default) or PROC_NULL.
+            tag: message tag, or ANY_TAG (default).
+            status: a Status to fill (source, tag, count in bytes), or None.
+            timeout: keyword-only; seconds to wait (None: ``PYCOMM_TIMEOUT``).
+
+        Returns:
+            None.
 
         Raises:
-            ArgumentError, InvalidBufferError: as :meth:`Irecv`; TruncationError: the
-            message is larger than ``buf``; CommTimeoutError: nothing matched within
-            ``timeout`` seconds (default ``PYCOMM_TIMEOUT``); PeerError: ``source`` died.
+            ArgumentError, InvalidBufferError: as :meth:`Irecv`, before anything is posted.
+            TruncationError: the message is larger than ``buf``.
+            CommTimeoutError: nothing matched within ``timeout`` seconds (the receive is then
+                withdrawn).
+            PeerError: ``source`` died or its connection dropped.
+            CommError: the communicator has been freed, or the sender withdrew a large message
+                this receive had matched (its Send timed out).
         """
         eng = self._engine
         if type(buf) is np.ndarray and type(source) is int and type(tag) is int and \
@@ -320,7 +441,30 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
     def Sendrecv(self, sendbuf, dest: int, sendtag: int = 0, recvbuf=None,
                  source: int = ANY_SOURCE, recvtag: int = ANY_TAG,
                  status: Status | None = None, *, timeout: float | None = None) -> None:
-        """Send ``sendbuf`` to ``dest`` and receive into ``recvbuf``; both progress together."""
+        """Send ``sendbuf`` to ``dest`` and receive into ``recvbuf``; both progress together.
+
+        Args:
+            sendbuf: the data to send, as ``buf`` of :meth:`Isend`.
+            dest: destination rank, or PROC_NULL.
+            sendtag: tag of the message sent, 0..TAG_UB (default 0).
+            recvbuf: a writable numeric buffer for the message received (required).
+            source: sending rank, ANY_SOURCE (default) or PROC_NULL.
+            recvtag: tag to receive, or ANY_TAG (default).
+            status: a Status to fill for the receive, or None.
+            timeout: keyword-only; seconds to wait for both (None: ``PYCOMM_TIMEOUT``).
+
+        Returns:
+            None.
+
+        Raises:
+            ArgumentError: ``recvbuf`` is None, or a rank or tag is invalid (the send side is
+                checked before the receive is posted).
+            InvalidBufferError: a buffer is unusable (``recvbuf`` read-only).
+            TruncationError: the message received is larger than ``recvbuf``.
+            CommTimeoutError: not complete within ``timeout`` seconds (both are withdrawn).
+            PeerError: a peer died or its connection dropped.
+            CommError: the communicator has been freed.
+        """
         if recvbuf is None:
             raise ArgumentError(f"rank {self.rank}: Sendrecv needs a recvbuf")
         # Check the send side before the receive is posted: a receive left posted by a
@@ -346,7 +490,24 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
 
     def Iprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG,
                status: Status | None = None) -> bool:
-        """Whether a matching message has arrived (fills ``status`` if so)."""
+        """Return whether a message that a receive (``source``, ``tag``) would match has arrived.
+
+        Makes progress once and does not receive the message.
+
+        Args:
+            source: sending rank, ANY_SOURCE (default) or PROC_NULL (always True, count 0).
+            tag: message tag, or ANY_TAG (default).
+            status: a Status filled with the message's source, tag and count (bytes) when
+                True, or None.
+
+        Returns:
+            bool: True when such a message is waiting.
+
+        Raises:
+            ArgumentError: invalid ``source`` or ``tag``.
+            PeerError: a link failed while making progress.
+            CommError: the communicator has been freed.
+        """
         self._check_alive()
         source = self._check_rank(source, "source", allow_any=True)
         tag = self._check_tag(tag, "tag", allow_any=True)
@@ -362,7 +523,23 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
 
     def Probe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG,
               status: Status | None = None, *, timeout: float | None = None) -> bool:
-        """Block until a matching message has arrived; fills ``status``. Returns True."""
+        """Block until a message that a receive (``source``, ``tag``) would match has arrived.
+
+        Args:
+            source: sending rank, ANY_SOURCE (default) or PROC_NULL.
+            tag: message tag, or ANY_TAG (default).
+            status: a Status filled with the message's source, tag and count (bytes), or None.
+            timeout: keyword-only; seconds to wait (None: ``PYCOMM_TIMEOUT``).
+
+        Returns:
+            True (mpi4py's convention).
+
+        Raises:
+            ArgumentError: invalid ``source`` or ``tag``.
+            CommTimeoutError: no such message within ``timeout`` seconds.
+            PeerError: a peer died or its connection dropped.
+            CommError: the communicator has been freed.
+        """
         st = Status() if status is None else status
         self._engine.wait_until(lambda: self.Iprobe(source, tag, st), timeout,
                                 f"Probe(source={source}, tag={tag})")
@@ -520,7 +697,24 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
 
     @collective
     def Barrier(self, *, algorithm: str | None = None) -> None:
-        """Block until every rank of the communicator has entered the barrier."""
+        """Block until every rank of the communicator has entered the barrier (MPI_Barrier).
+
+        Algorithms: see :mod:`pycomm.collectives.barrier`; a one-host shared-memory
+        communicator uses :mod:`pycomm.shmcoll`.
+
+        Args:
+            algorithm: keyword-only; a name of ``pycomm.algorithms("barrier")`` (which
+                also turns off the shared-memory slots), ``"auto"`` (the cost model) or None
+                (``PYCOMM_ALGORITHM_BARRIER`` if set, else the cost model).
+
+        Returns:
+            None.
+
+        Raises:
+            ArgumentError: unknown ``algorithm``.
+            CollectiveMismatchError, CollectiveError, PeerError, CommTimeoutError, CommError:
+                as every collective call (see :class:`Communicator`).
+        """
         plan = plan_call(self, "barrier", None, -1, 0, algorithm)
         if plan[4] is not None and self._defer is None:
             return self._slots_call(plan[4], "barrier", 0)
@@ -529,7 +723,28 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
 
     @collective
     def Bcast(self, buf, root: int = 0, *, algorithm: str | None = None) -> None:
-        """Broadcast ``buf`` (same size and dtype on every rank) from ``root`` to all."""
+        """Broadcast ``buf`` from ``root`` to every rank, in place (MPI_Bcast).
+
+        Algorithms: see :mod:`pycomm.collectives.bcast` (small calls on one host:
+        :mod:`pycomm.shmcoll`).
+
+        Args:
+            buf: C-contiguous numeric buffer, the same dtype and element count on every rank:
+                the data at the root, overwritten (so writable) elsewhere.
+            root: the rank that sends (default 0).
+            algorithm: keyword-only; a name of ``pycomm.algorithms("bcast")`` (which
+                also turns off the shared-memory slots), ``"auto"`` (the cost model) or None
+                (``PYCOMM_ALGORITHM_BCAST`` if set, else the cost model).
+
+        Returns:
+            None.
+
+        Raises:
+            ArgumentError: invalid ``root`` or ``algorithm``.
+            InvalidBufferError: ``buf`` is unusable (read-only on a non-root rank).
+            CollectiveMismatchError, CollectiveError, PeerError, CommTimeoutError, CommError:
+                as every collective call (see :class:`Communicator`).
+        """
         root = self._check_root(root)
         arr = as_array(buf, self.rank, "buf", writable=self.rank != root)
         plan = plan_call(self, "bcast", arr.dtype, arr.size, arr.nbytes, algorithm, root=root)
@@ -543,13 +758,28 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
                   algorithm: str | None = None) -> None:
         """Combine every rank's ``sendbuf`` element-wise with ``op``; all get the result.
 
+        Every rank ends with bit-identical bytes. Algorithms: see
+        :mod:`pycomm.collectives.allreduce` (small calls on one host: :mod:`pycomm.shmcoll`).
+
         Args:
             sendbuf: this rank's contribution, or IN_PLACE (then ``recvbuf`` holds it).
-            recvbuf: result, same dtype and element count as ``sendbuf``.
-            op: SUM, PROD, MIN, MAX or a user Op.
+            recvbuf: the result (writable), same dtype and element count as ``sendbuf``.
+            op: SUM (default), PROD, MIN, MAX, ... or a user Op; a non-commutative op gets the
+                operands in rank order.
+            algorithm: keyword-only; a name of ``pycomm.algorithms("allreduce")`` (which
+                also turns off the shared-memory slots), ``"auto"`` (the cost model) or None
+                (``PYCOMM_ALGORITHM_ALLREDUCE`` if set, else the cost model).
 
-        Every rank ends with bit-identical bytes. Raises ArgumentError/InvalidBufferError
-        on mismatched sizes or dtypes, or an op the dtype does not support.
+        Returns:
+            None.
+
+        Raises:
+            ArgumentError: ``op`` is not an Op or not defined on the dtype; unknown
+                ``algorithm``.
+            InvalidBufferError: the buffers' element counts or dtypes differ, or ``recvbuf``
+                is read-only.
+            CollectiveMismatchError, CollectiveError, PeerError, CommTimeoutError, CommError:
+                as every collective call (see :class:`Communicator`).
         """
         send, recv = self._pair(sendbuf, recvbuf, "Allreduce")
         if send is not None:
@@ -571,10 +801,29 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
     @collective
     def Reduce(self, sendbuf, recvbuf, op: Op = SUM, root: int = 0, *,
                algorithm: str | None = None) -> None:
-        """Combine every rank's ``sendbuf`` with ``op`` into ``recvbuf`` at ``root``.
+        """Combine every rank's ``sendbuf`` element-wise with ``op`` into ``recvbuf`` at ``root``.
 
-        ``recvbuf`` is ignored (may be None) on non-root ranks; IN_PLACE as ``sendbuf`` is
-        allowed at the root.
+        Algorithms: see :mod:`pycomm.collectives.reduce` (small calls on one host:
+        :mod:`pycomm.shmcoll`).
+
+        Args:
+            sendbuf: this rank's contribution; IN_PLACE at the root (``recvbuf`` holds it).
+            recvbuf: the result at the root (writable, same dtype and element count as
+                ``sendbuf``); ignored (may be None) elsewhere.
+            op: SUM (default), PROD, MIN, MAX, ... or a user Op (rank order kept).
+            root: the rank that gets the result (default 0).
+            algorithm: keyword-only; a name of ``pycomm.algorithms("reduce")`` (which
+                also turns off the shared-memory slots), ``"auto"`` (the cost model) or None
+                (``PYCOMM_ALGORITHM_REDUCE`` if set, else the cost model).
+
+        Returns:
+            None.
+
+        Raises:
+            ArgumentError: invalid ``root``, ``op`` or ``algorithm``; IN_PLACE off the root.
+            InvalidBufferError: the root's buffers differ in element count or dtype.
+            CollectiveMismatchError, CollectiveError, PeerError, CommTimeoutError, CommError:
+                as every collective call (see :class:`Communicator`).
         """
         root = self._check_root(root)
         if self.rank == root:
@@ -607,8 +856,29 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
 
     @collective
     def Allgather(self, sendbuf, recvbuf, *, algorithm: str | None = None) -> None:
-        """Gather every rank's ``sendbuf`` (n elements) into every ``recvbuf`` (size*n),
-        in rank order. IN_PLACE: this rank's block is already in ``recvbuf``."""
+        """Gather every rank's ``sendbuf`` into every rank's ``recvbuf``, in rank order.
+
+        Algorithms: see :mod:`pycomm.collectives.allgather` (small calls on one host:
+        :mod:`pycomm.shmcoll`).
+
+        Args:
+            sendbuf: this rank's block of n elements, or IN_PLACE (it is already block
+                ``rank`` of ``recvbuf``).
+            recvbuf: size * n elements of the same dtype (writable); block i comes from rank i.
+            algorithm: keyword-only; a name of ``pycomm.algorithms("allgather")`` (which
+                also turns off the shared-memory slots), ``"auto"`` (the cost model) or None
+                (``PYCOMM_ALGORITHM_ALLGATHER`` if set, else the cost model).
+
+        Returns:
+            None.
+
+        Raises:
+            ArgumentError: unknown ``algorithm``.
+            InvalidBufferError: ``recvbuf`` is not size times ``sendbuf``, the dtypes differ,
+                or ``recvbuf`` is read-only.
+            CollectiveMismatchError, CollectiveError, PeerError, CommTimeoutError, CommError:
+                as every collective call (see :class:`Communicator`).
+        """
         send, recv = self._pair(sendbuf, recvbuf, "Allgather")
         count = self._blocks(recv, send, "Allgather")
         plan = plan_call(self, "allgather", recv.dtype, count, recv.nbytes, algorithm)
@@ -625,7 +895,30 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
     @collective
     def Gather(self, sendbuf, recvbuf, root: int = 0, *,
                algorithm: str | None = None) -> None:
-        """Gather every rank's ``sendbuf`` (n elements) into ``recvbuf`` (size*n) at root."""
+        """Gather every rank's ``sendbuf`` into ``recvbuf`` at ``root``, in rank order.
+
+        Algorithms: see :mod:`pycomm.collectives.gather`.
+
+        Args:
+            sendbuf: this rank's block of n elements; IN_PLACE at the root (its block is
+                already block ``root`` of ``recvbuf``).
+            recvbuf: at the root, size * n elements of the same dtype (writable); ignored
+                elsewhere.
+            root: the rank that receives (default 0).
+            algorithm: keyword-only; a name of ``pycomm.algorithms("gather")``, ``"auto"``
+                (the cost model) or None (``PYCOMM_ALGORITHM_GATHER`` if set, else
+                the cost model).
+
+        Returns:
+            None.
+
+        Raises:
+            ArgumentError: invalid ``root`` or ``algorithm``; IN_PLACE off the root.
+            InvalidBufferError: the root's ``recvbuf`` is not size times ``sendbuf``, or the
+                dtypes differ.
+            CollectiveMismatchError, CollectiveError, PeerError, CommTimeoutError, CommError:
+                as every collective call (see :class:`Communicator`).
+        """
         root = self._check_root(root)
         if self.rank == root:
             send, recv = self._pair(sendbuf, recvbuf, "Gather")
@@ -646,7 +939,29 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
     @collective
     def Scatter(self, sendbuf, recvbuf, root: int = 0, *,
                 algorithm: str | None = None) -> None:
-        """Send block i of root's ``sendbuf`` (size*n elements) to rank i's ``recvbuf``."""
+        """Send block i of root's ``sendbuf`` to rank i's ``recvbuf`` (MPI_Scatter).
+
+        Algorithms: see :mod:`pycomm.collectives.scatter`.
+
+        Args:
+            sendbuf: at the root, size * n elements; ignored elsewhere.
+            recvbuf: this rank's n elements (writable); IN_PLACE at the root (it keeps its
+                block in ``sendbuf``).
+            root: the rank that sends (default 0).
+            algorithm: keyword-only; a name of ``pycomm.algorithms("scatter")``, ``"auto"``
+                (the cost model) or None (``PYCOMM_ALGORITHM_SCATTER`` if set, else
+                the cost model).
+
+        Returns:
+            None.
+
+        Raises:
+            ArgumentError: invalid ``root`` or ``algorithm``; IN_PLACE off the root.
+            InvalidBufferError: the root's ``sendbuf`` is not size times ``recvbuf`` (with
+                IN_PLACE: not a multiple of the size), or ``recvbuf`` is read-only.
+            CollectiveMismatchError, CollectiveError, PeerError, CommTimeoutError, CommError:
+                as every collective call (see :class:`Communicator`).
+        """
         root = self._check_root(root)
         if self.rank == root:
             if recvbuf is IN_PLACE:
@@ -676,7 +991,25 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
     def Alltoall(self, sendbuf, recvbuf, *, algorithm: str | None = None) -> None:
         """Send block j of ``sendbuf`` to rank j; block i of ``recvbuf`` comes from rank i.
 
-        Both buffers hold size*n elements. IN_PLACE: ``recvbuf`` holds the send blocks.
+        Algorithms: see :mod:`pycomm.collectives.alltoall`.
+
+        Args:
+            sendbuf: size blocks of n elements, or IN_PLACE (``recvbuf`` holds them; a copy is
+                taken first).
+            recvbuf: size blocks of n elements of the same dtype (writable).
+            algorithm: keyword-only; a name of ``pycomm.algorithms("alltoall")``, ``"auto"``
+                (the cost model) or None (``PYCOMM_ALGORITHM_ALLTOALL`` if set, else
+                the cost model).
+
+        Returns:
+            None.
+
+        Raises:
+            ArgumentError: unknown ``algorithm``.
+            InvalidBufferError: the element counts or dtypes differ, or the count is not a
+                multiple of the communicator size.
+            CollectiveMismatchError, CollectiveError, PeerError, CommTimeoutError, CommError:
+                as every collective call (see :class:`Communicator`).
         """
         send, recv = self._pair(sendbuf, recvbuf, "Alltoall")
         if send is None:
@@ -696,9 +1029,29 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
     @collective
     def Reduce_scatter_block(self, sendbuf, recvbuf, op: Op = SUM, *,
                              algorithm: str | None = None) -> None:
-        """Reduce ``sendbuf`` (size*n elements) with ``op``; rank i gets block i (n elements).
+        """Reduce ``sendbuf`` (size * n elements) with ``op``; rank i gets block i (n elements).
 
-        IN_PLACE: ``recvbuf`` holds the size*n input and gets the result in its first n.
+        Algorithms: see :mod:`pycomm.collectives.reduce_scatter` (small calls on one host:
+        :mod:`pycomm.shmcoll`).
+
+        Args:
+            sendbuf: this rank's size * n elements, or IN_PLACE (``recvbuf`` holds them and
+                gets the result in its first n).
+            recvbuf: n elements of the same dtype (writable).
+            op: SUM (default), PROD, MIN, MAX, ... or a user Op (rank order kept).
+            algorithm: keyword-only; a name of ``pycomm.algorithms("reduce_scatter_block")`` (which
+                also turns off the shared-memory slots), ``"auto"`` (the cost model) or None
+                (``PYCOMM_ALGORITHM_REDUCE_SCATTER_BLOCK`` if set, else the cost model).
+
+        Returns:
+            None.
+
+        Raises:
+            ArgumentError: invalid ``op`` or ``algorithm``.
+            InvalidBufferError: ``sendbuf`` is not size times ``recvbuf`` (IN_PLACE:
+                ``recvbuf`` is not a multiple of the size), or the dtypes differ.
+            CollectiveMismatchError, CollectiveError, PeerError, CommTimeoutError, CommError:
+                as every collective call (see :class:`Communicator`).
         """
         send, recv = self._pair(sendbuf, recvbuf, "Reduce_scatter_block")
         if send is None:
@@ -742,7 +1095,17 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
 
     # -- misc -----------------------------------------------------------------------------
     def Abort(self, errorcode: int = 1) -> None:
-        """Terminate this process at once (the launcher then stops the other ranks)."""
+        """Terminate this process at once (MPI_Abort); the launcher then stops the other ranks.
+
+        Args:
+            errorcode: this process's exit status (default 1).
+
+        Returns:
+            Never: the process exits (``os._exit``, no atexit handlers, no cleanup).
+
+        Raises:
+            Nothing.
+        """
         sys.stderr.write(f"pycomm: rank {self.rank} called Abort({errorcode})\n")
         sys.stderr.flush()
         os._exit(errorcode)

@@ -145,10 +145,26 @@ class GroupMethods:
 
     @property
     def group(self) -> Group:
+        """The communicator's group (mpi4py's ``Comm.group`` property).
+
+        Returns:
+            Group: the members as world ranks, in communicator rank order; a new object on
+            each access.
+
+        Raises:
+            Nothing.
+        """
         return Group(self._world, self._world[self.rank])
 
     def Get_group(self) -> Group:
-        """The communicator's group."""
+        """Return the communicator's group (MPI_Comm_group).
+
+        Returns:
+            Group: as the :attr:`group` property.
+
+        Raises:
+            Nothing.
+        """
         return self.group
 
     def _new_cid(self, over) -> int:
@@ -176,19 +192,47 @@ class GroupMethods:
             comm.host_layout = layout.restrict(members, comm.rank)
 
     def Dup(self):
-        """A new communicator with the same group and a fresh context (collective)."""
+        """Return a new communicator of the same group with a fresh context (MPI_Comm_dup).
+
+        Collective over this communicator; ``Clone`` is the same method. Traffic on the copy
+        never matches traffic on this one.
+
+        Returns:
+            Communicator: named ``<name>.Dup``, with this one's transports and host layout.
+
+        Raises:
+            CommError: this communicator has been freed.
+            PeerError, CommTimeoutError, CollectiveMismatchError, CollectiveError: as every
+                collective call (see :class:`~pycomm.comm.Communicator`): this one agrees on a
+                context id with an Allreduce(MAX).
+        """
         self._check_alive()
         return self._derive(self._new_cid(self), list(self._world), self.name + ".Dup")
 
     Clone = Dup
 
     def Split(self, color: int = 0, key: int = 0):
-        """Partition by ``color``; order each part by (``key``, rank). Collective.
+        """Partition the communicator by ``color``; order each part by (``key``, rank).
 
-        Ranks passing ``color=UNDEFINED`` get ``COMM_NULL``.
+        Collective over this communicator (MPI_Comm_split): an Allgather of (color, key), then
+        the context id.
+
+        Args:
+            color: a non-negative int; ranks with the same color form one communicator, ranks
+                passing UNDEFINED get COMM_NULL (default 0).
+            key: orders the ranks of a part; ties keep this communicator's rank order
+                (default 0).
+
+        Returns:
+            Communicator: named ``<name>.Split(<color>)``; COMM_NULL for color UNDEFINED.
 
         Raises:
-            ArgumentError: ``color`` is negative (other than UNDEFINED) or not an int.
+            ArgumentError: ``color`` is negative (other than UNDEFINED) or not an int, or
+                ``key`` is not an int.
+            CommError: this communicator has been freed.
+            PeerError, CommTimeoutError, CollectiveMismatchError, CollectiveError: as every
+                collective call (see :class:`~pycomm.comm.Communicator`): this one agrees on a
+                context id with an Allreduce(MAX).
         """
         self._check_alive()
         if not isinstance(color, (int, np.integer)) or (color < 0 and color != UNDEFINED):
@@ -207,9 +251,23 @@ class GroupMethods:
                             f"{self.name}.Split({color})")
 
     def Create(self, group: Group):
-        """A communicator of ``group`` (a subset of this one); collective over this one.
+        """Return a communicator of ``group`` (a subset of this one's); collective over this one.
 
-        Non-members get ``COMM_NULL``.
+        Every rank of this communicator calls it with the same group (MPI_Comm_create).
+
+        Args:
+            group: a :class:`Group` of processes of this communicator.
+
+        Returns:
+            Communicator: named ``<name>.Create``; COMM_NULL on ranks outside ``group``.
+
+        Raises:
+            ArgumentError: ``group`` is not a Group, or holds processes outside this
+                communicator.
+            CommError: this communicator has been freed.
+            PeerError, CommTimeoutError, CollectiveMismatchError, CollectiveError: as every
+                collective call (see :class:`~pycomm.comm.Communicator`): this one agrees on a
+                context id with an Allreduce(MAX).
         """
         self._check_alive()
         self._check_subgroup(group, "Create")
@@ -219,9 +277,26 @@ class GroupMethods:
         return self._derive(cid, list(group._world), f"{self.name}.Create")
 
     def Create_group(self, group: Group, tag: int = 0):
-        """A communicator of ``group``; collective over the group's members only.
+        """Return a communicator of ``group``; collective over the group's members only.
 
-        Concurrent calls by overlapping groups must use different ``tag`` values (MPI).
+        Only the members call it (MPI_Comm_create_group); their set-up traffic uses a context of
+        its own, so the other ranks need not take part. Concurrent calls by overlapping groups
+        must use different ``tag`` values (MPI).
+
+        Args:
+            group: a :class:`Group` of processes of this communicator that includes the caller.
+            tag: distinguishes concurrent calls, 0..TAG_UB (default 0).
+
+        Returns:
+            Communicator: named ``<name>.Create_group``.
+
+        Raises:
+            ArgumentError: ``group`` is not a Group, holds processes outside this communicator
+                or not the caller, or ``tag`` is invalid.
+            CommError: this communicator has been freed.
+            PeerError, CommTimeoutError, CollectiveMismatchError, CollectiveError: as every
+                collective call (see :class:`~pycomm.comm.Communicator`): this one agrees on a
+                context id with an Allreduce(MAX) over the members.
         """
         self._check_alive()
         self._check_subgroup(group, "Create_group")
@@ -249,14 +324,34 @@ class GroupMethods:
                                 f"in {self.name}")
 
     def Compare(self, other) -> int:
-        """IDENT (same communicator), CONGRUENT (same group), SIMILAR or UNEQUAL."""
+        """Compare this communicator with ``other`` (MPI_Comm_compare).
+
+        Args:
+            other: another communicator.
+
+        Returns:
+            int: IDENT (the same object), CONGRUENT (same members in the same order), SIMILAR
+            (same members, another order) or UNEQUAL.
+
+        Raises:
+            AttributeError: ``other`` has no ``group`` (not a communicator).
+        """
         if other is self:
             return IDENT
         g = self.group.Compare(other.group)
         return CONGRUENT if g == IDENT else g
 
     def Free(self) -> None:
-        """Release the communicator; using it afterwards raises CommError."""
+        """Release the communicator (MPI_Comm_free); using it afterwards raises CommError.
+
+        Local: nothing is sent; its context id is never reused.
+
+        Returns:
+            None.
+
+        Raises:
+            ArgumentError: this is COMM_WORLD, which cannot be freed.
+        """
         if self._cid == 0:
             raise ArgumentError("COMM_WORLD cannot be freed")
         self._freed = True

@@ -124,7 +124,8 @@ class NonblockingMethods:
         Raises:
             ArgumentError, InvalidBufferError: as :meth:`Barrier`, before anything
                 is posted.
-            CommError: called inside another nonblocking collective's schedule.
+            CommError: the communicator has been freed, or another thread is posting a
+                nonblocking collective on it at the same moment.
         """
         return self._nonblocking(self.Barrier, **kw)
 
@@ -142,13 +143,13 @@ class NonblockingMethods:
         Raises:
             ArgumentError, InvalidBufferError: as :meth:`Bcast`, before anything
                 is posted.
-            CommError: called inside another nonblocking collective's schedule.
+            CommError: the communicator has been freed, or another thread is posting a
+                nonblocking collective on it at the same moment.
         """
         return self._nonblocking(self.Bcast, buf, root, **kw)
 
     def Ireduce(self, sendbuf, recvbuf, op=SUM, root: int = 0, **kw) -> Request:
-        """Start combining every rank's ``sendbuf`` with ``op`` into ``recvbuf`` at ``root``
-        (:meth:`Reduce`).
+        """Start combining every rank's ``sendbuf`` with ``op`` at ``root`` (:meth:`Reduce`).
 
         Args:
             sendbuf: this rank's contribution, or IN_PLACE (then ``recvbuf`` holds it).
@@ -163,13 +164,13 @@ class NonblockingMethods:
         Raises:
             ArgumentError, InvalidBufferError: as :meth:`Reduce`, before anything
                 is posted.
-            CommError: called inside another nonblocking collective's schedule.
+            CommError: the communicator has been freed, or another thread is posting a
+                nonblocking collective on it at the same moment.
         """
         return self._nonblocking(self.Reduce, sendbuf, recvbuf, op, root, **kw)
 
     def Iallreduce(self, sendbuf, recvbuf, op=SUM, **kw) -> Request:
-        """Start combining every rank's ``sendbuf`` with ``op``; all get the result
-        (:meth:`Allreduce`).
+        """Start combining every rank's ``sendbuf`` with ``op`` for all (:meth:`Allreduce`).
 
         Args:
             sendbuf: this rank's contribution, or IN_PLACE (then ``recvbuf`` holds it).
@@ -183,13 +184,13 @@ class NonblockingMethods:
         Raises:
             ArgumentError, InvalidBufferError: as :meth:`Allreduce`, before anything
                 is posted.
-            CommError: called inside another nonblocking collective's schedule.
+            CommError: the communicator has been freed, or another thread is posting a
+                nonblocking collective on it at the same moment.
         """
         return self._nonblocking(self.Allreduce, sendbuf, recvbuf, op, **kw)
 
     def Iallgather(self, sendbuf, recvbuf, **kw) -> Request:
-        """Start gathering every rank's block into every ``recvbuf``, in rank order
-        (:meth:`Allgather`).
+        """Start gathering every rank's block into every ``recvbuf`` (:meth:`Allgather`).
 
         Args:
             sendbuf: this rank's block (n elements), or IN_PLACE (already in ``recvbuf``).
@@ -202,7 +203,8 @@ class NonblockingMethods:
         Raises:
             ArgumentError, InvalidBufferError: as :meth:`Allgather`, before anything
                 is posted.
-            CommError: called inside another nonblocking collective's schedule.
+            CommError: the communicator has been freed, or another thread is posting a
+                nonblocking collective on it at the same moment.
         """
         return self._nonblocking(self.Allgather, sendbuf, recvbuf, **kw)
 
@@ -220,7 +222,8 @@ class NonblockingMethods:
         Raises:
             ArgumentError, InvalidBufferError: as :meth:`Alltoall`, before anything
                 is posted.
-            CommError: called inside another nonblocking collective's schedule.
+            CommError: the communicator has been freed, or another thread is posting a
+                nonblocking collective on it at the same moment.
         """
         return self._nonblocking(self.Alltoall, sendbuf, recvbuf, **kw)
 
@@ -239,13 +242,13 @@ class NonblockingMethods:
         Raises:
             ArgumentError, InvalidBufferError: as :meth:`Reduce_scatter_block`, before anything
                 is posted.
-            CommError: called inside another nonblocking collective's schedule.
+            CommError: the communicator has been freed, or another thread is posting a
+                nonblocking collective on it at the same moment.
         """
         return self._nonblocking(self.Reduce_scatter_block, sendbuf, recvbuf, op, **kw)
 
     def Ireduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=SUM, **kw) -> Request:
-        """Start a reduction whose ``recvcounts[i]`` elements go to rank i
-        (:meth:`Reduce_scatter`).
+        """Start a reduction that gives rank i ``recvcounts[i]`` elements (:meth:`Reduce_scatter`).
 
         With ``recvcounts`` None the ranks first agree on the counts (each ``recvbuf``'s
         size) with a blocking Allgather, as mpi4py's Ireduce_scatter does; the reduction itself
@@ -264,8 +267,11 @@ class NonblockingMethods:
         Raises:
             ArgumentError, InvalidBufferError: as :meth:`Reduce_scatter`, before anything
                 is posted.
-            PeerError, CommTimeoutError: the blocking Allgather of the counts failed.
-            CommError: called inside another nonblocking collective's schedule.
+            CollectiveMismatchError, CollectiveError, PeerError, CommTimeoutError: the
+                blocking Allgather of the counts failed (see
+                :class:`~pycomm.comm.Communicator`).
+            CommError: the communicator has been freed, or another thread is posting a
+                nonblocking collective on it at the same moment.
         """
         if recvcounts is None and sendbuf is not IN_PLACE:
             recv = as_array(recvbuf, self.rank, "recvbuf", writable=True)
@@ -275,8 +281,7 @@ class NonblockingMethods:
         return self._nonblocking(self.Reduce_scatter, sendbuf, recvbuf, recvcounts, op, **kw)
 
     def Igather(self, sendbuf, recvbuf, root: int = 0, **kw) -> Request:
-        """Start gathering every rank's ``sendbuf`` into ``recvbuf`` at ``root``
-        (:meth:`Gather`).
+        """Start gathering every rank's ``sendbuf`` into ``recvbuf`` at ``root`` (:meth:`Gather`).
 
         Args:
             sendbuf: this rank's n elements, or IN_PLACE at the root.
@@ -290,7 +295,8 @@ class NonblockingMethods:
         Raises:
             ArgumentError, InvalidBufferError: as :meth:`Gather`, before anything
                 is posted.
-            CommError: called inside another nonblocking collective's schedule.
+            CommError: the communicator has been freed, or another thread is posting a
+                nonblocking collective on it at the same moment.
         """
         return self._nonblocking(self.Gather, sendbuf, recvbuf, root, **kw)
 
@@ -309,7 +315,8 @@ class NonblockingMethods:
         Raises:
             ArgumentError, InvalidBufferError: as :meth:`Scatter`, before anything
                 is posted.
-            CommError: called inside another nonblocking collective's schedule.
+            CommError: the communicator has been freed, or another thread is posting a
+                nonblocking collective on it at the same moment.
         """
         return self._nonblocking(self.Scatter, sendbuf, recvbuf, root, **kw)
 
@@ -328,7 +335,8 @@ class NonblockingMethods:
         Raises:
             ArgumentError, InvalidBufferError: as :meth:`Gatherv`, before anything
                 is posted.
-            CommError: called inside another nonblocking collective's schedule.
+            CommError: the communicator has been freed, or another thread is posting a
+                nonblocking collective on it at the same moment.
         """
         return self._nonblocking(self.Gatherv, sendbuf, recvbuf, root, **kw)
 
@@ -347,7 +355,8 @@ class NonblockingMethods:
         Raises:
             ArgumentError, InvalidBufferError: as :meth:`Scatterv`, before anything
                 is posted.
-            CommError: called inside another nonblocking collective's schedule.
+            CommError: the communicator has been freed, or another thread is posting a
+                nonblocking collective on it at the same moment.
         """
         return self._nonblocking(self.Scatterv, sendbuf, recvbuf, root, **kw)
 
@@ -365,7 +374,8 @@ class NonblockingMethods:
         Raises:
             ArgumentError, InvalidBufferError: as :meth:`Allgatherv`, before anything
                 is posted.
-            CommError: called inside another nonblocking collective's schedule.
+            CommError: the communicator has been freed, or another thread is posting a
+                nonblocking collective on it at the same moment.
         """
         return self._nonblocking(self.Allgatherv, sendbuf, recvbuf, **kw)
 
@@ -383,7 +393,8 @@ class NonblockingMethods:
         Raises:
             ArgumentError, InvalidBufferError: as :meth:`Alltoallv`, before anything
                 is posted.
-            CommError: called inside another nonblocking collective's schedule.
+            CommError: the communicator has been freed, or another thread is posting a
+                nonblocking collective on it at the same moment.
         """
         return self._nonblocking(self.Alltoallv, sendbuf, recvbuf, **kw)
 
@@ -402,13 +413,15 @@ class NonblockingMethods:
         Raises:
             ArgumentError, InvalidBufferError: as :meth:`Scan`, before anything
                 is posted.
-            CommError: called inside another nonblocking collective's schedule.
+            CommError: the communicator has been freed, or another thread is posting a
+                nonblocking collective on it at the same moment.
         """
         return self._nonblocking(self.Scan, sendbuf, recvbuf, op, **kw)
 
     def Iexscan(self, sendbuf, recvbuf, op=SUM, **kw) -> Request:
-        """Start an exclusive prefix reduction (:meth:`Exscan`); rank 0's ``recvbuf`` is
-        left untouched.
+        """Start an exclusive prefix reduction (:meth:`Exscan`).
+
+        Rank 0's ``recvbuf`` is left untouched.
 
         Args:
             sendbuf: this rank's contribution, or IN_PLACE (then ``recvbuf`` holds it).
@@ -422,6 +435,7 @@ class NonblockingMethods:
         Raises:
             ArgumentError, InvalidBufferError: as :meth:`Exscan`, before anything
                 is posted.
-            CommError: called inside another nonblocking collective's schedule.
+            CommError: the communicator has been freed, or another thread is posting a
+                nonblocking collective on it at the same moment.
         """
         return self._nonblocking(self.Exscan, sendbuf, recvbuf, op, **kw)

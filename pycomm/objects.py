@@ -70,6 +70,7 @@ class ObjectMethods:
 
         Raises:
             ArgumentError: bad ``dest`` or ``tag``, or ``obj`` cannot be pickled.
+            PeerError: the connection to ``dest`` has already failed.
             CommError: the communicator has been freed.
         """
         payload = dumps(obj, self.rank, f"isend(dest={dest}, tag={tag})")
@@ -77,8 +78,7 @@ class ObjectMethods:
                           synchronous=synchronous)
 
     def issend(self, obj: Any, dest: int, tag: int = 0):
-        """Start a synchronous object send: it completes once ``dest`` has started the
-        matching receive.
+        """Start a synchronous object send, complete once ``dest`` has started the receive.
 
         Args:
             obj: any picklable object.
@@ -90,6 +90,7 @@ class ObjectMethods:
 
         Raises:
             ArgumentError: bad ``dest`` or ``tag``, or ``obj`` cannot be pickled.
+            PeerError: the connection to ``dest`` has already failed.
             CommError: the communicator has been freed.
         """
         return self.isend(obj, dest, tag, synchronous=True)
@@ -115,8 +116,7 @@ class ObjectMethods:
         self._wait_posted([self.isend(obj, dest, tag)], timeout)
 
     def ssend(self, obj: Any, dest: int, tag: int = 0, *, timeout: float | None = None):
-        """Send an object synchronously: return once ``dest`` has started the
-        matching receive.
+        """Send an object synchronously: return once ``dest`` has started the matching receive.
 
         Args:
             obj: any picklable object.
@@ -150,6 +150,7 @@ class ObjectMethods:
 
         Raises:
             ArgumentError: bad ``source`` or ``tag``.
+            PeerError: the connection to ``source`` has already failed.
             CommError: the communicator has been freed.
         """
         self._check_alive()
@@ -231,8 +232,8 @@ class ObjectMethods:
             None.
 
         Raises:
-            CollectiveMismatchError: the ranks called different collectives or signatures.
-            PeerError, CommTimeoutError: a peer failed, or the call did not finish in time.
+            CollectiveMismatchError, CollectiveError, PeerError, CommTimeoutError, CommError:
+                as every collective call (see :class:`~pycomm.comm.Communicator`).
         """
         self.Barrier()
 
@@ -250,8 +251,8 @@ class ObjectMethods:
 
         Raises:
             ArgumentError: bad ``root``, or ``obj`` cannot be pickled.
-            CollectiveMismatchError: the ranks called different collectives or signatures.
-            PeerError, CommTimeoutError: a peer failed, or the call did not finish in time.
+            CollectiveMismatchError, CollectiveError, PeerError, CommTimeoutError, CommError:
+                as every collective call (see :class:`~pycomm.comm.Communicator`).
         """
         root = self._check_root(root)
         data = dumps(obj, self.rank, "bcast") if self.rank == root else b""
@@ -275,8 +276,8 @@ class ObjectMethods:
 
         Raises:
             ArgumentError: bad ``root``, or ``sendobj`` cannot be pickled.
-            CollectiveMismatchError: the ranks called different collectives or signatures.
-            PeerError, CommTimeoutError: a peer failed, or the call did not finish in time.
+            CollectiveMismatchError, CollectiveError, PeerError, CommTimeoutError, CommError:
+                as every collective call (see :class:`~pycomm.comm.Communicator`).
         """
         root = self._check_root(root)
         data = dumps(sendobj, self.rank, "gather") if self.rank != root else b""
@@ -302,8 +303,8 @@ class ObjectMethods:
         Raises:
             ArgumentError: bad ``root``, the root's ``sendobj`` is not a sequence of ``size``
                 objects, or an item cannot be pickled.
-            CollectiveMismatchError: the ranks called different collectives or signatures.
-            PeerError, CommTimeoutError: a peer failed, or the call did not finish in time.
+            CollectiveMismatchError, CollectiveError, PeerError, CommTimeoutError, CommError:
+                as every collective call (see :class:`~pycomm.comm.Communicator`).
         """
         root = self._check_root(root)
         if self.rank == root:
@@ -332,8 +333,8 @@ class ObjectMethods:
 
         Raises:
             ArgumentError: ``sendobj`` cannot be pickled.
-            CollectiveMismatchError: the ranks called different collectives or signatures.
-            PeerError, CommTimeoutError: a peer failed, or the call did not finish in time.
+            CollectiveMismatchError, CollectiveError, PeerError, CommTimeoutError, CommError:
+                as every collective call (see :class:`~pycomm.comm.Communicator`).
         """
         return self.bcast(self.gather(sendobj, 0), 0)
 
@@ -349,8 +350,8 @@ class ObjectMethods:
 
         Raises:
             ArgumentError: ``sendobj`` does not hold ``size`` items, or one cannot be pickled.
-            CollectiveMismatchError: the ranks called different collectives or signatures.
-            PeerError, CommTimeoutError: a peer failed, or the call did not finish in time.
+            CollectiveMismatchError, CollectiveError, PeerError, CommTimeoutError, CommError:
+                as every collective call (see :class:`~pycomm.comm.Communicator`).
         """
         items = list(sendobj)
         if len(items) != self.size:
@@ -376,10 +377,11 @@ class ObjectMethods:
             The result at the root; None elsewhere.
 
         Raises:
-            ArgumentError: bad ``root``, or ``sendobj`` cannot be pickled; the op's own
-                exception if it cannot combine the objects.
-            CollectiveMismatchError: the ranks called different collectives or signatures.
-            PeerError, CommTimeoutError: a peer failed, or the call did not finish in time.
+            ArgumentError: bad ``root``, or ``sendobj`` cannot be pickled.
+            Exception: whatever ``op`` raises at the root when it cannot combine two
+                objects (e.g. TypeError).
+            CollectiveMismatchError, CollectiveError, PeerError, CommTimeoutError, CommError:
+                as every collective call (see :class:`~pycomm.comm.Communicator`).
         """
         from .ops import SUM
         op = SUM if op is None else op
@@ -404,9 +406,10 @@ class ObjectMethods:
             The result, on every rank.
 
         Raises:
-            ArgumentError: ``sendobj`` or the result cannot be pickled; the op's own exception
-                if it cannot combine the objects.
-            CollectiveMismatchError: the ranks called different collectives or signatures.
-            PeerError, CommTimeoutError: a peer failed, or the call did not finish in time.
+            ArgumentError: ``sendobj`` or the result cannot be pickled.
+            Exception: whatever ``op`` raises when it cannot combine two objects (e.g.
+                TypeError), on rank 0, which does the reduction.
+            CollectiveMismatchError, CollectiveError, PeerError, CommTimeoutError, CommError:
+                as every collective call (see :class:`~pycomm.comm.Communicator`).
         """
         return self.bcast(self.reduce(sendobj, op, 0), 0)

@@ -182,21 +182,49 @@ class Op:
 
     # -- mpi4py-style accessors ---------------------------------------------------------
     def Is_commutative(self) -> bool:  # noqa: N802 (mpi4py name)
-        """Return whether the op is commutative."""
+        """Return whether the op is commutative (MPI_Op_commutative).
+
+        Returns:
+            bool: True when ``a ∘ b == b ∘ a``.
+
+        Raises:
+            Nothing.
+        """
         return self.commutative
 
     @property
     def is_commutative(self) -> bool:
-        """Whether the op is commutative (mpi4py property)."""
+        """Whether the op is commutative (mpi4py's property).
+
+        Returns:
+            bool: True when ``a ∘ b == b ∘ a``.
+
+        Raises:
+            Nothing.
+        """
         return self.commutative
 
     @property
     def is_predefined(self) -> bool:
-        """True for MPI's predefined ops (SUM ... MINLOC), False for user ops."""
+        """Whether this is one of MPI's predefined ops (SUM ... MINLOC) rather than a user op.
+
+        Returns:
+            bool: True for predefined ops, False for ops from :meth:`Create`.
+
+        Raises:
+            Nothing.
+        """
         return self._ufunc is not None or self._kernel is not None
 
     def Free(self) -> None:  # noqa: N802 (mpi4py name)
-        """Do nothing: kept for mpi4py compatibility, ops hold no resources."""
+        """Do nothing: kept for mpi4py compatibility, ops hold no resources.
+
+        Returns:
+            None.
+
+        Raises:
+            Nothing.
+        """
 
     def __repr__(self) -> str:
         return f"<pycomm.Op {self.name}>"
@@ -212,9 +240,16 @@ class Op:
         numeric value then an integer index (:func:`pair_dtype`). User ops accept any
         dtype.
 
+        Args:
+            dtype: the buffer's numpy dtype (or anything ``np.dtype`` accepts).
+
+        Returns:
+            None.
+
         Raises:
             ArgumentError: the op is not defined on ``dtype``; the message says which
                 dtypes it accepts.
+            TypeError: ``dtype`` is not a numpy dtype (predefined ops only).
         """
         if self._kinds is None:
             return
@@ -237,8 +272,15 @@ class Op:
         """Compute ``inoutbuf[:] = inbuf ∘ inoutbuf`` in place.
 
         Args:
-            inbuf: the left operand (lower ranks' partial); not modified.
+            inbuf: the left operand (lower ranks' partial); not modified by predefined ops.
             inoutbuf: the right operand; receives the result. Same shape and dtype.
+
+        Returns:
+            None.
+
+        Raises:
+            Exception: what numpy raises for operands of different shapes (ValueError), or
+                what a user op's function raises.
         """
         if self._ufunc is not None:
             self._ufunc(inbuf, inoutbuf, out=inoutbuf)
@@ -254,7 +296,15 @@ class Op:
 
         Args:
             inoutbuf: the left operand; receives the result.
-            inbuf: the right operand; treated as scratch (a user op writes into it).
+            inbuf: the right operand, same shape and dtype; treated as scratch (a user op
+                and MAXLOC/MINLOC write into it).
+
+        Returns:
+            None.
+
+        Raises:
+            Exception: what numpy raises for operands of different shapes (ValueError), or
+                what a user op's function raises.
         """
         if self._ufunc is not None:
             self._ufunc(inoutbuf, inbuf, out=inoutbuf)
@@ -275,7 +325,7 @@ class Op:
 
     # -- Python objects -----------------------------------------------------------------
     def reduce_objects(self, a: Any, b: Any) -> Any:
-        """Combine two Python objects, ``a`` from lower ranks, as mpi4py does.
+        """Combine two Python objects, ``a`` from lower ranks, as mpi4py does (also ``op(a, b)``).
 
         ``a + b``, ``a * b``, min, max; ``a and b``, ``a or b``, ``bool(a) != bool(b)``;
         ``a & b``, ``a | b``, ``a ^ b``; MAXLOC/MINLOC on ``(value, index)`` tuples (lower
@@ -283,6 +333,17 @@ class Op:
 
         For a user op the function is called as ``function(a, b[, None])``; its return
         value is the result, or ``b`` when it returns None (it updated ``b`` in place).
+
+        Args:
+            a: the left operand (the lower ranks' partial result).
+            b: the right operand.
+
+        Returns:
+            The combined object.
+
+        Raises:
+            Exception: what the operation raises on these objects (e.g. TypeError for
+                ``+`` on a str and an int), or what a user op's function raises.
         """
         if self._pyfunc is not None:
             return self._pyfunc(a, b)

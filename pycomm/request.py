@@ -50,10 +50,24 @@ class Request:
             status.cancelled = self.cancelled
 
     def Wait(self, status=None, *, timeout: float | None = None) -> bool:
-        """Block until the operation completes; fill ``status``. Returns True.
+        """Block until the operation completes; fill ``status`` (MPI_Wait).
+
+        Args:
+            status: a Status to fill with the source, tag and count (bytes) of a receive, or
+                None.
+            timeout: keyword-only; seconds to wait (None: ``PYCOMM_TIMEOUT``).
+
+        Returns:
+            True (mpi4py's convention).
 
         Raises:
-            CommTimeoutError, PeerError, TruncationError (see :meth:`Engine.wait`).
+            CommTimeoutError: not complete within ``timeout`` seconds (None:
+                ``PYCOMM_TIMEOUT``); the operation stays pending.
+            PeerError: the peer died or its connection dropped.
+            TruncationError: a receive's message was larger than its buffer.
+            CollectiveMismatchError, CollectiveError: a nonblocking collective failed (see
+                :class:`~pycomm.comm.Communicator`).
+            CommError: the sender withdrew a large message this receive had matched.
         """
         _trace.traced("Wait", self.comm, self.tag, self.nbytes, self.peer, self.engine.wait,
                       self, timeout)
@@ -61,7 +75,19 @@ class Request:
         return True
 
     def Test(self, status=None) -> bool:
-        """Make progress once; True (and ``status`` filled) when complete."""
+        """Make progress once; return whether the operation has completed (MPI_Test).
+
+        Args:
+            status: a Status to fill (source, tag, count in bytes) when complete, or None.
+
+        Returns:
+            bool: True when complete (``status`` is then filled).
+
+        Raises:
+            PeerError: a link failed while making progress.
+            TruncationError, CollectiveMismatchError, CollectiveError, CommError: the completed
+                operation failed, as in :meth:`Wait`.
+        """
         if not self.done:
             self.engine.progress()
             if not self.done:
@@ -72,28 +98,94 @@ class Request:
         return True
 
     def Cancel(self) -> None:
-        """Cancel a receive that has not matched a message yet, or withdraw a large send
-        whose payload has not been handed over (no effect otherwise; ``Status.cancelled``
-        tells). See :meth:`pycomm.p2p.Engine.cancel`."""
+        """Cancel a receive that has not matched, or withdraw a large send not yet handed over.
+
+        Eager sends, matched receives and completed requests are left alone; ``Status.cancelled``
+        (after :meth:`Wait`) tells whether it took effect (MPI_Cancel). See
+        :meth:`pycomm.p2p.Engine.cancel`.
+
+        Returns:
+            None.
+
+        Raises:
+            Nothing: a dead peer is ignored (nothing can read the buffer any more).
+        """
         self.engine.cancel(self)
 
     def Free(self) -> None:
-        """Forget the request (it still completes)."""
+        """Forget the request (MPI_Request_free); the operation still completes.
+
+        Returns:
+            None.
+
+        Raises:
+            Nothing.
+        """
 
     def wait(self, status=None, *, timeout: float | None = None):
-        """Object form: wait and return the received object (None for sends)."""
+        """Wait for the operation; return the object received (mpi4py's object ``wait``).
+
+        Args:
+            status: a Status to fill (source, tag, count in bytes), or None.
+            timeout: keyword-only; seconds to wait (None: ``PYCOMM_TIMEOUT``).
+
+        Returns:
+            The object of an object receive (:meth:`~pycomm.comm.Communicator.irecv`); None for
+            sends, buffer operations, a cancelled receive and a receive from PROC_NULL.
+
+        Raises:
+            CommTimeoutError: not complete within ``timeout`` seconds (None:
+                ``PYCOMM_TIMEOUT``); the operation stays pending.
+            PeerError: the peer died or its connection dropped.
+            TruncationError: a receive's message was larger than its buffer.
+            CollectiveMismatchError, CollectiveError: a nonblocking collective failed (see
+                :class:`~pycomm.comm.Communicator`).
+            CommError: the sender withdrew a large message this receive had matched.
+        """
         self.Wait(status, timeout=timeout)
         return self.post(self.obj) if self.post is not None and not self.cancelled else None
 
     def test(self, status=None):
-        """Object form: ``(done, object or None)``."""
+        """Make progress once; return ``(done, object)`` (mpi4py's object ``test``).
+
+        Args:
+            status: a Status to fill when complete, or None.
+
+        Returns:
+            tuple: ``(False, None)`` while pending; ``(True, obj)`` when complete, ``obj`` the
+            object received (None for sends and buffer operations).
+
+        Raises:
+            PeerError, TruncationError, CollectiveMismatchError, CollectiveError, CommError: as
+                :meth:`Test`.
+        """
         if not self.Test(status):
             return False, None
         return True, (self.post(self.obj) if self.post is not None else None)
 
     @staticmethod
     def Waitall(requests, statuses=None, *, timeout: float | None = None) -> bool:
-        """Wait for every request; fill ``statuses`` (a list) if given. Returns True."""
+        """Wait for every request; fill ``statuses`` (MPI_Waitall).
+
+        Every request completes before the first failed one's error is raised.
+
+        Args:
+            requests: an iterable of Requests (may be empty).
+            statuses: a list of Status objects, one per request, or None.
+            timeout: keyword-only; seconds to wait for all (None: ``PYCOMM_TIMEOUT``).
+
+        Returns:
+            True (mpi4py's convention).
+
+        Raises:
+            CommTimeoutError: not complete within ``timeout`` seconds (None:
+                ``PYCOMM_TIMEOUT``); the operation stays pending.
+            PeerError: the peer died or its connection dropped.
+            TruncationError: a receive's message was larger than its buffer.
+            CollectiveMismatchError, CollectiveError: a nonblocking collective failed (see
+                :class:`~pycomm.comm.Communicator`).
+            CommError: the sender withdrew a large message this receive had matched.
+        """
         reqs = list(requests)
         if reqs:
             _trace.traced("Waitall", reqs[0].comm, -1, sum(max(0, r.nbytes) for r in reqs),
@@ -105,13 +197,39 @@ class Request:
 
     @staticmethod
     def waitall(requests, statuses=None, *, timeout: float | None = None) -> list:
-        """Object form of Waitall: the list of received objects (None for sends)."""
+        """Wait for every request; return the objects received (mpi4py's object ``waitall``).
+
+        Args:
+            requests: a sequence of Requests.
+            statuses: a list of Status objects, one per request, or None.
+            timeout: keyword-only; seconds to wait for all (None: ``PYCOMM_TIMEOUT``).
+
+        Returns:
+            list: per request, the object received, or None for sends and buffer operations.
+
+        Raises:
+            CommTimeoutError, PeerError, TruncationError, CollectiveMismatchError,
+                CollectiveError, CommError: as :meth:`Waitall`.
+        """
         Request.Waitall(requests, statuses, timeout=timeout)
         return [r.post(r.obj) if r.post is not None else None for r in requests]
 
     @staticmethod
     def Testall(requests, statuses=None) -> bool:
-        """True when every request has completed (progress is made once)."""
+        """Make progress once; return whether every request has completed (MPI_Testall).
+
+        Args:
+            requests: an iterable of Requests (may be empty).
+            statuses: a list of Status objects, filled when all are complete, or None.
+
+        Returns:
+            bool: True when all are complete.
+
+        Raises:
+            PeerError: a link failed while making progress.
+            TruncationError, CollectiveMismatchError, CollectiveError, CommError: all are
+                complete and one of them failed (the first such error).
+        """
         reqs = list(requests)
         if reqs:
             reqs[0].engine.progress()
@@ -127,7 +245,25 @@ class Request:
 
     @staticmethod
     def Waitany(requests, status=None, *, timeout: float | None = None) -> int:
-        """Wait until one request completes; return its index."""
+        """Wait until one of ``requests`` completes; return its index (MPI_Waitany).
+
+        Args:
+            requests: an iterable of Requests.
+            status: a Status to fill for the completed request, or None.
+            timeout: keyword-only; seconds to wait (None: ``PYCOMM_TIMEOUT``).
+
+        Returns:
+            int: the index of a completed request (the lowest), or -1 for an empty list.
+
+        Raises:
+            CommTimeoutError: not complete within ``timeout`` seconds (None:
+                ``PYCOMM_TIMEOUT``); the operation stays pending.
+            PeerError: the peer died or its connection dropped.
+            TruncationError: a receive's message was larger than its buffer.
+            CollectiveMismatchError, CollectiveError: a nonblocking collective failed (see
+                :class:`~pycomm.comm.Communicator`).
+            CommError: the sender withdrew a large message this receive had matched.
+        """
         reqs = list(requests)
         if not reqs:
             return -1

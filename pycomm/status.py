@@ -26,16 +26,52 @@ class Status:
         self.cancelled = False
 
     def Get_source(self) -> int:
+        """Return the rank that sent the message (in the receiving communicator).
+
+        Returns:
+            int: a rank, PROC_NULL, or ANY_SOURCE when nothing was received into this Status.
+
+        Raises:
+            Nothing.
+        """
         return self.source
 
     def Get_tag(self) -> int:
+        """Return the message's tag.
+
+        Returns:
+            int: the tag, or ANY_TAG when nothing was received into this Status.
+
+        Raises:
+            Nothing.
+        """
         return self.tag
 
     def Get_error(self) -> int:
+        """Return the operation's error code: always 0 (MPI_SUCCESS).
+
+        pycomm raises its errors instead of storing them.
+
+        Returns:
+            int: 0.
+
+        Raises:
+            Nothing.
+        """
         return self.error
 
     def Get_count(self, datatype=None) -> int:
-        """Received size in elements of ``datatype`` (numpy dtype; default: bytes)."""
+        """Return the received size in elements of ``datatype`` (also ``Get_elements``).
+
+        Args:
+            datatype: a numpy dtype (or anything ``np.dtype`` accepts), or None for bytes.
+
+        Returns:
+            int: bytes received // the dtype's itemsize (bytes when ``datatype`` is None).
+
+        Raises:
+            TypeError: ``datatype`` is not a numpy dtype.
+        """
         if datatype is None:
             return self.count
         return self.count // np.dtype(datatype).itemsize
@@ -43,6 +79,14 @@ class Status:
     Get_elements = Get_count
 
     def Is_cancelled(self) -> bool:
+        """Return whether the operation was cancelled (:meth:`Request.Cancel` took effect).
+
+        Returns:
+            bool: True when cancelled.
+
+        Raises:
+            Nothing.
+        """
         return self.cancelled
 
     def __repr__(self) -> str:

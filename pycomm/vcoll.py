@@ -66,6 +66,8 @@ class VectorMethods:
     def Gatherv(self, sendbuf, recvbuf, root: int = 0, *, algorithm: str | None = None):
         """Gather a variable-size block from every rank into root's ``[buf, counts, displs]``.
 
+        Algorithm: see :mod:`pycomm.collectives.gather`.
+
         Args:
             sendbuf: this rank's block (``counts[rank]`` elements of the receive dtype at the
                 root), or IN_PLACE at the root: its block is already at ``displs[root]``.
@@ -82,8 +84,10 @@ class VectorMethods:
             ArgumentError: bad root, counts or displacements, or IN_PLACE off the root.
             InvalidBufferError: a block overruns ``recvbuf``, or ``sendbuf`` does not match
                 ``counts[root]`` and the receive dtype.
-            CollectiveMismatchError: the ranks called different collectives or signatures.
-            PeerError, CommTimeoutError: a peer failed, or the call did not finish in time.
+            TruncationError: a block's size differs from the count this rank expects
+                (the ranks passed different counts).
+            CollectiveMismatchError, CollectiveError, PeerError, CommTimeoutError, CommError:
+                as every collective call (see :class:`~pycomm.comm.Communicator`).
         """
         root = self._check_root(root)
         counts = displs = recv = None
@@ -110,6 +114,8 @@ class VectorMethods:
     def Scatterv(self, sendbuf, recvbuf, root: int = 0, *, algorithm: str | None = None):
         """Send block i (``counts[i]`` elements at ``displs[i]``) of root's buffer to rank i.
 
+        Algorithm: see :mod:`pycomm.collectives.scatter`.
+
         Args:
             sendbuf: at the root, a vector spec (as ``recvbuf`` of :meth:`Gatherv`); ignored
                 elsewhere.
@@ -125,8 +131,10 @@ class VectorMethods:
             ArgumentError: bad root, counts or displacements, or IN_PLACE off the root.
             InvalidBufferError: a block overruns ``sendbuf``, or ``recvbuf`` does not match
                 ``counts[rank]`` and the send dtype.
-            CollectiveMismatchError: the ranks called different collectives or signatures.
-            PeerError, CommTimeoutError: a peer failed, or the call did not finish in time.
+            TruncationError: a block's size differs from the count this rank expects
+                (the ranks passed different counts).
+            CollectiveMismatchError, CollectiveError, PeerError, CommTimeoutError, CommError:
+                as every collective call (see :class:`~pycomm.comm.Communicator`).
         """
         root = self._check_root(root)
         send = counts = displs = None
@@ -153,6 +161,8 @@ class VectorMethods:
     def Allgatherv(self, sendbuf, recvbuf, *, algorithm: str | None = None):
         """Every rank gets every rank's block in ``[recvbuf, counts, displs]``.
 
+        Algorithm: see :mod:`pycomm.collectives.allgather`.
+
         Args:
             sendbuf: this rank's block (``counts[rank]`` elements of ``recvbuf``'s dtype), or
                 IN_PLACE: it is already at ``displs[rank]`` of ``recvbuf``.
@@ -167,8 +177,10 @@ class VectorMethods:
             ArgumentError: bad counts or displacements.
             InvalidBufferError: a block overruns ``recvbuf``, or ``sendbuf`` does not match
                 ``counts[rank]`` and ``recvbuf``'s dtype.
-            CollectiveMismatchError: the ranks called different collectives or signatures.
-            PeerError, CommTimeoutError: a peer failed, or the call did not finish in time.
+            TruncationError: a block's size differs from the count this rank expects
+                (the ranks passed different counts).
+            CollectiveMismatchError, CollectiveError, PeerError, CommTimeoutError, CommError:
+                as every collective call (see :class:`~pycomm.comm.Communicator`).
         """
         recv, counts, displs = self._vspec(recvbuf, "recvbuf", writable=True)
         mine = recv[displs[self.rank]:displs[self.rank] + counts[self.rank]]
@@ -187,6 +199,8 @@ class VectorMethods:
     def Alltoallv(self, sendbuf, recvbuf, *, algorithm: str | None = None):
         """Rank i sends ``sendcounts[j]`` elements to rank j, described by both specs.
 
+        Algorithm: see :mod:`pycomm.collectives.alltoall`.
+
         Args:
             sendbuf: a vector spec whose block j goes to rank j, or IN_PLACE: ``recvbuf``'s
                 blocks are sent (a copy is taken first).
@@ -200,9 +214,10 @@ class VectorMethods:
         Raises:
             ArgumentError: bad counts or displacements.
             InvalidBufferError: a block overruns its buffer, or the two dtypes differ.
-            TruncationError: a peer sent more elements than the matching receive count.
-            CollectiveMismatchError: the ranks called different collectives or signatures.
-            PeerError, CommTimeoutError: a peer failed, or the call did not finish in time.
+            TruncationError: a block's size differs from the matching receive count
+                (the ranks passed inconsistent counts).
+            CollectiveMismatchError, CollectiveError, PeerError, CommTimeoutError, CommError:
+                as every collective call (see :class:`~pycomm.comm.Communicator`).
         """
         recv, rcounts, rdispls = self._vspec(recvbuf, "recvbuf", writable=True)
         if sendbuf is IN_PLACE:
@@ -222,6 +237,8 @@ class VectorMethods:
                        algorithm: str | None = None):
         """Reduce ``sendbuf`` (sum(recvcounts) elements); rank i gets ``recvcounts[i]``.
 
+        Algorithm: see :mod:`pycomm.collectives.reduce_scatter`.
+
         Args:
             sendbuf: this rank's contribution, ``sum(recvcounts)`` elements, or IN_PLACE:
                 ``recvbuf`` holds the whole input and the result lands in its start.
@@ -239,8 +256,8 @@ class VectorMethods:
                 dtype does not support.
             InvalidBufferError: sizes or dtypes of ``sendbuf`` and ``recvbuf`` do not fit the
                 counts.
-            CollectiveMismatchError: the ranks called different collectives or signatures.
-            PeerError, CommTimeoutError: a peer failed, or the call did not finish in time.
+            CollectiveMismatchError, CollectiveError, PeerError, CommTimeoutError, CommError:
+                as every collective call (see :class:`~pycomm.comm.Communicator`).
         """
         recv = as_array(recvbuf, self.rank, "recvbuf", writable=True)
         if recvcounts is None:
@@ -285,6 +302,8 @@ class VectorMethods:
     def Scan(self, sendbuf, recvbuf, op=SUM, *, algorithm: str | None = None):
         """Inclusive prefix reduction: rank r gets x0 ∘ x1 ∘ … ∘ xr (rank order kept).
 
+        Algorithm: see :mod:`pycomm.collectives.scan`.
+
         Args:
             sendbuf: this rank's vector x_r, or IN_PLACE (then ``recvbuf`` holds it).
             recvbuf: receives the prefix, same size and dtype (writable).
@@ -297,14 +316,16 @@ class VectorMethods:
         Raises:
             ArgumentError: an op the dtype does not support, or a bad ``algorithm``.
             InvalidBufferError: the buffers' sizes or dtypes differ.
-            CollectiveMismatchError: the ranks called different collectives or signatures.
-            PeerError, CommTimeoutError: a peer failed, or the call did not finish in time.
+            CollectiveMismatchError, CollectiveError, PeerError, CommTimeoutError, CommError:
+                as every collective call (see :class:`~pycomm.comm.Communicator`).
         """
         self._scan("scan", sendbuf, recvbuf, op, algorithm)
 
     @collective
     def Exscan(self, sendbuf, recvbuf, op=SUM, *, algorithm: str | None = None):
         """Exclusive prefix reduction: rank r > 0 gets x0 ∘ … ∘ x(r-1).
+
+        Algorithm: see :mod:`pycomm.collectives.scan`.
 
         Args:
             sendbuf: this rank's vector x_r, or IN_PLACE (then ``recvbuf`` holds it).
@@ -319,8 +340,8 @@ class VectorMethods:
         Raises:
             ArgumentError: an op the dtype does not support, or a bad ``algorithm``.
             InvalidBufferError: the buffers' sizes or dtypes differ.
-            CollectiveMismatchError: the ranks called different collectives or signatures.
-            PeerError, CommTimeoutError: a peer failed, or the call did not finish in time.
+            CollectiveMismatchError, CollectiveError, PeerError, CommTimeoutError, CommError:
+                as every collective call (see :class:`~pycomm.comm.Communicator`).
         """
         self._scan("exscan", sendbuf, recvbuf, op, algorithm)
 
@@ -336,9 +357,12 @@ class VectorMethods:
             sendobj of rank 0 ∘ … ∘ sendobj of this rank.
 
         Raises:
-            ArgumentError: an object cannot be pickled.
-            CommError: as :meth:`allgather` (a peer failed, a timeout); the op's own exception
-                if it cannot combine the objects.
+            ArgumentError: ``sendobj`` cannot be pickled.
+            CollectiveMismatchError, CollectiveError, PeerError, CommTimeoutError, CommError:
+                as every collective call (see :class:`~pycomm.comm.Communicator`); this
+                one is an :meth:`allgather`.
+            Exception: whatever ``op`` raises when it cannot combine two objects (e.g.
+                TypeError).
         """
         values = self.allgather(sendobj)
         acc = values[0]
@@ -357,9 +381,12 @@ class VectorMethods:
             sendobj of rank 0 ∘ … ∘ sendobj of rank - 1; None on rank 0.
 
         Raises:
-            ArgumentError: an object cannot be pickled.
-            CommError: as :meth:`allgather` (a peer failed, a timeout); the op's own exception
-                if it cannot combine the objects.
+            ArgumentError: ``sendobj`` cannot be pickled.
+            CollectiveMismatchError, CollectiveError, PeerError, CommTimeoutError, CommError:
+                as every collective call (see :class:`~pycomm.comm.Communicator`); this
+                one is an :meth:`allgather`.
+            Exception: whatever ``op`` raises when it cannot combine two objects (e.g.
+                TypeError).
         """
         values = self.allgather(sendobj)
         if self.rank == 0:
