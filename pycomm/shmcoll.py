@@ -12,8 +12,9 @@ copies a message each way.
 This is the flag-based shared-memory collective design of MPICH's CH4 POSIX collectives
 (``src/mpid/ch4/shm/posix/release_gather``) and Open MPI's ``coll/sm`` (Graham & Shipman,
 "MPI Support for Multi-core Architectures: Optimized Shared Memory Collectives",
-EuroPVM/MPI 2008), reduced to its flat form: with at most 16 ranks per host and at most
-a few KiB per rank, reading every peer's slot beats any tree.
+EuroPVM/MPI 2008), reduced to its flat form: every rank reads every peer's slot in one
+step, where a tree adds a step, and a wake-up, per level; the ranks of one host and a few
+KiB each keep those reads small.
 
 Layout. The area holds :data:`MAX_COMMS` communicator blocks, indexed by context id
 (context ids are agreed by the members and never reused, so a block belongs to one
@@ -145,7 +146,8 @@ class SharedSlots:
         self._written = [False, False]
         self._synced = -1               # the last call whose every header this rank saw
         # Where ranks outnumber cores (the engine then yields while it waits), the peer a
-        # rank waits for may need this very core: poll a few times, then yield at once.
+        # rank waits for may need this very core: poll a few times, then yield at once
+        # (benchmarks/README.md, "Measurements behind design choices in the code").
         self._polls = 4 if self.engine.yield_s > 0 else _SPIN
 
     # -- arrival ------------------------------------------------------------------------
@@ -153,8 +155,10 @@ class SharedSlots:
         """Say that this rank entered call ``seq`` (``slow``: by messages).
 
         A call by messages rings the peers' doorbells: a peer asleep waiting for this
-        rank's header learns that it will not come (a slot call rings them when it
-        publishes its header, see :meth:`announce`)."""
+        rank's header learns that it will not come, where it would otherwise learn only at
+        the engine's next liveness check (benchmarks/README.md, "Measurements behind
+        design choices in the code"). A slot call rings them when it publishes its header
+        (see :meth:`announce`)."""
         self.arrival[self.rank][0] = seq << 2 | 2 | slow
         if slow:
             for ring in self._bells:
@@ -260,8 +264,9 @@ class SharedSlots:
         err = eng.aborted_error(ctx, tag)   # abandoned before this rank began to wait
         if err is not None:
             raise err
-        # Spin a while first (the peer is usually a few microseconds behind), then let
-        # the engine wait: progress, liveness, yielding, the kernel sleep, the timeout.
+        # Spin a while first (the peer is usually only just behind, and a spin answers
+        # without a sleep and a wake-up), then let the engine wait: progress, liveness,
+        # yielding, the kernel sleep, the timeout.
         if not eng.yield_s:
             end = _perf() + eng.spin_s
             while _perf() < end:
@@ -275,7 +280,9 @@ class SharedSlots:
         departed_from = _perf() + _DEPARTED_S
 
         # No state: the progress thread may evaluate this too (ShmTransport.block runs
-        # the watches), and must not use up what this thread has to see.
+        # the watches), and must not use up what this thread has to see; else this thread
+        # learns of an abandoned call only when the failing rank next sends
+        # (benchmarks/README.md, "Measurements behind design choices in the code").
         def cond():
             if ready():
                 return True
