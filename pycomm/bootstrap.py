@@ -23,6 +23,8 @@ mpiexec, Open   OMPI_COMM_WORLD_RANK / _SIZE              MASTER_ADDR, else mpir
 MPI             (OMPI_COMM_WORLD_LOCAL_RANK / _LOCAL_     from OMPI_MCA_orte_hnp_uri (<= 4);
                 SIZE)                                     port from MASTER_PORT + 1, the
                                                           HNP URI or PMIX_NAMESPACE (5)
+mpiexec -pmi-   the proxy's answer on PMI_PORT for PMI_ID through PMI, as above (one host:
+port (Hydra)    (MPI_LOCALRANKID / MPI_LOCALNRANKS)       127.0.0.1)
 Ray             :mod:`pycomm.ray` builds the JobEnv       its group's directory actor
 none            a world of size 1                         none
 =============== ========================================= ================================
@@ -100,7 +102,7 @@ class JobEnv:
     # Hydra's PMI connection when the store's address (and, if token is b"", the job secret)
     # is to be read from rank 0 through PMI at start-up; host_name is what Hydra calls this
     # host (PMI_HOSTNAME), the first name rank 0 tries for its own address.
-    pmi: pmi.Endpoint | None = None
+    pmi: pmi.Endpoint | pmi.Client | None = None     # a Client: already connected
     host_name: str | None = None
 
 
@@ -317,6 +319,21 @@ def detect(environ: dict[str, str] | None = None) -> JobEnv:
                         local_size=local[1],
                         addr_from=None if over_addr or env.get("MASTER_ADDR") or not hnp
                         else "OMPI_MCA_orte_hnp_uri")
+    elif "PMI_PORT" in env and "PMI_ID" in env:
+        # mpiexec -pmi-port: no PMI_RANK; the proxy tells rank and size on connection, and
+        # the store is always found through PMI (no variable is shared by every rank).
+        client = pmi.Client(pmi.endpoint_from_env(env), float(get("PYCOMM_TIMEOUT")))
+        if client.size == 1:
+            client.close()
+            return JobEnv(0, 1, None, None, b"", f"solo{os.getpid()}", "mpiexec")
+        je = JobEnv(client.rank, client.size, over_addr or env.get("MASTER_ADDR"),
+                    over_port or (int(env["MASTER_PORT"]) + 1 if "MASTER_PORT" in env
+                                  else None),
+                    token_or() if token_text else b"", "m", "mpiexec",
+                    host_store=client.rank == 0,
+                    local_rank=_int_or_none(env.get("MPI_LOCALRANKID")),
+                    local_size=_int_or_none(env.get("MPI_LOCALNRANKS")), pmi=client,
+                    host_name=env.get("PMI_HOSTNAME"))
     else:
         return JobEnv(0, 1, None, None, b"", f"solo{os.getpid()}", "none")
     if not 0 <= je.rank < je.size:
@@ -345,6 +362,8 @@ def _own_address(je: JobEnv) -> str:
     given = je.master_addr or config.get("PYCOMM_HOST")
     if given:
         return given
+    if je.local_size is not None and je.local_size >= je.size:
+        return "127.0.0.1"              # every rank is on this host
     tried = []
     for name in dict.fromkeys(n for n in (je.host_name, socket.gethostname()) if n):
         try:
@@ -396,13 +415,15 @@ def _pmi_rendezvous(je: JobEnv, timeout: float):
     from .store import StoreServer
 
     server, failure = None, None
-    with pmi.Client(je.pmi, timeout) as client:
+    client = je.pmi if isinstance(je.pmi, pmi.Client) else pmi.Client(je.pmi, timeout)
+    with client:
         try:
             if je.rank == 0:
                 try:
                     addr = _own_address(je)
                     token = je.token or secrets.token_bytes(32)
-                    server = StoreServer(token, host="0.0.0.0", port=je.master_port or 0)
+                    server = StoreServer(token, host="127.0.0.1" if _is_loopback(addr)
+                                         else "0.0.0.0", port=je.master_port or 0)
                     value = f"{addr},{server.port},{'' if je.token else token.hex()}"
                 except Exception as exc:            # noqa: BLE001 - told to every rank
                     failure = exc
@@ -415,8 +436,11 @@ def _pmi_rendezvous(je: JobEnv, timeout: float):
             if server is not None:
                 server.close()
             raise
-    if failure is not None:
+    if isinstance(failure, CommError):
         raise failure
+    if failure is not None:
+        raise CommError(f"rank 0: cannot serve the job's rendezvous store: "
+                        f"{type(failure).__name__}: {failure}") from failure
     fields = value.split(",", 2)
     if fields[0] == "error" and len(fields) == 3:
         kind = ArgumentError if fields[2].startswith("ArgumentError:") else CommError
