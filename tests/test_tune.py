@@ -257,10 +257,11 @@ def test_choose_never_picks_an_unfit_algorithm(collective, size, nbytes, commuta
                            commutative=commutative, transport=transport)
     info = algs.REGISTRY[collective][name]
     assert getattr(fn, "func", fn) is info.fn and info.unfit_reason(size, commutative) is None
-    # hierarchical algorithms compete only on communicators spanning hosts (choose's
-    # hosts=; tests/test_cluster.py), never on this single-host call
+    # hierarchical algorithms and the 2-D all-reduce compete only on communicators
+    # spanning hosts (choose's hosts=; tests/test_cluster.py, tests/test_twod.py), never
+    # on this single-host call
     fit = [n for n, i in algs.REGISTRY[collective].items()
-           if i.unfit_reason(size, commutative) is None and n != "hierarchical"]
+           if i.unfit_reason(size, commutative) is None and n not in ("hierarchical", "2d")]
     best = min(algs.model_time(collective, n, nbytes, size, transport=transport) for n in fit)
     assert algs.model_time(collective, name, nbytes, size, transport=transport) == best
     for other, i in algs.REGISTRY[collective].items():

@@ -55,6 +55,7 @@ from pycomm.collectives.reduce_scatter import (reduce_scatter_block_pairwise,
 from pycomm.collectives.scan import exscan_recursive_doubling, scan_recursive_doubling
 from pycomm.collectives.scatter import scatter_binomial, scatter_linear, scatterv_linear
 from pycomm.collectives.topology import is_pof2
+from pycomm.collectives.twod import TWOD, allreduce_2d
 from pycomm.errors import ArgumentError
 
 __all__ = ["AlgorithmInfo", "REGISTRY", "AUTO", "algorithms", "choose", "model_time"]
@@ -141,6 +142,10 @@ REGISTRY: dict[str, dict[str, AlgorithmInfo]] = {
          "binomial reduce to rank 0 + binomial broadcast"),
         ("double_binary_tree", allreduce_double_binary_tree, False, False,
          "NCCL's two complementary binary trees, half the data each, segmented"),
+        (TWOD, allreduce_2d, False, False,
+         "reduce-scatter along rows, all-reduce along columns, all-gather along rows of "
+         "a hosts x local ranks or near-square grid (Mikami et al. 2018; TPU pods' 2-D "
+         "ring, Ying et al. 2018)"),
         (HIERARCHICAL, allreduce_hierarchical, True, False,
          "reduce-scatter in each host, every local rank all-reduces its slice across "
          "hosts, all-gather in each host (Horovod, NCCL); commutative ops"),
@@ -282,7 +287,12 @@ def choose(collective: str, nbytes: int, size: int, *, requested: str | None = N
     each step crosses (:mod:`pycomm.collectives.cost_hosts`), when ``transport`` is the
     measured link between hosts (``"net"``, :mod:`pycomm.tune_links`); without that
     measurement the hierarchical algorithm is taken wherever it can serve the call (its
-    link bytes are the minimum; the loopback-TCP row must not price a real link).
+    link bytes are the minimum; the loopback-TCP row must not price a real link). The
+    shipped table has a ``net`` entry (an assumed link, see ``tuned.json``'s
+    ``source.net``), so the price is always made unless a table without it is loaded. The
+    ``2d`` all-reduce (:mod:`pycomm.collectives.twod`) takes no part in the automatic
+    choice: it runs only when named (its model price: :func:`model_time`, and on the host grid
+    :func:`pycomm.collectives.cost_hosts.twod_hosts_time`).
 
     Args:
         collective: a key of :data:`REGISTRY`.
@@ -328,26 +338,34 @@ def choose(collective: str, nbytes: int, size: int, *, requested: str | None = N
         and hier.unfit_reason(size, commutative) is None
     if spans and transport != NET:
         return hier.name, hier.fn
+    # The 2-D all-reduce runs only when named: the model prices it below the schedules it
+    # measures slower than, on one host (Rabenseifner) and across hosts (recursive
+    # doubling, whose steps inside a host the model prices at the link's speed, as every
+    # flat step across hosts is): benchmarks/README.md, issue 16.
     candidates = [i for i in table.values()
-                  if i.name != HIERARCHICAL and i.unfit_reason(size, commutative) is None]
+                  if i.name not in (HIERARCHICAL, TWOD)
+                  and i.unfit_reason(size, commutative) is None]
     price = {i.name: _cost(collective, i.name, nbytes, size, transport, oversubscription)
              for i in candidates}
     best = min(candidates, key=lambda i: price[i.name])
-    if spans and two_level_time(collective, nbytes, hosts, _flat_time(commutative),
-                                PIECE_BYTES) <= price[best.name]:
+    if spans and two_level_time(collective, nbytes, hosts,
+                                _flat_time(commutative, oversubscription), PIECE_BYTES,
+                                oversubscription) <= price[best.name]:
         return hier.name, hier.fn
     return best.name, _bound(best, nbytes, size, transport, oversubscription)
 
 
-def _flat_time(commutative: bool) -> Callable[[str, int, int, str], float]:
+def _flat_time(commutative: bool,
+               oversubscription: float = 1.0) -> Callable[[str, int, int, str], float]:
     """``f(collective, nbytes, size, transport)``: the best flat algorithm's modelled
     seconds (0 for one rank), for the inner steps of a two-level price."""
     def best(collective: str, nbytes: int, size: int, transport: str) -> float:
         if size <= 1:
             return 0.0
-        return min(_cost(collective, i.name, nbytes, size, transport)
+        return min(_cost(collective, i.name, nbytes, size, transport, oversubscription)
                    for i in REGISTRY[collective].values()
-                   if i.name != HIERARCHICAL and i.unfit_reason(size, commutative) is None)
+                   if i.name not in (HIERARCHICAL, TWOD)
+                   and i.unfit_reason(size, commutative) is None)
     return best
 
 

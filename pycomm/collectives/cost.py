@@ -47,7 +47,7 @@ from dataclasses import replace
 from collections.abc import Callable
 
 from pycomm import config
-from pycomm.collectives.cost_steps import SCHEDULES, _share, pipeline_segment
+from pycomm.collectives.cost_steps import SCHEDULES, _share, pipeline_segment, twod_time
 from pycomm.collectives.cost_terms import (Constants, pipeline_candidates, _segment,
                                          _ring_segs, _ring_scratch, _hsegs, _pipe_scratch,
                                          _halving_scratch, _lg, _lq, _frac, _qfrac, _folds,
@@ -310,6 +310,10 @@ FORMULAS.update({
     ("allgather", "hierarchical"): lambda n, p, k: FORMULAS[("allgather", "ring")](n, p, k),
     ("barrier", "hierarchical"): lambda n, p, k: 2 * (p - 1) * k.alpha,
 })
+# The 2-D all-reduce (pycomm.collectives.twod) on the near-square grid of one transport:
+# its three phases at their best inner algorithms; on the host grid choose() prices it
+# with pycomm.collectives.cost_hosts.twod_hosts_time instead.
+FORMULAS[("allreduce", "2d")] = lambda n, p, k: twod_time(n, p, k, FORMULAS)
 
 
 

@@ -23,6 +23,11 @@ modelled time for collective ``c`` on ``b`` bytes and ``p`` ranks with table ``t
   all-reduce's (its reduce-scatter, then the sub-chunks to the root).
 * bcast: ``flat(bcast, n, H, net) + flat(bcast, n, L, shm)``.
 * barrier: ``2(L-1) α_shm + flat(barrier, 0, H, net)``.
+* 2-D all-reduce on the host grid (``H`` hosts of ``L`` ranks each,
+  :mod:`pycomm.collectives.twod`): the row reduce-scatter of ``n`` on ``L`` ranks (``shm``)
+  + the column all-reduce of ``n/L`` on ``H`` ranks (``net``; the ``L`` columns share each
+  host's link, so priced as one all-reduce of ``n``) + the row all-gather of ``n`` on ``L``
+  ranks (``shm``), each at its best inner algorithm; the phases do not overlap.
 """
 
 from __future__ import annotations
@@ -31,15 +36,16 @@ import math
 from collections.abc import Callable
 
 from pycomm.collectives.cost import DEFAULT_TRANSPORT, NET, _priced, constants, cost
+from pycomm.collectives.cost_steps import TWOD_COLUMN, TWOD_ROW
 from pycomm.collectives.cost_terms import _protocol
 
-__all__ = ["two_level_time"]
+__all__ = ["two_level_time", "twod_hosts_time"]
 
 Flat = Callable[[str, int, int, str], float]
 
 
 def two_level_time(collective: str, nbytes: int, hosts: tuple[int, ...], flat: Flat,
-                   piece_bytes: int) -> float:
+                   piece_bytes: int, oversubscription: float = 1.0) -> float:
     """Modelled seconds of ``collective``'s hierarchical algorithm.
 
     Args:
@@ -49,6 +55,11 @@ def two_level_time(collective: str, nbytes: int, hosts: tuple[int, ...], flat: F
         flat: ``flat(collective, nbytes, ranks, transport)``, the best flat algorithm's
             modelled seconds (0 for one rank).
         piece_bytes: the all-reduce's pipeline piece.
+        oversubscription: ranks per core on the busiest host (> 1: the local steps are
+            priced as :func:`~pycomm.collectives.cost.cost` prices them then, and every
+            cross-host message pays a wake-up per turn of the cores, as a step of
+            :mod:`pycomm.collectives.cost_steps` does), as the flat algorithms it is
+            weighed against are.
 
     Raises:
         KeyError: a collective without a hierarchical algorithm.
@@ -59,12 +70,14 @@ def two_level_time(collective: str, nbytes: int, hosts: tuple[int, ...], flat: F
         twice = 1 if collective == "allgather" else 2   # two passes over the link
         local = 0.0
         if big > 1 and collective != "reduce":
-            local += cost("allgather", "ring", nbytes, big, shm)
+            local += cost("allgather", "ring", nbytes, big, shm, oversubscription)
         if big > 1 and collective != "allgather":
-            local += cost("reduce_scatter", "ring", nbytes, big, shm)
+            local += cost("reduce_scatter", "ring", nbytes, big, shm, oversubscription)
         k = _priced(net)
         pieces = max(1, math.ceil(nbytes / piece_bytes))
         alpha, beta = _protocol(k, nbytes / pieces / few / nh)
+        if oversubscription > 1.0:
+            alpha += k.wake * oversubscription
         cross = twice * (nh - 1) * (nbytes / nh * beta + alpha)
         return max(local, cross) + (local + cross) / pieces
     if collective == "bcast":
@@ -72,3 +85,24 @@ def two_level_time(collective: str, nbytes: int, hosts: tuple[int, ...], flat: F
     if collective == "barrier":
         return 2 * (big - 1) * constants(shm).alpha + flat("barrier", 0, nh, net)
     raise KeyError(collective)
+
+
+def twod_hosts_time(nbytes: int, hosts: tuple[int, ...], oversubscription: float = 1.0) -> float:
+    """Modelled seconds of the 2-D all-reduce on the host grid (one row per host).
+
+    Args:
+        nbytes: bytes of the vector.
+        hosts: ranks on each host (two or more hosts, the same number of ranks each).
+        oversubscription: ranks per core on the busiest host.
+    """
+    local, nh = hosts[0], len(hosts)
+
+    def best(coll: str, algs: tuple, b: float, q: int, table: str) -> float:
+        return 0.0 if q <= 1 else min(cost(coll, a, b, q, table, oversubscription)
+                                      for a in algs)
+    # the L columns, n/L bytes each, run at once through each host's one link: priced as
+    # one all-reduce of n bytes across the hosts (the link's bytes and the messages on the
+    # critical path are a column's times L and a column's)
+    return (best("reduce_scatter", TWOD_ROW, nbytes, local, DEFAULT_TRANSPORT)
+            + best("allreduce", TWOD_COLUMN, nbytes, nh, NET)
+            + best("allgatherv", ("ring",), nbytes, local, DEFAULT_TRANSPORT))

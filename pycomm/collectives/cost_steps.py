@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import replace
 
 from pycomm.collectives.cost_terms import (Constants, pipeline_candidates, _ring_segs,
                                          _ring_scratch, _hsegs, _pipe_scratch,
                                          _halving_scratch, _lg, _lq, _frac, _folds, _protocol)
-from pycomm.collectives.topology import ceil_log2, pof2_floor
+from pycomm.collectives.topology import ceil_log2, grid_2d, pof2_floor
 
-__all__ = ["SCHEDULES", "pipeline_segment"]
+__all__ = ["SCHEDULES", "pipeline_segment", "twod_time"]
 
 
 # ---------------------------------------------------------------------------------------
@@ -258,3 +259,34 @@ SCHEDULES.update({
     ("allgather", "hierarchical"): lambda n, p, k, c: _o_ring_steps(n, p, k, c, False),
     ("barrier", "hierarchical"): lambda n, p, k, c: 2 * (p - 1) * _step(k, c),
 })
+
+
+# The 2-D all-reduce's inner candidates (pycomm.collectives.twod, whose phases are picked
+# among the same ones): every reduce-scatter; every flat all-reduce with a step model.
+TWOD_ROW = ("ring", "pairwise", "recursive_halving")
+TWOD_COLUMN = ("recursive_doubling", "rabenseifner", "ring", "binomial")
+
+
+def twod_time(n: float, p: int, k: Constants, table: dict, c: float | None = None) -> float:
+    """Seconds of the 2-D all-reduce on the near-square grid ``R x C`` of ``p`` ranks:
+    the row reduce-scatter of ``n`` bytes on ``C`` ranks, the column all-reduce of ``n/C``
+    on ``R``, the row all-gather, each at its best candidate in ``table``
+    (``cost.FORMULAS``, called ``(n, p, k)``, or :data:`SCHEDULES` with ``c`` cores for
+    all ``p`` ranks: a phase's ``R`` rows, or ``C`` columns, run at once and share them,
+    ``c * C / p`` cores a row, ``c * R / p`` a column, and the memory's lanes likewise,
+    so that a step's ``p`` concurrent copies share them as one flat step's do)."""
+    rows, cols = grid_2d(p)
+
+    def best(coll: str, algs: tuple, b: float, q: int) -> float:
+        if q <= 1:
+            return 0.0
+        if c is None:
+            return min(table[(coll, a)](b, q, k) for a in algs)
+        kq = replace(k, mem=k.mem * q / p)
+        return min(table[(coll, a)](b, q, kq, c * q / p) for a in algs)
+    return (best("reduce_scatter", TWOD_ROW, n, cols)
+            + best("allreduce", TWOD_COLUMN, n / cols, rows)
+            + best("allgatherv", ("ring",), n, cols))
+
+
+SCHEDULES[("allreduce", "2d")] = lambda n, p, k, c: twod_time(n, p, k, SCHEDULES, c)

@@ -26,6 +26,7 @@ __all__ = [
     "binomial_parent", "binomial_children", "binomial_subtree_size",
     "fold_new_rank", "fold_real_rank", "hypercube_partners", "dissemination_peers",
     "bit_reverse", "btree_parent", "btree_children", "double_binary_tree", "segment_offsets",
+    "grid_2d",
 ]
 
 
@@ -292,3 +293,21 @@ def segment_offsets(count: int, segment: int) -> list[int]:
         ``count == 0``: no segment at all).
     """
     return list(range(0, count, segment)) + [count]
+
+
+def grid_2d(size: int) -> tuple[int, int]:
+    """Return ``(rows, cols)`` of the near-square grid of the 2-D collectives.
+
+    ``rows`` is the largest divisor of ``size`` not above ``sqrt(size)`` and ``cols =
+    size // rows``, so ``rows <= cols`` and ``rows * cols == size``; row ``i`` holds the
+    consecutive ranks ``i*cols .. i*cols + cols - 1``, column ``j`` the ranks ``j, cols + j,
+    ...``. A size with no such divisor (1 and the primes) gets a 1-D grid, ``(1, size)``:
+    one row, and the 2-D schedule reduces to its row phases::
+
+        size 6: 2 x 3     size 8: 2 x 4     size 9: 3 x 3     size 7: 1 x 7
+          0 1 2             0 1 2 3           0 1 2             0 1 2 3 4 5 6
+          3 4 5             4 5 6 7           3 4 5
+                                              6 7 8
+    """
+    rows = max(d for d in range(1, int(size ** 0.5) + 1) if size % d == 0) if size > 0 else 1
+    return rows, max(1, size // rows)
