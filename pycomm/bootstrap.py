@@ -48,6 +48,8 @@ launcher. Under an external launcher rank 0 hosts the store in a background thre
 job secret is ``PYCOMM_JOB_TOKEN``; under an external launcher that does not set it a
 token is derived from the job's identifiers, which keeps strangers of other jobs out but is
 not secret: export PYCOMM_JOB_TOKEN (same value on every rank) for real authentication.
+Where the store is found through PMI, rank 0 draws a random secret and shares it there
+instead (as private as the job's own PMI traffic).
 
 Listening address (tcp and rdma): ``PYCOMM_HOST`` when set; else loopback when the store is
 on loopback (a single-host job); else the address of the interface that routes to the
@@ -236,8 +238,15 @@ def _pmi_or_raise(env: dict[str, str], kind: str, size: int,
 def detect(environ: dict[str, str] | None = None) -> JobEnv:
     """Read the launcher's variables; see the module docstring for the table.
 
+    Reads only variables, except under ``mpiexec -pmi-port`` (``PMI_PORT`` and ``PMI_ID``,
+    no ``PMI_RANK``): there it connects to the PMI proxy to learn rank and size, and the
+    returned JobEnv holds that connection for :func:`create_world`.
+
     Raises:
-        ArgumentError: variables are set but inconsistent (rank out of range, no port).
+        ArgumentError: variables are set but inconsistent (rank out of range, no port), or a
+            multi-host mpiexec names no host of rank 0 and gives no PMI connection;
+            CommError: the PMI connection of ``-pmi-port`` fails (CommTimeoutError: within
+            ``PYCOMM_TIMEOUT`` seconds).
     """
     env = dict(os.environ if environ is None else environ)
     get = lambda name: config.get(name, env)  # noqa: E731
