@@ -163,6 +163,73 @@ def test_user_error_classes_codes_and_strings():
         "MPI.Exception(3)"
 
 
+# -- Fortran 90 and distributed-array datatypes ----------------------------------------
+def test_f90_types_are_the_smallest_kind_that_fits():
+    cases = [(MPI.Datatype.Create_f90_integer, (2,), "INTEGER1", 1),
+             (MPI.Datatype.Create_f90_integer, (9,), "INTEGER4", 4),
+             (MPI.Datatype.Create_f90_integer, (10,), "INTEGER8", 8),
+             (MPI.Datatype.Create_f90_real, (6, 30), "REAL4", 4),
+             (MPI.Datatype.Create_f90_real, (7, MPI.UNDEFINED), "REAL8", 8),
+             (MPI.Datatype.Create_f90_complex, (15, 300), "COMPLEX16", 16)]
+    for factory, args, kind, size in cases:
+        t = factory(*args)
+        assert (t.size, t.is_predefined, t.is_named) == (size, True, False), args
+        assert t.tocode() == getattr(MPI, kind).tocode()
+        combiner = {"Create_f90_integer": MPI.COMBINER_F90_INTEGER,
+                    "Create_f90_real": MPI.COMBINER_F90_REAL,
+                    "Create_f90_complex": MPI.COMBINER_F90_COMPLEX}[factory.__name__]
+        assert t.Get_envelope() == (len(args), 0, 0, 0, combiner)
+        assert t.Get_contents() == (list(args), [], [], [])
+        old, name, kw = t.decode()
+        assert old == MPI.DATATYPE_NULL and name == factory.__name__[7:].upper()
+        again = pickle.loads(pickle.dumps(t))
+        assert again.Get_envelope() == t.Get_envelope() and again.size == size
+    for bad in (lambda: MPI.Datatype.Create_f90_integer(19),
+                lambda: MPI.Datatype.Create_f90_real(16, 30)):
+        with pytest.raises(MPI.Exception) as err:
+            bad()
+        assert err.value.Get_error_class() == MPI.ERR_ARG
+
+
+def _owned(g, dist, p, c):
+    if dist == MPI.DISTRIBUTE_NONE:
+        return list(range(g))
+    b = -(-g // p) if dist == MPI.DISTRIBUTE_BLOCK else 1
+    return [j for j in range(g) if (j // b == c if dist == MPI.DISTRIBUTE_BLOCK
+                                    else (j // b) % p == c)]
+
+
+@pytest.mark.parametrize("gsizes,psizes", [([7], [3]), ([5, 4], [2, 2]),
+                                           ([4, 3, 5], [1, 3, 2])])
+@pytest.mark.parametrize("order", [MPI.ORDER_C, MPI.ORDER_F])
+def test_darray_selects_what_each_rank_owns(gsizes, psizes, order):
+    import itertools
+    nprocs, f = int(np.prod(psizes)), "C" if order == MPI.ORDER_C else "F"
+    dists = [MPI.DISTRIBUTE_BLOCK, MPI.DISTRIBUTE_CYCLIC, MPI.DISTRIBUTE_NONE][:len(gsizes)]
+    if MPI.DISTRIBUTE_NONE in dists:
+        psizes = [1 if d == MPI.DISTRIBUTE_NONE else p for d, p in zip(dists, psizes)]
+        nprocs = int(np.prod(psizes))
+    glob = np.arange(int(np.prod(gsizes)), dtype=np.int64) * 10     # item k is 10 k
+    seen = []
+    for rank in range(nprocs):
+        t = MPI.INT64_T.Create_darray(nprocs, rank, gsizes, dists,
+                                      [MPI.DISTRIBUTE_DFLT_DARG] * len(gsizes), psizes,
+                                      order).Commit()
+        coords = np.unravel_index(rank, psizes)       # the process grid is row-major
+        owned = [_owned(g, d, p, c) for g, d, p, c in zip(gsizes, dists, psizes, coords)]
+        local = itertools.product(*owned) if f == "C" else \
+            (idx[::-1] for idx in itertools.product(*owned[::-1]))
+        want = [10 * int(np.ravel_multi_index(idx, gsizes, order=f)) for idx in local]
+        out = bytearray(t.size)
+        t.Pack(glob, out, 0)
+        assert np.frombuffer(out, np.int64).tolist() == want, (rank, order)
+        assert (t.lb, t.extent) == (0, glob.nbytes)
+        assert t.decode()[1] == "DARRAY" and pickle.loads(pickle.dumps(t)).size == t.size
+        seen += want
+        t.Free()
+    assert sorted(seen) == glob.tolist()              # every item owned exactly once
+
+
 # -- message specs ------------------------------------------------------------------------
 def _rank_specs() -> list:
     comm = MPI.COMM_SELF

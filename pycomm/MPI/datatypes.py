@@ -206,7 +206,7 @@ class Datatype:
     true_extent = property(lambda self: self.Get_true_extent()[1])
     true_ub = property(lambda self: sum(self.Get_true_extent()))
     is_predefined = property(lambda self: self._predefined)
-    is_named = is_predefined
+    is_named = property(lambda self: self._predefined and self._ctor is None)
 
     @property
     def typechar(self) -> str:
@@ -302,7 +302,7 @@ class Datatype:
                 f"{self._size}, lb {self._lb}, extent {self.extent}>")
 
     def __reduce__(self):
-        if self._predefined:
+        if self._predefined and self._ctor is None:
             from .predefined import _KEY_OF, _copy_of, _predefined
             key = _KEY_OF[id(self._disps)]
             # the named handle unpickles to itself, a Datatype(named) copy to a new copy
@@ -354,14 +354,14 @@ class Datatype:
         """Blocks of ``blocklength`` items at ``displacements[i]`` items."""
         d = _ints(displacements, "displacements", "Create_indexed_block")
         blen = _nonneg(blocklength, "blocklength", "Create_indexed_block")
-        return self._hindexed([blen] * d.size, d * self.extent, "Create_indexed_block",
-                              COMBINER_INDEXED_BLOCK)
+        return self._hindexed(np.full(d.size, blen), d * self.extent,
+                              "Create_indexed_block", COMBINER_INDEXED_BLOCK)
 
     def Create_hindexed_block(self, blocklength: int, displacements) -> Datatype:
         """Blocks of ``blocklength`` items at ``displacements[i]`` bytes."""
         d = _ints(displacements, "displacements", "Create_hindexed_block")
         blen = _nonneg(blocklength, "blocklength", "Create_hindexed_block")
-        return self._hindexed([blen] * d.size, d, "Create_hindexed_block",
+        return self._hindexed(np.full(d.size, blen), d, "Create_hindexed_block",
                               COMBINER_HINDEXED_BLOCK)
 
     def _hindexed(self, blocklengths, byte_disps, what, combiner):

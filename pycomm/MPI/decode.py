@@ -55,6 +55,14 @@ def _layout(name: str, old, kw: dict) -> tuple[list, list, list]:
         return [len(s), *s, *ints("subsizes"), *ints("starts"), int(kw["order"])], [], [old]
     if name == "RESIZED":
         return [], [int(kw["lb"]), int(kw["extent"])], [old]
+    if name == "DARRAY":
+        g = ints("gsizes")
+        return [int(kw["size"]), int(kw["rank"]), len(g), *g, *ints("distribs"),
+                *ints("dargs"), *ints("psizes"), int(kw["order"])], [], [old]
+    if name == "F90_INTEGER":
+        return [int(kw["r"])], [], []
+    if name in ("F90_REAL", "F90_COMPLEX"):
+        return [int(kw["p"]), int(kw["r"])], [], []
     raise ValueError(name)
 
 
@@ -87,12 +95,20 @@ def install(cls) -> None:
         setattr(cls, name, classmethod(_not_offered(name, what)))
 
 
+def record_ctors(cls, functions: dict) -> None:
+    """Install functions ``fn(cls, ...)`` (class methods: ``Create_f90_integer``...) and
+    ``fn(self, ...)`` (methods of the old type: ``Create_darray``) on ``cls``, recorded;
+    their combiner is the name without ``Create_``."""
+    for method, fn in functions.items():
+        name = method.replace("Create_", "").upper()
+        fn.__name__ = fn.__qualname__ = method      # mpi4py's name, which callers read
+        first = next(iter(inspect.signature(fn).parameters))
+        wrapped = _recording(fn, name)
+        setattr(cls, method, classmethod(wrapped) if first == "cls" else wrapped)
+
+
 # constructors MPI has and pycomm does not offer: NotImplementedError naming them
 _NOT_OFFERED = {
-    "Create_darray": "distributed-array datatypes (MPI_Type_create_darray)",
-    "Create_f90_integer": "Fortran 90 parameterized types",
-    "Create_f90_real": "Fortran 90 parameterized types",
-    "Create_f90_complex": "Fortran 90 parameterized types",
     "Create_keyval": "datatype attributes", "Pack_external": "external32 packing",
     "Unpack_external": "external32 packing", "Pack_external_size": "external32 packing",
 }
@@ -143,6 +159,9 @@ def decode(dt) -> tuple:
         return dt, "NAMED", {}
     name, old, kw = ctor
     kw = dict(kw)
+    if old is None and name != "STRUCT":     # the F90 types: made from no old type
+        from .datatypes import DATATYPE_NULL
+        return DATATYPE_NULL, name, kw
     if name == "STRUCT":               # a classmethod: any of its types rebuilds it
         kw["datatypes"] = [_alive(t) for t in kw["datatypes"]]
         first = kw["datatypes"][0] if kw["datatypes"] else None
@@ -157,7 +176,7 @@ def recreate(name: str, old, kw: dict, committed: bool):
     """Call the constructor again (how a derived type is unpickled)."""
     from .datatypes import Datatype
     method = "Dup" if name == "DUP" else f"Create_{name.lower()}"
-    out = getattr(Datatype, method)(**kw) if name == "STRUCT" else \
+    out = getattr(Datatype, method)(**kw) if name == "STRUCT" or old is None else \
         getattr(old, method)(**kw)
     if committed:
         out.Commit()

@@ -75,6 +75,8 @@ def _nonneg(value, arg: str, what: str) -> int:
 
 
 def _ints(values, arg: str, what: str) -> np.ndarray:
+    if isinstance(values, np.ndarray) and values.ndim == 1 and values.dtype.kind in "iu":
+        return values.astype(np.int64)
     try:
         return np.array([_int(v, arg, what) for v in values], dtype=np.int64)
     except TypeError:

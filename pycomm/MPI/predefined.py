@@ -12,7 +12,15 @@ from __future__ import annotations
 import numpy as np
 
 from .datatypes import DATATYPE_NULL, Datatype, _data_size
-from .typequery import get_value_index, match_size
+from .darray import create_darray
+from .decode import record_ctors as _record_ctors
+from .typequery import (
+    create_f90_complex,
+    create_f90_integer,
+    create_f90_real,
+    get_value_index,
+    match_size,
+)
 
 __all__ = ["PREDEFINED", "TYPEDICT", "from_numpy", "to_datatype"]
 
@@ -118,6 +126,10 @@ _BY_DTYPE: dict[np.dtype, Datatype] = {}
 
 Datatype.Match_size = staticmethod(match_size)
 Datatype.Get_value_index = staticmethod(get_value_index)
+_record_ctors(Datatype, {"Create_f90_integer": create_f90_integer,
+                         "Create_f90_real": create_f90_real,
+                         "Create_f90_complex": create_f90_complex,
+                         "Create_darray": create_darray})
 
 
 def from_numpy(dtype: np.dtype) -> Datatype:

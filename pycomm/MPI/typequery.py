@@ -1,10 +1,15 @@
-"""Datatype queries of MPI 4.1: ``Datatype.Match_size`` and ``Datatype.Get_value_index``.
+"""Datatype queries of MPI 4.1: ``Datatype.Match_size`` and ``Datatype.Get_value_index``,
+and the Fortran 90 parameterized types ``Create_f90_integer``/``_real``/``_complex``.
 
-Both answer with predefined types of :mod:`pycomm.MPI.predefined`: ``Match_size`` the
+All answer with predefined types of :mod:`pycomm.MPI.predefined`: ``Match_size`` the
 Fortran kind of a type class and byte size (``INTEGER4``, ``REAL8``, ``COMPLEX16``,
 ``LOGICAL1``...), ``Get_value_index`` the value/index pair type that MAXLOC and MINLOC
-reduce (``DOUBLE_INT``...). Installed on :class:`~pycomm.MPI.datatypes.Datatype` as static
-methods by :mod:`pycomm.MPI.predefined`.
+reduce (``DOUBLE_INT``...), the F90 constructors a new handle to the smallest kind that
+holds the asked decimal range ``r`` (and precision ``p``) as Fortran's
+``selected_int_kind``/``selected_real_kind`` choose (MPI-4.0 section 19.1.9): predefined,
+not named, with combiner ``COMBINER_F90_*``. Installed on
+:class:`~pycomm.MPI.datatypes.Datatype` by :mod:`pycomm.MPI.predefined` (the F90
+constructors as class methods, hence their ``cls`` argument).
 """
 
 from __future__ import annotations
@@ -15,7 +20,8 @@ from .datatypes import (DATATYPE_NULL, TYPECLASS_COMPLEX, TYPECLASS_INTEGER, TYP
                         TYPECLASS_REAL, Datatype)
 from .exceptions import mpi_error
 
-__all__ = ["get_value_index", "match_size"]
+__all__ = ["create_f90_complex", "create_f90_integer", "create_f90_real",
+           "get_value_index", "match_size"]
 
 _KINDS = {TYPECLASS_INTEGER: "INTEGER", TYPECLASS_REAL: "REAL", TYPECLASS_COMPLEX: "COMPLEX",
           TYPECLASS_LOGICAL: "LOGICAL"}
@@ -63,3 +69,58 @@ def get_value_index(value: Datatype, index: Datatype) -> Datatype:
             if value == PREDEFINED[name]:
                 return PREDEFINED["INT_INT" if name == "INT" else f"{name}_INT"]
     return DATATYPE_NULL
+
+
+# (bytes, largest decimal exponent range, decimal precision) of each kind numpy has
+_INT_RANGE = ((1, 2), (2, 4), (4, 9), (8, 18))
+_REAL_RANGE = ((4, 37, 6), (8, 307, 15))
+_UNDEFINED = -32766
+
+
+def _f90(kind: str, size: int) -> Datatype:
+    from .predefined import PREDEFINED
+    out = Datatype(PREDEFINED[f"{kind}{size}"])     # a new handle of the Fortran kind
+    return out
+
+
+def create_f90_integer(cls, r: int) -> Datatype:
+    """An integer type of at least ``r`` decimal digits (``INTEGER1`` ... ``INTEGER8``).
+
+    Raises:
+        MPI.Exception (ERR_ARG): no integer kind holds 10**r (r > 18).
+    """
+    from .msgspec import as_int
+    r = as_int(r, "r", "Datatype.Create_f90_integer")
+    for size, digits in _INT_RANGE:
+        if r <= digits:
+            return _f90("INTEGER", size)
+    raise mpi_error(ArgumentError, "ERR_ARG", f"Datatype.Create_f90_integer: no integer "
+                    f"kind has a range of 10**{r}")
+
+
+def _real_size(p: int, r: int, call: str) -> int:
+    from .msgspec import as_int
+    p, r = as_int(p, "p", call), as_int(r, "r", call)
+    if p == _UNDEFINED and r == _UNDEFINED:
+        raise mpi_error(ArgumentError, "ERR_ARG", f"{call}: p and r are both UNDEFINED")
+    for size, exp, digits in _REAL_RANGE:
+        if (p == _UNDEFINED or p <= digits) and (r == _UNDEFINED or r <= exp):
+            return size
+    raise mpi_error(ArgumentError, "ERR_ARG", f"{call}: no real kind has precision {p} "
+                    f"and range 10**{r} (numpy's widest portable one is REAL8)")
+
+
+def create_f90_real(cls, p: int, r: int) -> Datatype:
+    """A real type of at least ``p`` decimal digits and exponent range ``r``
+    (``UNDEFINED``: any); ``REAL4`` or ``REAL8``.
+
+    Raises:
+        MPI.Exception (ERR_ARG): no such kind.
+    """
+    return _f90("REAL", _real_size(p, r, "Datatype.Create_f90_real"))
+
+
+def create_f90_complex(cls, p: int, r: int) -> Datatype:
+    """A complex type whose parts are as :func:`create_f90_real` chooses (``COMPLEX8``
+    or ``COMPLEX16``)."""
+    return _f90("COMPLEX", 2 * _real_size(p, r, "Datatype.Create_f90_complex"))
