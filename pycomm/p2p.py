@@ -65,6 +65,14 @@ Matching follows MPI: a receive matches the earliest arrived message with the sa
 context, a matching source (or ANY_SOURCE) and tag (or ANY_TAG); messages between a pair
 never overtake each other, since transports deliver in order.
 
+Actions: the engine's sink callbacks (:meth:`Engine.on_header`, ``on_frame``,
+``on_payload``) only decide. A frame they answer with (CTS, DATA after a CTS, FIN, NAK,
+ABORT) or a one-sided read they start goes to :attr:`Engine.outbox` while a transport is
+delivering, and :meth:`Engine.act` carries them out, in order, once it has returned: no
+transport is re-entered from inside its own receive loop, and a read of a peer's memory
+never runs inside one. Outside a delivery (a receive posted for a message that already
+arrived) the same steps run at once.
+
 Progress and waiting (spin, then sleep in the kernel; liveness checks; the lock a second
 thread needs) are :class:`pycomm.waiting.Waiting`, which the engine inherits.
 """
@@ -91,6 +99,7 @@ ANY_TAG = -1
 PROC_NULL = -1
 
 EAGER, RTS, CTS, DATA, FIN, CANCEL, NAK, ABORT = 0, 1, 2, 3, 4, 5, 6, 7
+_SEND, _READ = "send", "read"           # kinds of Engine.outbox actions
 _ABORTED_KEEP = 1024            # abandoned calls remembered (to drop their late messages)
 # One Packer for every header: msgpack.packb builds a new Packer per call, which doubles the
 # cost of a small message's header. Packer.pack runs without releasing the GIL and resets
@@ -184,6 +193,11 @@ class Engine(Waiting):
         # set by Communicator._coll: what an arriving collective message is checked against
         self.current: dict[int, tuple] = {}
         self.lock = None
+        # Sink callbacks never do I/O: while a transport delivers frames (``_polling``),
+        # the frames and reads they decide on wait here, and :meth:`act` carries them out
+        # once the transport has returned (see the module docstring, "Actions").
+        self.outbox: list[tuple] = []
+        self._polling = False
 
     # -- set-up ---------------------------------------------------------------------------
     def attach(self, transport, peers: list[int]) -> None:
@@ -375,12 +389,8 @@ class Engine(Waiting):
         # finds the reason already in its queue
         frame = _pack((ABORT, ctx, tag, isinstance(error, CollectiveMismatchError), text))
         for p in peers:
-            if p == self.rank:
-                continue
-            try:
-                self.route[p].send(p, frame, None, None)
-            except TransportError:      # a dead peer learns nothing more from us
-                pass
+            if p != self.rank:          # (a dead peer learns nothing more from us)
+                self._emit(p, frame, quiet=True)
         self._fail_call(ctx, tag, error)
 
     def aborted_error(self, ctx: int, tag: int) -> CollectiveError | None:
@@ -418,7 +428,7 @@ class Engine(Waiting):
                 r._complete()
 
     def _send_ctl(self, peer: int, frame: tuple) -> None:
-        self.route[peer].send(peer, _pack(frame), None, None)
+        self._emit(peer, _pack(frame))
 
     def foreign_message(self, ctx: int, tag: int, sig, peer: int, nbytes: int) -> bool:
         """Whether an unmatched collective message proves a mismatch; if so, abandon calls.
@@ -515,27 +525,68 @@ class Engine(Waiting):
         t = self.route[src]
         dest = self._dest_for(req, src, tag, nbytes)
         if req.error is not None:        # truncated: release the sender, fail the receive
-            t.send(src, _pack((FIN, sid)), None, None)
+            self._emit(src, _pack((FIN, sid)))
             req._complete()
             return
         if desc is not None and t.can_read(src):
-            try:
-                t.read_remote(src, desc, nbytes, dest)
-            except RemoteAccessError:
-                # the sender withdrew the buffer while we read it (a Send that timed out,
-                # a Cancel): the bytes may be the caller's later ones, so fail the receive
-                req.error = CommError(
-                    f"rank {self.rank}: the message of {nbytes} bytes from rank {src} "
-                    f"(tag {tag}) was withdrawn by its sender while it was being read "
-                    "(its Send timed out or was cancelled)")
-            t.send(src, _pack((FIN, sid)), None, None)
-            req._complete()
+            if self._polling:
+                self.outbox.append((_READ, src, desc, nbytes, dest, req, sid, tag))
+            else:
+                self._read_rndv(src, desc, nbytes, dest, req, sid, tag)
             return
         rid = self._next_id
         self._next_id += 1
         self._recvs[rid] = req
         req.view = dest
-        t.send(src, _pack((CTS, sid, rid)), None, None)
+        self._emit(src, _pack((CTS, sid, rid)))
+
+    def _read_rndv(self, src, desc, nbytes, dest, req, sid, tag) -> None:
+        """Copy a large message straight from the sender's buffer; FIN releases it."""
+        t = self.route[src]
+        try:
+            t.read_remote(src, desc, nbytes, dest)
+        except RemoteAccessError:
+            # the sender withdrew the buffer while we read it (a Send that timed out, a
+            # Cancel): the bytes may be the caller's later ones, so fail the receive
+            req.error = CommError(
+                f"rank {self.rank}: the message of {nbytes} bytes from rank {src} "
+                f"(tag {tag}) was withdrawn by its sender while it was being read "
+                "(its Send timed out or was cancelled)")
+        t.send(src, _pack((FIN, sid)), None, None)
+        req._complete()
+
+    # -- actions: what the sink callbacks decided, carried out after the transport returns
+    def _emit(self, peer: int, header: bytes, payload=None, req=None, quiet=False) -> None:
+        """Send a frame now, or, inside a transport's delivery, once it has returned.
+        ``req``: completed when the transport has taken the payload; ``quiet``: a dead
+        peer is ignored (an ABORT to a rank that died learns it nothing)."""
+        if self._polling:
+            self.outbox.append((_SEND, peer, header, payload, req, quiet))
+        else:
+            self._send_frame(peer, header, payload, req, quiet)
+
+    def _send_frame(self, peer, header, payload, req, quiet) -> None:
+        try:
+            if self.route[peer].send(peer, header, payload, req) and req is not None:
+                req._complete()
+        except TransportError:
+            if not quiet:
+                raise
+
+    def act(self) -> None:
+        """Carry out the frames and one-sided reads that frames delivered during the last
+        ``transport.progress()`` called for, in the order they were decided.
+
+        Raises:
+            TransportError: a peer died or a link failed (the caller makes it a PeerError).
+        """
+        box = self.outbox
+        while box:
+            action = box.pop(0)
+            if action[0] is _SEND:
+                self._send_frame(*action[1:])
+            else:
+                self._read_rndv(*action[1:])
 
     def _deliver_local(self, view: memoryview, ctx: int, tag: int, sig) -> _Unexpected | None:
         """Deliver a message to this rank itself: into a posted receive (returns None) or
@@ -645,12 +696,11 @@ class Engine(Waiting):
         if kind == CTS:
             if h[1] in self._withdrawn:
                 self._withdrawn.discard(h[1])
-                self.route[peer].send(peer, _pack((NAK, h[2])), None, None)
+                self._emit(peer, _pack((NAK, h[2])))
                 return None
             req = self._sends.pop(h[1])
             self._release(h[1])
-            if self.route[peer].send(peer, _pack((DATA, h[2])), req.view, req):
-                req._complete()
+            self._emit(peer, _pack((DATA, h[2])), req.view, req)
             return None
         if kind == DATA:
             req = self._recvs.pop(h[1])
@@ -674,7 +724,7 @@ class Engine(Waiting):
                     break
             # answered whether or not it was found (read already, or dropped with an
             # abandoned call): the sender then forgets the message
-            self.route[peer].send(peer, _pack((FIN, h[1])), None, None)
+            self._emit(peer, _pack((FIN, h[1])))
             return None
         if kind == NAK:
             req = self._recvs.pop(h[1])

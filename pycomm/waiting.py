@@ -56,9 +56,15 @@ class Waiting:
         """Drive every transport once; True when anything moved."""
         busy = False
         try:
-            for t in self.transports:
-                if t.progress():
-                    busy = True
+            self._polling = True
+            try:
+                for t in self.transports:
+                    if t.progress():
+                        busy = True
+            finally:
+                self._polling = False
+            if self.outbox:
+                self.act()
         except TransportError as exc:
             raise self._peer_error(exc) from None
         return busy
@@ -88,14 +94,25 @@ class Waiting:
                 # Spin on the one transport directly: a small message's latency is
                 # mostly the period of this loop.
                 poll = self.transports[0].progress
+                outbox = self.outbox
                 spin_end = _perf() + self.spin_s
                 try:
-                    while not req.done:
-                        if not poll() and _perf() >= spin_end:
-                            self._wait_slow(lambda: req.done, timeout, req, spin=False)
-                            break
+                    self._polling = True
+                    try:
+                        while not req.done:
+                            if poll():
+                                if outbox:
+                                    self._polling = False
+                                    self.act()
+                                    self._polling = True
+                            elif _perf() >= spin_end:
+                                break
+                    finally:
+                        self._polling = False
                 except TransportError as exc:
                     raise self._peer_error(exc) from None
+                if not req.done:
+                    self._wait_slow(lambda: req.done, timeout, req, spin=False)
             else:
                 self.progress()
                 if not req.done:

@@ -14,7 +14,7 @@ from collections import deque
 import numpy as np
 import pytest
 
-from pycomm.errors import CommError, CommTimeoutError, TruncationError
+from pycomm.errors import CollectiveMismatchError, CommError, CommTimeoutError, TruncationError
 from pycomm.p2p import ANY_SOURCE, ANY_TAG, Engine
 from transports import RemoteAccessError
 
@@ -32,8 +32,10 @@ class FakeLink:
         self.inbox: deque = deque()        # (src, header, payload bytes)
         self.released: list = []
         self.current = None
+        self.delivering = False          # inside progress(): the engine must not do I/O
 
     def send(self, peer, header, payload, token):
+        assert not self.delivering, "the engine sent a frame from inside a delivery"
         data = bytes(payload) if payload is not None else b""
         self.world.links[peer].inbox.append((self.rank, header, data))
         return True
@@ -41,14 +43,18 @@ class FakeLink:
     def progress(self) -> bool:
         busy = False
         sink = self.world.engines[self.rank]
-        while self.inbox:
-            src, header, data = self.inbox.popleft()
-            dest = sink.on_header(src, header, len(data))
-            for off in range(0, len(data), self.piece):   # land payload piecewise
-                chunk = data[off:off + self.piece]
-                dest[off:off + len(chunk)] = chunk
-            sink.on_payload(src)
-            busy = True
+        self.delivering = True
+        try:
+            while self.inbox:
+                src, header, data = self.inbox.popleft()
+                dest = sink.on_header(src, header, len(data))
+                for off in range(0, len(data), self.piece):   # land payload piecewise
+                    chunk = data[off:off + self.piece]
+                    dest[off:off + len(chunk)] = chunk
+                sink.on_payload(src)
+                busy = True
+        finally:
+            self.delivering = False
         return busy
 
     def block(self, timeout):
@@ -71,6 +77,7 @@ class FakeLink:
         return self.one_sided_read
 
     def read_remote(self, peer, address, nbytes, dest):
+        assert not self.delivering, "the engine read a peer's memory inside a delivery"
         arr = self.world.exposed.get((peer, address))
         if arr is None:
             raise RemoteAccessError(f"rank {peer} withdrew the buffer")
@@ -376,3 +383,20 @@ def test_no_yielding_without_oversubscription_or_with_threads(monkeypatch):
     threaded.wait_until(lambda: threaded.transports[0].blocked >= 1)
     assert yields == []
     assert default_yield_seconds(1) == 0.0 and default_yield_seconds(10 ** 6) == 300e-6
+
+
+def test_a_mismatch_found_during_a_delivery_sends_the_aborts_after_it():
+    """A collective message of another call (its signature differs) proves a mismatch
+    while the transport delivers it; the ABORTs to the other ranks go out once the
+    transport has returned (FakeLink asserts no frame is sent inside a delivery), and
+    every rank then knows the call is abandoned."""
+    w = FakeWorld(3)
+    e1 = w.engines[1]
+    e1.current[0] = (5, (111, 8), [0, 1, 2])        # rank 1 is in call #5, its signature
+    w.engines[0].isend(np.zeros(8, np.uint8).data, 1, 0, 5, sig=(222, 8))
+    e1.progress()
+    assert isinstance(e1.aborted.get((0, 5)), CollectiveMismatchError)
+    assert not e1.outbox
+    w.engines[2].progress()
+    assert isinstance(w.engines[2].aborted.get((0, 5)), CollectiveMismatchError)
+    assert "world rank 0" in str(w.engines[2].aborted[(0, 5)])

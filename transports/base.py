@@ -1,9 +1,11 @@
 """The transport contract: what a byte mover offers the layer above and needs from it.
 
 A transport moves *frames* between this rank and its peers. A frame is a small header
-(opaque bytes, msgpack-encoded by the layer above; at most :data:`MAX_HEADER` bytes) and a
-contiguous payload of ``nbytes`` bytes. On the wire every frame starts with the 12-byte
-prefix :data:`PREFIX` = (header length: u32, payload length: u64), little-endian.
+(opaque bytes, msgpack-encoded by the layer above; at most
+:data:`transports.frames.MAX_HEADER` bytes) and a contiguous payload of ``nbytes`` bytes.
+On the wire every frame starts with the 12-byte prefix :data:`transports.frames.PREFIX` =
+(header length: u32, payload length: u64), little-endian; :mod:`transports.frames` is the
+one codec every transport parses them with.
 
 Receiving is two-phase. When a frame's header has arrived the transport calls
 ``sink.on_header(peer, header, nbytes)``, and the sink answers with the writable buffer the
@@ -23,16 +25,11 @@ from __future__ import annotations
 
 import os
 import socket
-import struct
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar, Protocol
 
 __all__ = ["Store", "Sink", "Transport", "TransportError", "PeerLostError", "HandshakeError",
-           "whole_frame_handler",
-           "RemoteAccessError", "ExposureFlags", "PREFIX", "MAX_HEADER", "host_identity"]
-
-PREFIX = struct.Struct("<IQ")
-MAX_HEADER = 1 << 16
+           "RemoteAccessError", "ExposureFlags", "host_identity"]
 
 
 class TransportError(Exception):
@@ -132,22 +129,7 @@ class Sink(Protocol):
 
     # Optional: ``on_frame(peer, header, payload)``, a whole frame at once (``payload`` a
     # byte view valid only during the call), which saves a small message the hand-over
-    # between on_header and on_payload; see :func:`whole_frame_handler`.
-
-
-def whole_frame_handler(sink: Sink):
-    """The sink's ``on_frame``, or one made of its ``on_header`` and ``on_payload``."""
-    on_frame = getattr(sink, "on_frame", None)
-    if on_frame is not None:
-        return on_frame
-
-    def on_frame(peer: int, header: bytes, payload: memoryview) -> None:
-        n = len(payload)
-        dest = sink.on_header(peer, header, n)
-        if n:
-            dest[:n] = payload
-        sink.on_payload(peer)
-    return on_frame
+    # between on_header and on_payload; see :func:`transports.frames.whole_frame_handler`.
 
 
 def host_identity() -> str:

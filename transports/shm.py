@@ -50,8 +50,9 @@ import msgpack
 import errno
 import struct
 
-from .base import (MAX_HEADER, PREFIX, ExposureFlags, PeerLostError, RemoteAccessError,
-                   Transport, TransportError, host_identity, whole_frame_handler)
+from .base import (ExposureFlags, PeerLostError, RemoteAccessError, Transport,
+                   TransportError, host_identity)
+from .frames import PREFIX, FrameDecoder, frame_prefix, whole_frame_handler
 from .linux import copy_remote, futex_wait as _futex_wait, futex_wake as _futex_wake
 
 __all__ = ["ShmTransport", "segment_name"]
@@ -59,7 +60,6 @@ __all__ = ["ShmTransport", "segment_name"]
 _CTRL = 64
 _RING_HDR = 128
 _HEAD, _TAIL = 0, 8          # u64 indices into a ring header (bytes 0 and 64)
-_HDR, _PAYLOAD = 0, 1
 
 def segment_name(job_id: str, rank: int) -> str:
     """Name of ``rank``'s segment under /dev/shm (the launcher sweeps ``pycomm-<job>-*``)."""
@@ -130,32 +130,13 @@ class _OutRing:
 
 
 class _InRing:
-    __slots__ = ("peer", "ctl", "data", "size", "state", "dest", "off", "left", "seen_head",
-                 "writer")
+    __slots__ = ("peer", "ctl", "data", "size", "decoder", "seen_head", "writer")
 
-    def __init__(self, peer, ctl, data, writer):
+    def __init__(self, peer, ctl, data, writer, decoder: FrameDecoder):
         self.peer, self.ctl, self.data, self.writer = peer, ctl, data, writer
         self.size = len(data)
-        self.state = _HDR
-        self.dest = None
-        self.off = self.left = 0
+        self.decoder = decoder
         self.seen_head = 0
-
-    def take(self, tail: int, n: int) -> bytes:
-        pos = tail % self.size
-        end = pos + n
-        if end <= self.size:
-            return self.data[pos:end].tobytes()
-        return self.data[pos:].tobytes() + self.data[:end - self.size].tobytes()
-
-    def copy_to(self, dest: memoryview, tail: int, n: int) -> None:
-        pos = tail % self.size
-        first = self.size - pos
-        if n <= first:
-            dest[:n] = self.data[pos:pos + n]
-        else:
-            dest[:first] = self.data[pos:]
-            dest[first:n] = self.data[:n - first]
 
 
 class ShmTransport(Transport):
@@ -242,7 +223,8 @@ class ShmTransport(Transport):
             ctl, data = seg.ring(info["peers"].index(self.rank), self.ring_bytes)
             self._out[peer] = _OutRing(peer, ctl, data, seg)
             ctl, data = self._own.ring(slot, self.ring_bytes)
-            self._in.append(_InRing(peer, ctl, data, seg))
+            self._in.append(_InRing(peer, ctl, data, seg,
+                                    FrameDecoder(peer, self.sink, self._on_frame)))
             self._cma_ok[peer] = self.want_cma and self._try_cma(info)
         # Unlink our segment once every peer has mapped it: from here on a crash leaks nothing.
         store.set(key + f"{self.rank}/mapped", b"1")
@@ -306,8 +288,7 @@ class ShmTransport(Transport):
         if self.send_now(peer, header, payload if payload is not None else b""):
             return True
         ring = self._out[peer]
-        hlen = len(header)
-        hb = PREFIX.pack(hlen, len(payload) if payload is not None else 0) + header
+        hb = frame_prefix(header, len(payload) if payload is not None else 0)
         if not ring.queue:
             ctl = ring.ctl
             head = ctl[_HEAD]
@@ -384,63 +365,24 @@ class ShmTransport(Transport):
         return busy
 
     def _drain(self, ring: _InRing, head: int) -> bool:
+        """Hand everything written up to ``head`` to the ring's decoder, then free it."""
         ctl = ring.ctl
-        tail = start = ctl[_TAIL]
-        sink, peer = self.sink, ring.peer
-        on_frame = self._on_frame
-        size, data = ring.size, ring.data
-        while True:
-            avail = head - tail
-            if ring.state == _HDR:
-                if avail < 12:
-                    break
-                pos = tail % size
-                if pos + 12 <= size:
-                    hlen, plen = PREFIX.unpack_from(data, pos)
-                    end = 12 + hlen + plen
-                    if end <= avail and pos + end <= size and hlen <= MAX_HEADER:
-                        # Fast path: a whole frame, contiguous: no state to keep.
-                        pos += 12
-                        on_frame(peer, bytes(data[pos:pos + hlen]),
-                                 data[pos + hlen:pos + hlen + plen])
-                        tail += end
-                        continue
-                if pos + 12 <= ring.size:          # the usual case: no wrap, no copy
-                    hlen, plen = PREFIX.unpack_from(ring.data, pos)
-                else:
-                    hlen, plen = PREFIX.unpack(ring.take(tail, 12))
-                if hlen > MAX_HEADER:
-                    raise TransportError(f"rank {peer} sent a {hlen}-byte header")
-                if avail < 12 + hlen:
-                    break
-                pos += 12
-                header = bytes(ring.data[pos:pos + hlen]) if pos + hlen <= ring.size else \
-                    ring.take(tail + 12, hlen)
-                tail += 12 + hlen
-                dest = sink.on_header(peer, header, plen)
-                if plen == 0:
-                    sink.on_payload(peer)
-                    continue
-                ring.state, ring.dest, ring.off, ring.left = _PAYLOAD, dest, 0, plen
-            else:
-                n = min(avail, ring.left)
-                if not n:
-                    break
-                off = ring.off
-                ring.copy_to(ring.dest[off:off + n], tail, n)
-                tail += n
-                ring.off, ring.left = off + n, ring.left - n
-                if ring.left:
-                    break
-                ring.state, ring.dest = _HDR, None
-                sink.on_payload(peer)
-        if tail != start:
-            ctl[_TAIL] = tail
-            w = ring.writer.ctl32
-            if w[1]:                     # the writer sleeps: it may wait for this space
-                ring.writer.ring_doorbell()
-            return True
-        return False
+        tail = ctl[_TAIL]
+        n = head - tail
+        if n <= 0:
+            return False
+        pos = tail % ring.size
+        first = ring.size - pos
+        data = ring.data
+        if n <= first:
+            ring.decoder.feed(data[pos:pos + n])
+        else:                           # wrapped: the span to the end, then the start
+            ring.decoder.feed(data[pos:])
+            ring.decoder.feed(data[:n - first])
+        ctl[_TAIL] = head
+        if ring.writer.ctl32[1]:        # the writer sleeps: it may wait for this space
+            ring.writer.ring_doorbell()
+        return True
 
     # -- waiting --------------------------------------------------------------------------
     def has_backlog(self) -> bool:

@@ -38,13 +38,13 @@ from typing import Any
 import msgpack
 
 from . import handshake
-from .base import MAX_HEADER, PREFIX, HandshakeError, PeerLostError, Transport, TransportError
+from .base import HandshakeError, PeerLostError, Transport, TransportError
+from .frames import FrameDecoder, frame_prefix
 
 __all__ = ["Gate", "TcpTransport", "bind_listener", "dial", "recv_exact"]
 
 _STAGE = 256 * 1024
 _SOCKBUF = 4 * 1024 * 1024
-_HDR, _PAYLOAD = 0, 1
 HANDSHAKE_S = 3.0       # seconds an accepted connection has to authenticate
 MAX_PENDING = 64        # unauthenticated connections kept; a new one evicts the oldest
 _BACKLOG = 128          # the kernel's queue of connections not yet accepted
@@ -329,21 +329,16 @@ class Gate:
 
 
 class _Conn:
-    __slots__ = ("peer", "sock", "fd", "stage", "sview", "start", "end", "state", "dest",
-                 "off", "left", "queue", "wants_write", "bye")
+    __slots__ = ("peer", "sock", "fd", "stage", "sview", "decoder", "queue", "wants_write")
 
-    def __init__(self, peer: int, sock: socket.socket):
+    def __init__(self, peer: int, sock: socket.socket, decoder: FrameDecoder):
         self.peer, self.sock = peer, sock
         self.fd = sock.fileno()
         self.stage = bytearray(_STAGE)
         self.sview = memoryview(self.stage)
-        self.start = self.end = 0
-        self.state = _HDR
-        self.dest = None
-        self.off = self.left = 0
+        self.decoder = decoder          # decoder.goodbye: the peer announced a clean close
         self.queue: deque = deque()     # [list of views, token]
         self.wants_write = False
-        self.bye = False                # the peer announced a clean close
 
 
 class TcpTransport(Transport):
@@ -459,7 +454,7 @@ class TcpTransport(Transport):
         if self.peer_timeout:
             _keepalive(sock, self.peer_timeout)
         sock.setblocking(False)
-        conn = _Conn(peer, sock)
+        conn = _Conn(peer, sock, FrameDecoder(peer, self.sink))
         self._conns[peer] = conn
         self._by_fd[conn.fd] = conn
         self._sel.register(sock, selectors.EVENT_READ, conn)
@@ -477,7 +472,7 @@ class TcpTransport(Transport):
     # -- sending --------------------------------------------------------------------------
     def send(self, peer: int, header: bytes, payload, token: Any) -> bool:
         conn = self._conns[peer]
-        hb = PREFIX.pack(len(header), len(payload) if payload is not None else 0) + header
+        hb = frame_prefix(header, len(payload) if payload is not None else 0)
         parts = [memoryview(hb), payload] if payload is not None and len(payload) else \
             [memoryview(hb)]
         if not conn.queue:
@@ -549,24 +544,17 @@ class TcpTransport(Transport):
         return busy
 
     def _read(self, conn: _Conn) -> bool:
+        dec = conn.decoder
         try:
-            if conn.state == _PAYLOAD and conn.start == conn.end and conn.left > _STAGE // 4:
-                n = conn.sock.recv_into(conn.dest[conn.off:], conn.left)
+            target = dec.payload_target()
+            if target is not None and len(target) > _STAGE // 4:
+                # a large payload's rest: straight from the socket into its destination
+                n = conn.sock.recv_into(target)
                 if n == 0:
                     return self._closed_by_peer(conn)
-                conn.off += n
-                conn.left -= n
-                if not conn.left:
-                    conn.state, conn.dest = _HDR, None
-                    self.sink.on_payload(conn.peer)
+                dec.landed(n)
                 return True
-            if conn.start == conn.end:
-                conn.start = conn.end = 0
-            elif conn.end > _STAGE - 4096:      # compact so a whole header fits
-                n = conn.end - conn.start
-                conn.stage[:n] = conn.stage[conn.start:conn.end]
-                conn.start, conn.end = 0, n
-            n = conn.sock.recv_into(conn.sview[conn.end:])
+            n = conn.sock.recv_into(conn.sview)
         except BlockingIOError:
             return False
         except OSError as exc:
@@ -575,63 +563,21 @@ class TcpTransport(Transport):
             raise self._lost(conn.peer, exc) from None
         if n == 0:
             return self._closed_by_peer(conn)
-        conn.end += n
-        self._parse(conn)
+        dec.feed(conn.sview[:n])
         return True
 
     def closed_peers(self) -> set[int]:
-        return {peer for peer, conn in self._conns.items() if conn.bye}
+        return {peer for peer, conn in self._conns.items() if conn.decoder.goodbye}
 
     def _closed_by_peer(self, conn: _Conn) -> bool:
         """EOF: fine after the peer's goodbye frame (forget it), a failure otherwise."""
-        if not conn.bye:
+        if not conn.decoder.goodbye:
             raise self._lost(conn.peer, "connection closed by peer")
         try:
             self._sel.unregister(conn.sock)
         except (KeyError, ValueError):
             pass
         return True
-
-    def _parse(self, conn: _Conn) -> None:
-        sink, peer, view = self.sink, conn.peer, conn.sview
-        while True:
-            avail = conn.end - conn.start
-            if conn.state == _HDR:
-                if avail < 12:
-                    return
-                hlen, plen = PREFIX.unpack_from(view, conn.start)
-                if hlen == 0 and plen == 0:      # goodbye frame: EOF follows, not a crash
-                    conn.bye = True
-                    conn.start += 12
-                    continue
-                if hlen > MAX_HEADER:
-                    raise TransportError(f"rank {peer} sent a {hlen}-byte header")
-                if avail < 12 + hlen:
-                    if 12 + hlen > _STAGE - conn.start:
-                        n = conn.end - conn.start
-                        conn.stage[:n] = conn.stage[conn.start:conn.end]
-                        conn.start, conn.end = 0, n
-                    return
-                s = conn.start + 12
-                header = bytes(view[s:s + hlen])
-                conn.start = s + hlen
-                dest = sink.on_header(peer, header, plen)
-                if plen == 0:
-                    sink.on_payload(peer)
-                    continue
-                conn.state, conn.dest, conn.off, conn.left = _PAYLOAD, dest, 0, plen
-            else:
-                n = min(avail, conn.left)
-                if not n:
-                    return
-                conn.dest[conn.off:conn.off + n] = view[conn.start:conn.start + n]
-                conn.start += n
-                conn.off += n
-                conn.left -= n
-                if conn.left:
-                    return
-                conn.state, conn.dest = _HDR, None
-                sink.on_payload(peer)
 
     # -- waiting --------------------------------------------------------------------------
     def block(self, timeout: float) -> None:
@@ -670,7 +616,7 @@ class TcpTransport(Transport):
                     for part in item[0]:
                         conn.sock.sendall(part)
                 conn.sock.settimeout(max(deadline - time.monotonic(), 0.01))
-                conn.sock.sendall(PREFIX.pack(0, 0))
+                conn.sock.sendall(frame_prefix(b"", 0))
                 conn.sock.shutdown(socket.SHUT_WR)
             except OSError:
                 pass                        # the peer is gone already: nothing to tell it

@@ -48,8 +48,8 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from ..base import (PREFIX, ExposureFlags, PeerLostError, RemoteAccessError, Transport,
-                    TransportError)
+from ..base import ExposureFlags, PeerLostError, RemoteAccessError, Transport, TransportError
+from ..frames import FrameDecoder, frame_prefix
 from . import verbs as v
 
 __all__ = ["RdmaTransport"]
@@ -63,15 +63,13 @@ _DRAIN_ON_ERROR_S = 0.3  # the same when the process is leaving through an excep
 
 
 class _Peer:
-    __slots__ = ("rank", "index", "qp", "credits", "owed", "queue", "dest", "off", "left",
-                 "bye")
+    __slots__ = ("rank", "index", "qp", "credits", "owed", "queue", "decoder", "bye")
 
-    def __init__(self, rank: int, index: int, qp, credits: int):
+    def __init__(self, rank: int, index: int, qp, credits: int, decoder: FrameDecoder):
         self.rank, self.index, self.qp = rank, index, qp
         self.credits, self.owed = credits, 0
         self.queue: deque = deque()     # [prefix+header, payload, payload offset, started, token]
-        self.dest = None
-        self.off = self.left = 0
+        self.decoder = decoder          # receives may end mid-frame: it keeps the state
         self.bye = False                # the peer closed its transport normally
 
 
@@ -137,7 +135,7 @@ class RdmaTransport(Transport):
             qp = v.QueuePair(self.pd, self.cq, self.cq, max_send_wr=2 * self.nrecv + 8,
                              max_recv_wr=self.nrecv)
             qp.to_init()
-            p = _Peer(peer, i, qp, self.nrecv)
+            p = _Peer(peer, i, qp, self.nrecv, FrameDecoder(peer, self.sink))
             self._peers[peer], self._by_qpn[qp.qp_num] = p, p
             for k in range(self.nrecv):
                 self._post_recv(p, k)
@@ -164,7 +162,7 @@ class RdmaTransport(Transport):
         if p.rank in self._lost:
             raise PeerLostError(peer, self._lost[p.rank])
         n = len(payload) if payload is not None else 0
-        item = [PREFIX.pack(len(header), n) + header, payload, 0, False, token]
+        item = [frame_prefix(header, n), payload, 0, False, token]
         p.queue.append(item)
         self._pump(p)
         if p.queue and p.queue[-1] is item:
@@ -258,31 +256,11 @@ class RdmaTransport(Transport):
             k = wc.wr_id & 0xFFFF
             if wc.byte_len:
                 base = (p.index * self.nrecv + k) * self.slot
-                self._on_chunk(p, memoryview(self._rbuf)[base:base + wc.byte_len])
+                p.decoder.feed(memoryview(self._rbuf)[base:base + wc.byte_len])
             self._post_recv(p, k)
             p.owed += 1
             if p.queue:
                 self._pending.add(p)
-
-    def _on_chunk(self, p: _Peer, view: memoryview) -> None:
-        sink = self.sink
-        if not p.left:
-            hlen, plen = PREFIX.unpack_from(view, 0)
-            dest = sink.on_header(p.rank, bytes(view[12:12 + hlen]), plen)
-            if not plen:
-                sink.on_payload(p.rank)
-                return
-            p.dest, p.off, p.left = dest, 0, plen
-            view = view[12 + hlen:]
-        n = len(view)
-        if n:
-            if p.dest is not None:
-                p.dest[p.off:p.off + n] = view
-            p.off += n
-            p.left -= n
-        if not p.left:
-            p.dest = None
-            sink.on_payload(p.rank)
 
     # -- waiting and liveness -------------------------------------------------------------
     def has_backlog(self) -> bool:
