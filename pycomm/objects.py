@@ -19,7 +19,7 @@ from typing import Any
 import cloudpickle
 import numpy as np
 
-from .errors import ArgumentError
+from .errors import ArgumentError, CollectiveError, CommError
 from .p2p import ANY_SOURCE, ANY_TAG, PROC_NULL
 from .signature import collective, signature
 
@@ -48,6 +48,13 @@ def loads(data) -> Any:
     """Inverse of :func:`dumps`; a message of no bytes (a buffer send of nothing) is None,
     as in mpi4py."""
     return pickle.loads(data) if len(data) else None
+
+
+class _OpFailed:
+    """What rank 0 broadcasts in place of an object allreduce's result when its op raised."""
+
+    def __init__(self, text: str):
+        self.text = text
 
 
 class ObjectMethods:
@@ -408,8 +415,20 @@ class ObjectMethods:
         Raises:
             ArgumentError: ``sendobj`` or the result cannot be pickled.
             Exception: whatever ``op`` raises when it cannot combine two objects (e.g.
-                TypeError), on rank 0, which does the reduction.
+                TypeError), on rank 0, which does the reduction; the other ranks then raise
+                CollectiveError naming it.
             CollectiveMismatchError, CollectiveError, PeerError, CommTimeoutError, CommError:
                 as every collective call (see :class:`~pycomm.comm.Communicator`).
         """
-        return self.bcast(self.reduce(sendobj, op, 0), 0)
+        try:
+            acc = self.reduce(sendobj, op, 0)
+        except CommError:
+            raise                       # the collective itself failed: every rank knows
+        except Exception as exc:        # the op failed on rank 0, which combines: say so
+            self.bcast(_OpFailed(f"{type(exc).__name__}: {exc}"), 0)
+            raise
+        out = self.bcast(acc, 0)
+        if type(out) is _OpFailed:
+            raise CollectiveError(f"rank {self.rank}: allreduce on {self.name}: the op "
+                                  f"raised on rank 0, which combines the objects: {out.text}")
+        return out

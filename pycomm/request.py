@@ -161,7 +161,8 @@ class Request:
         """
         if not self.Test(status):
             return False, None
-        return True, (self.post(self.obj) if self.post is not None else None)
+        return True, (self.post(self.obj) if self.post is not None and not self.cancelled
+                      else None)
 
     @staticmethod
     def Waitall(requests, statuses=None, *, timeout: float | None = None) -> bool:

@@ -153,3 +153,47 @@ def test_barrier_and_bcast_of_large_object(world, nbytes):
         return comm.bcast(b"z" * n if comm.rank == comm.size - 1 else None,
                           root=comm.size - 1)
     assert world.run(body, nbytes) == [b"z" * nbytes] * world.size
+
+
+def _rank_allreduce_op_fails():
+    """Rank 0 combines: objects its op cannot combine make it raise there, and every
+    other rank must learn it at once (not wait out the timeout in the broadcast)."""
+    import time
+    comm = pycomm.COMM_WORLD
+    t0 = time.perf_counter()
+    try:
+        comm.allreduce({"rank": comm.rank} if comm.rank == comm.size - 1 else comm.rank)
+        got = "no error"
+    except pycomm.CollectiveError as exc:
+        got = f"CollectiveError: {exc}"
+    except TypeError as exc:
+        got = f"TypeError: {exc}"
+    took = time.perf_counter() - t0
+    after = comm.allreduce(comm.rank + 1)          # the communicator still works
+    return got, took, after
+
+
+def test_allreduce_whose_op_fails_on_rank_0_fails_on_every_rank(world):
+    n = world.size
+    for rank, (got, took, after) in enumerate(world.run(_rank_allreduce_op_fails)):
+        assert took < 5, (rank, took)
+        assert after == n * (n + 1) // 2
+        if n == 1:
+            assert got == "no error"        # one object: the op never runs
+        elif rank == 0:
+            assert got.startswith("TypeError:"), got
+        else:
+            assert got.startswith("CollectiveError:") and "raised on rank 0" in got and \
+                "TypeError" in got, got
+
+
+def _rank_test_cancelled_object_receive():
+    comm = pycomm.COMM_WORLD
+    req = comm.irecv(source=comm.rank, tag=77)
+    req.Cancel()
+    return req.test()
+
+
+def test_object_test_of_a_cancelled_receive_returns_none(world):
+    for got in world.run(_rank_test_cancelled_object_receive):
+        assert tuple(got) == (True, None)
