@@ -976,6 +976,10 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
                 recv = as_array(recvbuf, self.rank, "recvbuf", writable=True)
                 send = as_array(sendbuf, self.rank, "sendbuf")
                 self._blocks(send, recv, "Scatter", recv_side=False)
+                if send.dtype != recv.dtype:
+                    raise InvalidBufferError(f"rank {self.rank}: Scatter: sendbuf dtype "
+                                             f"{send.dtype} differs from recvbuf dtype "
+                                             f"{recv.dtype}")
         else:
             if recvbuf is IN_PLACE:
                 raise ArgumentError(f"rank {self.rank}: Scatter: IN_PLACE is only valid at "

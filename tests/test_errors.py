@@ -210,6 +210,10 @@ def scatter_in_place_nonroot(comm):
     comm.Scatter(None, pycomm.IN_PLACE, root=0)
 
 
+def scatter_dtype_mismatch_root(comm):
+    comm.Scatter(np.zeros(2 * comm.size), np.zeros(2, np.int32), root=0)
+
+
 def gather_recvbuf_not_multiple(comm):
     comm.Gather(np.zeros(2), np.zeros(2 * comm.size + 1), root=0)
 
@@ -313,6 +317,8 @@ CASES = {
                                  ["IN_PLACE"]),
     "gather_recvbuf_not_multiple": (gather_recvbuf_not_multiple, "root",
                                     "InvalidBufferError", ["Gather", "elements"]),
+    "scatter_dtype_mismatch_root": (scatter_dtype_mismatch_root, "root",
+                                    "InvalidBufferError", ["Scatter", "float64", "int32"]),
     "allgather_block_mismatch": (allgather_block_mismatch, "all", "InvalidBufferError",
                                  ["sendbuf", "3"]),
     "alltoall_not_multiple": (alltoall_not_multiple, "all", "InvalidBufferError",
@@ -343,6 +349,7 @@ PARTNERS = {
     "scatter_in_place_nonroot": lambda comm: comm.Scatter(np.zeros(comm.size),
                                                           np.zeros(1), root=0),
     "gather_recvbuf_not_multiple": lambda comm: comm.Gather(np.zeros(2), None, root=0),
+    "scatter_dtype_mismatch_root": lambda comm: comm.Scatter(None, np.zeros(2), root=0),
     "scatter_object_wrong_length": lambda comm: comm.scatter(None, root=0),
 }
 SENDERS_MAY_FINISH = {"read_only_bcast_nonroot", "scatter_in_place_nonroot",
