@@ -443,8 +443,11 @@ def test_envelope_contents_decode_and_pickle_rebuild_derived_types():
     assert np.array_equal(_send([a, 1, back]), a[1:3, 1:4].ravel())
     assert MPI.DOUBLE.Get_envelope() == (0, 0, 0, 0, MPI.COMBINER_NAMED)
     assert MPI.DOUBLE.decode() == (MPI.DOUBLE, "NAMED", {})
-    with pytest.raises(NotImplementedError, match="darray"):
+    with pytest.raises(MPI.Exception, match="do not cover") as err:   # block 0
         MPI.INT.Create_darray(4, 0, [4], [MPI.DISTRIBUTE_BLOCK], [0], [4])
+    assert err.value.Get_error_class() == MPI.ERR_ARG
+    with pytest.raises(NotImplementedError, match="external32"):
+        MPI.INT.Pack_external("external32", np.zeros(1, np.int32), bytearray(4), 0)
 
 
 def test_mpi41_types_queries_and_handles():

@@ -55,7 +55,7 @@ def test_osu_style_program_runs_unmodified_on_three_ranks():
     proc = _run([LAUNCH, "-n", "3", "--mpi4py", "--no-prefix", OSU, "4096"])
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
-    assert "# vendor: pycomm" in out and "MPI 4.0" in out
+    assert "# vendor: pycomm" in out and "MPI 4.1" in out
     assert "# ranks: 3, processor: " in out
     assert "# initialized: True" in out
     latency = re.findall(r"^(\d+) +(\d+\.\d\d)$", out.split("# MPI Allreduce Test")[0],

@@ -406,5 +406,62 @@ def test_sessions(world_small):
     assert world_small.run(_rank_session) == [[]] * world_small.size
 
 
+def _rank_surface() -> list:
+    world = MPI.COMM_WORLD
+    rank, size = world.rank, world.size
+    bad: list = []
+    # a plain Comm handle of an intra-communicator has the collectives (mpi4py's Comm)
+    base = MPI.Comm.fromhandle(world.handle)
+    got = np.zeros(1, np.int64)
+    base.Allreduce(np.array([rank], np.int64), got)
+    if type(base) is not MPI.Comm or got[0] != sum(range(size)):
+        bad.append(f"Comm.Allreduce: {type(base).__name__} {got}")
+    # what is not offered names itself
+    for call, what in ((lambda: world.Allreduce_init(got, got), "persistent collective"),
+                       (lambda: world.Agree(1), "ULFM"),
+                       (lambda: world.Psend_init(got, 1, 0), "partitioned"),
+                       (lambda: MPI.Comm.Create_keyval(), "keyvals")):
+        try:
+            call()
+            bad.append(f"{what}: no error")
+        except NotImplementedError as exc:
+            if what not in str(exc):
+                bad.append(f"{what}: {exc}")
+    # matched probe as a Message class method
+    world.send(rank, (rank + 1) % size, 5)
+    msg = MPI.Message.probe(world, (rank - 1) % size, 5)
+    if msg.recv() != (rank - 1) % size:
+        bad.append("Message.probe")
+    ring = world.Create_cart([size], [True])
+    if ring.degrees != (2, 2):
+        bad.append(f"degrees {ring.degrees}")
+    ring.free()
+    world.free()                                    # a predefined handle: no-op
+    if ring != MPI.COMM_NULL or world == MPI.COMM_NULL:
+        bad.append("free()")
+    return bad
+
+
+def test_rest_of_the_surface(world_small):
+    assert world_small.run(_rank_surface) == [[]] * world_small.size
+
+
+def test_local_aliases_constants_and_handles():
+    assert MPI.Group.Intersect is MPI.Group.Intersection
+    t = MPI.INT.Resized(0, 8)
+    assert t.Get_extent() == (0, 8)
+    t.free()
+    MPI.INT.free()                                  # predefined: nothing happens
+    assert (MPI.MODE_RDONLY, MPI.LOCK_SHARED, MPI.F_STATUS_SIZE) == (2, 235, 5)
+    assert MPI.SINT32_T == MPI.INT32_T and isinstance(MPI.BOTTOM, MPI.BottomType)
+    assert MPI.Get_abi_version() == (-1, -1)
+    info = MPI.Info.Create({"k": "v"})
+    assert MPI.Info.fromhandle(info.handle) == info and info.toint() == -1
+    data, bufs = MPI.pickle.dumps_oob(np.arange(4))        # numpy gives its buffer apart
+    assert len(bufs) == 1 and np.array_equal(MPI.pickle.loads_oob(data, bufs), np.arange(4))
+    with pytest.raises(NotImplementedError, match="Fortran"):
+        MPI.Status().py2f()
+
+
 def test_intercomm_null_and_disconnect(world_small):
     assert world_small.run(_rank_intercomm_parent) == [[]] * world_small.size

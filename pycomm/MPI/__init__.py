@@ -99,6 +99,7 @@ from .ops import (
 )
 from .predefined import PREDEFINED
 from .request import REQUEST_NULL, Prequest, Request, Status
+from . import surface as _surface
 from .session import SESSION_NULL, Session
 from .handles import install as _install_handles
 from .pickling import install as _install_pickling
@@ -126,6 +127,22 @@ BSEND_OVERHEAD = 96          # bytes per message MPI says to add when sizing Att
 VERSION, SUBVERSION = 4, 1
 DISTRIBUTE_BLOCK, DISTRIBUTE_CYCLIC, DISTRIBUTE_NONE = 121, 122, 123
 DISTRIBUTE_DFLT_DARG = -49767
+# one-sided, I/O and Fortran constants (MPICH's values): named by programs that test for
+# features, though pycomm offers no windows or files
+LOCK_EXCLUSIVE, LOCK_SHARED = 234, 235
+MODE_CREATE, MODE_RDONLY, MODE_WRONLY, MODE_RDWR, MODE_DELETE_ON_CLOSE = 1, 2, 4, 8, 16
+MODE_UNIQUE_OPEN, MODE_EXCL, MODE_APPEND, MODE_SEQUENTIAL = 32, 64, 128, 256
+MODE_NOCHECK, MODE_NOSTORE, MODE_NOPUT, MODE_NOPRECEDE, MODE_NOSUCCEED = \
+    1024, 2048, 4096, 8192, 16384
+SEEK_SET, SEEK_CUR, SEEK_END = 600, 602, 604
+DISPLACEMENT_CURRENT = DISP_CUR = -54278278
+WIN_BASE, WIN_SIZE, WIN_DISP_UNIT, WIN_CREATE_FLAVOR, WIN_MODEL = \
+    1711276033, 1711276035, 1711276037, 1711276039, 1711276041
+WIN_FLAVOR = WIN_CREATE_FLAVOR
+WIN_FLAVOR_CREATE, WIN_FLAVOR_ALLOCATE, WIN_FLAVOR_DYNAMIC, WIN_FLAVOR_SHARED = 1, 2, 3, 4
+WIN_SEPARATE, WIN_UNIFIED = 1, 2
+F_SOURCE, F_TAG, F_ERROR, F_STATUS_SIZE = 2, 3, 4, 5
+MAX_PORT_NAME, MAX_DATAREP_STRING, MAX_PSET_NAME_LEN, MAX_STRINGTAG_LEN = 1024, 128, 256, 256
 
 
 
@@ -134,7 +151,16 @@ class Errhandler:
     default, raising ``MPI.Exception``)."""
 
     def __init__(self, name: str = "MPI_ERRHANDLER_NULL"):
-        self.name = name
+        self.name = name.name if isinstance(name, Errhandler) else name   # a copy
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Errhandler) and self.name == other.name
+
+    def __hash__(self) -> int:
+        return hash(self.name)
+
+    def __bool__(self) -> bool:
+        return self.name != "MPI_ERRHANDLER_NULL"
 
     def Free(self) -> None:
         """Predefined handlers hold nothing; freeing ``ERRHANDLER_NULL`` is
@@ -171,7 +197,7 @@ class Pickle:
 pickle = Pickle()
 
 # -- environment ------------------------------------------------------------------------
-_install_handles(Comm, Group, Datatype, Op, Request, Message)
+_install_handles(Comm, Group, Datatype, Op, Request, Message, Info, Session, Errhandler)
 _install_pickling(Comm, Group)
 _state = {"thread_level": THREAD_SERIALIZED, "finalized": False}
 _main_thread = _threading.main_thread()
@@ -319,7 +345,21 @@ _NOT_OFFERED = {
     "Unpublish_name": "name publishing",
     "WIN_NULL": "one-sided communication",
     "FILE_NULL": "MPI-IO", "Register_datarep": "MPI-IO data representations",
+    "Get_abi_info": "MPI ABI queries", "Get_abi_fortran_info": "MPI ABI queries",
 }
+
+
+BottomType, InPlaceType, BufferAutomaticType = \
+    type(BOTTOM), type(IN_PLACE), type(BUFFER_AUTOMATIC)
+globals().update({f"SINT{n}_T": PREDEFINED[f"INT{n}_T"] for n in (8, 16, 32, 64)})
+
+
+def Get_abi_version() -> tuple[int, int]:
+    """``(-1, -1)``: pycomm implements no MPI ABI (as mpi4py reports for MPICH)."""
+    return -1, -1
+
+
+_surface.install(globals())
 
 
 def __getattr__(name: str):

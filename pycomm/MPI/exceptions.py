@@ -78,6 +78,13 @@ _CLASSES = [
     ("ERR_ERRHANDLER", 54, "invalid error handler"), ("ERR_SESSION", 55, "invalid session"),
     ("ERR_PROC_ABORTED", 56, "process aborted"),
     ("ERR_VALUE_TOO_LARGE", 57, "value too large to store"),
+    ("ERR_RMA_RANGE", 58, "target memory outside the window"),
+    ("ERR_RMA_ATTACH", 59, "memory cannot be attached"),
+    ("ERR_RMA_SHARED", 60, "memory cannot be shared"),
+    ("ERR_RMA_FLAVOR", 61, "wrong window flavor"),
+    ("ERR_PROC_FAILED", 62, "process failed"),
+    ("ERR_PROC_FAILED_PENDING", 63, "process failed; operation pending"),
+    ("ERR_REVOKED", 64, "communicator revoked"), ("ERR_ABI", 65, "MPI ABI error"),
     ("ERR_LASTCODE", 0x3FFFFFFF, "last error code"),
 ]
 ERRORS: dict[str, int] = {name: code for name, code, _ in _CLASSES}

@@ -25,7 +25,7 @@ def _referent(obj):
     """What ``obj`` refers to (the identity its copies share), or None for a null one."""
     if hasattr(obj, "_start"):                      # a persistent request: its start
         return obj._start
-    for slot in ("_c", "_g", "_r", "_data", "_disps"):
+    for slot in ("_c", "_g", "_r", "_data", "_disps", "_d", "_s"):
         if hasattr(obj, slot):
             return getattr(obj, slot)
     return obj.__dict__.get("_handle", obj)         # an Op: Op(other) shares _handle

@@ -1,0 +1,111 @@
+"""The rest of mpi4py's names, so that none is a bare ``AttributeError``.
+
+Installed by :mod:`pycomm.MPI` once every class exists:
+
+* what pycomm does not offer raises ``NotImplementedError`` naming the feature
+  (persistent and nonblocking neighbourhood collectives, fault tolerance, partitioned
+  communication, ``Join``, ``Spawn_multiple``, user error handlers and keyvals);
+* ``MPI.Comm`` has the collectives of ``MPI.Intracomm``, as mpi4py's base class does
+  (a ``Comm`` handle of an intra-communicator, ``Comm.fromhandle(...)``, can call them);
+* small aliases and conveniences: ``free()`` on every handle (frees a non-null one),
+  ``Topocomm.degrees``, ``Group.Intersect``, ``Datatype.Resized``, ``Call_errhandler``,
+  ``Message.probe``/``iprobe``, ``MPI.pickle.dumps_oob``/``loads_oob``.
+"""
+
+from __future__ import annotations
+
+import pickle as _pickle
+
+from pycomm.p2p import ANY_SOURCE, ANY_TAG
+
+__all__ = ["install"]
+
+_PERSISTENT = [f"{c}_init" for c in (
+    "Allgather", "Allgatherv", "Allreduce", "Alltoall", "Alltoallv", "Alltoallw",
+    "Barrier", "Bcast", "Exscan", "Gather", "Gatherv", "Reduce", "Reduce_scatter_block",
+    "Reduce_scatter", "Scan", "Scatter", "Scatterv", "Neighbor_allgather",
+    "Neighbor_allgatherv", "Neighbor_alltoall", "Neighbor_alltoallv",
+    "Neighbor_alltoallw")]
+_NOT_OFFERED = {
+    "persistent collective operations (MPI 4.0 *_init)": _PERSISTENT,
+    "nonblocking neighbourhood collectives": [
+        "Ineighbor_allgather", "Ineighbor_allgatherv", "Ineighbor_alltoall",
+        "Ineighbor_alltoallv", "Ineighbor_alltoallw"],
+    "Neighbor_alltoallw (per-neighbour datatypes)": ["Neighbor_alltoallw"],
+    "fault tolerance (ULFM)": ["Ack_failed", "Agree", "Iagree", "Get_failed",
+                               "Is_revoked", "Revoke", "Shrink", "Ishrink"],
+    "partitioned communication (MPI 4.0)": ["Psend_init", "Precv_init"],
+    "MPI_Comm_join": ["Join"],
+    "dynamic process management (MPI_Comm_spawn_multiple)": ["Spawn_multiple"],
+    "user-defined error handlers": ["Create_errhandler"],
+    "attribute keyvals (Create_keyval)": ["Create_keyval", "Free_keyval"],
+}
+_PARTITIONED = ["Pready", "Pready_list", "Pready_range", "Parrived"]
+
+
+def _stub(cls_name: str, name: str, what: str):
+    def method(*args, **kwargs):
+        raise NotImplementedError(f"{cls_name}.{name}: pycomm does not offer {what}")
+    method.__name__ = name
+    return method
+
+
+def _free(self) -> None:
+    """Free the handle unless it is null or predefined (mpi4py's ``free()``)."""
+    if not self or getattr(self, "is_predefined", False) or \
+            getattr(self, "_name", None) in ("MPI_COMM_WORLD", "MPI_COMM_SELF"):
+        return
+    self.Free()
+
+
+def _dumps_oob(self, obj) -> tuple:
+    """``(data, buffers)``: ``obj`` pickled with protocol 5, its large buffers apart."""
+    buffers: list = []
+    data = _pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
+    return data, [b.raw() for b in buffers]
+
+
+def _loads_oob(self, data, buffers):
+    return _pickle.loads(data, buffers=buffers)
+
+
+def install(ns: dict) -> None:
+    """Add the names above to the classes of the ``pycomm.MPI`` namespace ``ns``."""
+    comm, intra, topo = ns["Comm"], ns["Intracomm"], ns["Topocomm"]
+    for name, value in list(vars(intra).items()):     # mpi4py's Comm has them all
+        if not name.startswith(("__", "Create_", "Cart_map", "Graph_map")) and \
+                name not in vars(comm) and isinstance(value, (staticmethod, type(install))):
+            setattr(comm, name, value)                  # with their helpers (_send_recv...)
+    for what, names in _NOT_OFFERED.items():
+        for name in names:
+            for cls in (comm, topo, ns["Session"]):
+                if name == "Create_errhandler" or cls is not ns["Session"]:
+                    if not hasattr(cls, name):
+                        setattr(cls, name, _stub(cls.__name__, name, what))
+    ns["Datatype"].Free_keyval = classmethod(_stub("Datatype", "Free_keyval",
+                                                   "attribute keyvals (Create_keyval)"))
+    ns["Intercomm"].Create_from_groups = classmethod(_stub(
+        "Intercomm", "Create_from_groups", "inter-communicators"))
+    ns["Status"].py2f = _stub("Status", "py2f", "Fortran handles")
+    ns["Status"].f2py = classmethod(_stub("Status", "f2py", "Fortran handles"))
+    for name in _PARTITIONED:
+        setattr(ns["Prequest"], name, _stub("Prequest", name,
+                                            "partitioned communication (MPI 4.0)"))
+    for cls in ("Comm", "Datatype", "Errhandler", "Group", "Info", "Message", "Op",
+                "Request", "Session"):
+        ns[cls].free = _free
+    topo.degrees = property(lambda self: (self.indegree, self.outdegree))
+    ns["Group"].Intersect = ns["Group"].Intersection
+    ns["Datatype"].Resized = ns["Datatype"].Create_resized
+
+    def call_errhandler(self, errorcode: int) -> None:
+        """Raise ``MPI.Exception(errorcode)``: pycomm's handlers all raise."""
+        raise ns["Exception"](int(errorcode))
+    comm.Call_errhandler = call_errhandler
+    message = ns["Message"]
+    message.probe = classmethod(lambda cls, comm, source=ANY_SOURCE, tag=ANY_TAG,
+                                status=None: comm.mprobe(source, tag, status))
+    message.iprobe = classmethod(lambda cls, comm, source=ANY_SOURCE, tag=ANY_TAG,
+                                 status=None: comm.improbe(source, tag, status))
+    pickle_cls = type(ns["pickle"])
+    pickle_cls.dumps_oob, pickle_cls.loads_oob = _dumps_oob, _loads_oob
