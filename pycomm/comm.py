@@ -43,7 +43,7 @@ from .nbc import NonblockingMethods
 from .objects import ObjectMethods
 from .vcoll import VectorMethods
 from .ops import SUM, Op
-from .p2p import ANY_SOURCE, ANY_TAG, PROC_NULL, Engine, Request
+from .p2p import ANY_SOURCE, ANY_TAG, PROC_NULL, Engine, Request, null_request
 from .plan import SHARED_SLOTS, UNDECIDED, plan_call
 from .selection import AlgorithmSelection
 from .signature import collective, describe
@@ -286,7 +286,7 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
         dest = self._check_rank(dest, "dest")
         tag = self._check_tag(tag, "tag")
         if dest == PROC_NULL:
-            return _null_request(self._engine)
+            return null_request(self._engine)
         return self._engine.isend(byte_view(arr), self._world[dest], self._pctx, tag,
                                   None, synchronous)
 
@@ -389,7 +389,7 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
         source = self._check_rank(source, "source", allow_any=True)
         tag = self._check_tag(tag, "tag", allow_any=True)
         if source == PROC_NULL:
-            return _null_request(self._engine)
+            return null_request(self._engine)
         src = self._world[source] if source >= 0 else ANY_SOURCE
         req = self._engine.irecv(byte_view(arr), src, self._pctx, tag)
         req.comm = self
@@ -1115,8 +1115,3 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
         os._exit(errorcode)
 
 
-def _null_request(engine: Engine) -> Request:
-    req = Request(engine, None, -1, PROC_NULL, ANY_TAG)
-    req.source = PROC_NULL
-    req._complete()
-    return req

@@ -20,7 +20,7 @@ import cloudpickle
 import numpy as np
 
 from .errors import ArgumentError, CollectiveError, CommError
-from .p2p import ANY_SOURCE, ANY_TAG, PROC_NULL
+from .p2p import ANY_SOURCE, ANY_TAG, PROC_NULL, null_request
 from .signature import collective, signature
 
 __all__ = ["ObjectMethods", "dumps", "loads"]
@@ -164,8 +164,7 @@ class ObjectMethods:
         source = self._check_rank(source, "source", allow_any=True)
         tag = self._check_tag(tag, "tag", allow_any=True)
         if source == PROC_NULL:
-            from .comm import _null_request
-            return _null_request(self._engine)
+            return null_request(self._engine)
         src = self._world[source] if source >= 0 else ANY_SOURCE
         req = self._engine.irecv(None, src, self._pctx, tag)
         req.comm, req.post = self, loads

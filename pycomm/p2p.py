@@ -91,7 +91,7 @@ from .signature import describe, empty_match
 from .request import Request
 from .waiting import Waiting, default_spin_seconds, default_yield_seconds
 
-__all__ = ["Engine", "Request", "ANY_SOURCE", "ANY_TAG", "PROC_NULL",
+__all__ = ["Engine", "Request", "ANY_SOURCE", "ANY_TAG", "PROC_NULL", "null_request",
            "default_spin_seconds", "default_yield_seconds"]
 
 ANY_SOURCE = -2
@@ -135,6 +135,15 @@ class _Unexpected:
         self.desc = None
         self.matched: Request | None = None
         self.sender: Request | None = None      # a synchronous send to this rank itself
+
+
+def null_request(engine: "Engine") -> Request:
+    """A request already complete, as one for a send to or a receive from PROC_NULL is
+    (MPI: such an operation succeeds at once, its status's source is PROC_NULL)."""
+    req = Request(engine, None, -1, PROC_NULL, ANY_TAG)
+    req.source = PROC_NULL
+    req._complete()
+    return req
 
 
 def _matches(ctx, src, tag, r_ctx, r_src, r_tag) -> bool:
