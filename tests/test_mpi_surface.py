@@ -416,8 +416,19 @@ def _rank_surface() -> list:
     base.Allreduce(np.array([rank], np.int64), got)
     if type(base) is not MPI.Comm or got[0] != sum(range(size)):
         bad.append(f"Comm.Allreduce: {type(base).__name__} {got}")
+    # persistent collectives: each Start runs the collective on the buffers' contents now
+    send = np.zeros(2, np.int64)
+    out = np.zeros(2, np.int64)
+    req = world.Allreduce_init(send, out, op=MPI.MAX)
+    for k in range(3):
+        send[:] = [rank + k, -rank]
+        req.Start()
+        req.Wait()
+        if out.tolist() != [size - 1 + k, 0]:
+            bad.append(f"Allreduce_init round {k}: {out.tolist()}")
+    req.Free()
     # what is not offered names itself
-    for call, what in ((lambda: world.Allreduce_init(got, got), "persistent collective"),
+    for call, what in ((lambda: world.Neighbor_allgather_init(got, got), "persistent"),
                        (lambda: world.Agree(1), "ULFM"),
                        (lambda: world.Psend_init(got, 1, 0), "partitioned"),
                        (lambda: MPI.Comm.Create_keyval(), "keyvals")):

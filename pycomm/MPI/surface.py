@@ -2,6 +2,8 @@
 
 Installed by :mod:`pycomm.MPI` once every class exists:
 
+* persistent collectives (``Allreduce_init``...: each ``Start`` posts the nonblocking
+  collective again);
 * what pycomm does not offer raises ``NotImplementedError`` naming the feature
   (persistent and nonblocking neighbourhood collectives, fault tolerance, partitioned
   communication, ``Join``, ``Spawn_multiple``, user error handlers and keyvals);
@@ -27,7 +29,7 @@ _PERSISTENT = [f"{c}_init" for c in (
     "Neighbor_allgatherv", "Neighbor_alltoall", "Neighbor_alltoallv",
     "Neighbor_alltoallw")]
 _NOT_OFFERED = {
-    "persistent collective operations (MPI 4.0 *_init)": _PERSISTENT,
+    "persistent neighbourhood collectives": [n for n in _PERSISTENT if "eighbor" in n],
     "nonblocking neighbourhood collectives": [
         "Ineighbor_allgather", "Ineighbor_allgatherv", "Ineighbor_alltoall",
         "Ineighbor_alltoallv", "Ineighbor_alltoallw"],
@@ -48,6 +50,22 @@ def _stub(cls_name: str, name: str, what: str):
         raise NotImplementedError(f"{cls_name}.{name}: pycomm does not offer {what}")
     method.__name__ = name
     return method
+
+
+def _persistent_collective(name: str, prequest: type):
+    """``<name>_init``: a persistent request whose every Start posts ``I<name>`` with the
+    arguments given here (MPI 4.0 persistent collectives; each Start is collective)."""
+    def init(self, *args, info=None, **kwargs):
+        post = getattr(self, "I" + name[0].lower() + name[1:])
+        self._inner(f"{name}_init")
+
+        def start():
+            r = post(*args, **kwargs)
+            return r._r, r._finish
+        return prequest._persistent(start)
+    init.__name__ = f"{name}_init"
+    init.__doc__ = f"A persistent {name}: each ``Start()`` runs ``I{name.lower()}`` again."
+    return init
 
 
 def _free(self) -> None:
@@ -72,6 +90,10 @@ def _loads_oob(self, data, buffers):
 def install(ns: dict) -> None:
     """Add the names above to the classes of the ``pycomm.MPI`` namespace ``ns``."""
     comm, intra, topo = ns["Comm"], ns["Intracomm"], ns["Topocomm"]
+    for name in _PERSISTENT:
+        coll = name[:-len("_init")]
+        if "eighbor" not in coll:
+            setattr(intra, name, _persistent_collective(coll, ns["Prequest"]))
     for name, value in list(vars(intra).items()):     # mpi4py's Comm has them all
         if not name.startswith(("__", "Create_", "Cart_map", "Graph_map")) and \
                 name not in vars(comm) and isinstance(value, (staticmethod, type(install))):
