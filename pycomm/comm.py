@@ -430,8 +430,16 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
             req.comm = self
             if req.done and req.error is None:      # taken from the unexpected queue
                 _trace.instant("Recv", self, tag, req.nbytes, req.peer)
-            else:
-                self._wait_posted([req], timeout)
+            else:                                   # _wait_posted and record_wait, inlined
+                n = _trace.begin("Recv", self, tag, req.nbytes, None, req.peer)
+                try:
+                    eng.wait(req, timeout)
+                except BaseException as exc:
+                    _trace.fail(n, exc)
+                    if isinstance(exc, CommTimeoutError):
+                        eng.cancel(req)     # unmatched: it must not swallow a later message
+                    raise
+                _trace.end(n)
         else:
             req = self.Irecv(buf, source, tag)
             self._wait_posted([req], timeout)

@@ -89,14 +89,21 @@ def _shutdown(group: RankGroup, client: StoreClient) -> None:
         group.close()
 
 
+# Starting the rank processes (an interpreter, numpy, the imports) is not communication:
+# a pool with a short PYCOMM_TIMEOUT, which tests of timeouts make, still gets this long to
+# start on a loaded machine. The ranks' own waits during start-up keep the short limit.
+STARTUP_FLOOR_S = 30.0
+
+
 class Pool:
     """N long-lived rank processes that initialise one world and then run tasks.
 
     Args:
         nprocs: number of ranks.
         transport: "auto", "shm", "tcp" or "rdma" (``PYCOMM_TRANSPORT`` of the ranks).
-        timeout: seconds: ``PYCOMM_TIMEOUT`` of the ranks, the limit on start-up and the
-            default limit on each :meth:`run` (default ``PYCOMM_TIMEOUT``).
+        timeout: seconds: ``PYCOMM_TIMEOUT`` of the ranks and the default limit on each
+            :meth:`run` (default ``PYCOMM_TIMEOUT``); start-up may take up to
+            :data:`STARTUP_FLOOR_S` more if this is shorter.
         prefix: prefix the ranks' output lines with ``[rank] ``.
         error_grace: seconds to wait for the other ranks after one raised before the pool
             is declared broken.
@@ -104,7 +111,8 @@ class Pool:
     Raises:
         RemoteError: ``pycomm.init()`` raised on a rank.
         PeerError: a rank died during start-up.
-        CommTimeoutError: the ranks did not start within ``timeout``.
+        CommTimeoutError: the ranks did not start within ``max(timeout,
+            STARTUP_FLOOR_S)``.
     """
 
     def __init__(self, nprocs: int, *, transport: str = "auto", timeout: float | None = None,
@@ -131,7 +139,7 @@ class Pool:
             pythonpath = os.pathsep.join(filter(None, [_PACKAGE_ROOT,
                                                        os.environ.get("PYTHONPATH")]))
             self._group.start(["-m", "pycomm._worker"], {"PYTHONPATH": pythonpath})
-            self._collect(0, self.timeout, "start-up (pycomm.init)")
+            self._collect(0, max(self.timeout, STARTUP_FLOOR_S), "start-up (pycomm.init)")
         except BaseException:
             self._closed = True
             self._finalizer()
