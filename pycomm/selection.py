@@ -68,6 +68,10 @@ class AlgorithmSelection:
             algorithm: as the collective's ``algorithm=``; None honours
                 ``PYCOMM_ALGORITHM_<COLLECTIVE>``, ``"auto"`` ignores it.
 
+        Returns:
+            str: the algorithm's registry name (e.g. ``"recursive_doubling"``), or
+            ``"shared_slots"``.
+
         Raises:
             ArgumentError: unknown collective or algorithm, or a named algorithm that
                 cannot serve the call.

@@ -26,9 +26,6 @@ CLASSES = (pycomm.Communicator, pycomm.Request, pycomm.Status, pycomm.Op)
 # Methods whose docstring lives in a module owned elsewhere and still lacks a section:
 # "Class.method" -> the missing section. test_pending_entries_still_lack_their_section
 # fails once the docstring is fixed, so that the entry is removed here.
-PENDING = {
-    "Communicator.chosen_algorithm": "Returns:",     # pycomm/selection.py
-}
 
 _SECTION = re.compile(r"^\s*(Args|Arguments|Returns|Yields|Raises|Attributes|Note|Notes|"
                       r"Example|Examples):\s*$")
@@ -122,8 +119,6 @@ def test_docstring_gives_summary_args_returns_raises(name, fn, bound):
     params = _params(fn, bound)
     if params and "Args" not in sections:
         missing.insert(0, "Args")
-    if PENDING.get(name, "").rstrip(":") in missing:
-        missing.remove(PENDING[name].rstrip(":"))
     assert not missing, f"{name}: no {', '.join(s + ':' for s in missing)} section"
     for s in ("Args", "Returns", "Raises"):
         if s in sections:
@@ -140,10 +135,3 @@ def test_docstring_gives_summary_args_returns_raises(name, fn, bound):
                 assert exc == "Nothing" or _is_exception(exc), \
                     f"{name}: Raises: {exc!r} is not an exception class of pycomm.errors " \
                     "or builtins (write 'Nothing.' when it raises none)"
-
-
-@pytest.mark.parametrize("name", sorted(PENDING))
-def test_pending_entries_still_lack_their_section(name):
-    fn = dict((m[0], m[1]) for m in MEMBERS)[name]
-    assert PENDING[name].rstrip(":") not in _sections(fn.__doc__ or ""), \
-        f"{name} now has its {PENDING[name]} section: remove it from PENDING"
