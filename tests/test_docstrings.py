@@ -23,10 +23,6 @@ from pycomm import errors
 
 CLASSES = (pycomm.Communicator, pycomm.Request, pycomm.Status, pycomm.Op)
 
-# Methods whose docstring lives in a module owned elsewhere and still lacks a section:
-# "Class.method" -> the missing section. test_pending_entries_still_lack_their_section
-# fails once the docstring is fixed, so that the entry is removed here.
-
 _SECTION = re.compile(r"^\s*(Args|Arguments|Returns|Yields|Raises|Attributes|Note|Notes|"
                       r"Example|Examples):\s*$")
 
