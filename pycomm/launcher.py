@@ -52,7 +52,7 @@ from pycomm.errors import ArgumentError, CommError
 from pycomm.forward import Forwarder as _Forwarder
 from pycomm.store import StoreClient, StoreServer
 
-__all__ = ["RankExit", "RankGroup", "main", "shm_prefix", "sweep_shm"]
+__all__ = ["RankExit", "RankGroup", "shm_prefix", "sweep_shm"]
 
 TRANSPORT_CHOICES = ("auto", "shm", "tcp", "rdma")
 SHM_DIR = "/dev/shm"

@@ -5,7 +5,8 @@ with its own hostname and /dev/shm).
 Jobs started the way srun, a multi-host Hydra mpiexec and Open MPI's mpirun start them
 are emulated: no slurmd, Hydra proxy or ssh runs between the emulated hosts here, so each
 rank gets exactly the variables the engine would give it (SLURM_*, PMI_*/MPI_LOCAL*,
-OMPI_COMM_WORLD_*) and nothing else; a real srun or multi-host mpiexec is not tested.
+OMPI_COMM_WORLD_*) and nothing else. A real multi-host Hydra mpiexec across the emulated
+hosts is tested in tests/test_hydra_hosts.py; a real srun is not tested.
 
 The cluster tests need root and iproute2; where namespaces cannot be made they FAIL with
 the reason (a silent skip would hide that the multi-host paths went untested).

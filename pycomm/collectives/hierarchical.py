@@ -79,7 +79,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from pycomm import config
-from pycomm.collectives.allgather import allgatherv_ring
 from pycomm.collectives.barrier import barrier_dissemination
 from pycomm.collectives.cost import DEFAULT_TRANSPORT, model_transport
 from pycomm.collectives.scratch import give, take
