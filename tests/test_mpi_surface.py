@@ -67,7 +67,13 @@ def test_alloc_mem_and_attach_detach():
     MPI.Attach_buffer(mem)
     old = MPI.Detach_buffer()
     assert old is mem and old.address == mem.address
-    MPI.Free_mem(mem)
+    MPI.Free_mem(mem)                           # released: reads as empty
+    assert (mem.address, mem.nbytes, len(mem), mem.obj) == (0, 0, 0, None)
+    assert MPI.buffer().address == 0 and MPI.buffer.allocate(0).address != 0
+    with pytest.raises(BufferError):            # MPI writes into an attached buffer
+        MPI.Attach_buffer(MPI.buffer(b"abc"))
+    with pytest.raises(TypeError):
+        MPI.buffer(None)
     MPI.Attach_buffer(MPI.BUFFER_AUTOMATIC)
     assert MPI.Detach_buffer() is MPI.BUFFER_AUTOMATIC
     MPI.Attach_buffer(None)
@@ -97,6 +103,13 @@ def test_info_handles_and_null():
     info.Free()
     assert not info and info == MPI.INFO_NULL
     assert not MPI.INFO_NULL and len(MPI.INFO_NULL) == 0
+    with pytest.raises(KeyError):               # the mapping view: a mapping of nothing
+        MPI.INFO_NULL["k"] = "v"
+    assert MPI.INFO_NULL.pop("k", None) is None and MPI.INFO_NULL.copy() == MPI.INFO_NULL
+    assert pickle.loads(pickle.dumps(MPI.INFO_NULL)) is MPI.INFO_NULL
+    assert pickle.loads(pickle.dumps(MPI.INFO_ENV)) is MPI.INFO_ENV
+    again = pickle.loads(pickle.dumps(dup))
+    assert again != dup and dict(again.items()) == dict(dup.items())
     for call in (MPI.INFO_NULL.Free, MPI.INFO_NULL.Dup, lambda: MPI.INFO_NULL.Get("k"),
                  lambda: MPI.INFO_NULL.Set("k", "v"), MPI.INFO_NULL.Get_nkeys):
         with pytest.raises(MPI.Exception) as err:

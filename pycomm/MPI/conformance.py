@@ -2,7 +2,7 @@
 
 Usage::
 
-    python -m pycomm.MPI.conformance [--sdist mpi4py-4.0.3.tar.gz] [-n 1 2 3]
+    python -m pycomm.MPI.conformance [--sdist mpi4py-4.1.2.tar.gz] [-n 1 2 3]
                                      [-m test_datatype test_p2p_buf ...] [--timeout S]
 
 Without ``--sdist`` the source distribution is fetched with ``pip download --no-deps
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pycomm.MPI.conformance",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--sdist", help="mpi4py source tarball (default: pip download)")
-    parser.add_argument("--version", default="4.0.3", help="mpi4py version to fetch")
+    parser.add_argument("--version", default="4.1.2", help="mpi4py version to fetch")
     parser.add_argument("-n", type=int, nargs="+", default=[1, 2, 3], help="world sizes")
     parser.add_argument("-m", "--modules", nargs="+", default=MODULES)
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per run")

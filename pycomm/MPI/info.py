@@ -105,15 +105,21 @@ class Info:
     def __iter__(self):
         return iter(() if self._d is None else list(self._d))
 
+    def _map(self, key) -> dict:
+        """The dict, for the mapping methods: on INFO_NULL they raise KeyError (as a
+        mapping with no keys does), as mpi4py's."""
+        if self._d is None:
+            raise KeyError(key)
+        return self._d
+
     def __getitem__(self, key: str) -> str:
-        return self._dict("__getitem__")[str(key)]
+        return self._map(key)[str(key)]
 
     def __setitem__(self, key: str, value: str) -> None:
-        self.Set(key, value)
+        self._map(key)[str(key)] = str(value)
 
     def __delitem__(self, key: str) -> None:
-        d = self._dict("__delitem__")
-        del d[str(key)]
+        del self._map(key)[str(key)]
 
     def get(self, key: str, default=None):
         return default if self._d is None else self._d.get(str(key), default)
@@ -128,22 +134,37 @@ class Info:
         return [] if self._d is None else list(self._d.items())
 
     def update(self, other=(), **kwargs) -> None:
-        d = self._dict("update")
+        d = self._map("update")
         pairs = other.items() if hasattr(other, "items") else other
         for k, v in list(pairs) + list(kwargs.items()):
             d[str(k)] = str(v)
 
     def pop(self, key: str, *default):
-        return self._dict("pop").pop(str(key), *default)
+        if self._d is None and default:
+            return default[0]
+        return self._map(key).pop(str(key), *default)
 
     def popitem(self) -> tuple[str, str]:
-        return self._dict("popitem").popitem()
+        return self._map("popitem").popitem()
+
+    def __reduce__(self):
+        """The predefined handles unpickle to themselves, a copy of one to an equal
+        handle, any other info object to a new one with the same items."""
+        if self is INFO_NULL or self is INFO_ENV:
+            return "INFO_NULL" if self is INFO_NULL else "INFO_ENV"
+        if self._d is None:
+            return Info, ()
+        if self._d is INFO_ENV._d:
+            return Info, (INFO_ENV,)
+        return Info.Create, (dict(self._d),)
 
     def copy(self) -> Info:
-        return self.Dup()
+        """A new info object with the same items (INFO_NULL copies to a null one)."""
+        return Info() if self._d is None else self.Dup()
 
     def clear(self) -> None:
-        self._dict("clear").clear()
+        if self._d is not None:
+            self._d.clear()
 
     def __bool__(self) -> bool:
         return self._d is not None

@@ -54,10 +54,15 @@ class buffer(np.ndarray):
     """Raw memory (mpi4py's ``MPI.buffer``): ``buffer()`` is empty, ``buffer(obj)`` the
     bytes of ``obj`` (read-only when ``obj`` is)."""
 
-    def __new__(cls, obj=None):
-        if obj is None:
-            return cls._of(np.empty(0, np.uint8), None)
-        return cls._of(_bytes_of(obj, writable=False), obj)
+    def __new__(cls, *args):
+        if not args:                    # the null buffer: address 0, as mpi4py's
+            out = cls._of(np.empty(0, np.uint8), None)
+            out._gone = True
+            return out
+        if args[0] is None:
+            raise TypeError("MPI.buffer(None): expected an object with the buffer "
+                            "interface")
+        return cls._of(_bytes_of(args[0], writable=False), args[0])
 
     @classmethod
     def _of(cls, raw: np.ndarray, obj, readonly: bool | None = None) -> buffer:
@@ -66,9 +71,6 @@ class buffer(np.ndarray):
         if readonly:
             out.flags.writeable = False
         return out
-
-    def __array_finalize__(self, parent) -> None:
-        self._obj = getattr(parent, "_obj", None)
 
     @staticmethod
     def allocate(nbytes: int, clear: bool = False) -> buffer:
@@ -107,10 +109,23 @@ class buffer(np.ndarray):
             if nbytes else np.empty(0, np.uint8)
         return buffer._of(raw, None, readonly)
 
-    address = property(lambda self: int(self.__array_interface__["data"][0]),
-                       doc="The address of the first byte.")
-    obj = property(lambda self: self._obj, doc="The object whose memory this is.")
-    readonly = property(lambda self: not self.flags.writeable)
+    def __array_finalize__(self, parent) -> None:
+        self._obj = getattr(parent, "_obj", None)
+        self._gone = False
+
+    address = property(lambda self: 0 if self._gone else
+                       int(self.__array_interface__["data"][0]),
+                       doc="The address of the first byte (0: null or released).")
+    obj = property(lambda self: None if self._gone else self._obj,
+                   doc="The object whose memory this is.")
+    nbytes = property(lambda self: 0 if self._gone else self.size)
+    readonly = property(lambda self: not self._gone and not self.flags.writeable)
+
+    def __len__(self) -> int:
+        return self.nbytes
+
+    def __delitem__(self, item) -> None:
+        raise NotImplementedError("MPI.buffer: subscript deletion not supported")
     format = property(lambda self: "B")
 
     def cast(self, format: str, shape=...) -> memoryview:
@@ -118,18 +133,18 @@ class buffer(np.ndarray):
         mv = memoryview(self)
         return mv.cast(format) if shape is Ellipsis else mv.cast(format, shape)
 
-    def tobytes(self, order: str | None = None) -> bytes:
-        """A copy of the bytes (``order`` is ignored: the memory is one run)."""
-        return np.ndarray.tobytes(self)
-
     def toreadonly(self) -> buffer:
         """A read-only buffer over the same memory."""
         return buffer._of(self.view(np.ndarray), self._obj, True)
 
     def release(self) -> None:
-        """Drop the reference to the exporting object (numpy keeps the memory alive as
-        long as this buffer exists)."""
-        self._obj = None
+        """Release the memory: the buffer reads as empty from now on (address 0, no
+        bytes, no object), as mpi4py's; views already taken keep the memory alive."""
+        self._gone, self._obj = True, None
+
+    def tobytes(self, order: str | None = None) -> bytes:
+        """A copy of the bytes (``order`` is ignored: the memory is one run)."""
+        return b"" if self._gone else np.ndarray.tobytes(self)
 
     def __getitem__(self, item):
         """A byte (int) or, for a step-1 slice, a buffer over those bytes."""
@@ -201,7 +216,10 @@ def Alloc_mem(size: int, info=None) -> buffer:
 
 
 def Free_mem(mem) -> None:
-    """Memory from Alloc_mem is garbage-collected; accepted for compatibility."""
+    """Release a buffer from Alloc_mem (it reads as empty from now on; Python frees the
+    memory once nothing refers to it)."""
+    if isinstance(mem, buffer):
+        mem.release()
 
 
 class BufferPool:
@@ -222,7 +240,13 @@ class BufferPool:
         self.pending = []
 
     def attach(self, buf) -> None:
-        """Keep ``buf`` (None: ``BUFFER_AUTOMATIC``) to hand back on detach."""
+        """Keep ``buf`` (None: ``BUFFER_AUTOMATIC``) to hand back on detach.
+
+        Raises:
+            BufferError: ``buf`` is read-only (MPI writes into an attached buffer).
+        """
+        if buf is not None and buf is not BUFFER_AUTOMATIC:
+            _bytes_of(buf, writable=True)
         self.buffer = BUFFER_AUTOMATIC if buf is None else buf
 
     def detach(self):
