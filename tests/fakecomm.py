@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-__all__ = ["FakeCommError", "FakeCC", "run_fake"]
+__all__ = ["on_fake_hosts", "FakeCommError", "FakeCC", "run_fake"]
 
 
 class FakeCommError(AssertionError):
@@ -237,3 +237,26 @@ def run_fake(size: int, fn: Callable[[FakeCC], Any], *, timeout: float = 10.0,
     if leftovers:
         raise FakeCommError("; ".join(leftovers))
     return (results, ccs) if return_ccs else results
+
+
+def on_fake_hosts(hostmap: list[int], fn: Callable[[FakeCC], Any], **kwargs) -> list:
+    """Run ``fn(cc)`` on fake ranks whose communicator has the host layout ``hostmap``
+    (the host of each rank; ``cc.comm.host_layout`` as :func:`pycomm.bootstrap.host_layout`
+    builds it); returns ``[(result, bytes this rank sent to other hosts)]`` in rank order.
+    ``kwargs`` go to :func:`run_fake`."""
+    from pycomm.bootstrap import host_layout
+    infos = [{"host": f"h{h}/boot/shm", "hostname": f"node{h}"} for h in hostmap]
+
+    def body(cc):
+        cc.comm = type("Comm", (), {"host_layout": host_layout(infos, cc.rank),
+                                    "transport_name": "shm+tcp"})()
+        cc.link_bytes = 0
+        plain = cc.isend
+
+        def isend(buf, dest):
+            if hostmap[dest] != hostmap[cc.rank]:
+                cc.link_bytes += buf.nbytes
+            return plain(buf, dest)
+        cc.isend = isend            # send and sendrecv go through it
+        return fn(cc), cc.link_bytes
+    return run_fake(len(hostmap), body, **kwargs)

@@ -31,7 +31,7 @@ import pytest
 import pycomm
 from benchmarks.cluster import hier_check
 from benchmarks.cluster.netns import Cluster, ClusterError, check_support
-from fakecomm import run_fake  # tests/ is on sys.path under pytest
+from fakecomm import on_fake_hosts  # tests/ is on sys.path under pytest
 from pycomm import config, ops
 from pycomm.collectives import hierarchical as hier
 from pycomm.bootstrap import _hnp_host, detect, host_layout, listen_address
@@ -389,26 +389,6 @@ PLACEMENTS = {"2x2": [0, 0, 1, 1], "2x2c": [0, 1, 0, 1], "3x2": [0, 0, 1, 1, 2, 
               "3+2": [0, 0, 0, 1, 1], "3+2c": [0, 1, 0, 1, 0], "2+2+1": [0, 1, 1, 0, 2]}
 
 
-def _on_fake_hosts(hostmap: list[int], fn):
-    """Run ``fn(cc)`` on fake ranks (tests/fakecomm.py) whose communicator has the layout
-    ``hostmap``; returns ``[(result, bytes this rank sent to other hosts)]``."""
-    infos = [{"host": f"h{h}/boot/shm", "hostname": f"node{h}"} for h in hostmap]
-
-    def body(cc):
-        cc.comm = type("Comm", (), {"host_layout": host_layout(infos, cc.rank),
-                                    "transport_name": "shm+tcp"})()
-        cc.link_bytes = 0
-        plain = cc.isend
-
-        def isend(buf, dest):
-            if hostmap[dest] != hostmap[cc.rank]:
-                cc.link_bytes += buf.nbytes
-            return plain(buf, dest)
-        cc.isend = isend            # send and sendrecv go through it
-        return fn(cc), cc.link_bytes
-    return run_fake(len(hostmap), body)
-
-
 @pytest.mark.parametrize("count,piece", [(0, None), (1, None), (5, None), (1000, None),
                                          (1000, 136), (37, 24)])
 @pytest.mark.parametrize("placement", sorted(PLACEMENTS))
@@ -422,7 +402,7 @@ def test_hierarchical_allreduce_matches_numpy_and_every_local_rank_drives_the_li
         buf = vecs[cc.rank].copy()
         hier.allreduce_hierarchical(cc, buf, ops.SUM, piece_bytes=piece)  # None: PIECE_BYTES
         return buf
-    out = _on_fake_hosts(hostmap, fn)
+    out = on_fake_hosts(hostmap, fn)
     want = np.sum(vecs, axis=0)
     for r, (buf, _) in enumerate(out):
         assert buf.tobytes() == want.tobytes(), f"rank {r}"
@@ -452,7 +432,7 @@ def test_hierarchical_bcast_reduce_allgather_barrier_match_numpy(placement):
                 many = base * 3 + cc.rank               # many pieces of 3 elements
                 hier.reduce_hierarchical(cc, many, root, ops.SUM, piece_bytes=24)
                 return buf, red, many
-            out = _on_fake_hosts(hostmap, fn)
+            out = on_fake_hosts(hostmap, fn)
             for r, ((buf, _, _), _) in enumerate(out):
                 assert np.array_equal(buf, base + 10 * root), f"bcast root {root} rank {r}"
             for got in out[root][0][1:]:
@@ -466,7 +446,7 @@ def test_hierarchical_bcast_reduce_allgather_barrier_match_numpy(placement):
                 hier.barrier_hierarchical(cc)
                 return buf
             want = np.concatenate([np.arange(count) + 1000 * r for r in range(size)])
-            out = _on_fake_hosts(hostmap, gather)
+            out = on_fake_hosts(hostmap, gather)
             for r, (buf, _) in enumerate(out):
                 assert np.array_equal(buf, want), f"allgather rank {r}: {buf}"
             # each host sends its blocks once to each other host (8 B elements)
@@ -477,7 +457,7 @@ def test_hierarchical_bcast_reduce_allgather_barrier_match_numpy(placement):
 
 def test_hierarchical_plans_are_built_once_per_layout():
     hostmap = PLACEMENTS["3+2c"]
-    plans = _on_fake_hosts(hostmap, lambda cc: (hier.plan_of(cc), hier.plan_of(cc)))
+    plans = on_fake_hosts(hostmap, lambda cc: (hier.plan_of(cc), hier.plan_of(cc)))
     for r, ((a, b), _) in enumerate(plans):
         assert a is b                                       # cached, not rebuilt per call
     p0 = plans[0][0][0]                                     # rank 0: host 0 = ranks 0, 2, 4

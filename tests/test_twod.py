@@ -25,9 +25,12 @@ from pycomm.bootstrap import host_layout
 from pycomm.collectives.cost import model_transport
 from pycomm.collectives.topology import grid_2d
 from pycomm.collectives.twod import grid_rows, host_grid
-from fakecomm import run_fake  # tests/ is on sys.path under pytest
+from fakecomm import on_fake_hosts, run_fake  # tests/ is on sys.path under pytest
+import test_algorithms_fake
+from test_algorithms_fake import AFFINE, AFFINE_OP, _compose, affine_fold, affine_inputs
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
+cloudpickle.register_pickle_by_value(test_algorithms_fake)     # its affine op runs on ranks
 
 PRIMES = {2, 3, 5, 7, 11, 13}
 
@@ -104,66 +107,16 @@ def test_fake_ranks_random_floats_close_and_bit_identical(size):
     assert all(r.tobytes() == results[0].tobytes() for r in results)
 
 
-# affine maps x -> a*x + b composed in rank order (mod 2**64): not commutative
-AFFINE = np.dtype([("a", np.uint64), ("b", np.uint64)])
-
-
-def _compose(invec, inoutvec, datatype=None):
-    a = inoutvec["a"] * invec["a"]
-    b = inoutvec["a"] * invec["b"] + inoutvec["b"]
-    inoutvec["a"], inoutvec["b"] = a, b
-
-
-AFFINE_OP = ops.Op.Create(_compose, commute=False)
-
-
-def _affine(size, count):
-    rng = np.random.default_rng(size * 7 + count)
-    out = []
-    for _ in range(size):
-        x = np.empty(count, dtype=AFFINE)
-        x["a"] = rng.integers(1, 1 << 40, count, dtype=np.uint64)
-        x["b"] = rng.integers(0, 1 << 40, count, dtype=np.uint64)
-        out.append(x)
-    return out
-
-
-def _affine_fold(xs):
-    acc = xs[0].copy()
-    for x in xs[1:]:
-        nxt = x.copy()
-        _compose(acc, nxt)
-        acc = nxt
-    return acc
-
-
 @pytest.mark.parametrize("count", [1, 5, 13])
 @pytest.mark.parametrize("size", range(2, 10))
 def test_fake_ranks_noncommutative_op_in_rank_order(size, count):
-    xs = _affine(size, count)
+    xs = affine_inputs(size, count)
     with np.errstate(over="ignore"):
-        expected = _affine_fold(xs)
-        assert not np.array_equal(expected, _affine_fold(xs[::-1]))
+        expected = affine_fold(xs)
+        assert not np.array_equal(expected, affine_fold(xs[::-1]))
         results = _run_2d(size, xs, AFFINE_OP)
     for rank, res in enumerate(results):
         assert np.array_equal(res, expected), f"rank {rank}"
-
-
-def _layout_hook(hostmap):
-    infos = [{"host": f"h{h}/boot/shm", "hostname": f"node{h}"} for h in hostmap]
-
-    def hook(cc):
-        cc.comm = type("Comm", (), {"host_layout": host_layout(infos, cc.rank),
-                                    "transport_name": "shm+tcp"})()
-        cc.link_bytes = 0
-        plain = cc.isend
-
-        def isend(buf, dest):
-            if hostmap[dest] != hostmap[cc.rank]:
-                cc.link_bytes += buf.nbytes
-            return plain(buf, dest)
-        cc.isend = isend
-    return hook
 
 
 @pytest.mark.parametrize("hostmap", [[0, 0, 1, 1], [0, 1, 0, 1], [0, 0, 0, 1, 1, 1],
@@ -173,17 +126,15 @@ def _layout_hook(hostmap):
 def test_fake_hosts_host_grid(hostmap, count):
     size, nhosts = len(hostmap), len(set(hostmap))
     xs = _inputs(size, count, np.int64)
-    hook = _layout_hook(hostmap)
-    links = []
 
     def body(cc):
-        hook(cc)
         buf = xs[cc.rank].copy()
         algs.REGISTRY["allreduce"]["2d"].fn(cc, buf, ops.SUM)
-        links.append(cc.link_bytes)
         return buf
-    for res in run_fake(size, body):
+    links = []
+    for res, sent in on_fake_hosts(hostmap, body):
         np.testing.assert_array_equal(res, np.sum(xs, axis=0))
+        links.append(sent)
     per_host = size // nhosts
     if size % nhosts == 0 and count % per_host == 0 and count >= size:
         # the column phase alone crosses hosts: each rank's n/L chunk, all-reduced across
@@ -251,7 +202,7 @@ def test_real_ranks_by_name_and_environment(world_small):
             m["a"], m["b"] = q + 2, np.arange(6, dtype=np.uint64) + 10 * q
             ms.append(m)
         with np.errstate(over="ignore"):
-            assert np.array_equal(out["affine"], _affine_fold(ms)), rank
+            assert np.array_equal(out["affine"], affine_fold(ms)), rank
         assert out["env"] == "2d"
         np.testing.assert_array_equal(out["env sum"], np.full(3, p * (p - 1) // 2))
         assert "2d" not in out["auto"]
