@@ -391,6 +391,17 @@ def broadcast(tensor: np.ndarray, src_rank: int = 0, group_name: str = "default"
     get_group_handle(group_name).Bcast(tensor, root=src_rank)
 
 
+def _with_list(call: str, tensor: np.ndarray, tensor_list: list, group_name: str):
+    """The group's communicator, once ``tensor_list`` holds one array shaped and typed as
+    ``tensor`` per member (else ArgumentError, before any byte moves)."""
+    comm = get_group_handle(group_name)
+    if len(tensor_list) != comm.size or any(
+            t.shape != tensor.shape or t.dtype != tensor.dtype for t in tensor_list):
+        raise ArgumentError(f"{call}: tensor_list needs {comm.size} arrays of shape "
+                            f"{tensor.shape} and dtype {tensor.dtype}")
+    return comm
+
+
 def allgather(tensor_list: list, tensor: np.ndarray, group_name: str = "default") -> None:
     """Fill ``tensor_list[r]`` (world_size arrays shaped and typed as ``tensor``) with
     rank r's ``tensor``.
@@ -398,11 +409,7 @@ def allgather(tensor_list: list, tensor: np.ndarray, group_name: str = "default"
     Raises:
         ArgumentError: ``tensor_list`` does not hold world_size such arrays.
     """
-    comm = get_group_handle(group_name)
-    if len(tensor_list) != comm.size or any(
-            t.shape != tensor.shape or t.dtype != tensor.dtype for t in tensor_list):
-        raise ArgumentError(f"allgather: tensor_list needs {comm.size} arrays of shape "
-                            f"{tensor.shape} and dtype {tensor.dtype}")
+    comm = _with_list("allgather", tensor, tensor_list, group_name)
     out = np.empty((comm.size,) + tensor.shape, tensor.dtype)
     comm.Allgather(np.ascontiguousarray(tensor), out)
     for r, t in enumerate(tensor_list):
@@ -417,11 +424,7 @@ def reducescatter(tensor: np.ndarray, tensor_list: list, group_name: str = "defa
     Raises:
         ArgumentError: ``tensor_list`` does not hold world_size such arrays.
     """
-    comm = get_group_handle(group_name)
-    if len(tensor_list) != comm.size or any(
-            t.shape != tensor.shape or t.dtype != tensor.dtype for t in tensor_list):
-        raise ArgumentError(f"reducescatter: tensor_list needs {comm.size} arrays of shape "
-                            f"{tensor.shape} and dtype {tensor.dtype}")
+    comm = _with_list("reducescatter", tensor, tensor_list, group_name)
     comm.Reduce_scatter_block(np.concatenate([np.ravel(t) for t in tensor_list]), tensor,
                               op=_op(op))
 
