@@ -425,8 +425,21 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
                 buf.flags.c_contiguous and buf.flags.writeable and \
                 buf.dtype.char in _CASTABLE and not self._freed:
             # the common case with the checks of Irecv inlined (see Send)
-            req = eng.irecv(buf.data.cast("B"), self._world[source] if source >= 0 else
-                            ANY_SOURCE, self._pctx, tag)
+            view = buf.data.cast("B")
+            if source >= 0 and tag >= 0:
+                # A small message from a named rank: take it straight from the transport
+                # when it is the next frame from there (Engine.recv_now), spinning a while
+                # for it; else (another frame first, or none in time) post a receive.
+                w = self._world[source]
+                n = eng.recv_now(view, w, self._pctx, tag, spin=True)
+                if n >= 0:
+                    _trace.instant("Recv", self, tag, n, w)
+                    if status is not None:
+                        status.source, status.tag, status.count = source, tag, n
+                        status.cancelled = False
+                    return
+            req = eng.irecv(view, self._world[source] if source >= 0 else ANY_SOURCE,
+                            self._pctx, tag)
             req.comm = self
             if req.done and req.error is None:      # taken from the unexpected queue
                 _trace.instant("Recv", self, tag, req.nbytes, req.peer)

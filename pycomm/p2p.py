@@ -79,6 +79,7 @@ thread needs) are :class:`pycomm.waiting.Waiting`, which the engine inherits.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import msgpack
@@ -100,6 +101,7 @@ PROC_NULL = -1
 
 EAGER, RTS, CTS, DATA, FIN, CANCEL, NAK, ABORT = 0, 1, 2, 3, 4, 5, 6, 7
 _SEND, _READ = "send", "read"           # kinds of Engine.outbox actions
+_perf = time.perf_counter
 _ABORTED_KEEP = 1024            # abandoned calls remembered (to drop their late messages)
 # One Packer for every header: msgpack.packb builds a new Packer per call, which doubles the
 # cost of a small message's header. Packer.pack runs without releasing the GIL and resets
@@ -285,6 +287,39 @@ class Engine(Waiting):
             hdr = _eager_header(ctx, tag)
         try:
             return self.route[dest].send_now(dest, hdr, view)
+        except TransportError as exc:
+            raise self._peer_error(exc) from None
+
+    def recv_now(self, view: memoryview, source: int, ctx: int, tag: int,
+                 spin: bool = False) -> int:
+        """Receive the point-to-point eager message (ctx, tag) from world rank ``source``
+        straight from the transport if it is the next frame from there and nothing this
+        rank holds could match first (no posted receive, no unexpected message, no frame
+        half taken in): its length in bytes; -1 when it has not arrived (``spin``: within
+        ``spin_s`` seconds), -2 when it cannot be taken so (post a receive: :meth:`irecv`).
+
+        Raises:
+            PeerError: the link to ``source`` failed.
+        """
+        if self.posted or self.unexpected or self._incoming or source == self.rank:
+            return -2
+        hdr = _EAGER_HEADERS.get((ctx, tag))
+        if hdr is None:
+            hdr = _eager_header(ctx, tag)
+        poll = self.route[source].recv_now
+        try:
+            n = poll(source, hdr, view)
+            if n == -1 and spin:
+                # Nothing else runs while this spins (no progress: the checks above hold),
+                # so it polls the transport alone: the message is seen sooner.
+                end = _perf() + self.spin_s
+                while n == -1:
+                    n = poll(source, hdr, view)
+                    if n == -1:
+                        n = poll(source, hdr, view)
+                        if n == -1 and _perf() >= end:
+                            break
+            return n
         except TransportError as exc:
             raise self._peer_error(exc) from None
 

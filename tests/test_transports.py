@@ -149,6 +149,47 @@ def test_send_now_writes_whole_frames_in_order_or_refuses(name):
     assert not glob.glob(f"/dev/shm/pycomm-{job}-*")
 
 
+@pytest.mark.parametrize("name", ["shm", "tcp"])
+def test_recv_now_takes_only_the_expected_next_frame(name):
+    """Engine.recv_now (a blocking Recv's path without a request) takes a message straight
+    from the transport only when it is the next frame from that peer, has exactly the
+    expected context and tag, fits, and nothing held by the engine could match first;
+    otherwise it leaves every frame for progress (-2), or says none has come yet (-1)."""
+    engines, ts, job = make_pair(name)
+    try:
+        sender, receiver = engines
+        out = np.zeros(16, np.uint8)
+        if name == "tcp":           # no such capability: always the general path
+            sender.isend(np.full(16, 1, np.uint8).data, 1, 0, 5)
+            assert receiver.recv_now(out.data, 0, 0, 5, spin=True) == -2
+            return
+        assert receiver.recv_now(out.data, 0, 0, 5) == -1              # nothing yet
+        assert sender.send_now(np.full(16, 1, np.uint8).data, 1, 0, 4)   # tag 4 first
+        assert sender.send_now(np.full(16, 2, np.uint8).data, 1, 0, 5)
+        assert receiver.recv_now(out.data, 0, 0, 5) == -2              # tag 4 is next
+        r4 = receiver.irecv(np.zeros(16, np.uint8).data, 0, 0, 4)
+        assert receiver.recv_now(out.data, 0, 0, 5) == -2              # a posted receive
+        receiver.wait(r4, timeout=10)
+        # the progress that completed r4 may have taken tag 5 in as unexpected: then the
+        # engine holds it and must not read past it
+        if receiver.unexpected:
+            assert receiver.recv_now(out.data, 0, 0, 5) == -2
+            receiver.wait(receiver.irecv(out.data, 0, 0, 5), timeout=10)
+        else:
+            assert receiver.recv_now(out.data, 0, 0, 5) == 16
+        assert (out == 2).all()
+        assert sender.send_now(np.full(16, 3, np.uint8).data, 1, 0, 6)
+        small = np.zeros(8, np.uint8)
+        assert receiver.recv_now(small.data, 0, 0, 6) == -2            # would truncate
+        assert receiver.recv_now(out.data, 0, 1, 6) == -2              # other context
+        assert receiver.recv_now(out.data, 0, 0, 6, spin=True) == 16 and (out == 3).all()
+        assert receiver.recv_now(out.data, 0, 0, 6, spin=True) == -1   # spun, none came
+    finally:
+        for t in ts:
+            t.close()
+    assert not glob.glob(f"/dev/shm/pycomm-{job}-*")
+
+
 def test_shm_segments_are_unlinked_after_connect():
     engines, ts, job = make_pair("shm")
     try:

@@ -207,6 +207,13 @@ class Transport(ABC):
         request. Default: never."""
         return False
 
+    def recv_now(self, peer: int, header: bytes, dest: memoryview) -> int:
+        """Take ``peer``'s next frame into ``dest`` at once if its header is exactly
+        ``header`` and its payload fits; its length, or -1 when nothing has arrived yet and
+        -2 when another frame is next (nothing taken: frames stay for :meth:`progress`).
+        Default: never (-2)."""
+        return -2
+
     @abstractmethod
     def progress(self) -> bool:
         """Move whatever can move without waiting; True when anything happened.

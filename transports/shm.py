@@ -170,6 +170,7 @@ class ShmTransport(Transport):
         self._others: dict[int, _Segment] = {}
         self._out: dict[int, _OutRing] = {}
         self._in: list[_InRing] = []
+        self._in_from: dict[int, _InRing] = {}
         self._pending: list[_OutRing] = []   # out rings with a non-empty queue
         self._pids: dict[int, int] = {}
         self._cma_ok: dict[int, bool] = {}
@@ -225,6 +226,7 @@ class ShmTransport(Transport):
             ctl, data = self._own.ring(slot, self.ring_bytes)
             self._in.append(_InRing(peer, ctl, data, seg,
                                     FrameDecoder(peer, self.sink, self._on_frame)))
+            self._in_from[peer] = self._in[-1]
             self._cma_ok[peer] = self.want_cma and self._try_cma(info)
         # Unlink our segment once every peer has mapped it: from here on a crash leaks nothing.
         store.set(key + f"{self.rank}/mapped", b"1")
@@ -383,6 +385,38 @@ class ShmTransport(Transport):
         if ring.writer.ctl32[1]:        # the writer sleeps: it may wait for this space
             ring.writer.ring_doorbell()
         return True
+
+    def recv_now(self, peer: int, header: bytes, dest: memoryview) -> int:
+        """Take the next frame from ``peer`` straight into ``dest`` if it is a whole,
+        unwrapped frame whose header is exactly ``header`` and whose payload fits; return
+        the payload's length, or -1 (nothing taken: the frame is left for
+        :meth:`progress`) when none has arrived yet, -2 when another frame is next. A
+        blocking receive that knows the one frame it waits for (its eager header) so skips
+        the decoder, the sink and the request."""
+        ring = self._in_from[peer]
+        if ring.decoder.left or ring.decoder.partial:
+            return -2
+        ctl = ring.ctl
+        tail = ctl[_TAIL]
+        avail = ctl[_HEAD] - tail
+        if avail < 12:
+            return -1
+        size, data = ring.size, ring.data
+        pos = tail % size
+        hlen = len(header)
+        if pos + 12 + hlen > size:
+            return -2
+        got, plen = PREFIX.unpack_from(data, pos)
+        end = 12 + hlen + plen
+        if got != hlen or end > avail or pos + end > size or plen > len(dest) or \
+                data[pos + 12:pos + 12 + hlen] != header:
+            return -2
+        if plen:
+            dest[:plen] = data[pos + 12 + hlen:pos + end]
+        ctl[_TAIL] = tail + end
+        if ring.writer.ctl32[1]:        # the writer sleeps: it may wait for this space
+            ring.writer.ring_doorbell()
+        return plen
 
     # -- waiting --------------------------------------------------------------------------
     def has_backlog(self) -> bool:
