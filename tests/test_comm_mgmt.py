@@ -425,3 +425,32 @@ def test_rank_size_and_addressing_of_derived_communicators(world):
         assert got["source"] == got["left"] == (me - 1) % s
         assert got["got"] == s - 1 - got["left"], "sender's world rank"
         assert got["cids"] == 3
+
+
+def _rank_create_group_lower_tag_after_higher():
+    """Create_group numbers its set-up calls by tag, so a later call may carry lower
+    numbers than an earlier one; a rank still between the two that takes in the fast
+    ranks' messages of the second must not take them for leftovers of a finished call."""
+    import time
+    world = pycomm.COMM_WORLD
+    rank, size = world.rank, world.size
+    everyone = world.Get_group()
+    first = world.Create_group(everyone, tag=5)
+    if rank == size - 1:                     # the slow one: it makes progress meanwhile
+        end = time.monotonic() + 0.3
+        while time.monotonic() < end:
+            world.Iprobe(pycomm.ANY_SOURCE, 99)
+    second = world.Create_group(everyone, tag=0)
+    x = np.array([rank + 1], dtype=np.int64)
+    second.Allreduce(pycomm.IN_PLACE, x)
+    out = (first.size, second.size, int(x[0]))
+    first.Free()
+    second.Free()
+    world.Barrier()
+    return out
+
+
+def test_create_group_with_a_lower_tag_after_a_higher_one(world):
+    s = world.size
+    for got in world.run(_rank_create_group_lower_tag_after_higher):
+        assert tuple(got) == (s, s, s * (s + 1) // 2)
