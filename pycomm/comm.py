@@ -442,7 +442,7 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
                             self._pctx, tag)
             req.comm = self
             if req.done and req.error is None:      # taken from the unexpected queue
-                _trace.instant("Recv", self, tag, req.nbytes, req.peer)
+                _trace.instant("Recv", self, tag, req.count, req.source)
             else:                                   # _wait_posted and record_wait, inlined
                 n = _trace.begin("Recv", self, tag, req.nbytes, None, req.peer)
                 try:

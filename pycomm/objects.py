@@ -19,7 +19,7 @@ from typing import Any
 import cloudpickle
 import numpy as np
 
-from .errors import ArgumentError, CollectiveError, CommError
+from .errors import ArgumentError, CollectiveError
 from .p2p import ANY_SOURCE, ANY_TAG, PROC_NULL, null_request
 from .signature import collective, signature
 
@@ -419,13 +419,18 @@ class ObjectMethods:
             CollectiveMismatchError, CollectiveError, PeerError, CommTimeoutError, CommError:
                 as every collective call (see :class:`~pycomm.comm.Communicator`).
         """
-        try:
-            acc = self.reduce(sendobj, op, 0)
-        except CommError:
-            raise                       # the collective itself failed: every rank knows
-        except Exception as exc:        # the op failed on rank 0, which combines: say so
-            self.bcast(_OpFailed(f"{type(exc).__name__}: {exc}"), 0)
-            raise
+        from .ops import SUM
+        op = SUM if op is None else op
+        values = self.gather(sendobj, 0)        # a failure here fails it on every rank
+        acc = None
+        if values is not None:
+            try:
+                acc = values[0]
+                for v in values[1:]:
+                    acc = op.reduce_objects(acc, v)
+            except Exception as exc:    # the op failed on rank 0, which combines: say so
+                self.bcast(_OpFailed(f"{type(exc).__name__}: {exc}"), 0)
+                raise
         out = self.bcast(acc, 0)
         if type(out) is _OpFailed:
             raise CollectiveError(f"rank {self.rank}: allreduce on {self.name}: the op "

@@ -304,24 +304,33 @@ class Engine(Waiting):
         Raises:
             PeerError: the link to ``source`` failed.
         """
-        if self.posted or self.unexpected or self._incoming or source == self.rank:
+        if self.posted or self.unexpected or self._incoming or self.outbox or \
+                source == self.rank:
             return -2
         hdr = _EAGER_HEADERS.get((ctx, tag))
         if hdr is None:
             hdr = _eager_header(ctx, tag)
-        poll = self.route[source].recv_now
+        t = self.route[source]
+        poll = t.recv_now
         try:
+            # Only while nothing else needs this rank: frames queued to other peers, or
+            # arrived from them, need progress(), which this path skips (they would wait
+            # for as long as the exchange with ``source`` goes on).
+            if t.has_backlog() or t.has_input(besides=source):
+                return -2
             n = poll(source, hdr, view)
             if n == -1 and spin:
                 # Nothing else runs while this spins (no progress: the checks above hold),
-                # so it polls the transport alone: the message is seen sooner.
+                # so it polls the transport alone: the message is seen sooner; now and
+                # then it looks whether another peer has written.
                 end = _perf() + self.spin_s
                 while n == -1:
-                    n = poll(source, hdr, view)
-                    if n == -1:
+                    for _ in range(16):
                         n = poll(source, hdr, view)
-                        if n == -1 and _perf() >= end:
-                            break
+                        if n != -1:
+                            return n
+                    if _perf() >= end or t.has_input(besides=source):
+                        break
             return n
         except TransportError as exc:
             raise self._peer_error(exc) from None
@@ -410,6 +419,9 @@ class Engine(Waiting):
         del self._sends[sid]
         self._release(sid, revoke=True)
         self._withdrawn.add(sid)
+        if self._polling:               # inside a delivery: after it (an ABORT goes first)
+            self._emit(req.peer, _pack((CANCEL, sid)), quiet=True)
+            return
         try:
             self.route[req.peer].send(req.peer, _pack((CANCEL, sid)), None, None)
         except TransportError:          # the peer is gone: nothing can read the buffer now

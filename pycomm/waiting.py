@@ -97,6 +97,8 @@ class Waiting:
                 outbox = self.outbox
                 spin_end = _perf() + self.spin_s
                 try:
+                    if outbox:                  # left by a progress() that raised
+                        self.act()
                     self._polling = True
                     try:
                         while not req.done:

@@ -400,3 +400,24 @@ def test_a_mismatch_found_during_a_delivery_sends_the_aborts_after_it():
     w.engines[2].progress()
     assert isinstance(w.engines[2].aborted.get((0, 5)), CollectiveMismatchError)
     assert "world rank 0" in str(w.engines[2].aborted[(0, 5)])
+
+
+def test_an_abandoned_call_tells_of_the_abort_before_it_withdraws_its_large_send():
+    """A rank that finds a mismatch while a transport delivers abandons the call: its
+    ABORTs and the CANCEL of the call's pending large send all go out after the delivery
+    (FakeLink asserts nothing is sent inside it), the ABORT first, so the receiver learns
+    why the message is withdrawn."""
+    import msgpack
+    w = FakeWorld(3, eager_limit=64)
+    e1 = w.engines[1]
+    e1.current[0] = (5, (111, 8), [0, 1, 2])
+    big = e1.isend(np.zeros(1000, np.uint8).data, 2, 0, 5, sig=(111, 1000))
+    w.engines[0].isend(np.zeros(8, np.uint8).data, 1, 0, 5, sig=(222, 8))
+    e1.progress()
+    assert isinstance(big.error, CollectiveMismatchError)
+    kinds = [msgpack.unpackb(h)[0] for src, h, _ in w.links[2].inbox if src == 1]
+    rts, abort, cancel = 1, 7, 5
+    assert kinds[0] == rts and cancel in kinds and abort in kinds
+    assert kinds.index(abort) < kinds.index(cancel), kinds
+    w.run_all()
+    assert isinstance(w.engines[2].aborted.get((0, 5)), CollectiveMismatchError)

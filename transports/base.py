@@ -245,6 +245,11 @@ class Transport(ABC):
         (called while waiting long). Default: none known."""
         return set()
 
+    def has_input(self, besides: int | None = None) -> bool:
+        """Whether a peer (other than ``besides``) may have sent frames not taken in yet.
+        Default: maybe (True), so that a caller runs ``progress()`` to find out."""
+        return True
+
     def has_backlog(self) -> bool:
         """True while frames accepted by :meth:`send` still wait in this process for the
         medium (a full ring, socket or credit window); ``progress()`` moves them on."""

@@ -422,10 +422,11 @@ class ShmTransport(Transport):
     def has_backlog(self) -> bool:
         return bool(self._pending)
 
-    def has_input(self) -> bool:
-        """Whether a peer has written frames this rank has not taken in yet."""
+    def has_input(self, besides: int | None = None) -> bool:
+        """Whether a peer (other than ``besides``) has written frames this rank has not
+        taken in yet."""
         for ring in self._in:
-            if ring.ctl[_HEAD] != ring.seen_head:
+            if ring.ctl[_HEAD] != ring.seen_head and ring.peer != besides:
                 return True
         return False
 
