@@ -130,13 +130,14 @@ class _OutRing:
 
 
 class _InRing:
-    __slots__ = ("peer", "ctl", "data", "size", "decoder", "seen_head", "writer")
+    __slots__ = ("peer", "ctl", "data", "size", "decoder", "seen_head", "writer", "broken")
 
     def __init__(self, peer, ctl, data, writer, decoder: FrameDecoder):
         self.peer, self.ctl, self.data, self.writer = peer, ctl, data, writer
         self.size = len(data)
         self.decoder = decoder
         self.seen_head = 0
+        self.broken: str | None = None  # why frames from this peer can no longer be taken
 
 
 class ShmTransport(Transport):
@@ -373,14 +374,22 @@ class ShmTransport(Transport):
         n = head - tail
         if n <= 0:
             return False
+        if ring.broken is not None:
+            raise PeerLostError(ring.peer, ring.broken)
         pos = tail % ring.size
         first = ring.size - pos
         data = ring.data
-        if n <= first:
-            ring.decoder.feed(data[pos:pos + n])
-        else:                           # wrapped: the span to the end, then the start
-            ring.decoder.feed(data[pos:])
-            ring.decoder.feed(data[:n - first])
+        try:
+            if n <= first:
+                ring.decoder.feed(data[pos:pos + n])
+            else:                       # wrapped: the span to the end, then the start
+                ring.decoder.feed(data[pos:])
+                ring.decoder.feed(data[:n - first])
+        except Exception as exc:
+            # Frames before the failing one were delivered: taking the span in again
+            # would deliver them twice, so nothing more is read from this peer.
+            ring.broken = f"a frame from it could not be taken in ({type(exc).__name__}: {exc})"
+            raise PeerLostError(ring.peer, ring.broken) from exc
         ctl[_TAIL] = head
         if ring.writer.ctl32[1]:        # the writer sleeps: it may wait for this space
             ring.writer.ring_doorbell()
@@ -394,7 +403,7 @@ class ShmTransport(Transport):
         blocking receive that knows the one frame it waits for (its eager header) so skips
         the decoder, the sink and the request."""
         ring = self._in_from[peer]
-        if ring.decoder.left or ring.decoder.partial:
+        if ring.decoder.left or ring.decoder.partial or ring.broken is not None:
             return -2
         ctl = ring.ctl
         tail = ctl[_TAIL]
