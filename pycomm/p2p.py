@@ -705,8 +705,12 @@ class Engine(Waiting):
         if h is None:
             h = _unpack(header)
             # point-to-point eager headers repeat: cache them (a collective's carries its
-            # call number, which never repeats, and would only fill the cache)
-            if h[0] == EAGER and len(h) == 3 and len(_HEADERS) < 4096:
+            # call number, which never repeats, and would only fill the cache); a full
+            # cache starts again, as _EAGER_HEADERS does, so that a program that went
+            # through many tags keeps the fast path (on_frame's) for the ones it uses now
+            if h[0] == EAGER and len(h) == 3:
+                if len(_HEADERS) >= 4096:
+                    _HEADERS.clear()
                 _HEADERS[header] = h
         kind = h[0]
         if kind == EAGER:

@@ -421,3 +421,20 @@ def test_an_abandoned_call_tells_of_the_abort_before_it_withdraws_its_large_send
     assert kinds.index(abort) < kinds.index(cancel), kinds
     w.run_all()
     assert isinstance(w.engines[2].aborted.get((0, 5)), CollectiveMismatchError)
+
+
+def test_header_caches_stay_bounded_and_keep_serving_after_many_tags():
+    """Point-to-point headers are parsed once and cached; after more distinct tags than
+    the cache holds it starts again (bounded), and a tag in use is cached once more, so
+    whole frames keep taking the engine's direct path."""
+    from pycomm import p2p
+    w = FakeWorld(2)
+    buf = np.zeros(4, np.uint8)
+    for tag in range(5000):
+        r = w.irecv(1, buf, 0, tag)
+        w.isend(0, np.full(4, tag % 251, np.uint8), 1, tag)
+        w.run_all()
+        w.engines[1].wait(r)
+        assert buf[0] == tag % 251
+    assert 0 < len(p2p._HEADERS) <= 4096 and 0 < len(p2p._EAGER_HEADERS) <= 4097
+    assert p2p._pack((p2p.EAGER, 0, 4999)) in p2p._HEADERS
