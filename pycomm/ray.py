@@ -25,7 +25,8 @@ directory's Ray node address. From there the world forms as under any launcher
 (:func:`pycomm.bootstrap.create_world`): each rank listens on the interface that routes to
 the store's host, shared memory links the ranks of a node and TCP the nodes. The directory
 plays the launcher's part, so it lives as long as the group: the last member to leave, or
-the driver's :func:`destroy_collective_group`, ends it.
+the driver's :func:`destroy_collective_group`, ends it; a group that fails to form (members
+that disagree, or one that never comes) ends its directory ``timeout`` seconds later.
 
 Limits: an actor is in at most one pycomm group at a time (destroy it to join another),
 as with ``ray.experimental.collective``; pycomm must be importable on every node.
@@ -83,6 +84,7 @@ class _Directory:
         self.cond = threading.Condition()
         self.server = None
         self.failure: str | None = None
+        self.expiry: threading.Timer | None = None
 
     def job(self) -> str:
         return self.job_id
@@ -107,12 +109,14 @@ class _Directory:
             self.cond.wait_for(lambda: self.failure is not None or self.server is not None,
                                timeout)
             if self.failure is not None:
+                self._expire(timeout)
                 raise ArgumentError(self.failure)
             if self.server is None:
                 missing = sorted(set(range(self.world_size)) - set(self.members))
                 self.failure = (f"group {self.group_name!r}: ranks {missing} did not join "
                                 f"within {timeout:g} s")
                 self.cond.notify_all()
+                self._expire(timeout)
                 raise CommTimeoutError(self.failure)
             nodes = [self.members[r][1] for r in range(self.world_size)]
             local = [r for r in range(self.world_size) if nodes[r] == node_id]
@@ -141,6 +145,20 @@ class _Directory:
         if rank in self.members and self.members[rank][0] != actor_id:
             return f"{where}: rank {rank} was claimed by two actors"
         return None
+
+    def _expire(self, linger: float) -> None:
+        """End this directory ``linger`` seconds after the group failed to form.
+
+        A directory made by the members themselves is detached (it must outlive whichever
+        member happened to create it), so nobody else ends it when forming fails. It
+        stays that long so that a member still on its way is told why rather than finding
+        no directory, then goes, freeing the name for a new try.
+        """
+        if self.expiry is None:
+            me = ray.get_runtime_context().current_actor
+            self.expiry = threading.Timer(linger, ray.kill, (me,), {"no_restart": True})
+            self.expiry.daemon = True
+            self.expiry.start()
 
     def _start_store(self) -> None:
         from pycomm.store import StoreServer
@@ -234,8 +252,10 @@ def init_collective_group(world_size: int, rank: int, group_name: str = "default
     with _lock:
         if group_name in _groups:
             raise CommError(f"group {group_name!r} is already initialized in this actor")
-        directory = _Directory.options(name=_DIRECTORY_PREFIX + group_name,
-                                       get_if_exists=True).remote(group_name, world_size, None)
+        # Detached: Ray ends a non-detached actor with the member that created it, and that
+        # member may fail, or leave, before the others are done with the directory.
+        directory = _Directory.options(name=_DIRECTORY_PREFIX + group_name, get_if_exists=True,
+                                       lifetime="detached").remote(group_name, world_size, None)
         return _join(group_name, directory, world_size, rank, transport,
                      _timeout(timeout)).comm
 

@@ -126,9 +126,9 @@ class Worker:
         pray.destroy_collective_group(group)
         return x
 
-    def join_expect_error(self, world_size: int, rank: int, group: str):
+    def join_expect_error(self, world_size: int, rank: int, group: str, timeout: float):
         try:
-            pray.init_collective_group(world_size, rank, group_name=group, timeout=30)
+            pray.init_collective_group(world_size, rank, group_name=group, timeout=timeout)
         except ArgumentError as exc:
             return str(exc)
         return "joined"
@@ -182,9 +182,17 @@ def test_members_that_initialize_the_group_themselves():
 def test_members_disagreeing_on_the_world_size_fail_on_every_member():
     actors = [Worker.remote() for _ in range(2)]
     try:
-        out = ray.get([actors[0].join_expect_error.remote(2, 0, "odd"),
-                       actors[1].join_expect_error.remote(3, 1, "odd")], timeout=60)
+        # the second member starts later than the first's failure, as a slow actor would
+        first = actors[0].join_expect_error.remote(2, 0, "odd", 5)
+        time.sleep(1)
+        second = actors[1].join_expect_error.remote(3, 1, "odd", 5)
+        out = ray.get([first, second], timeout=60)
         assert all("world_size" in text for text in out), out
+        # nobody destroys the failed group: its directory goes by itself after the timeout
+        deadline = time.monotonic() + 20
+        while "pycomm:odd" in ray.util.list_named_actors():
+            assert time.monotonic() < deadline, "the failed group's directory stayed"
+            time.sleep(0.2)
     finally:
         pray.destroy_collective_group("odd")
         for a in actors:
