@@ -484,3 +484,57 @@ def test_mpi41_types_queries_and_handles():
     # a typemap too large to hold is refused before any allocation
     with pytest.raises(MPI.Exception, match="basic items"):
         MPI.BYTE.Create_contiguous(2**31 - 1)
+
+
+@given(st.integers(1, 6), st.integers(1, 4), st.integers(0, 5), st.integers(1, 3),
+       st.integers(0, 2), st.booleans(), st.booleans())
+@settings(max_examples=150, deadline=None)
+def test_strided_specs_take_the_plan_and_match_the_general_path(nb, bl, gap, count, displ,
+                                                               resized, pair_form):
+    """``[array, (count, displ), vector]`` (the halo idiom) goes through a cached plan
+    (msgspec._strided); it must select and write back exactly what the general path does,
+    whose count and displacement we pass as numpy ints to force it."""
+    from pycomm.MPI import msgspec
+    stride = bl + gap
+    vec = MPI.DOUBLE.Create_vector(nb, bl, stride)
+    if resized:
+        vec = vec.Create_resized(0, 8)
+    vec.Commit()
+    need = (displ + count - 1) * vec.extent + (nb - 1) * stride * 8 + bl * 8
+    grid = np.arange(need // 8 + 3, dtype=np.float64)
+    cd = (count, displ) if pair_form or displ else count
+    general = (np.int64(count), np.int64(displ))
+    msgspec._STRIDED.clear()
+    fast = message([grid, cd, vec], "rank 0: Test", "buf", writable=False).array
+    plan_used = bool(msgspec._STRIDED)
+    ref = message([grid, general, vec], "rank 0: Test", "buf", writable=False).array
+    assert np.array_equal(fast, ref)
+    assert plan_used == (not vec._contig), "a strided layout should take the plan"
+    # receive: the plan's unpack writes the selected elements and nothing else
+    got = grid.copy()
+    m = message([got, cd, vec], "rank 0: Test", "buf", writable=True)
+    m.array[...] = -1 - np.arange(m.array.size)
+    m.finish()
+    want = grid.copy()
+    r = message([want, general, vec], "rank 0: Test", "buf", writable=True)
+    r.array[...] = -1 - np.arange(r.array.size)
+    r.finish()
+    assert np.array_equal(got, want)
+    vec.Free()
+
+
+def test_strided_plan_refuses_what_the_general_path_checks():
+    col = MPI.DOUBLE.Create_vector(4, 1, 4).Commit()
+    grid = np.zeros((4, 4))
+    with pytest.raises(MPI.Exception):          # beyond the buffer: the general error
+        message([grid, (2, 3), col], "rank 0: Test", "buf", writable=False)
+    with pytest.raises(MPI.Exception):          # read-only buffer on the receive side
+        ro = grid.copy()
+        ro.flags.writeable = False
+        message([ro, (1, 0), col], "rank 0: Test", "buf", writable=True)
+    wrong = np.zeros((4, 4), np.float32)        # the datatype decides: floats read as bytes
+    assert message([wrong, (1, 0), col], "rank 0: Test", "buf",
+                   writable=False).array.size == 4
+    col.Free()
+    with pytest.raises(MPI.Exception):          # freed after a plan was made
+        message([grid, (1, 0), col], "rank 0: Test", "buf", writable=False)

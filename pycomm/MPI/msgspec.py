@@ -234,6 +234,10 @@ def message(spec, where: str, arg: str, *, writable: bool, blocks: int = 1) -> M
         dt = from_numpy(spec.dtype)
         if dt._contig and dt._dtypes[0] == spec.dtype and spec.dtype.kind in "biufc":
             return Msg(spec.reshape(-1))        # the common case: zero-copy, no parsing
+    if type(spec) in (list, tuple) and len(spec) == 3:
+        fast = _strided(spec, writable, blocks, where)
+        if fast is not None:
+            return fast
     buf, count, displ, given = _split(spec, where, arg)
     if buf is None or buf is BOTTOM:
         dt = to_datatype(given, where) if given is not None else from_numpy(np.dtype("u1"))
@@ -278,6 +282,81 @@ def message(spec, where: str, arg: str, *, writable: bool, blocks: int = 1) -> M
             raise _arg_error(f"{where}: {arg}: count={count_} is negative")
         count_ *= blocks
     return _typed(raw, dt, count_, d * extent, where, arg)
+
+
+_STRIDED: dict = {}        # (id(datatype), count, displ) -> plan, see _strided_plan
+_STRIDED_MAX = 256
+
+
+def _strided(spec, writable: bool, blocks: int, where: str) -> Msg | None:
+    """The halo idiom's message, or None to take the general way.
+
+    ``[array, (count, displ), vector_type]`` or ``[array, count, vector_type]`` where the
+    array is C-contiguous, of the type's own basic dtype, and the type's items are equal
+    runs at a constant stride (a column, a face of a 3-D grid, a strided vector): the
+    same Msg the general path builds, from a plan kept per (datatype, count, displ),
+    without viewing the buffer as bytes or reading the spec again. A halo exchange sends
+    such a message every iteration, and the general path's work costs several times the
+    copy at halo sizes (benchmarks/README.md, "Halo column"). Anything else (a float
+    count, another dtype, a bound to report with a clear error) goes the general way,
+    which checks and raises as it always did.
+    """
+    buf, cd, dt = spec
+    if type(buf) is not np.ndarray or type(dt) is not Datatype or not buf.flags.c_contiguous \
+            or (writable and not buf.flags.writeable) or dt._freed:
+        return None
+    if type(cd) is int:
+        count, displ = cd, 0
+    elif type(cd) in (tuple, list) and len(cd) == 2 and type(cd[0]) is int and \
+            type(cd[1]) is int:
+        count, displ = cd
+    else:
+        return None
+    plan = _STRIDED.get((id(dt), count * blocks, displ))
+    if plan is None or plan[0] is not dt:
+        plan = _strided_plan(dt, count * blocks, displ)
+        if plan is None:
+            return None
+    _, wire, hi, first, stop, stride, nb, bl, per, reducible = plan
+    if buf.dtype != wire or buf.size < hi:
+        return None
+    flat = buf.ravel()
+    if bl == 1:
+        view = flat[first:stop:stride]
+        packed = view.copy()
+
+        def unpack() -> None:
+            view[...] = packed
+    else:
+        view = _block_view(flat, first, nb, stride, bl)
+        packed = view.reshape(-1)           # a copy unless the runs touch
+        if np.may_share_memory(view, packed):
+            return Msg(packed, None, per, reducible)
+
+        def unpack() -> None:
+            view[...] = packed.reshape(nb, bl)
+    return Msg(packed, unpack, per, reducible)
+
+
+def _strided_plan(dt: Datatype, count: int, displ: int) -> tuple | None:
+    """``(dt, wire dtype, elements needed, first, stop, stride, runs, run length,
+    elements per item, reducible)`` for :func:`_strided`, cached; None when the layout
+    is not equal runs at a constant stride in the type's basic dtype."""
+    if dt._contig or not dt._committed or count <= 0 or displ < 0 or \
+            dt.Get_size() == 0 or dt.wire_dtype().fields is not None:
+        return None
+    _, by_element, lo, hi, runs = dt.gather_index(count, displ * dt.extent)
+    if not by_element or runs is None or lo < 0:
+        return None
+    first, nb, stride, bl = runs
+    if bl != 1 and (bl > stride or stride <= 0):
+        return None
+    plan = (dt, dt.wire_dtype(), hi, first, first + (nb - 1) * stride + 1, stride, nb, bl,
+            dt.elements(), dt.homogeneous)
+    if len(_STRIDED) >= _STRIDED_MAX:
+        _STRIDED.pop(next(iter(_STRIDED)))
+    _STRIDED[(id(dt), count, displ)] = plan
+    return plan
 
 
 def _block_view(src: np.ndarray, first: int, nb: int, stride: int, bl: int) -> np.ndarray:
