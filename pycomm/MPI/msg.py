@@ -1,0 +1,118 @@
+"""A message ready for the communicator (:class:`Msg`), and the strided plan: the halo
+idiom's message without the general parse of :mod:`pycomm.MPI.msgspec`."""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from .datatypes import Datatype
+
+__all__ = ["Msg", "block_view", "strided"]
+
+
+class Msg:
+    """A message ready for the Communicator: ``array`` plus how to finish a receive."""
+
+    __slots__ = ("_unpack", "array", "per", "reducible")
+
+    def __init__(self, array: np.ndarray, unpack=None, per: int = 1,
+                 reducible: bool = True):
+        self.array = array
+        self._unpack = unpack
+        self.per = per                  # wire elements per item of the datatype
+        self.reducible = reducible      # False: mixed-type datatype packed to bytes
+
+    def finish(self) -> None:
+        """Copy a packed receive into the user's buffer (no-op when zero-copy)."""
+        if self._unpack is not None:
+            self._unpack()
+
+
+_STRIDED: dict = {}        # (id(datatype), count, displ) -> plan, see _strided_plan
+_STRIDED_MAX = 256
+
+
+def strided(spec, writable: bool, blocks: int, where: str) -> Msg | None:
+    """The halo idiom's message, or None to take the general way.
+
+    ``[array, (count, displ), vector_type]`` or ``[array, count, vector_type]`` where the
+    array is C-contiguous, of the type's own basic dtype, and the type's items are equal
+    runs at a constant stride (a column, a face of a 3-D grid, a strided vector): the
+    same Msg the general path builds, from a plan kept per (datatype, count, displ),
+    without viewing the buffer as bytes or reading the spec again. A halo exchange sends
+    such a message every iteration, and the general path's work costs several times the
+    copy at halo sizes (benchmarks/README.md, "Halo column"). Anything else (a float
+    count, another dtype, a bound to report with a clear error) goes the general way,
+    which checks and raises as it always did.
+    """
+    buf, cd, dt = spec
+    if type(buf) is not np.ndarray or type(dt) is not Datatype or not buf.flags.c_contiguous \
+            or (writable and not buf.flags.writeable) or dt._freed:
+        return None
+    if type(cd) is int:
+        count, displ = cd, 0
+    elif type(cd) in (tuple, list) and len(cd) == 2 and type(cd[0]) is int and \
+            type(cd[1]) is int:
+        count, displ = cd
+    else:
+        return None
+    plan = _STRIDED.get((id(dt), count * blocks, displ))
+    if plan is None or plan[0] is not dt:
+        plan = _strided_plan(dt, count * blocks, displ)
+        if plan is None:
+            return None
+    _, wire, hi, first, stop, stride, nb, bl, per, reducible = plan
+    if buf.dtype != wire or buf.size < hi:
+        return None
+    flat = buf.ravel()
+    if bl == 1:
+        view = flat[first:stop:stride]
+        packed = view.copy()
+
+        def unpack() -> None:
+            view[...] = packed
+    else:
+        view = block_view(flat, first, nb, stride, bl)
+        packed = view.reshape(-1)           # a copy unless the runs touch
+        if np.may_share_memory(view, packed):
+            return Msg(packed, None, per, reducible)
+
+        def unpack() -> None:
+            view[...] = packed.reshape(nb, bl)
+    return Msg(packed, unpack, per, reducible)
+
+
+def _strided_plan(dt: Datatype, count: int, displ: int) -> tuple | None:
+    """``(dt, wire dtype, elements needed, first, stop, stride, runs, run length,
+    elements per item, reducible)`` for :func:`_strided`, cached; None when the layout
+    is not equal runs at a constant stride in the type's basic dtype."""
+    if dt._contig or not dt._committed or count <= 0 or displ < 0 or \
+            dt.Get_size() == 0 or dt.wire_dtype().fields is not None:
+        return None
+    _, by_element, lo, hi, runs = dt.gather_index(count, displ * dt.extent)
+    if not by_element or runs is None or lo < 0:
+        return None
+    first, nb, stride, bl = runs
+    if bl != 1 and (bl > stride or stride <= 0):
+        return None
+    plan = (dt, dt.wire_dtype(), hi, first, first + (nb - 1) * stride + 1, stride, nb, bl,
+            dt.elements(), dt.homogeneous)
+    if len(_STRIDED) >= _STRIDED_MAX:
+        _STRIDED.pop(next(iter(_STRIDED)))
+    _STRIDED[(id(dt), count, displ)] = plan
+    return plan
+
+
+def block_view(src: np.ndarray, first: int, nb: int, stride: int, bl: int) -> np.ndarray:
+    """The (nb, bl) view of ``nb`` runs of ``bl`` elements, ``stride`` apart, from element
+    ``first`` of ``src``: plain slicing where it reaches (a column: one basic slice, ~20x
+    cheaper than numpy's as_strided), as_strided for a last run that ends the buffer."""
+    if bl == 1 and stride > 0:
+        return src[first:first + (nb - 1) * stride + 1:stride].reshape(nb, 1)
+    if 0 < bl <= stride and first + nb * stride <= src.size:
+        return src[first:first + nb * stride].reshape(nb, stride)[:, :bl]
+    return as_strided(src[first:], shape=(nb, bl),
+                      strides=(stride * src.itemsize, src.itemsize), writeable=True)
+
+
