@@ -399,6 +399,23 @@ def _rank_mprobe_and_user_ops() -> list:
     if not np.allclose(out.reshape(2, 2), want):
         bad.append(f"rank {rank}: non-commutative user op gave {out.tolist()}, "
                    f"want {want.ravel().tolist()}")
+    # the user function is told the datatype the call named (MPI.BYTE), not the one a
+    # uint8 array maps to, in a collective as in Reduce_local (mpi4py's test_op)
+    seen = []
+
+    def bor(inbuf, inoutbuf, datatype):
+        seen.append(datatype)
+        b = np.frombuffer(inoutbuf, np.uint8)
+        b |= np.frombuffer(inbuf, np.uint8)
+    bor_op = MPI.Op.Create(bor, commute=True)
+    flags = np.zeros(3, np.uint8)
+    comm.Allreduce([np.full(3, 1 << (rank % 8), np.uint8), MPI.BYTE], [flags, MPI.BYTE],
+                   op=bor_op)
+    if flags.tolist() != [sum({1 << (r % 8) for r in range(size)})] * 3:
+        bad.append(f"rank {rank}: BYTE bitwise-or user op gave {flags.tolist()}")
+    if any(d != MPI.BYTE for d in seen):
+        bad.append(f"rank {rank}: user op saw datatypes {seen}, want MPI.BYTE")
+    bor_op.Free()
     op.Free()
     return bad
 

@@ -540,3 +540,28 @@ def test_strided_plan_refuses_what_the_general_path_checks():
     col.Free()
     with pytest.raises(MPI.Exception):          # freed after a plan was made
         message([grid, (1, 0), col], "rank 0: Test", "buf", writable=False)
+
+
+def test_user_ops_are_limited_as_in_mpi4py_and_told_the_named_datatype():
+    seen = []
+
+    def bor(a, b, dt):
+        seen.append(dt)
+        np.frombuffer(b, np.uint8)[...] |= np.frombuffer(a, np.uint8)
+    ops = [MPI.Op.Create(bor) for _ in range(32)]     # mpi4py's limit of live user ops
+    with pytest.raises(RuntimeError, match="32"):
+        MPI.Op.Create(bor)
+    b1, b2 = bytearray([2] * 3), bytearray([4] * 3)
+    ops[0].Reduce_local([b1, MPI.BYTE], [b2, MPI.BYTE])
+    assert list(b2) == [6] * 3 and seen == [MPI.BYTE]
+    ops[1].Reduce_local(np.ones(2, np.uint8), np.ones(2, np.uint8))    # no named type
+    assert seen[-1] == MPI.UNSIGNED_CHAR
+    ops.pop().Free()                                # a freed op gives its slot back
+    ops.append(MPI.Op.Create(bor))
+    ops.pop()                                       # so does a collected one
+    import gc
+    gc.collect()
+    ops.append(MPI.Op.Create(bor))
+    for op in ops:
+        op.Free()
+    pycomm.Op.Create(lambda a, b: None)             # pycomm's own ops have no limit

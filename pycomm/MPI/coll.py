@@ -19,7 +19,7 @@ from .comm import Comm
 from .comm import fin as _fin
 from .exceptions import mpi_error, translate_methods
 from .msgspec import BOTTOM, Msg, as_int, message, vector_message
-from .ops import SUM
+from .ops import SUM, with_datatype
 from .request import Request
 
 __all__ = ["Intracomm"]
@@ -83,14 +83,20 @@ def _match_empty(*msgs) -> None:
             m.array = np.empty(0, typed[0].array.dtype)
 
 
-def _reducible(where: str, op, *msgs) -> None:
-    """Reject OP_NULL and a reduction over a mixed-type datatype (it travels as bytes)."""
+def _reducible(where: str, op, *msgs):
+    """Reject OP_NULL and a reduction over a mixed-type datatype (it travels as bytes);
+    return the op to run (a user op told the messages' named datatype, see
+    :func:`pycomm.MPI.ops.with_datatype`)."""
     if getattr(op, "name", None) == "OP_NULL":
         raise mpi_error(ArgumentError, "ERR_OP", f"{where}: OP_NULL is not an operation")
+    named = None
     for m in msgs:
-        if isinstance(m, Msg) and not m.reducible:
-            raise mpi_error(ArgumentError, "ERR_TYPE", f"{where}: a datatype of mixed "
-                            f"basic types cannot be reduced with {op}")
+        if isinstance(m, Msg):
+            if not m.reducible:
+                raise mpi_error(ArgumentError, "ERR_TYPE", f"{where}: a datatype of mixed "
+                                f"basic types cannot be reduced with {op}")
+            named = named or m.datatype
+    return with_datatype(op, named)
 
 
 @translate_methods
@@ -161,7 +167,7 @@ class Intracomm(Comm):
         root = as_int(root, "root", f"rank {c.rank}: {call}")
         at_root = c.rank == root
         c, w, s, r = self._send_recv(call, sendbuf, recvbuf, recv=at_root)
-        _reducible(w, op, s, r)
+        op = _reducible(w, op, s, r)
         fn = c.Ireduce if call[0] == "I" else c.Reduce
         return self._done(call[0] == "I", fn(self._a(s), self._a(r), op, root), r)
 
@@ -195,7 +201,7 @@ class Intracomm(Comm):
 
     def _reduce_all(self, call, sendbuf, recvbuf, op):
         c, w, s, r = self._send_recv(call, sendbuf, recvbuf)
-        _reducible(w, op, s, r)
+        op = _reducible(w, op, s, r)
         out = getattr(c, call)(self._a(s), self._a(r), op)
         return self._done(call[0] == "I", out, r)
 
@@ -212,7 +218,7 @@ class Intracomm(Comm):
 
     def _reduce_scatter(self, call, sendbuf, recvbuf, recvcounts, op):
         c, w, s, r = self._send_recv(call, sendbuf, recvbuf)
-        _reducible(w, op, s, r)
+        op = _reducible(w, op, s, r)
         counts = recvcounts
         if recvcounts is not None:
             per = r.per if isinstance(r, Msg) else 1

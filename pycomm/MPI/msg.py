@@ -14,14 +14,17 @@ __all__ = ["Msg", "block_view", "strided"]
 class Msg:
     """A message ready for the Communicator: ``array`` plus how to finish a receive."""
 
-    __slots__ = ("_unpack", "array", "per", "reducible")
+    __slots__ = ("_unpack", "array", "datatype", "per", "reducible")
 
     def __init__(self, array: np.ndarray, unpack=None, per: int = 1,
-                 reducible: bool = True):
+                 reducible: bool = True, datatype: Datatype | None = None):
         self.array = array
         self._unpack = unpack
         self.per = per                  # wire elements per item of the datatype
         self.reducible = reducible      # False: mixed-type datatype packed to bytes
+        # the predefined datatype the spec named (MPI.BYTE, not the UNSIGNED_CHAR a
+        # uint8 array would be taken for), handed to mpi4py-style user ops; else None
+        self.datatype = datatype
 
     def finish(self) -> None:
         """Copy a packed receive into the user's buffer (no-op when zero-copy)."""

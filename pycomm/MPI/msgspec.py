@@ -299,7 +299,8 @@ def _typed(raw: np.ndarray, dt: Datatype, count: int, start: int, where: str,
             raise _buf_error(f"{where}: {arg}: {count} x {dt.Get_name() or 'items'} "
                                      f"at byte {start} need {end} bytes; the buffer has "
                                      f"{raw.size}")
-        return Msg(raw[start:end].view(wire), None, per, ok)
+        return Msg(raw[start:end].view(wire), None, per, ok,
+                   dt if dt.is_predefined else None)
     index, by_element, lo, hi, blocks = dt.gather_index(count, start)
     isz = dt._dtypes[0].itemsize if by_element else 1
     if lo < 0 or hi * isz > raw.size:

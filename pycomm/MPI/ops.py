@@ -8,9 +8,18 @@ op. ``MPI.Op.Create(function, commute)`` takes mpi4py's user function
 ``function(inbuf, inoutbuf, datatype)``: the buffers are numpy arrays of the message's
 type (they support the buffer protocol, so ``np.frombuffer(inbuf, ...)`` keeps working)
 and ``datatype`` is the ``MPI.Datatype`` of their dtype (``MPI.DOUBLE``...).
+
+At most :data:`MAX_USER_OP` (32) user ops made by ``MPI.Op.Create`` are alive at a time,
+as in mpi4py, whose C trampolines have that many slots: the next ``Create`` raises
+``RuntimeError`` until one is freed (``Free``) or garbage-collected. pycomm needs no such
+slots, but a program that runs under mpi4py must meet the same limit here, and one tested
+against it (mpi4py's test_op does) must see it. ``pycomm.Op.Create`` has no limit.
 """
 
 from __future__ import annotations
+
+import threading
+import weakref
 
 import numpy as np
 
@@ -38,8 +47,25 @@ __all__ = [
     "PROD",
     "REPLACE",
     "SUM",
+    "MAX_USER_OP",
     "Op",
+    "with_datatype",
 ]
+
+
+MAX_USER_OP = 32
+_user_slots: list = [None] * MAX_USER_OP     # weak references to the live user ops
+_slots_lock = threading.Lock()
+
+
+def _take_slot(op) -> int:
+    with _slots_lock:
+        for i, ref in enumerate(_user_slots):
+            if ref is None or ref() is None:
+                _user_slots[i] = weakref.ref(op)
+                return i
+    raise RuntimeError(f"Op.Create: cannot create more than {MAX_USER_OP} user-defined "
+                       "reduction operations at a time (mpi4py's limit); Free() one first")
 
 
 class _OpType(type):
@@ -97,6 +123,7 @@ class Op(_Op, metaclass=_OpType):
         out = cls.__new__(cls)
         out.__dict__.update(op.__dict__)
         out._handle, out._user = object(), (function, bool(commute))
+        out._slot = _take_slot(out)
         return out
 
     def Free(self) -> None:
@@ -110,12 +137,42 @@ class Op(_Op, metaclass=_OpType):
 
             from .exceptions import mpi_error
             raise mpi_error(ArgumentError, "ERR_OP", f"Op.Free: {self.name} is predefined")
+        slot = self.__dict__.pop("_slot", None)
+        if slot is not None:
+            with _slots_lock:
+                if _user_slots[slot] is not None and _user_slots[slot]() is self:
+                    _user_slots[slot] = None
 
     def Reduce_local(self, inbuf, inoutbuf) -> None:
         """``inoutbuf = inbuf ∘ inoutbuf`` on this process (message specs of one type)."""
         a = message(inbuf, "Op.Reduce_local", "inbuf", writable=False)
         b = message(inoutbuf, "Op.Reduce_local", "inoutbuf", writable=True)
         _reduce_local(self, a, b)
+
+
+def with_datatype(op: _Op, datatype) -> _Op:
+    """``op``, or for a user op of mpi4py's form ``function(inbuf, inoutbuf, datatype)``
+    a copy that hands ``function`` the predefined ``datatype`` the message named.
+
+    A uint8 buffer sent as ``MPI.BYTE`` must reach the function as ``MPI.BYTE`` (mpi4py
+    passes the call's datatype), not as the ``UNSIGNED_CHAR`` its numpy dtype maps to.
+    """
+    user = op.__dict__.get("_user")
+    if user is None or datatype is None or getattr(op, "_nargs", 2) != 3:
+        return op
+    function, commute = user
+    wire = datatype.wire_dtype()
+
+    def call(invec, inoutvec, dtype, _f=function):
+        if dtype is None:                               # objects: no datatype
+            return _f(invec, inoutvec, None)
+        named = datatype if np.dtype(dtype) == wire else from_numpy(np.dtype(dtype))
+        return _f(invec, inoutvec, named)
+    call.__name__ = getattr(function, "__name__", "user")
+    out = _Op.Create(call, commute)
+    out._nargs = 3
+    out.name = op.name      # calls are matched by the op's name on every rank
+    return out
 
 
 def _reduce_local(op: _Op, a, b) -> None:
@@ -126,6 +183,7 @@ def _reduce_local(op: _Op, a, b) -> None:
         raise mpi_error(InvalidBufferError, "ERR_BUFFER", f"Op.Reduce_local: inbuf has "
                         f"{a.array.size} x {a.array.dtype}, inoutbuf {b.array.size} x "
                         f"{b.array.dtype}")
+    op = with_datatype(op, b.datatype)
     op.check(b.array.dtype)
     op.apply(a.array, b.array)
     b.finish()
