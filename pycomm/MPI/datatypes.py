@@ -2,10 +2,15 @@
 
 A :class:`Datatype` is a *typemap*: the byte displacement and numpy dtype of every basic
 element of one item, plus the item's lower bound and extent (MPI-4.0 section 5.1). Items
-of a message lie ``extent`` bytes apart. The typemap is held as numpy arrays
-(``_disps``: int64 byte displacements, ``_codes``: an index into ``_dtypes``), so
-composing a derived type (``Create_vector``, ``Create_subarray``, ...) and packing
-``count`` items are array operations, never a Python loop over elements.
+of a message lie ``extent`` bytes apart. The typemap is a
+:class:`~pycomm.MPI.typemap.TypeMap`, the tree of constructor calls: size, extent, true
+extent, element count, homogeneity and contiguity are computed from the constructor's
+blocks when the type is made, so a type of any size (``BYTE.Create_contiguous(2**31 -
+1)``, MPI 4's large counts) is made and queried in time and memory proportional to its
+blocks (one displacement per basic element would take GiB for such a type). The flat
+arrays (``_disps``: int64 byte displacements, ``_codes``: an index into ``_dtypes``) are
+built only when data moves; packing ``count`` items is then array operations, never a
+Python loop over elements.
 
 Moving a message (see :mod:`pycomm.MPI.msgspec`): the datatype decides how the buffer's
 bytes are read. A *contiguous* type (its elements back to back from byte 0, extent equal
@@ -28,6 +33,7 @@ from pycomm.errors import ArgumentError
 
 from .exceptions import mpi_error, translate_methods
 from .plans import _int, _ints, _nonneg
+from .typemap import Offsets, TypeMap, data_size
 
 __all__ = ["COMBINER_NAMED", "DATATYPE_NULL", "ORDER_C", "ORDER_F", "ORDER_FORTRAN",
            "Datatype"]
@@ -42,26 +48,13 @@ COMBINER_VALUE_INDEX = 20
 TYPECLASS_REAL, TYPECLASS_INTEGER, TYPECLASS_COMPLEX, TYPECLASS_LOGICAL = 1, 2, 3, 4
 
 _WIRE = {"S": np.dtype(np.uint8), "U": np.dtype(np.uint32)}   # non-numeric basic dtypes
-_MAX_ENTRIES = 1 << 28   # basic items of one derived type (its typemap: 2.5 GiB)
+_data_size = data_size    # predefined.py's name for it
 _INDEX_CACHE = 8          # index arrays kept per datatype (one per distinct count/offset)
-
-
-def _check_entries(n: int, what: str) -> None:
-    if n > _MAX_ENTRIES:
-        raise _err(f"{what}: {n} basic items: pycomm keeps one displacement per basic item "
-                   f"(10 bytes each) and takes at most {_MAX_ENTRIES}")
 
 
 def _err(message: str):
     """A datatype error: ``MPI.Exception`` of class ERR_TYPE, a pycomm ArgumentError."""
     return mpi_error(ArgumentError, "ERR_TYPE", message)
-
-
-def _data_size(dt: np.dtype) -> int:
-    """Bytes of data in one element of ``dt`` (a structured dtype's padding excluded)."""
-    if dt.fields is None:
-        return dt.itemsize
-    return sum(f[0].itemsize for f in dt.fields.values())
 
 
 @translate_methods
@@ -76,9 +69,10 @@ class Datatype:
     ``typechar``/``typestr`` (numpy codes, "" when none), ``is_predefined``.
     """
 
-    __slots__ = ("__weakref__", "_cache", "_code", "_codes", "_combiner", "_committed",
-                 "_contig", "_ctor", "_disps", "_dtypes", "_freed", "_lb", "_name",
-                 "_predefined", "_size", "_ub")
+    # _data: the TypeMap, and the handle's identity (Datatype(other) copies share it)
+    __slots__ = ("__weakref__", "_cache", "_code", "_combiner", "_committed", "_contig",
+                 "_ctor", "_data", "_dtypes", "_freed", "_lb", "_name", "_predefined",
+                 "_size", "_ub")
 
     def __init__(self, datatype: Datatype | None = None):
         src = DATATYPE_NULL if datatype is None else datatype
@@ -91,28 +85,23 @@ class Datatype:
 
     # -- construction (internal) --------------------------------------------------------
     @classmethod
-    def _make(cls, dtypes, disps, codes, lb: int, ub: int, *, name: str = "",
+    def _make(cls, tmap: TypeMap, lb: int, ub: int, *, name: str = "",
               predefined: bool = False, combiner: int = COMBINER_NAMED,
               code: str | None = None, size: int | None = None) -> Datatype:
         self = object.__new__(cls)
         self._name = name
-        self._dtypes = tuple(np.dtype(d) for d in dtypes)
-        self._disps = np.asarray(disps, dtype=np.int64).reshape(-1)
-        self._codes = np.asarray(codes, dtype=np.int16).reshape(-1)
+        self._data = tmap
+        self._dtypes = tmap.dtypes
         self._lb, self._ub = int(lb), int(ub)
-        sizes = np.array([_data_size(d) for d in self._dtypes] or [0], dtype=np.int64)
-        self._size = int(sizes[self._codes].sum()) if size is None else size
+        self._size = tmap.size if size is None else size
         self._predefined = predefined
         self._committed = predefined
         self._freed = False
         self._combiner = combiner
         self._code = code
-        n = self._disps.size
-        self._contig = bool(
-            len(self._dtypes) == 1 and self._lb == 0 and
-            self._ub == n * self._dtypes[0].itemsize and
-            np.array_equal(self._disps, np.arange(n, dtype=np.int64) *
-                           self._dtypes[0].itemsize))
+        # contiguous: one dtype, items back to back from byte 0, extent = their bytes
+        self._contig = bool(len(tmap.dtypes) == 1 and tmap.run == 0 and self._lb == 0 and
+                            self._ub == tmap.n * tmap.dtypes[0].itemsize)
         self._cache = {}
         self._ctor = None           # (combiner name, old type, arguments): decode.py
         return self
@@ -120,38 +109,33 @@ class Datatype:
     @classmethod
     def _basic(cls, name: str, dtype, code: str | None, size: int | None = None):
         dt = np.dtype(dtype)
-        return cls._make([dt], [0], [0], 0, dt.itemsize, name=name, predefined=True,
-                         code=code, size=size)
+        return cls._make(TypeMap.leaf([dt], [0], [0]), 0, dt.itemsize, name=name,
+                         predefined=True, code=code, size=size)
 
     @classmethod
     def _compose(cls, parts, combiner: int) -> Datatype:
-        """The type whose items are ``parts``: (byte offsets array, Datatype) pairs, each
-        offset placing one whole item of that datatype (MPI's typemap concatenation)."""
-        dtypes: list[np.dtype] = []
-        disps, codes, lows, highs = [], [], [], []
-        for offsets, dt in parts:
+        """The type whose items are ``parts``: (:class:`Offsets`, Datatype) pairs, each
+        offset placing one whole item of that datatype (MPI's typemap concatenation);
+        its bounds and sizes come from the parts' (see :meth:`TypeMap.compose`)."""
+        for _, dt in parts:
             dt._check_usable("a type constructor")
-            offsets = np.asarray(offsets, dtype=np.int64).reshape(-1)
-            remap = np.array([_index_of(dtypes, d) for d in dt._dtypes] or [0],
-                             dtype=np.int16)    # kept even when empty: the wire dtype
-            if offsets.size == 0 or dt._disps.size == 0:
-                continue
-            _check_entries(offsets.size * dt._disps.size, "a type constructor")
-            disps.append((offsets[:, None] + dt._disps[None, :]).reshape(-1))
-            codes.append(np.broadcast_to(remap[dt._codes][None, :],
-                                         (offsets.size, dt._codes.size)).reshape(-1))
-            lows.append(offsets.min() + dt._lb)
-            highs.append(offsets.max() + dt._ub)
-        if not lows:
-            return cls._make(dtypes, [], [], 0, 0, combiner=combiner)
-        return cls._make(dtypes, np.concatenate(disps), np.concatenate(codes),
-                         min(lows), max(highs), combiner=combiner)
+        tmap, lb, ub = TypeMap.compose([(offs, dt._data, dt._lb, dt._ub)
+                                        for offs, dt in parts])
+        return cls._make(tmap, lb, ub, combiner=combiner)
 
     def _check_usable(self, what: str) -> None:
         if self._freed:
             raise _err(f"{what}: datatype {self._name or 'derived'} has been freed")
-        if self._disps is DATATYPE_NULL._disps:
+        if self._data is DATATYPE_NULL._data:
             raise _err(f"{what}: DATATYPE_NULL cannot be used")
+
+    # -- the flat type map, built when data moves (pack, gather plans, to_numpy) --------
+    _disps = property(lambda self: self._data.flatten()[0],
+                      doc="int64 byte displacement of every basic element (built on use)")
+    _codes = property(lambda self: self._data.flatten()[1],
+                      doc="index into ``_dtypes`` of every basic element (built on use)")
+    _nitems = property(lambda self: self._data.n,
+                       doc="basic elements of one item (``_disps.size``, not built)")
 
     # -- accessors ----------------------------------------------------------------------
     def Get_size(self) -> int:
@@ -164,12 +148,7 @@ class Datatype:
 
     def Get_true_extent(self) -> tuple[int, int]:
         """``(true_lb, true_extent)`` in bytes: the span the data really covers."""
-        if self._disps.size == 0:
-            return 0, 0
-        ends = self._disps + np.array([d.itemsize for d in self._dtypes],
-                                      dtype=np.int64)[self._codes]
-        lo = int(self._disps.min())
-        return lo, int(ends.max()) - lo
+        return self._data.tlb, self._data.tub - self._data.tlb
 
     def Get_name(self) -> str:
         """The type's name (``"MPI_DOUBLE"`` ...; "" for an unnamed derived type)."""
@@ -276,8 +255,8 @@ class Datatype:
     def Dup(self) -> Datatype:
         """A committed copy with the same typemap (``MPI_Type_dup``)."""
         self._check_usable("Dup")
-        out = Datatype._make(self._dtypes, self._disps.copy(), self._codes, self._lb,
-                             self._ub, combiner=COMBINER_DUP, code=self._code, size=self._size)
+        out = Datatype._make(self._data.alias(), self._lb, self._ub, combiner=COMBINER_DUP,
+                             code=self._code, size=self._size)
         out._committed, out._name = self._committed, self._name
         return out
 
@@ -288,18 +267,18 @@ class Datatype:
         makes a new handle)."""
         if not isinstance(other, Datatype):
             return NotImplemented
-        return self is other or self._disps is other._disps
+        return self is other or self._data is other._data
 
     def __hash__(self) -> int:
-        return id(self._disps)
+        return id(self._data)
 
     def __bool__(self) -> bool:
-        return self._disps is not DATATYPE_NULL._disps and not self._freed
+        return self._data is not DATATYPE_NULL._data and not self._freed
 
     def __repr__(self) -> str:
         if self._name:
             return f"<pycomm.MPI.Datatype {self._name}>"
-        return (f"<pycomm.MPI.Datatype derived: {self._disps.size} elements, size "
+        return (f"<pycomm.MPI.Datatype derived: {self._data.n} elements, size "
                 f"{self._size}, lb {self._lb}, extent {self.extent}>")
 
     def __reduce__(self):
@@ -311,15 +290,14 @@ class Datatype:
         if self._ctor is not None:            # made by a constructor: made again by it
             from .decode import recreate
             return recreate, (*self._ctor, self._committed)
-        return _rebuild, (self._dtypes, self._disps, self._codes, self._lb, self._ub,
-                          self._combiner, self._committed)
+        return _rebuild, (self._data, self._lb, self._ub, self._combiner, self._committed,
+                          self._size)
 
     # -- derived types (MPI-4.0 section 5.1.2) ------------------------------------------
     def Create_contiguous(self, count: int) -> Datatype:
         """``count`` items of this type back to back."""
         count = _nonneg(count, "count", "Create_contiguous")
-        _check_entries(count * self._disps.size, "Create_contiguous")
-        return Datatype._compose([(np.arange(count) * self.extent, self)],
+        return Datatype._compose([(Offsets([0], [count], self.extent), self)],
                                  COMBINER_CONTIGUOUS)
 
     def Create_vector(self, count: int, blocklength: int, stride: int) -> Datatype:
@@ -335,9 +313,7 @@ class Datatype:
     def _hvector(self, count, blocklength, stride_bytes, what, combiner):
         count = _nonneg(count, "count", what)
         blen = _nonneg(blocklength, "blocklength", what)
-        _check_entries(count * blen * self._disps.size, what)
-        offs = (np.arange(count)[:, None] * stride_bytes +
-                np.arange(blen)[None, :] * self.extent)
+        offs = Offsets([0], [blen], self.extent, outer=[(count, stride_bytes)])
         return Datatype._compose([(offs, self)], combiner)
 
     def Create_indexed(self, blocklengths, displacements) -> Datatype:
@@ -372,9 +348,8 @@ class Datatype:
                                 "displacements")
         if (blens < 0).any():
             raise _err(f"{what}: blocklengths must be >= 0, got {blens.tolist()}")
-        start = np.repeat(byte_disps, blens)
-        within = np.arange(int(blens.sum())) - np.repeat(np.cumsum(blens) - blens, blens)
-        return Datatype._compose([(start + within * self.extent, self)], combiner)
+        return Datatype._compose([(Offsets(byte_disps, blens, self.extent), self)],
+                                 combiner)
 
     @classmethod
     def Create_struct(cls, blocklengths, displacements, datatypes) -> Datatype:
@@ -387,7 +362,9 @@ class Datatype:
         if not blens.size == disps.size == len(types):
             raise _err(f"Create_struct: {blens.size} blocklengths, {disps.size} "
                                 f"displacements and {len(types)} datatypes differ in length")
-        parts = [(d + np.arange(b) * t.extent, t) for b, d, t in zip(blens, disps, types)]
+        if (blens < 0).any():
+            raise _err(f"Create_struct: blocklengths must be >= 0, got {blens.tolist()}")
+        parts = [(Offsets([d], [b], t.extent), t) for b, d, t in zip(blens, disps, types)]
         return cls._compose(parts, COMBINER_STRUCT)
 
     def Create_subarray(self, sizes, subsizes, starts, order: int = ORDER_C) -> Datatype:
@@ -404,14 +381,18 @@ class Datatype:
                                 f"not fit in {sizes.tolist()}")
         if order not in (ORDER_C, ORDER_FORTRAN):
             raise _err(f"{what}: order={order!r} is not ORDER_C or ORDER_FORTRAN")
-        axes = range(sizes.size) if order == ORDER_C else range(sizes.size - 1, -1, -1)
-        axes = list(axes)
-        offs = np.zeros(1, dtype=np.int64)
+        axes = list(range(sizes.size))
+        if order == ORDER_FORTRAN:
+            axes.reverse()
+        ext, base, outer = self.extent, 0, []
         for a in axes:                        # slowest axis first: offsets in type order
-            stride = int(np.prod(sizes[a + 1:] if order == ORDER_C else sizes[:a]))
-            offs = (offs[:, None] + (starts[a] + np.arange(subs[a])) * stride).reshape(-1)
-        inner = Datatype._compose([(offs * self.extent, self)], COMBINER_SUBARRAY)
-        return inner._resized(0, int(np.prod(sizes)) * self.extent, COMBINER_SUBARRAY)
+            stride = _prod(sizes[a + 1:] if order == ORDER_C else sizes[:a]) * ext
+            base += int(starts[a]) * stride
+            outer.append((int(subs[a]), stride))
+        count, step = outer.pop()             # the fastest axis: the blocks themselves
+        inner = Datatype._compose([(Offsets([base], [count], step, outer), self)],
+                                  COMBINER_SUBARRAY)
+        return inner._resized(0, _prod(sizes) * ext, COMBINER_SUBARRAY)
 
     def Create_resized(self, lb: int, extent: int) -> Datatype:
         """This typemap with lower bound ``lb`` and extent ``extent`` (bytes)."""
@@ -420,8 +401,8 @@ class Datatype:
 
     def _resized(self, lb: int, extent: int, combiner: int) -> Datatype:
         self._check_usable("Create_resized")
-        return Datatype._make(self._dtypes, self._disps, self._codes, lb, lb + extent,
-                              combiner=combiner, size=self._size)
+        return Datatype._make(self._data.alias(), lb, lb + extent, combiner=combiner,
+                              size=self._size)
 
     # -- packing ------------------------------------------------------------------------
     def Pack(self, inbuf, outbuf, position: int, comm=None) -> int:
@@ -456,9 +437,7 @@ class Datatype:
 
     def elements(self) -> int:
         """Wire-dtype elements that one item packs to."""
-        if len(self._dtypes) == 1:
-            return int(self._disps.size)
-        return int(sum(self._dtypes[c].itemsize for c in self._codes))
+        return self._data.n if len(self._dtypes) == 1 else self._data.nbytes
 
     def gather_index(self, count: int, start: int) -> tuple:
         """The plan that gathers ``count`` items at byte ``start`` of a buffer, cached per
@@ -474,21 +453,22 @@ class Datatype:
         return hit
 
 
-def _index_of(dtypes: list, dt: np.dtype) -> int:
-    for i, d in enumerate(dtypes):
-        if d == dt and d.fields == dt.fields and d.itemsize == dt.itemsize:
-            return i
-    dtypes.append(dt)
-    return len(dtypes) - 1
+def _prod(values) -> int:
+    """The product as a Python int (numpy's int64 product would wrap silently)."""
+    out = 1
+    for v in values:
+        out *= int(v)
+    return out
 
 
-def _rebuild(dtypes, disps, codes, lb, ub, combiner, committed) -> Datatype:
-    dt = Datatype._make(dtypes, disps, codes, lb, ub, combiner=combiner)
+def _rebuild(tmap, lb, ub, combiner, committed, size) -> Datatype:
+    dt = Datatype._make(tmap, lb, ub, combiner=combiner, size=size)
     dt._committed = committed
     return dt
 
 
-DATATYPE_NULL = Datatype._make([], [], [], 0, 0, name="MPI_DATATYPE_NULL", predefined=True)
+DATATYPE_NULL = Datatype._make(TypeMap.leaf([], [], []), 0, 0, name="MPI_DATATYPE_NULL",
+                               predefined=True)
 
 from .decode import install as _install
 from .info import install_type_attrs as _install_attrs
