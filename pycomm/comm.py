@@ -395,6 +395,37 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
         req.comm = self
         return req
 
+    def Irecv_alloc(self, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
+        """Post a receive whose buffer is allocated, at the message's size, on match.
+
+        A message of any size is taken: the receive of a matched probe (MPI_Mprobe +
+        MPI_Mrecv) in one call. The object API receives with it.
+
+        Args:
+            source: sending rank, ANY_SOURCE (default) or PROC_NULL (completes at once,
+                with no data).
+            tag: message tag, or ANY_TAG (default).
+
+        Returns:
+            Request: after its ``Wait``, ``req.obj`` is a ``bytearray`` of the message
+            (``None`` from PROC_NULL) and a Status gives source, tag and count (bytes).
+
+        Raises:
+            ArgumentError: invalid ``source`` or ``tag``.
+            PeerError: the connection to ``source`` has already failed.
+            CommError: the communicator has been freed.
+        """
+        if self._freed:
+            raise CommError(f"rank {self.rank}: {self.name} has been freed")
+        source = self._check_rank(source, "source", allow_any=True)
+        tag = self._check_tag(tag, "tag", allow_any=True)
+        if source == PROC_NULL:
+            return null_request(self._engine)
+        req = self._engine.irecv(None, self._world[source] if source >= 0 else ANY_SOURCE,
+                                 self._pctx, tag)
+        req.comm = self
+        return req
+
     def Recv(self, buf, source: int = ANY_SOURCE, tag: int = ANY_TAG,
              status: Status | None = None, *, timeout: float | None = None) -> None:
         """Receive a message into ``buf``, blocking until it has arrived (MPI_Recv).

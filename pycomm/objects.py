@@ -3,8 +3,8 @@
 Objects are serialised with :mod:`pickle` (protocol 5), falling back to
 :mod:`cloudpickle` for what pickle refuses (lambdas, closures, interactively defined
 classes). A message's size is not known to its receiver in advance, so object receives
-post a receive that allocates a buffer of the arriving message's size (the engine's
-"matched allocation"), as mpi4py's ``pkl5`` does with matched probes.
+post a receive that allocates a buffer of the arriving message's size
+(:meth:`pycomm.Communicator.Irecv_alloc`), as mpi4py's ``pkl5`` does with matched probes.
 
 Collective object operations move pickled bytes with point-to-point calls on the
 communicator's collective context (never matching user messages); reductions apply the
@@ -20,7 +20,7 @@ import cloudpickle
 import numpy as np
 
 from .errors import ArgumentError, CollectiveError
-from .p2p import ANY_SOURCE, ANY_TAG, PROC_NULL, null_request
+from .p2p import ANY_SOURCE, ANY_TAG, PROC_NULL
 from .signature import collective, signature
 
 __all__ = ["ObjectMethods", "dumps", "loads"]
@@ -161,13 +161,9 @@ class ObjectMethods:
             CommError: the communicator has been freed.
         """
         self._check_alive()
-        source = self._check_rank(source, "source", allow_any=True)
-        tag = self._check_tag(tag, "tag", allow_any=True)
-        if source == PROC_NULL:
-            return null_request(self._engine)
-        src = self._world[source] if source >= 0 else ANY_SOURCE
-        req = self._engine.irecv(None, src, self._pctx, tag)
-        req.comm, req.post = self, loads
+        req = self.Irecv_alloc(source, tag)
+        if req.source != PROC_NULL:
+            req.post = loads
         return req
 
     def recv(self, buf=None, source: int = ANY_SOURCE, tag: int = ANY_TAG, status=None, *,

@@ -115,6 +115,45 @@ def test_send_recv_sizes_across_eager_and_rendezvous(world):
         assert bad == [], f"rank {rank}: {bad}"
 
 
+def _rank_irecv_alloc(sizes):
+    comm = pycomm.COMM_WORLD
+    right, left = ring(comm)
+    bad = []
+    # posted before the sends (matched on arrival) and after them (from the unexpected
+    # queue); every size across the eager/rendezvous boundary
+    early = [comm.Irecv_alloc(left, tag=i) for i in range(len(sizes))]
+    sends = [comm.Isend(pattern("uint8", (n,), 11 * comm.rank + n), right, tag=100 + i)
+             for i, n in enumerate(sizes)]
+    sends += [comm.Isend(pattern("uint8", (n,), 11 * comm.rank + n), right, tag=i)
+              for i, n in enumerate(sizes)]
+    late = [comm.Irecv_alloc(pycomm.ANY_SOURCE, tag=100 + i) for i in range(len(sizes))]
+    for i, n in enumerate(sizes):
+        for how, req in (("posted early", early[i]), ("posted late", late[i])):
+            st_ = pycomm.Status()
+            req.Wait(st_)
+            want = pattern("uint8", (n,), 11 * left + n).tobytes()
+            if not isinstance(req.obj, bytearray) or bytes(req.obj) != want:
+                bad.append(f"{n} B {how}: wrong data")
+            if st_.Get_count() != n or st_.Get_source() != left:
+                bad.append(f"{n} B {how}: status {st_.Get_source()}/{st_.Get_count()}")
+    pycomm.Request.Waitall(sends)
+    null = comm.Irecv_alloc(pycomm.PROC_NULL)
+    null.Wait()
+    if null.obj is not None:
+        bad.append("PROC_NULL gave data")
+    try:
+        comm.Irecv_alloc(comm.size)
+        bad.append("a source past the world was accepted")
+    except pycomm.ArgumentError:
+        pass
+    return bad
+
+
+def test_irecv_alloc_receives_any_size(world):
+    for rank, bad in enumerate(world.run(_rank_irecv_alloc, NBYTES)):
+        assert bad == [], f"rank {rank}: {bad}"
+
+
 def test_send_recv_sizes_tiny_eager_limit_and_rings(world_tiny):
     """A 64-byte eager limit and 4 KiB rings: messages wrap around the rings many times."""
     sizes = [0, 63, 64, 65, 4095, 4096, 4097, 100000]
