@@ -58,8 +58,10 @@ def _parser() -> argparse.ArgumentParser:
                             "default with --mpi4py)")
     parser.add_argument("--stdin", default="0", metavar="RANK|none",
                         help="the rank that reads launch.py's stdin (0, as mpiexec); the "
-                             "others read /dev/null (one-node jobs: with --nnodes every "
-                             "rank reads /dev/null)")
+                             "others read /dev/null. With --nnodes: a world rank, which "
+                             "reads the stdin of the launch.py of the node that hosts it "
+                             "(node 0 hosts rank 0); the other nodes' launch.py do not "
+                             "read or hold their stdin")
     parser.add_argument("--master-addr", default="127.0.0.1",
                         help="address the rendezvous store binds (127.0.0.1)")
     parser.add_argument("--master-port", type=int, default=0,
@@ -81,14 +83,29 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _check_nodes(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The shape of a multi-node job (``--nnodes``), checked before anything starts."""
+    if args.nnodes < 1:
+        parser.error(f"--nnodes must be at least 1, got {args.nnodes}")
+    if not 0 <= args.node_rank < args.nnodes:
+        parser.error(f"--node-rank must be in 0..{args.nnodes - 1}, got {args.node_rank}")
+    if args.nproc_per_node < 1:
+        parser.error(f"--nproc-per-node must be at least 1, got {args.nproc_per_node}")
+
+
 def _stdin_rank(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """``--stdin`` as a rank of the world: ``-n``, or ``--nnodes`` x ``--nproc-per-node``."""
     world = args.nprocs if args.nnodes is None else args.nnodes * args.nproc_per_node
     try:
         rank = int(args.stdin)
     except ValueError:
         rank = -1
     if not 0 <= rank < world:
-        parser.error(f"--stdin must be a rank in 0..{world - 1} or 'none', got {args.stdin!r}")
+        shape = ("" if args.nnodes is None else
+                 f" (the world of --nnodes {args.nnodes} x --nproc-per-node "
+                 f"{args.nproc_per_node})")
+        parser.error(f"--stdin must be a rank in 0..{world - 1} or 'none', got "
+                     f"{args.stdin!r}{shape}")
     return rank
 
 
@@ -107,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--timeout must be positive, got {args.timeout}")
     if args.no_prefix is None:          # mpi4py programs print as under mpiexec
         args.no_prefix = args.mpi4py
+    if args.nnodes is not None:
+        _check_nodes(parser, args)
     stdin_rank = None if args.stdin == "none" else _stdin_rank(parser, args)
 
     if args.nnodes is not None:         # one node of a multi-node job
@@ -115,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.mpi4py:
             from pycomm.MPI.alias import environment
             extra = environment()
-        return run_nodes(args, program, extra)
+        return run_nodes(args, program, extra, stdin_rank)
 
     got_signal: list[int] = []
 

@@ -20,6 +20,14 @@ prefixed output, /dev/shm swept at the end) and meets the others through the sto
   (or a failure, or ``--timeout``), so no rank loses the store while it still needs it;
 * an agent that loses the store (node 0 gone) stops its ranks and says so.
 
+stdin, as under ``mpiexec``: the rank named by ``--stdin`` (default 0; ``none`` for nobody;
+give the same on every node) reads the stdin of the ``launch.py`` on the node that hosts it
+(node 0 hosts rank 0 under either placement, so by default node 0's stdin is rank 0's); the
+agent passes it on unread. Every other rank reads /dev/null, and the agents of the other
+nodes put /dev/null in place of their own stdin at the start (:func:`run_nodes`), so that
+nothing on those nodes reads or holds it open: a pipe into such a ``launch.py`` breaks
+(EPIPE) instead of filling up.
+
 The job secret is ``PYCOMM_JOB_TOKEN`` when set (the same on every node); else it is derived
 from the job's shape and store address, which keeps other jobs out but is no secret.
 """
@@ -67,6 +75,8 @@ class NodeAgent:
         master_addr, master_port: where node 0's agent hosts the store (default port 29500).
         placement: "block" or "cyclic".
         transport, timeout, prefix: as :class:`pycomm.launcher.RankGroup`.
+        stdin_rank: the world rank that reads this process's stdin when this node hosts
+            it (None: every rank reads /dev/null); see :attr:`hosts_stdin`.
 
     Raises:
         ArgumentError: an inconsistent shape or placement.
@@ -74,7 +84,8 @@ class NodeAgent:
 
     def __init__(self, nnodes: int, node_rank: int, nproc_per_node: int, master_addr: str,
                  master_port: int = 29500, *, placement: str = "block",
-                 transport: str = "auto", timeout: float | None = None, prefix: bool = True):
+                 transport: str = "auto", timeout: float | None = None, prefix: bool = True,
+                 stdin_rank: int | None = None):
         if nnodes < 1 or not 0 <= node_rank < nnodes or nproc_per_node < 1:
             raise ArgumentError(f"--nnodes {nnodes} --node-rank {node_rank} --nproc-per-node "
                                 f"{nproc_per_node}: need 0 <= node rank < nnodes and >= 1 "
@@ -83,6 +94,10 @@ class NodeAgent:
             raise ArgumentError(f"--master-port {master_port}: need 1..65535")
         self.nnodes, self.node_rank, self.nproc = nnodes, node_rank, nproc_per_node
         self.size = nnodes * nproc_per_node
+        if stdin_rank is not None and not 0 <= stdin_rank < self.size:
+            raise ArgumentError(f"--stdin {stdin_rank}: need a rank in 0..{self.size - 1} "
+                                f"(the world of {nnodes} x {nproc_per_node}) or none")
+        self.stdin_rank = stdin_rank
         self.ranks = [global_rank(node_rank, i, nnodes, nproc_per_node, placement)
                       for i in range(nproc_per_node)]
         self.master_addr, self.master_port = master_addr, master_port
@@ -99,6 +114,11 @@ class NodeAgent:
         self._forwarders: list[_Forwarder] = []
         self._client: StoreClient | None = None
         self._key = f"nodes/{self.job_id}/"
+
+    @property
+    def hosts_stdin(self) -> bool:
+        """Whether one of this node's ranks reads this process's stdin (``stdin_rank``)."""
+        return self.stdin_rank in self.ranks
 
     def env_for(self, local: int) -> dict[str, str]:
         """The environment contract for this node's ``local``-th rank."""
@@ -122,7 +142,8 @@ class NodeAgent:
         pipe = subprocess.PIPE if self.prefix else None
         for local, rank in enumerate(self.ranks):
             env = {**os.environ, **(extra_env or {}), **self.env_for(local)}
-            proc = subprocess.Popen([sys.executable, *argv], env=env, stdin=subprocess.DEVNULL,
+            stdin = None if rank == self.stdin_rank else subprocess.DEVNULL
+            proc = subprocess.Popen([sys.executable, *argv], env=env, stdin=stdin,
                                     stdout=pipe, stderr=pipe, start_new_session=True,
                                     preexec_fn=_preexec(os.getpid()))  # noqa: PLW1509
             self.procs.append(proc)
@@ -261,8 +282,21 @@ class NodeAgent:
         self.close()
 
 
-def run_nodes(args, program: list[str], extra_env: dict[str, str] | None = None) -> int:
-    """``launch.py --nnodes ...``: run this node's agent until the job ends."""
+def _release_stdin() -> None:
+    """Put /dev/null in place of this process's fd 0: its stdin is no longer read or held."""
+    null = os.open(os.devnull, os.O_RDONLY)
+    if null != 0:               # fd 0 was open (else /dev/null took its place already)
+        os.dup2(null, 0)
+        os.close(null)
+
+
+def run_nodes(args, program: list[str], extra_env: dict[str, str] | None = None,
+              stdin_rank: int | None = None) -> int:
+    """``launch.py --nnodes ...``: run this node's agent until the job ends.
+
+    ``stdin_rank`` (``--stdin``) reads this process's stdin if this node hosts it; if it
+    does not, this process's own stdin is replaced by /dev/null before the ranks start.
+    """
     got_signal: list[int] = []
 
     def on_signal(signum: int, _frame: object) -> None:
@@ -273,7 +307,9 @@ def run_nodes(args, program: list[str], extra_env: dict[str, str] | None = None)
         with NodeAgent(args.nnodes, args.node_rank, args.nproc_per_node, args.master_addr,
                        args.master_port or 29500, placement=args.placement,
                        transport=args.transport, timeout=args.timeout,
-                       prefix=not args.no_prefix) as agent:
+                       prefix=not args.no_prefix, stdin_rank=stdin_rank) as agent:
+            if not agent.hosts_stdin:
+                _release_stdin()
             agent.start(program, extra_env)
             return agent.supervise(lambda: got_signal[0] if got_signal else None)
     finally:
