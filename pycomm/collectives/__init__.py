@@ -55,7 +55,8 @@ from pycomm.collectives.reduce_scatter import (reduce_scatter_block_pairwise,
 from pycomm.collectives.scan import exscan_recursive_doubling, scan_recursive_doubling
 from pycomm.collectives.scatter import scatter_binomial, scatter_linear, scatterv_linear
 from pycomm.collectives.topology import is_pof2
-from pycomm.collectives.twod import TWOD, allreduce_2d
+from pycomm.collectives.twod import (TWOD, allgather_2d, allreduce_2d, reduce_scatter_2d,
+                                     reduce_scatter_block_2d)
 from pycomm.errors import ArgumentError
 
 __all__ = ["AlgorithmInfo", "REGISTRY", "AUTO", "algorithms", "choose", "model_time"]
@@ -157,6 +158,9 @@ REGISTRY: dict[str, dict[str, AlgorithmInfo]] = {
         ("ring", allgather_ring, False, False, "p-1 neighbour steps; any size"),
         ("bruck", allgather_bruck, False, False,
          "ceil(log2 p) steps for any size (Bruck et al. 1997); scratch n"),
+        (TWOD, allgather_2d, False, False,
+         "all-gather along one grid dimension, then the other, on the 2-D grid of the "
+         "all-reduce (Chan et al. 2007); across hosts each block crosses the link once"),
         (HIERARCHICAL, allgather_hierarchical, False, False,
          "gather to each host's leader, all-gather across leaders, bcast in each host"),
     ),
@@ -203,6 +207,9 @@ REGISTRY: dict[str, dict[str, AlgorithmInfo]] = {
          "log2 p halving steps, rank order kept; may overwrite sendbuf"),
         ("pairwise", reduce_scatter_pairwise, False, False,
          "p-1 sendrecv steps; exact rank order; sendbuf untouched"),
+        (TWOD, reduce_scatter_2d, False, False,
+         "reduce-scatter along one grid dimension, then the other, on the 2-D grid of the "
+         "all-reduce (Chan et al. 2007); rank order kept; sendbuf untouched"),
     ),
     "reduce_scatter_block": _table(
         "reduce_scatter_block",
@@ -212,6 +219,9 @@ REGISTRY: dict[str, dict[str, AlgorithmInfo]] = {
          "log2 p halving steps, rank order kept; may overwrite sendbuf"),
         ("pairwise", reduce_scatter_block_pairwise, False, False,
          "p-1 sendrecv steps; exact rank order; sendbuf untouched"),
+        (TWOD, reduce_scatter_block_2d, False, False,
+         "reduce-scatter along one grid dimension, then the other, on the 2-D grid of the "
+         "all-reduce (Chan et al. 2007); rank order kept; sendbuf untouched"),
     ),
     "scan": _table(
         "scan",

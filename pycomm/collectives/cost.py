@@ -314,6 +314,9 @@ FORMULAS.update({
 # its three phases at their best inner algorithms; on the host grid choose() prices it
 # with pycomm.collectives.cost_hosts.twod_hosts_time instead.
 FORMULAS[("allreduce", "2d")] = lambda n, p, k: twod_time(n, p, k, FORMULAS)
+# The 2-D all-gather and reduce-scatter (the same module): their two phases likewise.
+for _coll in ("allgather", "reduce_scatter", "reduce_scatter_block"):
+    FORMULAS[(_coll, "2d")] = lambda n, p, k, _x=_coll: twod_time(n, p, k, FORMULAS, None, _x)
 
 
 

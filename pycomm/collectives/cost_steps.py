@@ -261,32 +261,51 @@ SCHEDULES.update({
 })
 
 
-# The 2-D all-reduce's inner candidates (pycomm.collectives.twod, whose phases are picked
-# among the same ones): every reduce-scatter; every flat all-reduce with a step model.
+# The 2-D schedules' inner candidates (pycomm.collectives.twod, whose phases are picked
+# among the same ones): every reduce-scatter; every flat all-reduce with a step model;
+# every flat all-gather (recursive doubling only for a power-of-two group).
 TWOD_ROW = ("ring", "pairwise", "recursive_halving")
 TWOD_COLUMN = ("recursive_doubling", "rabenseifner", "ring", "binomial")
+TWOD_GATHER = ("recursive_doubling", "ring", "bruck")
 
 
-def twod_time(n: float, p: int, k: Constants, table: dict, c: float | None = None) -> float:
-    """Seconds of the 2-D all-reduce on the near-square grid ``R x C`` of ``p`` ranks:
-    the row reduce-scatter of ``n`` bytes on ``C`` ranks, the column all-reduce of ``n/C``
-    on ``R``, the row all-gather, each at its best candidate in ``table``
-    (``cost.FORMULAS``, called ``(n, p, k)``, or :data:`SCHEDULES` with ``c`` cores for
-    all ``p`` ranks: a phase's ``R`` rows, or ``C`` columns, run at once and share them,
-    ``c * C / p`` cores a row, ``c * R / p`` a column, and the memory's lanes likewise,
-    so that a step's ``p`` concurrent copies share them as one flat step's do)."""
+def twod_time(n: float, p: int, k: Constants, table: dict, c: float | None = None,
+              collective: str = "allreduce") -> float:
+    """Seconds of a 2-D schedule on the near-square grid ``R x C`` of ``p`` ranks, each
+    phase at its best candidate in ``table`` (``cost.FORMULAS``, called ``(n, p, k)``, or
+    :data:`SCHEDULES` with ``c`` cores for all ``p`` ranks: a phase's ``R`` rows, or ``C``
+    columns, run at once and share them, ``c * C / p`` cores a row, ``c * R / p`` a column,
+    and the memory's lanes likewise, so that a step's ``p`` concurrent copies share them
+    as one flat step's do).
+
+    ``collective``: ``"allreduce"`` (the row reduce-scatter of ``n`` bytes on ``C`` ranks,
+    the column all-reduce of ``n/C`` on ``R``, the row all-gather), ``"allgather"`` (the
+    rows' all-gathers of ``n/R`` bytes, then the columns' of ``n``) or
+    ``"reduce_scatter"``/``"reduce_scatter_block"`` (the columns' reduce-scatters of ``n``,
+    then the rows' of ``n/R``; the commutative ops' grid, no copy of the vector)."""
     rows, cols = grid_2d(p)
 
     def best(coll: str, algs: tuple, b: float, q: int) -> float:
         if q <= 1:
             return 0.0
+        if coll == "allgather" and q & (q - 1):
+            algs = tuple(a for a in algs if a != "recursive_doubling")
         if c is None:
             return min(table[(coll, a)](b, q, k) for a in algs)
         kq = replace(k, mem=k.mem * q / p)
         return min(table[(coll, a)](b, q, kq, c * q / p) for a in algs)
+    if collective == "allgather":
+        return (best("allgather", TWOD_GATHER, n / rows, cols)
+                + best("allgather", TWOD_GATHER, n, rows))
+    if collective in ("reduce_scatter", "reduce_scatter_block"):
+        return (best("reduce_scatter", TWOD_ROW, n, rows)
+                + best("reduce_scatter", TWOD_ROW, n / rows, cols))
     return (best("reduce_scatter", TWOD_ROW, n, cols)
             + best("allreduce", TWOD_COLUMN, n / cols, rows)
             + best("allgatherv", ("ring",), n, cols))
 
 
 SCHEDULES[("allreduce", "2d")] = lambda n, p, k, c: twod_time(n, p, k, SCHEDULES, c)
+for _coll in ("allgather", "reduce_scatter", "reduce_scatter_block"):
+    SCHEDULES[(_coll, "2d")] = (lambda n, p, k, c, _x=_coll:
+                                twod_time(n, p, k, SCHEDULES, c, _x))
