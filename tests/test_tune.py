@@ -273,7 +273,7 @@ def test_choose_never_picks_an_unfit_algorithm(collective, size, nbytes, commuta
 
 def test_choose_requested_and_environment(monkeypatch, brief_constants):
     monkeypatch.setenv("PYCOMM_ALGORITHM_ALLREDUCE", "ring")
-    assert algs.choose("allreduce", 8, 4) == ("ring", algs.allreduce_ring)
+    assert algs.choose("allreduce", 8, 4) == ("ring", algs.REGISTRY["allreduce"]["ring"].fn)
     assert algs.choose("allreduce", 8, 4, requested="auto")[0] == "recursive_doubling"
     assert algs.choose("allreduce", 8, 4, requested="rabenseifner")[0] == "rabenseifner"
     with pytest.raises(ArgumentError, match="PYCOMM_ALGORITHM_ALLREDUCE.*commutative"):

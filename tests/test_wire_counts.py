@@ -10,7 +10,7 @@ import importlib
 import numpy as np
 import pytest
 
-import pycomm.collectives as algs
+import pycomm.collectives.flat as algs       # the flat schedules, by function name
 from pycomm import ops
 from pycomm.collectives import topology
 from fakecomm import run_fake  # tests/ is on sys.path under pytest

@@ -81,6 +81,7 @@ import numpy as np
 from pycomm import config
 from pycomm.collectives.barrier import barrier_dissemination
 from pycomm.collectives.cost import DEFAULT_TRANSPORT, model_transport
+from pycomm.collectives.flat import bound, cheapest
 from pycomm.collectives.scratch import give, take
 from pycomm.collectives.topology import chunk_offsets
 
@@ -186,18 +187,18 @@ class View:
 
 
 def _inner(collective: str, nbytes: int, size: int, commutative: bool, transport: str):
-    """The flat algorithm the cost model picks for one inner step (never hierarchical:
-    ``choose`` without hosts leaves it out; ``auto`` ignores PYCOMM_ALGORITHM_*); made
-    again after :func:`pycomm.config.reload`, as the communicators' plans are."""
+    """The flat algorithm the cost model picks for one inner step
+    (:func:`pycomm.collectives.flat.cheapest`; PYCOMM_ALGORITHM_* names the whole call's
+    algorithm, not its steps'); made again after :func:`pycomm.config.reload`, as the
+    communicators' plans are."""
     return _inner_at(collective, nbytes, size, commutative, transport, config.generation)
 
 
 @functools.lru_cache(maxsize=1024)
 def _inner_at(collective: str, nbytes: int, size: int, commutative: bool, transport: str,
               generation: int):
-    from pycomm.collectives import AUTO, choose      # the registry imports this module
-    return choose(collective, nbytes, size, requested=AUTO, commutative=commutative,
-                  transport=transport)[1]
+    info = cheapest(collective, nbytes, size, commutative, transport)
+    return bound(info, nbytes, size, transport)
 
 
 def _net(cc) -> str:

@@ -114,8 +114,9 @@ import numpy as np
 
 from pycomm import config
 from pycomm.collectives.allgather import allgatherv_ring
-from pycomm.collectives.cost import DEFAULT_TRANSPORT, cost, model_transport
+from pycomm.collectives.cost import DEFAULT_TRANSPORT, model_transport
 from pycomm.collectives.cost_steps import TWOD_COLUMN, TWOD_GATHER, TWOD_ROW
+from pycomm.collectives.flat import cheapest
 from pycomm.collectives.hierarchical import View
 from pycomm.collectives.scratch import give, take
 from pycomm.collectives.topology import chunk_offsets, grid_2d
@@ -189,12 +190,8 @@ def _inner(collective: str, nbytes: int, size: int, commutative: bool, transport
 
 @functools.lru_cache(maxsize=1024)
 def _inner_at(collective, nbytes, size, commutative, transport, oversubscription, generation):
-    from pycomm.collectives import REGISTRY      # the registry imports this module
-    table = REGISTRY[collective]
-    fit = [table[a] for a in _CANDIDATES[collective]
-           if table[a].unfit_reason(size, commutative) is None]
-    return min(fit, key=lambda i: cost(collective, i.name, nbytes, size, transport,
-                                       oversubscription)).fn
+    return cheapest(collective, nbytes, size, commutative, transport, oversubscription,
+                    among=_CANDIDATES[collective]).fn
 
 
 def allreduce_2d(cc, buf: np.ndarray, op) -> None:
