@@ -481,9 +481,14 @@ def test_mpi41_types_queries_and_handles():
     old, combiner, kw = vec.decode()
     assert combiner == "VECTOR" and old.Create_vector(**kw).extent == vec.extent
     assert vec.Get_contents()[3][0].Get_size() == 4
-    # a typemap too large to hold is refused before any allocation
-    with pytest.raises(MPI.Exception, match="basic items"):
-        MPI.BYTE.Create_contiguous(2**31 - 1)
+    # a type of any size is made and queried; moving data with a type map too large to
+    # hold is refused, ERR_TYPE, before any allocation
+    huge = MPI.BYTE.Create_contiguous(2**29).Create_vector(2, 1, 2).Commit()
+    assert huge.Get_size() == 2**30 and huge.Get_extent() == (0, 3 * 2**29)
+    with pytest.raises(MPI.Exception, match="basic items") as err:
+        message([np.zeros(8, np.uint8), 1, huge], "rank 0: Send", "buf", writable=False)
+    assert err.value.Get_error_class() == MPI.ERR_TYPE
+    huge.Free()
 
 
 @given(st.integers(1, 6), st.integers(1, 4), st.integers(0, 5), st.integers(1, 3),
