@@ -275,7 +275,7 @@ def bottom(dt: Datatype, count: int, start: int, where: str, arg: str) -> Msg:
     Raises:
         InvalidBufferError: the typemap reaches below address 1.
     """
-    if count == 0 or dt._disps.size == 0:
+    if count == 0 or dt._nitems == 0:
         return _typed(np.empty(0, np.uint8), dt, 0, 0, where, arg)
     tlb, text = dt.Get_true_extent()
     lo = start + tlb
@@ -291,7 +291,7 @@ def _typed(raw: np.ndarray, dt: Datatype, count: int, start: int, where: str,
            arg: str) -> Msg:
     """``count`` items of ``dt`` at byte ``start`` of ``raw`` as a wire-dtype array."""
     wire, per, ok = dt.wire_dtype(), dt.elements(), dt.homogeneous
-    if count == 0 or dt._disps.size == 0:
+    if count == 0 or dt._nitems == 0:
         return Msg(np.empty(0, dtype=wire), None, per, ok)
     if dt._contig:
         end = start + count * dt.extent

@@ -107,7 +107,7 @@ class Status(_Status):
         dt = to_datatype(datatype, "Status.Get_elements")
         if dt.Get_size() == 0:
             return 0
-        per = dt.Get_size() / max(dt._disps.size, 1)
+        per = dt.Get_size() / max(dt._nitems, 1)
         return int(self.count // per) if dt.homogeneous else self.Get_count(dt)
 
     def Set_elements(self, datatype, count: int) -> None:
