@@ -277,6 +277,12 @@ class RankGroup:
         with no diagnosis, the first rank found failed is.
         """
         log = log or (lambda msg: print(f"pycomm.launch: {msg}", file=sys.stderr, flush=True))
+        # Connected now, not at the first failure: a rank that ends the job by SystemExit
+        # leaves its peers waiting on it, and each reports its departure a quarter of a
+        # second after it (pycomm.shmcoll._DEPARTED_S) unless the launcher has read the
+        # exit note and stopped them first; a new connection's handshake with the store's
+        # thread is time taken out of that quarter second.
+        self._store_client()
         while True:
             sig = interrupted()
             if sig is not None:
