@@ -261,11 +261,16 @@ def test_non_commutative_ops_across_hosts_take_a_flat_order_keeping_schedule(shi
                            commutative=False)[0] not in ("2d", "hierarchical")
 
 
-def _rank_chosen_on_faked_hosts(hostmap):
-    world = pycomm.COMM_WORLD
-    comm = world.Dup()
+def _faked(hostmap):
+    """A fresh Dup of the world whose ranks take themselves for hosts ``fake<h>``."""
+    comm = pycomm.COMM_WORLD.Dup()
     infos = [{"host": f"fake{h}/boot/shm", "hostname": f"fake{h}"} for h in hostmap]
     comm.host_layout = host_layout(infos, comm.rank)
+    return comm
+
+
+def _rank_chosen_on_faked_hosts(hostmap):
+    comm = _faked(hostmap)
     try:
         # the message algorithm (a blocking 8 B call on this one-machine world would go
         # through the shared-memory slots, which chosen_algorithm names instead)
@@ -547,10 +552,7 @@ def test_real_ranks_allgather_reduce_scatter_2d(world_small):
 
 
 def _rank_gather_on_faked_hosts(hostmap):
-    world = pycomm.COMM_WORLD
-    comm = world.Dup()
-    infos = [{"host": f"fake{h}/boot/shm", "hostname": f"fake{h}"} for h in hostmap]
-    comm.host_layout = host_layout(infos, comm.rank)
+    comm = _faked(hostmap)
     try:
         return _rank_gather_cases(comm)
     finally:
