@@ -52,6 +52,22 @@ def _rank_p2p() -> list:
     comm.Sendrecv([a, (1, 3), col8], right, 1, [a, (1, 0), col8], left, 1)
     _check(bad, "halo column", a[:, 0], _grid(left)[:, 3])
     _check(bad, "halo rest", a[:, 1:], _grid(rank)[:, 1:])
+    # blocking Recv into a column, small and large (which skips copying the column out
+    # first): a full message, then a short one (the rest untouched)
+    for rows, cols, n, tag in ((4, 5, 4, 11), (4, 5, 2, 12), (600, 3, 600, 13),
+                               (600, 3, 7, 14)):
+        column = MPI.DOUBLE.Create_vector(rows, 1, cols).Create_resized(0, 8).Commit()
+        s = comm.Isend(np.arange(n, dtype=np.float64) + 1000 * rank + 0.5 * n, right, tag)
+        a = _grid(rank, rows, cols)
+        st = MPI.Status() if tag % 2 else None
+        comm.Recv([a, (1, 2), column], left, tag, st)
+        s.Wait()
+        want = _grid(rank, rows, cols)
+        want[:n, 2] = np.arange(n) + 1000 * left + 0.5 * n
+        _check(bad, f"Recv column of {n}/{rows}", a, want)
+        if st is not None:
+            _check(bad, f"Recv column of {n} count", st.Get_count(MPI.DOUBLE), n)
+        column.Free()
     # Isend/Irecv with a derived type: the receive is unpacked when the request completes
     b = np.zeros((4, 5))
     r = comm.Irecv([b, 1, col], left, 2)
