@@ -509,9 +509,8 @@ def test_strided_specs_take_the_plan_and_match_the_general_path(nb, bl, gap, cou
     grid = np.arange(need // 8 + 3, dtype=np.float64)
     cd = (count, displ) if pair_form or displ else count
     general = (np.int64(count), np.int64(displ))
-    msg._STRIDED.clear()
     fast = message([grid, cd, vec], "rank 0: Test", "buf", writable=False).array
-    plan_used = bool(msg._STRIDED)
+    plan_used = any(k[0] == msg._PLAN for k in vec._cache)
     ref = message([grid, general, vec], "rank 0: Test", "buf", writable=False).array
     assert np.array_equal(fast, ref)
     runs = vec.gather_index(count, displ * vec.extent)[4]
@@ -589,3 +588,36 @@ def test_user_ops_are_limited_as_in_mpi4py_and_told_the_named_datatype():
     for op in ops:
         op.Free()
     pycomm.Op.Create(lambda a, b: None)             # pycomm's own ops have no limit
+
+
+def test_strided_plan_and_general_path_refuse_alike_and_plans_go_with_their_type():
+    import gc
+    import weakref
+    # a displacement past the buffer: the general path's error on both paths
+    t = MPI.DOUBLE.Create_indexed([1, 1], [-4, -2]).Commit()        # extent 24
+    buf = np.arange(5.0)
+    for cd in ((1, 2), (np.int64(1), np.int64(2))):
+        with pytest.raises(MPI.Exception, match="beyond the buffer"):
+            message([buf, cd, t], "rank 0: Test", "buf", writable=False)
+    t.Free()
+    # a plan lives in its datatype: freeing and dropping the type frees it
+    v = MPI.DOUBLE.Create_vector(1000, 1, 2).Commit()
+    message([np.zeros(2000), 1, v], "rank 0: Test", "buf", writable=False)
+    gone = weakref.ref(v)
+    v.Free()
+    del v
+    gc.collect()
+    assert gone() is None
+
+
+def test_receive_into_a_misaligned_homogeneous_type():
+    """An hvector of doubles 12 bytes apart packs as bytes; its receive is unpacked in
+    bytes too (it raised ValueError in finish())."""
+    t = MPI.DOUBLE.Create_hvector(2, 1, 12).Commit()
+    raw = np.zeros(32, np.uint8)
+    m = message([raw, 1, t], "rank 0: Recv", "buf", writable=True)
+    m.array[...] = [1.5, -2.25]
+    m.finish()
+    assert raw[:8].view(np.float64)[0] == 1.5 and raw[12:20].view(np.float64)[0] == -2.25
+    assert (raw[8:12] == 0).all() and (raw[20:] == 0).all()
+    t.Free()

@@ -43,8 +43,8 @@ class Msg:
                 self._unpack()
 
 
-_STRIDED: dict = {}        # (id(datatype), count, displ) -> plan, see _strided_plan
-_STRIDED_MAX = 256
+_PLAN = "strided"           # key prefix of the plans in a datatype's own cache
+_PLANS_MAX = 8              # plans kept per datatype (distinct count/displ pairs)
 # Elements from which a fresh receive skips the copy-out: below, the copy is cheaper than
 # the bookkeeping of a partial copy-back (benchmarks/README.md, "Halo column ... fresh").
 _FRESH_MIN = 512
@@ -80,13 +80,14 @@ def strided(spec, writable: bool, blocks: int, where: str, fresh: bool = False) 
         count, displ = cd
     else:
         return None
-    plan = _STRIDED.get((id(dt), count * blocks, displ))
-    if plan is None or plan[0] is not dt:
+    plan = dt._cache.get((_PLAN, count * blocks, displ))
+    if plan is None:
         plan = _strided_plan(dt, count * blocks, displ)
         if plan is None:
             return None
-    _, wire, hi, first, stop, stride, nb, bl, per, reducible = plan
-    if buf.dtype != wire or buf.size < hi:
+    wire, hi, start, first, stop, stride, nb, bl, per, reducible = plan
+    # the general path's bounds, so that both accept and refuse alike: it raises
+    if buf.dtype != wire or buf.size < hi or start > buf.nbytes:
         return None
     flat = buf.ravel()
     if fresh and writable and nb * bl >= _FRESH_MIN:
@@ -121,11 +122,13 @@ def strided(spec, writable: bool, blocks: int, where: str, fresh: bool = False) 
 
 
 def _strided_plan(dt: Datatype, count: int, displ: int) -> tuple | None:
-    """``(dt, wire dtype, elements needed, first, stop, stride, runs, run length,
-    elements per item, reducible)`` for :func:`_strided`, cached; None when the layout
-    is not equal runs at a constant stride in the type's basic dtype."""
+    """``(wire dtype, elements needed, start byte, first, stop, stride, runs, run length,
+    elements per item, reducible)`` for :func:`strided`, kept in the datatype's own cache
+    (it lives and goes with the type); None when the layout is not equal runs at a
+    constant stride in the type's basic dtype."""
     if dt._contig or not dt._committed or count <= 0 or displ < 0 or \
-            dt.Get_size() == 0 or dt.wire_dtype().fields is not None:
+            dt.Get_size() == 0 or dt.wire_dtype().fields is not None or \
+            (displ and dt.extent <= 0):
         return None
     _, by_element, lo, hi, runs = dt.gather_index(count, displ * dt.extent)
     if not by_element or runs is None or lo < 0:
@@ -133,11 +136,12 @@ def _strided_plan(dt: Datatype, count: int, displ: int) -> tuple | None:
     first, nb, stride, bl = runs
     if bl != 1 and (bl > stride or stride <= 0):
         return None
-    plan = (dt, dt.wire_dtype(), hi, first, first + (nb - 1) * stride + 1, stride, nb, bl,
-            dt.elements(), dt.homogeneous)
-    if len(_STRIDED) >= _STRIDED_MAX:
-        _STRIDED.pop(next(iter(_STRIDED)))
-    _STRIDED[(id(dt), count, displ)] = plan
+    plan = (dt.wire_dtype(), hi, displ * dt.extent, first, first + (nb - 1) * stride + 1,
+            stride, nb, bl, dt.elements(), dt.homogeneous)
+    plans = [k for k in dt._cache if k[0] == _PLAN]
+    if len(plans) >= _PLANS_MAX:
+        del dt._cache[plans[0]]
+    dt._cache[(_PLAN, count, displ)] = plan
     return plan
 
 

@@ -325,9 +325,9 @@ def _typed(raw: np.ndarray, dt: Datatype, count: int, start: int, where: str,
 
         def unpack() -> None:
             src[index] = packed
-    if not by_element:
-        packed = packed.view(wire)
-    return Msg(packed, unpack, per, ok)
+    # (the closures above copy ``packed`` in bytes when not by_element: a view of it in
+    # the wire dtype, not a rebinding, is what travels)
+    return Msg(packed if by_element else packed.view(wire), unpack, per, ok)
 
 
 def vector_message(spec, size: int, where: str, arg: str, *, writable: bool):
