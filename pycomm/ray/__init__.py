@@ -26,7 +26,8 @@ directory's Ray node address. From there the world forms as under any launcher
 the store's host, shared memory links the ranks of a node and TCP the nodes. The directory
 plays the launcher's part, so it lives as long as the group: the last member to leave, or
 the driver's :func:`destroy_collective_group`, ends it; a group that fails to form (members
-that disagree, or one that never comes) ends its directory ``timeout`` seconds later.
+that disagree, or one that never comes) ends its directory ``timeout`` seconds later, or
+when the actor that made it ends.
 
 Modules: :mod:`pycomm.ray.directory` (the directory actor), :mod:`pycomm.ray.group` (this
 process's memberships and the collective calls), :mod:`pycomm.ray.run` (:func:`run`).

@@ -35,7 +35,6 @@ class Directory:
         self.cond = threading.Condition()
         self.server = None
         self.failure: str | None = None
-        self.expiry: threading.Timer | None = None
 
     def job(self) -> str:
         return self.job_id
@@ -60,14 +59,12 @@ class Directory:
             self.cond.wait_for(lambda: self.failure is not None or self.server is not None,
                                timeout)
             if self.failure is not None:
-                self._expire(timeout)
                 raise ArgumentError(self.failure)
             if self.server is None:
                 missing = sorted(set(range(self.world_size)) - set(self.members))
                 self.failure = (f"group {self.group_name!r}: ranks {missing} did not join "
                                 f"within {timeout:g} s")
                 self.cond.notify_all()
-                self._expire(timeout)
                 raise CommTimeoutError(self.failure)
             nodes = [self.members[r][1] for r in range(self.world_size)]
             local = [r for r in range(self.world_size) if nodes[r] == node_id]
@@ -96,20 +93,6 @@ class Directory:
         if rank in self.members and self.members[rank][0] != actor_id:
             return f"{where}: rank {rank} was claimed by two actors"
         return None
-
-    def _expire(self, linger: float) -> None:
-        """End this directory ``linger`` seconds after the group failed to form.
-
-        A directory made by the members themselves is detached (it must outlive whichever
-        member happened to create it), so nobody else ends it when forming fails. It
-        stays that long so that a member still on its way is told why rather than finding
-        no directory, then goes, freeing the name for a new try.
-        """
-        if self.expiry is None:
-            me = ray.get_runtime_context().current_actor
-            self.expiry = threading.Timer(linger, ray.kill, (me,), {"no_restart": True})
-            self.expiry.daemon = True
-            self.expiry.start()
 
     def _start_store(self) -> None:
         from pycomm.store import StoreServer

@@ -44,6 +44,30 @@ _lock = threading.Lock()
 _declared: dict[str, Any] = {}
 
 
+# Directories of groups that failed to form here, held for a while (see _hold).
+_failed: list = []
+
+
+def _hold(directory, seconds: float) -> None:
+    """Keep a handle to the directory of a group that failed to form for ``seconds``.
+
+    Ray ends an actor when the process that created it drops its handles. The member
+    whose join failed first may be that process, and a member still on its way must find
+    the directory to be told why, not find a dead actor. After that the directory ends with
+    the last handle, freeing the name.
+    """
+    _failed.append(directory)
+
+    def drop() -> None:
+        try:
+            _failed.remove(directory)
+        except ValueError:
+            pass
+    timer = threading.Timer(seconds, drop)
+    timer.daemon = True
+    timer.start()
+
+
 def _actor_id() -> str:
     actor = ray.get_runtime_context().get_actor_id()
     if actor is None:
@@ -59,8 +83,12 @@ def _join(name: str, directory, world_size: int, rank: int | None, transport: st
         raise CommError(f"this actor is already in pycomm group {next(iter(_groups))!r}; "
                         "an actor is in one group at a time (destroy_collective_group first)")
     node = ray.get_runtime_context().get_node_id()
-    info = ray.get(directory.join.remote(world_size, rank, _actor_id(), node, timeout),
-                   timeout=timeout + 10)
+    try:
+        info = ray.get(directory.join.remote(world_size, rank, _actor_id(), node, timeout),
+                       timeout=timeout + 10)
+    except Exception:
+        _hold(directory, timeout)
+        raise
     job = JobEnv(info["rank"], info["size"], info["addr"], info["port"], info["token"].encode(),
                  info["job_id"], "ray", local_rank=info["local_rank"],
                  local_size=info["local_size"])
@@ -100,10 +128,8 @@ def init_collective_group(world_size: int, rank: int, group_name: str = "default
     with _lock:
         if group_name in _groups:
             raise CommError(f"group {group_name!r} is already initialized in this actor")
-        # Detached: Ray ends a non-detached actor with the member that created it, and that
-        # member may fail, or leave, before the others are done with the directory.
-        directory = _Directory.options(name=_DIRECTORY_PREFIX + group_name, get_if_exists=True,
-                                       lifetime="detached").remote(group_name, world_size, None)
+        directory = _Directory.options(name=_DIRECTORY_PREFIX + group_name,
+                                       get_if_exists=True).remote(group_name, world_size, None)
         return _join(group_name, directory, world_size, rank, transport,
                      _timeout(timeout)).comm
 
