@@ -140,7 +140,8 @@ class Op(_Op, metaclass=_OpType):
         slot = self.__dict__.pop("_slot", None)
         if slot is not None:
             with _slots_lock:
-                if _user_slots[slot] is not None and _user_slots[slot]() is self:
+                held = _user_slots[slot]() if _user_slots[slot] is not None else None
+                if held is not None and held == self:   # this op or a copy (one handle)
                     _user_slots[slot] = None
 
     def Reduce_local(self, inbuf, inoutbuf) -> None:
@@ -160,6 +161,16 @@ def with_datatype(op: _Op, datatype) -> _Op:
     user = op.__dict__.get("_user")
     if user is None or datatype is None or getattr(op, "_nargs", 2) != 3:
         return op
+    # one copy per datatype, kept on the op: calls are signed by op (a new op per call
+    # would fill the signature cache)
+    bound = op.__dict__.setdefault("_bound", {})
+    hit = bound.get(datatype)
+    if hit is None:
+        hit = bound[datatype] = _bind(op, user, datatype)
+    return hit
+
+
+def _bind(op: _Op, user: tuple, datatype) -> _Op:
     function, commute = user
     wire = datatype.wire_dtype()
 
