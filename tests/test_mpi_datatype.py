@@ -585,8 +585,10 @@ def test_user_ops_are_limited_as_in_mpi4py_and_told_the_named_datatype():
     import gc
     gc.collect()
     ops.append(MPI.Op.Create(bor))
-    MPI.Op(ops.pop()).Free()                        # freeing a copy frees the op's slot
-    ops.append(MPI.Op.Create(bor))
+    original = ops.pop()
+    MPI.Op(original).Free()                         # freeing a copy frees the op's slot
+    ops.append(MPI.Op.Create(bor))                  # (while the original is still alive)
+    del original
     from pycomm.MPI.ops import with_datatype        # one bound copy per named datatype
     assert with_datatype(ops[0], MPI.BYTE) is with_datatype(ops[0], MPI.BYTE)
     for op in ops:
