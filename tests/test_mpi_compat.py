@@ -52,8 +52,8 @@ def _rank_p2p() -> list:
     comm.Sendrecv([a, (1, 3), col8], right, 1, [a, (1, 0), col8], left, 1)
     _check(bad, "halo column", a[:, 0], _grid(left)[:, 3])
     _check(bad, "halo rest", a[:, 1:], _grid(rank)[:, 1:])
-    # blocking Recv into a column, small and large (which skips copying the column out
-    # first): a full message, then a short one (the rest untouched)
+    # blocking Recv into a column, small and large: a full message, then a short one
+    # (the rest of the column untouched)
     for rows, cols, n, tag in ((4, 5, 4, 11), (4, 5, 2, 12), (600, 3, 600, 13),
                                (600, 3, 7, 14)):
         column = MPI.DOUBLE.Create_vector(rows, 1, cols).Create_resized(0, 8).Commit()

@@ -326,12 +326,10 @@ class Comm(ObjectMethods):
              status: Status | None = None) -> None:
         """Blocking receive into the message ``buf``; fills ``status``."""
         c = self._inner("Recv")
-        m = message(buf, f"rank {c.rank}: Recv", "buf", writable=True, fresh=True)
-        if m._sized:                    # finish() copies back what arrived, so it needs n
-            status = Status() if status is None else status
+        m = message(buf, f"rank {c.rank}: Recv", "buf", writable=True)
         c.Recv(m.array, as_int(source, "source", "Recv"), as_int(tag, "tag", "Recv"),
                status)
-        m.finish(status.count if m._sized else None)
+        m.finish()
 
     def Isend(self, buf, dest: int, tag: int = 0) -> Request:
         """Start a standard send; ``buf`` must stay untouched until the request completes."""

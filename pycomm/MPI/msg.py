@@ -14,43 +14,29 @@ __all__ = ["Msg", "block_view", "strided"]
 class Msg:
     """A message ready for the Communicator: ``array`` plus how to finish a receive."""
 
-    __slots__ = ("_sized", "_unpack", "array", "datatype", "per", "reducible")
+    __slots__ = ("_unpack", "array", "datatype", "per", "reducible")
 
     def __init__(self, array: np.ndarray, unpack=None, per: int = 1,
-                 reducible: bool = True, datatype: Datatype | None = None,
-                 sized: bool = False):
+                 reducible: bool = True, datatype: Datatype | None = None):
         self.array = array
         self._unpack = unpack
-        # True: ``array`` starts uninitialised and finish() needs the bytes received
-        self._sized = sized
         self.per = per                  # wire elements per item of the datatype
         self.reducible = reducible      # False: mixed-type datatype packed to bytes
         # the predefined datatype the spec named (MPI.BYTE, not the UNSIGNED_CHAR a
         # uint8 array would be taken for), handed to mpi4py-style user ops; else None
         self.datatype = datatype
 
-    def finish(self, nbytes: int | None = None) -> None:
-        """Copy a packed receive into the user's buffer (no-op when zero-copy).
-
-        Args:
-            nbytes: bytes the receive brought; required (and only the elements it brought
-                are copied) for a Msg made with ``sized`` (:func:`strided`'s ``fresh``).
-        """
+    def finish(self) -> None:
+        """Copy a packed receive into the user's buffer (no-op when zero-copy)."""
         if self._unpack is not None:
-            if self._sized:
-                self._unpack(nbytes)
-            else:
-                self._unpack()
+            self._unpack()
 
 
 _PLAN = "strided"           # key prefix of the plans in a datatype's own cache
 _PLANS_MAX = 8              # plans kept per datatype (distinct count/displ pairs)
-# Elements from which a fresh receive skips the copy-out: below, the copy is cheaper than
-# the bookkeeping of a partial copy-back (benchmarks/README.md, "Halo column ... fresh").
-_FRESH_MIN = 512
 
 
-def strided(spec, writable: bool, blocks: int, where: str, fresh: bool = False) -> Msg | None:
+def strided(spec, writable: bool, blocks: int, where: str) -> Msg | None:
     """The halo idiom's message, or None to take the general way.
 
     ``[array, (count, displ), vector_type]`` or ``[array, count, vector_type]`` where the
@@ -62,12 +48,6 @@ def strided(spec, writable: bool, blocks: int, where: str, fresh: bool = False) 
     copy at halo sizes (benchmarks/README.md, "Halo column"). Anything else (a float
     count, another dtype, a bound to report with a clear error) goes the general way,
     which checks and raises as it always did.
-
-    ``fresh`` (a receive whose caller learns the bytes received, the blocking ``Recv``):
-    the packed array is not filled from the buffer first, and :meth:`Msg.finish` copies
-    back only the elements that arrived. From :data:`_FRESH_MIN` elements that saves one
-    of the three strided passes of a column's round trip, which at large N cost more than
-    the message itself.
     """
     buf, cd, dt = spec
     if type(buf) is not np.ndarray or type(dt) is not Datatype or not buf.flags.c_contiguous \
@@ -90,20 +70,6 @@ def strided(spec, writable: bool, blocks: int, where: str, fresh: bool = False) 
     if buf.dtype != wire or buf.size < hi or start > buf.nbytes:
         return None
     flat = buf.ravel()
-    if fresh and writable and nb * bl >= _FRESH_MIN:
-        view = flat[first:stop:stride] if bl == 1 else block_view(flat, first, nb, stride, bl)
-        packed = np.empty(nb * bl, wire)
-
-        def upto(nbytes: int) -> None:
-            k = nbytes // packed.itemsize
-            if bl == 1:
-                view[:k] = packed[:k]
-                return
-            rows, rest = divmod(k, bl)
-            view[:rows] = packed[:rows * bl].reshape(rows, bl)
-            if rest:
-                view[rows, :rest] = packed[rows * bl:k]
-        return Msg(packed, upto, per, reducible, sized=True)
     if bl == 1:
         view = flat[first:stop:stride]
         packed = view.copy()

@@ -194,8 +194,7 @@ def _split(spec, where: str, arg: str):
                         f"{type(spec).__name__}")
 
 
-def message(spec, where: str, arg: str, *, writable: bool, blocks: int = 1,
-            fresh: bool = False) -> Msg:
+def message(spec, where: str, arg: str, *, writable: bool, blocks: int = 1) -> Msg:
     """Turn a one-buffer message spec into a :class:`Msg` (see the module docstring).
 
     Args:
@@ -206,9 +205,6 @@ def message(spec, where: str, arg: str, *, writable: bool, blocks: int = 1,
         blocks: the buffer holds one block per rank (Gather's recvbuf, Scatter's sendbuf,
             Allgather's recvbuf, Alltoall's both): a count in the spec is per block, as
             MPI's sendcount/recvcount.
-        fresh: the caller passes the bytes received to :meth:`Msg.finish`, so a strided
-            receive need not copy the buffer's elements out first (see
-            :func:`pycomm.MPI.msg.strided`).
 
     Raises:
         InvalidBufferError: not a buffer, read-only when written, non-contiguous, too
@@ -221,7 +217,7 @@ def message(spec, where: str, arg: str, *, writable: bool, blocks: int = 1,
         if dt._contig and dt._dtypes[0] == spec.dtype and spec.dtype.kind in "biufc":
             return Msg(spec.reshape(-1))        # the common case: zero-copy, no parsing
     if type(spec) in (list, tuple) and len(spec) == 3:
-        fast = strided(spec, writable, blocks, where, fresh)
+        fast = strided(spec, writable, blocks, where)
         if fast is not None:
             return fast
     buf, count, displ, given = _split(spec, where, arg)
