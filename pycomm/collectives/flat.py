@@ -74,6 +74,19 @@ def _table(collective: str, *entries: tuple) -> dict[str, AlgorithmInfo]:
             for name, fn, comm_only, pof2, doc in entries}
 
 
+def _reduce_scatter_table(collective: str, ring: Callable, halving: Callable,
+                          pairwise: Callable) -> dict[str, AlgorithmInfo]:
+    """The three reduce-scatter schedules, per-rank counts or equal blocks alike (no
+    schedule modifies ``sendbuf``: :mod:`pycomm.collectives.reduce_scatter`)."""
+    return _table(
+        collective,
+        ("ring", ring, True, False, "ring; commutative ops"),
+        ("recursive_halving", halving, False, False,
+         "log2 p halving steps, rank order kept"),
+        ("pairwise", pairwise, False, False, "p-1 sendrecv steps; exact rank order"),
+    )
+
+
 # Order breaks ties of the cost model (the first listed wins).
 FLAT: dict[str, dict[str, AlgorithmInfo]] = {
     "barrier": _table(
@@ -157,24 +170,12 @@ FLAT: dict[str, dict[str, AlgorithmInfo]] = {
         ("pairwise", alltoallv_pairwise, False, False,
          "p-1 sendrecv steps with per-peer counts; 0-byte messages where counts are 0"),
     ),
-    "reduce_scatter": _table(
-        "reduce_scatter",
-        ("ring", reduce_scatter_ring, True, False,
-         "ring; commutative ops; overwrites sendbuf"),
-        ("recursive_halving", reduce_scatter_recursive_halving, False, False,
-         "log2 p halving steps, rank order kept; may overwrite sendbuf"),
-        ("pairwise", reduce_scatter_pairwise, False, False,
-         "p-1 sendrecv steps; exact rank order; sendbuf untouched"),
-    ),
-    "reduce_scatter_block": _table(
-        "reduce_scatter_block",
-        ("ring", reduce_scatter_block_ring, True, False,
-         "ring; commutative ops; overwrites sendbuf"),
-        ("recursive_halving", reduce_scatter_block_recursive_halving, False, False,
-         "log2 p halving steps, rank order kept; may overwrite sendbuf"),
-        ("pairwise", reduce_scatter_block_pairwise, False, False,
-         "p-1 sendrecv steps; exact rank order; sendbuf untouched"),
-    ),
+    "reduce_scatter": _reduce_scatter_table(
+        "reduce_scatter", reduce_scatter_ring, reduce_scatter_recursive_halving,
+        reduce_scatter_pairwise),
+    "reduce_scatter_block": _reduce_scatter_table(
+        "reduce_scatter_block", reduce_scatter_block_ring,
+        reduce_scatter_block_recursive_halving, reduce_scatter_block_pairwise),
     "scan": _table(
         "scan",
         ("recursive_doubling", scan_recursive_doubling, False, False,
