@@ -45,7 +45,7 @@ case $phase in
 sweep)
     label=${3:?LABEL}; rounds=${4:-5}
     if [ ! -s "$out/tune.json" ]; then
-        step tune "$py" -m pycomm.tune -n 2 --transport shm --out "$out/tune.json"
+        step tune "$py" -m pycomm.tuning.tune -n 2 --transport shm --out "$out/tune.json"
         cat "$out/tune.txt"
     fi
     export PYCOMM_TUNE_FILE=$out/tune.json

@@ -27,7 +27,7 @@ import statistics
 from collections import defaultdict
 
 from pycomm.collectives import choose
-from pycomm.collectives.cost import model_transport  # a run's meta.transport -> its table
+from pycomm.tuning.cost import model_transport  # a run's meta.transport -> its table
 
 __all__ = ["load", "model_transport", "table", "main"]
 

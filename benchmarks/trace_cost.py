@@ -27,7 +27,7 @@ import pycomm
 from pycomm import trace
 from pycomm.comm import Communicator
 from pycomm.errors import CommTimeoutError
-from pycomm.selection import AlgorithmSelection
+from pycomm.tuning.selection import AlgorithmSelection
 
 RECORDED_RUN = AlgorithmSelection._run
 RECORDED_WAIT = Communicator._wait_posted

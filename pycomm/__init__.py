@@ -26,7 +26,7 @@ from .errors import (ArgumentError, CollectiveError, CollectiveMismatchError, Co
 from .ops import (BAND, BOR, BXOR, DOUBLE_INT, FLOAT_INT, INT_INT, LAND, LONG_INT, LOR, LXOR,
                   MAX, MAXLOC, MIN, MINLOC, PROD, SUM, Op)
 from .p2p import ANY_SOURCE, ANY_TAG, PROC_NULL, Request
-from .spawning import Pool, spawn
+from .launch.spawning import Pool, spawn
 
 __version__ = "0.1.0"
 
@@ -52,7 +52,7 @@ def init(**options) -> Communicator:
 
     Options (keyword-only, all optional): ``transport`` ("auto", "shm", "tcp"),
     ``timeout`` (seconds), ``eager_limit`` (bytes), ``ring_bytes``, ``spin_us``, ``host``.
-    See :mod:`pycomm.bootstrap` for the launchers understood.
+    See :mod:`pycomm.launch.bootstrap` for the launchers understood.
 
     Raises:
         ArgumentError: bad options or inconsistent launcher variables.
@@ -61,7 +61,7 @@ def init(**options) -> Communicator:
     global _world, _closer
     with _lock:
         if _world is None:
-            from .bootstrap import create_world
+            from .launch.bootstrap import create_world
             _world, _closer = create_world(**options)
             atexit.register(finalize)
         return _world

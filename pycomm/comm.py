@@ -45,7 +45,7 @@ from .vcoll import VectorMethods
 from .ops import SUM, Op
 from .p2p import ANY_SOURCE, ANY_TAG, PROC_NULL, Engine, Request, null_request
 from .plan import SHARED_SLOTS, UNDECIDED, plan_call
-from .selection import AlgorithmSelection
+from .tuning.selection import AlgorithmSelection
 from .signature import collective, describe
 from .status import Status, fill as _fill
 

@@ -125,8 +125,8 @@ _DECLARED = [
         "Bytes of collective scratch buffers (1 MiB and larger) kept for reuse between calls "
         "(0: allocate afresh every call)."),
     Var("PYCOMM_TUNE_FILE", str, None,
-        "JSON table of cost-model constants written by python -m pycomm.tune (default: the "
-        "table shipped in pycomm/collectives/tuned.json)."),
+        "JSON table of cost-model constants written by python -m pycomm.tuning.tune (default: the "
+        "table shipped in pycomm/tuning/tuned.json)."),
 ]
 
 VARS: dict[str, Var] = {v.name: v for v in _DECLARED}

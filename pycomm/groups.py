@@ -14,7 +14,7 @@ Context ids map to three engine contexts: ``3*cid`` (user point-to-point), ``3*c
 ``Create_group``, which only the group's members take part in, tagged by the user's tag).
 
 Every new communicator gets a ``host_layout`` (which of its ranks share a host, see
-:class:`pycomm.bootstrap.HostLayout`) derived from its parent's without a message: every
+:class:`pycomm.launch.bootstrap.HostLayout`) derived from its parent's without a message: every
 rank knows the parent's whole layout and the new member list.
 """
 

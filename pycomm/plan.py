@@ -1,7 +1,7 @@
 """A collective call's plan, decided once per communicator: signature, algorithm, function.
 
 A call's signature (:mod:`pycomm.signature`), its op's check against the dtype and the
-choice of algorithm (:meth:`pycomm.selection.AlgorithmSelection._choose`, which reads the
+choice of algorithm (:meth:`pycomm.tuning.selection.AlgorithmSelection._choose`, which reads the
 configuration) depend only on the call's shape: the collective, dtype, element count,
 root, op and ``algorithm=``. Small messages repeat the same shapes call after call, so
 each communicator keeps the plan of every shape it has run (up to :data:`MAX_PLANS`) and

@@ -8,7 +8,7 @@ Bcast #56 on pycomm.COMM_WORLD 12.4 s ago, and is in no pycomm call". While the 
 lasts it asks again every ``PYCOMM_STALL_WARN`` seconds (warning again only when the
 suspects changed); when the wait times out, the ``CommTimeoutError`` names the call and
 carries the same diagnosis, and its ``culprits`` (world ranks) are published for the
-launcher (see :mod:`pycomm.launcher`), as is the dead peer of a ``PeerError``.
+launcher (see :mod:`pycomm.launch.launcher`), as is the dead peer of a ``PeerError``.
 
 Nothing is sent on the fast path: a rank answers only when asked. Each rank of a world
 with a store runs one *responder* thread, blocked in the store on its own ask key, which

@@ -14,7 +14,7 @@ When a host's ranks outnumber its cores, a rank between spinning and sleeping po
 ``MPID_NEM_POLLS_BEFORE_YIELD`` polls). A yielding rank gives its core to a peer that has
 work, yet stays runnable: the peer that hands it a message needs no ``FUTEX_WAKE`` and it
 needs no trip through the scheduler's wake-up path, which is what a step costs when ranks
-sleep (the measured ``wake`` of :mod:`pycomm.tune`). Only single-threaded engines yield:
+sleep (the measured ``wake`` of :mod:`pycomm.tuning.tune`). Only single-threaded engines yield:
 once a nonblocking collective has started the progress thread, waiting threads share the
 GIL and one sleeper slot in the transport (below), and yielding was not measured there.
 """

@@ -241,10 +241,10 @@ def run_fake(size: int, fn: Callable[[FakeCC], Any], *, timeout: float = 10.0,
 
 def on_fake_hosts(hostmap: list[int], fn: Callable[[FakeCC], Any], **kwargs) -> list:
     """Run ``fn(cc)`` on fake ranks whose communicator has the host layout ``hostmap``
-    (the host of each rank; ``cc.comm.host_layout`` as :func:`pycomm.bootstrap.host_layout`
+    (the host of each rank; ``cc.comm.host_layout`` as :func:`pycomm.launch.bootstrap.host_layout`
     builds it); returns ``[(result, bytes this rank sent to other hosts)]`` in rank order.
     ``kwargs`` go to :func:`run_fake`."""
-    from pycomm.bootstrap import host_layout
+    from pycomm.launch.bootstrap import host_layout
     infos = [{"host": f"h{h}/boot/shm", "hostname": f"node{h}"} for h in hostmap]
 
     def body(cc):

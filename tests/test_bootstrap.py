@@ -1,4 +1,4 @@
-"""World bootstrap from each launcher's environment (pycomm/bootstrap.py)."""
+"""World bootstrap from each launcher's environment (pycomm/launch/bootstrap.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import textwrap
 
 import pytest
 
-from pycomm.bootstrap import (_check_store_host, _first_slurm_host, _slurm_tasks_on_node,
-                              detect)
+from pycomm.launch.jobenv import (_check_store_host, _first_slurm_host, _slurm_tasks_on_node,
+                                  detect)
 from pycomm.errors import ArgumentError
 
 SCRIPT = textwrap.dedent("""

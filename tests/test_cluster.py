@@ -35,9 +35,10 @@ from benchmarks.cluster.netns import Cluster, ClusterError, check_support
 from fakecomm import on_fake_hosts  # tests/ is on sys.path under pytest
 from pycomm import config, ops
 from pycomm.collectives import hierarchical as hier
-from pycomm.bootstrap import _hnp_host, detect, host_layout, listen_address
+from pycomm.launch.bootstrap import host_layout
+from pycomm.launch.jobenv import _hnp_host, detect, listen_address
 from pycomm.errors import CommError
-from pycomm.nodes import global_rank
+from pycomm.launch.nodes import global_rank
 from transports import TransportError
 from transports.tcp import bind_listener
 
@@ -190,7 +191,7 @@ def test_a_peer_listening_on_loopback_is_a_comm_error_naming_it_on_every_rank(cl
 
 
 def test_listen_address_is_the_interface_routing_to_the_store(cluster):
-    code = ("from pycomm.bootstrap import listen_address; "
+    code = ("from pycomm.launch.jobenv import listen_address; "
             f"print(listen_address({cluster.addr(1)!r}, 29500), listen_address('127.0.0.1'))")
     for k in (1, 2):        # host 1 holds the store: its own address routes to itself
         done = cluster.run(k, [sys.executable, "-c", code], cwd=str(ROOT), env=_rank_env(cluster))
@@ -481,7 +482,7 @@ def test_auto_chooses_hierarchical_only_when_hosts_are_spanned():
 
 
 def _fake_layout_task(hostmap: list[int]):
-    from pycomm.bootstrap import host_layout as layout_of
+    from pycomm.launch.bootstrap import host_layout as layout_of
     world = pycomm.COMM_WORLD
     comm = world.Dup()          # a fresh communicator: no call has been planned on it yet
     infos = [{"host": f"fake{h}/boot/shm", "hostname": f"fake{h}"} for h in hostmap]
@@ -540,7 +541,7 @@ def test_hierarchical_collectives_across_emulated_hosts(cluster, nnodes, nproc, 
 
 # -- link-aware selection ---------------------------------------------------------------------
 def _table_with_net(tmp_path, **net) -> str:
-    from pycomm.collectives.cost import SHIPPED_TABLE
+    from pycomm.tuning.cost import SHIPPED_TABLE
     with open(SHIPPED_TABLE, encoding="utf-8") as fh:
         table = json.load(fh)
     table["net"] = {**table["shm"], **net}
@@ -551,7 +552,7 @@ def _table_with_net(tmp_path, **net) -> str:
 
 def test_model_transport_prices_each_communicator_by_the_links_it_crosses(tmp_path,
                                                                          monkeypatch):
-    from pycomm.collectives.cost import model_transport
+    from pycomm.tuning.cost import model_transport
     monkeypatch.delenv("PYCOMM_TUNE_FILE", raising=False)
     assert model_transport("shm+tcp", 1) == "shm"       # a host's part of a multi-host job
     assert model_transport("tcp", 1) == "tcp"           # --transport tcp on one host
@@ -587,7 +588,7 @@ def test_tune_links_measures_the_link_between_emulated_hosts(cluster, tmp_path, 
     procs = [cluster.popen(k + 1, [sys.executable, "launch.py", "--nnodes", "2",
                                    "--node-rank", str(k), "--master-addr", cluster.addr(1),
                                    "--master-port", str(port), "--nproc-per-node", "2",
-                                   "pycomm/tune_links.py", "--quick", "--out", str(out)],
+                                   "pycomm/tuning/tune_links.py", "--quick", "--out", str(out)],
                            cwd=str(ROOT), env=_rank_env(cluster, PYCOMM_TIMEOUT="60"),
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for k in range(2)]
@@ -598,7 +599,7 @@ def test_tune_links_measures_the_link_between_emulated_hosts(cluster, tmp_path, 
     for entry in (net, net["measured"]["local"]):
         for key in ("alpha", "beta", "alpha_rndv", "beta_rndv", "alpha_x"):
             assert 0 < entry[key] < 1, (key, entry)
-    from pycomm.collectives.cost import load_table, model_transport
+    from pycomm.tuning.cost import load_table, model_transport
     monkeypatch.setenv("PYCOMM_TUNE_FILE", str(out))
     assert load_table()["net"].beta_rndv == net["beta_rndv"]
     assert model_transport("shm+tcp", 2) == "net"
@@ -729,7 +730,7 @@ def test_stdin_rank_outside_the_multi_node_world_is_a_usage_error(tmp_path):
     (["--nnodes", "2", "--nproc-per-node", "0"], "--nproc-per-node must be at least 1, got 0"),
     (["--nnodes", "2", "--stdin", "-1"], "--stdin must be a rank in 0..1 or 'none', got '-1'")])
 def test_multi_node_shape_errors_are_usage_errors(opts, message, capsys):
-    from pycomm.launch_cli import main
+    from pycomm.launch.cli import main
     with pytest.raises(SystemExit) as exc:
         main([*opts, "app.py"])
     assert exc.value.code == 2

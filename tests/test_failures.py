@@ -5,7 +5,7 @@ turns every operation waiting on it into an exception naming the peer, on every 
 rank, within a few seconds, never a hang; every blocking wait is bounded by ``timeout=``;
 no process or /dev/shm segment outlives the job.
 
-The survivors' side is observed with a bare :class:`pycomm.launcher.RankGroup`, which does
+The survivors' side is observed with a bare :class:`pycomm.launch.launcher.RankGroup`, which does
 not stop the other ranks when one dies (a Pool or ``launch.py`` would SIGTERM them at
 once): each survivor writes what its blocked call raised to a file and exits. The parent's
 side is observed through :class:`pycomm.Pool` and :func:`pycomm.spawn`.
@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 import pycomm
-from pycomm.launcher import RankGroup, shm_prefix
+from pycomm.launch.launcher import RankGroup, shm_prefix
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 

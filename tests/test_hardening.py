@@ -34,7 +34,7 @@ from hypothesis import strategies as st
 
 import pycomm
 from pycomm.p2p import Engine
-from pycomm.store import HELLO, StoreServer
+from pycomm.launch.store import HELLO, StoreServer
 from transports import get_transport_class, handshake
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

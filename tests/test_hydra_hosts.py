@@ -1,5 +1,5 @@
 """Multi-host MPICH Hydra (issue 16): a real ``mpiexec`` across emulated hosts, and the PMI
-client (pycomm/pmi.py) through which its ranks find rank 0's store with no MASTER_ADDR.
+client (pycomm/launch/pmi.py) through which its ranks find rank 0's store with no MASTER_ADDR.
 
 The real jobs run ``mpiexec -launcher ssh -launcher-exec STAND_IN -hosts host1,host2 ...``
 on emulated host 1 (benchmarks/cluster/netns.py); the stand-in runs Hydra's proxy in the
@@ -26,8 +26,9 @@ import numpy as np
 import pytest
 
 from benchmarks.cluster.netns import Cluster, ClusterError, check_support
-from pycomm import pmi
-from pycomm.bootstrap import JobEnv, _pmi_rendezvous, detect
+from pycomm.launch import pmi
+from pycomm.launch.bootstrap import _pmi_rendezvous
+from pycomm.launch.jobenv import JobEnv, detect
 from pycomm.errors import ArgumentError, CommError, CommTimeoutError, ProtocolError
 
 ROOT = Path(__file__).resolve().parent.parent

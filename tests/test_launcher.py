@@ -15,7 +15,7 @@ import pytest
 
 import pycomm
 from pycomm.errors import CommError, CommTimeoutError, PeerError, RemoteError
-from pycomm.launcher import RankExit, shm_prefix, sweep_shm
+from pycomm.launch.launcher import RankExit, shm_prefix, sweep_shm
 
 ROOT = Path(__file__).resolve().parents[1]
 LAUNCH = str(ROOT / "launch.py")
@@ -381,7 +381,7 @@ def test_stopped_rank_is_named_and_the_job_ends_promptly(tmp_path):
 def test_the_verdict_follows_a_cascade_to_the_rank_that_failed_first():
     """Rank 2 raised and left; rank 0, waiting for it, failed and left too; rank 1, waiting
     for rank 0, names rank 0. The verdict blames rank 2, whose own diagnosis names nobody."""
-    from pycomm.launcher import RankExit, _culprit_line
+    from pycomm.launch.launcher import RankExit, _culprit_line
     exits = {r: RankExit(r, 100 + r, 1) for r in range(3)}
     diags = {0: {"culprits": [2], "call": "Allreduce #7", "error": "PeerError: rank 2 left"},
              1: {"culprits": [0], "call": "Allreduce #7", "error": "PeerError: rank 0 left"}}

@@ -16,7 +16,7 @@ import pycomm
 # -- algorithm override through the environment --------------------------------------------
 
 def _rank_env_override():
-    import pycomm.selection as comm_module
+    import pycomm.tuning.selection as comm_module
     comm = pycomm.COMM_WORLD
     chosen = []
     real_choose = comm_module.choose
@@ -134,7 +134,7 @@ def _rank_yield_s():
 def test_yield_us_variable_overrides_the_default(monkeypatch):
     # PYCOMM_YIELD_US reaches every rank's engine, both ways: on where the default is off
     # (2 ranks, as many cores or more) and off where it is on (more ranks than cores)
-    from pycomm.spawning import spawn
+    from pycomm.launch.spawning import spawn
     cores = len(os.sched_getaffinity(0))
     monkeypatch.setenv("PYCOMM_YIELD_US", "1234")
     assert spawn(_rank_yield_s, 2, transport="shm") == [pytest.approx(1234e-6)] * 2

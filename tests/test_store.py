@@ -12,7 +12,7 @@ import msgpack
 import pytest
 
 from pycomm.errors import ArgumentError, CommError, CommTimeoutError, ProtocolError
-from pycomm.store import (
+from pycomm.launch.store import (
     AUTH_DEADLINE,
     HELLO,
     LENGTH,
@@ -22,12 +22,12 @@ from pycomm.store import (
     NONCE_LEN,
     REFUSED,
     FrameReader,
-    StoreClient,
     StoreServer,
     frame,
     hmac_proof,
     normalize_token,
 )
+from pycomm.launch.store_client import StoreClient
 
 TOKEN = secrets.token_hex(32)
 

@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import pycomm.collectives as algs
-import pycomm.collectives.cost as cost
-from pycomm import tune
+import pycomm.tuning.cost as cost
+from pycomm.tuning import tune
 from pycomm.errors import ArgumentError
 
 
@@ -37,7 +37,7 @@ def test_shipped_table_is_valid_and_cites_its_run():
     for key in ("date", "host", "cpu_count", "python", "numpy", "pycomm", "command",
                 "loadavg", "eager_limit"):
         assert key in src, key
-    assert src["command"].startswith("python -m pycomm.tune")
+    assert src["command"].startswith("python -m pycomm.tuning.tune")
     assert not src["quick"]
 
 
@@ -440,7 +440,7 @@ def test_exchange_steps_pay_the_exchange_wake_when_oversubscribed(tmp_path, monk
 def test_measure_exchange_wake_points_and_formula(monkeypatch):
     # per turn = (median step of three worlds - alpha_x) / ranks per core; 4x only while
     # it stays within 64 ranks
-    spawn_module = importlib.import_module("pycomm.spawning")
+    spawn_module = importlib.import_module("pycomm.launch.spawning")
     worlds = []
 
     def fake_spawn(fn, nprocs, args, transport):

@@ -26,8 +26,8 @@ import pytest
 import pycomm
 import pycomm.collectives as algs
 from pycomm import ops
-from pycomm.bootstrap import host_layout
-from pycomm.collectives.cost import model_transport
+from pycomm.launch.bootstrap import host_layout
+from pycomm.tuning.cost import model_transport
 from pycomm.collectives.topology import grid_2d
 from pycomm.collectives.twod import grid_rows, host_grid
 from fakecomm import on_fake_hosts, run_fake  # tests/ is on sys.path under pytest
@@ -226,7 +226,7 @@ def shipped_table(monkeypatch):
 
 
 def test_shipped_table_prices_the_link_between_hosts_slower_than_loopback(shipped_table):
-    from pycomm.collectives.cost import constants
+    from pycomm.tuning.cost import constants
     assert model_transport("shm+tcp", 2) == "net" and model_transport("shm+tcp", 1) == "shm"
     net, tcp = constants("net"), constants("tcp")
     assert net.alpha > tcp.alpha and net.beta_rndv > tcp.beta_rndv and net.beta >= tcp.beta
@@ -247,8 +247,8 @@ def test_auto_across_hosts_small_is_latency_optimal_large_is_hierarchical(
 
 
 def test_host_grid_price_carries_the_minimum_over_the_link(shipped_table):
-    from pycomm.collectives.cost import constants
-    from pycomm.collectives.cost_hosts import twod_hosts_time
+    from pycomm.tuning.cost import constants
+    from pycomm.tuning.cost_hosts import twod_hosts_time
     n, net = 16 << 20, constants("net")
     t = twod_hosts_time(n, (2, 2))
     # each host's link carries n (2(H-1)/H n, H = 2); a flat ring across it 1.5 n per rank

@@ -107,7 +107,7 @@ def test_pipeline_bcast_with_the_models_segment(size, monkeypatch):
     # model's segment for its size (shm constants, a core per rank); every rank but the
     # last forwards ceil(n / segment) messages, and every rank ends with the root's data
     monkeypatch.setenv("PYCOMM_SEGMENT_BYTES", "0")
-    cost = importlib.import_module("pycomm.collectives.cost")
+    cost = importlib.import_module("pycomm.tuning.cost")
     count, root = (3 << 20) + 5, size - 1          # float64: 24 MiB and 40 bytes
     seg = cost.segment_bytes("bcast", "pipeline", count * 8, size)
     assert (seg < count * 8) == (size > 2)   # on 2 ranks one message is best

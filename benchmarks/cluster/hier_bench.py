@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prefix", default="pchb")
     ap.add_argument("--out", default=None, help="write the records and summary as JSON")
     ap.add_argument("--tune-file", default=None,
-                    help="PYCOMM_TUNE_FILE for the ranks (e.g. written by pycomm/tune_links.py)")
+                    help="PYCOMM_TUNE_FILE for the ranks (e.g. written by pycomm/tuning/tune_links.py)")
     ap.add_argument("--env", action="append", default=[], metavar="VAR=VALUE",
                     help="another PYCOMM_ variable for the ranks (repeatable)")
     ap.add_argument("--raw", action="store_true",

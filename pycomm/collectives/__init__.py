@@ -7,7 +7,7 @@ collective -> algorithm -> :class:`AlgorithmInfo`: the flat algorithms
 (:mod:`pycomm.collectives.flat`) and, after them, the composite ones that run flat ones
 inside hosts, rows and columns (``hierarchical``, ``2d``). :func:`choose` picks one per call,
 either the one the user named (``algorithm=`` or ``PYCOMM_ALGORITHM_<COLLECTIVE>``) or the
-argmin of the α-β-γ model in :mod:`pycomm.collectives.cost`.
+argmin of the α-β-γ model in :mod:`pycomm.tuning.cost`.
 
 Bytes of a call (``nbytes`` below), which must be the same on every rank:
 
@@ -20,7 +20,7 @@ Bytes of a call (``nbytes`` below), which must be the same on every rank:
 * barrier: 0.
 
 Constants come from the table of the communicator's transport (``transport=``; see
-:mod:`pycomm.collectives.cost`), so every rank of a communicator, which shares one
+:mod:`pycomm.tuning.cost`), so every rank of a communicator, which shares one
 transport name, makes the same choice.
 """
 
@@ -29,10 +29,10 @@ from __future__ import annotations
 from typing import Callable
 
 from pycomm import config
-from pycomm.collectives.cost import DEFAULT_TRANSPORT, NET
-# the function under another name: pycomm.collectives.cost stays the module
-from pycomm.collectives.cost import cost as _cost
-from pycomm.collectives.cost_hosts import two_level_time
+from pycomm.tuning.cost import DEFAULT_TRANSPORT, NET
+# the function under another name: pycomm.tuning.cost stays the module
+from pycomm.tuning.cost import cost as _cost
+from pycomm.tuning.cost_hosts import two_level_time
 from pycomm.collectives.flat import FLAT, AlgorithmInfo, _table, bound, cheapest
 from pycomm.collectives.hierarchical import (HIERARCHICAL, PIECE_BYTES, allgather_hierarchical,
                                             allreduce_hierarchical, barrier_hierarchical,
@@ -156,18 +156,18 @@ def choose(collective: str, nbytes: int, size: int, *, requested: str | None = N
     ``algorithm=``); when that is None, from ``PYCOMM_ALGORITHM_<COLLECTIVE>``. ``"auto"``
     (from either source; ``requested="auto"`` also overrides the environment) or nothing
     means automatic: the algorithm with the least modelled time among those that can
-    serve the call (:mod:`pycomm.collectives.cost`; ties go to registry order). On a
+    serve the call (:mod:`pycomm.tuning.cost`; ties go to registry order). On a
     communicator spanning hosts (``hosts``) the ``hierarchical`` algorithms
     (:mod:`pycomm.collectives.hierarchical`) take part, priced step by step with the link
-    each step crosses (:mod:`pycomm.collectives.cost_hosts`), when ``transport`` is the
-    measured link between hosts (``"net"``, :mod:`pycomm.tune_links`); without that
+    each step crosses (:mod:`pycomm.tuning.cost_hosts`), when ``transport`` is the
+    measured link between hosts (``"net"``, :mod:`pycomm.tuning.tune_links`); without that
     measurement the hierarchical algorithm is taken wherever it can serve the call (its
     link bytes are the minimum; the loopback-TCP row must not price a real link). The
     shipped table has a ``net`` entry (an assumed link, see ``tuned.json``'s
     ``source.net``), so the price is always made unless a table without it is loaded. The
     ``2d`` algorithms (:mod:`pycomm.collectives.twod`) take no part in the automatic
     choice: they run only when named (their model price: :func:`model_time`, and for the
-    all-reduce on the host grid :func:`pycomm.collectives.cost_hosts.twod_hosts_time`).
+    all-reduce on the host grid :func:`pycomm.tuning.cost_hosts.twod_hosts_time`).
 
     Args:
         collective: a key of :data:`REGISTRY`.

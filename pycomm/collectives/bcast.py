@@ -22,7 +22,7 @@ root-1``; the vector is cut into ``S = ceil(n / s)`` segments of ``s`` bytes, th
 every rank. A rank receives segment ``k`` from its predecessor, posts the receive of
 segment ``k+1`` and forwards segment ``k``, so all links carry different segments at once.
 ``p - 2 + S`` pipeline steps of one segment each; a middle rank receives and sends in every
-step, as in an exchange (``α_x``, :mod:`pycomm.tune`): time ``(p - 2 + S)(α_x + (n/S)β)``,
+step, as in an exchange (``α_x``, :mod:`pycomm.tuning.tune`): time ``(p - 2 + S)(α_x + (n/S)β)``,
 close to ``nβ`` for large ``n``, whatever ``p``; no scratch. The segment trades messages
 against the time to fill the chain: ``s`` is ``PYCOMM_SEGMENT_BYTES`` when set, else the
 power of two (4 KiB and up) that the cost model prices lowest for this ``n`` and ``p``
@@ -39,8 +39,8 @@ import collections
 
 import numpy as np
 
-from pycomm.collectives.cost import segment_bytes as model_segment
-from pycomm.collectives.cost_terms import TREE_SEGMENT_BYTES, forced_segment
+from pycomm.tuning.cost import segment_bytes as model_segment
+from pycomm.tuning.cost_terms import TREE_SEGMENT_BYTES, forced_segment
 from pycomm.collectives.topology import (binomial_children, binomial_parent,
                                         binomial_subtree_size, chunk_offsets, ring_neighbors,
                                         segment_offsets)

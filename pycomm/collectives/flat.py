@@ -22,9 +22,9 @@ from pycomm.collectives.allreduce import (allreduce_binomial, allreduce_double_b
 from pycomm.collectives.alltoall import alltoall_bruck, alltoall_pairwise, alltoallv_pairwise
 from pycomm.collectives.barrier import barrier_binomial, barrier_dissemination
 from pycomm.collectives.bcast import bcast_binomial, bcast_pipeline, bcast_scatter_allgather
-from pycomm.collectives.cost import segment_bytes
-# the function under another name: pycomm.collectives.cost stays the module
-from pycomm.collectives.cost import cost as _cost
+from pycomm.tuning.cost import segment_bytes
+# the function under another name: pycomm.tuning.cost stays the module
+from pycomm.tuning.cost import cost as _cost
 from pycomm.collectives.gather import gather_binomial, gather_linear, gatherv_linear
 from pycomm.collectives.reduce import reduce_binomial, reduce_rabenseifner
 from pycomm.collectives.reduce_scatter import (reduce_scatter_block_pairwise,
@@ -209,6 +209,6 @@ def cheapest(collective: str, nbytes: int, size: int, commutative: bool, transpo
 def bound(info: AlgorithmInfo, nbytes: int, size: int, transport: str,
           oversubscription: float = 1.0) -> Callable:
     """``info.fn``, with the segment size the model priced bound to it where it has one
-    (:func:`pycomm.collectives.cost.segment_bytes`), so the schedule runs what was priced."""
+    (:func:`pycomm.tuning.cost.segment_bytes`), so the schedule runs what was priced."""
     seg = segment_bytes(info.collective, info.name, nbytes, size, transport, oversubscription)
     return info.fn if seg is None else functools.partial(info.fn, segment_bytes=seg)

@@ -1,6 +1,6 @@
 """Hierarchical (two-level, topology-aware) collectives for communicators that span hosts.
 
-A communicator's ``host_layout`` (:class:`pycomm.bootstrap.HostLayout`: which of its ranks
+A communicator's ``host_layout`` (:class:`pycomm.launch.bootstrap.HostLayout`: which of its ranks
 share a host) splits it into two kinds of groups, the *sub-communicators* of this module
 (:class:`Plan`, built once per layout and cached):
 
@@ -80,7 +80,7 @@ import numpy as np
 
 from pycomm import config
 from pycomm.collectives.barrier import barrier_dissemination
-from pycomm.collectives.cost import DEFAULT_TRANSPORT, model_transport
+from pycomm.tuning.cost import DEFAULT_TRANSPORT, model_transport
 from pycomm.collectives.flat import bound, cheapest
 from pycomm.collectives.scratch import give, take
 from pycomm.collectives.topology import chunk_offsets

@@ -49,11 +49,11 @@ ring's bytes in ``2(R+C-2)`` steps where the ring takes ``2(p-1)``; on the host 
 link carries ``2(H-1)/H n`` per host, the all-reduce minimum, as the hierarchical
 all-reduce's does, but its phases run one after another (the hierarchical schedule
 overlaps them in pieces). Time ``RS(n, C) + AR(n/C, R) + AG(n, C)`` (the inner phases'
-modelled times; :func:`pycomm.collectives.cost_hosts.twod_hosts_time` on the host grid).
+modelled times; :func:`pycomm.tuning.cost_hosts.twod_hosts_time` on the host grid).
 
 **Selection**: by name only (``algorithm="2d"``, ``PYCOMM_ALGORITHM_ALLREDUCE=2d``). The
 model prices it (:func:`pycomm.collectives.model_time`; on the host grid
-:func:`pycomm.collectives.cost_hosts.twod_hosts_time`) but the automatic choice leaves it
+:func:`pycomm.tuning.cost_hosts.twod_hosts_time`) but the automatic choice leaves it
 out: the model puts it below schedules it measures slower than (benchmarks/README.md,
 issue 16).
 
@@ -100,7 +100,7 @@ in (2)), plus ``n(p-1)/p γ`` for the reduce-scatter and ``nσ`` where a copy is
 the host grid ``(H-1)n/H`` per host over the link. Time ``AG(n/b, a) + AG(n, b)`` and
 ``RS(n, b) + RS(n/b, a)``, the inner phases at the model's picks for the group's size,
 bytes and link (priced on the near-square grid by
-:func:`pycomm.collectives.cost_steps.twod_time`). Selection: by name only, as the
+:func:`pycomm.tuning.cost_steps.twod_time`). Selection: by name only, as the
 all-reduce (``algorithm="2d"``, ``PYCOMM_ALGORITHM_ALLGATHER=2d``,
 ``PYCOMM_ALGORITHM_REDUCE_SCATTER=2d``, ``PYCOMM_ALGORITHM_REDUCE_SCATTER_BLOCK=2d``).
 """
@@ -114,8 +114,8 @@ import numpy as np
 
 from pycomm import config
 from pycomm.collectives.allgather import allgatherv_ring
-from pycomm.collectives.cost import DEFAULT_TRANSPORT, model_transport
-from pycomm.collectives.cost_steps import TWOD_COLUMN, TWOD_GATHER, TWOD_ROW
+from pycomm.tuning.cost import DEFAULT_TRANSPORT, model_transport
+from pycomm.tuning.cost_steps import TWOD_COLUMN, TWOD_GATHER, TWOD_ROW
 from pycomm.collectives.flat import cheapest
 from pycomm.collectives.hierarchical import View
 from pycomm.collectives.scratch import give, take

@@ -18,11 +18,11 @@ returns the results in rank order and tears everything down.
 
 How a group forms. A small directory actor, named ``pycomm:<group_name>`` in the job's Ray
 namespace, collects each member's rank and Ray node; once all ``world_size`` have come it
-starts the group's rendezvous store (:class:`pycomm.store.StoreServer`, authenticated with
+starts the group's rendezvous store (:class:`pycomm.launch.store.StoreServer`, authenticated with
 a random job secret that only the members receive, through Ray) and hands every member the
 store's address: loopback when every member runs on the directory's node, else the
 directory's Ray node address. From there the world forms as under any launcher
-(:func:`pycomm.bootstrap.create_world`): each rank listens on the interface that routes to
+(:func:`pycomm.launch.bootstrap.create_world`): each rank listens on the interface that routes to
 the store's host, shared memory links the ranks of a node and TCP the nodes. The directory
 plays the launcher's part, so it lives as long as the group: the last member to leave, or
 the driver's :func:`destroy_collective_group`, ends it; a group that fails to form (members

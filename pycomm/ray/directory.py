@@ -95,7 +95,7 @@ class Directory:
         return None
 
     def _start_store(self) -> None:
-        from pycomm.store import StoreServer
+        from pycomm.launch.store import StoreServer
         here = ray.get_runtime_context().get_node_id()
         one_node = all(node == here for _, node in self.members.values())
         self.server = StoreServer(self.token, host="127.0.0.1" if one_node

@@ -13,7 +13,7 @@ import ray
 from pycomm import config, ops
 from pycomm.buffers import IN_PLACE
 from pycomm.errors import ArgumentError, CommError
-from pycomm.launcher import sweep_shm
+from pycomm.launch.launcher import sweep_shm
 
 from .directory import DIRECTORY_PREFIX as _DIRECTORY_PREFIX
 from .directory import Directory as _Directory
@@ -78,7 +78,8 @@ def _actor_id() -> str:
 
 def _join(name: str, directory, world_size: int, rank: int | None, transport: str,
           timeout: float) -> _Member:
-    from pycomm.bootstrap import JobEnv, create_world
+    from pycomm.launch.bootstrap import create_world
+    from pycomm.launch.jobenv import JobEnv
     if _groups:
         raise CommError(f"this actor is already in pycomm group {next(iter(_groups))!r}; "
                         "an actor is in one group at a time (destroy_collective_group first)")

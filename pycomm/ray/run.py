@@ -14,7 +14,7 @@ import ray
 
 from pycomm.errors import (ArgumentError, CollectiveError, CommTimeoutError, PeerError,
                            RemoteError)
-from pycomm.launcher import sweep_shm
+from pycomm.launch.launcher import sweep_shm
 
 from .group import (_declared, _end_directory, _timeout, create_collective_group,
                     destroy_collective_group, get_group_handle)

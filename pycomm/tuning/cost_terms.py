@@ -1,5 +1,5 @@
-"""Terms shared by the cost model's closed forms (:mod:`pycomm.collectives.cost`) and its
-step models (:mod:`pycomm.collectives.cost_steps`): the transport's :class:`Constants`,
+"""Terms shared by the cost model's closed forms (:mod:`pycomm.tuning.cost`) and its
+step models (:mod:`pycomm.tuning.cost_steps`): the transport's :class:`Constants`,
 segment counts and scratch sizes of the pipelined schedules (read from the same variables
 the schedules read), tree depths, and the protocol that prices a message of a given size.
 The bottom of the cost model: it imports neither of the other two.
@@ -33,13 +33,13 @@ class Constants:
     beta_rndv: float | None = None   # s per byte of a rendezvous message
     eager: float = math.inf  # bytes: larger messages go by rendezvous (PYCOMM_EAGER_LIMIT)
     # ((bytes, lanes), ...) ascending: copies of that size the memory system runs at full
-    # speed at once (pycomm.tune.measure_lanes); empty: as many as there are cores
+    # speed at once (pycomm.tuning.tune.measure_lanes); empty: as many as there are cores
     lanes: tuple[tuple[float, float], ...] = ()
     # s per exchange step (each rank sends and receives a small message at once); None:
     # the ping-pong's alpha (tables from before it was measured)
     alpha_x: float | None = None
     # ((ranks per core, s), ...) ascending: what an exchange step pays per turn of the
-    # cores when ranks outnumber them (pycomm.tune.measure_exchange_wake); empty: ``wake``
+    # cores when ranks outnumber them (pycomm.tuning.tune.measure_exchange_wake); empty: ``wake``
     wake_x: tuple[tuple[float, float], ...] = ()
     mem: float = math.inf  # lanes at the working set of the call being priced (cost())
     turns: float = 1.0  # turns of the cores a step of the call being priced needs (cost())

@@ -1,10 +1,10 @@
-"""Measure the cost model's constants on this machine: ``python -m pycomm.tune``.
+"""Measure the cost model's constants on this machine: ``python -m pycomm.tuning.tune``.
 
 Usage::
 
-    python -m pycomm.tune [-n 2] [--transport shm|tcp|rdma|all] [--out FILE] [--quick]
+    python -m pycomm.tuning.tune [-n 2] [--transport shm|tcp|rdma|all] [--out FILE] [--quick]
 
-Writes the JSON table that :mod:`pycomm.collectives.cost` reads (to stdout, or ``FILE``)::
+Writes the JSON table that :mod:`pycomm.tuning.cost` reads (to stdout, or ``FILE``)::
 
     {"shm": {"alpha": s, "beta": s/B, "alpha_rndv": s, "beta_rndv": s/B, "alpha_x": s,
              "gamma": s/B, "sigma": s/B, "wake": s, "wake_x": {ranks per core: s},
@@ -14,7 +14,7 @@ Writes the JSON table that :mod:`pycomm.collectives.cost` reads (to stdout, or `
                 "loadavg", "ranks", "eager_limit", "points"}}
 
 Point ``PYCOMM_TUNE_FILE`` at the file to use it instead of the shipped table
-(``pycomm/collectives/tuned.json``, measured the same way). What is measured:
+(``pycomm/tuning/tuned.json``, measured the same way). What is measured:
 
 * **α, β, α_rndv, β_rndv** per transport: ranks started with :func:`pycomm.spawn`; ranks 0
   and 1 ping-pong ``Send``/``Recv`` messages (the others wait), one-way time = round trip
@@ -174,10 +174,10 @@ def measure_pingpong(transport: str, nprocs: int = 2, *, quick: bool = False
         CommError: the ranks could not be started or failed.
     """
     from pycomm import config
-    from pycomm.spawning import spawn
+    from pycomm.launch.spawning import spawn
 
     if nprocs < 2:
-        raise ValueError(f"pycomm.tune needs at least 2 ranks, got -n {nprocs}")
+        raise ValueError(f"pycomm.tuning.tune needs at least 2 ranks, got -n {nprocs}")
     limit = config.get("PYCOMM_EAGER_LIMIT")
     eager = [m for m in EAGER if m <= limit]
     rndv = [m for m in LARGE if m > limit]
@@ -232,7 +232,7 @@ def measure_wake(transport: str, alpha: float, *, quick: bool = False) -> float:
     world's life and moves the figure (how much: benchmarks/README.md, "Measurements
     behind design choices in the code").
     """
-    from pycomm.spawning import spawn
+    from pycomm.launch.spawning import spawn
 
     cores = available_cores()
     hops = [spawn(_token_ring_rank, 2 * cores, (50 if quick else 300,),
@@ -278,7 +278,7 @@ def measure_exchange_wake(transport: str, alpha_x: float, *,
     Returns:
         ``{ranks per core: seconds per turn}`` (the cost model's ``wake_x``).
     """
-    from pycomm.spawning import spawn
+    from pycomm.launch.spawning import spawn
 
     cores = available_cores()
     out = {}
@@ -334,7 +334,7 @@ def measure_lanes(*, quick: bool = False) -> dict[int, float]:
     Returns:
         ``{bytes: lanes}`` (each from 1 to the ranks started).
     """
-    from pycomm.spawning import spawn
+    from pycomm.launch.spawning import spawn
 
     cores = available_cores()
     cores = max(1, min(cores, 16))
@@ -394,7 +394,7 @@ def measure_sigma(*, quick: bool = False) -> float:
 
 
 def tune(transports: list[str], nprocs: int = 2, *, quick: bool = False,
-         command: str = "python -m pycomm.tune") -> dict[str, Any]:
+         command: str = "python -m pycomm.tuning.tune") -> dict[str, Any]:
     """Measure every constant and return the JSON-ready table (see the module docstring)."""
     import pycomm
     from pycomm import config
@@ -437,7 +437,7 @@ def tune(transports: list[str], nprocs: int = 2, *, quick: bool = False,
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point; returns the exit status."""
     parser = argparse.ArgumentParser(
-        prog="python -m pycomm.tune",
+        prog="python -m pycomm.tuning.tune",
         description="Measure the cost-model constants (alpha, beta, gamma, sigma) of this "
                     "machine and write them as a JSON table for PYCOMM_TUNE_FILE.")
     parser.add_argument("-n", "--nprocs", type=int, default=2, help="ranks to start (>= 2)")
@@ -451,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.nprocs < 2:
         parser.error(f"-n must be at least 2, got {args.nprocs}")
     transports = ["shm", "tcp", "rdma"] if args.transport == "all" else [args.transport]
-    command = "python -m pycomm.tune " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = "python -m pycomm.tuning.tune " + " ".join(sys.argv[1:] if argv is None else argv)
     table = tune(transports, args.nprocs, quick=args.quick, command=command.strip())
     if args.out != "-" and os.path.exists(args.out):
         with open(args.out, encoding="utf-8") as fh:

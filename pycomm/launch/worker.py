@@ -1,9 +1,9 @@
-"""One rank of a :class:`pycomm.spawning.Pool`: ``python -m pycomm._worker`` (not public).
+"""One rank of a :class:`pycomm.launch.spawning.Pool`: ``python -m pycomm.launch.worker`` (not public).
 
 Started by the pool with the launcher's environment contract. It connects to the job's
 store, initialises the world communicator once (``pycomm.init()``), reports that as the
 outcome of task 0, then runs tasks until told to exit. The protocol, all through the
-authenticated store (see :mod:`pycomm.spawning` for the parent's side)::
+authenticated store (see :mod:`pycomm.launch.spawning` for the parent's side)::
 
     pool/syspath          msgpack list of the parent's sys.path (read once, at start)
     pool/task/<seq>       b"T" + cloudpickle((fn, args))   run fn(*args)
@@ -26,7 +26,7 @@ import msgpack
 
 from pycomm import config
 from pycomm.errors import CommTimeoutError
-from pycomm.store import StoreClient
+from pycomm.launch.store_client import StoreClient
 
 FLUSH_S = 10.0  # seconds a finished task may spend handing over held-back frames
 IDLE_POLL_S = 30.0  # seconds one store wait for the next task may take before re-asking
@@ -66,7 +66,7 @@ def _next_task(client: StoreClient, seq: int, launcher_pid: int | None) -> bytes
             return client.get(f"pool/task/{seq}", timeout=IDLE_POLL_S)
         except CommTimeoutError:
             if launcher_pid is not None and os.getppid() != launcher_pid:
-                raise SystemExit(f"pycomm._worker: the pool's process {launcher_pid} is gone")
+                raise SystemExit(f"pycomm.launch.worker: the pool's process {launcher_pid} is gone")
 
 
 def main() -> int:

@@ -2,16 +2,16 @@
 
 ``python launch.py -n 4 script.py [args]`` or ``python launch.py -n 4 -m module [args]``
 runs N copies of a Python program as the ranks of one job. :class:`RankGroup` is the
-machinery, shared with :mod:`pycomm.spawning`:
+machinery, shared with :mod:`pycomm.launch.spawning`:
 
 * a job has a random secret (``PYCOMM_JOB_TOKEN``) and id (``PYCOMM_JOB_ID``), and a
-  :class:`~pycomm.store.StoreServer` on loopback that the ranks rendezvous through;
+  :class:`~pycomm.launch.store.StoreServer` on loopback that the ranks rendezvous through;
 * each rank is ``sys.executable ARGV...`` in its own session (so signals and cleanup reach
   its whole process group), with ``PR_SET_PDEATHSIG=SIGKILL`` so it dies if the launcher is
   SIGKILLed, and with the environment contract of :mod:`pycomm.config`;
 * every line a rank writes to stdout/stderr is prefixed ``[rank] `` (switchable off:
   then the bytes pass unchanged, as under ``mpiexec``; whole lines at a time either way,
-  see :mod:`pycomm.forward`); ``launch.py``'s stdin is rank 0's (``--stdin``), the other
+  see :mod:`pycomm.launch.forward`); ``launch.py``'s stdin is rank 0's (``--stdin``), the other
   ranks read /dev/null, as under ``mpiexec``;
 * a rank that leaves through ``sys.exit(code)`` / ``raise SystemExit(msg)`` (a non-zero
   code, no uncaught exception; :mod:`pycomm.MPI` tells the launcher so) ends the job at
@@ -49,8 +49,9 @@ from dataclasses import dataclass
 
 from pycomm import config, stall, trace
 from pycomm.errors import ArgumentError, CommError
-from pycomm.forward import Forwarder as _Forwarder
-from pycomm.store import StoreClient, StoreServer
+from pycomm.launch.forward import Forwarder as _Forwarder
+from pycomm.launch.store import StoreServer
+from pycomm.launch.store_client import StoreClient
 
 __all__ = ["RankExit", "RankGroup", "shm_prefix", "sweep_shm"]
 

@@ -45,8 +45,9 @@ from collections.abc import Callable, Sequence
 
 from pycomm import config
 from pycomm.errors import ArgumentError, CommError
-from pycomm.launcher import RankExit, _Forwarder, _preexec, sweep_shm
-from pycomm.store import StoreClient, StoreServer
+from pycomm.launch.launcher import RankExit, _Forwarder, _preexec, sweep_shm
+from pycomm.launch.store import StoreServer
+from pycomm.launch.store_client import StoreClient
 
 __all__ = ["NodeAgent", "global_rank"]
 
@@ -74,7 +75,7 @@ class NodeAgent:
         nnodes, node_rank, nproc_per_node: the job's shape and this node's place in it.
         master_addr, master_port: where node 0's agent hosts the store (default port 29500).
         placement: "block" or "cyclic".
-        transport, timeout, prefix: as :class:`pycomm.launcher.RankGroup`.
+        transport, timeout, prefix: as :class:`pycomm.launch.launcher.RankGroup`.
         stdin_rank: the world rank that reads this process's stdin when this node hosts
             it (None: every rank reads /dev/null); see :attr:`hosts_stdin`.
 

@@ -1,9 +1,9 @@
 """``launch.py``'s command line: ``python launch.py [options] (script.py | -m module) [args]``.
 
 Options are read up to the program (a script, ``-m module``, or after ``--``); the rest is
-the program's own argv. One node: a :class:`pycomm.launcher.RankGroup` of ``-n`` ranks,
+the program's own argv. One node: a :class:`pycomm.launch.launcher.RankGroup` of ``-n`` ranks,
 supervised until they end; with ``--nnodes``, one node of a multi-node job
-(:mod:`pycomm.nodes`). ``--mpi4py`` makes ``import mpi4py`` resolve to :mod:`pycomm.MPI` in
+(:mod:`pycomm.launch.nodes`). ``--mpi4py`` makes ``import mpi4py`` resolve to :mod:`pycomm.MPI` in
 the ranks and, unless ``--prefix`` is given, passes their output on unprefixed, as
 ``mpiexec`` does.
 """
@@ -14,14 +14,14 @@ import argparse
 import signal
 import sys
 
-from pycomm.launcher import TRANSPORT_CHOICES, RankGroup
+from pycomm.launch.launcher import TRANSPORT_CHOICES, RankGroup
 
 __all__ = ["main"]
 
 
 _VALUE_OPTIONS = {"-n", "--nprocs", "--transport", "--timeout", "--master-addr", "--master-port",
                   "--stdin"}
-# Multi-node options (pycomm.nodes): torchrun's names.
+# Multi-node options (pycomm.launch.nodes): torchrun's names.
 _VALUE_OPTIONS |= {"--nnodes", "--node-rank", "--nproc-per-node", "--placement"}
 
 
@@ -67,7 +67,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--master-port", type=int, default=0,
                         help="port of the rendezvous store (0: any free port)")
     nodes = parser.add_argument_group(
-        "many hosts", "run once per node, torchrun's way (see pycomm.nodes): the world is "
+        "many hosts", "run once per node, torchrun's way (see pycomm.launch.nodes): the world is "
         "NNODES x NPROC_PER_NODE ranks and node rank 0 hosts the store at --master-addr")
     nodes.add_argument("--nnodes", type=int, default=None, help="number of nodes")
     nodes.add_argument("--node-rank", type=int, default=0, help="this node's rank (0)")
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     stdin_rank = None if args.stdin == "none" else _stdin_rank(parser, args)
 
     if args.nnodes is not None:         # one node of a multi-node job
-        from pycomm.nodes import run_nodes
+        from pycomm.launch.nodes import run_nodes
         extra = None
         if args.mpi4py:
             from pycomm.MPI.alias import environment

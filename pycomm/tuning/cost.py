@@ -17,22 +17,22 @@ same schedules step by step (:data:`SCHEDULES`), which prices each message by it
 and, when ranks outnumber cores (``oversubscription > 1``), makes every step pay a
 measured wake-up per turn of the cores its call's ranks need (an exchange step its own,
 larger one) while concurrent copies and reductions share the cores: see
-:mod:`pycomm.collectives.cost_steps`.
+:mod:`pycomm.tuning.cost_steps`.
 
 Two measured refinements of the textbook forms (the algorithms' docstrings give those):
 a step in which every rank both sends and receives (ring, halving, doubling, recursive
 doubling, Bruck, dissemination, a pipelined chain's middle rank) costs ``α_x``, the
 measured exchange step, where a one-way message costs ``α`` (``Constants.xtra`` is the
 difference); and concurrent copies share the memory's *lanes* as well as the cores (see
-:mod:`pycomm.collectives.cost_steps`).
+:mod:`pycomm.tuning.cost_steps`).
 
 Why σ: numpy scratch buffers come from fresh pages whose first touch page-faults; it is
 what separates recursive doubling (scratch ``n``) from the segmented schedules (ring,
 Rabenseifner: scratch two segments) at large ``n``. (Scratch of 1 MiB and more is reused
 between calls, :mod:`pycomm.collectives.scratch`, so the measured σ is near 0.)
 
-Constants: one :class:`Constants` per transport, measured by ``python -m pycomm.tune`` (see
-:mod:`pycomm.tune`). The table shipped in ``pycomm/collectives/tuned.json`` records the run
+Constants: one :class:`Constants` per transport, measured by ``python -m pycomm.tuning.tune`` (see
+:mod:`pycomm.tuning.tune`). The table shipped in ``pycomm/tuning/tuned.json`` records the run
 it came from under ``"source"``; ``PYCOMM_TUNE_FILE`` points to a user table instead (a
 transport missing there falls back to the shipped table). Transports without an entry use
 ``shm``'s constants.
@@ -47,8 +47,8 @@ from dataclasses import replace
 from collections.abc import Callable
 
 from pycomm import config
-from pycomm.collectives.cost_steps import SCHEDULES, _share, pipeline_segment, twod_time
-from pycomm.collectives.cost_terms import (Constants, pipeline_candidates, _segment,
+from pycomm.tuning.cost_steps import SCHEDULES, _share, pipeline_segment, twod_time
+from pycomm.tuning.cost_terms import (Constants, pipeline_candidates, _segment,
                                          _ring_segs, _ring_scratch, _hsegs, _pipe_scratch,
                                          _halving_scratch, _lg, _lq, _frac, _qfrac, _folds,
                                          _protocol)
@@ -74,7 +74,7 @@ def _parse(path: str) -> dict[str, Constants]:
             raw = json.load(fh)
     except (OSError, ValueError) as exc:
         raise ArgumentError(f"cost-model table {path!r} cannot be read: {exc}; write one "
-                            "with python -m pycomm.tune --out FILE") from None
+                            "with python -m pycomm.tuning.tune --out FILE") from None
     table = {}
     for transport, entry in raw.items():
         if transport == "source":
@@ -126,7 +126,7 @@ def load_table(path: str | None = None) -> dict[str, Constants]:
     """Return ``{transport: Constants}`` from ``path`` merged over the shipped table.
 
     Args:
-        path: a JSON table as written by ``python -m pycomm.tune``; None reads
+        path: a JSON table as written by ``python -m pycomm.tuning.tune``; None reads
             ``PYCOMM_TUNE_FILE`` (unset: the shipped table alone). Results are cached
             per path.
 
@@ -149,7 +149,7 @@ def load_table(path: str | None = None) -> dict[str, Constants]:
     return hit
 
 
-NET = "net"    # the table entry of the link between hosts (python -m pycomm.tune_links)
+NET = "net"    # the table entry of the link between hosts (python -m pycomm.tuning.tune_links)
 
 
 def model_transport(transport_name: str | None, nhosts: int | None = None) -> str:
@@ -192,7 +192,7 @@ def _pipeline_seg(n: float, p: int, k: Constants, seg: float) -> float:
 
 
 def _pipeline(n: float, p: int, k: Constants) -> float:
-    """At the best segment of :func:`~pycomm.collectives.cost_terms.pipeline_candidates`."""
+    """At the best segment of :func:`~pycomm.tuning.cost_terms.pipeline_candidates`."""
     return min(_pipeline_seg(n, p, k, seg) for seg in pipeline_candidates(n))
 
 
@@ -312,7 +312,7 @@ FORMULAS.update({
 })
 # The 2-D all-reduce (pycomm.collectives.twod) on the near-square grid of one transport:
 # its three phases at their best inner algorithms; on the host grid choose() prices it
-# with pycomm.collectives.cost_hosts.twod_hosts_time instead.
+# with pycomm.tuning.cost_hosts.twod_hosts_time instead.
 FORMULAS[("allreduce", "2d")] = lambda n, p, k: twod_time(n, p, k, FORMULAS)
 # The 2-D all-gather and reduce-scatter (the same module): their two phases likewise.
 for _coll in ("allgather", "reduce_scatter", "reduce_scatter_block"):
@@ -353,7 +353,7 @@ def segment_bytes(collective: str, algorithm: str, nbytes: int, size: int,
 
     Only the chain broadcast (``bcast``/``pipeline``) has one: ``PYCOMM_SEGMENT_BYTES`` when
     set, else the candidate its step model prices lowest for ``nbytes`` on ``size`` ranks
-    (:func:`~pycomm.collectives.cost_steps.pipeline_segment`). Every rank computes the same
+    (:func:`~pycomm.tuning.cost_steps.pipeline_segment`). Every rank computes the same
     value from the same arguments, so :func:`pycomm.collectives.choose` passes it to the
     schedule, which then runs what was priced.
     """

@@ -13,11 +13,11 @@ import os
 import sys
 import time
 
-from . import trace as _trace
-from .collectives import choose, model_time
-from .collectives.cost import model_transport
-from .ops import Op
-from .plan import SHARED_SLOTS, takes_slots
+from .. import trace as _trace
+from ..collectives import choose, model_time
+from .cost import model_transport
+from ..ops import Op
+from ..plan import SHARED_SLOTS, takes_slots
 
 __all__ = ["AlgorithmSelection"]
 

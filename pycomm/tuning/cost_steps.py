@@ -1,9 +1,9 @@
 """The cost model's step models: every schedule written out as its sequence of steps.
 
-:func:`pycomm.collectives.cost.cost` evaluates these (:data:`SCHEDULES`) rather than the
+:func:`pycomm.tuning.cost.cost` evaluates these (:data:`SCHEDULES`) rather than the
 closed forms, so that each message is priced by its protocol and, when ranks outnumber
 cores, each step pays for the turns of the cores it needs. With a core per rank and one
-protocol each equals its closed form in :data:`pycomm.collectives.cost.FORMULAS` (tested
+protocol each equals its closed form in :data:`pycomm.tuning.cost.FORMULAS` (tested
 for every pair at p = 2..16).
 """
 
@@ -13,7 +13,7 @@ import math
 from collections.abc import Callable
 from dataclasses import replace
 
-from pycomm.collectives.cost_terms import (Constants, pipeline_candidates, _ring_segs,
+from pycomm.tuning.cost_terms import (Constants, pipeline_candidates, _ring_segs,
                                          _ring_scratch, _hsegs, _pipe_scratch,
                                          _halving_scratch, _lg, _lq, _frac, _folds, _protocol)
 from pycomm.collectives.topology import ceil_log2, grid_2d, pof2_floor
@@ -39,10 +39,10 @@ __all__ = ["SCHEDULES", "pipeline_segment", "twod_time"]
 # bytes (a shared-memory rendezvous copies once, on the receiver's core) and ``m_r``
 # concurrent reductions of ``r`` bytes. ``wake`` is the measured cost of handing the core
 # to a waiting rank
-# (``pycomm.tune``'s token ring; the waiter yields its core, then sleeps: see
+# (``pycomm.tuning.tune``'s token ring; the waiter yields its core, then sleeps: see
 # :mod:`pycomm.waiting`). ``L``, the *lanes*, is how many copies streaming through
 # working sets the size of the call's vector the memory system runs at full speed at
-# once (``pycomm.tune.measure_lanes``): copies within their cores' caches run side by
+# once (``pycomm.tuning.tune.measure_lanes``): copies within their cores' caches run side by
 # side, copies through memory share its bus (whatever the message size: a segment of a
 # 64 MiB vector comes from memory as much as the whole vector does), so a
 # schedule that keeps every rank copying at once (a ring, Rabenseifner, a pipelined
@@ -53,9 +53,9 @@ __all__ = ["SCHEDULES", "pipeline_segment", "twod_time"]
 # exchange, a recursive-doubling, Bruck or dissemination step, a pipelined chain's middle
 # rank) costs each rank two message calls where the ping-pong that measures α prices one:
 # such a step pays ``xtra = α_x - α`` more, α_x being the measured exchange step
-# (``pycomm.tune``). When ranks outnumber cores, such a step also pays ``wake_x``, the measured exchange
+# (``pycomm.tuning.tune``). When ranks outnumber cores, such a step also pays ``wake_x``, the measured exchange
 # wake-up, rather than ``wake`` per turn of the cores (carried in α_x by
-# :func:`pycomm.collectives.cost._cores`): a waiting rank is scheduled about twice per
+# :func:`pycomm.tuning.cost._cores`): a waiting rank is scheduled about twice per
 # exchange where a one-way hop hands the core over once.
 # No fitted constant enters: α, α_x, β, γ, σ, wake, wake_x and the lanes are measured.
 # Which measured ranking each term was added for: benchmarks/README.md, "Measurements
@@ -156,7 +156,7 @@ def _o_pipeline_seg(n, p, k, c, seg: float) -> float:
 
 
 def pipeline_segment(n, p, k, c) -> int:
-    """The segment (bytes) among :func:`~pycomm.collectives.cost_terms.pipeline_candidates`
+    """The segment (bytes) among :func:`~pycomm.tuning.cost_terms.pipeline_candidates`
     that the step model prices lowest for a chain broadcast of ``n`` bytes: larger
     segments pay fewer messages, smaller ones fill the chain sooner (the optimum of the
     closed form is ``sqrt((p - 2) n β / α)`` bytes, as in Open MPI's and MPICH's segmented

@@ -6,9 +6,9 @@ the per-rank return values come back in rank order. A :class:`Pool` keeps its ra
 their world) alive between calls, so a test suite does not pay process start-up and
 connection set-up for every test.
 
-The ranks are ``python -m pycomm._worker`` processes started and supervised by a
-:class:`pycomm.launcher.RankGroup`, with their output prefixed ``[rank] ``. Tasks and
-results travel through the job's authenticated store (protocol in :mod:`pycomm._worker`):
+The ranks are ``python -m pycomm.launch.worker`` processes started and supervised by a
+:class:`pycomm.launch.launcher.RankGroup`, with their output prefixed ``[rank] ``. Tasks and
+results travel through the job's authenticated store (protocol in :mod:`pycomm.launch.worker`):
 the parent sets ``pool/task/<seq>``; each rank, when done, bumps the counter
 ``pool/done/<seq>`` and stores its outcome under ``pool/done/<seq>/<i>``; the parent reads
 ``pool/done/<seq>/1..N`` in completion order, checking between short waits that no rank
@@ -46,9 +46,9 @@ import msgpack
 
 from pycomm import config
 from pycomm.errors import CommError, CommTimeoutError, PeerError, RemoteError
-from pycomm.launcher import RankGroup
+from pycomm.launch.launcher import RankGroup
 from pycomm.stall import ask_positions, summarize
-from pycomm.store import StoreClient
+from pycomm.launch.store_client import StoreClient
 
 __all__ = ["Pool", "spawn"]
 
@@ -138,7 +138,7 @@ class Pool:
             self._client.set("pool/syspath", msgpack.packb(paths))
             pythonpath = os.pathsep.join(filter(None, [_PACKAGE_ROOT,
                                                        os.environ.get("PYTHONPATH")]))
-            self._group.start(["-m", "pycomm._worker"], {"PYTHONPATH": pythonpath})
+            self._group.start(["-m", "pycomm.launch.worker"], {"PYTHONPATH": pythonpath})
             self._collect(0, max(self.timeout, STARTUP_FLOOR_S), "start-up (pycomm.init)")
         except BaseException:
             self._closed = True

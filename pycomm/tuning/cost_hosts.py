@@ -4,8 +4,8 @@ A hierarchical schedule (:mod:`pycomm.collectives.hierarchical`) runs some steps
 hosts and some across them; each is priced with the link it crosses, as NCCL's tuner
 prices intra- and inter-node steps with separate bandwidths (``graph/tuning.cc``): steps
 inside a host with ``shm``'s constants, steps across hosts with those of the measured
-link between hosts (the :data:`~pycomm.collectives.cost.NET` entry, written by
-:mod:`pycomm.tune_links`). A flat algorithm on the same communicator is priced with
+link between hosts (the :data:`~pycomm.tuning.cost.NET` entry, written by
+:mod:`pycomm.tuning.tune_links`). A flat algorithm on the same communicator is priced with
 ``NET``'s constants for every step, since nearly every step has a pair of ranks on
 different hosts (the slowest link a step crosses sets its time).
 
@@ -35,9 +35,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from pycomm.collectives.cost import DEFAULT_TRANSPORT, NET, _priced, constants, cost
-from pycomm.collectives.cost_steps import TWOD_COLUMN, TWOD_ROW
-from pycomm.collectives.cost_terms import _protocol
+from pycomm.tuning.cost import DEFAULT_TRANSPORT, NET, _priced, constants, cost
+from pycomm.tuning.cost_steps import TWOD_COLUMN, TWOD_ROW
+from pycomm.tuning.cost_terms import _protocol
 
 __all__ = ["two_level_time", "twod_hosts_time"]
 
@@ -56,9 +56,9 @@ def two_level_time(collective: str, nbytes: int, hosts: tuple[int, ...], flat: F
             modelled seconds (0 for one rank).
         piece_bytes: the all-reduce's pipeline piece.
         oversubscription: ranks per core on the busiest host (> 1: the local steps are
-            priced as :func:`~pycomm.collectives.cost.cost` prices them then, and every
+            priced as :func:`~pycomm.tuning.cost.cost` prices them then, and every
             cross-host message pays a wake-up per turn of the cores, as a step of
-            :mod:`pycomm.collectives.cost_steps` does), as the flat algorithms it is
+            :mod:`pycomm.tuning.cost_steps` does), as the flat algorithms it is
             weighed against are.
 
     Raises:

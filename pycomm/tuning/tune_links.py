@@ -3,17 +3,17 @@
 Run on every rank of a job that spans hosts (issue 16), e.g.::
 
     python launch.py --nnodes 2 --node-rank K --master-addr HOST --nproc-per-node 2 \\
-        pycomm/tune_links.py --out links.json
+        pycomm/tuning/tune_links.py --out links.json
 
 Rank 0 writes (or updates) ``links.json``, a table for ``PYCOMM_TUNE_FILE`` whose ``net``
-entry prices every step that crosses hosts (:func:`pycomm.collectives.cost.model_transport`):
+entry prices every step that crosses hosts (:func:`pycomm.tuning.cost.model_transport`):
 a communicator spanning hosts is then priced with it rather than with the loopback-TCP
-row that ``python -m pycomm.tune`` measures on one machine, and the automatic choice
+row that ``python -m pycomm.tuning.tune`` measures on one machine, and the automatic choice
 weighs the hierarchical algorithms (local steps at ``shm``'s constants, cross-host steps at
 ``net``'s) against the flat ones (every step at ``net``'s).
 
-What is measured, with :mod:`pycomm.tune`'s method (ping-pong ``Send``/``Recv``, one-way
-time = round trip / 2, median of timed loops; lines fitted with :func:`pycomm.tune.fit_line`):
+What is measured, with :mod:`pycomm.tuning.tune`'s method (ping-pong ``Send``/``Recv``, one-way
+time = round trip / 2, median of timed loops; lines fitted with :func:`pycomm.tuning.tune.fit_line`):
 between the lowest ranks of hosts 0 and 1 (**net**) and between the two lowest ranks of
 host 0 (**local**, when it has two): ``alpha`` (8 B .. 4 KiB), ``beta`` (4 .. 64 KiB),
 ``alpha_rndv``/``beta_rndv`` (past the eager limit, 128 KiB .. 8 MiB, relative fit) and
@@ -35,9 +35,9 @@ import time
 import numpy as np
 
 import pycomm
-from pycomm.collectives.cost import DEFAULT_TRANSPORT, NET, load_table
+from pycomm.tuning.cost import DEFAULT_TRANSPORT, NET, load_table
 from pycomm.errors import ArgumentError
-from pycomm.tune import EAGER, LARGE, SMALL, _iterations, _per_unit, fit_line
+from pycomm.tuning.tune import EAGER, LARGE, SMALL, _iterations, _per_unit, fit_line
 
 __all__ = ["measure_pair", "links_entry", "main"]
 
@@ -45,7 +45,7 @@ __all__ = ["measure_pair", "links_entry", "main"]
 def measure_pair(comm, a: int, b: int, sizes: list[int], *, quick: bool = False,
                  reps: int = 3) -> tuple[dict[int, float], dict[int, float]]:
     """One-way seconds per size between ranks ``a`` and ``b`` of ``comm`` (ping-pong), and
-    seconds per exchange step (``Sendrecv`` both ways) for :data:`pycomm.tune.SMALL` sizes.
+    seconds per exchange step (``Sendrecv`` both ways) for :data:`pycomm.tuning.tune.SMALL` sizes.
 
     Collective over ``comm``: every rank calls it (the others wait at the barriers).
     Returns the dicts on every rank (only ``a``'s timings are meaningful elsewhere: they
@@ -82,7 +82,7 @@ def measure_pair(comm, a: int, b: int, sizes: list[int], *, quick: bool = False,
 
 
 def _fit(oneway: dict[int, float], exchange: dict[int, float], eager: int) -> dict:
-    """The α/β entry fields from one pair's timings (as :mod:`pycomm.tune` fits them)."""
+    """The α/β entry fields from one pair's timings (as :mod:`pycomm.tuning.tune` fits them)."""
     alpha, _ = fit_line(SMALL, [oneway[s] for s in SMALL])
     _, beta = fit_line(EAGER, [oneway[s] for s in EAGER])
     large = [s for s in oneway if s > eager] or [s for s in LARGE if s in oneway]
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         entry["measured"].update({
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "seconds": round(time.time() - t0, 1), "loadavg": list(os.getloadavg()),
-            "command": "pycomm/tune_links.py " + " ".join(argv or sys.argv[1:])})
+            "command": "pycomm/tuning/tune_links.py " + " ".join(argv or sys.argv[1:])})
         table = {}
         if os.path.exists(args.out):
             with open(args.out, encoding="utf-8") as fh:

@@ -5,7 +5,7 @@ its proxy on that host: an inherited socket (``PMI_FD``) or an address to dial
 (``PMI_PORT``, with ``PMI_ID``). Through it the processes of a job publish key-value pairs
 and read each other's after a barrier; MPI libraries exchange their addresses that way. pycomm
 needs one pair: rank 0 publishes where its rendezvous store listens, so a multi-host
-``mpiexec`` needs no ``MASTER_ADDR`` (see :mod:`pycomm.bootstrap`).
+``mpiexec`` needs no ``MASTER_ADDR`` (see :mod:`pycomm.launch.bootstrap`).
 
 Wire protocol (PMI-1, "simple PMI"; Flux RFC 13 describes it): one ``\\n``-terminated line
 per message, ``key=value`` fields separated by spaces, ``cmd`` first; every request gets one
@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass
 from urllib.parse import quote_plus, unquote_plus
 
-from .errors import ArgumentError, CommError, CommTimeoutError, ProtocolError
+from ..errors import ArgumentError, CommError, CommTimeoutError, ProtocolError
 
 __all__ = ["Client", "Endpoint", "encode", "endpoint_from_env", "fit", "parse"]
 

@@ -1,0 +1,17 @@
+"""Choosing a collective's algorithm: the cost model, its measured constants, the per-call choice.
+
+- :mod:`.cost_terms`, :mod:`.cost_steps`, :mod:`.cost`: the alpha-beta(-gamma) price of
+  every flat algorithm, from its schedule of steps, and the table of measured constants
+  (``tuned.json``, or the file named by ``PYCOMM_TUNE_FILE``).
+- :mod:`.cost_hosts`: the price of the two-level and 2-D schedules on a communicator that
+  spans hosts.
+- :mod:`.tune` and :mod:`.tune_links`: ``python -m pycomm.tuning.tune`` measures the
+  constants on this machine; ``python -m pycomm.tuning.tune_links`` measures the
+  intra-host and inter-host link classes of a multi-host job.
+- :mod:`.selection`: the communicator's choice per call and its cache.
+
+The algorithms themselves live in :mod:`pycomm.collectives`: its
+:func:`~pycomm.collectives.choose` prices them with :mod:`.cost`, and :mod:`.selection`
+(the communicator's side) calls it. No module here imports an algorithm's module, and no
+import cycle runs between the two packages' modules.
+"""
