@@ -20,24 +20,32 @@ again. A message of a call this rank has finished proves a mismatch the receives
 see (two ranks that both believed they were the root of a Bcast): that call and the next
 are then abandoned on every rank, with the mismatch in the error. (This last check is off
 while nonblocking collectives are in flight: their earlier calls legitimately still
-receive.)
+receive.) The bookkeeping is :mod:`pycomm.calls`.
 
-The object API (lowercase methods) lives in :mod:`pycomm.objects` and is built purely on
-the methods here.
+What a communicator is made of. State with behaviour of its own is a component the
+communicator holds: ``_calls`` (:class:`pycomm.calls.CollectiveCalls`: numbering and
+failure bookkeeping of the collective calls), ``_selection``
+(:class:`pycomm.tuning.selection.AlgorithmSelection`: each call's algorithm, chosen, run and
+logged), ``_plans`` (:mod:`pycomm.plan`: decided call shapes) and ``_slots``
+(:class:`pycomm.shmcoll.SharedSlots`: small calls through shared memory). The rest of
+mpi4py's method set comes from four API classes, each on its own page and each built on
+the methods here and those components: the object API (lowercase methods,
+:mod:`pycomm.objects`), the vector and scan collectives (:mod:`pycomm.vcoll`), the
+nonblocking collectives (:mod:`pycomm.nbc`) and groups and communicator management
+(:mod:`pycomm.groups`).
 """
 
 from __future__ import annotations
 
 import os
 import sys
-import time
 
 import numpy as np
 
 from . import config, trace as _trace
 from .buffers import _CASTABLE, IN_PLACE, as_array, byte_view
-from .errors import (ArgumentError, CollectiveError, CollectiveMismatchError, CommError,
-                     CommTimeoutError, InvalidBufferError, PeerError, TruncationError)
+from .calls import CollectiveCalls
+from .errors import ArgumentError, CommError, CommTimeoutError, InvalidBufferError
 from .groups import GroupMethods
 from .nbc import NonblockingMethods
 from .objects import ObjectMethods
@@ -46,102 +54,15 @@ from .ops import SUM, Op
 from .p2p import ANY_SOURCE, ANY_TAG, PROC_NULL, Engine, Request, null_request
 from .plan import SHARED_SLOTS, UNDECIDED, plan_call
 from .tuning.selection import AlgorithmSelection
-from .signature import collective, describe
+from .signature import collective
 from .status import Status, fill as _fill
 
 __all__ = ["Communicator", "Status", "TAG_UB"]
 
 TAG_UB = 2**31 - 1
-_SEQ_MASK = 0x7FFFFFFF
-_REASON_WAIT_S = 1.0    # how long a failed step waits for the abort that explains it
-_PAST = 1 << 30         # a tag this far behind the current call or less is in the past
 
 
-class _Coll:
-    """The point-to-point view one collective call gives its algorithm (see algorithms)."""
-
-    __slots__ = ("engine", "ctx", "tag", "rank", "size", "world", "sig", "comm")
-
-    def __init__(self, comm: "Communicator", tag: int, sig):
-        self.engine, self.ctx, self.tag = comm._engine, comm._cctx, tag
-        self.rank, self.size, self.world = comm.rank, comm.size, comm._world
-        self.sig, self.comm = sig, comm
-
-    def isend(self, buf: np.ndarray, dest: int) -> Request:
-        return self.engine.isend(byte_view(buf), self.world[dest], self.ctx, self.tag,
-                                 self.sig)
-
-    def irecv(self, buf: np.ndarray, source: int) -> Request:
-        r = self.engine.irecv(byte_view(buf), self.world[source], self.ctx, self.tag,
-                              self.sig)
-        r.expect = buf.nbytes         # exact size, checked in waitall
-        return r
-
-    def isend_bytes(self, data: bytes, dest: int) -> Request:
-        """Send ``data`` (pickled objects) on this call's context, tag and signature."""
-        return self.engine.isend(memoryview(data), self.world[dest], self.ctx, self.tag,
-                                 self.sig)
-
-    def irecv_bytes(self, source: int) -> Request:
-        """Receive a message of any size from ``source`` (``req.obj``: a bytearray)."""
-        return self.engine.irecv(None, self.world[source], self.ctx, self.tag, self.sig)
-
-    def waitall(self, reqs) -> None:
-        try:
-            self.engine.wait_all(reqs)
-        except CollectiveMismatchError as exc:
-            peer = getattr(exc, "peer", None)
-            if peer is None:
-                raise
-            comm = self.comm
-            raise CollectiveMismatchError(
-                f"rank {self.rank}: collective mismatch in call #{self.tag} on "
-                f"{comm.name}: rank {comm._from_world.get(peer, peer)} is in "
-                f"{describe(exc.theirs)}, rank {self.rank} in {describe(exc.mine)}"
-            ) from None
-        except (CollectiveError, PeerError):
-            raise
-        except CommError as exc:
-            # a withdrawn message or a truncation may be the echo of a peer abandoning
-            # the call: its reason, already on the way (perhaps from a third rank, over
-            # another link that keeps no order with this one), says more
-            eng = self.engine
-            deadline = time.monotonic() + (
-                0.0 if isinstance(exc, CommTimeoutError) else _REASON_WAIT_S)
-            while True:
-                try:
-                    eng.progress()
-                except CommError:
-                    pass
-                err = eng.aborted_error(self.ctx, self.tag)
-                if err is not None:
-                    raise err from None
-                if time.monotonic() >= deadline:
-                    raise
-                time.sleep(0.0005)
-        for r in reqs:
-            if r.expect >= 0 and r.count != r.expect:
-                raise TruncationError(
-                    f"rank {self.rank}: collective received {r.count} bytes from rank "
-                    f"{r.source} where {r.expect} were expected: ranks passed inconsistent "
-                    "counts, dtypes or roots")
-
-    def send(self, buf: np.ndarray, dest: int) -> None:
-        self.engine.wait(self.isend(buf, dest))
-
-    def recv(self, buf: np.ndarray, source: int) -> None:
-        self.waitall([self.irecv(buf, source)])
-
-    def sendrecv(self, sendbuf, dest, recvbuf, source) -> None:
-        # irecv and isend inlined: the exchange of every small recursive-doubling step
-        eng, world, ctx, tag, sig = self.engine, self.world, self.ctx, self.tag, self.sig
-        r = eng.irecv(byte_view(recvbuf), world[source], ctx, tag, sig)
-        r.expect = recvbuf.nbytes         # exact size, checked in waitall
-        self.waitall([eng.isend(byte_view(sendbuf), world[dest], ctx, tag, sig), r])
-
-
-class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethods,
-                   AlgorithmSelection):
+class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethods):
     """A group of ranks that communicate (mpi4py's ``Comm`` / ``Intracomm``).
 
     Every collective call (buffer, object, vector and the preparation of the nonblocking
@@ -174,16 +95,14 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
         self.rank = rank
         self.size = len(self._world)
         self.name = name
-        self._seq = 0
-        self._sig = self._prev_sig = None     # signatures of the current and previous call
-        self._aborts_seen = 0                 # engine.abort_count when last looked at
-        self._failed_upto = -1                # the last call that raised here (its seq)
+        self._calls = CollectiveCalls(self)   # numbering and failure bookkeeping
         self._plans: dict | None = None       # call shape -> plan (pycomm.plan)
         # pycomm.shmcoll.SharedSlots, or None; decided with the first plan (plan.slots_of)
         self._slots = UNDECIDED
         self._plans_gen = 0
         self._freed = False
         self._debug = config.get("PYCOMM_DEBUG")
+        self._selection = AlgorithmSelection(self)   # each call's algorithm: chosen, run
 
     # -- basics ---------------------------------------------------------------------------
     def Get_rank(self) -> int:
@@ -597,49 +516,43 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
                                 f"Probe(source={source}, tag={tag})")
         return True
 
-    # -- collectives, buffers -------------------------------------------------------------
-    def _coll(self, sig, fast: bool = False) -> _Coll:
-        """Count a collective call and give its algorithm the call's view (``sig``: its
-        signature, :func:`pycomm.signature.signature`; ``fast``: it runs through the
-        shared-memory slots of :mod:`pycomm.shmcoll`, which hear of every call).
+    def chosen_algorithm(self, collective: str, nbytes: int, *, commutative: bool = True,
+                         algorithm: str | None = None) -> str:
+        """Name the algorithm a call on this communicator would run.
 
-        A call a peer has abandoned already fails at its first send or receive (or, if it
-        has none here, when it returns: see :func:`pycomm.signature.collective`), after
-        this rank's own checks of its arguments, so that its own error comes first.
+        The same choice the collective itself makes (:func:`pycomm.collectives.choose` with
+        this communicator's size, transport and agreed ranks per core), for logs and
+        benchmarks: ``"shared_slots"`` where a blocking call goes through shared-memory
+        slots instead of messages (:mod:`pycomm.shmcoll`). Sends nothing.
+
+        Args:
+            collective: e.g. ``"allreduce"`` (a key of ``pycomm.collectives.REGISTRY``).
+            nbytes: bytes of the call as defined in :mod:`pycomm.collectives` (e.g. the
+                whole receive buffer for allgather).
+            commutative: whether the reduction op commutes.
+            algorithm: as the collective's ``algorithm=``; None honours
+                ``PYCOMM_ALGORITHM_<COLLECTIVE>``, ``"auto"`` ignores it.
+
+        Returns:
+            str: the algorithm's registry name (e.g. ``"recursive_doubling"``), or
+            ``"shared_slots"``.
 
         Raises:
-            CollectiveMismatchError: a message of a finished call was left over.
+            ArgumentError: unknown collective or algorithm, or a named algorithm that
+                cannot serve the call.
         """
-        if self._freed:
-            raise CommError(f"rank {self.rank}: {self.name} has been freed")
-        seq = self._seq = (self._seq + 1) & _SEQ_MASK
-        self._prev_sig, self._sig = self._sig, sig
-        slots = self._slots
-        if slots is not None and slots is not UNDECIDED:
-            slots.enter(seq, not fast)
-        eng = self._engine
-        eng.current[self._cctx] = (seq, sig, self._world)   # arrivals are checked on it
-        if eng.coll_tags:
-            ctx = self._cctx
-            early = eng.coll_tags.get((ctx, seq))  # messages of this call that came early
-            if early is not None and early[1] != sig:
-                for u in eng.unexpected:
-                    if u.ctx == ctx and u.tag == seq and u.sig != sig and \
-                            u.sig is not None and \
-                            eng.foreign_message(ctx, seq, u.sig, u.src, u.nbytes):
-                        break
-            if eng.offload_posted == eng.offload_done:
-                self._check_stale(at_start=True)
-        return _Coll(self, seq, sig)
+        return self._selection.chosen_algorithm(collective, nbytes, commutative=commutative,
+                                                algorithm=algorithm)
 
+    # -- collectives, buffers -------------------------------------------------------------
     def _slots_call(self, plan, collective: str, nbytes: int, *args) -> None:
         """Run a blocking call through shared-memory slots (``plan``: its plan there, see
         :func:`pycomm.plan.plan_call`; ``args``: its kernel's, see
         :meth:`pycomm.shmcoll.SharedSlots.kernel`), recorded like any call."""
-        cc = self._coll(plan[0], True)
+        cc = self._calls.begin(plan[0], True)
         if self._debug:
-            return self._run(collective, nbytes, None, plan[3],
-                             lambda fn: fn(cc, *args), plan=plan)
+            return self._selection.run(collective, nbytes, None, plan[3],
+                                       lambda fn: fn(cc, *args), plan=plan)
         n = _trace.begin(collective, self, cc.tag, nbytes, SHARED_SLOTS, -1)
         try:
             plan[2](cc, *args)
@@ -647,88 +560,6 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
             _trace.fail(n, exc)
             raise
         _trace.end(n)
-
-    def _check_late_abort(self, name: str) -> None:
-        """Raise if a peer abandoned a call that this rank had already finished.
-
-        A rank whose part of a call needs nothing from the others (the root of a Bcast,
-        for one) can finish it before a peer finds the call mismatched; the ABORT then
-        arrives for a call in this rank's past, at the latest before any later message
-        from that peer (a link keeps order). The call ``name`` that just completed here
-        (on every rank: nothing is abandoned, its results are right) raises, so that
-        this rank learns as the others did, and the ranks stay in step.
-        """
-        eng = self._engine
-        self._aborts_seen = eng.abort_count
-        ctx, seq, noticed = self._cctx, self._seq, self._failed_upto
-        for (c, tag), err in list(eng.aborted.items()):
-            if c != ctx or not 0 < (seq - tag) & _SEQ_MASK <= _PAST:
-                continue
-            if noticed >= 0 and (noticed - tag) & _SEQ_MASK < _PAST:
-                continue                # this rank raised in that call or a later one
-            self._failed_upto = seq
-            late = type(err)(
-                f"rank {self.rank}: {name} #{seq} on {self.name} completed (its results "
-                f"are right), but call #{tag}, which had finished on this rank, was "
-                f"abandoned by another rank: {err}")
-            late.late = True            # nothing to abandon (see _abandon)
-            raise late
-
-    def _abandon(self, name: str, seq: int, exc: Exception) -> None:
-        """Abandon this rank's call ``name`` #``seq`` after ``exc``, on every rank."""
-        eng = self._engine
-        self._failed_upto = seq         # earlier abandoned calls need no more telling
-        if isinstance(exc, PeerError) or eng.aborted_error(self._cctx, seq) is not None \
-                or getattr(exc, "late", False):
-            # a peer, or a nested call, has abandoned it; or a peer died, which every
-            # survivor's liveness check finds by itself (and names, as a PeerError); or
-            # the call completed everywhere and only reports an earlier abandoned one
-            return
-        cls = CollectiveMismatchError if isinstance(exc, CollectiveMismatchError) else \
-            CollectiveError
-        what = str(exc)
-        if not what.startswith(f"rank {self.rank}:"):
-            what = f"rank {self.rank}: {what}"
-        text = (f"{name} #{seq} on {self.name} failed on rank {self.rank} "
-                f"({type(exc).__name__}: {what})")
-        eng.abort_call(self._cctx, seq, self._world, cls(f"rank {self.rank}: {text}"), text)
-        if cls is CollectiveMismatchError:
-            # a rank whose part of the mismatched call needed nothing from the others may
-            # have finished it already: the next call fails everywhere, so it learns too
-            nxt = (seq + 1) & _SEQ_MASK
-            note = f"call #{nxt} on {self.name} is abandoned after an earlier mismatch: {text}"
-            eng.abort_call(self._cctx, nxt, self._world,
-                           cls(f"rank {self.rank}: {note}"), note)
-
-    def _check_stale(self, at_start: bool) -> None:
-        """Raise if a message of a call this rank has finished is waiting unmatched.
-
-        Such a message proves that a peer ran that call differently (see the module
-        docstring); the call and the next one are abandoned on every rank.
-        """
-        eng, ctx, seq = self._engine, self._cctx, self._seq
-        finished = (seq - 1) & _SEQ_MASK if at_start else seq
-        # Only the call just finished: a message of an older one either was here when
-        # that call ended (found then) or arrived later (Engine.foreign_message found it)
-        if (ctx, finished) not in eng.coll_tags:
-            return
-        for u in eng.unexpected:
-            if u.ctx != ctx or u.tag != finished or (ctx, u.tag) in eng.aborted:
-                continue
-            mine = self._sig if u.tag == seq else \
-                self._prev_sig if u.tag == (seq - 1) & _SEQ_MASK else None
-            text = (f"collective mismatch in call #{u.tag} on {self.name}: rank "
-                    f"{self._from_world.get(u.src, u.src)} sent a message of "
-                    f"{describe(u.sig)}, which rank {self.rank} ran as "
-                    f"{describe(mine) if mine else 'another call'} and has finished")
-            err = CollectiveMismatchError(f"rank {self.rank}: {text}")
-            nxt = seq if at_start else (seq + 1) & _SEQ_MASK
-            for tag in dict.fromkeys((u.tag, nxt)):
-                note = text if tag == u.tag else \
-                    f"call #{tag} on {self.name} is abandoned after an earlier {text}"
-                eng.abort_call(ctx, tag, self._world,
-                               CollectiveMismatchError(f"rank {self.rank}: {note}"), note)
-            raise err
 
     def _check_op(self, op, dtype) -> Op:
         if not isinstance(op, Op):
@@ -770,8 +601,8 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
         plan = plan_call(self, "barrier", None, -1, 0, algorithm)
         if plan[4] is not None and self._defer is None:
             return self._slots_call(plan[4], "barrier", 0)
-        cc = self._coll(plan[0])
-        self._run("barrier", 0, algorithm, None, lambda fn: fn(cc), plan=plan)
+        cc = self._calls.begin(plan[0])
+        self._selection.run("barrier", 0, algorithm, None, lambda fn: fn(cc), plan=plan)
 
     @collective
     def Bcast(self, buf, root: int = 0, *, algorithm: str | None = None) -> None:
@@ -802,8 +633,9 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
         plan = plan_call(self, "bcast", arr.dtype, arr.size, arr.nbytes, algorithm, root=root)
         if plan[4] is not None and self._defer is None:
             return self._slots_call(plan[4], "bcast", arr.nbytes, arr, root)
-        cc = self._coll(plan[0])
-        self._run("bcast", arr.nbytes, algorithm, None, lambda fn: fn(cc, arr, root), plan=plan)
+        cc = self._calls.begin(plan[0])
+        self._selection.run("bcast", arr.nbytes, algorithm, None, lambda fn: fn(cc, arr, root),
+                            plan=plan)
 
     @collective
     def Allreduce(self, sendbuf, recvbuf, op: Op = SUM, *,
@@ -842,13 +674,13 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
         if plan[4] is not None and self._defer is None:
             return self._slots_call(plan[4], "allreduce", recv.nbytes, recv, plan[3], send)
         op = plan[3]
-        cc = self._coll(plan[0])
+        cc = self._calls.begin(plan[0])
 
         def call(fn):           # recvbuf is written only once the algorithm is known
             if send is not None:
                 np.copyto(recv, send)
             fn(cc, recv, op)
-        self._run("allreduce", recv.nbytes, algorithm, op, call, plan=plan)
+        self._selection.run("allreduce", recv.nbytes, algorithm, op, call, plan=plan)
 
     @collective
     def Reduce(self, sendbuf, recvbuf, op: Op = SUM, root: int = 0, *,
@@ -898,13 +730,13 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
         if self.rank != root:
             work = work.copy()          # the algorithms reduce into it
         op = plan[3]
-        cc = self._coll(plan[0])
+        cc = self._calls.begin(plan[0])
 
         def call(fn):           # recvbuf is written only once the algorithm is known
             if send is not None:
                 np.copyto(work, send)
             fn(cc, work, root, op)
-        self._run("reduce", work.nbytes, algorithm, op, call, plan=plan)
+        self._selection.run("reduce", work.nbytes, algorithm, op, call, plan=plan)
 
     @collective
     def Allgather(self, sendbuf, recvbuf, *, algorithm: str | None = None) -> None:
@@ -936,13 +768,13 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
         plan = plan_call(self, "allgather", recv.dtype, count, recv.nbytes, algorithm)
         if plan[4] is not None and self._defer is None:
             return self._slots_call(plan[4], "allgather", recv.nbytes, recv, count, send)
-        cc = self._coll(plan[0])
+        cc = self._calls.begin(plan[0])
 
         def call(fn):           # recvbuf is written only once the algorithm is known
             if send is not None:
                 recv[self.rank * count:(self.rank + 1) * count] = send
             fn(cc, recv, count)
-        self._run("allgather", recv.nbytes, algorithm, None, call, plan=plan)
+        self._selection.run("allgather", recv.nbytes, algorithm, None, call, plan=plan)
 
     @collective
     def Gather(self, sendbuf, recvbuf, root: int = 0, *,
@@ -984,9 +816,9 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
             send, recv = as_array(sendbuf, self.rank, "sendbuf"), None
         plan = plan_call(self, "gather", send.dtype, send.size, send.nbytes * self.size,
                          algorithm, root=root)
-        cc = self._coll(plan[0])
-        self._run("gather", send.nbytes * self.size, algorithm, None,
-                  lambda fn: fn(cc, send, recv, root), plan=plan)
+        cc = self._calls.begin(plan[0])
+        self._selection.run("gather", send.nbytes * self.size, algorithm, None,
+                            lambda fn: fn(cc, send, recv, root), plan=plan)
 
     @collective
     def Scatter(self, sendbuf, recvbuf, root: int = 0, *,
@@ -1039,9 +871,9 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
             send, recv = None, as_array(recvbuf, self.rank, "recvbuf", writable=True)
         plan = plan_call(self, "scatter", recv.dtype, recv.size, recv.nbytes * self.size,
                          algorithm, root=root)
-        cc = self._coll(plan[0])
-        self._run("scatter", recv.nbytes * self.size, algorithm, None,
-                  lambda fn: fn(cc, send, recv, root), plan=plan)
+        cc = self._calls.begin(plan[0])
+        self._selection.run("scatter", recv.nbytes * self.size, algorithm, None,
+                            lambda fn: fn(cc, send, recv, root), plan=plan)
 
     @collective
     def Alltoall(self, sendbuf, recvbuf, *, algorithm: str | None = None) -> None:
@@ -1078,9 +910,9 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
                                      f"not a multiple of the communicator size {self.size}")
         count = recv.size // self.size
         plan = plan_call(self, "alltoall", recv.dtype, count, recv.nbytes, algorithm)
-        cc = self._coll(plan[0])
-        self._run("alltoall", recv.nbytes, algorithm, None,
-                  lambda fn: fn(cc, send, recv, count), plan=plan)
+        cc = self._calls.begin(plan[0])
+        self._selection.run("alltoall", recv.nbytes, algorithm, None,
+                            lambda fn: fn(cc, send, recv, count), plan=plan)
 
     @collective
     def Reduce_scatter_block(self, sendbuf, recvbuf, op: Op = SUM, *,
@@ -1131,9 +963,9 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
         if send is None:
             work = work.copy()          # IN_PLACE: the result lands on the input
         op = plan[3]
-        cc = self._coll(plan[0])
-        self._run("reduce_scatter_block", work.nbytes, algorithm, op,
-                  lambda fn: fn(cc, work, out, op), plan=plan)
+        cc = self._calls.begin(plan[0])
+        self._selection.run("reduce_scatter_block", work.nbytes, algorithm, op,
+                            lambda fn: fn(cc, work, out, op), plan=plan)
 
     def _blocks(self, whole: np.ndarray, part: np.ndarray | None, what: str,
                 recv_side: bool = True) -> int:

@@ -310,7 +310,7 @@ class GroupMethods:
                           group._world.index(me), name="create_group")
         temp._cctx = 3 * self._cid + 2
         self._derive_layout(temp)
-        temp._seq = (tag * 64) & 0x7FFFFFFF
+        temp._calls.seq = (tag * 64) & 0x7FFFFFFF
         # The set-up context numbers its calls by tag, not in order: a later (or another
         # group's concurrent) Create_group may count lower than this one, so a message of
         # it is no leftover of a finished call (which would abandon calls on every rank).

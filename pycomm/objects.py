@@ -283,7 +283,7 @@ class ObjectMethods:
         """
         root = self._check_root(root)
         data = dumps(sendobj, self.rank, "gather") if self.rank != root else b""
-        cc = self._coll(signature("gather (objects)", root=root))
+        cc = self._calls.begin(signature("gather (objects)", root=root))
         if self.rank != root:
             cc.waitall([cc.isend_bytes(data, root)])
             return None
@@ -316,7 +316,7 @@ class ObjectMethods:
                 raise ArgumentError(f"rank {self.rank}: scatter at the root needs a sequence "
                                     f"of {self.size} objects, got {got}")
             data = [dumps(items[r], self.rank, "scatter") for r in range(self.size)]
-        cc = self._coll(signature("scatter (objects)", root=root))
+        cc = self._calls.begin(signature("scatter (objects)", root=root))
         if self.rank == root:
             cc.waitall([cc.isend_bytes(data[r], r) for r in range(self.size) if r != root])
             return items[root]
@@ -360,7 +360,7 @@ class ObjectMethods:
             raise ArgumentError(f"rank {self.rank}: alltoall needs a sequence of {self.size} "
                                 f"objects, got {len(items)}")
         data = [dumps(items[r], self.rank, "alltoall") for r in range(self.size)]
-        cc = self._coll(signature("alltoall (objects)"))
+        cc = self._calls.begin(signature("alltoall (objects)"))
         recvs = {r: cc.irecv_bytes(r) for r in range(self.size) if r != self.rank}
         sends = [cc.isend_bytes(data[r], r) for r in range(self.size) if r != self.rank]
         cc.waitall(sends + list(recvs.values()))

@@ -201,7 +201,7 @@ class Engine(Waiting):
         # nonblocking collectives posted, and finished: each counter has one writer thread
         self.offload_posted = self.offload_done = 0
         # ctx -> (tag, signature, world ranks) of the communicator's latest collective call,
-        # set by Communicator._coll: what an arriving collective message is checked against
+        # set by CollectiveCalls.begin: what an arriving collective message is checked against
         self.current: dict[int, tuple] = {}
         self.lock = None
         # Sink callbacks never do I/O: while a transport delivers frames (``_polling``),
@@ -499,7 +499,7 @@ class Engine(Waiting):
         exchange with other partners in the calls they run), so both would wait out the
         timeout; instead the message's call, the one after it and this rank's current call
         are abandoned on every rank (a rank that had finished them learns in its next
-        call: see :meth:`pycomm.comm.Communicator._check_late_abort`).
+        call: see :meth:`pycomm.calls.CollectiveCalls.check_late_abort`).
         """
         seq, mine, world = self.current[ctx]
         if tag == seq:
@@ -514,7 +514,7 @@ class Engine(Waiting):
                     f"(it is in call #{seq}, {describe(mine)})")
         else:
             return False
-        # the message's call, the next one (as Communicator._abandon does for a mismatch:
+        # the message's call, the next one (as CollectiveCalls.abandon does for a mismatch:
         # a rank that needed nothing from the others may be in it), and this rank's own
         for t in dict.fromkeys((tag, (tag + 1) & 0x7FFFFFFF, seq)):
             note = text if t == tag else f"call #{t} is abandoned after a {text}"

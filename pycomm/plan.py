@@ -1,7 +1,7 @@
 """A collective call's plan, decided once per communicator: signature, algorithm, function.
 
 A call's signature (:mod:`pycomm.signature`), its op's check against the dtype and the
-choice of algorithm (:meth:`pycomm.tuning.selection.AlgorithmSelection._choose`, which reads the
+choice of algorithm (:meth:`pycomm.tuning.selection.AlgorithmSelection.choose`, which reads the
 configuration) depend only on the call's shape: the collective, dtype, element count,
 root, op and ``algorithm=``. Small messages repeat the same shapes call after call, so
 each communicator keeps the plan of every shape it has run (up to :data:`MAX_PLANS`) and
@@ -120,8 +120,8 @@ def plan_call(comm, collective: str, dtype, count: int, nbytes: int, algorithm,
             return plan
     if op is not None:
         op = comm._check_op(op, dtype)
-    name, fn = comm._choose(collective, nbytes, algorithm,
-                            op.commutative if op is not None else True)
+    name, fn = comm._selection.choose(collective, nbytes, algorithm,
+                                      op.commutative if op is not None else True)
     sig = signature(_CALL_NAMES[collective], dtype, count, root, op)
     plan = (sig, name, fn, op, _fast_plan(comm, collective, dtype, count, root, nbytes,
                                           algorithm, sig, fn, op))

@@ -126,7 +126,8 @@ def collective(method):
     nonblocking_name = "I" + blocking_name[0].lower() + blocking_name[1:]
 
     def call(self, *args, **kwargs):
-        seq = self._seq
+        calls = self._calls
+        seq = calls.seq
         # Iallreduce runs Allreduce with a deferred schedule: errors say which was called
         name = blocking_name if self._defer is None else nonblocking_name
         try:
@@ -136,22 +137,22 @@ def collective(method):
                 return out
             eng = self._engine
             if eng.aborted:             # abandoned by a peer, though nothing here failed
-                err = eng.aborted_error(self._cctx, self._seq)
+                err = eng.aborted_error(self._cctx, calls.seq)
                 if err is not None:
                     raise err
             if eng.coll_tags and eng.offload_posted == eng.offload_done:
-                self._check_stale(at_start=False)
+                calls.check_stale(at_start=False)
         except Exception as exc:
-            if self._seq == seq:            # failed before it was counted: count it now
-                self._seq = (seq + 1) & 0x7FFFFFFF
-            self._abandon(name, self._seq, exc)
+            if calls.seq == seq:            # failed before it was counted: count it now
+                calls.seq = (seq + 1) & 0x7FFFFFFF
+            calls.abandon(name, calls.seq, exc)
             if isinstance(exc, ArgumentError) and name not in str(exc):
                 # this rank's own bad argument: say in which call, as the peers' errors do
-                exc.args = (f"{exc} (in {name} #{self._seq} on {self.name})",
+                exc.args = (f"{exc} (in {name} #{calls.seq} on {self.name})",
                             *exc.args[1:])
             raise
-        if eng.abort_count != self._aborts_seen:   # a finished call was abandoned since
-            self._check_late_abort(name)
+        if eng.abort_count != calls.aborts_seen:   # a finished call was abandoned since
+            calls.check_late_abort(name)
         return out
     call.__name__, call.__qualname__ = blocking_name, method.__qualname__
     call.__doc__, call.__wrapped__ = method.__doc__, method
@@ -160,7 +161,7 @@ def collective(method):
 
 def _guard_deferred(comm, name: str) -> None:
     """Make the schedule just queued by a nonblocking twin abandon its call on failure."""
-    defer, seq = comm._defer, comm._seq
+    defer, seq = comm._defer, comm._calls.seq
     if not defer:
         return
     job = defer[-1]
@@ -169,6 +170,6 @@ def _guard_deferred(comm, name: str) -> None:
         try:
             return job()
         except Exception as exc:
-            comm._abandon(name, seq, exc)
+            comm._calls.abandon(name, seq, exc)
             raise
     defer[-1] = guarded

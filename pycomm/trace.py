@@ -269,13 +269,14 @@ def last_failed():
 
 def collective_progress() -> dict:
     """``{context id: sequence number of the last collective begun}`` for every
-    communicator seen in the ring (its ``_seq``: authoritative, not limited to the ring)."""
+    communicator seen in the ring (its call counter: authoritative, not limited to the
+    ring)."""
     seen = {}
     for _n, call, _t1, _e in _snapshot():
         comm = call[1]
         if comm is not None and _is_collective(call[0]):
             seen[getattr(comm, "_cid", -1)] = comm
-    return {cid: int(getattr(c, "_seq", 0)) for cid, c in seen.items()}
+    return {cid: int(c._calls.seq) for cid, c in seen.items()}
 
 
 def format_calls(calls: list, now_ns: int | None = None) -> list[str]:

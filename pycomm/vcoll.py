@@ -105,10 +105,11 @@ class VectorMethods:
             if sendbuf is IN_PLACE:
                 raise ArgumentError(f"rank {self.rank}: Gatherv: IN_PLACE only at the root")
             send = as_array(sendbuf, self.rank, "sendbuf")
-        cc = self._coll(signature("Gatherv", send.dtype, -1, root))
-        self._run("gatherv", 0, algorithm, None,
-                  lambda fn: fn(cc, send, recv, counts, displs, root),
-                  log_bytes=sum(counts) * recv.itemsize if self.rank == root else send.nbytes)
+        cc = self._calls.begin(signature("Gatherv", send.dtype, -1, root))
+        self._selection.run("gatherv", 0, algorithm, None,
+                            lambda fn: fn(cc, send, recv, counts, displs, root),
+                            log_bytes=sum(counts) * recv.itemsize if self.rank == root
+                            else send.nbytes)
 
     @collective
     def Scatterv(self, sendbuf, recvbuf, root: int = 0, *, algorithm: str | None = None):
@@ -152,10 +153,11 @@ class VectorMethods:
             if recvbuf is IN_PLACE:
                 raise ArgumentError(f"rank {self.rank}: Scatterv: IN_PLACE only at the root")
             recv = as_array(recvbuf, self.rank, "recvbuf", writable=True)
-        cc = self._coll(signature("Scatterv", recv.dtype, -1, root))
-        self._run("scatterv", 0, algorithm, None,
-                  lambda fn: fn(cc, send, counts, displs, recv, root),
-                  log_bytes=sum(counts) * send.itemsize if self.rank == root else recv.nbytes)
+        cc = self._calls.begin(signature("Scatterv", recv.dtype, -1, root))
+        self._selection.run("scatterv", 0, algorithm, None,
+                            lambda fn: fn(cc, send, counts, displs, recv, root),
+                            log_bytes=sum(counts) * send.itemsize if self.rank == root
+                            else recv.nbytes)
 
     @collective
     def Allgatherv(self, sendbuf, recvbuf, *, algorithm: str | None = None):
@@ -191,9 +193,9 @@ class VectorMethods:
                                          f"{send.size} x {send.dtype}, counts[{self.rank}] "
                                          f"is {counts[self.rank]} x {recv.dtype}")
             mine[...] = send
-        cc = self._coll(signature("Allgatherv", recv.dtype))
-        self._run("allgatherv", sum(counts) * recv.itemsize, algorithm, None,
-                  lambda fn: fn(cc, recv, counts, displs))
+        cc = self._calls.begin(signature("Allgatherv", recv.dtype))
+        self._selection.run("allgatherv", sum(counts) * recv.itemsize, algorithm, None,
+                            lambda fn: fn(cc, recv, counts, displs))
 
     @collective
     def Alltoallv(self, sendbuf, recvbuf, *, algorithm: str | None = None):
@@ -227,10 +229,10 @@ class VectorMethods:
             if send.dtype != recv.dtype:
                 raise InvalidBufferError(f"rank {self.rank}: Alltoallv: sendbuf dtype "
                                          f"{send.dtype} differs from recvbuf {recv.dtype}")
-        cc = self._coll(signature("Alltoallv", recv.dtype))
-        self._run("alltoallv", 0, algorithm, None,
-                  lambda fn: fn(cc, send, scounts, sdispls, recv, rcounts, rdispls),
-                  log_bytes=sum(scounts) * send.itemsize)
+        cc = self._calls.begin(signature("Alltoallv", recv.dtype))
+        self._selection.run("alltoallv", 0, algorithm, None,
+                            lambda fn: fn(cc, send, scounts, sdispls, recv, rcounts, rdispls),
+                            log_bytes=sum(scounts) * send.itemsize)
 
     @collective
     def Reduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=SUM, *,
@@ -283,9 +285,9 @@ class VectorMethods:
                                          f"{counts[self.rank]})")
             work, out = send, recv[:counts[self.rank]]   # the schedules only read it
         op = self._check_op(op, out.dtype)
-        cc = self._coll(signature("Reduce_scatter", out.dtype, total, op=op))
-        self._run("reduce_scatter", work.nbytes, algorithm, op,
-                  lambda fn: fn(cc, work, out, counts, op))
+        cc = self._calls.begin(signature("Reduce_scatter", out.dtype, total, op=op))
+        self._selection.run("reduce_scatter", work.nbytes, algorithm, op,
+                            lambda fn: fn(cc, work, out, counts, op))
 
     def _scan(self, name: str, sendbuf, recvbuf, op, algorithm):
         send, recv = self._pair(sendbuf, recvbuf, name.capitalize())
@@ -295,8 +297,8 @@ class VectorMethods:
             raise InvalidBufferError(f"rank {self.rank}: {name.capitalize()}: sendbuf has "
                                      f"{send.size} elements, recvbuf {recv.size}")
         op = self._check_op(op, recv.dtype)
-        cc = self._coll(signature(name.capitalize(), recv.dtype, recv.size, op=op))
-        self._run(name, recv.nbytes, algorithm, op, lambda fn: fn(cc, send, recv, op))
+        cc = self._calls.begin(signature(name.capitalize(), recv.dtype, recv.size, op=op))
+        self._selection.run(name, recv.nbytes, algorithm, op, lambda fn: fn(cc, send, recv, op))
 
     @collective
     def Scan(self, sendbuf, recvbuf, op=SUM, *, algorithm: str | None = None):

@@ -124,7 +124,7 @@ def test_dup_isolates_point_to_point(world):
 def _rank_dup_collectives(rounds: int):
     world = pycomm.COMM_WORLD
     dup = world.Dup()
-    dup._seq = world._seq   # the same per-call tags on both: only the context separates
+    dup._calls.seq = world._calls.seq   # the same per-call tags on both: only the context separates
     rank = world.rank
     out = []
     for i in range(rounds):
@@ -135,7 +135,7 @@ def _rank_dup_collectives(rounds: int):
         out.append((int(a[0]), int(b[0])))
     # Reversed order across ranks: the root's dup broadcast is in flight (progress thread)
     # while every other rank receives the world's broadcast carrying the same tag.
-    dup._seq = world._seq
+    dup._calls.seq = world._calls.seq
     x = np.full(4, 7 if rank == 0 else -1, dtype=np.int32)
     y = np.full(4, 9 if rank == 0 else -1, dtype=np.int32)
     if rank == 0:
@@ -224,7 +224,7 @@ def _rank_interleaved(rounds: int):
     world = pycomm.COMM_WORLD
     rank = world.rank
     sub = world.Split(rank % 2, rank)
-    sub._seq = world._seq   # same per-call tags on the Split and the world
+    sub._calls.seq = world._calls.seq   # same per-call tags on the Split and the world
     out = []
     for i in range(rounds):
         a = np.array([rank + i], dtype=np.int64)

@@ -265,7 +265,7 @@ def _rank_bad_args():
     comm = pycomm.COMM_WORLD
     size = comm.size
     worker = pycomm.nbc._worker_for(comm._engine)
-    seq = comm._seq
+    seq = comm._calls.seq
     f = np.zeros(4)
     attempts = {
         "Iallreduce size": lambda: comm.Iallreduce(np.zeros(3), f),
@@ -297,7 +297,7 @@ def _rank_bad_args():
                 else f"message: {exc}"
     out["queued"] = worker.tasks.qsize()
     # every refused call is counted, on every rank alike, so the next one matches
-    out["seq moved"] = comm._seq - seq - len(attempts)
+    out["seq moved"] = comm._calls.seq - seq - len(attempts)
     try:    # an unknown algorithm is refused at post time too (after the sequence number)
         comm.Iallreduce(pycomm.IN_PLACE, f, algorithm="no_such_algorithm")
         out["algorithm"] = "posted"

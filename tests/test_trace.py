@@ -24,8 +24,15 @@ ROOT = Path(__file__).resolve().parents[1]
 LAUNCH = str(ROOT / "launch.py")
 
 
+class _Calls:
+    seq = 0
+
+
 class _Comm:
-    name, _cid, _seq = "pycomm.COMM_WORLD", 0, 0
+    name, _cid = "pycomm.COMM_WORLD", 0
+
+    def __init__(self):
+        self._calls = _Calls()
 
 
 @pytest.fixture
@@ -46,11 +53,11 @@ def ring(monkeypatch):
 def test_ring_keeps_the_last_calls_and_their_states(ring, capsys):
     comm = _Comm()
     for seq in range(1, 4):
-        comm._seq = seq
+        comm._calls.seq = seq
         ring.end(ring.begin("bcast", comm, seq, 8, "binomial", -1))
     n = ring.begin("Recv", comm, 7, 16, None, 2)
     ring.fail(n, CommTimeoutError("rank 0: late"))
-    comm._seq = 4
+    comm._calls.seq = 4
     ring.begin("allreduce", comm, 4, 8, "ring", -1)          # still running
     calls = ring._snapshot()
     assert [c[0] for c in calls] == [1, 2, 3, 4]              # call 0 was overwritten

@@ -274,7 +274,7 @@ def _rank_chosen_on_faked_hosts(hostmap):
     try:
         # the message algorithm (a blocking 8 B call on this one-machine world would go
         # through the shared-memory slots, which chosen_algorithm names instead)
-        chosen = {n: comm._choose("allreduce", n, "auto", True)[0] for n in (8, 16 << 20)}
+        chosen = {n: comm._selection.choose("allreduce", n, "auto", True)[0] for n in (8, 16 << 20)}
         x = np.arange(1000, dtype=np.int64) + comm.rank
         comm.Allreduce(pycomm.IN_PLACE, x, algorithm="2d")       # the host grid
         return chosen, x

@@ -176,7 +176,8 @@ def _links(comm, layout, commutative: bool) -> tuple[str, str, float]:
     else:
         row_t = col_t = (DEFAULT_TRANSPORT if comm is None else
                          model_transport(name, None if layout is None else layout.nhosts))
-    over = comm._oversubscription() if hasattr(comm, "_oversubscription") else 1.0
+    selection = getattr(comm, "_selection", None)     # (a fake communicator has none)
+    over = selection.oversubscription() if selection is not None else 1.0
     return row_t, col_t, over
 
 

@@ -1,6 +1,7 @@
 """Which algorithm a communicator's collective runs: the choice, its cache, the debug log.
 
-:class:`AlgorithmSelection` is mixed into :class:`pycomm.comm.Communicator`. Every rank of a
+Each :class:`pycomm.comm.Communicator` holds one :class:`AlgorithmSelection` (its
+``_selection``), which runs every collective call's schedule. Every rank of a
 communicator must run the same schedule, so the inputs of the choice are the same on every
 rank: the collective, its byte count, the op's commutativity, ``algorithm=`` or
 ``PYCOMM_ALGORITHM_<COLLECTIVE>``, and the model's inputs agreed at start-up (size,
@@ -47,39 +48,30 @@ def _override(collective: str):
 
 
 class AlgorithmSelection:
-    """Choosing, caching and logging the algorithm of each collective call (a mixin: it
-    uses the communicator's ``size``, ``rank``, ``_engine``, ``_defer``, ``_debug`` and
-    ``transport_name``)."""
+    """Choosing, caching, running and logging the algorithm of one communicator's calls.
+
+    It reads, from its communicator, what every rank agreed on (``size``, ``rank``,
+    ``transport_name``, ``host_layout``, the engine's ranks per core), the call's sequence
+    number, and whether the call is a nonblocking twin (``_defer``).
+
+    Args:
+        comm: the :class:`pycomm.comm.Communicator` it chooses for.
+    """
+
+    __slots__ = ("comm",)
+
+    def __init__(self, comm):
+        self.comm = comm
 
     def chosen_algorithm(self, collective: str, nbytes: int, *, commutative: bool = True,
                          algorithm: str | None = None) -> str:
-        """Name the algorithm a call on this communicator would run.
+        """The algorithm a call would run (see
+        :meth:`pycomm.comm.Communicator.chosen_algorithm`)."""
+        name = self.choose(collective, int(nbytes), algorithm, commutative)[0]
+        return SHARED_SLOTS if takes_slots(self.comm, collective, int(nbytes),
+                                           algorithm) else name
 
-        The same choice the collective itself makes (:func:`pycomm.collectives.choose` with
-        this communicator's size, transport and agreed ranks per core), for logs and
-        benchmarks: ``"shared_slots"`` where a blocking call goes through shared-memory
-        slots instead of messages (:mod:`pycomm.shmcoll`). Sends nothing.
-
-        Args:
-            collective: e.g. ``"allreduce"`` (a key of ``pycomm.collectives.REGISTRY``).
-            nbytes: bytes of the call as defined in :mod:`pycomm.collectives` (e.g. the
-                whole receive buffer for allgather).
-            commutative: whether the reduction op commutes.
-            algorithm: as the collective's ``algorithm=``; None honours
-                ``PYCOMM_ALGORITHM_<COLLECTIVE>``, ``"auto"`` ignores it.
-
-        Returns:
-            str: the algorithm's registry name (e.g. ``"recursive_doubling"``), or
-            ``"shared_slots"``.
-
-        Raises:
-            ArgumentError: unknown collective or algorithm, or a named algorithm that
-                cannot serve the call.
-        """
-        name = self._choose(collective, int(nbytes), algorithm, commutative)[0]
-        return SHARED_SLOTS if takes_slots(self, collective, int(nbytes), algorithm) else name
-
-    def _choose(self, collective: str, nbytes: int, algorithm, commutative: bool):
+    def choose(self, collective: str, nbytes: int, algorithm, commutative: bool):
         """``(name, fn)`` of :func:`pycomm.collectives.choose` for this communicator, cached."""
         # The choice is a pure function of these, the override variable, the variables the
         # model reads, and the model's inputs (size, transport, ranks per core: the world's
@@ -87,14 +79,15 @@ class AlgorithmSelection:
         key = (collective, nbytes, algorithm, commutative, _override(collective),
                _model_env())
         hit = _CHOICES.get(key)
-        eng = self._engine
-        layout = getattr(self, "host_layout", None)   # hosts: hierarchical algorithms
-        model = (self.size, eng.oversubscription, eng.min_cores,
-                 getattr(self, "transport_name", None), layout)
+        comm = self.comm
+        eng = comm._engine
+        layout = getattr(comm, "host_layout", None)   # hosts: hierarchical algorithms
+        model = (comm.size, eng.oversubscription, eng.min_cores,
+                 getattr(comm, "transport_name", None), layout)
         if hit is None or hit[2] != model:
-            name, fn = choose(collective, nbytes, self.size, requested=algorithm,
-                              commutative=commutative, transport=self._model_transport(),
-                              oversubscription=self._oversubscription(),
+            name, fn = choose(collective, nbytes, comm.size, requested=algorithm,
+                              commutative=commutative, transport=self.model_transport(),
+                              oversubscription=self.oversubscription(),
                               hosts=None if layout is None else tuple(map(len, layout.hosts)))
             if len(_CHOICES) > 4096:
                 _CHOICES.clear()
@@ -102,8 +95,8 @@ class AlgorithmSelection:
             return name, fn
         return hit[0], hit[1]
 
-    def _run(self, collective: str, nbytes: int, algorithm, op: Op | None, call, *,
-             log_bytes: int | None = None, plan=None):
+    def run(self, collective: str, nbytes: int, algorithm, op: Op | None, call, *,
+            log_bytes: int | None = None, plan=None):
         """Choose the algorithm and run ``call(fn)`` (queue it, inside a nonblocking twin).
 
         ``log_bytes``: the bytes the debug log models when ``nbytes`` is not this rank's
@@ -114,12 +107,13 @@ class AlgorithmSelection:
         if plan is not None:
             name, fn = plan[1], plan[2]
         else:
-            name, fn = self._choose(collective, nbytes, algorithm,
-                                    op.commutative if op is not None else True)
-        debug = self._debug
-        if not debug and self._defer is None:  # the common case: no closure, no log
+            name, fn = self.choose(collective, nbytes, algorithm,
+                                   op.commutative if op is not None else True)
+        comm = self.comm
+        debug = comm._debug
+        if not debug and comm._defer is None:  # the common case: no closure, no log
             # the flight recorder (pycomm.trace): a tuple, a slot write, two clock reads
-            n = _trace.begin(collective, self, self._seq, nbytes if log_bytes is None
+            n = _trace.begin(collective, comm, comm._calls.seq, nbytes if log_bytes is None
                              else log_bytes, name, -1)
             try:
                 out = call(fn)
@@ -128,12 +122,12 @@ class AlgorithmSelection:
                 raise
             _trace.end(n)
             return out
-        seq = self._seq                   # a nonblocking twin runs later: keep its number
+        seq = comm._calls.seq             # a nonblocking twin runs later: keep its number
         shown = nbytes if log_bytes is None else log_bytes
 
         def run(kind: str = ""):
             op_name = "i" + collective if kind else collective
-            n = _trace.begin(op_name, self, seq, shown, name, -1)
+            n = _trace.begin(op_name, comm, seq, shown, name, -1)
             try:
                 out = (self._logged(collective, shown, name, kind, lambda: call(fn))
                        if debug else call(fn))
@@ -143,8 +137,8 @@ class AlgorithmSelection:
             _trace.end(n)
             return out
 
-        if self._defer is not None:       # a nonblocking twin: the progress thread runs it
-            self._defer.append(lambda: run("nonblocking "))
+        if comm._defer is not None:       # a nonblocking twin: the progress thread runs it
+            comm._defer.append(lambda: run("nonblocking "))
             return None
         return run()
 
@@ -155,29 +149,30 @@ class AlgorithmSelection:
         out = call()
         measured = time.perf_counter() - t0
         try:
-            modelled = 1e6 * model_time(collective, name, nbytes, self.size,
-                                        transport=self._model_transport(),
-                                        oversubscription=self._oversubscription())
+            modelled = 1e6 * model_time(collective, name, nbytes, self.comm.size,
+                                        transport=self.model_transport(),
+                                        oversubscription=self.oversubscription())
             modelled = f"{modelled:.1f} us"
         except Exception:                 # a collective the model does not cover
             modelled = "n/a"
-        print(f"[pycomm rank {self.rank}] {kind}{collective}({nbytes} B, {self.size} ranks): "
+        print(f"[pycomm rank {self.comm.rank}] {kind}{collective}({nbytes} B, "
+              f"{self.comm.size} ranks): "
               f"{name}, modelled {modelled}, measured {1e6 * measured:.1f} us",
               file=sys.stderr)
         return out
 
-    def _model_transport(self) -> str:
+    def model_transport(self) -> str:
         """The transport whose cost constants model this communicator (slowest link)."""
-        layout = getattr(self, "host_layout", None)
-        return model_transport(getattr(self, "transport_name", None),
+        layout = getattr(self.comm, "host_layout", None)
+        return model_transport(getattr(self.comm, "transport_name", None),
                                None if layout is None else layout.nhosts)
 
-    def _oversubscription(self) -> float:
+    def oversubscription(self) -> float:
         """Ranks per core (the cost model's oversubscription factor).
 
         Every rank of a communicator must choose the same algorithm, so this uses only
         values all ranks agreed on at start-up (the busiest host's ranks per core, the
         fewest cores of any host), capped by this communicator's size.
         """
-        eng = self._engine
-        return max(1.0, min(eng.oversubscription, self.size / eng.min_cores))
+        eng = self.comm._engine
+        return max(1.0, min(eng.oversubscription, self.comm.size / eng.min_cores))
