@@ -294,27 +294,101 @@ def test_choose_requested_and_environment(monkeypatch, brief_constants):
         assert algs.choose(coll, 0, 5)[0] in algs.algorithms(coll)
 
 
-def test_every_formula_has_a_step_model_or_is_a_listed_exception():
-    # the oversubscribed model costs schedules step by step; only these fall back to the
-    # closed form scaled by ranks per core
-    fallback = {("allreduce", "double_binary_tree"), ("gatherv", "linear"),
-                ("scatterv", "linear"), ("alltoallv", "pairwise")}
-    assert set(cost.FORMULAS) - set(cost.SCHEDULES) == fallback
-    assert set(cost.SCHEDULES) <= set(cost.FORMULAS)
+# Textbook values (Thakur, Rabenseifner & Gropp 2005, "Optimization of collective
+# communication operations in MPICH", sections 3-4), written out by hand for a few (n, p):
+# with a core per rank, one protocol, no scratch cost (σ = 0) and an exchange step as dear
+# as a one-way message, the step models the choice evaluates must reduce to them.
+A, B, G = 1e-5, 1e-9, 5e-10     # α, β, γ
+L8, Q6 = 3, 2                   # log2 8; log2 of 6's power-of-two group (4)
 
 
-@pytest.mark.parametrize("coll, alg", sorted(cost.SCHEDULES))
-@pytest.mark.parametrize("p", range(2, 17))
-def test_step_model_reduces_to_the_closed_form_without_sharing(coll, alg, p):
-    # with a core per rank, no wake-up cost and one protocol, the step-by-step sum (which
-    # the choice evaluates at every world size) is the closed form of the module docstrings
-    # (Thakur et al.'s formulas), for every world size, powers of two or not
-    for ax in (None, 1.3e-5):     # an exchange step as dear as a message, or dearer
-        k = cost.Constants(alpha=8e-6, beta=1 / 6e9, gamma=1 / 4e9, sigma=1 / 5e9, wake=0.0,
-                           alpha_x=ax)
-        for n in (8.0, 4096.0, float(1 << 20), float(1 << 24)):
-            assert cost.SCHEDULES[(coll, alg)](n, p, k, float(p)) == \
-                pytest.approx(cost.FORMULAS[(coll, alg)](n, p, k), rel=1e-9)
+def _textbook(n, p):
+    """(collective, algorithm) -> Thakur et al.'s time of n bytes on p ranks (closed
+    forms; the fold of a non-power-of-two p as in their section 4.3)."""
+    L = (p - 1).bit_length()
+    frac = (p - 1) / p
+    return {
+        ("barrier", "dissemination"): L * A,
+        ("barrier", "binomial"): 2 * L * A,
+        ("bcast", "binomial"): L * (A + n * B),
+        ("bcast", "scatter_allgather"): (L + p - 1) * A + 2 * n * frac * B,
+        ("reduce", "binomial"): L * (A + n * B + n * G),
+        ("gather", "linear"): (p - 1) * A + n * frac * B,
+        ("gather", "binomial"): L * A + n * frac * B,
+        ("scatter", "linear"): (p - 1) * A + n * frac * B,
+        ("scatter", "binomial"): L * A + n * frac * B,
+        ("allgather", "ring"): (p - 1) * A + n * frac * B,
+        ("alltoall", "pairwise"): (p - 1) * A + n * frac * B,
+        ("alltoall", "bruck"): L * (A + n / 2 * B),
+        ("reduce_scatter", "ring"): (p - 1) * A + n * frac * (B + G),
+        ("reduce_scatter", "pairwise"): (p - 1) * A + n * frac * (B + G),
+        ("allreduce", "ring"): 2 * (p - 1) * A + 2 * n * frac * B + n * frac * G,
+        ("allreduce", "binomial"): 2 * L * (A + n * B) + L * n * G,
+        ("scan", "recursive_doubling"): L * (A + n * B + 2 * n * G),
+    }
+
+
+@pytest.fixture
+def textbook_constants(tmp_path, monkeypatch):
+    """A table of α, β, γ alone (σ = 0; α_x, α_rndv, β_rndv default to α and β; no
+    lanes, no wake-ups)."""
+    path = tmp_path / "textbook.json"
+    path.write_text(json.dumps({"shm": {"alpha": A, "beta": B, "gamma": G, "sigma": 0.0}}))
+    monkeypatch.setenv("PYCOMM_TUNE_FILE", str(path))
+    monkeypatch.delenv("PYCOMM_SEGMENT_BYTES", raising=False)
+    return path
+
+
+@pytest.mark.parametrize("p", [2, 5, 8])
+@pytest.mark.parametrize("n", [8, 1 << 16])   # one segment per ring chunk and halving step
+def test_step_models_give_the_textbook_times(n, p, textbook_constants):
+    for (coll, alg), want in _textbook(n, p).items():
+        assert algs.model_time(coll, alg, n, p) == pytest.approx(want, rel=1e-12), (coll, alg)
+
+
+def test_power_of_two_schedules_give_the_textbook_times(textbook_constants):
+    n, p = 1 << 16, 8
+    frac = (p - 1) / p
+    assert algs.model_time("allgather", "recursive_doubling", n, p) == \
+        pytest.approx(L8 * A + n * frac * B)
+    assert algs.model_time("allreduce", "recursive_doubling", n, p) == \
+        pytest.approx(L8 * (A + n * B + n * G))
+    # Rabenseifner: a recursive-halving reduce-scatter + a recursive-doubling all-gather
+    assert algs.model_time("allreduce", "rabenseifner", n, p) == \
+        pytest.approx(2 * L8 * A + 2 * n * frac * B + n * frac * G)
+    assert algs.model_time("reduce_scatter", "recursive_halving", n, p) == \
+        pytest.approx(L8 * A + n * frac * (B + G))
+    # reduce: the halving, then a binomial gather of the reduced chunks to the root
+    assert algs.model_time("reduce", "rabenseifner", n, p) == \
+        pytest.approx(2 * L8 * A + n * frac * (2 * B + G))
+
+
+def test_the_fold_adds_its_textbook_steps(textbook_constants):
+    # p = 6 folds to q = 4: two more steps, α + nβ + nγ in and α + nβ out
+    n, q = 1 << 16, 4
+    fold = 2 * A + 2 * n * B + n * G
+    assert algs.model_time("allreduce", "recursive_doubling", n, 6) == \
+        pytest.approx(fold + Q6 * (A + n * B + n * G))
+    assert algs.model_time("allreduce", "rabenseifner", n, 6) == \
+        pytest.approx(fold + 2 * Q6 * A + 2 * n * (q - 1) / q * B + n * (q - 1) / q * G)
+
+
+def test_exchange_steps_and_rendezvous_pay_their_own_constants(tmp_path, monkeypatch):
+    # an exchange step (every rank sends and receives) costs α_x; a message above the eager
+    # limit costs α_rndv + b β_rndv
+    ax, ar, br = 3e-5, 4e-5, 2e-10
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"shm": {"alpha": A, "beta": B, "gamma": G, "sigma": 0.0,
+                                        "alpha_x": ax, "alpha_rndv": ar, "beta_rndv": br}}))
+    monkeypatch.setenv("PYCOMM_TUNE_FILE", str(path))
+    monkeypatch.setenv("PYCOMM_EAGER_LIMIT", "65536")
+    n, p = 1 << 12, 8
+    assert algs.model_time("allgather", "ring", n, p) == \
+        pytest.approx((p - 1) * ax + n * (p - 1) / p * B)
+    assert algs.model_time("barrier", "dissemination", 0, p) == pytest.approx(L8 * ax)
+    assert algs.model_time("bcast", "binomial", n, p) == pytest.approx(L8 * (A + n * B))
+    n = 1 << 20
+    assert algs.model_time("bcast", "binomial", n, p) == pytest.approx(L8 * (ar + n * br))
 
 
 def test_oversubscribed_model_prefers_trees_that_leave_cores_free(brief_constants):

@@ -4,27 +4,23 @@ Modelled time of one call = ``α`` per message on the critical path + ``β`` per
 + ``γ`` per byte reduced + ``σ`` per byte of freshly allocated scratch, where a message
 larger than the eager limit pays the rendezvous protocol's ``α_rndv`` and ``β_rndv``
 instead (two regimes of one Hockney line, as NCCL's tuner keeps a latency and a bandwidth
-per protocol in ``graph/tuning.cc``; the formulas are
-those of Thakur, Rabenseifner & Gropp 2005, "Optimization of collective communication
-operations in MPICH", and of each algorithm's module docstring, plus the σ term; pipelined
-schedules also read the segment size ``PYCOMM_SEGMENT_BYTES``). Each formula takes ``n``,
-the bytes of the call as defined in :func:`pycomm.collectives.choose`, ``p``, the number of
-ranks, and the transport's :class:`Constants`, and returns seconds. Only the ranking
-matters: constants shift the crossovers, not the shapes.
+per protocol in ``graph/tuning.cc``). ``n`` is the bytes of the call as defined in
+:func:`pycomm.collectives.choose`, ``p`` the number of ranks. Only the ranking matters:
+constants shift the crossovers, not the shapes.
 
-The closed forms (:data:`FORMULAS`) document each algorithm; the choice evaluates the
-same schedules step by step (:data:`SCHEDULES`), which prices each message by its protocol
-and, when ranks outnumber cores (``oversubscription > 1``), makes every step pay a
-measured wake-up per turn of the cores its call's ranks need (an exchange step its own,
-larger one) while concurrent copies and reductions share the cores: see
-:mod:`pycomm.tuning.cost_steps`.
-
-Two measured refinements of the textbook forms (the algorithms' docstrings give those):
-a step in which every rank both sends and receives (ring, halving, doubling, recursive
-doubling, Bruck, dissemination, a pipelined chain's middle rank) costs ``α_x``, the
-measured exchange step, where a one-way message costs ``α`` (``Constants.xtra`` is the
-difference); and concurrent copies share the memory's *lanes* as well as the cores (see
-:mod:`pycomm.tuning.cost_steps`).
+Each schedule is priced once, step by step (:data:`SCHEDULES`,
+:mod:`pycomm.tuning.cost_steps`): each message by its protocol and, when ranks outnumber
+cores (``oversubscription > 1``), every step paying a measured wake-up per turn of the
+cores its call's ranks need (an exchange step its own, larger one) while concurrent copies
+and reductions share the cores. With a core per rank and one protocol the sums are the
+closed forms of Thakur, Rabenseifner & Gropp 2005, "Optimization of collective
+communication operations in MPICH", written in each algorithm's module docstring
+(:mod:`pycomm.collectives.allreduce` and its siblings), plus the σ term and two measured
+refinements: a step in which every rank both sends and receives (ring, halving, doubling,
+recursive doubling, Bruck, dissemination, a pipelined chain's middle rank) costs ``α_x``,
+the measured exchange step, where a one-way message costs ``α`` (``Constants.xtra`` is the
+difference); and concurrent copies share the memory's *lanes* as well as the cores.
+tests/test_tune.py checks the sums against those textbook forms.
 
 Why σ: numpy scratch buffers come from fresh pages whose first touch page-faults; it is
 what separates recursive doubling (scratch ``n``) from the segmented schedules (ring,
@@ -47,14 +43,12 @@ from dataclasses import replace
 from collections.abc import Callable
 
 from pycomm import config
-from pycomm.tuning.cost_steps import SCHEDULES, _share, pipeline_segment, twod_time
-from pycomm.tuning.cost_terms import (Constants, pipeline_candidates, _segment,
-                                         _ring_segs, _ring_scratch, _hsegs, _pipe_scratch,
-                                         _halving_scratch, _lg, _lq, _frac, _qfrac, _folds,
-                                         _protocol)
+from pycomm.tuning.cost_steps import SCHEDULES, _share, pipeline_segment
+from pycomm.tuning.cost_terms import (Constants, pipeline_candidates, _segment, _lg,
+                                         _frac, _protocol)
 from pycomm.errors import ArgumentError
 
-__all__ = ["Constants", "FORMULAS", "SCHEDULES", "DEFAULT_TRANSPORT", "NET", "SHIPPED_TABLE",
+__all__ = ["Constants", "SCHEDULES", "DEFAULT_TRANSPORT", "NET", "SHIPPED_TABLE",
            "constants", "cost", "load_table", "model_transport", "segment_bytes"]
 
 DEFAULT_TRANSPORT = "shm"
@@ -179,23 +173,6 @@ def constants(transport: str = DEFAULT_TRANSPORT) -> Constants:
     return table.get(transport) or table[DEFAULT_TRANSPORT]
 
 
-def _fold(n: float, p: int, k: Constants) -> float:
-    """Fold in (segmented) and out for a non-power-of-two p (Thakur et al. 2005, 4.3);
-    else 0."""
-    return (_hsegs(n) + 1) * k.alpha + 2 * n * k.beta + n * k.gamma if _folds(p) else 0.0
-
-
-def _pipeline_seg(n: float, p: int, k: Constants, seg: float) -> float:
-    # a middle rank receives and forwards a segment per step, as in an exchange
-    segs = max(1.0, math.ceil(n / seg))
-    return (p - 2 + segs) * (k.alpha + (k.xtra if p > 2 else 0.0) + n / segs * k.beta)
-
-
-def _pipeline(n: float, p: int, k: Constants) -> float:
-    """At the best segment of :func:`~pycomm.tuning.cost_terms.pipeline_candidates`."""
-    return min(_pipeline_seg(n, p, k, seg) for seg in pipeline_candidates(n))
-
-
 def _double_tree(n: float, p: int, k: Constants) -> float:
     # S + L + 1 steps (the schedule's lag is L + 1); per step an inner rank waits for two
     # children and a parent and sends about three segments of b bytes. Every step is a
@@ -206,118 +183,15 @@ def _double_tree(n: float, p: int, k: Constants) -> float:
     return (segs + _lg(p) + 1) * (4 * alpha + 3 * b * beta + 2 * b * k.gamma)
 
 
-def _reduce_binomial(n: float, p: int, k: Constants) -> float:
-    return _lg(p) * (k.alpha + n * k.beta + n * k.gamma) + n * k.sigma
-
-
-def _bcast_binomial(n: float, p: int, k: Constants) -> float:
-    return _lg(p) * (k.alpha + n * k.beta)
-
-
-def _halving(n: float, p: int, k: Constants) -> float:
-    """Recursive-halving reduce-scatter over the power-of-two group, each exchange of
-    ``b`` bytes sent as ``ceil(b / s)`` segments; every step an exchange (``xtra``)."""
-    return (sum(_hsegs(n / 2 ** i) for i in range(1, _lq(p) + 1)) * k.alpha
-            + _lq(p) * k.xtra + n * _qfrac(p) * (k.beta + k.gamma))
-
-
-Formula = Callable[[float, int, Constants], float]
-
-# A step in which every rank both sends and receives (an exchange: ring, halving, doubling,
-# recursive doubling, Bruck, dissemination) costs ``alpha_x`` (measured: Constants.xtra
-# over α) where a one-way message costs α.
-
-# (collective, algorithm) -> f(n bytes, p ranks, constants) -> seconds, for p >= 2.
-FORMULAS: dict[tuple[str, str], Formula] = {
-    ("barrier", "dissemination"): lambda n, p, k: _lg(p) * (k.alpha + k.xtra),
-    ("barrier", "binomial"): lambda n, p, k: 2 * _lg(p) * k.alpha,
-    ("bcast", "binomial"): _bcast_binomial,
-    ("bcast", "scatter_allgather"):
-        lambda n, p, k: ((_lg(p) + p - 1) * k.alpha + (p - 1) * k.xtra
-                         + 2 * n * _frac(p) * k.beta),
-    ("bcast", "pipeline"): _pipeline,
-    ("reduce", "binomial"): _reduce_binomial,
-    ("reduce", "rabenseifner"):
-        lambda n, p, k: (_halving(n, p, k) + _lq(p) * k.alpha + n * _qfrac(p) * k.beta
-                         + _halving_scratch(n, p) * k.sigma
-                         + (_hsegs(n) * k.alpha + n * k.beta + n * k.gamma if _folds(p)
-                            else 0.0)),
-    ("allreduce", "ring"):
-        lambda n, p, k: (2 * (p - 1) * (_ring_segs(n, p) * k.alpha + k.xtra)
-                         + 2 * n * _frac(p) * k.beta
-                         + n * _frac(p) * k.gamma + _ring_scratch(n, p) * k.sigma),
-    ("allreduce", "rabenseifner"):  # the all-gather's first step echoes, in segments
-        lambda n, p, k: (_halving(n, p, k) + _lq(p) * (k.alpha + k.xtra)
-                         + (_hsegs(n / 2 ** _lq(p)) - 1) * k.alpha + n * _qfrac(p) * k.beta
-                         + _halving_scratch(n, p) * k.sigma + _fold(n, p, k)),
-    ("allreduce", "recursive_doubling"):
-        lambda n, p, k: (_lq(p) * (k.alpha + k.xtra + n * k.beta + n * k.gamma)
-                         + (n + (_pipe_scratch(n) if _folds(p) else 0.0)) * k.sigma
-                         + _fold(n, p, k)),
-    ("allreduce", "binomial"):
-        lambda n, p, k: _reduce_binomial(n, p, k) + _bcast_binomial(n, p, k),
+# The pairs without a step model, as closed forms f(n bytes, p ranks, constants) ->
+# seconds (p >= 2), priced with every rank copying at once (see cost()).
+UNSTEPPED: dict[tuple[str, str], Callable[[float, int, Constants], float]] = {
     ("allreduce", "double_binary_tree"): _double_tree,
-    ("allgather", "ring"): lambda n, p, k: (p - 1) * (k.alpha + k.xtra) + n * _frac(p) * k.beta,
-    ("allgather", "recursive_doubling"):
-        lambda n, p, k: _lg(p) * (k.alpha + k.xtra) + n * _frac(p) * k.beta,
-    ("allgather", "bruck"):
-        lambda n, p, k: (_lg(p) * (k.alpha + k.xtra) + n * _frac(p) * k.beta
-                         + n * (k.beta + k.sigma)),
-    ("allgatherv", "ring"): lambda n, p, k: (p - 1) * (k.alpha + k.xtra) + n * _frac(p) * k.beta,
-    ("gather", "linear"): lambda n, p, k: (p - 1) * k.alpha + n * _frac(p) * k.beta,
-    ("gather", "binomial"):
-        lambda n, p, k: _lg(p) * k.alpha + n * _frac(p) * k.beta + n * k.sigma,
     ("gatherv", "linear"): lambda n, p, k: (p - 1) * k.alpha + n * _frac(p) * k.beta,
-    ("scatter", "linear"): lambda n, p, k: (p - 1) * k.alpha + n * _frac(p) * k.beta,
-    ("scatter", "binomial"):
-        lambda n, p, k: _lg(p) * k.alpha + n * _frac(p) * k.beta + n * k.sigma,
     ("scatterv", "linear"): lambda n, p, k: (p - 1) * k.alpha + n * _frac(p) * k.beta,
-    ("alltoall", "pairwise"): lambda n, p, k: (p - 1) * (k.alpha + k.xtra) + n * _frac(p) * k.beta,
-    ("alltoall", "bruck"):
-        lambda n, p, k: _lg(p) * (k.alpha + k.xtra + n / 2 * k.beta) + 2 * n * k.sigma,
     ("alltoallv", "pairwise"):
         lambda n, p, k: (p - 1) * (k.alpha + k.xtra) + n * _frac(p) * k.beta,
-    ("reduce_scatter", "ring"):
-        lambda n, p, k: ((p - 1) * (k.alpha + k.xtra) + n * _frac(p) * (k.beta + k.gamma)
-                         + n / p * k.sigma),
-    ("reduce_scatter", "pairwise"):
-        lambda n, p, k: ((p - 1) * (k.alpha + k.xtra) + n * _frac(p) * (k.beta + k.gamma)
-                         + 2 * n / p * k.sigma),
-    ("reduce_scatter", "recursive_halving"):
-        lambda n, p, k: (_halving(n, p, k) + (n + _halving_scratch(n, p)) * k.sigma
-                         + ((_hsegs(n) + 1) * k.alpha + (n + n / p) * k.beta + n * k.gamma
-                            if _folds(p) else 0.0)),
-    ("scan", "recursive_doubling"):
-        lambda n, p, k: (_lg(p) * (k.alpha + k.xtra + n * k.beta + 2 * n * k.gamma)
-                         + 2 * n * k.sigma),
-    ("exscan", "recursive_doubling"):
-        lambda n, p, k: (_lg(p) * (k.alpha + k.xtra + n * k.beta + 2 * n * k.gamma)
-                         + 2 * n * k.sigma),
 }
-for _alg in ("ring", "pairwise", "recursive_halving"):
-    FORMULAS[("reduce_scatter_block", _alg)] = FORMULAS[("reduce_scatter", _alg)]
-# The hierarchical schedules (pycomm.collectives.hierarchical) priced as on one host, i.e.
-# their local steps alone: model_time has no host layout. On a communicator spanning
-# hosts choose() takes them by rule, not by this price.
-FORMULAS.update({
-    ("allreduce", "hierarchical"):
-        lambda n, p, k: (FORMULAS[("reduce_scatter", "ring")](n, p, k)
-                         + FORMULAS[("allgatherv", "ring")](n, p, k)),
-    ("reduce", "hierarchical"):
-        lambda n, p, k: (FORMULAS[("reduce_scatter", "ring")](n, p, k)
-                         + FORMULAS[("gather", "linear")](n, p, k)),
-    ("bcast", "hierarchical"): _bcast_binomial,
-    ("allgather", "hierarchical"): lambda n, p, k: FORMULAS[("allgather", "ring")](n, p, k),
-    ("barrier", "hierarchical"): lambda n, p, k: 2 * (p - 1) * k.alpha,
-})
-# The 2-D all-reduce (pycomm.collectives.twod) on the near-square grid of one transport:
-# its three phases at their best inner algorithms; on the host grid choose() prices it
-# with pycomm.tuning.cost_hosts.twod_hosts_time instead.
-FORMULAS[("allreduce", "2d")] = lambda n, p, k: twod_time(n, p, k, FORMULAS)
-# The 2-D all-gather and reduce-scatter (the same module): their two phases likewise.
-for _coll in ("allgather", "reduce_scatter", "reduce_scatter_block"):
-    FORMULAS[(_coll, "2d")] = lambda n, p, k, _x=_coll: twod_time(n, p, k, FORMULAS, None, _x)
-
 
 
 def _priced(transport: str) -> Constants:
@@ -383,19 +257,18 @@ def cost(collective: str, algorithm: str, nbytes: int, size: int,
             (β and γ scaled by that share), scale σ by ``oversubscription`` and add
             ``wake`` to every message.
 
-    Pairs with a step model (:data:`SCHEDULES`) are always costed step by step, so that
-    each message is priced by the protocol it goes by: ``alpha``/``beta`` up to
-    ``PYCOMM_EAGER_LIMIT`` bytes, ``alpha_rndv``/``beta_rndv`` above. With a core per rank
-    and one protocol that sum is the closed form of :data:`FORMULAS`.
+    Pairs with a step model (:data:`SCHEDULES`) are costed step by step, so that each
+    message is priced by the protocol it goes by: ``alpha``/``beta`` up to
+    ``PYCOMM_EAGER_LIMIT`` bytes, ``alpha_rndv``/``beta_rndv`` above.
 
     Raises:
-        KeyError: the model has no formula for the pair.
+        KeyError: the model has no price for the pair.
     """
-    formula = FORMULAS[(collective, algorithm)]
+    schedule = SCHEDULES.get((collective, algorithm))
+    formula = UNSTEPPED[(collective, algorithm)] if schedule is None else None
     if size <= 1:
         return 0.0
     k = _priced(transport)
-    schedule = SCHEDULES.get((collective, algorithm))
     if schedule is not None:
         return schedule(float(nbytes), size, *_cores(k, float(nbytes), size,
                                                      oversubscription))

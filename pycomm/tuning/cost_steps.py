@@ -1,11 +1,10 @@
 """The cost model's step models: every schedule written out as its sequence of steps.
 
-:func:`pycomm.tuning.cost.cost` evaluates these (:data:`SCHEDULES`) rather than the
-closed forms, so that each message is priced by its protocol and, when ranks outnumber
-cores, each step pays for the turns of the cores it needs. With a core per rank and one
-protocol each equals its closed form in :data:`pycomm.tuning.cost.FORMULAS` (tested
-for every pair at p = 2..16).
-"""
+:func:`pycomm.tuning.cost.cost` evaluates these (:data:`SCHEDULES`), the only executable
+price of each schedule, so that each message is priced by its protocol and, when ranks
+outnumber cores, each step pays for the turns of the cores it needs. With a core per rank
+and one protocol each sum is the closed form its algorithm's module docstring gives
+(tests/test_tune.py checks a few against Thakur et al.'s values)."""
 
 from __future__ import annotations
 
@@ -24,7 +23,7 @@ __all__ = ["SCHEDULES", "pipeline_segment", "twod_time"]
 # ---------------------------------------------------------------------------------------
 # Oversubscribed hosts: a step-by-step model.
 #
-# When ranks outnumber cores, the closed forms of cost.FORMULAS mislead: they assume every
+# When ranks outnumber cores, the closed forms mislead: they assume every
 # rank runs whenever it has work. On ``c`` cores shared by ``p`` ranks, every step needs
 # ``o = p / c`` turns of the cores: the ranks with work in it, and the ranks waiting in
 # the call too, which poll with ``sched_yield`` before they sleep (:mod:`pycomm.waiting`)
@@ -247,7 +246,9 @@ SCHEDULES: dict[tuple[str, str], Callable[[float, int, Constants, float], float]
 }
 for _alg in ("ring", "pairwise", "recursive_halving"):
     SCHEDULES[("reduce_scatter_block", _alg)] = SCHEDULES[("reduce_scatter", _alg)]
-# the hierarchical schedules' local steps (see cost.FORMULAS)
+# The hierarchical schedules (pycomm.collectives.hierarchical) priced as on one host, i.e.
+# their local steps alone: model_time has no host layout. On a communicator spanning
+# hosts choose() prices them with pycomm.tuning.cost_hosts instead.
 SCHEDULES.update({
     ("allreduce", "hierarchical"):
         lambda n, p, k, c: (SCHEDULES[("reduce_scatter", "ring")](n, p, k, c)
@@ -269,14 +270,13 @@ TWOD_COLUMN = ("recursive_doubling", "rabenseifner", "ring", "binomial")
 TWOD_GATHER = ("recursive_doubling", "ring", "bruck")
 
 
-def twod_time(n: float, p: int, k: Constants, table: dict, c: float | None = None,
+def twod_time(n: float, p: int, k: Constants, c: float,
               collective: str = "allreduce") -> float:
-    """Seconds of a 2-D schedule on the near-square grid ``R x C`` of ``p`` ranks, each
-    phase at its best candidate in ``table`` (``cost.FORMULAS``, called ``(n, p, k)``, or
-    :data:`SCHEDULES` with ``c`` cores for all ``p`` ranks: a phase's ``R`` rows, or ``C``
-    columns, run at once and share them, ``c * C / p`` cores a row, ``c * R / p`` a column,
-    and the memory's lanes likewise, so that a step's ``p`` concurrent copies share them
-    as one flat step's do).
+    """Seconds of a 2-D schedule on the near-square grid ``R x C`` of ``p`` ranks on ``c``
+    cores, each phase at its best candidate in :data:`SCHEDULES`: a phase's ``R`` rows,
+    or ``C`` columns, run at once and share the cores, ``c * C / p`` a row, ``c * R / p``
+    a column, and the memory's lanes likewise, so that a step's ``p`` concurrent copies
+    share them as one flat step's do.
 
     ``collective``: ``"allreduce"`` (the row reduce-scatter of ``n`` bytes on ``C`` ranks,
     the column all-reduce of ``n/C`` on ``R``, the row all-gather), ``"allgather"`` (the
@@ -290,10 +290,8 @@ def twod_time(n: float, p: int, k: Constants, table: dict, c: float | None = Non
             return 0.0
         if coll == "allgather" and q & (q - 1):
             algs = tuple(a for a in algs if a != "recursive_doubling")
-        if c is None:
-            return min(table[(coll, a)](b, q, k) for a in algs)
         kq = replace(k, mem=k.mem * q / p)
-        return min(table[(coll, a)](b, q, kq, c * q / p) for a in algs)
+        return min(SCHEDULES[(coll, a)](b, q, kq, c * q / p) for a in algs)
     if collective == "allgather":
         return (best("allgather", TWOD_GATHER, n / rows, cols)
                 + best("allgather", TWOD_GATHER, n, rows))
@@ -305,7 +303,5 @@ def twod_time(n: float, p: int, k: Constants, table: dict, c: float | None = Non
             + best("allgatherv", ("ring",), n, cols))
 
 
-SCHEDULES[("allreduce", "2d")] = lambda n, p, k, c: twod_time(n, p, k, SCHEDULES, c)
-for _coll in ("allgather", "reduce_scatter", "reduce_scatter_block"):
-    SCHEDULES[(_coll, "2d")] = (lambda n, p, k, c, _x=_coll:
-                                twod_time(n, p, k, SCHEDULES, c, _x))
+for _coll in ("allreduce", "allgather", "reduce_scatter", "reduce_scatter_block"):
+    SCHEDULES[(_coll, "2d")] = (lambda n, p, k, c, _x=_coll: twod_time(n, p, k, c, _x))

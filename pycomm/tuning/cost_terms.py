@@ -147,11 +147,6 @@ def _frac(p: int) -> float:
     return (p - 1) / p
 
 
-def _qfrac(p: int) -> float:
-    q = pof2_floor(p)
-    return (q - 1) / q
-
-
 def _folds(p: int) -> bool:
     return pof2_floor(p) != p
 
