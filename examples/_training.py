@@ -396,9 +396,10 @@ def allreduce_bytes(algorithm: str, n_bytes: int, p: int) -> float:
     (its fold included), binomial reduce + broadcast and the double binary tree all move
     every byte across p - 1 links on the way in and p - 1 on the way out: 2(p-1)/p·N on
     average (the trees unevenly). Through shared-memory slots (``shared_slots``, small
-    calls on one host) a rank sends no message at all.
+    calls on one host) a rank sends no message at all, nor by direct reads
+    (``shm_direct``, large calls on one host: the peers read its buffers).
     """
-    if p == 1 or algorithm == "shared_slots":   # slots: written in place, no message
+    if p == 1 or algorithm in ("shared_slots", "shm_direct"):     # no message sent
         return 0.0
     if algorithm == "recursive_doubling":
         q = 1 << (p.bit_length() - 1)

@@ -52,7 +52,7 @@ from .objects import ObjectMethods
 from .vcoll import VectorMethods
 from .ops import SUM, Op
 from .p2p import ANY_SOURCE, ANY_TAG, PROC_NULL, Engine, Request, null_request
-from .plan import SHARED_SLOTS, UNDECIDED, plan_call
+from .plan import UNDECIDED, plan_call
 from .tuning.selection import AlgorithmSelection
 from .signature import collective
 from .status import Status, fill as _fill
@@ -523,7 +523,9 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
         The same choice the collective itself makes (:func:`pycomm.collectives.choose` with
         this communicator's size, transport and agreed ranks per core), for logs and
         benchmarks: ``"shared_slots"`` where a blocking call goes through shared-memory
-        slots instead of messages (:mod:`pycomm.shmcoll`). Sends nothing.
+        slots instead of messages (:mod:`pycomm.shmcoll`), ``"shm_direct"`` where a
+        blocking all-reduce reads its peers' buffers directly (:mod:`pycomm.shmdirect`).
+        Sends nothing.
 
         Args:
             collective: e.g. ``"allreduce"`` (a key of ``pycomm.collectives.REGISTRY``).
@@ -534,8 +536,8 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
                 ``PYCOMM_ALGORITHM_<COLLECTIVE>``, ``"auto"`` ignores it.
 
         Returns:
-            str: the algorithm's registry name (e.g. ``"recursive_doubling"``), or
-            ``"shared_slots"``.
+            str: the algorithm's registry name (e.g. ``"recursive_doubling"``),
+            ``"shared_slots"`` or ``"shm_direct"``.
 
         Raises:
             ArgumentError: unknown collective or algorithm, or a named algorithm that
@@ -546,14 +548,14 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
 
     # -- collectives, buffers -------------------------------------------------------------
     def _slots_call(self, plan, collective: str, nbytes: int, *args) -> None:
-        """Run a blocking call through shared-memory slots (``plan``: its plan there, see
-        :func:`pycomm.plan.plan_call`; ``args``: its kernel's, see
+        """Run a blocking call through shared-memory slots or direct reads (``plan``: its
+        plan there, see :func:`pycomm.plan.plan_call`; ``args``: its kernel's, see
         :meth:`pycomm.shmcoll.SharedSlots.kernel`), recorded like any call."""
         cc = self._calls.begin(plan[0], True)
         if self._debug:
             return self._selection.run(collective, nbytes, None, plan[3],
                                        lambda fn: fn(cc, *args), plan=plan)
-        n = _trace.begin(collective, self, cc.tag, nbytes, SHARED_SLOTS, -1)
+        n = _trace.begin(collective, self, cc.tag, nbytes, plan[1], -1)
         try:
             plan[2](cc, *args)
         except BaseException as exc:

@@ -14,21 +14,25 @@ segment sizes, ``PYCOMM_EAGER_LIMIT`` or ``PYCOMM_TUNE_FILE`` at run time, call
 kept only once a communicator's model inputs are final (its ``transport_name`` is set:
 the world's start-up collectives run before the ranks have agreed on them).
 
-A plan also says whether the call may go through shared-memory slots instead
-(:mod:`pycomm.shmcoll`): on a communicator of one host's ranks, for the six collectives
-that module serves, when each rank's data fits a slot and neither ``algorithm=`` nor
-``PYCOMM_ALGORITHM_<COLLECTIVE>`` names an algorithm (MPICH likewise tries its
-shared-memory collectives first, below a size, unless the user forces an algorithm).
+A plan also says whether the call may skip the message layer: through shared-memory
+slots (:mod:`pycomm.shmcoll`) on a communicator of one host's ranks, for the six
+collectives that module serves, when each rank's data fits a slot; or, for an all-reduce
+of at least ``PYCOMM_SHM_DIRECT_BYTES`` with a commutative numpy op, by direct reads of
+the peers' buffers (:mod:`pycomm.shmdirect`) where every peer can be read by cross-memory
+attach. Either only when neither ``algorithm=`` nor ``PYCOMM_ALGORITHM_<COLLECTIVE>``
+names an algorithm (MPICH likewise tries its shared-memory collectives first unless the
+user forces an algorithm).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from . import config, shmcoll
+from . import config, shmcoll, shmdirect
 from .signature import signature
 
-__all__ = ["MAX_PLANS", "SHARED_SLOTS", "UNDECIDED", "plan_call", "slots_of", "takes_slots"]
+__all__ = ["MAX_PLANS", "SHARED_SLOTS", "UNDECIDED", "fast_path", "plan_call", "slots_of",
+           "takes_slots"]
 
 SHARED_SLOTS = "shared_slots"   # the algorithm name of a call through pycomm.shmcoll
 UNDECIDED = object()            # Communicator._slots before its first plan
@@ -62,27 +66,61 @@ def slots_of(comm):
     return slots
 
 
-def takes_slots(comm, collective: str, nbytes: int, algorithm) -> bool:
-    """Whether a blocking call of ``collective`` on ``nbytes`` (as :mod:`pycomm.collectives`
-    counts them) with ``algorithm=`` goes through shared-memory slots on ``comm``."""
-    if algorithm not in (None, "auto") or collective not in _SLOT_BYTES:
+def _unforced(collective: str, algorithm) -> bool:
+    """Neither ``algorithm=`` nor ``PYCOMM_ALGORITHM_<COLLECTIVE>`` names an algorithm."""
+    if algorithm not in (None, "auto"):
         return False
     if algorithm is None:
         forced = config.algorithm_override(collective)
         if forced is not None and forced.lower() != "auto":
             return False
+    return True
+
+
+def takes_slots(comm, collective: str, nbytes: int, algorithm) -> bool:
+    """Whether a blocking call of ``collective`` on ``nbytes`` (as :mod:`pycomm.collectives`
+    counts them) with ``algorithm=`` goes through shared-memory slots on ``comm``."""
+    if collective not in _SLOT_BYTES or not _unforced(collective, algorithm):
+        return False
     slots = slots_of(comm)
     return slots is not None and _SLOT_BYTES[collective](nbytes, comm.size) <= min(
         slots.limit, config.get("PYCOMM_SHM_COLL_BYTES"))
 
 
+def takes_direct(comm, collective: str, nbytes: int, algorithm, op) -> bool:
+    """Whether a blocking all-reduce of ``nbytes`` with ``op`` (commutative, with a numpy
+    ufunc) and ``algorithm=`` reads its peers' buffers directly on ``comm``
+    (:mod:`pycomm.shmdirect`)."""
+    if collective != "allreduce" or op is None or not op.commutative or op._ufunc is None:
+        return False
+    limit = config.get("PYCOMM_SHM_DIRECT_BYTES")
+    if limit <= 0 or nbytes < limit or not _unforced(collective, algorithm):
+        return False
+    slots = slots_of(comm)
+    return slots is not None and shmdirect.usable(slots)
+
+
+def fast_path(comm, collective: str, nbytes: int, algorithm, op=None) -> str | None:
+    """The name of the path that replaces a blocking call's message algorithm on ``comm``
+    (``"shared_slots"`` or ``"shm_direct"``), or None."""
+    if takes_slots(comm, collective, nbytes, algorithm):
+        return SHARED_SLOTS
+    if takes_direct(comm, collective, nbytes, algorithm, op):
+        return shmdirect.SHM_DIRECT
+    return None
+
+
 def _fast_plan(comm, collective, dtype, count, root, nbytes, algorithm, sig, fn, op):
-    """The plan through shared-memory slots that may replace the message plan
-    ``(sig, ..., fn, op)``, or None."""
-    if not takes_slots(comm, collective, nbytes, algorithm):
+    """The plan that may replace the message plan ``(sig, ..., fn, op)`` of a blocking
+    call (through shared-memory slots, or by direct reads), or None."""
+    path = fast_path(comm, collective, nbytes, algorithm, op)
+    if path is None:
         return None
-    return (sig, SHARED_SLOTS, comm._slots.kernel(collective, dtype, count, root, op, fn),
-            op, True)
+    if path == SHARED_SLOTS:
+        kernel = comm._slots.kernel(collective, dtype, count, root, op, fn)
+    else:
+        kernel = shmdirect.direct_allreduce(comm._slots, dtype, count, op, fn)
+    return (sig, path, kernel, op, True)
 
 
 def plan_call(comm, collective: str, dtype, count: int, nbytes: int, algorithm,

@@ -17,8 +17,8 @@ import time
 from .. import trace as _trace
 from ..collectives import choose, model_time
 from .cost import model_transport
-from ..ops import Op
-from ..plan import SHARED_SLOTS, takes_slots
+from ..ops import SUM as _BUILTIN_SUM, Op
+from ..plan import fast_path
 
 __all__ = ["AlgorithmSelection"]
 
@@ -68,8 +68,10 @@ class AlgorithmSelection:
         """The algorithm a call would run (see
         :meth:`pycomm.comm.Communicator.chosen_algorithm`)."""
         name = self.choose(collective, int(nbytes), algorithm, commutative)[0]
-        return SHARED_SLOTS if takes_slots(self.comm, collective, int(nbytes),
-                                           algorithm) else name
+        # (a commutative op is taken to be one of numpy's, as pycomm's built-in ops are)
+        fast = fast_path(self.comm, collective, int(nbytes), algorithm,
+                         _BUILTIN_SUM if commutative else None)
+        return fast or name
 
     def choose(self, collective: str, nbytes: int, algorithm, commutative: bool):
         """``(name, fn)`` of :func:`pycomm.collectives.choose` for this communicator, cached."""

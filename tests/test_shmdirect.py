@@ -1,0 +1,269 @@
+"""Large all-reduces by direct reads of the peers' buffers (pycomm.shmdirect).
+
+* every op with a numpy ufunc gives numpy's answer for every dtype kind, in place and
+  not, for counts that do not divide among the ranks, fewer elements than ranks, and
+  slices larger than one read chunk, with the same bits on every rank;
+* the path is taken exactly where promised: a one-host shared-memory communicator, a
+  blocking all-reduce of at least ``PYCOMM_SHM_DIRECT_BYTES`` with a commutative ufunc op
+  and no algorithm named; messages otherwise;
+* a random schedule of direct, slot and message calls with ranks delayed at random keeps
+  every result right (no rank returns while a peer still reads its buffers);
+* a peer that runs the call by messages (its Iallreduce), or with another count, makes the
+  call complete by messages or fail as a mismatch, never hang; a peer that dies while the
+  others wait in the call is a PeerError naming it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import cloudpickle
+import numpy as np
+import pytest
+
+import pycomm
+from conftest import World
+from pycomm.plan import plan_call
+from pycomm.shmdirect import CHUNK_BYTES, SHM_DIRECT
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+ROOT = Path(__file__).resolve().parent.parent
+DIRECT_WORLDS = [(2, "shm"), (3, "shm"), (5, "shm")]
+_NUMPY = {"SUM": np.add, "PROD": np.multiply, "MAX": np.maximum, "MIN": np.minimum,
+          "BAND": np.bitwise_and, "BXOR": np.bitwise_xor}
+
+
+@pytest.fixture(scope="session", params=DIRECT_WORLDS, ids=lambda p: f"n{p[0]}-{p[1]}")
+def world(request) -> World:
+    return World(*request.param)
+
+
+class _threshold:
+    """``PYCOMM_SHM_DIRECT_BYTES`` (and, with ``slots=False``, ``PYCOMM_SHM_COLL_BYTES=0``,
+    so that small calls read directly too) set in this rank for a block."""
+
+    def __init__(self, value: int, slots: bool = True):
+        self.values = {"PYCOMM_SHM_DIRECT_BYTES": str(value)}
+        if not slots:
+            self.values["PYCOMM_SHM_COLL_BYTES"] = "0"
+
+    def __enter__(self):
+        self.old = {k: os.environ.get(k) for k in self.values}
+        os.environ.update(self.values)
+        pycomm.config.reload()
+
+    def __exit__(self, *exc):
+        for k, v in self.old.items():
+            if v is None:
+                del os.environ[k]
+            else:
+                os.environ[k] = v
+        pycomm.config.reload()
+
+
+def _contribution(rank: int, count: int, dtype) -> np.ndarray:
+    rng = np.random.default_rng(500 + rank)
+    dt = np.dtype(dtype)
+    if dt.kind == "f":
+        return rng.standard_normal(count).astype(dt)
+    if dt.kind == "c":
+        return (rng.standard_normal(count) + 1j * rng.standard_normal(count)).astype(dt)
+    return rng.integers(1, 4, count).astype(dt)
+
+
+def _direct(comm, dtype, count, op) -> bool:
+    plan = plan_call(comm, "allreduce", np.dtype(dtype), count,
+                     count * np.dtype(dtype).itemsize, None, op)
+    return plan[4] is not None and plan[4][1] == SHM_DIRECT
+
+
+def _allreduce_cases(cases, threshold):
+    comm = pycomm.COMM_WORLD
+    r, n = comm.rank, comm.size
+    out = []
+    with _threshold(threshold, slots=False):
+        for dtype, count, op_name in cases:
+            op = getattr(pycomm, op_name)
+            mine = _contribution(r, count, dtype)
+            every = [_contribution(k, count, dtype) for k in range(n)]
+            recv = np.full_like(mine, 7)
+            comm.Allreduce(mine, recv, op=op)
+            inplace = mine.copy()
+            comm.Allreduce(pycomm.IN_PLACE, inplace, op=op)
+            fn = _NUMPY[op_name]
+            want = every[0].copy()
+            for e in every[1:]:
+                want = fn(want, e)
+            if np.dtype(dtype).kind in "fc":
+                ok = np.allclose(recv, want, rtol=1e-5, atol=1e-5) and \
+                    np.allclose(inplace, want, rtol=1e-5, atol=1e-5)
+            else:
+                ok = np.array_equal(recv, want) and np.array_equal(inplace, want)
+            untouched = np.array_equal(mine, every[r])       # sendbuf is read only
+            out.append((ok, untouched, _direct(comm, dtype, count, op), recv.tobytes(),
+                        inplace.tobytes()))
+    return out
+
+
+CASES = [(np.float64, 1000, "SUM"), (np.float32, 999, "PROD"), (np.int32, 1001, "MAX"),
+         (np.int8, 997, "MIN"), (np.int64, 129, "BAND"), (np.uint16, 300, "BXOR"),
+         (np.complex128, 77, "SUM"), (np.float64, 2, "SUM"), (np.int32, 9, "SUM")]
+
+
+def test_every_ufunc_op_gives_numpys_answer_with_the_same_bits_everywhere(world):
+    results = world.run(_allreduce_cases, CASES, 8)
+    for i, case in enumerate(CASES):
+        per_rank = [res[i] for res in results]
+        for rank, (ok, untouched, direct, _, _) in enumerate(per_rank):
+            assert ok and untouched, (case, rank)
+            assert direct, (case, rank)               # these calls did read directly
+        assert len({res[3] for res in per_rank}) == 1, case     # same bits on every rank
+        assert len({res[4] for res in per_rank}) == 1, case
+
+
+def test_slices_larger_than_a_read_chunk(world):
+    count = world.size * (CHUNK_BYTES // 8) + 3          # every slice spans two chunks
+    cases = [(np.float64, count, "SUM"), (np.int64, count, "MAX")]
+    for res in world.run(_allreduce_cases, cases, 1 << 16):
+        assert [(ok, untouched, direct) for ok, untouched, direct, _, _ in res] == \
+            [(True, True, True)] * 2
+
+
+def _choices():
+    comm = pycomm.COMM_WORLD
+    f8 = np.dtype(np.float64)
+    big = (1 << 20) // 8
+    user = pycomm.Op.Create(lambda a, b, dt: np.add(a, b, out=b), commute=True)
+    out = {
+        "default": comm.chosen_algorithm("allreduce", 1 << 20),
+        "below": comm.chosen_algorithm("allreduce", (1 << 20) - 8),
+        "non-commutative": comm.chosen_algorithm("allreduce", 1 << 20, commutative=False),
+        "named": comm.chosen_algorithm("allreduce", 1 << 20, algorithm="ring"),
+        "auto": comm.chosen_algorithm("allreduce", 1 << 20, algorithm="auto"),
+        "user-op": _direct(comm, f8, big, user),
+        "pair-op": _direct(comm, pycomm.ops.pair_dtype(np.float64), big, pycomm.MAXLOC),
+        "reduce": plan_call(comm, "reduce", f8, big, 1 << 20, None, pycomm.SUM,
+                            0)[4] is not None,
+    }
+    with _threshold(0):
+        out["off"] = comm.chosen_algorithm("allreduce", 1 << 20)
+    user.Free()
+    return out
+
+
+def test_direct_reads_are_taken_exactly_where_promised(world):
+    for took in world.run(_choices):
+        assert took["default"] == SHM_DIRECT and took["auto"] == SHM_DIRECT
+        assert SHM_DIRECT not in (took["below"], took["non-commutative"], took["named"],
+                                  took["off"])
+        assert took["named"] == "ring"
+        assert not took["user-op"] and not took["pair-op"] and not took["reduce"]
+
+
+def test_a_tcp_world_never_reads_directly():
+    def choice():
+        return pycomm.COMM_WORLD.chosen_algorithm("allreduce", 16 << 20)
+    assert SHM_DIRECT not in World(3, "tcp").run(choice)
+
+
+def _random_schedule(seed, rounds):
+    """Direct, slot and message all-reduces mixed, each rank sleeping at random between
+    and inside them (by delaying its entry), buffers reused and rewritten at once."""
+    comm = pycomm.COMM_WORLD
+    r, n = comm.rank, comm.size
+    rng = np.random.default_rng(seed)        # the same schedule on every rank
+    mine = np.random.default_rng(seed + 97 * r)
+    bad = []
+    with _threshold(4096):
+        x = np.empty(0)
+        for i in range(rounds):
+            count = int(rng.choice([3, 700, 5000, 20000]))
+            alg = rng.choice(["none", "none", "ring"])
+            if x.size != count:
+                x = np.empty(count)
+            x[...] = r + i
+            if mine.random() < 0.3:
+                time.sleep(mine.random() * 0.003)
+            comm.Allreduce(pycomm.IN_PLACE, x, algorithm=None if alg == "none" else alg)
+            want = sum(k + i for k in range(n))
+            if not (x == want).all():
+                bad.append((i, count, str(alg), float(x[0]), want))
+            x[...] = -1.0                    # a peer still reading would see this
+    return bad
+
+
+def test_random_schedule_with_delays_keeps_every_result_right(world):
+    for rank, bad in enumerate(world.run(_random_schedule, 11, 60)):
+        assert bad == [], (rank, bad[:3])
+
+
+def _against_messages():
+    """One rank enters by messages (Iallreduce): the others see it and take messages too.
+    Then one rank passes another count: a mismatch, found before anything is read."""
+    comm = pycomm.COMM_WORLD
+    r, n = comm.rank, comm.size
+    with _threshold(4096):
+        x = np.full(2000, float(r + 1))
+        if r == n - 1:
+            comm.Iallreduce(pycomm.IN_PLACE, x).Wait()
+        else:
+            comm.Allreduce(pycomm.IN_PLACE, x)
+        y = np.ones(2000 + (r == 0))
+        t = time.monotonic()
+        try:
+            comm.Allreduce(pycomm.IN_PLACE, y)
+            first = "completed"
+        except pycomm.CommError as exc:
+            first = f"{type(exc).__name__}: {exc}"
+        took = time.monotonic() - t
+        after = []
+        for _ in range(3):          # the call after a mismatch is abandoned too, by design
+            z = np.ones(2000)
+            try:
+                comm.Allreduce(pycomm.IN_PLACE, z)
+                after.append(z[0])
+            except pycomm.CommError as exc:
+                after.append(type(exc).__name__)
+    return x.tolist(), first, took, after
+
+
+def test_a_peer_by_messages_or_with_another_count_never_hangs(world):
+    n = world.size
+    for rank, (x, first, took, after) in enumerate(world.run(_against_messages)):
+        assert x == [n * (n + 1) / 2] * 2000, rank
+        assert first.startswith("Collective"), (rank, first)
+        assert took < 10.0, (rank, took)                 # no rank waited for a timeout
+        assert after[-1] == n, (rank, after)             # usable again
+
+
+def test_a_peer_that_dies_inside_a_direct_call_is_named(tmp_path):
+    prog = tmp_path / "prog.py"
+    prog.write_text(textwrap.dedent("""
+        import os, time, numpy as np, pycomm
+        comm = pycomm.init()
+        x = np.ones(1 << 18)
+        comm.Allreduce(pycomm.IN_PLACE, x)
+        assert comm.chosen_algorithm("allreduce", x.nbytes) == "shm_direct"
+        if comm.rank == 1:
+            time.sleep(0.5)
+            os._exit(7)
+        t = time.monotonic()
+        try:
+            comm.Allreduce(pycomm.IN_PLACE, x)
+        except pycomm.PeerError as exc:
+            print("PEER-ERROR", round(time.monotonic() - t, 1), exc, flush=True)
+            raise SystemExit(3)
+        """))
+    proc = subprocess.run([sys.executable, str(ROOT / "launch.py"), "-n", "3", str(prog)],
+                          cwd=str(tmp_path), capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYCOMM_TIMEOUT": "60"})
+    out = proc.stdout + proc.stderr
+    assert "PEER-ERROR" in out and "rank 1" in out, out
+    seconds = float(out.split("PEER-ERROR", 1)[1].split()[0])
+    assert seconds < 10, out                        # not PYCOMM_TIMEOUT (60 s)
