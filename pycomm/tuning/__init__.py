@@ -1,8 +1,9 @@
 """Choosing a collective's algorithm: the cost model, its measured constants, the per-call choice.
 
-- :mod:`.cost_terms`, :mod:`.cost_steps`, :mod:`.cost`: the alpha-beta(-gamma) price of
-  every flat algorithm, from its schedule of steps, and the table of measured constants
-  (``tuned.json``, or the file named by ``PYCOMM_TUNE_FILE``).
+- :mod:`.cost_steps`, :mod:`.cost`: the alpha-beta(-gamma) price of every flat
+  algorithm, from its schedule of steps (:mod:`.cost_steps`), and the table of measured
+  constants (``tuned.json``, or the file named by ``PYCOMM_TUNE_FILE``) it is priced with
+  (:mod:`.cost`).
 - :mod:`.cost_hosts`: the price of the two-level and 2-D schedules on a communicator that
   spans hosts.
 - :mod:`.tune` and :mod:`.tune_links`: ``python -m pycomm.tuning.tune`` measures the

@@ -8,19 +8,15 @@ per protocol in ``graph/tuning.cc``). ``n`` is the bytes of the call as defined 
 :func:`pycomm.collectives.choose`, ``p`` the number of ranks. Only the ranking matters:
 constants shift the crossovers, not the shapes.
 
-Each schedule is priced once, step by step (:data:`SCHEDULES`,
-:mod:`pycomm.tuning.cost_steps`): each message by its protocol and, when ranks outnumber
-cores (``oversubscription > 1``), every step paying a measured wake-up per turn of the
-cores its call's ranks need (an exchange step its own, larger one) while concurrent copies
-and reductions share the cores. With a core per rank and one protocol the sums are the
-closed forms of Thakur, Rabenseifner & Gropp 2005, "Optimization of collective
-communication operations in MPICH", written in each algorithm's module docstring
-(:mod:`pycomm.collectives.allreduce` and its siblings), plus the σ term and two measured
-refinements: a step in which every rank both sends and receives (ring, halving, doubling,
-recursive doubling, Bruck, dissemination, a pipelined chain's middle rank) costs ``α_x``,
-the measured exchange step, where a one-way message costs ``α`` (``Constants.xtra`` is the
-difference); and concurrent copies share the memory's *lanes* as well as the cores.
-tests/test_tune.py checks the sums against those textbook forms.
+Each schedule is priced once, step by step (:data:`SCHEDULES`, see
+:mod:`pycomm.tuning.cost_steps`): each message by its protocol, every step paying a
+measured wake-up per turn of the cores when ranks outnumber cores
+(``oversubscription > 1``), concurrent copies sharing the cores and the memory's lanes.
+With a core per rank and one protocol the sums are the closed forms of Thakur,
+Rabenseifner & Gropp 2005, "Optimization of collective communication operations in
+MPICH", which each algorithm's module docstring gives (:mod:`pycomm.collectives.allreduce`
+and its siblings), plus the σ term and a measured exchange step ``α_x`` (a step in which
+every rank both sends and receives) where a one-way message costs ``α``.
 
 Why σ: numpy scratch buffers come from fresh pages whose first touch page-faults; it is
 what separates recursive doubling (scratch ``n``) from the segmented schedules (ring,
@@ -39,17 +35,15 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import replace
 from collections.abc import Callable
 
 from pycomm import config
-from pycomm.tuning.cost_steps import SCHEDULES, _share, pipeline_segment
-from pycomm.tuning.cost_terms import (Constants, pipeline_candidates, _segment, _lg,
-                                         _frac, _protocol)
+from pycomm.tuning.cost_steps import (SCHEDULES, Constants, Pricing, pipeline_candidates,
+                                      pipeline_segment)
 from pycomm.errors import ArgumentError
 
 __all__ = ["Constants", "SCHEDULES", "DEFAULT_TRANSPORT", "NET", "SHIPPED_TABLE",
-           "constants", "cost", "load_table", "model_transport", "segment_bytes"]
+           "constants", "cost", "load_table", "model_transport", "pricing", "segment_bytes"]
 
 DEFAULT_TRANSPORT = "shm"
 SHIPPED_TABLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tuned.json")
@@ -173,51 +167,15 @@ def constants(transport: str = DEFAULT_TRANSPORT) -> Constants:
     return table.get(transport) or table[DEFAULT_TRANSPORT]
 
 
-def _double_tree(n: float, p: int, k: Constants) -> float:
-    # S + L + 1 steps (the schedule's lag is L + 1); per step an inner rank waits for two
-    # children and a parent and sends about three segments of b bytes. Every step is a
-    # synchronisation with tree neighbours, which is what makes it slow in Python.
-    segs = max(1.0, math.ceil(n / 2 / _segment()))
-    b = n / 2 / segs  # bytes per segment per tree
-    alpha, beta = _protocol(k, b)
-    return (segs + _lg(p) + 1) * (4 * alpha + 3 * b * beta + 2 * b * k.gamma)
-
-
-# The pairs without a step model, as closed forms f(n bytes, p ranks, constants) ->
-# seconds (p >= 2), priced with every rank copying at once (see cost()).
-UNSTEPPED: dict[tuple[str, str], Callable[[float, int, Constants], float]] = {
-    ("allreduce", "double_binary_tree"): _double_tree,
-    ("gatherv", "linear"): lambda n, p, k: (p - 1) * k.alpha + n * _frac(p) * k.beta,
-    ("scatterv", "linear"): lambda n, p, k: (p - 1) * k.alpha + n * _frac(p) * k.beta,
-    ("alltoallv", "pairwise"):
-        lambda n, p, k: (p - 1) * (k.alpha + k.xtra) + n * _frac(p) * k.beta,
-}
-
-
-def _priced(transport: str) -> Constants:
-    """The transport's constants, with the eager limit that splits the two protocols."""
+def pricing(transport: str, nbytes: float, size: int,
+            oversubscription: float = 1.0) -> Pricing:
+    """The :class:`~pycomm.tuning.cost_steps.Pricing` of a call of ``nbytes`` on ``size``
+    ranks at ``oversubscription`` ranks per core, with ``transport``'s constants: each
+    message priced by the protocol it goes by, eager up to ``PYCOMM_EAGER_LIMIT`` bytes
+    when the table has rendezvous figures."""
     k = constants(transport)
-    if k.alpha_rndv is not None:  # each message priced by the protocol it goes by
-        k = replace(k, eager=float(config.get("PYCOMM_EAGER_LIMIT")))
-    return k
-
-
-def _cores(k: Constants, nbytes: float, size: int,
-           oversubscription: float) -> tuple[Constants, float]:
-    """``(constants, cores)`` a step model runs with: the lanes of a working set of
-    ``nbytes`` (every rank streams through the call's vector, whatever its message
-    sizes); no wake-ups with a core per rank. When ranks outnumber cores, every step
-    needs ``oversubscription`` turns of the cores (the ranks waiting in the call yield
-    their core but are scheduled too: :mod:`pycomm.waiting`), and an exchange step pays
-    the measured exchange wake-up per turn where a one-way step pays ``wake``: it is
-    carried in ``alpha_x``, which only exchange steps pay."""
-    k = replace(k, mem=k.streams(nbytes))
-    if oversubscription > 1.0:
-        if k.alpha_x is not None:
-            more = max(0.0, k.exchange_wake(oversubscription) - k.wake) * oversubscription
-            k = replace(k, alpha_x=k.alpha_x + more)
-        return replace(k, turns=oversubscription), size / oversubscription
-    return replace(k, wake=0.0), float(size)
+    eager = math.inf if k.alpha_rndv is None else float(config.get("PYCOMM_EAGER_LIMIT"))
+    return Pricing.of(k, float(nbytes), size, oversubscription, eager)
 
 
 def segment_bytes(collective: str, algorithm: str, nbytes: int, size: int,
@@ -235,8 +193,8 @@ def segment_bytes(collective: str, algorithm: str, nbytes: int, size: int,
         return None
     if size <= 1:
         return pipeline_candidates(float(nbytes))[0]
-    k, c = _cores(_priced(transport), float(nbytes), size, oversubscription)
-    return pipeline_segment(float(nbytes), size, k, c)
+    return pipeline_segment(float(nbytes), size,
+                            pricing(transport, nbytes, size, oversubscription))
 
 
 def cost(collective: str, algorithm: str, nbytes: int, size: int,
@@ -252,38 +210,16 @@ def cost(collective: str, algorithm: str, nbytes: int, size: int,
         oversubscription: ranks per core on the busiest host (> 1: more ranks than
             cores, ``size / oversubscription`` cores in all). Then every step of the
             schedule pays ``wake`` once per turn of the cores its ranks need, and
-            concurrent copies and reductions share the cores. Pairs without a step model
-            let all ``size`` ranks copy at once, sharing the cores and the memory's lanes
-            (β and γ scaled by that share), scale σ by ``oversubscription`` and add
-            ``wake`` to every message.
+            concurrent copies and reductions share the cores.
 
-    Pairs with a step model (:data:`SCHEDULES`) are costed step by step, so that each
-    message is priced by the protocol it goes by: ``alpha``/``beta`` up to
+    The schedule's steps (:data:`SCHEDULES`) are summed with the call's
+    :func:`pricing`: each message by the protocol it goes by, ``alpha``/``beta`` up to
     ``PYCOMM_EAGER_LIMIT`` bytes, ``alpha_rndv``/``beta_rndv`` above.
 
     Raises:
         KeyError: the model has no price for the pair.
     """
-    schedule = SCHEDULES.get((collective, algorithm))
-    formula = UNSTEPPED[(collective, algorithm)] if schedule is None else None
+    schedule = SCHEDULES[(collective, algorithm)]
     if size <= 1:
         return 0.0
-    k = _priced(transport)
-    if schedule is not None:
-        return schedule(float(nbytes), size, *_cores(k, float(nbytes), size,
-                                                     oversubscription))
-    # no step model (double_binary_tree, the v-variants' single algorithms): every rank
-    # copies at once, sharing the cores and the memory's lanes; when ranks outnumber cores
-    # every message also wakes a sleeper
-    over = max(1.0, oversubscription)
-    f = _share(size, min(size / over, k.streams(float(nbytes))))
-    wake = k.wake if over > 1.0 else 0.0
-    wake_x = k.exchange_wake(over) if over > 1.0 else 0.0
-
-    def scaled(x: float | None, by: float, plus: float = 0.0) -> float | None:
-        return None if x is None else x * by + plus
-
-    k = replace(k, alpha=k.alpha + wake, alpha_rndv=scaled(k.alpha_rndv, 1.0, wake),
-                alpha_x=scaled(k.alpha_x, 1.0, wake_x), beta=k.beta * f,
-                beta_rndv=scaled(k.beta_rndv, f), gamma=k.gamma * f, sigma=k.sigma * over)
-    return formula(float(nbytes), size, k)
+    return schedule(float(nbytes), size, pricing(transport, nbytes, size, oversubscription))

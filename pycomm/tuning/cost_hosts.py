@@ -35,9 +35,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from pycomm.tuning.cost import DEFAULT_TRANSPORT, NET, _priced, constants, cost
+from pycomm.tuning.cost import DEFAULT_TRANSPORT, NET, constants, cost, pricing
 from pycomm.tuning.cost_steps import TWOD_COLUMN, TWOD_ROW
-from pycomm.tuning.cost_terms import _protocol
 
 __all__ = ["two_level_time", "twod_hosts_time"]
 
@@ -73,11 +72,10 @@ def two_level_time(collective: str, nbytes: int, hosts: tuple[int, ...], flat: F
             local += cost("allgather", "ring", nbytes, big, shm, oversubscription)
         if big > 1 and collective != "allgather":
             local += cost("reduce_scatter", "ring", nbytes, big, shm, oversubscription)
-        k = _priced(net)
+        link = pricing(net, nbytes, nh, oversubscription)
         pieces = max(1, math.ceil(nbytes / piece_bytes))
-        alpha, beta = _protocol(k, nbytes / pieces / few / nh)
-        if oversubscription > 1.0:
-            alpha += k.wake * oversubscription
+        alpha, beta = link.protocol(nbytes / pieces / few / nh)
+        alpha += link.wake * link.turns   # 0 with a core per rank
         cross = twice * (nh - 1) * (nbytes / nh * beta + alpha)
         return max(local, cross) + (local + cross) / pieces
     if collective == "bcast":
