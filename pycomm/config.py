@@ -82,7 +82,7 @@ _DECLARED = [
     Var("PYCOMM_SHM_COLL_BYTES", int, 8192,
         "Collectives of one host's ranks with at most this many bytes per rank go through "
         "shared-memory slots instead of messages (pycomm.shmcoll); 0 turns them off."),
-    Var("PYCOMM_SHM_DIRECT_BYTES", int, 1 << 20,
+    Var("PYCOMM_SHM_DIRECT_BYTES", int, 128 << 10,
         "A blocking all-reduce of one host's ranks of at least this many bytes, with a "
         "commutative numpy op, reads the peers' buffers directly by cross-memory attach "
         "(pycomm.shmdirect) instead of sending messages; 0 turns it off."),

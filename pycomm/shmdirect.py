@@ -3,7 +3,8 @@
 On a communicator whose ranks all share one host's shared-memory transport, and where
 every rank can read every peer's memory by cross-memory attach (Linux
 ``process_vm_readv``, probed when the transport connects), a blocking ``Allreduce`` of at
-least ``PYCOMM_SHM_DIRECT_BYTES`` with a commutative numpy op skips the message layer:
+least ``PYCOMM_SHM_DIRECT_BYTES`` (128 KiB; below, a message algorithm's fewer, cheaper
+steps win: benchmarks/README.md) with a commutative numpy op skips the message layer:
 
 1. Every rank publishes the addresses of its send and receive buffers in its
    shared-memory slot (:mod:`pycomm.shmcoll`: the slot header carries the call's

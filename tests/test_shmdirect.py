@@ -138,21 +138,21 @@ def test_slices_larger_than_a_read_chunk(world):
 def _choices():
     comm = pycomm.COMM_WORLD
     f8 = np.dtype(np.float64)
-    big = (1 << 20) // 8
+    at = pycomm.config.VARS["PYCOMM_SHM_DIRECT_BYTES"].default
+    big = at // 8
     user = pycomm.Op.Create(lambda a, b, dt: np.add(a, b, out=b), commute=True)
     out = {
-        "default": comm.chosen_algorithm("allreduce", 1 << 20),
-        "below": comm.chosen_algorithm("allreduce", (1 << 20) - 8),
-        "non-commutative": comm.chosen_algorithm("allreduce", 1 << 20, commutative=False),
-        "named": comm.chosen_algorithm("allreduce", 1 << 20, algorithm="ring"),
-        "auto": comm.chosen_algorithm("allreduce", 1 << 20, algorithm="auto"),
+        "default": comm.chosen_algorithm("allreduce", at),
+        "below": comm.chosen_algorithm("allreduce", at - 8),
+        "non-commutative": comm.chosen_algorithm("allreduce", at, commutative=False),
+        "named": comm.chosen_algorithm("allreduce", at, algorithm="ring"),
+        "auto": comm.chosen_algorithm("allreduce", at, algorithm="auto"),
         "user-op": _direct(comm, f8, big, user),
         "pair-op": _direct(comm, pycomm.ops.pair_dtype(np.float64), big, pycomm.MAXLOC),
-        "reduce": plan_call(comm, "reduce", f8, big, 1 << 20, None, pycomm.SUM,
-                            0)[4] is not None,
+        "reduce": plan_call(comm, "reduce", f8, big, at, None, pycomm.SUM, 0)[4] is not None,
     }
     with _threshold(0):
-        out["off"] = comm.chosen_algorithm("allreduce", 1 << 20)
+        out["off"] = comm.chosen_algorithm("allreduce", at)
     user.Free()
     return out
 
