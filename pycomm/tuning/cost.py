@@ -56,6 +56,12 @@ FALLBACK = Constants(alpha=8e-6, beta=1 / 6e9, gamma=1 / 4e9, sigma=1 / 5e9)
 _tables: dict[str, dict[str, Constants]] = {}
 
 
+# Each scalar of a table's entry -> its default when absent: None, required; a name, that
+# figure (the rendezvous and exchange figures of tables from before they were measured).
+_SCALARS = {"alpha": None, "beta": None, "gamma": None, "sigma": None, "wake": 0.0,
+            "alpha_rndv": "alpha", "beta_rndv": "beta", "alpha_x": "alpha"}
+
+
 def _parse(path: str) -> dict[str, Constants]:
     try:
         with open(path, encoding="utf-8") as fh:
@@ -67,46 +73,39 @@ def _parse(path: str) -> dict[str, Constants]:
     for transport, entry in raw.items():
         if transport == "source":
             continue
-        try:
-            values = {k: float(entry[k]) for k in ("alpha", "beta", "gamma", "sigma")}
-        except (TypeError, KeyError, ValueError):
-            raise ArgumentError(f"cost-model table {path!r}: entry {transport!r} needs numeric "
-                                "alpha, beta, gamma and sigma") from None
-        if not all(math.isfinite(v) and v >= 0 for v in values.values()):
-            raise ArgumentError(f"cost-model table {path!r}: entry {transport!r} has a "
-                                f"negative or non-finite constant: {values}")
-        try:
-            values["wake"] = float(entry.get("wake", 0.0))
-            for name in ("alpha_rndv", "beta_rndv"):  # tables from before: eager figures
-                values[name] = float(entry.get(name, values[name.split("_")[0]]))
-            values["alpha_x"] = float(entry.get("alpha_x", values["alpha"]))
-        except (TypeError, ValueError):
-            raise ArgumentError(f"cost-model table {path!r}: entry {transport!r} has a "
-                                "non-numeric wake, alpha_rndv, beta_rndv or alpha_x") from None
-        if not all(math.isfinite(values[n]) and values[n] >= 0
-                   for n in ("wake", "alpha_rndv", "beta_rndv", "alpha_x")):
-            raise ArgumentError(f"cost-model table {path!r}: entry {transport!r} has a "
-                                f"negative or non-finite constant: {values}")
-        wake_x = _curve(path, transport, entry, "wake_x", "{ranks per core > 1: seconds >= 0}",
+        where = f"cost-model table {path!r}: entry {transport!r}"
+        values: dict[str, float] = {}
+        for name, default in _SCALARS.items():
+            try:
+                values[name] = float(entry[name] if name in entry or default is None
+                                     else values.get(default, default))
+            except (TypeError, KeyError, ValueError):
+                raise ArgumentError(f"{where} needs numeric alpha, beta, gamma and sigma"
+                                    if default is None else
+                                    f"{where} has a non-numeric {name}") from None
+            if not (math.isfinite(values[name]) and values[name] >= 0):
+                raise ArgumentError(f"{where} has a negative or non-finite constant: "
+                                    f"{name} = {values[name]}")
+        wake_x = _curve(where, entry, "wake_x", "{ranks per core > 1: seconds >= 0}",
                         lambda o, v: o > 1 and v >= 0)
-        lanes = _curve(path, transport, entry, "lanes", "{bytes: concurrent copies >= 1}",
+        lanes = _curve(where, entry, "lanes", "{bytes: concurrent copies >= 1}",
                        lambda b, v: b > 0 and v >= 1)
         table[transport] = Constants(**values, lanes=lanes, wake_x=wake_x)
     return table
 
 
-def _curve(path: str, transport: str, entry: dict, name: str, shape: str,
+def _curve(where: str, entry: dict, name: str, shape: str,
            valid: Callable[[float, float], bool]) -> tuple[tuple[float, float], ...]:
     """``entry[name]`` (``{x: y}``, absent: empty) as ascending ``(x, y)`` pairs, each
-    finite and ``valid``; else ArgumentError naming the file, entry and expected shape."""
+    finite and ``valid``; else ArgumentError naming ``where`` (the file and entry) and
+    the expected shape."""
     try:
         pts = tuple(sorted((float(x), float(y))
                            for x, y in dict(entry.get(name) or {}).items()))
     except (TypeError, ValueError):
         pts = ((math.nan, math.nan),)
     if not all(math.isfinite(x) and math.isfinite(y) and valid(x, y) for x, y in pts):
-        raise ArgumentError(f"cost-model table {path!r}: entry {transport!r} needs {name} as "
-                            f"{shape}, got {entry.get(name)!r}")
+        raise ArgumentError(f"{where} needs {name} as {shape}, got {entry.get(name)!r}")
     return pts
 
 
