@@ -343,40 +343,18 @@ def _allgather_doubling(n, p, s: Pricing):
                for i in range(ceil_log2(p)))
 
 
-# -- the pairs without a step model: every rank copies at once --------------------------
-# (the v-variants' single algorithms and the double binary tree). β and γ are shared by all
-# ``p`` ranks' copies (cores and lanes), σ scales with the turns of the cores, and when
-# ranks outnumber cores every message also wakes a sleeper (an exchange its own wake-up).
-
-def _crowded(p: int, s: Pricing) -> float:
-    return crowding(p, min(s.cores, s.lanes))
-
-
 def _double_binary_tree(n, p, s: Pricing):
     # S + L + 1 steps (the schedule's lag is L + 1); per step an inner rank waits for two
     # children and a parent and sends about three segments of b bytes. Every step is a
-    # synchronisation with tree neighbours, which is what makes it slow in Python.
+    # synchronisation with tree neighbours, which is what makes it slow in Python. Priced
+    # as a whole rather than step by step: every rank copies at once (β and γ shared by
+    # all p ranks' copies), and when ranks outnumber cores each message wakes a sleeper.
     segs = max(1.0, math.ceil(n / 2 / float(forced_segment() or TREE_SEGMENT_BYTES)))
     b = n / 2 / segs  # bytes per segment per tree
     alpha, beta = s.protocol(b)
-    f = _crowded(p, s)
+    f = crowding(p, min(s.cores, s.lanes))
     return (segs + ceil_log2(p) + 1) * (4 * (alpha + s.wake) + 3 * b * (beta * f)
                                         + 2 * b * (s.k.gamma * f))
-
-
-def _linear_v(n, p, s: Pricing):
-    return (p - 1) * (s.k.alpha + s.wake) + n * ((p - 1) / p) * (s.k.beta * _crowded(p, s))
-
-
-def _pairwise_v(n, p, s: Pricing):
-    k = s.k
-    alpha = k.alpha + s.wake
-    if k.alpha_x is None:
-        exchange = 0.0
-    else:
-        wake_x = k.exchange_wake(s.turns) if s.turns > 1.0 else 0.0
-        exchange = max(0.0, (k.alpha_x * 1.0 + wake_x) - alpha)
-    return (p - 1) * (alpha + exchange) + n * ((p - 1) / p) * (k.beta * _crowded(p, s))
 
 
 Schedule = Callable[[float, int, Pricing], float]
@@ -411,13 +389,13 @@ SCHEDULES: dict[tuple[str, str], Schedule] = {
     ("allgatherv", "ring"): lambda n, p, s: _ring_steps(n, p, s, False),
     ("gather", "linear"): _linear,
     ("gather", "binomial"): lambda n, p, s: _gather_binomial(n, p, s) + n * s.k.sigma,
-    ("gatherv", "linear"): _linear_v,
+    ("gatherv", "linear"): _linear,
     ("scatter", "linear"): _linear,
     ("scatter", "binomial"): lambda n, p, s: _scatter_binomial(n, p, s) + n * s.k.sigma,
-    ("scatterv", "linear"): _linear_v,
+    ("scatterv", "linear"): _linear,
     ("alltoall", "pairwise"): lambda n, p, s: _ring_steps(n, p, s, False),
     ("alltoall", "bruck"): lambda n, p, s: _log_steps(p, s, n / 2) + 2 * n * s.k.sigma,
-    ("alltoallv", "pairwise"): _pairwise_v,
+    ("alltoallv", "pairwise"): lambda n, p, s: _ring_steps(n, p, s, False),
     ("reduce_scatter", "ring"):
         lambda n, p, s: _ring_steps(n, p, s, True) + n / p * s.k.sigma,
     ("reduce_scatter", "pairwise"):
