@@ -61,7 +61,10 @@ def expected_bytes(comm, mode, buckets, dims, n) -> float:
     else:
         p = C.Params.over(np.empty(n), dims)
         sizes = [8 * (p.offsets[last + 1] - p.offsets[first]) for first, last in buckets]
-    return sum(C.allreduce_bytes(comm.chosen_algorithm("allreduce", b), b, comm.size)
+    # the buckets' Iallreduce sends messages whatever a blocking call of that size would do
+    return sum(C.allreduce_bytes(comm.chosen_algorithm("allreduce", b,
+                                                       blocking=mode == "blocking"),
+                                 b, comm.size)
                for b in sizes)
 
 

@@ -517,7 +517,7 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
         return True
 
     def chosen_algorithm(self, collective: str, nbytes: int, *, commutative: bool = True,
-                         algorithm: str | None = None) -> str:
+                         algorithm: str | None = None, blocking: bool = True) -> str:
         """Name the algorithm a call on this communicator would run.
 
         The same choice the collective itself makes (:func:`pycomm.collectives.choose` with
@@ -534,6 +534,8 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
             commutative: whether the reduction op commutes.
             algorithm: as the collective's ``algorithm=``; None honours
                 ``PYCOMM_ALGORITHM_<COLLECTIVE>``, ``"auto"`` ignores it.
+            blocking: False names what the nonblocking variant (``Iallreduce``, ...) runs,
+                which always sends messages.
 
         Returns:
             str: the algorithm's registry name (e.g. ``"recursive_doubling"``),
@@ -544,7 +546,7 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
                 cannot serve the call.
         """
         return self._selection.chosen_algorithm(collective, nbytes, commutative=commutative,
-                                                algorithm=algorithm)
+                                                algorithm=algorithm, blocking=blocking)
 
     # -- collectives, buffers -------------------------------------------------------------
     def _slots_call(self, plan, collective: str, nbytes: int, *args) -> None:

@@ -83,9 +83,10 @@ _DECLARED = [
         "Collectives of one host's ranks with at most this many bytes per rank go through "
         "shared-memory slots instead of messages (pycomm.shmcoll); 0 turns them off."),
     Var("PYCOMM_SHM_DIRECT_BYTES", int, 128 << 10,
-        "A blocking all-reduce of one host's ranks of at least this many bytes, with a "
-        "commutative numpy op, reads the peers' buffers directly by cross-memory attach "
-        "(pycomm.shmdirect) instead of sending messages; 0 turns it off."),
+        "A blocking all-reduce or reduce-scatter-block (with a commutative numpy op) or "
+        "all-gather of one host's ranks, of at least this many bytes in all, reads the "
+        "peers' buffers directly by cross-memory attach (pycomm.shmdirect) instead of "
+        "sending messages; 0 turns it off."),
     Var("PYCOMM_SPIN_US", float, None,
         "Microseconds a waiting rank spins before it blocks in the kernel (default: 50, or 5 "
         "when ranks outnumber cores)."),

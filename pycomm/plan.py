@@ -16,10 +16,10 @@ the world's start-up collectives run before the ranks have agreed on them).
 
 A plan also says whether the call may skip the message layer: through shared-memory
 slots (:mod:`pycomm.shmcoll`) on a communicator of one host's ranks, for the six
-collectives that module serves, when each rank's data fits a slot; or, for an all-reduce
-of at least ``PYCOMM_SHM_DIRECT_BYTES`` with a commutative numpy op, by direct reads of
-the peers' buffers (:mod:`pycomm.shmdirect`) where every peer can be read by cross-memory
-attach. Either only when neither ``algorithm=`` nor ``PYCOMM_ALGORITHM_<COLLECTIVE>``
+collectives that module serves, when each rank's data fits a slot; or, for an all-reduce,
+reduce-scatter-block (with a commutative numpy op) or all-gather of at least
+``PYCOMM_SHM_DIRECT_BYTES``, by direct reads of the peers' buffers
+(:mod:`pycomm.shmdirect`) where every peer can be read by cross-memory attach. Either only when neither ``algorithm=`` nor ``PYCOMM_ALGORITHM_<COLLECTIVE>``
 names an algorithm (MPICH likewise tries its shared-memory collectives first unless the
 user forces an algorithm).
 """
@@ -55,6 +55,13 @@ _SLOT_BYTES = {"barrier": lambda nbytes, size: 0,
                "reduce_scatter_block": lambda nbytes, size: nbytes}
 
 
+# the collectives pycomm.shmdirect serves: count is the buffer's elements for allreduce,
+# one rank's block for the other two (as their slot kernels take it)
+_DIRECT = {"allreduce": shmdirect.direct_allreduce,
+           "reduce_scatter_block": shmdirect.direct_reduce_scatter_block,
+           "allgather": shmdirect.direct_allgather}
+
+
 def slots_of(comm):
     """``comm``'s :class:`pycomm.shmcoll.SharedSlots` or None, decided once (when the
     communicator's transports are known)."""
@@ -88,10 +95,14 @@ def takes_slots(comm, collective: str, nbytes: int, algorithm) -> bool:
 
 
 def takes_direct(comm, collective: str, nbytes: int, algorithm, op) -> bool:
-    """Whether a blocking all-reduce of ``nbytes`` with ``op`` (commutative, with a numpy
-    ufunc) and ``algorithm=`` reads its peers' buffers directly on ``comm``
+    """Whether a blocking all-reduce or reduce-scatter-block (with ``op`` commutative and
+    a numpy ufunc) or all-gather of ``nbytes`` (as :mod:`pycomm.collectives` counts them)
+    with ``algorithm=`` reads its peers' buffers directly on ``comm``
     (:mod:`pycomm.shmdirect`)."""
-    if collective != "allreduce" or op is None or not op.commutative or op._ufunc is None:
+    if collective not in _DIRECT:
+        return False
+    if collective != "allgather" and (op is None or not op.commutative
+                                      or op._ufunc is None):
         return False
     limit = config.get("PYCOMM_SHM_DIRECT_BYTES")
     if limit <= 0 or nbytes < limit or not _unforced(collective, algorithm):
@@ -118,8 +129,10 @@ def _fast_plan(comm, collective, dtype, count, root, nbytes, algorithm, sig, fn,
         return None
     if path == SHARED_SLOTS:
         kernel = comm._slots.kernel(collective, dtype, count, root, op, fn)
+    elif collective == "allgather":
+        kernel = shmdirect.direct_allgather(comm._slots, dtype, count, fn)
     else:
-        kernel = shmdirect.direct_allreduce(comm._slots, dtype, count, op, fn)
+        kernel = _DIRECT[collective](comm._slots, dtype, count, op, fn)
     return (sig, path, kernel, op, True)
 
 

@@ -1,4 +1,5 @@
-"""Large all-reduces of one host's ranks by direct reads of each other's buffers.
+"""Large all-reduces, reduce-scatters and all-gathers of one host's ranks by direct reads of
+each other's buffers.
 
 On a communicator whose ranks all share one host's shared-memory transport, and where
 every rank can read every peer's memory by cross-memory attach (Linux
@@ -32,6 +33,10 @@ first, then the peers in rank order): every rank then holds the same bits, as ev
 algorithm guarantees, but not necessarily the bits of another algorithm (floating-point
 sums depend on their order). Non-commutative ops therefore take the message algorithms.
 
+``Reduce_scatter_block`` is step 2 alone (rank ``i`` reduces block ``i`` of every peer's
+input), ``Allgather`` step 3 alone (every rank reads every peer's block), each followed
+by step 4; both under the same threshold, on the whole buffer's bytes.
+
 Failures: a peer whose process is gone makes the read fail (``ESRCH``), a
 :class:`~pycomm.errors.PeerError` naming it; every wait is the engine's, so an abandoned
 call, a departed peer and ``PYCOMM_TIMEOUT`` end it as they end a message wait. A peer
@@ -51,7 +56,8 @@ from transports.linux import copy_remote
 from .errors import CommError, PeerError
 from .shmcoll import ByMessages
 
-__all__ = ["CHUNK_BYTES", "SHM_DIRECT", "direct_allreduce", "usable"]
+__all__ = ["CHUNK_BYTES", "SHM_DIRECT", "direct_allgather", "direct_allreduce",
+           "direct_reduce_scatter_block", "usable"]
 
 SHM_DIRECT = "shm_direct"       # the algorithm name of a call through this module
 CHUNK_BYTES = 256 << 10         # bytes read from one peer before they are reduced
@@ -73,6 +79,87 @@ def _bounds(count: int, size: int) -> list[int]:
     return out
 
 
+class _Reads:
+    """What the kernels of one communicator share: the peers' process ids, the words each
+    rank publishes in its slot (two addresses and its progress), reads and waits."""
+
+    def __init__(self, slots):
+        self.slots = slots
+        self.me, self.peers = slots.rank, slots.peers
+        world = self.world = slots.comm._world
+        self.pids = {r: slots.shm._pids[world[r]] for r in self.peers}
+        # [slot][rank] -> int64[3]: send address, receive address, progress (seq << 2 | step)
+        self.words = [[d[p][:24].view(np.int64) for d in slots.data] for p in (0, 1)]
+
+    def publish(self, cc, nbytes: int, send_at: int, recv_at: int):
+        """Publish this rank's addresses for call ``cc`` and wait for every peer's header
+        (checking its signature); return the slot's words.
+
+        Raises:
+            ByMessages: a peer runs this call by messages (nothing has been read).
+        """
+        slots = self.slots
+        p = slots.reserve(cc)
+        w = self.words[p]
+        mine = w[self.me]
+        mine[0], mine[1], mine[2] = send_at, recv_at, cc.tag << 2
+        slots.announce(cc, p, nbytes)
+        slots.await_all(cc, p)
+        return w
+
+    def read(self, r: int, local: int, remote: int, n: int) -> None:
+        """Copy ``n`` bytes at ``remote`` in rank ``r``'s memory to ``local`` in this one's."""
+        err = copy_remote(False, self.pids[r], [(local, n)], [(remote, n)])
+        if err == errno.ESRCH:
+            raise PeerError(f"rank {self.me}: rank {r}'s process is gone (process_vm_readv: "
+                            "ESRCH) while this rank reads its buffer", self.world[r])
+        if err:
+            raise CommError(f"rank {self.me}: reading {n} bytes of rank {r}'s buffer failed "
+                            f"({os.strerror(err)})")
+
+    def step(self, cc, w, step: int, last: int = 3) -> None:
+        """Say that this rank has finished ``step`` of call ``cc`` and wait until every
+        peer has (a peer's word may already show a later step, up to ``last``; it stays
+        at ``last`` until the call after next reuses the slot, which waits for this
+        rank)."""
+        seq = cc.tag
+        value = seq << 2 | step
+        w[self.me][2] = value
+        for ring in self.slots._bells:
+            ring()
+        done = {seq << 2 | s for s in range(step, last + 1)}
+        for r in self.peers:
+            word = w[r]
+            if word[2] not in done:
+                self.slots._wait(cc, r, lambda word=word: word[2] in done)
+
+
+def _reads(slots) -> _Reads:
+    """The :class:`_Reads` of ``slots``' communicator, made once."""
+    reads = getattr(slots, "direct_reads", None)
+    if reads is None:
+        reads = slots.direct_reads = _Reads(slots)
+    return reads
+
+
+def _reduce_into(reads, out: np.ndarray, at: list[int], offset: int, op, scratch) -> None:
+    """``out = out op (every peer's elements at address at[r] + offset)``, chunk by chunk
+    (a chunk of every peer, each read once into ``scratch`` and reduced while in cache)."""
+    ufunc, chunk = op._ufunc, scratch.size
+    item = out.itemsize
+    scratch_at = scratch.ctypes.data
+    for start in range(0, out.size, chunk):
+        n = min(chunk, out.size - start)
+        part = out[start:start + n]
+        for r in reads.peers:
+            reads.read(r, scratch_at, at[r] + offset + start * item, n * item)
+            ufunc(part, scratch[:n], out=part)
+
+
+def _scratch(dtype, elements: int) -> np.ndarray:
+    return np.empty(max(1, min(CHUNK_BYTES // dtype.itemsize, elements)), dtype)
+
+
 def direct_allreduce(slots, dtype, count: int, op, by_messages):
     """The kernel that runs one all-reduce shape by direct reads (see the module docstring).
 
@@ -88,54 +175,18 @@ def direct_allreduce(slots, dtype, count: int, op, by_messages):
         ``run(cc, recv, op, send)``, called as the slot kernels are (``send`` None:
         ``IN_PLACE``).
     """
-    me, size, peers = slots.rank, slots.size, slots.peers
-    shm, world = slots.shm, slots.comm._world
-    pids = {r: shm._pids[world[r]] for r in peers}
+    reads = _reads(slots)
+    me, peers = reads.me, reads.peers
     item = dtype.itemsize
-    bounds = _bounds(count, size)
+    bounds = _bounds(count, slots.size)
     lo, hi = bounds[me], bounds[me + 1]
-    ufunc = op._ufunc
-    chunk = max(1, CHUNK_BYTES // item)
-    scratch = np.empty(min(chunk, max(hi - lo, 1)), dtype)
-    scratch_at = scratch.ctypes.data
-    words = [[d[p][:24].view(np.int64) for d in slots.data] for p in (0, 1)]
-    bells = slots._bells
+    scratch = _scratch(dtype, hi - lo)
     nbytes = count * item
 
-    def read(r: int, local: int, remote: int, n: int) -> None:
-        err = copy_remote(False, pids[r], [(local, n)], [(remote, n)])
-        if err == errno.ESRCH:
-            raise PeerError(f"rank {me}: rank {r}'s process is gone (process_vm_readv: "
-                            "ESRCH) while this rank reads its buffer", world[r])
-        if err:
-            raise CommError(f"rank {me}: reading {n} bytes of rank {r}'s buffer failed "
-                            f"({os.strerror(err)})")
-
-    def mark(w, value: int) -> None:
-        w[me][2] = value
-        for ring in bells:
-            ring()
-
-    def wait_all(cc, w, value: int, later: int) -> None:
-        """Wait until every peer's word is ``value`` (or ``later``, the next step's)."""
-        for r in peers:
-            word = w[r]
-            v = word[2]
-            if v != value and v != later:
-                slots._wait(cc, r, lambda word=word: word[2] in (value, later))
-
     def run(cc, recv, _op, send):
-        seq = cc.tag
+        src = recv if send is None else send
         try:
-            p = slots.reserve(cc)
-            w = words[p]
-            mine = w[me]
-            src = recv if send is None else send
-            mine[0] = src.ctypes.data
-            mine[1] = recv.ctypes.data
-            mine[2] = seq << 2
-            slots.announce(cc, p, nbytes)
-            slots.await_all(cc, p)
+            w = reads.publish(cc, nbytes, src.ctypes.data, recv.ctypes.data)
         except ByMessages:
             if send is not None:
                 recv[...] = send
@@ -144,24 +195,87 @@ def direct_allreduce(slots, dtype, count: int, op, by_messages):
         out = recv[lo:hi]
         if send is not None:
             out[...] = send[lo:hi]
-        for start in range(0, hi - lo, chunk):
-            n = min(chunk, hi - lo - start)
-            part = out[start:start + n]
-            at = (lo + start) * item
-            for r in peers:
-                read(r, scratch_at, int(w[r][0]) + at, n * item)
-                ufunc(part, scratch[:n], out=part)
-        mark(w, seq << 2 | 2)
-        wait_all(cc, w, seq << 2 | 2, seq << 2 | 3)
+        _reduce_into(reads, out, [int(w[r][0]) for r in range(len(w))], lo * item, op,
+                     scratch)
+        reads.step(cc, w, 2)
         # all-gather: every peer's final slice, straight into this rank's buffer
         base = recv.ctypes.data
         for r in peers:
             a, b = bounds[r] * item, bounds[r + 1] * item
             if b > a:
-                read(r, base + a, int(w[r][1]) + a, b - a)
-        mark(w, seq << 2 | 3)
-        # no peer reads this rank's buffers any more (a peer's word stays at this value
-        # until the call after next reuses the slot, which waits for this rank)
-        wait_all(cc, w, seq << 2 | 3, seq << 2 | 3)
+                reads.read(r, base + a, int(w[r][1]) + a, b - a)
+        reads.step(cc, w, 3)       # no peer reads this rank's buffers any more
     return run
 
+
+def direct_reduce_scatter_block(slots, dtype, count: int, op, by_messages):
+    """The kernel of one ``Reduce_scatter_block`` shape by direct reads: rank ``i`` reduces
+    block ``i`` of every peer's input (its own first, peers in rank order), then waits
+    until no peer reads its input any more.
+
+    Args:
+        count: elements of one rank's block (the input holds ``size`` blocks).
+        slots, dtype, op, by_messages: as :func:`direct_allreduce`.
+
+    Returns:
+        ``run(cc, src, out, op)``, as the slot kernel is called (``IN_PLACE``: ``out`` is
+        the start of ``src``).
+    """
+    reads = _reads(slots)
+    me = reads.me
+    item = dtype.itemsize
+    scratch = _scratch(dtype, count)
+    acc = np.empty(count, dtype)      # where out overlaps the input peers still read
+    nbytes = count * slots.size * item
+
+    def run(cc, src, out, _op):
+        try:
+            w = reads.publish(cc, nbytes, src.ctypes.data, 0)
+        except ByMessages:              # IN_PLACE: the result lands on the input
+            return by_messages(cc, src.copy() if np.shares_memory(src, out) else src,
+                               out, op)
+        overlap = np.shares_memory(src, out)
+        target = acc if overlap else out
+        target[...] = src[me * count:(me + 1) * count]
+        _reduce_into(reads, target, [int(w[r][0]) for r in range(len(w))],
+                     me * count * item, op, scratch)
+        reads.step(cc, w, 3)          # no peer reads this rank's input any more
+        if overlap:
+            out[...] = acc
+    return run
+
+
+def direct_allgather(slots, dtype, count: int, by_messages):
+    """The kernel of one ``Allgather`` shape by direct reads: every rank reads every
+    peer's block straight into its receive buffer, then waits until no peer reads its
+    block any more.
+
+    Args:
+        count: elements of one rank's block.
+        slots, dtype, by_messages: as :func:`direct_allreduce`.
+
+    Returns:
+        ``run(cc, recv, count, src)``, as the slot kernel is called (``src`` None:
+        ``IN_PLACE``, the block already in place in ``recv``).
+    """
+    reads = _reads(slots)
+    me, peers = reads.me, reads.peers
+    block = count * dtype.itemsize
+    nbytes = block * slots.size
+
+    def run(cc, recv, _count, src):
+        mine = recv[me * count:(me + 1) * count] if src is None else src
+        try:
+            w = reads.publish(cc, nbytes, mine.ctypes.data, 0)
+        except ByMessages:
+            if src is not None:
+                recv[me * count:(me + 1) * count] = src
+            return by_messages(cc, recv, count)
+        if src is not None:
+            recv[me * count:(me + 1) * count] = src
+        base = recv.ctypes.data
+        for r in peers:
+            if block:
+                reads.read(r, base + r * block, int(w[r][0]), block)
+        reads.step(cc, w, 3)          # no peer reads this rank's block any more
+    return run

@@ -135,6 +135,57 @@ def test_slices_larger_than_a_read_chunk(world):
             [(True, True, True)] * 2
 
 
+def _block_cases(cases, threshold):
+    """Reduce_scatter_block and Allgather, in place and not, by direct reads."""
+    comm = pycomm.COMM_WORLD
+    r, n = comm.rank, comm.size
+    out = []
+    with _threshold(threshold, slots=False):
+        for dtype, count, op_name in cases:
+            op = getattr(pycomm, op_name)
+            dt = np.dtype(dtype)
+            every = [_contribution(k, count * n, dtype) for k in range(n)]
+            mine = every[r].copy()
+            fn = _NUMPY[op_name]
+            want = every[0][r * count:(r + 1) * count].copy()
+            for e in every[1:]:
+                want = fn(want, e[r * count:(r + 1) * count])
+            rs = np.full(count, 7, dt)
+            comm.Reduce_scatter_block(mine, rs, op=op)
+            inplace = mine.copy()
+            comm.Reduce_scatter_block(pycomm.IN_PLACE, inplace, op=op)
+            close = (lambda a, b: np.allclose(a, b, rtol=1e-5, atol=1e-5)) \
+                if dt.kind in "fc" else np.array_equal
+            g = np.full(count * n, 7, dt)
+            comm.Allgather(mine[:count], g)
+            gin = np.full(count * n, 7, dt)
+            gin[r * count:(r + 1) * count] = mine[:count]
+            comm.Allgather(pycomm.IN_PLACE, gin)
+            gwant = np.concatenate([e[:count] for e in every])
+            rsb = plan_call(comm, "reduce_scatter_block", dt, count, count * n * dt.itemsize,
+                            None, op)[4]
+            ag = plan_call(comm, "allgather", dt, count, count * n * dt.itemsize, None)[4]
+            out.append((close(rs, want), close(inplace[:count], want),
+                        np.array_equal(g, gwant), np.array_equal(gin, gwant),
+                        np.array_equal(mine, every[r]),
+                        rsb is not None and rsb[1] == SHM_DIRECT,
+                        ag is not None and ag[1] == SHM_DIRECT))
+    return out
+
+
+BLOCK_CASES = [(np.float64, 1000, "SUM"), (np.int32, 333, "MAX"), (np.float32, 1, "PROD"),
+               (np.int64, CHUNK_BYTES // 8 + 5, "SUM"), (np.uint8, 0, "SUM")]
+
+
+def test_reduce_scatter_block_and_allgather_give_numpys_answer(world):
+    for rank, res in enumerate(world.run(_block_cases, BLOCK_CASES, 8)):
+        for case, got in zip(BLOCK_CASES, res):
+            if case[1] == 0:            # an empty call: nothing read, still right
+                assert all(got[:5]), (rank, case, got)
+                continue
+            assert got == (True,) * 7, (rank, case, got)
+
+
 def _choices():
     comm = pycomm.COMM_WORLD
     f8 = np.dtype(np.float64)
@@ -151,6 +202,11 @@ def _choices():
         "pair-op": _direct(comm, pycomm.ops.pair_dtype(np.float64), big, pycomm.MAXLOC),
         "reduce": plan_call(comm, "reduce", f8, big, at, None, pycomm.SUM, 0)[4] is not None,
     }
+    out["reduce_scatter_block"] = comm.chosen_algorithm("reduce_scatter_block", at)
+    out["allgather"] = comm.chosen_algorithm("allgather", at)
+    out["nonblocking"] = comm.chosen_algorithm("allreduce", at, blocking=False)
+    out["rsb-non-commutative"] = comm.chosen_algorithm("reduce_scatter_block", at,
+                                                       commutative=False)
     with _threshold(0):
         out["off"] = comm.chosen_algorithm("allreduce", at)
     user.Free()
@@ -164,6 +220,9 @@ def test_direct_reads_are_taken_exactly_where_promised(world):
                                   took["off"])
         assert took["named"] == "ring"
         assert not took["user-op"] and not took["pair-op"] and not took["reduce"]
+        assert took["reduce_scatter_block"] == SHM_DIRECT == took["allgather"]
+        assert took["rsb-non-commutative"] != SHM_DIRECT
+        assert took["nonblocking"] not in (SHM_DIRECT, "shared_slots")  # Iallreduce: messages
 
 
 def test_a_tcp_world_never_reads_directly():

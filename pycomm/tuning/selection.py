@@ -64,10 +64,12 @@ class AlgorithmSelection:
         self.comm = comm
 
     def chosen_algorithm(self, collective: str, nbytes: int, *, commutative: bool = True,
-                         algorithm: str | None = None) -> str:
+                         algorithm: str | None = None, blocking: bool = True) -> str:
         """The algorithm a call would run (see
         :meth:`pycomm.comm.Communicator.chosen_algorithm`)."""
         name = self.choose(collective, int(nbytes), algorithm, commutative)[0]
+        if not blocking:
+            return name
         # (a commutative op is taken to be one of numpy's, as pycomm's built-in ops are)
         fast = fast_path(self.comm, collective, int(nbytes), algorithm,
                          _BUILTIN_SUM if commutative else None)
