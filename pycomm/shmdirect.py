@@ -46,12 +46,9 @@ is read or written, and every rank then runs the message algorithm instead.
 
 from __future__ import annotations
 
-import errno
-import os
-
 import numpy as np
 
-from transports.linux import copy_remote
+from transports import PeerLostError, TransportError
 
 from .errors import CommError, PeerError
 from .shmcoll import ByMessages
@@ -84,10 +81,9 @@ class _Reads:
     rank publishes in its slot (two addresses and its progress), reads and waits."""
 
     def __init__(self, slots):
-        self.slots = slots
+        self.slots, self.shm = slots, slots.shm
         self.me, self.peers = slots.rank, slots.peers
-        world = self.world = slots.comm._world
-        self.pids = {r: slots.shm._pids[world[r]] for r in self.peers}
+        self.world = slots.comm._world
         # [slot][rank] -> int64[3]: send address, receive address, progress (seq << 2 | step)
         self.words = [[d[p][:24].view(np.int64) for d in slots.data] for p in (0, 1)]
 
@@ -108,14 +104,20 @@ class _Reads:
         return w
 
     def read(self, r: int, local: int, remote: int, n: int) -> None:
-        """Copy ``n`` bytes at ``remote`` in rank ``r``'s memory to ``local`` in this one's."""
-        err = copy_remote(False, self.pids[r], [(local, n)], [(remote, n)])
-        if err == errno.ESRCH:
-            raise PeerError(f"rank {self.me}: rank {r}'s process is gone (process_vm_readv: "
-                            "ESRCH) while this rank reads its buffer", self.world[r])
-        if err:
-            raise CommError(f"rank {self.me}: reading {n} bytes of rank {r}'s buffer failed "
-                            f"({os.strerror(err)})")
+        """Copy ``n`` bytes at ``remote`` in rank ``r``'s memory to ``local`` in this one's.
+
+        Raises:
+            PeerError: rank ``r``'s process is gone.
+            CommError: the read failed otherwise.
+        """
+        try:
+            self.shm.read_live(self.world[r], remote, local, n)
+        except PeerLostError as exc:
+            raise PeerError(f"rank {self.me}: rank {r}'s process is gone while this rank "
+                            f"reads its buffer ({exc})", self.world[r]) from None
+        except TransportError as exc:
+            raise CommError(f"rank {self.me}: reading {n} bytes of rank {r}'s buffer "
+                            f"failed: {exc}") from None
 
     def step(self, cc, w, step: int, last: int = 3) -> None:
         """Say that this rank has finished ``step`` of call ``cc`` and wait until every

@@ -521,6 +521,26 @@ class ShmTransport(Transport):
             raise RemoteAccessError(f"rank {peer} withdrew its buffer of {nbytes} bytes "
                                     "before or while it was read")
 
+    def read_live(self, peer: int, address: int, dest: int, nbytes: int) -> None:
+        """Copy ``nbytes`` at ``address`` in ``peer``'s memory to ``dest`` in this process's:
+        one copy (CMA), with no validity word. For a caller that knows the buffer stays in
+        place until it is told this read is done (``pycomm.shmdirect``: the peer waits).
+
+        Raises:
+            PeerLostError: the peer's process is gone.
+            RemoteAccessError: the range is not mapped in the peer (the caller's promise
+                was broken).
+            TransportError: cross-memory attach is not available towards ``peer``.
+        """
+        if not self._cma_ok.get(peer):
+            raise TransportError(f"cross-memory attach to rank {peer} is not available")
+        err = copy_remote(False, self._pids[peer], [(dest, nbytes)], [(address, nbytes)])
+        if err == errno.ESRCH:
+            raise PeerLostError(peer, "process is gone (process_vm_readv: ESRCH)")
+        if err:
+            raise RemoteAccessError(f"{nbytes} bytes at {address:#x} in rank {peer} could "
+                                    f"not be read ({os.strerror(err)})")
+
     def close(self) -> None:
         if self._closed:
             return
