@@ -326,3 +326,22 @@ def test_a_peer_that_dies_inside_a_direct_call_is_named(tmp_path):
     assert "PEER-ERROR" in out and "rank 1" in out, out
     seconds = float(out.split("PEER-ERROR", 1)[1].split()[0])
     assert seconds < 10, out                        # not PYCOMM_TIMEOUT (60 s)
+
+
+def test_without_cross_memory_attach_the_call_sends_messages(tmp_path):
+    prog = tmp_path / "prog.py"
+    prog.write_text(textwrap.dedent("""
+        import numpy as np, pycomm
+        comm = pycomm.init()
+        x = np.full(1 << 18, comm.rank + 1.0)
+        comm.Allreduce(pycomm.IN_PLACE, x)
+        print("CHOSEN", comm.chosen_algorithm("allreduce", x.nbytes), x[0], x[-1], flush=True)
+        """))
+    proc = subprocess.run([sys.executable, str(ROOT / "launch.py"), "-n", "2", str(prog)],
+                          cwd=str(tmp_path), capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYCOMM_CMA": "0"})
+    lines = [ln for ln in proc.stdout.splitlines() if "CHOSEN" in ln]
+    assert proc.returncode == 0 and len(lines) == 2, proc.stdout + proc.stderr
+    for ln in lines:
+        name, first, last = ln.split("CHOSEN", 1)[1].split()
+        assert name != SHM_DIRECT and float(first) == float(last) == 3.0, ln
