@@ -426,13 +426,16 @@ def _launch(tmp_path, program: str, n: int = 2, env: dict | None = None):
                           env={**os.environ, "PYCOMM_TIMEOUT": "60", **(env or {})})
 
 
-def test_a_peer_that_dies_during_a_slot_wait_is_named(tmp_path):
-    proc = _launch(tmp_path, """
+@pytest.mark.parametrize("count,path", [(4, "shared_slots"), (1 << 18, "shm_direct")])
+def test_a_peer_that_dies_during_a_slot_wait_is_named(tmp_path, count, path):
+    # (1 << 18 doubles: an all-reduce by direct reads of the peers' buffers, which waits
+    # in the slots too: pycomm.shmdirect)
+    proc = _launch(tmp_path, f"""
         import os, time, numpy as np, pycomm
         comm = pycomm.init()
-        x = np.ones(4)
+        x = np.ones({count})
         comm.Allreduce(pycomm.IN_PLACE, x)
-        assert comm._slots is not None
+        assert comm.chosen_algorithm("allreduce", x.nbytes) == "{path}"
         if comm.rank == 1:
             time.sleep(0.5)
             os._exit(7)

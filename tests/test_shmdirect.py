@@ -16,9 +16,7 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -28,6 +26,7 @@ import pytest
 
 import pycomm
 from conftest import World
+from test_shmcoll import _contribution, _launch
 from pycomm.plan import plan_call
 from pycomm.shmdirect import CHUNK_BYTES, SHM_DIRECT
 
@@ -67,14 +66,13 @@ class _threshold:
         pycomm.config.reload()
 
 
-def _contribution(rank: int, count: int, dtype) -> np.ndarray:
-    rng = np.random.default_rng(500 + rank)
-    dt = np.dtype(dtype)
-    if dt.kind == "f":
-        return rng.standard_normal(count).astype(dt)
-    if dt.kind == "c":
-        return (rng.standard_normal(count) + 1j * rng.standard_normal(count)).astype(dt)
-    return rng.integers(1, 4, count).astype(dt)
+def _fold(values, op_name):
+    """``values[0] op values[1] op ...`` by numpy."""
+    fn = _NUMPY[op_name]
+    out = values[0].copy()
+    for v in values[1:]:
+        out = fn(out, v)
+    return out
 
 
 def _direct(comm, dtype, count, op) -> bool:
@@ -96,10 +94,7 @@ def _allreduce_cases(cases, threshold):
             comm.Allreduce(mine, recv, op=op)
             inplace = mine.copy()
             comm.Allreduce(pycomm.IN_PLACE, inplace, op=op)
-            fn = _NUMPY[op_name]
-            want = every[0].copy()
-            for e in every[1:]:
-                want = fn(want, e)
+            want = _fold(every, op_name)
             if np.dtype(dtype).kind in "fc":
                 ok = np.allclose(recv, want, rtol=1e-5, atol=1e-5) and \
                     np.allclose(inplace, want, rtol=1e-5, atol=1e-5)
@@ -146,10 +141,7 @@ def _block_cases(cases, threshold):
             dt = np.dtype(dtype)
             every = [_contribution(k, count * n, dtype) for k in range(n)]
             mine = every[r].copy()
-            fn = _NUMPY[op_name]
-            want = every[0][r * count:(r + 1) * count].copy()
-            for e in every[1:]:
-                want = fn(want, e[r * count:(r + 1) * count])
+            want = _fold([e[r * count:(r + 1) * count] for e in every], op_name)
             rs = np.full(count, 7, dt)
             comm.Reduce_scatter_block(mine, rs, op=op)
             inplace = mine.copy()
@@ -301,45 +293,15 @@ def test_a_peer_by_messages_or_with_another_count_never_hangs(world):
         assert after[-1] == n, (rank, after)             # usable again
 
 
-def test_a_peer_that_dies_inside_a_direct_call_is_named(tmp_path):
-    prog = tmp_path / "prog.py"
-    prog.write_text(textwrap.dedent("""
-        import os, time, numpy as np, pycomm
-        comm = pycomm.init()
-        x = np.ones(1 << 18)
-        comm.Allreduce(pycomm.IN_PLACE, x)
-        assert comm.chosen_algorithm("allreduce", x.nbytes) == "shm_direct"
-        if comm.rank == 1:
-            time.sleep(0.5)
-            os._exit(7)
-        t = time.monotonic()
-        try:
-            comm.Allreduce(pycomm.IN_PLACE, x)
-        except pycomm.PeerError as exc:
-            print("PEER-ERROR", round(time.monotonic() - t, 1), exc, flush=True)
-            raise SystemExit(3)
-        """))
-    proc = subprocess.run([sys.executable, str(ROOT / "launch.py"), "-n", "3", str(prog)],
-                          cwd=str(tmp_path), capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYCOMM_TIMEOUT": "60"})
-    out = proc.stdout + proc.stderr
-    assert "PEER-ERROR" in out and "rank 1" in out, out
-    seconds = float(out.split("PEER-ERROR", 1)[1].split()[0])
-    assert seconds < 10, out                        # not PYCOMM_TIMEOUT (60 s)
-
-
 def test_without_cross_memory_attach_the_call_sends_messages(tmp_path):
-    prog = tmp_path / "prog.py"
-    prog.write_text(textwrap.dedent("""
+    # (a peer dying inside a direct call: test_shmcoll.py's slot-wait death test)
+    proc = _launch(tmp_path, """
         import numpy as np, pycomm
         comm = pycomm.init()
         x = np.full(1 << 18, comm.rank + 1.0)
         comm.Allreduce(pycomm.IN_PLACE, x)
         print("CHOSEN", comm.chosen_algorithm("allreduce", x.nbytes), x[0], x[-1], flush=True)
-        """))
-    proc = subprocess.run([sys.executable, str(ROOT / "launch.py"), "-n", "2", str(prog)],
-                          cwd=str(tmp_path), capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYCOMM_CMA": "0"})
+        """, env={"PYCOMM_CMA": "0"})
     lines = [ln for ln in proc.stdout.splitlines() if "CHOSEN" in ln]
     assert proc.returncode == 0 and len(lines) == 2, proc.stdout + proc.stderr
     for ln in lines:
