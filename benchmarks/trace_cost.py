@@ -29,17 +29,24 @@ from pycomm.comm import Communicator
 from pycomm.errors import CommTimeoutError
 from pycomm.tuning.selection import AlgorithmSelection
 
-RECORDED_RUN = AlgorithmSelection._run
+RECORDED_RUN = AlgorithmSelection.run
 RECORDED_WAIT = Communicator._wait_posted
 
 
-def unrecorded_run(self, collective, nbytes, algorithm, op, call, *, log_bytes=None):
-    """``_run`` without the recorder on the fast path (the code before it)."""
-    commutative = op.commutative if op is not None else True
-    _name, fn = self._choose(collective, nbytes, algorithm, commutative)
-    if not self._debug and self._defer is None:
+def unrecorded_run(self, collective, nbytes, algorithm, op, call, *, log_bytes=None,
+                   plan=None):
+    """``AlgorithmSelection.run`` without the recorder on the fast path (the code before
+    it)."""
+    comm = self.comm
+    if plan is not None:
+        fn = plan[2]
+    else:
+        commutative = op.commutative if op is not None else True
+        fn = self.choose(collective, nbytes, algorithm, commutative)[1]
+    if not comm._debug and comm._defer is None:
         return call(fn)
-    return RECORDED_RUN(self, collective, nbytes, algorithm, op, call, log_bytes=log_bytes)
+    return RECORDED_RUN(self, collective, nbytes, algorithm, op, call, log_bytes=log_bytes,
+                        plan=plan)
 
 
 def unrecorded_wait(self, reqs, timeout):
@@ -56,7 +63,7 @@ def unrecorded_wait(self, reqs, timeout):
 
 
 def _use(recorded: bool) -> None:
-    AlgorithmSelection._run = RECORDED_RUN if recorded else unrecorded_run
+    AlgorithmSelection.run = RECORDED_RUN if recorded else unrecorded_run
     Communicator._wait_posted = RECORDED_WAIT if recorded else unrecorded_wait
 
 

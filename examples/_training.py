@@ -347,9 +347,10 @@ def half_ring_bytes(comm, collective: str, n_bytes: int) -> float:
     reduce-scatter (``n_bytes``: each rank's input) on ``comm``: (p-1)/p·N by messages
     (ring, Patarasuk & Yuan 2009); none where the call goes through shared-memory slots
     (``comm.chosen_algorithm`` says ``shared_slots``: each rank writes its own slot and
-    its peers read it in place, no message is sent).
+    its peers read it in place) or by direct reads (``shm_direct``: the peers read its
+    buffer), where no message is sent.
     """
-    if comm.chosen_algorithm(collective, n_bytes) == "shared_slots":
+    if comm.chosen_algorithm(collective, n_bytes) in ("shared_slots", "shm_direct"):
         return 0.0
     return (comm.size - 1) / comm.size * n_bytes
 

@@ -524,8 +524,9 @@ class Communicator(ObjectMethods, GroupMethods, VectorMethods, NonblockingMethod
         this communicator's size, transport and agreed ranks per core), for logs and
         benchmarks: ``"shared_slots"`` where a blocking call goes through shared-memory
         slots instead of messages (:mod:`pycomm.shmcoll`), ``"shm_direct"`` where a
-        blocking all-reduce reads its peers' buffers directly (:mod:`pycomm.shmdirect`).
-        Sends nothing.
+        blocking all-reduce, reduce-scatter-block or all-gather reads its peers' buffers
+        directly (:mod:`pycomm.shmdirect`; a commutative op is taken to be a built-in
+        one: a user-defined op sends messages). Sends nothing.
 
         Args:
             collective: e.g. ``"allreduce"`` (a key of ``pycomm.collectives.REGISTRY``).

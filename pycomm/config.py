@@ -86,7 +86,8 @@ _DECLARED = [
         "A blocking all-reduce or reduce-scatter-block (with a commutative numpy op) or "
         "all-gather of one host's ranks, of at least this many bytes in all, reads the "
         "peers' buffers directly by cross-memory attach (pycomm.shmdirect) instead of "
-        "sending messages; 0 turns it off."),
+        "sending messages; 0 turns it off (so does PYCOMM_SHM_COLL_BYTES=0 at start-up: "
+        "the ranks publish their buffers' addresses in the slots' area)."),
     Var("PYCOMM_SPIN_US", float, None,
         "Microseconds a waiting rank spins before it blocks in the kernel (default: 50, or 5 "
         "when ranks outnumber cores)."),

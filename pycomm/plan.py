@@ -19,9 +19,11 @@ slots (:mod:`pycomm.shmcoll`) on a communicator of one host's ranks, for the six
 collectives that module serves, when each rank's data fits a slot; or, for an all-reduce,
 reduce-scatter-block (with a commutative numpy op) or all-gather of at least
 ``PYCOMM_SHM_DIRECT_BYTES``, by direct reads of the peers' buffers
-(:mod:`pycomm.shmdirect`) where every peer can be read by cross-memory attach. Either only when neither ``algorithm=`` nor ``PYCOMM_ALGORITHM_<COLLECTIVE>``
-names an algorithm (MPICH likewise tries its shared-memory collectives first unless the
-user forces an algorithm).
+(:mod:`pycomm.shmdirect`) where every peer can be read by cross-memory attach. Either
+only when neither ``algorithm=`` nor ``PYCOMM_ALGORITHM_<COLLECTIVE>`` names an
+algorithm (MPICH likewise tries its shared-memory collectives first unless the user
+forces an algorithm). Ranks whose limits differ may take different paths for one call;
+each sees the other's path in its slot header, and all take messages.
 """
 
 from __future__ import annotations

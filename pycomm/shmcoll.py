@@ -26,7 +26,9 @@ communicator for the life of the job; communicators with larger ids use messages
 
 ``arrival`` is ``seq << 2 | 2 | slow`` of the last collective call this rank entered on
 the communicator (``slow``: by messages); a slot header is ``[seq + 1, signature code,
-signature count, nbytes]``, the sequence number stored last. Call ``seq`` uses slot
+signature count, nbytes, path]`` (``path``: 0 for these slots, 1 for
+:mod:`pycomm.shmdirect`, which publishes addresses, not data, in the slot), the sequence
+number stored last. Call ``seq`` uses slot
 ``(seq + 1) & 1``.
 
 Safety. A rank overwrites its slot ``p`` only once every peer has entered call
@@ -137,7 +139,7 @@ class SharedSlots:
             hs, ds = [], []
             for p in (0, 1):
                 at = base + _HDR + p * (_HDR + slot)
-                hs.append(area[at:at + 32].cast("q"))
+                hs.append(area[at:at + 40].cast("q"))
                 ds.append(np.frombuffer(area, np.uint8, slot, at + _HDR))
             self.headers.append(hs)
             self.data.append(ds)
@@ -184,24 +186,27 @@ class SharedSlots:
         self._written[p] = True
         return p
 
-    def announce(self, cc, p: int, nbytes: int) -> None:
+    def announce(self, cc, p: int, nbytes: int, path: int = 0) -> None:
         """Publish this rank's header of call ``cc.tag`` in slot ``p`` (its data is
-        written) and ring the peers' doorbells."""
+        written; ``path``: 0 for a slot call, 1 for a direct one, see the module docstring)
+        and ring the peers' doorbells."""
         h = self.headers[self.rank][p]
         sig = cc.sig
         h[1] = sig[0]
         h[2] = sig[1]
         h[3] = nbytes
+        h[4] = path
         h[0] = cc.tag + 1               # last: it makes the slot valid
         for ring in self._bells:
             ring()
 
-    def await_all(self, cc, p: int) -> None:
+    def await_all(self, cc, p: int, path: int = 0) -> None:
         """Wait until every peer has published call ``cc.tag``; check their signatures.
 
         Raises:
             CollectiveMismatchError: a peer is in another call (its signature differs).
-            ByMessages: a peer runs this call by messages.
+            ByMessages: a peer runs this call by messages, or by another ``path`` (slots
+                against direct reads: the ranks' limits differ), which takes messages too.
             PeerError, CommTimeoutError, CollectiveError: as any wait of the engine.
         """
         s1 = cc.tag + 1
@@ -219,6 +224,8 @@ class SharedSlots:
                 theirs = (h[1], h[2])
                 if not empty_match(cc.sig, theirs, h[3]):
                     self._mismatch(cc, r, describe(theirs))
+            if h[4] != path:            # each rank sees it in the other's header
+                raise ByMessages
         # A peer's ABORT of an earlier call, sent before it published this header, is in
         # its ring by now: take it in, so that this call reports it as a message call
         # would (a link keeps order; the slots and the rings keep none between them).

@@ -20,7 +20,8 @@ steps win: benchmarks/README.md) with a commutative numpy op skips the message l
 
 Each rank reads ``2 (p - 1) / p`` of the buffer from its peers, as the ring does, but in
 three synchronisations instead of the ring's ``2 (p - 1)`` steps, and every byte crosses
-by one kernel copy, with no message, ring buffer or scratch on the way. This is the
+by one kernel copy, with no message or ring buffer on the way (the reduction reads each
+peer's part into a scratch buffer of at most ``CHUNK_BYTES``, one per communicator). This is the
 single-copy intra-node design of Open MPI's ``coll/xhc`` (Katevenis et al., "A framework
 for hierarchical single-copy MPI collectives on multicore nodes", IEEE Cluster 2022) and
 of the CMA-based collectives of MVAPICH2 (Chakraborty et al., "Contention-aware kernel-
@@ -37,6 +38,12 @@ sums depend on their order). Non-commutative ops therefore take the message algo
 input), ``Allgather`` step 3 alone (every rank reads every peer's block), each followed
 by step 4; both under the same threshold, on the whole buffer's bytes.
 
+A rank whose call fails after it published its addresses (a timeout, a dead peer, an
+interrupt) withdraws them before it returns (its progress word says so), and every read
+is checked against that word after it completes: a peer that read a buffer its owner
+may already have reused raises instead of returning what it read (as the rendezvous
+protocol's validity words do, :meth:`transports.shm.ShmTransport.read_remote`).
+
 Failures: a peer whose process is gone makes the read fail (``ESRCH``), a
 :class:`~pycomm.errors.PeerError` naming it; every wait is the engine's, so an abandoned
 call, a departed peer and ``PYCOMM_TIMEOUT`` end it as they end a message wait. A peer
@@ -50,14 +57,18 @@ import numpy as np
 
 from transports import PeerLostError, TransportError
 
-from .errors import CommError, PeerError
+from .errors import CollectiveError, CommError, PeerError
 from .shmcoll import ByMessages
 
 __all__ = ["CHUNK_BYTES", "SHM_DIRECT", "direct_allgather", "direct_allreduce",
            "direct_reduce_scatter_block", "usable"]
 
 SHM_DIRECT = "shm_direct"       # the algorithm name of a call through this module
-CHUNK_BYTES = 256 << 10         # bytes read from one peer before they are reduced
+_PATH = 1                       # the slot header's path word of a direct call (shmcoll)
+_WITHDRAWN = 1                  # the progress word's step of a rank whose call failed
+# bytes read from one peer before they are reduced: fewer, longer reads and ufunc calls
+# beat cache-sized ones here (benchmarks/README.md, "Large collectives by direct reads")
+CHUNK_BYTES = 4 << 20
 
 
 def usable(slots) -> bool:
@@ -86,6 +97,16 @@ class _Reads:
         self.world = slots.comm._world
         # [slot][rank] -> int64[3]: send address, receive address, progress (seq << 2 | step)
         self.words = [[d[p][:24].view(np.int64) for d in slots.data] for p in (0, 1)]
+        self._spare = np.empty(0, np.uint8)
+
+    def scratch(self, dtype, elements: int) -> np.ndarray:
+        """The reads' scratch buffer, as ``elements`` (at most a chunk) of ``dtype``; one
+        per communicator, grown when a call needs more (its calls run one at a time), so
+        that no call shape keeps a buffer of its own."""
+        nbytes = max(1, elements) * dtype.itemsize
+        if self._spare.nbytes < nbytes:
+            self._spare = np.empty(nbytes, np.uint8)
+        return self._spare[:nbytes].view(dtype)
 
     def publish(self, cc, nbytes: int, send_at: int, recv_at: int):
         """Publish this rank's addresses for call ``cc`` and wait for every peer's header
@@ -99,15 +120,23 @@ class _Reads:
         w = self.words[p]
         mine = w[self.me]
         mine[0], mine[1], mine[2] = send_at, recv_at, cc.tag << 2
-        slots.announce(cc, p, nbytes)
-        slots.await_all(cc, p)
+        slots.announce(cc, p, nbytes, _PATH)
+        slots.await_all(cc, p, _PATH)
         return w
 
-    def read(self, r: int, local: int, remote: int, n: int) -> None:
-        """Copy ``n`` bytes at ``remote`` in rank ``r``'s memory to ``local`` in this one's.
+    def withdraw(self, cc, w) -> None:
+        """Say that this rank's call failed: its buffers may be reused from now on."""
+        w[self.me][2] = cc.tag << 2 | _WITHDRAWN
+        for ring in self.slots._bells:
+            ring()
+
+    def read(self, cc, w, r: int, local: int, remote: int, n: int) -> None:
+        """Copy ``n`` bytes at ``remote`` in rank ``r``'s memory to ``local`` in this one's,
+        and check that ``r`` had not withdrawn its buffers when the copy ended.
 
         Raises:
             PeerError: rank ``r``'s process is gone.
+            CollectiveError: ``r``'s call failed (what was read may be stale).
             CommError: the read failed otherwise.
         """
         try:
@@ -116,8 +145,15 @@ class _Reads:
             raise PeerError(f"rank {self.me}: rank {r}'s process is gone while this rank "
                             f"reads its buffer ({exc})", self.world[r]) from None
         except TransportError as exc:
+            self._check_withdrawn(cc, w, r)
             raise CommError(f"rank {self.me}: reading {n} bytes of rank {r}'s buffer "
                             f"failed: {exc}") from None
+        self._check_withdrawn(cc, w, r)
+
+    def _check_withdrawn(self, cc, w, r: int) -> None:
+        if w[r][2] == cc.tag << 2 | _WITHDRAWN:
+            raise CollectiveError(f"rank {self.me}: call #{cc.tag} failed on rank {r}, "
+                                  "which withdrew its buffers while this rank read them")
 
     def step(self, cc, w, step: int, last: int = 3) -> None:
         """Say that this rank has finished ``step`` of call ``cc`` and wait until every
@@ -129,11 +165,12 @@ class _Reads:
         w[self.me][2] = value
         for ring in self.slots._bells:
             ring()
-        done = {seq << 2 | s for s in range(step, last + 1)}
+        done = {seq << 2 | s for s in range(step, last + 1)} | {seq << 2 | _WITHDRAWN}
         for r in self.peers:
             word = w[r]
             if word[2] not in done:
                 self.slots._wait(cc, r, lambda word=word: word[2] in done)
+            self._check_withdrawn(cc, w, r)
 
 
 def _reads(slots) -> _Reads:
@@ -144,8 +181,8 @@ def _reads(slots) -> _Reads:
     return reads
 
 
-def _reduce_into(reads, out: np.ndarray, at: list[int], offset: int, op, scratch) -> None:
-    """``out = out op (every peer's elements at address at[r] + offset)``, chunk by chunk
+def _reduce_into(reads, cc, w, out: np.ndarray, offset: int, op, scratch) -> None:
+    """``out = out op (every peer's elements at its send address + offset)``, chunk by chunk
     (a chunk of every peer, each read once into ``scratch`` and reduced while in cache)."""
     ufunc, chunk = op._ufunc, scratch.size
     item = out.itemsize
@@ -154,12 +191,13 @@ def _reduce_into(reads, out: np.ndarray, at: list[int], offset: int, op, scratch
         n = min(chunk, out.size - start)
         part = out[start:start + n]
         for r in reads.peers:
-            reads.read(r, scratch_at, at[r] + offset + start * item, n * item)
+            reads.read(cc, w, r, scratch_at, int(w[r][0]) + offset + start * item, n * item)
             ufunc(part, scratch[:n], out=part)
 
 
-def _scratch(dtype, elements: int) -> np.ndarray:
-    return np.empty(max(1, min(CHUNK_BYTES // dtype.itemsize, elements)), dtype)
+def _chunk(dtype, elements: int) -> int:
+    """Elements read from one peer at a time: at most ``CHUNK_BYTES``."""
+    return max(1, min(CHUNK_BYTES // dtype.itemsize, elements))
 
 
 def direct_allreduce(slots, dtype, count: int, op, by_messages):
@@ -182,7 +220,7 @@ def direct_allreduce(slots, dtype, count: int, op, by_messages):
     item = dtype.itemsize
     bounds = _bounds(count, slots.size)
     lo, hi = bounds[me], bounds[me + 1]
-    scratch = _scratch(dtype, hi - lo)
+    chunk = _chunk(dtype, hi - lo)
     nbytes = count * item
 
     def run(cc, recv, _op, send):
@@ -193,20 +231,24 @@ def direct_allreduce(slots, dtype, count: int, op, by_messages):
             if send is not None:
                 recv[...] = send
             return by_messages(cc, recv, op)
-        # reduce-scatter: this rank's slice, its own contribution first, peers in rank order
-        out = recv[lo:hi]
-        if send is not None:
-            out[...] = send[lo:hi]
-        _reduce_into(reads, out, [int(w[r][0]) for r in range(len(w))], lo * item, op,
-                     scratch)
-        reads.step(cc, w, 2)
-        # all-gather: every peer's final slice, straight into this rank's buffer
-        base = recv.ctypes.data
-        for r in peers:
-            a, b = bounds[r] * item, bounds[r + 1] * item
-            if b > a:
-                reads.read(r, base + a, int(w[r][1]) + a, b - a)
-        reads.step(cc, w, 3)       # no peer reads this rank's buffers any more
+        try:
+            # reduce-scatter: this rank's slice, its own contribution first, then the
+            # peers in rank order
+            out = recv[lo:hi]
+            if send is not None:
+                out[...] = send[lo:hi]
+            _reduce_into(reads, cc, w, out, lo * item, op, reads.scratch(dtype, chunk))
+            reads.step(cc, w, 2)
+            # all-gather: every peer's final slice, straight into this rank's buffer
+            base = recv.ctypes.data
+            for r in peers:
+                a, b = bounds[r] * item, bounds[r + 1] * item
+                if b > a:
+                    reads.read(cc, w, r, base + a, int(w[r][1]) + a, b - a)
+            reads.step(cc, w, 3)   # no peer reads this rank's buffers any more
+        except BaseException:
+            reads.withdraw(cc, w)
+            raise
     return run
 
 
@@ -226,8 +268,7 @@ def direct_reduce_scatter_block(slots, dtype, count: int, op, by_messages):
     reads = _reads(slots)
     me = reads.me
     item = dtype.itemsize
-    scratch = _scratch(dtype, count)
-    acc = np.empty(count, dtype)      # where out overlaps the input peers still read
+    chunk = _chunk(dtype, count)
     nbytes = count * slots.size * item
 
     def run(cc, src, out, _op):
@@ -236,14 +277,22 @@ def direct_reduce_scatter_block(slots, dtype, count: int, op, by_messages):
         except ByMessages:              # IN_PLACE: the result lands on the input
             return by_messages(cc, src.copy() if np.shares_memory(src, out) else src,
                                out, op)
-        overlap = np.shares_memory(src, out)
-        target = acc if overlap else out
-        target[...] = src[me * count:(me + 1) * count]
-        _reduce_into(reads, target, [int(w[r][0]) for r in range(len(w))],
-                     me * count * item, op, scratch)
-        reads.step(cc, w, 3)          # no peer reads this rank's input any more
+        try:
+            # where out overlaps the input the peers read, the result waits in a copy
+            overlap = np.shares_memory(src, out)
+            if overlap:
+                target = src[me * count:(me + 1) * count].copy()
+            else:
+                target = out
+                target[...] = src[me * count:(me + 1) * count]
+            _reduce_into(reads, cc, w, target, me * count * item, op,
+                         reads.scratch(dtype, chunk))
+            reads.step(cc, w, 3)      # no peer reads this rank's input any more
+        except BaseException:
+            reads.withdraw(cc, w)
+            raise
         if overlap:
-            out[...] = acc
+            out[...] = target
     return run
 
 
@@ -273,11 +322,15 @@ def direct_allgather(slots, dtype, count: int, by_messages):
             if src is not None:
                 recv[me * count:(me + 1) * count] = src
             return by_messages(cc, recv, count)
-        if src is not None:
-            recv[me * count:(me + 1) * count] = src
-        base = recv.ctypes.data
-        for r in peers:
-            if block:
-                reads.read(r, base + r * block, int(w[r][0]), block)
-        reads.step(cc, w, 3)          # no peer reads this rank's block any more
+        try:
+            if src is not None:
+                recv[me * count:(me + 1) * count] = src
+            base = recv.ctypes.data
+            for r in peers:
+                if block:
+                    reads.read(cc, w, r, base + r * block, int(w[r][0]), block)
+            reads.step(cc, w, 3)      # no peer reads this rank's block any more
+        except BaseException:
+            reads.withdraw(cc, w)
+            raise
     return run

@@ -224,6 +224,18 @@ def test_spawn_lambda_and_closure():
     assert pycomm.spawn(lambda x: _rank() * x + offset, 3, args=(10,)) == [100, 110, 120]
 
 
+def test_spawned_ranks_import_pycomm_from_its_checkout_and_nothing_else_of_it():
+    # the workers' PYTHONPATH names the folder holding the pycomm package, not the package
+    # itself (whose trace.py, ray/ ... would shadow top-level modules)
+    def paths():
+        import sys
+        import pycomm as pc
+        return sys.path, os.path.dirname(os.path.dirname(os.path.abspath(pc.__file__)))
+    package = os.path.dirname(os.path.abspath(pycomm.__file__))
+    for path, root in pycomm.spawn(paths, 2):
+        assert package not in path and root in path
+
+
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
 def test_spawn_runs_a_collective(transport):
     result = pycomm.spawn(lambda: pycomm.COMM_WORLD.allreduce(pycomm.COMM_WORLD.rank + 1), 3,

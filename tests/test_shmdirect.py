@@ -307,3 +307,66 @@ def test_without_cross_memory_attach_the_call_sends_messages(tmp_path):
     for ln in lines:
         name, first, last = ln.split("CHOSEN", 1)[1].split()
         assert name != SHM_DIRECT and float(first) == float(last) == 3.0, ln
+
+
+def test_a_rank_that_fails_withdraws_its_buffer_before_a_slow_peer_reads_it(tmp_path):
+    # rank 1 is descheduled in the all-gather phase; rank 0 times out in its last wait,
+    # and reuses its buffer at once: rank 1 must not return what it then reads
+    proc = _launch(tmp_path, """
+        import time, numpy as np, pycomm
+        from pycomm import shmdirect
+        comm = pycomm.init()
+        r = comm.rank
+        x = np.full(1 << 16, r + 1.0)
+        assert comm.chosen_algorithm("allreduce", x.nbytes) == "shm_direct"
+        comm.Barrier()
+        if r == 1:
+            step, read = shmdirect._Reads.step, shmdirect._Reads.read
+            state = {"gather": False, "slept": False}
+            def slow_step(self, cc, w, n, last=3):
+                step(self, cc, w, n, last)
+                state["gather"] = n == 2
+            def slow_read(self, *args):
+                if state["gather"] and not state["slept"]:
+                    state["slept"] = True
+                    time.sleep(4.0)
+                return read(self, *args)
+            shmdirect._Reads.step, shmdirect._Reads.read = slow_step, slow_read
+        try:
+            comm.Allreduce(pycomm.IN_PLACE, x)
+            print("RESULT", r, "ok", x[0], x[-1], flush=True)
+        except pycomm.CommError as exc:
+            x[...] = -1.0                   # the user reuses its buffer at once
+            print("RESULT", r, type(exc).__name__, flush=True)
+        time.sleep(5.0)
+        """, env={"PYCOMM_TIMEOUT": "1.5"})
+    results = {}
+    for ln in proc.stdout.splitlines():
+        words = ln.split()
+        if "RESULT" in words:
+            i = words.index("RESULT")
+            results[words[i + 1]] = words[i + 2:]
+    assert results.get("0", [""])[0] == "CommTimeoutError", proc.stdout + proc.stderr
+    # rank 1 raises (the withdrawn buffer), or returns the right sum: never -1 or a mix
+    one = results.get("1")
+    assert one is not None, proc.stdout + proc.stderr
+    assert one[0] != "ok" or one[1:] == ["3.0", "3.0"], one
+
+
+def test_ranks_whose_limits_differ_take_messages_together(world):
+    def mixed():
+        comm = pycomm.COMM_WORLD
+        r = comm.rank
+        # rank 0: no slots (so the direct path from 4 KiB), the others: slots up to 8 KiB
+        with _threshold(4096, slots=r != 0):
+            x = np.full(750, r + 1.0)          # 6000 bytes
+            path = comm.chosen_algorithm("allreduce", x.nbytes)
+            comm.Allreduce(pycomm.IN_PLACE, x)
+            y = np.full(750, 1.0)
+            comm.Allreduce(pycomm.IN_PLACE, y)
+        return path, x[0], x[-1], y[0]
+    results = world.run(mixed)
+    n = world.size
+    assert results[0][0] == SHM_DIRECT and results[-1][0] == "shared_slots"
+    for path, first, last, again in results:
+        assert first == last == n * (n + 1) / 2 and again == n

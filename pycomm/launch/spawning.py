@@ -53,7 +53,8 @@ from pycomm.launch.store_client import StoreClient
 __all__ = ["Pool", "spawn"]
 
 _WAIT_SLICE_S = 0.25  # seconds of one store wait before checking that the ranks live
-_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# the folder that holds the pycomm package (put on the workers' PYTHONPATH)
+_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def spawn(fn: Callable[..., Any], nprocs: int, args: tuple = (), *, transport: str = "auto",

@@ -7,8 +7,8 @@
 - :mod:`.cost_hosts`: the price of the two-level and 2-D schedules on a communicator that
   spans hosts.
 - :mod:`.tune` and :mod:`.tune_links`: ``python -m pycomm.tuning.tune`` measures the
-  constants on this machine; ``python -m pycomm.tuning.tune_links`` measures the
-  intra-host and inter-host link classes of a multi-host job.
+  constants on this machine; ``pycomm/tuning/tune_links.py``, run by ``launch.py`` on a
+  job spanning hosts, measures its intra-host and inter-host link classes.
 - :mod:`.selection`: the communicator's choice per call and its cache.
 
 The algorithms themselves live in :mod:`pycomm.collectives`: its

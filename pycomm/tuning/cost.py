@@ -136,7 +136,7 @@ def load_table(path: str | None = None) -> dict[str, Constants]:
     return hit
 
 
-NET = "net"    # the table entry of the link between hosts (python -m pycomm.tuning.tune_links)
+NET = "net"    # the table entry of the link between hosts (pycomm/tuning/tune_links.py)
 
 
 def model_transport(transport_name: str | None, nhosts: int | None = None) -> str:
