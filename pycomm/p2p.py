@@ -90,7 +90,7 @@ from .errors import (CollectiveError, CollectiveMismatchError, CommError, PeerEr
                      TruncationError)
 from .signature import describe, empty_match
 from .request import Request
-from .waiting import Waiting, default_spin_seconds, default_yield_seconds
+from .waiting import SHARED_WAIT, Waiting, default_spin_seconds, default_yield_seconds
 
 __all__ = ["Engine", "Request", "ANY_SOURCE", "ANY_TAG", "PROC_NULL", "null_request",
            "default_spin_seconds", "default_yield_seconds"]
@@ -831,6 +831,10 @@ class Engine(Waiting):
     def _describe_timeout(self, req, what, limit) -> str:
         if req is None:
             return f"rank {self.rank}: {what} did not complete within {limit:g} s"
+        if req.expect == SHARED_WAIT:
+            return (f"rank {self.rank}: waiting for rank {req.peer}'s part of {what} (in "
+                    f"shared memory) did not complete within {limit:g} s; is that rank in "
+                    "the same call? (PYCOMM_TIMEOUT)")
         kind = "send to" if req.expect == -2 else "receive from"
         peer = "any rank" if req.peer == ANY_SOURCE else f"rank {req.peer}"
         return (f"rank {self.rank}: {kind} {peer} (tag {req.tag}) did not complete within "

@@ -61,6 +61,7 @@ import numpy as np
 
 from .errors import CollectiveMismatchError, PeerError
 from .signature import describe, empty_match
+from .waiting import SHARED_WAIT
 
 __all__ = ["MAX_COMMS", "ByMessages", "SharedSlots", "area_bytes", "slots_for"]
 
@@ -299,8 +300,8 @@ class SharedSlots:
         shm.watches.append(cond)
         try:
             while not ready():
-                eng.wait_until(cond, None, f"call #{tag}'s slot of rank {r}",
-                               req=SimpleNamespace(peer=peer, tag=tag, expect=-1))
+                eng.wait_until(cond, None, f"call #{tag}",
+                               req=SimpleNamespace(peer=peer, tag=tag, expect=SHARED_WAIT))
                 err = eng.aborted_error(ctx, tag)
                 if err is not None:
                     raise err

@@ -42,6 +42,9 @@ _perf = time.perf_counter
 _LIVENESS_S = 0.25
 # Request.expect of a nonblocking collective: only the progress thread completes it.
 OFFLOADED = -3
+# Request.expect of a wait on a peer's shared-memory word (pycomm.shmcoll's slots): named so
+# in a timeout's message
+SHARED_WAIT = -4
 
 
 class Waiting:
