@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Large collectives of one host's ranks (issue 17, "intra-host collectives for many
-# ranks"): all-reduce, reduce-scatter and all-gather at 256 KiB-16 MiB on 2, 4 and 8 ranks
+# ranks"): all-reduce, reduce-scatter and all-gather at 128 KiB-16 MiB on 2, 4 and 8 ranks
 # over shared memory, every message algorithm and the automatic choice (direct reads,
 # pycomm/shmdirect.py, from PYCOMM_SHM_DIRECT_BYTES) beside mpi4py + MPICH in the same run.
 #
@@ -17,7 +17,7 @@ ranks=${*:-2 4 8}
 if [ -e "$base" ]; then base="$base-$(date -u +%S)"; fi   # never overwrite a run
 for n in $ranks; do
   for bench in allreduce reduce_scatter allgather; do
-    python -m benchmarks.compare "$bench" -n "$n" --sizes 256K,1M,16M --transports shm \
+    python -m benchmarks.compare "$bench" -n "$n" --sizes 128K,1M,16M --transports shm \
       --no-ceiling --out "$base" -- -i 20 -x 4 --iter-large 50 --warmup-large 10 \
       > /dev/null 2>&1 || echo "FAILED: $bench -n $n"
   done
