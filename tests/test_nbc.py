@@ -126,10 +126,11 @@ def _rank_twins(name: str, cases: list):
         same = blocking == nonblocking
         if not same and name in REDUCTIONS and comm.chosen_algorithm(
                 REDUCTIONS[name], 8 * n * (comm.size if name.endswith("block") else 1)) \
-                == "shared_slots":
+                in ("shared_slots", "shm_direct"):
             # the blocking call went through shared-memory slots, which add in rank order
-            # x0 + x1 + ...; the I-variant's algorithm brackets the same sum its own way:
-            # equal to the last bits only
+            # x0 + x1 + ..., or read its peers' buffers directly (each slice: its owner's
+            # part first, then the others in rank order); the I-variant's algorithm
+            # brackets the same sum its own way: equal to the last bits only
             same = all(np.allclose(np.frombuffer(a), np.frombuffer(b), rtol=1e-13, atol=0)
                        for a, b in zip(blocking, nonblocking))
         out.append((n, root, same))
