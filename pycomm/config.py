@@ -82,9 +82,10 @@ _DECLARED = [
     Var("PYCOMM_SHM_COLL_BYTES", int, 8192,
         "Collectives of one host's ranks with at most this many bytes per rank go through "
         "shared-memory slots instead of messages (pycomm.shmcoll); 0 turns them off."),
-    Var("PYCOMM_SHM_DIRECT_BYTES", int, 128 << 10,
+    Var("PYCOMM_SHM_DIRECT_BYTES", int, 256 << 10,
         "A blocking all-reduce or reduce-scatter-block (with a commutative numpy op) or "
-        "all-gather of one host's ranks, of at least this many bytes in all, reads the "
+        "all-gather (up to 1 MiB) of one host's ranks, of at least this many bytes in all, "
+        "reads the "
         "peers' buffers directly by cross-memory attach (pycomm.shmdirect) instead of "
         "sending messages; 0 turns it off (so does PYCOMM_SHM_COLL_BYTES=0 at start-up: "
         "the ranks publish their buffers' addresses in the slots' area)."),

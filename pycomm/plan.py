@@ -17,8 +17,8 @@ the world's start-up collectives run before the ranks have agreed on them).
 A plan also says whether the call may skip the message layer: through shared-memory
 slots (:mod:`pycomm.shmcoll`) on a communicator of one host's ranks, for the six
 collectives that module serves, when each rank's data fits a slot; or, for an all-reduce,
-reduce-scatter-block (with a commutative numpy op) or all-gather of at least
-``PYCOMM_SHM_DIRECT_BYTES``, by direct reads of the peers' buffers
+reduce-scatter-block (with a commutative numpy op) or all-gather (up to 1 MiB) of at
+least ``PYCOMM_SHM_DIRECT_BYTES``, by direct reads of the peers' buffers
 (:mod:`pycomm.shmdirect`) where every peer can be read by cross-memory attach. Either
 only when neither ``algorithm=`` nor ``PYCOMM_ALGORITHM_<COLLECTIVE>`` names an
 algorithm (MPICH likewise tries its shared-memory collectives first unless the user
@@ -108,6 +108,8 @@ def takes_direct(comm, collective: str, nbytes: int, algorithm, op) -> bool:
         return False
     limit = config.get("PYCOMM_SHM_DIRECT_BYTES")
     if limit <= 0 or nbytes < limit or not _unforced(collective, algorithm):
+        return False
+    if collective == "allgather" and nbytes > shmdirect.ALLGATHER_MAX_BYTES:
         return False
     slots = slots_of(comm)
     return slots is not None and shmdirect.usable(slots)

@@ -4,8 +4,9 @@ each other's buffers.
 On a communicator whose ranks all share one host's shared-memory transport, and where
 every rank can read every peer's memory by cross-memory attach (Linux
 ``process_vm_readv``, probed when the transport connects), a blocking ``Allreduce`` of at
-least ``PYCOMM_SHM_DIRECT_BYTES`` (128 KiB; below, a message algorithm's fewer, cheaper
-steps win: benchmarks/README.md) with a commutative numpy op skips the message layer:
+least ``PYCOMM_SHM_DIRECT_BYTES`` (256 KiB; below, a message algorithm's steps cost no
+more: benchmarks/README.md, "Large collectives by direct reads") with a commutative
+numpy op skips the message layer:
 
 1. Every rank publishes the addresses of its send and receive buffers in its
    shared-memory slot (:mod:`pycomm.shmcoll`: the slot header carries the call's
@@ -29,14 +30,18 @@ assisted MPI collectives for multi-/many-core systems", IEEE Cluster 2017), redu
 its flat form: the reduce-scatter + all-gather of Rabenseifner's all-reduce (Thakur,
 Rabenseifner & Gropp 2005) with every exchange replaced by a direct read.
 
-The slice rank ``i`` computes is ``x_i op x_0 op ... op x_{p-1}`` (its own contribution
-first, then the peers in rank order): every rank then holds the same bits, as every
+The slice rank ``i`` computes is ``x_i op x_{i+1} op ... op x_{p-1} op x_0 op ... op
+x_{i-1}`` (its own contribution first, then the peers from the next rank on, so that the
+ranks do not all read one peer at once): every rank then holds the same bits, as every
 algorithm guarantees, but not necessarily the bits of another algorithm (floating-point
 sums depend on their order). Non-commutative ops therefore take the message algorithms.
 
 ``Reduce_scatter_block`` is step 2 alone (rank ``i`` reduces block ``i`` of every peer's
 input), ``Allgather`` step 3 alone (every rank reads every peer's block), each followed
-by step 4; both under the same threshold, on the whole buffer's bytes.
+by step 4; both under the same threshold, on the whole buffer's bytes, and the
+all-gather only up to :data:`ALLGATHER_MAX_BYTES` (it moves what recursive doubling
+moves, by the same single copies, so only the saved steps tell: from a few MiB on 8
+ranks, the message algorithms were as fast or faster).
 
 A rank whose call fails after it published its addresses (a timeout, a dead peer, an
 interrupt) withdraws them before it returns (its progress word says so), and every read
@@ -60,11 +65,13 @@ from transports import PeerLostError, TransportError
 from .errors import CollectiveError, CommError, PeerError
 from .shmcoll import ByMessages
 
-__all__ = ["CHUNK_BYTES", "SHM_DIRECT", "direct_allgather", "direct_allreduce",
+__all__ = ["ALLGATHER_MAX_BYTES", "CHUNK_BYTES", "SHM_DIRECT", "direct_allgather",
+           "direct_allreduce",
            "direct_reduce_scatter_block", "usable"]
 
 SHM_DIRECT = "shm_direct"       # the algorithm name of a call through this module
 _PATH = 1                       # the slot header's path word of a direct call (shmcoll)
+ALLGATHER_MAX_BYTES = 1 << 20   # the largest all-gather (whole buffer) read directly
 _WITHDRAWN = 1                  # the progress word's step of a rank whose call failed
 # bytes read from one peer before they are reduced: fewer, longer reads and ufunc calls
 # beat cache-sized ones here (benchmarks/README.md, "Large collectives by direct reads")
@@ -94,6 +101,9 @@ class _Reads:
     def __init__(self, slots):
         self.slots, self.shm = slots, slots.shm
         self.me, self.peers = slots.rank, slots.peers
+        # the order this rank reads its peers in: from the next rank on, so that the ranks
+        # do not all read one peer at once (each read locks the owner's memory map)
+        self.order = [(self.me + k) % slots.size for k in range(1, slots.size)]
         self.world = slots.comm._world
         # [slot][rank] -> int64[3]: send address, receive address, progress (seq << 2 | step)
         self.words = [[d[p][:24].view(np.int64) for d in slots.data] for p in (0, 1)]
@@ -190,7 +200,7 @@ def _reduce_into(reads, cc, w, out: np.ndarray, offset: int, op, scratch) -> Non
     for start in range(0, out.size, chunk):
         n = min(chunk, out.size - start)
         part = out[start:start + n]
-        for r in reads.peers:
+        for r in reads.order:
             reads.read(cc, w, r, scratch_at, int(w[r][0]) + offset + start * item, n * item)
             ufunc(part, scratch[:n], out=part)
 
@@ -216,7 +226,7 @@ def direct_allreduce(slots, dtype, count: int, op, by_messages):
         ``IN_PLACE``).
     """
     reads = _reads(slots)
-    me, peers = reads.me, reads.peers
+    me, order = reads.me, reads.order
     item = dtype.itemsize
     bounds = _bounds(count, slots.size)
     lo, hi = bounds[me], bounds[me + 1]
@@ -233,7 +243,7 @@ def direct_allreduce(slots, dtype, count: int, op, by_messages):
             return by_messages(cc, recv, op)
         try:
             # reduce-scatter: this rank's slice, its own contribution first, then the
-            # peers in rank order
+            # peers from the next rank on
             out = recv[lo:hi]
             if send is not None:
                 out[...] = send[lo:hi]
@@ -241,7 +251,7 @@ def direct_allreduce(slots, dtype, count: int, op, by_messages):
             reads.step(cc, w, 2)
             # all-gather: every peer's final slice, straight into this rank's buffer
             base = recv.ctypes.data
-            for r in peers:
+            for r in order:
                 a, b = bounds[r] * item, bounds[r + 1] * item
                 if b > a:
                     reads.read(cc, w, r, base + a, int(w[r][1]) + a, b - a)
@@ -254,7 +264,8 @@ def direct_allreduce(slots, dtype, count: int, op, by_messages):
 
 def direct_reduce_scatter_block(slots, dtype, count: int, op, by_messages):
     """The kernel of one ``Reduce_scatter_block`` shape by direct reads: rank ``i`` reduces
-    block ``i`` of every peer's input (its own first, peers in rank order), then waits
+    block ``i`` of every peer's input (its own first, then the peers from rank ``i + 1``
+    on), then waits
     until no peer reads its input any more.
 
     Args:
@@ -310,7 +321,7 @@ def direct_allgather(slots, dtype, count: int, by_messages):
         ``IN_PLACE``, the block already in place in ``recv``).
     """
     reads = _reads(slots)
-    me, peers = reads.me, reads.peers
+    me, order = reads.me, reads.order
     block = count * dtype.itemsize
     nbytes = block * slots.size
 
@@ -326,7 +337,7 @@ def direct_allgather(slots, dtype, count: int, by_messages):
             if src is not None:
                 recv[me * count:(me + 1) * count] = src
             base = recv.ctypes.data
-            for r in peers:
+            for r in order:
                 if block:
                     reads.read(cc, w, r, base + r * block, int(w[r][0]), block)
             reads.step(cc, w, 3)      # no peer reads this rank's block any more

@@ -28,7 +28,7 @@ import pycomm
 from conftest import World
 from test_shmcoll import _contribution, _launch
 from pycomm.plan import plan_call
-from pycomm.shmdirect import CHUNK_BYTES, SHM_DIRECT
+from pycomm.shmdirect import ALLGATHER_MAX_BYTES, CHUNK_BYTES, SHM_DIRECT
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -157,16 +157,18 @@ def _block_cases(cases, threshold):
             rsb = plan_call(comm, "reduce_scatter_block", dt, count, count * n * dt.itemsize,
                             None, op)[4]
             ag = plan_call(comm, "allgather", dt, count, count * n * dt.itemsize, None)[4]
+            ag_direct = count * n * dt.itemsize <= ALLGATHER_MAX_BYTES   # else messages
             out.append((close(rs, want), close(inplace[:count], want),
                         np.array_equal(g, gwant), np.array_equal(gin, gwant),
                         np.array_equal(mine, every[r]),
                         rsb is not None and rsb[1] == SHM_DIRECT,
-                        ag is not None and ag[1] == SHM_DIRECT))
+                        (ag is not None and ag[1] == SHM_DIRECT) == ag_direct))
     return out
 
 
 BLOCK_CASES = [(np.float64, 1000, "SUM"), (np.int32, 333, "MAX"), (np.float32, 1, "PROD"),
-               (np.int64, CHUNK_BYTES // 8 + 5, "SUM"), (np.uint8, 0, "SUM")]
+               (np.int64, CHUNK_BYTES // 8 + 5, "SUM"), (np.uint8, 0, "SUM"),
+               (np.float32, 40_000, "MIN")]
 
 
 def test_reduce_scatter_block_and_allgather_give_numpys_answer(world):
@@ -196,6 +198,7 @@ def _choices():
     }
     out["reduce_scatter_block"] = comm.chosen_algorithm("reduce_scatter_block", at)
     out["allgather"] = comm.chosen_algorithm("allgather", at)
+    out["allgather-large"] = comm.chosen_algorithm("allgather", ALLGATHER_MAX_BYTES + 8)
     out["nonblocking"] = comm.chosen_algorithm("allreduce", at, blocking=False)
     out["rsb-non-commutative"] = comm.chosen_algorithm("reduce_scatter_block", at,
                                                        commutative=False)
@@ -213,6 +216,7 @@ def test_direct_reads_are_taken_exactly_where_promised(world):
         assert took["named"] == "ring"
         assert not took["user-op"] and not took["pair-op"] and not took["reduce"]
         assert took["reduce_scatter_block"] == SHM_DIRECT == took["allgather"]
+        assert took["allgather-large"] != SHM_DIRECT
         assert took["rsb-non-commutative"] != SHM_DIRECT
         assert took["nonblocking"] not in (SHM_DIRECT, "shared_slots")  # Iallreduce: messages
 
