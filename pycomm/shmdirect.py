@@ -95,8 +95,9 @@ def _bounds(count: int, size: int) -> list[int]:
 
 
 class _Reads:
-    """What the kernels of one communicator share: the peers' process ids, the words each
-    rank publishes in its slot (two addresses and its progress), reads and waits."""
+    """What the kernels of one communicator share: the words each rank publishes in its
+    slot (two addresses and its progress), the order it reads its peers in, a scratch
+    buffer, reads and waits."""
 
     def __init__(self, slots):
         self.slots, self.shm = slots, slots.shm
