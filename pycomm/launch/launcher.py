@@ -91,6 +91,24 @@ def sweep_shm(job_id: str, directory: str = SHM_DIR) -> list[str]:
     return removed
 
 
+def contract_env(rank: int, size: int, local_rank: int, local_size: int, master_addr: str,
+                 master_port: int, token: str, job_id: str, transport: str,
+                 timeout: float | None) -> dict[str, str]:
+    """The environment contract of one rank (each variable is declared in
+    :mod:`pycomm.config`), as this launcher and the node agents (:mod:`.nodes`) set it."""
+    env = {
+        "PYCOMM_RANK": str(rank), "PYCOMM_WORLD_SIZE": str(size),
+        "PYCOMM_LOCAL_RANK": str(local_rank), "PYCOMM_LOCAL_SIZE": str(local_size),
+        "PYCOMM_MASTER_ADDR": master_addr, "PYCOMM_MASTER_PORT": str(master_port),
+        "PYCOMM_JOB_TOKEN": token, "PYCOMM_JOB_ID": job_id,
+        "PYCOMM_LAUNCHER_PID": str(os.getpid()), "PYCOMM_TRANSPORT": transport,
+        "PYTHONUNBUFFERED": "1",
+    }
+    if timeout is not None:
+        env["PYCOMM_TIMEOUT"] = repr(float(timeout))
+    return env
+
+
 @dataclass(frozen=True)
 class RankExit:
     """How one rank process ended: ``returncode`` as :class:`subprocess.Popen` reports it."""
@@ -179,17 +197,9 @@ class RankGroup:
 
     def env_for(self, rank: int) -> dict[str, str]:
         """Return the environment variables of the contract for ``rank`` (only those)."""
-        env = {
-            "PYCOMM_RANK": str(rank), "PYCOMM_WORLD_SIZE": str(self.nprocs),
-            "PYCOMM_LOCAL_RANK": str(rank), "PYCOMM_LOCAL_SIZE": str(self.nprocs),
-            "PYCOMM_MASTER_ADDR": self.store.host, "PYCOMM_MASTER_PORT": str(self.store.port),
-            "PYCOMM_JOB_TOKEN": self.token, "PYCOMM_JOB_ID": self.job_id,
-            "PYCOMM_LAUNCHER_PID": str(os.getpid()), "PYCOMM_TRANSPORT": self.transport,
-            "PYTHONUNBUFFERED": "1",
-        }
-        if self.timeout is not None:
-            env["PYCOMM_TIMEOUT"] = repr(float(self.timeout))
-        return env
+        return contract_env(rank, self.nprocs, rank, self.nprocs, self.store.host,
+                            self.store.port, self.token, self.job_id, self.transport,
+                            self.timeout)
 
     def start(self, argv: Sequence[str], extra_env: dict[str, str] | None = None) -> None:
         """Start every rank as ``sys.executable *argv`` (stops those started on failure).

@@ -45,7 +45,7 @@ from collections.abc import Callable, Sequence
 
 from pycomm import config
 from pycomm.errors import ArgumentError, CommError
-from pycomm.launch.launcher import RankExit, _Forwarder, _preexec, sweep_shm
+from pycomm.launch.launcher import RankExit, _Forwarder, _preexec, contract_env, sweep_shm
 from pycomm.launch.store import StoreServer
 from pycomm.launch.store_client import StoreClient
 
@@ -123,17 +123,9 @@ class NodeAgent:
 
     def env_for(self, local: int) -> dict[str, str]:
         """The environment contract for this node's ``local``-th rank."""
-        env = {
-            "PYCOMM_RANK": str(self.ranks[local]), "PYCOMM_WORLD_SIZE": str(self.size),
-            "PYCOMM_LOCAL_RANK": str(local), "PYCOMM_LOCAL_SIZE": str(self.nproc),
-            "PYCOMM_MASTER_ADDR": self.master_addr, "PYCOMM_MASTER_PORT": str(self.master_port),
-            "PYCOMM_JOB_TOKEN": self.token, "PYCOMM_JOB_ID": self.job_id,
-            "PYCOMM_LAUNCHER_PID": str(os.getpid()), "PYCOMM_TRANSPORT": self.transport,
-            "PYTHONUNBUFFERED": "1",
-        }
-        if self.timeout is not None:
-            env["PYCOMM_TIMEOUT"] = repr(float(self.timeout))
-        return env
+        return contract_env(self.ranks[local], self.size, local, self.nproc, self.master_addr,
+                            self.master_port, self.token, self.job_id, self.transport,
+                            self.timeout)
 
     def start(self, argv: Sequence[str], extra_env: dict[str, str] | None = None) -> None:
         """Connect to the store, then start this node's ranks as ``sys.executable *argv``."""
