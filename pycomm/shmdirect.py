@@ -194,7 +194,8 @@ def _reads(slots) -> _Reads:
 
 def _reduce_into(reads, cc, w, out: np.ndarray, offset: int, op, scratch) -> None:
     """``out = out op (every peer's elements at its send address + offset)``, chunk by chunk
-    (a chunk of every peer, each read once into ``scratch`` and reduced while in cache)."""
+    (a chunk of every peer, each read once into ``scratch`` and reduced at once; chunks of
+    :data:`CHUNK_BYTES` measured faster than cache-sized ones, benchmarks/README.md)."""
     ufunc, chunk = op._ufunc, scratch.size
     item = out.itemsize
     scratch_at = scratch.ctypes.data
