@@ -102,6 +102,54 @@ def test_add_is_an_atomic_counter(server):
             cli.add("text", 1)
 
 
+def test_wait_answers_once_every_key_is_set(server, client):
+    client.set("w/0", b"zero")
+
+    def later():
+        with connect(server) as other:
+            time.sleep(0.2)
+            other.set("w/2", b"two")
+            other.set("w/1", b"one", answer=False)   # the close still delivers it
+    thread = threading.Thread(target=later)
+    start = time.monotonic()
+    thread.start()
+    got = client.wait(["w/0", "w/1", "w/2"], timeout=5.0)
+    assert 0.15 < time.monotonic() - start < 3.0
+    assert got == {"w/0": b"zero", "w/1": b"one", "w/2": b"two"}
+    thread.join(5)
+    assert client.get("w/1") == b"one"          # not taken
+
+
+def test_wait_times_out_with_the_keys_that_are_set_and_take_deletes_them(client):
+    client.set("t/a", b"A")
+    start = time.monotonic()
+    assert client.wait(["t/a", "t/b"], timeout=0.3, take=True) == {"t/a": b"A"}
+    assert 0.25 < time.monotonic() - start < 2.0
+    assert client.delete("t/a") is False
+    assert client.wait(["t/b"], timeout=0.0) == {}
+    client.set("t/b", b"B", answer=False)
+    assert client.wait(["t/b", "t/b"], timeout=1.0, take=True) == {"t/b": b"B"}
+    assert client.wait([], timeout=5.0) == {}
+
+
+def test_wait_reply_is_capped_at_the_store_limit(monkeypatch):
+    monkeypatch.setenv("PYCOMM_STORE_MAX_BYTES", "3000")
+    with StoreServer(TOKEN) as srv, connect(srv) as cli:
+        for i in range(3):
+            cli.set(f"big/{i}", bytes([i]) * 1200)
+        first = cli.wait([f"big/{i}" for i in range(3)], timeout=1.0, take=True)
+        assert len(first) == 2                  # 3600 bytes would not fit
+        rest = cli.wait([f"big/{i}" for i in range(3) if f"big/{i}" not in first], timeout=1.0)
+        assert {**first, **rest} == {f"big/{i}": bytes([i]) * 1200 for i in range(3)}
+
+
+def test_unanswered_requests_keep_order(client):
+    client.set("o", b"1", answer=False)
+    assert client.delete("o", answer=False) is None
+    client.set("o", b"2", answer=False)
+    assert client.get("o") == b"2"
+
+
 @pytest.mark.parametrize("n", [1, 3])
 def test_barrier_releases_all_and_resets(server, n):
     released = []

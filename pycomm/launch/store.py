@@ -9,7 +9,8 @@ that uses it). Values are opaque bytes; the store never unpickles anything. Requ
 replies are msgpack maps.
 
 Framing. Every message, both ways, is a u32 little-endian length and that many bytes
-(:class:`FrameReader` parses them, sans-I/O).
+(:class:`~pycomm.launch.store_wire.FrameReader` parses them, sans-I/O; the constants and
+helpers of the wire format live in :mod:`pycomm.launch.store_wire`).
 
 Authentication comes before anything else (HMAC-SHA256 challenge-response with the job
 token, mutual). The handshake messages are fixed-size binary, so nothing a stranger sends
@@ -37,21 +38,28 @@ Requests after authentication (``id`` is the client's request number; replies ec
     {"op": "get", "id", "key", "timeout"}          -> {"id", "ok": True, "value"}   (parked)
     {"op": "add", "id", "key", "delta"}            -> {"id", "ok": True, "value": int}
     {"op": "delete", "id", "key"}                  -> {"id", "ok": True, "value": bool}
+    {"op": "wait", "id", "keys", "timeout", "take"} -> {"id", "ok": True, "value": {key: value}}
     {"op": "barrier", "id", "name", "n", "timeout"} -> {"id", "ok": True}            (parked)
     failure                                        -> {"id", "ok": False, "error", "message"}
 
-A parked request is answered when it can be, or with ``error="timeout"`` at its deadline.
+A parked request is answered when it can be, or with ``error="timeout"`` at its deadline;
+except ``wait``, which is answered once every key in ``keys`` is set, or at its deadline
+with those that are (never a timeout error): one round trip collects many results while
+the caller still wakes every ``timeout`` seconds. Its reply holds at most
+``PYCOMM_STORE_MAX_BYTES`` of values (always at least one), so a key missing from it is
+unset or did not fit: ask again. With ``take`` the keys in the reply are deleted.
 Counters made by ``add`` are stored as ASCII decimal, so ``get`` on a counter reads b"3".
+A client may send requests without reading the replies in between: one connection's
+requests are served in the order sent, so a ``set`` whose reply the client skips is in
+place before its next request runs.
 """
 
 from __future__ import annotations
 
-import hashlib
 import heapq
 import hmac
 import itertools
 import os
-import struct
 import threading
 import time
 from collections import OrderedDict
@@ -61,139 +69,35 @@ import msgpack
 import zmq
 
 from pycomm import config
-from pycomm.errors import ArgumentError, ProtocolError
+from pycomm.errors import ProtocolError
+from pycomm.launch.store_wire import (_BIG, CLIENT_LABEL, HELLO, LENGTH, MAC_LEN, MAGIC,
+                                      MAX_AUTH_FRAME, NONCE_LEN, REFUSED, SERVER_LABEL,
+                                      FrameReader, frame, hmac_proof, normalize_token)
 
-__all__ = ["FrameReader", "StoreServer", "hmac_proof", "normalize_token"]
+__all__ = ["FrameReader", "StoreServer", "frame", "hmac_proof", "normalize_token"]
 
-MAGIC = b"PYCS"
-VERSION = 2             # 2: length-prefixed frames over plain TCP (1 was ZMTP)
-HELLO = MAGIC + bytes([VERSION])
-NONCE_LEN = 32
-MAC_LEN = 32
-REFUSED = b"PYCS-REFUSED"
-CLIENT_LABEL = b"pycomm-store/client"
-SERVER_LABEL = b"pycomm-store/server"
-LENGTH = struct.Struct("<I")
 MAX_KEY = 4096          # bytes of a key or barrier name
-MAX_AUTH_FRAME = 64     # bytes: the largest handshake message (PROOF)
 AUTH_DEADLINE = 3.0     # seconds a connection has to authenticate before it is closed
 MAX_PENDING_AUTH = 64   # unauthenticated connections kept; a new one evicts the oldest
 RCVHWM = 16             # ZeroMQ read-ahead per connection, in chunks of at most 8 KiB
 MAX_GONE = 4096         # closed connections whose late chunks are recognised and dropped
-REPLY_GRACE = 5.0       # seconds a client waits beyond a request's own timeout
-_BIG = 1 << 16          # bytes from which a frame's body is sent without concatenation
-
-
-def hmac_proof(token: bytes, *parts: bytes) -> bytes:
-    """Return HMAC-SHA256 keyed by ``token`` over the concatenation of ``parts`` (32 bytes).
-
-    Sans-I/O helper of the handshake; compare proofs with :func:`hmac.compare_digest`.
-    """
-    return hmac.new(token, b"".join(parts), hashlib.sha256).digest()
-
-
-def normalize_token(token: bytes | str) -> bytes:
-    """Return the HMAC key for a job token given in any of its usual forms.
-
-    The ``PYCOMM_JOB_TOKEN`` text (``str``), its ASCII bytes, and the raw bytes that text
-    encodes in hex all yield the same key (the lower-case hex text as ASCII bytes), so a
-    server and a client that decoded the environment differently still agree.
-
-    Raises:
-        ArgumentError: the token is empty.
-    """
-    if isinstance(token, str):
-        text = token.strip()
-    else:
-        raw = bytes(token)
-        try:
-            text = raw.decode("ascii")
-            if not (text.isprintable() or _is_hex(text)):
-                raise UnicodeDecodeError("ascii", raw, 0, 1, "not text")
-        except UnicodeDecodeError:
-            text = raw.hex()  # raw secret bytes: use the hex text they would be sent as
-    if not text:
-        raise ArgumentError("the job token is empty (set PYCOMM_JOB_TOKEN)")
-    return text.lower().encode() if _is_hex(text) else text.encode()
-
-
-def _is_hex(text: str) -> bool:
-    try:
-        bytes.fromhex(text)
-    except ValueError:
-        return False
-    return len(text) > 0 and " " not in text
 
 
 def _endpoint(host: str, port: int | str) -> str:
     return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
 
 
-def frame(body: bytes) -> bytes:
-    """Return ``body`` with its u32 little-endian length in front (one store message)."""
-    return LENGTH.pack(len(body)) + body
-
-
-class FrameReader:
-    """Length-prefixed frames out of a byte stream (sans-I/O): feed bytes, get bodies.
-
-    Memory held is what has arrived of the current frame: nothing is allocated for the
-    length a frame merely announces.
-
-    Args:
-        limit: the largest body accepted, in bytes (may be raised later, e.g. once the
-            peer has authenticated).
-    """
-
-    def __init__(self, limit: int):
-        self.limit = limit
-        self._head = bytearray()
-        self._body: bytearray | None = None
-        self._want = 0
-
-    @property
-    def buffered(self) -> int:
-        """Bytes held of the frame being read."""
-        return len(self._head) + (len(self._body) if self._body is not None else 0)
-
-    def feed(self, data: bytes) -> list[bytearray]:
-        """Consume ``data``; return the bodies of the frames it completed, in order.
-
-        Raises:
-            ProtocolError: a frame announces a body longer than ``limit``.
-        """
-        done: list[bytearray] = []
-        view, pos, end = memoryview(data), 0, len(data)
-        while pos < end:
-            if self._body is None:
-                take = min(LENGTH.size - len(self._head), end - pos)
-                self._head += view[pos:pos + take]
-                pos += take
-                if len(self._head) < LENGTH.size:
-                    break
-                (self._want,) = LENGTH.unpack(self._head)
-                self._head.clear()
-                if self._want > self.limit:
-                    raise ProtocolError(f"a frame of {self._want} bytes exceeds the limit "
-                                        f"of {self.limit}")
-                self._body = bytearray()
-            take = min(self._want - len(self._body), end - pos)
-            self._body += view[pos:pos + take]
-            pos += take
-            if len(self._body) == self._want:
-                done.append(self._body)
-                self._body = None
-        return done
-
-
 class _Parked:
-    """A request waiting on the server: a get on a missing key, or a barrier entrant."""
+    """A request waiting on the server: a get or a wait on missing keys, or a barrier
+    entrant. ``keys`` and ``left`` are a wait's keys and how many of them are unset."""
 
-    __slots__ = ("deadline", "done", "ident", "rid", "what")
+    __slots__ = ("deadline", "done", "ident", "keys", "left", "rid", "take", "what")
 
     def __init__(self, ident: bytes, rid: int, deadline: float, what: str):
         self.ident, self.rid, self.deadline, self.what = ident, rid, deadline, what
         self.done = False
+        self.keys: list[str] | None = None
+        self.left, self.take = 0, False
 
 
 class _Peer:
@@ -430,9 +334,15 @@ class StoreServer:
     def _put(self, key: str, value: bytes) -> None:
         self._data[key] = value
         for parked in self._getters.pop(key, ()):
-            if not parked.done:
+            if parked.done:
+                continue
+            if parked.keys is None:
                 parked.done = True
                 self._reply(parked.ident, parked.rid, ok=True, value=value)
+            else:
+                parked.left -= 1
+                if parked.left == 0:
+                    self._answer_wait(parked)
 
     def _op_get(self, ident: bytes, rid: int, req: dict) -> None:
         key = self._key_of(req)
@@ -441,6 +351,37 @@ class StoreServer:
             return
         parked = self._park(ident, rid, req["timeout"], f"key {key!r}")
         self._getters.setdefault(key, []).append(parked)
+
+    def _op_wait(self, ident: bytes, rid: int, req: dict) -> None:
+        keys = req["keys"]
+        if not isinstance(keys, list) or not all(isinstance(k, str) and len(k) <= MAX_KEY
+                                                 for k in keys):
+            raise ValueError(f"keys must be a list of strings of at most {MAX_KEY} characters")
+        parked = self._park(ident, rid, req["timeout"], "wait")
+        parked.keys, parked.take = list(dict.fromkeys(keys)), bool(req.get("take", False))
+        missing = [k for k in parked.keys if k not in self._data]
+        parked.left = len(missing)
+        for key in missing:
+            # drop the earlier waits' entries already answered (a caller that waits in
+            # slices leaves one per slice on each key still unset)
+            parked_on = [p for p in self._getters.get(key, ()) if not p.done]
+            parked_on.append(parked)
+            self._getters[key] = parked_on
+        if not missing:
+            self._answer_wait(parked)
+
+    def _answer_wait(self, parked: _Parked) -> None:
+        """Reply to a wait with the values of its keys that are set, up to the size cap."""
+        parked.done = True
+        values: dict[str, bytes] = {}
+        size = 0
+        for key in parked.keys or ():
+            value = self._data.get(key)
+            if value is None or (values and size + len(value) > self._max_bytes):
+                continue
+            size += len(value)
+            values[key] = self._data.pop(key) if parked.take else value
+        self._reply(parked.ident, parked.rid, ok=True, value=values)
 
     def _op_add(self, ident: bytes, rid: int, req: dict) -> None:
         key, delta = self._key_of(req), req["delta"]
@@ -482,7 +423,9 @@ class StoreServer:
             self._drop(ident)           # too slow to authenticate: a stranger, or stuck
         while self._deadlines and self._deadlines[0][0] <= now:
             parked = heapq.heappop(self._deadlines)[2]
-            if not parked.done:
+            if parked.keys is not None and not parked.done:
+                self._answer_wait(parked)   # with the keys that are set
+            elif not parked.done:
                 parked.done = True
                 self._reply(parked.ident, parked.rid, ok=False, error="timeout",
                             message=f"{parked.what} not ready in time")

@@ -15,7 +15,7 @@ import msgpack
 
 from pycomm import config
 from pycomm.errors import ArgumentError, CommError, CommTimeoutError, ProtocolError
-from pycomm.launch.store import (CLIENT_LABEL, FrameReader, HELLO, LENGTH, MAC_LEN, MAGIC, MAX_AUTH_FRAME, NONCE_LEN, REFUSED, REPLY_GRACE, SERVER_LABEL, _BIG, frame, hmac_proof, normalize_token)
+from pycomm.launch.store_wire import (CLIENT_LABEL, FrameReader, HELLO, LENGTH, MAC_LEN, MAGIC, MAX_AUTH_FRAME, NONCE_LEN, REFUSED, REPLY_GRACE, SERVER_LABEL, _BIG, frame, hmac_proof, normalize_token)
 
 __all__ = ["StoreClient"]
 
@@ -148,8 +148,10 @@ class StoreClient:
             raise ProtocolError(f"store at {self.address} failed to prove it holds the job "
                                 "token; not talking to it")
 
-    def _call(self, op: str, what: str, wait: float, **fields: Any) -> Any:
-        """Send one request and return its reply's value; ``wait`` is the server-side wait."""
+    def _call(self, op: str, what: str, wait: float, answer: bool = True,
+              **fields: Any) -> Any:
+        """Send one request and return its reply's value; ``wait`` is the server-side wait.
+        With ``answer`` False, return None once it is sent (its reply is skipped later)."""
         if self._sock.fileno() < 0:
             raise CommError("store client is closed")
         self._rid += 1
@@ -159,6 +161,8 @@ class StoreClient:
             raise ArgumentError(f"store {op} of {what}: {len(body)} bytes exceed the store's "
                                 f"limit of {self._max_bytes} (PYCOMM_STORE_MAX_BYTES)")
         self._send(body)
+        if not answer:
+            return None
         deadline = time.monotonic() + wait + REPLY_GRACE
         while True:
             raw = self._recv_raw(deadline, f"{op} of {what}")
@@ -175,11 +179,19 @@ class StoreClient:
     def _wait_for(self, timeout: float | None) -> float:
         return self.timeout if timeout is None else max(0.0, float(timeout))
 
-    def set(self, key: str, value: bytes) -> None:
-        """Store ``value`` (bytes) under ``key``, waking every ``get`` parked on it."""
+    def set(self, key: str, value: bytes, *, answer: bool = True) -> None:
+        """Store ``value`` (bytes) under ``key``, waking every ``get`` parked on it.
+
+        With ``answer`` False, return as soon as the request is sent: the store applies it
+        before this client's next request, and this client never waits for the reply.
+
+        Raises:
+            ArgumentError: ``value`` is not bytes, or exceeds ``PYCOMM_STORE_MAX_BYTES``.
+            CommError: the store refused it (only when ``answer``).
+        """
         if not isinstance(value, (bytes, bytearray, memoryview)):
             raise ArgumentError(f"store value for {key!r} must be bytes, got {type(value)}")
-        self._call("set", f"key {key!r}", 0.0, key=key, value=bytes(value))
+        self._call("set", f"key {key!r}", 0.0, answer, key=key, value=bytes(value))
 
     def get(self, key: str, timeout: float | None = None) -> bytes:
         """Return the value of ``key``, waiting until some client sets it.
@@ -198,9 +210,31 @@ class StoreClient:
         """Atomically add ``delta`` to the counter ``key`` (absent counts as 0); return it."""
         return self._call("add", f"key {key!r}", 0.0, key=key, delta=int(delta))
 
-    def delete(self, key: str) -> bool:
-        """Remove ``key``; return whether it existed."""
-        return self._call("delete", f"key {key!r}", 0.0, key=key)
+    def wait(self, keys: list[str], timeout: float | None = None, *,
+             take: bool = False) -> dict[str, bytes]:
+        """Return the values of ``keys``, once all are set or after ``timeout`` seconds.
+
+        One round trip, however many keys. The result maps each key that was set to its
+        value; a key missing from it was not set in time, or did not fit into one reply
+        (at most ``PYCOMM_STORE_MAX_BYTES`` of values): call again for the rest.
+
+        Args:
+            keys: the keys.
+            timeout: seconds to wait (default: the client's timeout). Running out is not
+                an error: the result then lacks the keys still unset.
+            take: delete the keys returned, in the same step.
+        """
+        wait = self._wait_for(timeout)
+        return self._call("wait", f"{len(keys)} keys", wait, keys=list(keys), timeout=wait,
+                          take=bool(take))
+
+    def delete(self, key: str, *, answer: bool = True) -> bool | None:
+        """Remove ``key``; return whether it existed.
+
+        With ``answer`` False, return None as soon as the request is sent, as :meth:`set`
+        says.
+        """
+        return self._call("delete", f"key {key!r}", 0.0, answer, key=key)
 
     def barrier(self, name: str, n: int, timeout: float | None = None) -> None:
         """Return once ``n`` clients have entered the barrier ``name`` (then it resets).

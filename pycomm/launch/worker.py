@@ -8,11 +8,12 @@ authenticated store (see :mod:`pycomm.launch.spawning` for the parent's side)::
     pool/syspath          msgpack list of the parent's sys.path (read once, at start)
     pool/task/<seq>       b"T" + cloudpickle((fn, args))   run fn(*args)
                           b"X"                              exit
-    pool/done/<seq>       counter: how many ranks finished task <seq>
-    pool/done/<seq>/<i>   the i-th rank to finish: cloudpickle((rank, "ok", value)) or
+    pool/done/<seq>/<rank>  the outcome of rank <rank>: cloudpickle((rank, "ok", value)) or
                           cloudpickle((rank, "err", exc_type, message, traceback_text))
 
 Tasks are numbered 1, 2, ... in the order the parent sets them; every rank runs every task.
+Task 0 is start-up: its outcome says whether ``pycomm.init()`` succeeded. The parent takes
+(reads and deletes) the outcomes and deletes ``pool/task/<seq>`` once all are in.
 """
 
 from __future__ import annotations
@@ -55,9 +56,13 @@ def _flush(pycomm) -> None:
         pass
 
 
-def _finish(client: StoreClient, seq: int, payload: bytes) -> None:
-    i = client.add(f"pool/done/{seq}", 1)
-    client.set(f"pool/done/{seq}/{i}", payload)
+def _finish(client: StoreClient, rank: int, seq: int, payload: bytes,
+            last: bool = False) -> None:
+    # No wait for the reply unless the rank exits next (closing a socket with a reply
+    # unread resets the connection): a set of a valid key cannot be refused, the next
+    # request's wait skips the reply, and a rank woken once per task, not twice, is
+    # quicker on a busy machine.
+    client.set(f"pool/done/{seq}/{rank}", payload, answer=last)
 
 
 def _next_task(client: StoreClient, seq: int, launcher_pid: int | None) -> bytes:
@@ -83,9 +88,9 @@ def main() -> int:
             import pycomm
             pycomm.init()
         except BaseException as exc:  # noqa: BLE001 - the parent re-raises it
-            _finish(client, 0, _outcome(rank, exc))
+            _finish(client, rank, 0, _outcome(rank, exc), last=True)
             return 1
-        _finish(client, 0, _outcome(rank))
+        _finish(client, rank, 0, _outcome(rank))
         seq = 0
         while True:
             seq += 1
@@ -99,7 +104,7 @@ def main() -> int:
             except BaseException as exc:  # noqa: BLE001 - SystemExit too: the parent decides
                 payload = _outcome(rank, exc)
             _flush(pycomm)
-            _finish(client, seq, payload)
+            _finish(client, rank, seq, payload)
         finalize = getattr(pycomm, "finalize", None)
         if callable(finalize):
             finalize()
