@@ -8,12 +8,14 @@ runs, each as a subprocess with a timeout (``--timeout``, default 600 s):
   choice; ``--auto-only`` keeps only the latter);
 - the same script under ``mpiexec -n N ... --mpi4py`` when mpi4py is importable and
   ``mpiexec`` is on PATH (the reference);
-- ``reference.py`` (memcpy and loopback TCP: the ceiling).
+- ``reference.py`` (memcpy and loopback TCP: the ceiling; for ``latency`` also the
+  pure-Python shared-memory ping-pong, the floor under any Python library's shm latency).
 
 Then it writes into ``--out`` (default ``benchmarks/results/compare/<UTC date>-<HHMM>``, a
 folder per run), named ``BENCH-nN``:
 ``.md`` (times per size, and the ratios pycomm time / MPI time, and pycomm time / ceiling
-time: memcpy of the same bytes for shm, loopback TCP for tcp), ``.json`` (the same numbers
+time: memcpy of the same bytes for shm, or the Python shm ping-pong for ``latency``;
+loopback TCP for tcp), ``.json`` (the same numbers
 and every run's command, status and metadata) and, when matplotlib is installed, ``-lat.png``
 and ``-bw.png`` (log-log, one line per transport/algorithm, MPI and the ceiling).
 
@@ -99,8 +101,9 @@ def lines_from(doc: dict[str, Any], bench: str, label: str) -> dict[str, dict[in
 
 
 def ceiling_lines(doc: dict[str, Any], bench: str) -> dict[str, dict[int, dict]]:
-    """memcpy and loopback TCP as lines: time for the size, and bandwidth."""
-    mem, tcp = {}, {}
+    """memcpy and loopback TCP as lines: time for the size, and bandwidth; for the
+    latency benchmark also the pure-Python shared-memory ping-pong (``python shm``)."""
+    mem, tcp, shm = {}, {}, {}
     for r in doc.get("rows", []):
         size = int(r["size"])
         if r.get("memcpy_gbps"):
@@ -110,7 +113,12 @@ def ceiling_lines(doc: dict[str, Any], bench: str) -> dict[str, dict[int, dict]]
             tcp[size] = {"us": size / r["tcp_stream_mbps"], "mbps": r["tcp_stream_mbps"]}
         elif r.get("tcp_latency_us"):
             tcp[size] = {"us": r["tcp_latency_us"], "mbps": size / r["tcp_latency_us"]}
-    return {"memcpy": mem, "loopback TCP": tcp}
+        if bench == "latency" and r.get("shm_latency_us"):
+            shm[size] = {"us": r["shm_latency_us"], "mbps": size / r["shm_latency_us"]}
+    lines = {"memcpy": mem, "loopback TCP": tcp}
+    if shm:
+        lines["python shm"] = shm
+    return lines
 
 
 def _fmt(x: float | None, digits: int = 3) -> str:
@@ -130,7 +138,8 @@ def markdown(bench: str, n: int, lines: dict, sizes: list[int], meta: dict) -> s
               else ""), ""]
     cols = list(lines)
     out.append(f"Times ({unit}: " + ("bandwidth" if unit == "MB/s" else "time per call")
-               + "; ceiling lines: memcpy of the same bytes, loopback TCP)")
+               + "; ceiling lines: memcpy of the same bytes, loopback TCP"
+               + (", python shm ping-pong" if "python shm" in lines else "") + ")")
     out.append("")
     out.append("| size | " + " | ".join(cols) + " |")
     out.append("|---" * (len(cols) + 1) + "|")
@@ -141,7 +150,9 @@ def markdown(bench: str, n: int, lines: dict, sizes: list[int], meta: dict) -> s
             cells.append(_fmt(v and (v["mbps"] if unit == "MB/s" else v["us"])))
         out.append(f"| {s} | " + " | ".join(cells) + " |")
     for ref, title in (("MPI", "pycomm time / MPI time (lower is better; 1 = MPI's speed)"),
-                       (None, "pycomm time / ceiling time (shm: memcpy, tcp: loopback TCP)")):
+                       (None, "pycomm time / ceiling time (shm: "
+                        + ("python shm ping-pong" if "python shm" in lines else "memcpy")
+                        + ", tcp: loopback TCP)")):
         if ref and ref not in lines:
             continue
         out += ["", title, "", "| size | " + " | ".join(pyc) + " |",
@@ -149,7 +160,8 @@ def markdown(bench: str, n: int, lines: dict, sizes: list[int], meta: dict) -> s
         for s in sizes:
             cells = []
             for k in pyc:
-                base = ref or ("loopback TCP" if " tcp" in k else "memcpy")
+                base = ref or ("loopback TCP" if " tcp" in k else
+                               "python shm" if "python shm" in lines else "memcpy")
                 a, b = lines[k].get(s), lines.get(base, {}).get(s)
                 cells.append(_fmt(a["us"] / b["us"]) if a and b and b["us"] else "")
             out.append(f"| {s} | " + " | ".join(cells) + " |")

@@ -1,7 +1,10 @@
 """Print the small-message table from the two passes of ``benchmarks/small_messages.sh``.
 
 ``python benchmarks/small_messages.py OUTDIR``: one markdown row per benchmark and size,
-pycomm's and MPI's µs per call in pass A / pass B, and the range of their ratio.
+pycomm's and MPI's µs per call in pass A / pass B, and the range of their ratio; for the
+latency rows also the pure-Python shared-memory ping-pong of the same passes (``python
+shm``, :mod:`benchmarks.reference`: one copy in, one flag, one copy out, the least a
+message between two Python processes costs here) and MPI's time over it.
 """
 
 from __future__ import annotations
@@ -24,12 +27,16 @@ def rows(base: Path) -> list[str]:
             pc = [d["lines"][ours][str(size)]["us"] for d in passes]
             mpi = [d["lines"]["MPI"][str(size)]["us"] for d in passes]
             ratio = [a / b for a, b in zip(pc, mpi)]
+            floor = [d["lines"].get("python shm", {}).get(str(size), {}).get("us")
+                     for d in passes]
+            cell = f"{floor[0]:.3g} / {floor[1]:.3g}" if None not in floor else ""
             out.append(f"| {name} | {size} | {pc[0]:.3g} / {pc[1]:.3g} | {mpi[0]:.3g} / "
-                       f"{mpi[1]:.3g} | {min(ratio):.2f}-{max(ratio):.2f} |")
+                       f"{mpi[1]:.3g} | {min(ratio):.2f}-{max(ratio):.2f} | {cell} |")
     return out
 
 
 if __name__ == "__main__":
-    print("| benchmark | bytes | pycomm µs (A / B) | MPI µs (A / B) | ratio |")
-    print("|---|---|---|---|---|")
+    print("| benchmark | bytes | pycomm µs (A / B) | MPI µs (A / B) | ratio | python shm µs "
+          "(A / B) |")
+    print("|---|---|---|---|---|---|")
     print("\n".join(rows(Path(sys.argv[1]))))

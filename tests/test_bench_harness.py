@@ -231,6 +231,29 @@ def test_compare_turns_rows_into_lines():
     assert bw == {"MPI": {1000: {"us": 2.0, "mbps": 500.0}}}
 
 
+def test_reference_shm_ping_pong_moves_the_bytes_and_stops():
+    import reference
+
+    pp = reference.ShmPingPong(64)
+    try:
+        assert pp.run(16, 50) > 0
+        assert (pp._area(1)[:16] == 1).all()      # the child copied the ping into the pong
+        assert pp.seq == 50
+    finally:
+        pp.close()
+    assert pp.child.exitcode == 0
+
+
+def test_compare_adds_the_python_shm_floor_to_latency_only():
+    import compare
+
+    doc = {"rows": [{"size": 8, "memcpy_gbps": 1.0, "tcp_latency_us": 20.0,
+                     "tcp_stream_mbps": 4.0, "shm_latency_us": 2.0}]}
+    assert compare.ceiling_lines(doc, "latency")["python shm"] == {8: {"us": 2.0,
+                                                                      "mbps": 4.0}}
+    assert "python shm" not in compare.ceiling_lines(doc, "allreduce")
+
+
 def test_compare_rejects_a_run_with_the_wrong_world_size(tmp_path, monkeypatch, capsys):
     # mpiexec of one MPI with an mpi4py built on another starts n singletons: each times a
     # 1-rank collective, and must not become the reference
