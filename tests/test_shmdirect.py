@@ -10,11 +10,16 @@
   every result right (no rank returns while a peer still reads its buffers);
 * a peer that runs the call by messages (its Iallreduce), or with another count, makes the
   call complete by messages or fail as a mismatch, never hang; a peer that dies while the
-  others wait in the call is a PeerError naming it.
+  others wait in the call is a PeerError naming it; ranks that run Reduce_scatter_block or
+  Allgather by their I-variant, beside ranks that block, make every rank take messages
+  before anything is read, with numpy's answer everywhere;
+* a rank whose call fails withdraws its buffers, and a descheduled peer that reads them
+  after they were reused raises, in an all-reduce, a reduce-scatter and an all-gather.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
 import time
@@ -374,3 +379,177 @@ def test_ranks_whose_limits_differ_take_messages_together(world):
     assert results[0][0] == SHM_DIRECT and results[-1][0] == "shared_slots"
     for path, first, last, again in results:
         assert first == last == n * (n + 1) / 2 and again == n
+
+
+_WITHDRAWAL = """
+    import os, time, numpy as np, pycomm
+    from pycomm import shmdirect
+    comm = pycomm.init()
+    r, n = comm.rank, comm.size
+    count = 1 << 15                      # one rank's block: n * 256 KiB in all, <= 1 MiB
+    if "{collective}" == "allgather":
+        send = np.full(count, r + 1.0)
+        out = np.full(count * n, 7.0)
+        call = lambda: comm.Allgather(send, out)
+        want = np.repeat(np.arange(1.0, n + 1), count)
+    else:
+        send = np.full(count * n, r + 1.0)
+        out = np.full(count, 7.0)
+        call = lambda: comm.Reduce_scatter_block(send, out)
+        want = np.full(count, n * (n + 1) / 2)
+    assert comm.chosen_algorithm("{collective}", count * n * 8) == "shm_direct"
+    comm.Barrier()
+
+    def wait_for(*names):
+        t = time.monotonic()
+        while not all(os.path.exists(f) for f in names) and time.monotonic() - t < 30:
+            time.sleep(0.01)
+
+    if r == 1:
+        # descheduled before its first read, until every peer has failed and reused its
+        # buffer
+        read = shmdirect._Reads.read
+        state = {{"slept": False}}
+        def slow_read(self, *args):
+            if not state["slept"]:
+                state["slept"] = True
+                wait_for(*[f"reused-{{k}}" for k in range(n) if k != 1])
+            return read(self, *args)
+        shmdirect._Reads.read = slow_read
+    try:
+        call()
+        print("RESULT", r, "ok", bool((out == want).all()), out[0], out[-1], flush=True)
+    except pycomm.CommError as exc:
+        send[...] = -1.0                    # the user reuses its buffer at once
+        mine = comm._slots.direct_reads.words
+        withdrawn = any(mine[p][r][2] & 3 == 1 for p in (0, 1))
+        print("RESULT", r, type(exc).__name__, withdrawn, flush=True)
+        open(f"reused-{{r}}", "w").close()
+    if r == 1:
+        open("done-1", "w").close()
+    else:
+        wait_for("done-1")                  # alive while rank 1 reads (else: ESRCH)
+"""
+
+
+@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("collective", ["reduce_scatter_block", "allgather"])
+def test_a_rank_that_fails_withdraws_its_block_before_a_slow_peer_reads_it(
+        tmp_path, collective, n):
+    # as the all-reduce's test above: rank 1 is descheduled before it reads anything; the
+    # others time out waiting for it, withdraw, and reuse their buffers at once; only then
+    # does rank 1 read them: it must not return what it read
+    proc = _launch(tmp_path, _WITHDRAWAL.format(collective=collective), n=n,
+                   env={"PYCOMM_TIMEOUT": "1.5"})
+    out = proc.stdout + proc.stderr
+    results = {}
+    for ln in proc.stdout.splitlines():
+        words = ln.split()
+        if "RESULT" in words:
+            i = words.index("RESULT")
+            results[words[i + 1]] = words[i + 2:]
+    assert sorted(results) == [str(k) for k in range(n)], out
+    # rank 1 raises (a peer's withdrawn buffer), or returns the right result: never the
+    # -1.0 of a reused buffer, or a mix
+    one = results["1"]
+    assert one[0] == "CollectiveError" or one[:2] == ["ok", "True"], one
+    for k in range(n):
+        if k != 1:      # failed (a timeout, or a peer's withdrawal) and withdrew
+            assert results[str(k)][0] in ("CommTimeoutError", "CollectiveError"), out
+            assert results[str(k)][1] == "True", out
+
+
+def _twins():
+    """Reduce_scatter_block and Allgather on buffers that take the direct path: blocking on
+    some ranks, their I-variant (+ Wait) on the others, for several choices of those ranks,
+    in place and not, each side entering first; then the same call blocking on every rank.
+    Every rank counts its direct reads."""
+    from pycomm import shmdirect
+    comm = pycomm.COMM_WORLD
+    r, n = comm.rank, comm.size
+    picks = {"last": {n - 1}, "first": {0}, "odd": set(range(1, n, 2)),
+             "all-but-first": set(range(1, n))}
+    at = pycomm.config.get("PYCOMM_SHM_DIRECT_BYTES")
+    read, reads = shmdirect._Reads.read, [0]
+
+    def counted(self, *args):
+        reads[0] += 1
+        return read(self, *args)
+
+    out = []
+    shmdirect._Reads.read = counted
+    try:
+        for dtype, op_name in TWIN_CASES:
+            dt = np.dtype(dtype)
+            op = getattr(pycomm, op_name)
+            count = -(-at // (n * dt.itemsize)) + 3     # just past the threshold
+            every = [_contribution(k, count * n, dtype) for k in range(n)]
+            want_rs = _fold([e[r * count:(r + 1) * count] for e in every], op_name)
+            want_ag = np.concatenate([e[:count] for e in every])
+            nbytes = count * n * dt.itemsize
+            direct = (plan_call(comm, "reduce_scatter_block", dt, count, nbytes, None,
+                                op)[4][1] == SHM_DIRECT,
+                      plan_call(comm, "allgather", dt, count, nbytes, None)[4][1]
+                      == SHM_DIRECT)
+            for pick, inplace, late in [(p, i, side) for p in picks for i in (False, True)
+                                        for side in ("blocking", "nonblocking")] + \
+                    [("none", False, "nonblocking"), ("none", True, "nonblocking")]:
+                nb = r in picks.get(pick, ())
+                before = reads[0]
+                if (late == "nonblocking") == nb:
+                    time.sleep(0.002)              # this side enters second
+                mine = every[r].copy()
+                if inplace:
+                    rs = mine.copy()
+                    args = (pycomm.IN_PLACE, rs)
+                else:
+                    rs = np.full(count, 7, dt)
+                    args = (mine, rs)
+                if nb:
+                    comm.Ireduce_scatter_block(*args, op=op).Wait()
+                else:
+                    comm.Reduce_scatter_block(*args, op=op)
+                ag = np.full(count * n, 7, dt)
+                if inplace:
+                    ag[r * count:(r + 1) * count] = mine[:count]
+                    args = (pycomm.IN_PLACE, ag)
+                else:
+                    args = (mine[:count], ag)
+                if nb:
+                    comm.Iallgather(*args).Wait()
+                else:
+                    comm.Allgather(*args)
+                rs = rs[:count]
+                if dt.kind in "fc":
+                    rs_ok = np.allclose(rs, want_rs, rtol=1e-5, atol=1e-5)
+                else:
+                    rs_ok = np.array_equal(rs, want_rs)
+                out.append((op_name, dt.name, pick, inplace, late, nb, direct, rs_ok,
+                            np.array_equal(ag, want_ag), hashlib.sha1(ag).hexdigest(),
+                            inplace or np.array_equal(mine, every[r]),
+                            reads[0] - before))
+    finally:
+        shmdirect._Reads.read = read
+    return out
+
+
+TWIN_CASES = [(np.int64, "SUM"), (np.uint8, "BXOR"), (np.float64, "SUM")]
+
+
+def test_a_peer_by_its_nonblocking_twin_makes_rsb_and_allgather_take_messages(world):
+    results = world.run(_twins)
+    for i, row in enumerate(results[0]):
+        key = row[:5]
+        gathered = set()
+        for rank, res in enumerate(results):
+            (_, _, pick, _, _, nb, direct, rs_ok, ag_ok, ag_digest, untouched,
+             reads) = got = res[i]
+            assert got[:5] == key, (rank, key)            # every rank ran the same schedule
+            assert direct == (True, True), (rank, key)    # blocking on all: direct reads
+            assert rs_ok and ag_ok and untouched, (rank, key, got[5:9], got[10:])
+            if pick == "none":              # every rank blocking: the peers were read
+                assert reads > 0, (rank, key)
+            else:                           # a peer by messages: nothing was read
+                assert reads == 0, (rank, key, nb, reads)
+            gathered.add(ag_digest)
+        assert len(gathered) == 1, key      # the same bits on every rank
