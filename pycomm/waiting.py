@@ -272,9 +272,10 @@ class Waiting:
             self._fail_waits_on(gone)
 
     def _fail_waits_on(self, gone: set[int]) -> None:
+        rndv = self.rndv                # the large messages in flight (pycomm.rendezvous)
         posted = [r for r in self.posted if r.peer in gone]
-        sends = [(sid, r) for sid, r in self._sends.items() if r.peer in gone]
-        reads = [(rid, r) for rid, r in self._recvs.items() if r.peer in gone and not r.done]
+        sends = [(sid, r) for sid, r in rndv.sends.items() if r.peer in gone]
+        reads = [(rid, r) for rid, r in rndv.recvs.items() if r.peer in gone and not r.done]
         if not (posted or sends or reads):
             return
         call = self._my_call()
@@ -282,10 +283,10 @@ class Waiting:
         for r in posted:
             self.posted.remove(r)
         for sid, _ in sends:
-            self._sends.pop(sid, None)
-            self._release(sid)
+            rndv.sends.pop(sid, None)
+            rndv.release(sid)
         for rid, _ in reads:
-            self._recvs.pop(rid, None)
+            rndv.recvs.pop(rid, None)
         for r in posted + [r for _, r in sends] + [r for _, r in reads]:
             r.error = PeerError(f"rank {self.rank}: {where}rank {r.peer} has left: it closed "
                                 "pycomm (its program ended) while this rank waits for it",

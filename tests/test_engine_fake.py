@@ -237,7 +237,7 @@ def test_withdrawn_send_is_never_received(one_sided):
     w.run_all()
     w.engines[1].wait(r)
     assert (buf == 2).all()
-    assert not w.engines[0]._withdrawn and not w.engines[0]._sends
+    assert not w.engines[0].rndv.withdrawn and not w.engines[0].rndv.sends
     assert not w.engines[1].unexpected
 
 
@@ -256,7 +256,7 @@ def test_withdrawn_send_read_one_sidedly_before_its_cancel_arrives_fails_the_rec
         w.engines[1].wait(r)
     assert (buf == 0).all()
     w.run_all()                            # CANCEL answered, nothing left on either side
-    assert not w.engines[0]._withdrawn and not w.engines[0]._sends
+    assert not w.engines[0].rndv.withdrawn and not w.engines[0].rndv.sends
     assert not w.engines[1].unexpected
 
 
@@ -270,7 +270,7 @@ def test_withdrawn_send_after_cts_fails_the_receive():
     w.run_all()
     with pytest.raises(CommError, match="100 bytes from rank 0 .tag 3. was withdrawn"):
         w.engines[1].wait(r)
-    assert not w.engines[0]._withdrawn and not w.engines[1]._recvs
+    assert not w.engines[0].rndv.withdrawn and not w.engines[1].rndv.recvs
     # the pair still works
     r2 = w.irecv(1, buf, 0, 4)
     w.isend(0, np.full(100, 7, np.uint8), 1, 4)
@@ -427,7 +427,7 @@ def test_header_caches_stay_bounded_and_keep_serving_after_many_tags():
     """Point-to-point headers are parsed once and cached; after more distinct tags than
     the cache holds it starts again (bounded), and a tag in use is cached once more, so
     whole frames keep taking the engine's direct path."""
-    from pycomm import p2p
+    from pycomm import wire
     w = FakeWorld(2)
     buf = np.zeros(4, np.uint8)
     for tag in range(5000):
@@ -436,5 +436,5 @@ def test_header_caches_stay_bounded_and_keep_serving_after_many_tags():
         w.run_all()
         w.engines[1].wait(r)
         assert buf[0] == tag % 251
-    assert 0 < len(p2p._HEADERS) <= 4096 and 0 < len(p2p._EAGER_HEADERS) <= 4097
-    assert p2p._pack((p2p.EAGER, 0, 4999)) in p2p._HEADERS
+    assert 0 < len(wire._HEADERS) <= 4096 and 0 < len(wire._EAGER_HEADERS) <= 4097
+    assert wire._pack((wire.EAGER, 0, 4999)) in wire._HEADERS
