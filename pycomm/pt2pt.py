@@ -1,0 +1,383 @@
+"""Point-to-point calls on buffers: ``Isend``, ``Send``, ``Issend``, ``Ssend``, ``Irecv``,
+``Irecv_alloc``, ``Recv``, ``Sendrecv``, ``Iprobe``, ``Probe`` (mpi4py names, MPI's
+semantics: the MPI standard's point-to-point chapter).
+
+Each call validates its arguments before any byte moves, translates ranks to world ranks
+and hands the message to the process's p2p engine (:mod:`pycomm.p2p`: matching, the eager
+protocol) on the communicator's point-to-point context (``3*cid``, see
+:mod:`pycomm.comm`); messages above ``PYCOMM_EAGER_LIMIT`` bytes go by rendezvous
+(:mod:`pycomm.rendezvous`). ``Send`` and ``Recv`` of a small message take the engine's
+request-free path when nothing else is pending (:meth:`pycomm.p2p.Engine.send_now`,
+:meth:`~pycomm.p2p.Engine.recv_now`), with the general path's checks inlined. A blocking
+call that times out withdraws what it posted (``_wait_posted``): a receive left posted
+would swallow a later message, and a large send's buffer, handed back to the caller, must
+not be read afterwards.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import trace as _trace
+from .buffers import _CASTABLE, as_array, byte_view
+from .errors import ArgumentError, CommError, CommTimeoutError
+from .p2p import ANY_SOURCE, ANY_TAG, PROC_NULL, Request, null_request
+from .status import Status, fill as _fill
+
+__all__ = ["PointToPointMethods", "TAG_UB"]
+
+TAG_UB = 2**31 - 1
+
+
+class PointToPointMethods:
+    """Mixin of the communicator: sends, receives and probes of buffers (see the module
+    docstring; the attributes and checks it uses are :mod:`pycomm.comm`'s)."""
+
+    def _status_of(self, req: Request, status: Status | None) -> None:
+        if status is not None:
+            status.source = self._from_world.get(req.source, req.source)
+            status.tag, status.count, status.cancelled = req.tag, req.count, req.cancelled
+
+    def Isend(self, buf, dest: int, tag: int = 0, *, synchronous: bool = False) -> Request:
+        """Start a standard-mode send of ``buf`` to ``dest`` (MPI_Isend).
+
+        Small messages (<= ``PYCOMM_EAGER_LIMIT`` bytes) are copied out eagerly; larger ones use
+        rendezvous, so the buffer must stay untouched until the request completes.
+        ``synchronous=True`` (:meth:`Issend`) takes the rendezvous at every size: the request
+        completes only once the matching receive has started.
+
+        Args:
+            buf: a C-contiguous numpy array of a numeric or bool dtype (any shape), any
+                buffer-protocol object, or ``[buf, datatype]`` / ``[buf, count, datatype]``;
+                its bytes are sent (``buf.nbytes`` of them).
+            dest: destination rank in this communicator, or PROC_NULL (nothing is sent).
+            tag: message tag, 0..TAG_UB (default 0).
+            synchronous: keyword-only; complete only once the matching receive has started.
+
+        Returns:
+            Request: complete once ``buf`` may be reused; its ``Wait`` raises PeerError if
+            ``dest`` dies first.
+
+        Raises:
+            ArgumentError: invalid ``dest`` or ``tag``.
+            InvalidBufferError: ``buf`` is not a contiguous numeric buffer, or its count or
+                datatype does not fit it.
+            PeerError: the connection to ``dest`` has already failed.
+            CommError: the communicator has been freed.
+        """
+        if self._freed:
+            raise CommError(f"rank {self.rank}: {self.name} has been freed")
+        arr = as_array(buf, self.rank, "buf")
+        dest = self._check_rank(dest, "dest")
+        tag = self._check_tag(tag, "tag")
+        if dest == PROC_NULL:
+            return null_request(self._engine)
+        return self._engine.isend(byte_view(arr), self._world[dest], self._pctx, tag,
+                                  None, synchronous)
+
+    def Send(self, buf, dest: int, tag: int = 0, *, timeout: float | None = None) -> None:
+        """Send ``buf`` to ``dest``; return once ``buf`` may be reused (MPI_Send).
+
+        A small message returns as soon as the transport has copied it, a large (rendezvous) one
+        once the receiver has taken it. See :meth:`Isend`.
+
+        Args:
+            buf: the data, as for :meth:`Isend`.
+            dest: destination rank, or PROC_NULL.
+            tag: message tag, 0..TAG_UB (default 0).
+            timeout: keyword-only; seconds to wait (None: ``PYCOMM_TIMEOUT``).
+
+        Returns:
+            None.
+
+        Raises:
+            ArgumentError, InvalidBufferError: as :meth:`Isend`, before anything is sent.
+            CommTimeoutError: not handed over within ``timeout`` seconds; a large (rendezvous)
+                message is then withdrawn, so a receive posted later never reads ``buf`` (see
+                :mod:`pycomm.rendezvous`).
+            PeerError: ``dest`` died or its connection dropped.
+            CommError: the communicator has been freed.
+        """
+        eng = self._engine
+        # The common case, a small numpy array that the transport takes at once, needs no
+        # request: the checks the general path makes (with their messages) are inlined.
+        if type(buf) is np.ndarray and type(dest) is int and type(tag) is int and \
+                0 < buf.nbytes <= eng.eager_limit and 0 <= dest < self.size and \
+                0 <= tag <= TAG_UB and not eng._threaded and buf.flags.c_contiguous and \
+                buf.dtype.char in _CASTABLE and not self._freed:
+            w = self._world[dest]
+            if eng.send_now(buf.data.cast("B"), w, self._pctx, tag):
+                _trace.instant("Send", self, tag, buf.nbytes, w)
+                return
+        self._wait_posted([self.Isend(buf, dest, tag)], timeout)
+
+    def Issend(self, buf, dest: int, tag: int = 0) -> Request:
+        """Start a synchronous-mode send, complete once the matching receive has started.
+
+        Args:
+            buf: the data, as for :meth:`Isend`.
+            dest: destination rank, or PROC_NULL.
+            tag: message tag, 0..TAG_UB (default 0).
+
+        Returns:
+            Request: complete once ``dest`` has started the matching receive.
+
+        Raises:
+            ArgumentError, InvalidBufferError, PeerError, CommError: as :meth:`Isend`.
+        """
+        return self.Isend(buf, dest, tag, synchronous=True)
+
+    def Ssend(self, buf, dest: int, tag: int = 0, *, timeout: float | None = None) -> None:
+        """Send ``buf`` synchronously: return once ``dest`` has started the matching receive.
+
+        Args:
+            buf: the data, as for :meth:`Isend`.
+            dest: destination rank, or PROC_NULL.
+            tag: message tag, 0..TAG_UB (default 0).
+            timeout: keyword-only; seconds to wait (None: ``PYCOMM_TIMEOUT``).
+
+        Returns:
+            None.
+
+        Raises:
+            ArgumentError, InvalidBufferError: as :meth:`Isend`, before anything is sent.
+            CommTimeoutError: no matching receive started within ``timeout`` seconds; the
+                message is then withdrawn, as in :meth:`Send`.
+            PeerError: ``dest`` died or its connection dropped.
+            CommError: the communicator has been freed.
+        """
+        self._wait_posted([self.Isend(buf, dest, tag, synchronous=True)], timeout)
+
+    def Irecv(self, buf, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
+        """Post a receive of a message into ``buf`` (MPI_Irecv).
+
+        Args:
+            buf: a writable C-contiguous numeric buffer (or ``[buf, datatype]`` / ``[buf,
+                count, datatype]``); the message may fill up to ``buf.nbytes`` bytes.
+            source: sending rank, ANY_SOURCE (default) or PROC_NULL (completes at once, with
+                count 0).
+            tag: message tag, or ANY_TAG (default).
+
+        Returns:
+            Request: after its ``Wait``, a Status gives source, tag and count (bytes); ``Wait``
+            raises TruncationError if the message was larger than ``buf``.
+
+        Raises:
+            ArgumentError: invalid ``source`` or ``tag``.
+            InvalidBufferError: ``buf`` is not a contiguous numeric buffer, or is read-only.
+            PeerError: the connection to ``source`` has already failed.
+            CommError: the communicator has been freed.
+        """
+        if self._freed:
+            raise CommError(f"rank {self.rank}: {self.name} has been freed")
+        arr = as_array(buf, self.rank, "buf", writable=True)
+        source = self._check_rank(source, "source", allow_any=True)
+        tag = self._check_tag(tag, "tag", allow_any=True)
+        if source == PROC_NULL:
+            return null_request(self._engine)
+        src = self._world[source] if source >= 0 else ANY_SOURCE
+        req = self._engine.irecv(byte_view(arr), src, self._pctx, tag)
+        req.comm = self
+        return req
+
+    def Irecv_alloc(self, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
+        """Post a receive whose buffer is allocated, at the message's size, on match.
+
+        A message of any size is taken: the receive of a matched probe (MPI_Mprobe +
+        MPI_Mrecv) in one call. The object API receives with it.
+
+        Args:
+            source: sending rank, ANY_SOURCE (default) or PROC_NULL (completes at once,
+                with no data).
+            tag: message tag, or ANY_TAG (default).
+
+        Returns:
+            Request: after its ``Wait``, ``req.obj`` is a ``bytearray`` of the message
+            (``None`` from PROC_NULL) and a Status gives source, tag and count (bytes).
+
+        Raises:
+            ArgumentError: invalid ``source`` or ``tag``.
+            PeerError: the connection to ``source`` has already failed.
+            CommError: the communicator has been freed.
+        """
+        if self._freed:
+            raise CommError(f"rank {self.rank}: {self.name} has been freed")
+        source = self._check_rank(source, "source", allow_any=True)
+        tag = self._check_tag(tag, "tag", allow_any=True)
+        if source == PROC_NULL:
+            return null_request(self._engine)
+        req = self._engine.irecv(None, self._world[source] if source >= 0 else ANY_SOURCE,
+                                 self._pctx, tag)
+        req.comm = self
+        return req
+
+    def Recv(self, buf, source: int = ANY_SOURCE, tag: int = ANY_TAG,
+             status: Status | None = None, *, timeout: float | None = None) -> None:
+        """Receive a message into ``buf``, blocking until it has arrived (MPI_Recv).
+
+        Args:
+            buf: a writable C-contiguous numeric buffer, as for :meth:`Irecv`.
+            source: sending rank, ANY_SOURCE (default) or PROC_NULL.
+            tag: message tag, or ANY_TAG (default).
+            status: a Status to fill (source, tag, count in bytes), or None.
+            timeout: keyword-only; seconds to wait (None: ``PYCOMM_TIMEOUT``).
+
+        Returns:
+            None.
+
+        Raises:
+            ArgumentError, InvalidBufferError: as :meth:`Irecv`, before anything is posted.
+            TruncationError: the message is larger than ``buf``.
+            CommTimeoutError: nothing matched within ``timeout`` seconds (the receive is then
+                withdrawn).
+            PeerError: ``source`` died or its connection dropped.
+            CommError: the communicator has been freed, or the sender withdrew a large message
+                this receive had matched (its Send timed out).
+        """
+        eng = self._engine
+        if type(buf) is np.ndarray and type(source) is int and type(tag) is int and \
+                buf.nbytes and (0 <= source < self.size or source == ANY_SOURCE) and \
+                (0 <= tag <= TAG_UB or tag == ANY_TAG) and not eng._threaded and \
+                buf.flags.c_contiguous and buf.flags.writeable and \
+                buf.dtype.char in _CASTABLE and not self._freed:
+            # the common case with the checks of Irecv inlined (see Send)
+            view = buf.data.cast("B")
+            if source >= 0 and tag >= 0:
+                # A small message from a named rank: take it straight from the transport
+                # when it is the next frame from there (Engine.recv_now), spinning a while
+                # for it; else (another frame first, or none in time) post a receive.
+                w = self._world[source]
+                n = eng.recv_now(view, w, self._pctx, tag, spin=True)
+                if n >= 0:
+                    _trace.instant("Recv", self, tag, n, w)
+                    if status is not None:
+                        status.source, status.tag, status.count = source, tag, n
+                        status.cancelled = False
+                    return
+            req = eng.irecv(view, self._world[source] if source >= 0 else ANY_SOURCE,
+                            self._pctx, tag)
+            req.comm = self
+            if req.done and req.error is None:      # taken from the unexpected queue
+                _trace.instant("Recv", self, tag, req.count, req.source)
+            else:                                   # _wait_posted and record_wait, inlined
+                n = _trace.begin("Recv", self, tag, req.nbytes, None, req.peer)
+                try:
+                    eng.wait(req, timeout)
+                except BaseException as exc:
+                    _trace.fail(n, exc)
+                    if isinstance(exc, CommTimeoutError):
+                        eng.cancel(req)     # unmatched: it must not swallow a later message
+                    raise
+                _trace.end(n)
+        else:
+            req = self.Irecv(buf, source, tag)
+            self._wait_posted([req], timeout)
+        if status is not None:
+            self._status_of(req, status)
+
+    def Sendrecv(self, sendbuf, dest: int, sendtag: int = 0, recvbuf=None,
+                 source: int = ANY_SOURCE, recvtag: int = ANY_TAG,
+                 status: Status | None = None, *, timeout: float | None = None) -> None:
+        """Send ``sendbuf`` to ``dest`` and receive into ``recvbuf``; both progress together.
+
+        Args:
+            sendbuf: the data to send, as ``buf`` of :meth:`Isend`.
+            dest: destination rank, or PROC_NULL.
+            sendtag: tag of the message sent, 0..TAG_UB (default 0).
+            recvbuf: a writable numeric buffer for the message received (required).
+            source: sending rank, ANY_SOURCE (default) or PROC_NULL.
+            recvtag: tag to receive, or ANY_TAG (default).
+            status: a Status to fill for the receive, or None.
+            timeout: keyword-only; seconds to wait for both (None: ``PYCOMM_TIMEOUT``).
+
+        Returns:
+            None.
+
+        Raises:
+            ArgumentError: ``recvbuf`` is None, or a rank or tag is invalid (the send side is
+                checked before the receive is posted).
+            InvalidBufferError: a buffer is unusable (``recvbuf`` read-only).
+            TruncationError: the message received is larger than ``recvbuf``.
+            CommTimeoutError: not complete within ``timeout`` seconds (both are withdrawn).
+            PeerError: a peer died or its connection dropped.
+            CommError: the communicator has been freed.
+        """
+        if recvbuf is None:
+            raise ArgumentError(f"rank {self.rank}: Sendrecv needs a recvbuf")
+        # Check the send side before the receive is posted: a receive left posted by a
+        # call that raised would swallow a later message.
+        sendbuf = as_array(sendbuf, self.rank, "sendbuf")
+        self._check_rank(dest, "dest")
+        self._check_tag(sendtag, "sendtag")
+        r = self.Irecv(recvbuf, source, recvtag)
+        s = self.Isend(sendbuf, dest, sendtag)
+        self._wait_posted([s, r], timeout)
+        self._status_of(r, status)
+
+    def _wait_posted(self, reqs: list, timeout: float | None) -> None:
+        """Wait for the requests a blocking call posted; on timeout, withdraw its receives
+        that have not matched, so that they cannot swallow a later message, and its large
+        sends not yet handed over, so that the buffer is not read after the call."""
+        try:
+            _trace.record_wait(self, reqs, timeout)     # the flight recorder waits for them
+        except CommTimeoutError:
+            for r in reqs:
+                self._engine.cancel(r)      # no effect on eager sends, matched receives
+            raise
+
+    def Iprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG,
+               status: Status | None = None) -> bool:
+        """Return whether a message that a receive (``source``, ``tag``) would match has arrived.
+
+        Makes progress once and does not receive the message.
+
+        Args:
+            source: sending rank, ANY_SOURCE (default) or PROC_NULL (always True, count 0).
+            tag: message tag, or ANY_TAG (default).
+            status: a Status filled with the message's source, tag and count (bytes) when
+                True, or None.
+
+        Returns:
+            bool: True when such a message is waiting.
+
+        Raises:
+            ArgumentError: invalid ``source`` or ``tag``.
+            PeerError: a link failed while making progress.
+            CommError: the communicator has been freed.
+        """
+        self._check_alive()
+        source = self._check_rank(source, "source", allow_any=True)
+        tag = self._check_tag(tag, "tag", allow_any=True)
+        if source == PROC_NULL:         # MPI: succeeds at once, as a receive from it would
+            _fill(status, PROC_NULL, ANY_TAG, 0)
+            return True
+        src = self._world[source] if source >= 0 else ANY_SOURCE
+        u = self._engine.iprobe(src, self._pctx, tag)
+        if u is None:
+            return False
+        _fill(status, self._from_world.get(u.src, u.src), u.tag, u.nbytes)
+        return True
+
+    def Probe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG,
+              status: Status | None = None, *, timeout: float | None = None) -> bool:
+        """Block until a message that a receive (``source``, ``tag``) would match has arrived.
+
+        Args:
+            source: sending rank, ANY_SOURCE (default) or PROC_NULL.
+            tag: message tag, or ANY_TAG (default).
+            status: a Status filled with the message's source, tag and count (bytes), or None.
+            timeout: keyword-only; seconds to wait (None: ``PYCOMM_TIMEOUT``).
+
+        Returns:
+            True (mpi4py's convention).
+
+        Raises:
+            ArgumentError: invalid ``source`` or ``tag``.
+            CommTimeoutError: no such message within ``timeout`` seconds.
+            PeerError: a peer died or its connection dropped.
+            CommError: the communicator has been freed.
+        """
+        st = Status() if status is None else status
+        self._engine.wait_until(lambda: self.Iprobe(source, tag, st), timeout,
+                                f"Probe(source={source}, tag={tag})")
+        return True
