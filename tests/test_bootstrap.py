@@ -132,6 +132,22 @@ def test_rank0_on_a_host_other_than_the_derived_store_host_is_a_clear_error():
     _check_store_host(detect({**env, "SLURM_STEP_NODELIST": "127.0.0.1"}))
 
 
+def test_store_host_ranks_listen_where_the_other_hosts_reach_the_store(monkeypatch):
+    # Debian's '127.0.1.1 node01' in node01's /etc/hosts: there the store's host (node01,
+    # from SLURM's nodelist) resolves to loopback, elsewhere to 10.0.0.1 (its real address)
+    from pycomm.launch import bootstrap
+    monkeypatch.setattr(bootstrap, "_is_own_address", lambda ip: ip == "10.0.0.1")
+    infos = [{"host": "a", "store_ip": "127.0.1.1"}, {"host": "a", "store_ip": "127.0.1.1"},
+             {"host": "b", "store_ip": "10.0.0.1"}, {"host": "b", "store_ip": "10.0.0.1"}]
+    assert bootstrap._address_others_reach(1, infos) == "10.0.0.1"
+    assert bootstrap._address_others_reach(2, infos) is None     # host a's view: loopback
+    assert bootstrap._address_others_reach(0, infos[:2]) is None     # one host
+    elsewhere = [infos[0], {"host": "b", "store_ip": "10.0.0.7"}]    # not this host's
+    assert bootstrap._address_others_reach(0, elsewhere) is None
+    assert bootstrap._address_others_reach(0, [{"host": "a"}, {"host": "b"}]) is None
+    assert bootstrap._store_ip("127.0.0.1") == "127.0.0.1" and bootstrap._store_ip(None) is None
+
+
 @pytest.mark.parametrize("env", [{"PMI_RANK": "1", "PMI_SIZE": "2"},
                                  {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2"}])
 def test_mpiexec_variables(env):

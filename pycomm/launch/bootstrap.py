@@ -6,6 +6,10 @@ Which launcher started the process, and where the rendezvous store is, comes fro
 Listening address (tcp and rdma): ``PYCOMM_HOST`` when set; else loopback when the store is
 on loopback (a single-host job); else the address of the interface that routes to the
 store's host (:func:`~pycomm.launch.jobenv.listen_address`), which every host of a cluster can reach back.
+On the store's own host, a name that resolves to loopback there (Debian's ``127.0.1.1
+node01`` line in /etc/hosts, while the other hosts resolve node01 to its real address)
+yields loopback; the ranks of that host then listen on the address the other hosts
+resolved the store's host to, when it is one of this host's (:func:`_address_others_reach`).
 ``PYCOMM_PORT_RANGE=lo-hi`` pins the TCP transport's listening ports.
 
 Start-up: every rank publishes its host identity, each pair of ranks picks the first
@@ -220,6 +224,41 @@ def host_layout(infos: list[dict], rank: int) -> HostLayout:
     return HostLayout(hosts, names, host, hosts[host].index(rank))
 
 
+def _store_ip(master_addr: str | None) -> str | None:
+    """The IPv4 address ``master_addr`` resolves to on this host (None: it does not)."""
+    if not master_addr:
+        return None
+    try:
+        return socket.getaddrinfo(master_addr, None, socket.AF_INET)[0][4][0]
+    except OSError:
+        return None
+
+
+def _is_own_address(ip: str) -> bool:
+    try:
+        with socket.socket() as probe:
+            probe.bind((ip, 0))
+        return True
+    except OSError:
+        return False
+
+
+def _address_others_reach(rank: int, infos: list[dict]) -> str | None:
+    """The address by which ranks of other hosts reach this host, if this is the store's
+    host: what they resolved the store's host to (``store_ip`` of their start-up infos),
+    when that is an address of this host; None if no such rank or address.
+
+    Under SLURM or torchrun the store's host is a name (node01); where this host resolves
+    its own name to loopback (Debian's ``127.0.1.1 node01`` line), the route to it is
+    loopback too, and a rank listening there could not be reached from the other hosts.
+    """
+    mine = infos[rank]["host"]
+    for ip in dict.fromkeys(i.get("store_ip") for i in infos if i["host"] != mine):
+        if ip and not _is_loopback(ip) and _is_own_address(ip):
+            return ip
+    return None
+
+
 def _choose_transports(name: str, rank: int, infos: list[dict]) -> dict[str, list[int]]:
     """Map transport name -> peers it serves, by the preference list for ``name``."""
     prefs = ["shm", "tcp"] if name == "auto" else [name]
@@ -293,13 +332,15 @@ def create_world(job: JobEnv | None = None, **options):
                 server = StoreServer(je.token, host="0.0.0.0" if je.master_addr not in (
                     "127.0.0.1", "localhost") else "127.0.0.1", port=je.master_port)
             store = StoreClient(je.master_addr, je.master_port, je.token, timeout=timeout)
-            listen = (options.get("host") or config.get("PYCOMM_HOST")
-                      or listen_address(je.master_addr, je.master_port))
+            given = options.get("host") or config.get("PYCOMM_HOST")
+            listen = given or listen_address(je.master_addr, je.master_port)
             info = {"host": host_identity(), "hostname": socket.gethostname(),
-                    "pid": os.getpid()}
+                    "pid": os.getpid(), "store_ip": _store_ip(je.master_addr)}
             store.set(f"info/{je.job_id}/{je.rank}", msgpack.packb(info))
             infos = [msgpack.unpackb(store.get(f"info/{je.job_id}/{r}", timeout=timeout))
                      for r in range(je.size)]
+            if not given and _is_loopback(listen) and not _is_loopback(je.master_addr):
+                listen = _address_others_reach(je.rank, infos) or listen
             for tname, peers in sorted(_choose_transports(transport, je.rank, infos).items(),
                                        key=lambda kv: ("shm", "tcp", "rdma").index(kv[0])):
                 opts = {}
