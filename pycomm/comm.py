@@ -191,7 +191,8 @@ class Communicator(PointToPointMethods, CollectiveMethods, ObjectMethods, GroupM
         return send, recv
 
     def chosen_algorithm(self, collective: str, nbytes: int, *, commutative: bool = True,
-                         algorithm: str | None = None, blocking: bool = True) -> str:
+                         algorithm: str | None = None, blocking: bool = True,
+                         op: Op | None = None) -> str:
         """Name the algorithm a call on this communicator would run.
 
         The same choice the collective itself makes (:func:`pycomm.collectives.choose` with
@@ -199,8 +200,8 @@ class Communicator(PointToPointMethods, CollectiveMethods, ObjectMethods, GroupM
         benchmarks: ``"shared_slots"`` where a blocking call goes through shared-memory
         slots instead of messages (:mod:`pycomm.shmcoll`), ``"shm_direct"`` where a
         blocking all-reduce, reduce-scatter-block or all-gather reads its peers' buffers
-        directly (:mod:`pycomm.shmdirect`; a commutative op is taken to be a built-in
-        one: a user-defined op sends messages). Sends nothing.
+        directly (:mod:`pycomm.shmdirect`; without ``op``, a commutative op is taken to
+        be a built-in one, which only a built-in op is). Sends nothing.
 
         Args:
             collective: e.g. ``"allreduce"`` (a key of ``pycomm.collectives.REGISTRY``).
@@ -211,17 +212,25 @@ class Communicator(PointToPointMethods, CollectiveMethods, ObjectMethods, GroupM
                 ``PYCOMM_ALGORITHM_<COLLECTIVE>``, ``"auto"`` ignores it.
             blocking: False names what the nonblocking variant (``Iallreduce``, ...) runs,
                 which always sends messages.
+            op: the call's :class:`pycomm.Op`; when given, it decides ``commutative`` and
+                whether the direct path can serve the call (a user-defined op, even a
+                commutative one, sends messages).
 
         Returns:
             str: the algorithm's registry name (e.g. ``"recursive_doubling"``),
             ``"shared_slots"`` or ``"shm_direct"``.
 
         Raises:
-            ArgumentError: unknown collective or algorithm, or a named algorithm that
-                cannot serve the call.
+            ArgumentError: unknown collective or algorithm, a named algorithm that cannot
+                serve the call, or an ``op`` that is not a :class:`pycomm.Op`.
         """
+        if op is not None:
+            if not isinstance(op, Op):
+                raise ArgumentError(f"rank {self.rank}: chosen_algorithm: op={op!r} is not "
+                                    "a pycomm.Op")
+            commutative = op.commutative
         return self._selection.chosen_algorithm(collective, nbytes, commutative=commutative,
-                                                algorithm=algorithm, blocking=blocking)
+                                                algorithm=algorithm, blocking=blocking, op=op)
 
     # -- misc -----------------------------------------------------------------------------
     def Abort(self, errorcode: int = 1) -> None:

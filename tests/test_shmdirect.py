@@ -198,6 +198,8 @@ def _choices():
         "named": comm.chosen_algorithm("allreduce", at, algorithm="ring"),
         "auto": comm.chosen_algorithm("allreduce", at, algorithm="auto"),
         "user-op": _direct(comm, f8, big, user),
+        "user-op named": comm.chosen_algorithm("allreduce", at, op=user),
+        "sum named": comm.chosen_algorithm("allreduce", at, op=pycomm.SUM),
         "pair-op": _direct(comm, pycomm.ops.pair_dtype(np.float64), big, pycomm.MAXLOC),
         "reduce": plan_call(comm, "reduce", f8, big, at, None, pycomm.SUM, 0)[4] is not None,
     }
@@ -220,6 +222,8 @@ def test_direct_reads_are_taken_exactly_where_promised(world):
                                   took["off"])
         assert took["named"] == "ring"
         assert not took["user-op"] and not took["pair-op"] and not took["reduce"]
+        # the call's own op: a commutative user-defined op sends messages, as the call does
+        assert took["user-op named"] != SHM_DIRECT and took["sum named"] == SHM_DIRECT
         assert took["reduce_scatter_block"] == SHM_DIRECT == took["allgather"]
         assert took["allgather-large"] != SHM_DIRECT
         assert took["rsb-non-commutative"] != SHM_DIRECT

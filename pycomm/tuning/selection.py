@@ -64,15 +64,16 @@ class AlgorithmSelection:
         self.comm = comm
 
     def chosen_algorithm(self, collective: str, nbytes: int, *, commutative: bool = True,
-                         algorithm: str | None = None, blocking: bool = True) -> str:
+                         algorithm: str | None = None, blocking: bool = True,
+                         op: Op | None = None) -> str:
         """The algorithm a call would run (see
         :meth:`pycomm.comm.Communicator.chosen_algorithm`)."""
         name = self.choose(collective, int(nbytes), algorithm, commutative)[0]
         if not blocking:
             return name
-        # (a commutative op is taken to be one of numpy's, as pycomm's built-in ops are)
-        fast = fast_path(self.comm, collective, int(nbytes), algorithm,
-                         _BUILTIN_SUM if commutative else None)
+        if op is None:     # a commutative op is taken to be a built-in one (a numpy ufunc)
+            op = _BUILTIN_SUM if commutative else None
+        fast = fast_path(self.comm, collective, int(nbytes), algorithm, op)
         return fast or name
 
     def choose(self, collective: str, nbytes: int, algorithm, commutative: bool):
