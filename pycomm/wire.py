@@ -19,9 +19,10 @@ ABORT    [7, ctx, tag, mismatch, text]           the sender abandoned collective
 ======== ====================================== ==========================================
 
 Collective messages carry the signature of the sender's call (``code, count``: see
-:mod:`pycomm.signature`); point-to-point messages carry none. EAGER is the engine's own
-(:mod:`pycomm.p2p`), RTS to NAK are the rendezvous protocol (:mod:`pycomm.rendezvous`),
-ABORT abandons a collective call (:mod:`pycomm.aborts`).
+:mod:`pycomm.signature`); point-to-point messages carry none. EAGER is sent by the
+engine (:mod:`pycomm.p2p`) and matched where it arrives (:mod:`pycomm.matching`), RTS to
+NAK are the rendezvous protocol (:mod:`pycomm.rendezvous`), ABORT abandons a collective
+call (:mod:`pycomm.aborts`).
 
 Point-to-point eager headers depend only on (context, tag): the engine packs each once
 (``_EAGER_HEADERS``) and parses each once (``_HEADERS``); both caches are bounded and start
