@@ -6,7 +6,7 @@ and count) wherever the data of one rank meets another's. A program that breaks 
 erroneous, and MPI libraries mostly answer with garbage or a hang. pycomm checks it on
 every message instead, at no extra message: each collective message's header carries the
 signature of the sender's call, and the receiver compares it with its own (see
-:mod:`pycomm.p2p`), as the design puts it, "consistency is checked where messages are
+:mod:`pycomm.matching` and :mod:`pycomm.aborts`), as the design puts it, "consistency is checked where messages are
 matched".
 
 A signature is ``(code, count)``:
