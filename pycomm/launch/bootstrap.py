@@ -30,7 +30,7 @@ import numpy as np
 from transports import TransportError, get_transport_class, host_identity
 
 from .. import config, shmcoll, trace
-from . import pmi
+from . import pmi, pmix
 from .jobenv import JobEnv, _check_store_host, _is_loopback, detect, listen_address
 from ..errors import ArgumentError, CommError
 from ..buffers import IN_PLACE as pycomm_IN_PLACE
@@ -50,9 +50,10 @@ def _own_address(je: JobEnv) -> str:
     """An IPv4 address of this host (rank 0's) for the other hosts to reach its store.
 
     ``MASTER_ADDR`` or ``PYCOMM_HOST`` when set; else what the name Hydra knows this host by
-    (``PMI_HOSTNAME``), then this host's name, resolves to, the first non-loopback address
-    this host can bind (the names by which the launcher reached the hosts are the ones the
-    hosts resolve; MPICH's TCP netmod takes its address from the hostname alike).
+    (``PMI_HOSTNAME``, Open MPI 5's ``PMIX_HOSTNAME``), then this host's name, resolves to,
+    the first non-loopback address this host can bind (the names by which the launcher
+    reached the hosts are the ones the hosts resolve; MPICH's TCP netmod takes its address
+    from the hostname alike).
 
     Raises:
         ArgumentError: no name resolves to such an address (each name and why, what to set).
@@ -80,15 +81,18 @@ def _own_address(je: JobEnv) -> str:
                 return ip
             except OSError:
                 tried.append(f"{name} is {ip}, not an address of this host")
+    five = isinstance(je.pmi, (pmix.Endpoint, pmix.Client))
     raise ArgumentError(
-        f"mpiexec (Hydra): rank 0 (host {socket.gethostname()}) found no address of its own "
-        f"for the other hosts to reach its store: {'; '.join(tried) or 'no name to resolve'}; "
-        "set PYCOMM_HOST to rank 0's address, or MASTER_ADDR to rank 0's host on every rank "
-        "(mpiexec -genv MASTER_ADDR node01 ...)")
+        f"mpiexec ({'Open MPI 5' if five else 'Hydra'}): rank 0 (host {socket.gethostname()}) "
+        f"found no address of its own for the other hosts to reach its store: "
+        f"{'; '.join(tried) or 'no name to resolve'}; set PYCOMM_HOST to rank 0's address, "
+        "or MASTER_ADDR to rank 0's host on every rank (mpiexec "
+        f"{'-x MASTER_ADDR=node01' if five else '-genv MASTER_ADDR node01'} ...)")
 
 
 def _pmi_rendezvous(je: JobEnv, timeout: float):
-    """Learn the store's address, port and secret from rank 0 through Hydra's PMI.
+    """Learn the store's address, port and secret from rank 0 through Hydra's PMI (or
+    Open MPI 5's PMIx: :class:`pycomm.launch.pmix.Client` has the same put, barrier, get).
 
     Rank 0 starts the store (on ``MASTER_PORT + 1`` if given, else a free port), publishes
     ``address,port,secret`` under :data:`_PMI_KEY`, or ``error,host,reason`` if it cannot;
@@ -113,7 +117,9 @@ def _pmi_rendezvous(je: JobEnv, timeout: float):
     from .store import StoreServer
 
     server, failure = None, None
-    client = je.pmi if isinstance(je.pmi, pmi.Client) else pmi.Client(je.pmi, timeout)
+    client = je.pmi if isinstance(je.pmi, (pmi.Client, pmix.Client)) else \
+        pmix.Client(je.pmi, timeout) if isinstance(je.pmi, pmix.Endpoint) else \
+        pmi.Client(je.pmi, timeout)
     with client:
         try:
             if je.rank == 0:

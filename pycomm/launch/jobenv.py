@@ -22,7 +22,11 @@ mpiexec, Hydra  PMI_RANK / PMI_SIZE                       one host: 127.0.0.1, a
 mpiexec, Open   OMPI_COMM_WORLD_RANK / _SIZE              MASTER_ADDR, else mpirun's host
 MPI             (OMPI_COMM_WORLD_LOCAL_RANK / _LOCAL_     from OMPI_MCA_orte_hnp_uri (<= 4);
                 SIZE)                                     port from MASTER_PORT + 1, the
-                                                          HNP URI or PMIX_NAMESPACE (5)
+                                                          HNP URI or PMIX_NAMESPACE (5);
+                                                          5, more hosts, no MASTER_ADDR:
+                                                          rank 0 publishes its address and
+                                                          port through PMIx
+                                                          (:mod:`pycomm.launch.pmix`)
 mpiexec -pmi-   the proxy's answer on PMI_PORT for PMI_ID through PMI, as above (one host:
 port (Hydra)    (MPI_LOCALRANKID / MPI_LOCALNRANKS)       127.0.0.1)
 Ray             :mod:`pycomm.ray` builds the JobEnv       its group's directory actor
@@ -39,9 +43,13 @@ PMI connection Hydra gives each process. Rank 0 starts the store on a free port 
 key-value space, and every rank reads them after a PMI barrier (the job id comes from the
 space's name). The address is ``MASTER_ADDR`` or ``PYCOMM_HOST`` when set, else what the
 name Hydra knows rank 0's host by (``PMI_HOSTNAME``, then the hostname) resolves to; when
-that is loopback or not rank 0's, every rank stops with that reason and what to set. A
-multi-host mpiexec that gives neither a PMI connection nor ``MASTER_ADDR`` (Open MPI 5) is
-a clear error naming what to set.
+that is loopback or not rank 0's, every rank stops with that reason and what to set.
+A multi-host Open MPI 5 job (``PMIX_NAMESPACE`` set, no HNP URI) with no ``MASTER_ADDR``
+does the same through PMIx, as Open MPI's own ranks exchange their addresses: put,
+commit, a fence that collects the data, get (:mod:`pycomm.launch.pmix`; the host name
+tried first is ``PMIX_HOSTNAME``, the space's name is the PMIx namespace). A multi-host
+mpiexec that gives neither a PMI(x) connection nor ``MASTER_ADDR`` (or whose PMIx library
+is not found) is a clear error naming what to set.
 
 ``PYCOMM_MASTER_ADDR`` / ``PYCOMM_MASTER_PORT`` override the derived address for every
 launcher. Under an external launcher rank 0 hosts the store in a background thread. The
@@ -63,7 +71,7 @@ from dataclasses import dataclass
 
 from .. import config
 from ..errors import ArgumentError, CommError
-from . import pmi
+from . import pmi, pmix
 
 __all__ = ["JobEnv", "detect", "listen_address"]
 
@@ -83,10 +91,11 @@ class JobEnv:
     local_rank: int | None = None   # as the launcher says (the world's host_layout is
     local_size: int | None = None   # measured, not taken from these)
     addr_from: str | None = None    # the variable master_addr was derived from, if derived
-    # Hydra's PMI connection when the store's address (and, if token is b"", the job secret)
-    # is to be read from rank 0 through PMI at start-up; host_name is what Hydra calls this
-    # host (PMI_HOSTNAME), the first name rank 0 tries for its own address.
-    pmi: pmi.Endpoint | pmi.Client | None = None     # a Client: already connected
+    # Hydra's PMI connection (Open MPI 5's PMIx one) when the store's address (and, if token
+    # is b"", the job secret) is to be read from rank 0 through PMI at start-up; host_name is
+    # what the launcher calls this host (PMI_HOSTNAME, PMIX_HOSTNAME), the first name rank 0
+    # tries for its own address.
+    pmi: pmi.Endpoint | pmi.Client | pmix.Endpoint | pmix.Client | None = None  # Client: open
     host_name: str | None = None
 
 
@@ -193,14 +202,21 @@ def _derived_token(*parts: object) -> bytes:
 
 
 def _pmi_or_raise(env: dict[str, str], kind: str, size: int,
-                  local_size: int | None) -> pmi.Endpoint:
-    """The PMI connection through which a multi-host mpiexec's ranks learn rank 0's store.
+                  local_size: int | None) -> pmi.Endpoint | pmix.Endpoint:
+    """The PMI connection through which a multi-host mpiexec's ranks learn rank 0's store:
+    Hydra's PMI-1 one, or Open MPI 5's PMIx one (``PMIX_NAMESPACE`` and a libpmix found).
 
     Raises:
-        ArgumentError: there is none (Open MPI, or no usable PMI_FD / PMI_PORT), saying why
-            and what to set instead.
+        ArgumentError: there is none (Open MPI <= 4, no usable PMI_FD / PMI_PORT, no PMIx
+            library), saying why and what to set instead.
     """
     why = ""
+    if kind == "Open MPI" and env.get("PMIX_NAMESPACE"):
+        kind = "Open MPI 5"
+        try:
+            return pmix.endpoint_from_env(env)
+        except ArgumentError as exc:
+            why = f"; pycomm reads it through PMIx, but {exc}"
     if kind == "Hydra":
         try:
             endpoint = pmi.endpoint_from_env(env)
@@ -300,7 +316,8 @@ def detect(environ: dict[str, str] | None = None) -> JobEnv:
             # PMI at start-up (:func:`_pmi_rendezvous`); so does the job id.
             je = JobEnv(rank, size, addr, port, token_or() if token_text else b"", "m",
                         "mpiexec", host_store=rank == 0, local_rank=local[0],
-                        local_size=local[1], pmi=endpoint, host_name=env.get("PMI_HOSTNAME"))
+                        local_size=local[1], pmi=endpoint, host_name=env.get(
+                            "PMI_HOSTNAME" if "PMI_RANK" in env else "PMIX_HOSTNAME"))
         else:
             addr = addr or "127.0.0.1"
             if port is None:
