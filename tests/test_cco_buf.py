@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
 import sys
 import time
 
@@ -347,24 +348,26 @@ def test_every_dtype_moves_exactly(world, pair):
     run_matrix(world, coll, alg, cases)
 
 
-def _rank_barrier(alg, rounds: int):
-    """Rank 0 arrives late; nobody may leave the barrier before it arrived."""
+def _rank_barrier(alg, rounds: int, flag: str):
+    """Rank 0 arrives late, creating ``flag`` just before it enters; a rank that leaves
+    the barrier before rank 0 arrived finds no flag (it looks at once, while rank 0 is
+    still sleeping). Whether the flag is there when each rank leaves."""
     comm = pycomm.COMM_WORLD
     for _ in range(rounds):
         comm.Barrier(algorithm=alg)
     if comm.rank == 0:
-        time.sleep(0.2)
-    t0 = time.monotonic()
+        time.sleep(0.05)
+        open(flag, "x").close()
     comm.Barrier(algorithm=alg)
-    return time.monotonic() - t0
+    return os.path.exists(flag)
 
 
 @pytest.mark.parametrize("alg", [*pycomm.algorithms("barrier"), None],
                          ids=lambda a: a or "auto")
-def test_barrier_waits_for_the_last_rank(world, alg):
-    waited = world.run(_rank_barrier, alg, 20)
+def test_barrier_waits_for_the_last_rank(world, alg, tmp_path):
+    left_after = world.run(_rank_barrier, alg, 20, str(tmp_path / "rank0-arrived"))
     for rank in range(1, world.size):
-        assert waited[rank] > 0.1, f"rank {rank} left the barrier after {waited[rank]:.3f} s"
+        assert left_after[rank], f"rank {rank} left the barrier before rank 0 arrived"
 
 
 # -- non-commutative user op: rank order ---------------------------------------------------
