@@ -143,11 +143,20 @@ def test_wait_reply_is_capped_at_the_store_limit(monkeypatch):
         assert {**first, **rest} == {f"big/{i}": bytes([i]) * 1200 for i in range(3)}
 
 
-def test_unanswered_requests_keep_order(client):
+def test_unanswered_requests_keep_order_and_get_no_reply(client):
+    replies = []
+    feed = client._reader.feed
+
+    def spy(data):
+        frames = feed(data)
+        replies.extend(frames)
+        return frames
+    client._reader.feed = spy
     client.set("o", b"1", answer=False)
     assert client.delete("o", answer=False) is None
     client.set("o", b"2", answer=False)
     assert client.get("o") == b"2"
+    assert [msgpack.unpackb(r)["id"] for r in replies] == [client._rid]   # the get's only
 
 
 @pytest.mark.parametrize("n", [1, 3])

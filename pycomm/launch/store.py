@@ -51,7 +51,8 @@ unset or did not fit: ask again. With ``take`` the keys in the reply are deleted
 Counters made by ``add`` are stored as ASCII decimal, so ``get`` on a counter reads b"3".
 A client may send requests without reading the replies in between: one connection's
 requests are served in the order sent, so a ``set`` whose reply the client skips is in
-place before its next request runs.
+place before its next request runs. A ``set``, ``add`` or ``delete`` with ``"reply": False``
+gets no reply when it succeeds (a failure is still answered; the client skips it).
 """
 
 from __future__ import annotations
@@ -80,6 +81,7 @@ MAX_KEY = 4096          # bytes of a key or barrier name
 AUTH_DEADLINE = 3.0     # seconds a connection has to authenticate before it is closed
 MAX_PENDING_AUTH = 64   # unauthenticated connections kept; a new one evicts the oldest
 RCVHWM = 16             # ZeroMQ read-ahead per connection, in chunks of at most 8 KiB
+_QUIET_OPS = ("set", "add", "delete")    # the ops a request may ask not to be answered
 MAX_GONE = 4096         # closed connections whose late chunks are recognised and dropped
 
 
@@ -223,8 +225,9 @@ class StoreServer:
         except zmq.ZMQError:
             pass
 
-    def _reply(self, ident: bytes, rid: int, **fields: Any) -> None:
-        self._send(ident, msgpack.packb({"id": rid, **fields}, use_bin_type=True))
+    def _reply(self, ident: bytes | None, rid: int, **fields: Any) -> None:
+        if ident is not None:
+            self._send(ident, msgpack.packb({"id": rid, **fields}, use_bin_type=True))
 
     def _drop(self, ident: bytes, refuse: bool = False) -> None:
         """Close the connection ``ident`` (after one REFUSED if ``refuse``)."""
@@ -306,7 +309,9 @@ class StoreServer:
             handler = getattr(self, "_op_" + op, None)
             if handler is None:
                 raise ValueError(f"unknown operation {op!r}")
-            handler(ident, rid, req)
+            # a quiet request's reply is not sent: the client does not read it anyway
+            quiet = req.get("reply", True) is False and op in _QUIET_OPS
+            handler(None if quiet else ident, rid, req)
         except (KeyError, TypeError, ValueError) as exc:
             self._reply(ident, rid, ok=False, error="bad-request", message=str(exc))
 

@@ -156,6 +156,8 @@ class StoreClient:
             raise CommError("store client is closed")
         self._rid += 1
         rid = self._rid
+        if not answer:
+            fields["reply"] = False
         body = msgpack.packb({"op": op, "id": rid, **fields}, use_bin_type=True)
         if len(body) > self._max_bytes:
             raise ArgumentError(f"store {op} of {what}: {len(body)} bytes exceed the store's "
