@@ -58,10 +58,9 @@ def _flush(pycomm) -> None:
 
 def _finish(client: StoreClient, rank: int, seq: int, payload: bytes,
             last: bool = False) -> None:
-    # No wait for the reply unless the rank exits next (closing a socket with a reply
-    # unread resets the connection): a set of a valid key cannot be refused, the next
-    # request's wait skips the reply, and a rank woken once per task, not twice, is
-    # quicker on a busy machine.
+    # Unanswered unless the rank exits next (then the store has it before the rank is
+    # gone): a set of a valid key cannot be refused, and a rank woken once per task, not
+    # twice, is quicker on a busy machine.
     client.set(f"pool/done/{seq}/{rank}", payload, answer=last)
 
 
