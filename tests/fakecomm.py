@@ -23,6 +23,7 @@ so tests can check the documented wire costs.
 from __future__ import annotations
 
 import collections
+import functools
 import threading
 import time
 from typing import Any, Callable
@@ -52,7 +53,11 @@ class _Request:
 class _World:
     def __init__(self, size: int, timeout: float, synchronous: bool):
         self.size, self.timeout, self.synchronous = size, timeout, synchronous
-        self.cv = threading.Condition()
+        lock = threading.RLock()
+        self.cv = threading.Condition(lock)
+        # one condition per rank on the world's lock: a match wakes its two ranks only,
+        # not every waiting thread (thread wake-ups dominate these tests' time)
+        self.rank_cv = [threading.Condition(lock) for _ in range(size)]
         self.sends: dict[tuple[int, int], collections.deque] = collections.defaultdict(
             collections.deque)
         self.recvs: dict[tuple[int, int], collections.deque] = collections.defaultdict(
@@ -78,7 +83,14 @@ class _World:
             s.matched = r.matched = True
             r.done = True
             s.done = True
-        self.cv.notify_all()
+        self.rank_cv[src].notify_all()
+        self.rank_cv[dst].notify_all()
+
+    def fail(self) -> None:
+        """Mark the world failed and wake every waiting rank; holds cv."""
+        self.failed = True
+        for cv in self.rank_cv:
+            cv.notify_all()
 
 
 class FakeCC:
@@ -161,7 +173,7 @@ class FakeCC:
                             f"rank {self.rank} timed out after {w.timeout}s waiting for a "
                             f"{req.kind} {'to' if req.kind == 'send' else 'from'} rank "
                             f"{req.peer} (deadlock or unmatched message)")
-                    w.cv.wait(left)
+                    w.rank_cv[self.rank].wait(left)
                 w.pending[self.rank].discard(req)
                 if req.kind == "send" and req.error is None and req.buf.tobytes() != req.snapshot:
                     req.error = (f"rank {self.rank} modified its send buffer to rank "
@@ -183,6 +195,59 @@ class FakeCC:
         rreq = self.irecv(recvbuf, source)
         sreq = self.isend(sendbuf, dest)
         self.waitall([rreq, sreq])
+
+
+class _RankThread:
+    """A daemon thread that runs one fake rank after another: starting and joining a
+    thread per rank cost more than most of the algorithms these tests run."""
+
+    _idle: list[_RankThread] = []
+    _lock = threading.Lock()
+
+    def __init__(self) -> None:
+        self._go = threading.Semaphore(0)
+        self._job: tuple[Callable[[], None], Callable[[], None]] | None = None
+        threading.Thread(target=self._loop, daemon=True, name="fake-rank").start()
+
+    @classmethod
+    def take(cls) -> _RankThread:
+        with cls._lock:
+            return cls._idle.pop() if cls._idle else cls()
+
+    def run(self, job: Callable[[], None], done: Callable[[], None]) -> None:
+        self._job = (job, done)
+        self._go.release()
+
+    def _loop(self) -> None:
+        while True:
+            self._go.acquire()
+            job, done = self._job
+            self._job = None
+            try:
+                job()
+            finally:
+                with self._lock:    # idle again before it reports, so the next run finds it
+                    self._idle.append(self)
+                done()
+
+
+def _run_on_threads(jobs: list[Callable[[], None]], timeout: float) -> bool:
+    """Run every job at once, each on its own thread; whether all ended within ``timeout``
+    seconds (a job still running then keeps its thread)."""
+    left = [len(jobs)]
+    finished = threading.Event()
+    lock = threading.Lock()
+
+    def done() -> None:
+        with lock:
+            left[0] -= 1
+            if left[0] == 0:
+                finished.set()
+
+    threads = [_RankThread.take() for _ in jobs]
+    for thread, job in zip(threads, jobs):
+        thread.run(job, done)
+    return finished.wait(timeout)
 
 
 def run_fake(size: int, fn: Callable[[FakeCC], Any], *, timeout: float = 10.0,
@@ -212,16 +277,10 @@ def run_fake(size: int, fn: Callable[[FakeCC], Any], *, timeout: float = 10.0,
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors[rank] = exc
             with world.cv:
-                world.failed = True
-                world.cv.notify_all()
+                world.fail()
 
-    threads = [threading.Thread(target=body, args=(r,), daemon=True) for r in range(size)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout * 4)
-        if t.is_alive():
-            raise FakeCommError(f"a fake rank did not finish within {timeout * 4}s")
+    if not _run_on_threads([functools.partial(body, r) for r in range(size)], timeout * 4):
+        raise FakeCommError(f"a fake rank did not finish within {timeout * 4}s")
     real = [(r, e) for r, e in enumerate(errors)
             if e is not None and not isinstance(e, _AbortedError)]
     if real:
