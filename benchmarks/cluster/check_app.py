@@ -1,7 +1,8 @@
 """A rank's check of a multi-host job: Allreduce, Bcast and Allgather against numpy.
 
 Prints one line ``OK rank R/S host H local L`` when every result matches, and exits 1 with
-the mismatch otherwise. ``CHECK_FAIL_RANK=R`` makes rank R raise after the first check
+the mismatch otherwise (:func:`check` does the checks on any communicator and returns the
+line). ``CHECK_FAIL_RANK=R`` makes rank R raise after the first check
 (the cross-node abort case); with ``CHECK_FAIL_EARLY=1`` it raises before it joins the
 world, so the others wait at start-up and only the launcher can stop them in time.
 ``CHECK_LOOP_S=T`` repeats the Allreduce for T seconds after the checks (printing
@@ -25,7 +26,14 @@ def main() -> int:
             os.environ.get("PYCOMM_RANK"):
         raise RuntimeError(f"rank {os.environ['PYCOMM_RANK']} fails on purpose on "
                            f"{socket.gethostname()} before joining the world")
-    comm = pycomm.COMM_WORLD
+    rc, line = check(pycomm.COMM_WORLD)
+    print(line, flush=True)
+    return rc
+
+
+def check(comm) -> tuple[int, str]:
+    """The checks on ``comm`` (a world however made: pycomm.ray runs them on actors);
+    (0, the OK line) or (1, the first mismatch)."""
     rank, size = comm.rank, comm.size
     n = 1000
     mine = np.arange(n, dtype=np.float64) * (rank + 1)
@@ -33,21 +41,18 @@ def main() -> int:
     comm.Allreduce(mine, total, op=pycomm.SUM)
     want = np.arange(n, dtype=np.float64) * (size * (size + 1) // 2)
     if not np.array_equal(total, want):
-        print(f"BAD Allreduce rank {rank}", flush=True)
-        return 1
+        return 1, f"BAD Allreduce rank {rank}"
     if os.environ.get("CHECK_FAIL_RANK") == str(rank):
         raise RuntimeError(f"rank {rank} fails on purpose on {socket.gethostname()}")
     for root in range(size):
         buf = np.arange(n, dtype=np.int32) + root if rank == root else np.zeros(n, np.int32)
         comm.Bcast(buf, root=root)
         if not np.array_equal(buf, np.arange(n, dtype=np.int32) + root):
-            print(f"BAD Bcast root {root} rank {rank}", flush=True)
-            return 1
+            return 1, f"BAD Bcast root {root} rank {rank}"
     got = np.empty(size * 3, dtype=np.int64)
     comm.Allgather(np.full(3, rank, dtype=np.int64), got)
     if not np.array_equal(got, np.repeat(np.arange(size, dtype=np.int64), 3)):
-        print(f"BAD Allgather rank {rank}: {got}", flush=True)
-        return 1
+        return 1, f"BAD Allgather rank {rank}: {got}"
     loop_s = float(os.environ.get("CHECK_LOOP_S", "0"))
     if loop_s:              # keep the link busy (the link-failure case pulls it meanwhile)
         print(f"LOOPING rank {rank}", flush=True)
@@ -59,10 +64,9 @@ def main() -> int:
     comm.Barrier()
     lay = comm.host_layout
     groups = "|".join(",".join(map(str, g)) for g in lay.hosts)
-    print(f"OK rank {rank}/{size} host {socket.gethostname()} hosts {','.join(hosts)} "
-          f"transport {getattr(comm, 'transport_name', '?')} layout {groups} "
-          f"names {','.join(lay.names)} local {lay.local_rank}/{lay.local_size}", flush=True)
-    return 0
+    return 0, (f"OK rank {rank}/{size} host {socket.gethostname()} hosts {','.join(hosts)} "
+               f"transport {getattr(comm, 'transport_name', '?')} layout {groups} "
+               f"names {','.join(lay.names)} local {lay.local_rank}/{lay.local_size}")
 
 
 if __name__ == "__main__":

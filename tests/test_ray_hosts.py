@@ -1,0 +1,181 @@
+"""pycomm.ray on a real two-node Ray cluster, each node on its own emulated host (issue 16).
+
+A module fixture builds 2 emulated hosts (benchmarks/cluster/netns.py: a network namespace,
+hostname and private /dev/shm each) and a Ray cluster on them
+(benchmarks/cluster/ray_nodes.py: ``ray start --head`` on host1, ``ray start --address
+host1:6379`` on host2, each node with 2 CPUs, a custom resource ``host<K>``, its own PID
+namespace and token authentication). Drivers (benchmarks/cluster/ray_check.py) then make
+pycomm worlds of 4 actors, 2 per node, and check what the ranks report against where Ray
+put them: world size, hostnames, the host layout (2 hosts x 2), the transports (shared
+memory within a host, TCP across) and Allreduce/Bcast/Allgather against numpy; a rank that
+raises or dies on one host is reported with its rank; and after ``ray stop`` on each
+host no process of the node and no pycomm segment in the host's /dev/shm is left.
+
+Needs ray (run it with a Python that has it, e.g. a venv: ``python -m venv
+--system-site-packages /opt/ray && /opt/ray/bin/pip install ray`` then
+``/opt/ray/bin/python -m pytest tests/test_ray_hosts.py``; skipped where ray is missing)
+and root for the namespaces (skipped, saying why, where they cannot be made). With both,
+a Ray that does not start or a pycomm that misbehaves fails the tests.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytest.importorskip("ray", reason="ray is not installed (pip install pycomm[ray], or a "
+                    "venv: see this module's docstring)")
+
+from benchmarks.cluster.jobcheck import ROOT, clean_env, missing_lines  # noqa: E402
+from benchmarks.cluster.netns import Cluster, ClusterError, check_support  # noqa: E402
+from benchmarks.cluster.ray_nodes import RayError, RayNodes  # noqa: E402
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _marked(token: str) -> list[int]:
+    """Processes whose environment holds this Ray cluster's token (everything it started)."""
+    want = f"RAY_AUTH_TOKEN={token}".encode()
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as fh:
+                    if want in fh.read().split(b"\0"):
+                        pids.append(int(entry))
+            except OSError:
+                pass
+    return pids
+
+
+@pytest.fixture(scope="module")
+def nodes():
+    try:
+        check_support()
+    except ClusterError as exc:
+        pytest.skip(f"cannot build emulated hosts: {exc}")
+    prefix = f"pry{os.getpid() % 10000}"
+    with Cluster(2, prefix=prefix) as c:
+        try:
+            r = RayNodes(c, env=clean_env()).__enter__()
+        except RayError as exc:
+            pytest.fail(f"Ray is installed but its nodes did not start here: {exc}")
+        token, temp = r.token, r.dir
+        try:
+            yield c, r
+        finally:
+            r.close()
+    assert not os.path.exists(temp), f"{temp} left behind"
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert prefix + "-" not in listed, f"namespaces left behind: {listed}"
+    deadline = time.monotonic() + 5
+    while (left := _marked(token)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not left, f"processes of the Ray cluster outlived it: {left}"
+
+
+def _driver(nodes, *modes: str, host: int = 1, timeout: float = 150) -> dict[str, str]:
+    """Run ray_check.py's ``modes`` from a driver on ``host``; each mode's output."""
+    c, r = nodes
+    p = r.driver([sys.executable, "-m", "benchmarks.cluster.ray_check", r.address, *modes],
+                 k=host, cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                 text=True)
+    try:
+        out, _ = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        out, _ = p.communicate(timeout=10)
+        pytest.fail(f"the driver still ran after {timeout} s:\n{out}\n{r.logs()}")
+    assert p.returncode == 0 and out.rstrip().endswith("DONE"), \
+        f"driver exited with {p.returncode}:\n{out}\n{r.logs()}"
+    parts = re.split(r"^MODE (\w+)\n", out, flags=re.M)
+    return dict(zip(parts[1::2], parts[2::2]))
+
+
+def _no_leftovers(nodes) -> None:
+    """No actor of a world alive on any node, no pycomm segment in any host's /dev/shm."""
+    c, r = nodes
+    deadline = time.monotonic() + 10
+    while True:
+        actors = {k: [p for p in r.processes(k) if re.search(r"ray::(_Rank|Member)\b", p)]
+                  for k in (1, 2)}
+        shm = {k: [n for n in c.run(k, ["ls", "-A", "/dev/shm"]).stdout.split()
+                   if n.startswith("pycomm")] for k in (1, 2)}
+        if not any(actors.values()) and not any(shm.values()) or \
+                time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert not any(actors.values()), f"actors left: {actors}"
+    assert not any(shm.values()), f"pycomm segments left in /dev/shm: {shm}"
+
+
+def _placed(out: str) -> tuple[list[int], dict[int, set[str]]]:
+    """(host number of each rank, host number -> Ray node ids) from the PLACED lines."""
+    rows = re.findall(r"^PLACED rank (\d+) host host(\d+) node (\w+)$", out, flags=re.M)
+    assert [int(r) for r, _, _ in rows] == list(range(len(rows))), out
+    nodes: dict[int, set[str]] = {}
+    for _, h, node in rows:
+        nodes.setdefault(int(h), set()).add(node)
+    return [int(h) for _, h, _ in rows], nodes
+
+
+def _check_world(out: str, hostmap: list[int] | None = None) -> None:
+    placed, node_ids = _placed(out)
+    if hostmap is not None:
+        assert placed == hostmap, out
+    assert sorted(placed) == [1, 1, 2, 2], f"not 2 actors per node: {placed}\n{out}"
+    assert all(len(ids) == 1 for ids in node_ids.values()) and \
+        len(set().union(*node_ids.values())) == 2, node_ids
+    # each rank: its checks passed, its host, every rank's host, shm+tcp, the layout
+    assert not missing_lines(out, placed), (missing_lines(out, placed), out)
+
+
+def test_two_nodes_form_one_ray_cluster(nodes):
+    c, r = nodes
+    for k in (1, 2):
+        assert r.processes(k), f"host {k}: no Ray process\n{r.logs()}"
+    assert c.run(2, ["hostname"]).stdout.strip() == "host2"
+
+
+def test_run_and_a_declared_group_span_both_nodes(nodes):
+    out = _driver(nodes, "run", "declared")
+    _check_world(out["run"])                        # where Ray put them: 2 per node
+    _check_world(out["declared"], [1, 2, 1, 2])     # pinned cyclically by resources
+    _no_leftovers(nodes)
+
+
+def test_a_driver_on_the_other_node(nodes):
+    _check_world(_driver(nodes, "run", host=2)["run"])
+    _no_leftovers(nodes)
+
+
+def test_a_rank_that_fails_on_one_node_is_named(nodes):
+    out = _driver(nodes, "raise", "die")
+    for mode, kind in (("raise", "RemoteError"), ("die", "PeerError")):
+        m = re.search(r"^FAILED (\w+) rank (\d+) after ([\d.]+) s: (.*)$", out[mode],
+                      flags=re.M)
+        assert m, out[mode]
+        assert (m.group(1), m.group(2)) == (kind, "3"), out[mode]
+        # the others learnt it from the failed rank, not from their timeout (60 s)
+        assert float(m.group(3)) < 40, out[mode]
+    assert "fails on purpose on host" in out["raise"]
+    _no_leftovers(nodes)
+
+
+def test_ray_stop_leaves_nothing_on_either_host(nodes):
+    c, r = nodes
+    for k in (2, 1):
+        done = r.stop(k)
+        assert done.returncode == 0, f"host {k}: ray stop: {done.stdout}{done.stderr}"
+        deadline = time.monotonic() + 10
+        while (left := r.processes(k)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not left, f"host {k}: left after ray stop: {left}"
+        shm = [n for n in c.run(k, ["ls", "-A", "/dev/shm"]).stdout.split()
+               if n.startswith("pycomm")]
+        assert not shm, f"host {k}: /dev/shm still holds {shm}"
