@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import pycomm
-from pycomm.errors import CommError, CommTimeoutError, PeerError, RemoteError
+from pycomm.errors import ArgumentError, CommError, CommTimeoutError, PeerError, RemoteError
 from pycomm.launch.launcher import RankExit, shm_prefix, sweep_shm
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -291,6 +291,24 @@ def test_pool_task_timeout_breaks_it():
         with pytest.raises(CommTimeoutError, match=r"ranks \[1\]"):
             pool.run(lambda: time.sleep(30 * _rank()), timeout=0.5)
         pids = pool.pids
+    assert not any(_alive(pid) for pid in pids)
+
+
+def test_pool_task_too_large_leaves_it_usable_and_a_failed_store_breaks_it(monkeypatch):
+    monkeypatch.setenv("PYCOMM_STORE_MAX_BYTES", str(1 << 20))
+    with pycomm.Pool(2, timeout=30) as pool:
+        pids = pool.run(os.getpid)
+        with pytest.raises(ArgumentError, match="exceed"):
+            pool.run(len, b"x" * (2 << 20))     # refused before any rank sees a task
+        assert pool.run(os.getpid) == pids      # the next task is the one they wait for
+
+        def stalled(*args, **kwargs):
+            raise CommTimeoutError("store at x: no answer to wait within 5 s")
+        pool._client.wait = stalled
+        with pytest.raises(CommError, match="store failed"):
+            pool.run(os.getpid)
+        with pytest.raises(CommError, match="broken"):
+            pool.run(os.getpid)
     assert not any(_alive(pid) for pid in pids)
 
 

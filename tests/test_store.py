@@ -143,6 +143,23 @@ def test_wait_reply_is_capped_at_the_store_limit(monkeypatch):
         assert {**first, **rest} == {f"big/{i}": bytes([i]) * 1200 for i in range(3)}
 
 
+def test_wait_reply_of_many_small_keys_counts_the_keys_too(monkeypatch):
+    # 400 values of 160 bytes (64,000 bytes) under a 65,536-byte cap: with their keys and
+    # framing they do not fit one reply, and a reply the client refused would lose what
+    # 'take' deleted
+    monkeypatch.setenv("PYCOMM_STORE_MAX_BYTES", "65536")
+    keys = [f"pool/done/1/{r}" for r in range(400)]
+    with StoreServer(TOKEN) as srv, connect(srv) as cli:
+        for k in keys:
+            cli.set(k, k.encode().ljust(160, b"."), answer=False)
+        got: dict = {}
+        for _ in range(4):
+            got.update(cli.wait([k for k in keys if k not in got], timeout=1.0, take=True))
+            if len(got) == len(keys):
+                break
+        assert got == {k: k.encode().ljust(160, b".") for k in keys}
+
+
 def test_unanswered_requests_keep_order_and_get_no_reply(client):
     replies = []
     feed = client._reader.feed

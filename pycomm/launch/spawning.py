@@ -27,7 +27,11 @@ Failure rules of :meth:`Pool.run`:
 * the task overruns ``timeout``: :class:`~pycomm.errors.CommTimeoutError` naming the ranks
   that did not finish and where each stands (asked through the store: the collective it
   waits in, or its last completed call; see :mod:`pycomm.stall`), its ``culprits`` the
-  ranks that have not entered a collective the others wait in; the pool is broken.
+  ranks that have not entered a collective the others wait in; the pool is broken;
+* the store itself fails (no answer within its grace, a broken connection):
+  :class:`~pycomm.errors.CommError` saying so; the pool is broken;
+* a task too large for the store (``PYCOMM_STORE_MAX_BYTES``): ``ArgumentError`` before any
+  rank sees it; the pool stays usable.
 
 A broken or closed pool raises :class:`~pycomm.errors.CommError` from ``run``.
 """
@@ -169,7 +173,8 @@ class Pool:
             RemoteError: a rank raised (the pool stays usable if every rank answered).
             PeerError: a rank died; the pool is broken.
             CommTimeoutError: the task overran ``timeout``; the pool is broken.
-            CommError: the pool is closed or broken.
+            CommError: the pool is closed or broken, or its store failed (it is then broken).
+            ArgumentError: the task is larger than the store takes (the pool stays usable).
         """
         with self._lock:
             if self._closed:
@@ -178,11 +183,14 @@ class Pool:
                 raise CommError(f"the pool is broken ({self._broken}); make a new one")
             self._check_alive("before the task")
             payload = b"T" + cloudpickle.dumps((fn, args))
-            self._seq += 1
-            # no wait for the set's reply: the wait that follows is served after it
-            self._client.set(f"pool/task/{self._seq}", payload, answer=False)
+            seq = self._seq + 1
+            # no wait for the set's reply: the wait that follows is served after it. The
+            # number is taken only once the task is sent (a payload past the store's limit
+            # raises here, and no rank must wait for a task that never came).
+            self._client.set(f"pool/task/{seq}", payload, answer=False)
+            self._seq = seq
             del payload
-            return self._collect(self._seq, self.timeout if timeout is None else timeout,
+            return self._collect(seq, self.timeout if timeout is None else timeout,
                                  f"task {getattr(fn, '__qualname__', fn)!s}")
 
     def _break(self, reason: str) -> None:
@@ -205,7 +213,15 @@ class Pool:
         first_error_at: float | None = None
         pending = [f"pool/done/{seq}/{rank}" for rank in range(self.nprocs)]
         while True:
-            got = self._client.wait(pending, timeout=_WAIT_SLICE_S, take=True)
+            try:
+                got = self._client.wait(pending, timeout=_WAIT_SLICE_S, take=True)
+            except CommError as exc:
+                # The store answers a slice's wait at its end whatever is set, so this is
+                # the store itself failing (its thread stalled past the client's grace, or
+                # a broken connection); outcomes it took may be lost: the pool cannot go on.
+                self._break(f"the store failed during {what}: {exc}")
+                raise CommError(f"{what}: the pool's store failed ({exc}); the pool is "
+                                "stopped") from exc
             pending = [key for key in pending if key not in got]
             while got:
                 rank, status, *rest = cloudpickle.loads(got.popitem()[1])

@@ -83,6 +83,7 @@ MAX_PENDING_AUTH = 64   # unauthenticated connections kept; a new one evicts the
 RCVHWM = 16             # ZeroMQ read-ahead per connection, in chunks of at most 8 KiB
 _QUIET_OPS = ("set", "add", "delete")    # the ops a request may ask not to be answered
 MAX_GONE = 4096         # closed connections whose late chunks are recognised and dropped
+_ENTRY_OVERHEAD = 16    # msgpack bytes around one key and value of a wait's reply, at most
 
 
 def _endpoint(host: str, port: int | str) -> str:
@@ -376,15 +377,22 @@ class StoreServer:
             self._answer_wait(parked)
 
     def _answer_wait(self, parked: _Parked) -> None:
-        """Reply to a wait with the values of its keys that are set, up to the size cap."""
+        """Reply to a wait with the values of its keys that are set, up to the size cap.
+
+        The cap counts each entry's key and framing too: the client refuses a reply past
+        ``PYCOMM_STORE_MAX_BYTES`` plus a little, and a taken value it refused would be lost.
+        """
         parked.done = True
         values: dict[str, bytes] = {}
         size = 0
         for key in parked.keys or ():
             value = self._data.get(key)
-            if value is None or (values and size + len(value) > self._max_bytes):
+            if value is None:
                 continue
-            size += len(value)
+            entry = len(value) + len(key.encode()) + _ENTRY_OVERHEAD
+            if values and size + entry > self._max_bytes:
+                continue
+            size += entry
             values[key] = self._data.pop(key) if parked.take else value
         self._reply(parked.ident, parked.rid, ok=True, value=values)
 
