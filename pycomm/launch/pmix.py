@@ -339,8 +339,9 @@ class Client:
         """Publish ``key`` = ``value`` for every process of the job (``PMIX_GLOBAL``); seen by
         the others after the next :meth:`barrier`."""
         val, buf = string_value(value)
+        # kept for the client's life: a PMIx_Put that timed out may still be reading it
+        self._keep.append((val, buf))
         self._call("PMIx_Put", key, GLOBAL, _key(key), ctypes.byref(val), what="")
-        del buf     # PMIx_Put copied the value
 
     def barrier(self) -> None:
         """``PMIx_Commit`` this process's puts, then ``PMIx_Fence`` over every process of
