@@ -231,7 +231,6 @@ def main(argv: list[str] | None = None) -> int:
     dst = np.empty_like(src)
     fa, fb = np.ones(max_size // 4 + 1, np.float32), np.ones(max_size // 4 + 1, np.float32)
     fc = np.empty_like(fa)
-    shm = ShmPingPong(max_size)
     try:
         for size in sizes:
             iters, warmup = loop_counts(args, size)
@@ -248,12 +247,17 @@ def main(argv: list[str] | None = None) -> int:
             warm = tcp_run(sock, STREAM, size, warm_windows, buf)
             windows = capped(windows, warm, warm_windows, args.max_time)
             stream = size * WINDOW * windows / tcp_run(sock, STREAM, size, windows, buf) / 1e6
-            warm = shm.run(size, warmup)
-            pp_iters = capped(iters, warm, warmup, args.max_time)
-            shm_latency = shm.run(size, pp_iters) * 1e6 / (2 * pp_iters)
+            # a child of its own per size: a spinning partner would take a core from the
+            # other columns' measurements
+            shm = ShmPingPong(size)
+            try:
+                warm = shm.run(size, warmup)
+                pp_iters = capped(iters, warm, warmup, args.max_time)
+                shm_latency = shm.run(size, pp_iters) * 1e6 / (2 * pp_iters)
+            finally:
+                shm.close()
             report.row(size, memcpy, add, latency, stream, shm_latency)
     finally:
-        shm.close()
         sock.sendall(_CMD.pack(QUIT, 0, 0))
         sock.close()
         child.join(timeout=10)

@@ -4,7 +4,7 @@
 pycomm's and MPI's µs per call in pass A / pass B, and the range of their ratio; for the
 latency rows also the pure-Python shared-memory ping-pong of the same passes (``python
 shm``, :mod:`benchmarks.reference`: one copy in, one flag, one copy out, the least a
-message between two Python processes costs here) and MPI's time over it.
+message between two Python processes costs here).
 """
 
 from __future__ import annotations
