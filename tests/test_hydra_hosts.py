@@ -25,6 +25,7 @@ from urllib.parse import quote_plus
 import numpy as np
 import pytest
 
+from benchmarks.cluster.jobcheck import finish, hosts_left_clean
 from benchmarks.cluster.netns import Cluster, ClusterError, check_support
 from pycomm.launch import pmi
 from pycomm.launch.bootstrap import _pmi_rendezvous
@@ -337,30 +338,12 @@ def _mpiexec(hc, hosts: str, n: int, ppn: int, *genv: str, flags=(), timeout: fl
         argv += ["-genv", *pair.split("=", 1)]
     p = c.popen(1, argv + [sys.executable, APP], cwd=str(ROOT), env=env,
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        out, _ = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        out, _ = p.communicate(timeout=10)
-        pytest.fail(f"mpiexec still ran after {timeout} s:\n{out}")
-    return p.returncode, out
+    return finish(p, timeout, "mpiexec")
 
 
 def _assert_nothing_left(hc) -> None:
     """No process but the host's holder in any emulated host, no /dev/shm segment."""
-    c = hc[0]
-    for k in range(1, c.n + 1):
-        deadline = time.monotonic() + 5      # remote proxies exit just after mpiexec
-        while True:
-            pids = subprocess.run(["ip", "netns", "pids", c.ns(k)], capture_output=True,
-                                  text=True).stdout.split()
-            left = [p for p in pids if int(p) != c._holders[k].pid]
-            if not left or time.monotonic() > deadline:
-                break
-            time.sleep(0.1)
-        assert not left, f"host {k}: processes left: {left}"
-        shm = c.run(k, ["ls", "-A", "/dev/shm"]).stdout.split()
-        assert not shm, f"host {k}: /dev/shm still holds {shm}"
+    hosts_left_clean(hc[0])     # (remote proxies exit just after mpiexec)
 
 
 def _check_job(out: str, hostmap: list[int]) -> None:

@@ -23,7 +23,8 @@ import uuid
 
 import pytest
 
-from benchmarks.cluster.jobcheck import APP, ROOT, clean_env, missing_lines
+from benchmarks.cluster.jobcheck import (APP, ROOT, clean_env, finish, hosts_left_clean,
+                                         missing_lines, processes_with_env)
 from benchmarks.cluster.netns import Cluster, ClusterError, check_support
 
 _MARK = "PYCOMM_OMPI_TEST"
@@ -67,23 +68,9 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
-def _marked(mark: str) -> list[int]:
-    """Processes whose environment holds _MARK=mark (every process a job started)."""
-    want, pids = f"{_MARK}={mark}".encode(), []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) != os.getpid():
-            try:
-                with open(f"/proc/{entry}/environ", "rb") as fh:
-                    if want in fh.read().split(b"\0"):
-                        pids.append(int(entry))
-            except OSError:
-                pass
-    return pids
-
-
 def _assert_none_left(mark: str) -> None:
     deadline = time.monotonic() + 5
-    while (left := _marked(mark)) and time.monotonic() < deadline:
+    while (left := processes_with_env(f"{_MARK}={mark}")) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not left, f"processes of the job left: {left}"
 
@@ -144,31 +131,15 @@ def _mpirun(oc, hosts: str, n: int, *args: str, timeout: float = 60) -> tuple[in
             sys.executable, APP]
     p = c.popen(1, argv, cwd=str(ROOT), env=_env(), stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT, text=True)
-    try:
-        out, _ = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        out, _ = p.communicate(timeout=10)
-        pytest.fail(f"mpirun still ran after {timeout} s:\n{out}")
-    return p.returncode, out
+    return finish(p, timeout, "mpirun")
 
 
 def _assert_nothing_left(oc) -> None:
     """No process but the host's holder in any emulated host (orted, ranks), no /dev/shm
     segment, no Open MPI session directory of an emulated host."""
     c = oc[0]
+    hosts_left_clean(c)
     for k in range(1, c.n + 1):
-        deadline = time.monotonic() + 5      # remote orteds exit just after mpirun
-        while True:
-            pids = subprocess.run(["ip", "netns", "pids", c.ns(k)], capture_output=True,
-                                  text=True).stdout.split()
-            left = [p for p in pids if int(p) != c._holders[k].pid]
-            if not left or time.monotonic() > deadline:
-                break
-            time.sleep(0.1)
-        assert not left, f"host {k}: processes left: {left}"
-        shm = c.run(k, ["ls", "-A", "/dev/shm"]).stdout.split()
-        assert not shm, f"host {k}: /dev/shm still holds {shm}"
         sessions = [f for f in os.listdir("/tmp") if f.startswith(f"ompi.host{k}.")]
         assert not sessions, f"host {k}: Open MPI left /tmp/{sessions}"
 

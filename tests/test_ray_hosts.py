@@ -31,26 +31,12 @@ import pytest
 pytest.importorskip("ray", reason="ray is not installed (pip install pycomm[ray], or a "
                     "venv: see this module's docstring)")
 
-from benchmarks.cluster.jobcheck import ROOT, clean_env, missing_lines  # noqa: E402
+from benchmarks.cluster.jobcheck import (ROOT, clean_env, finish, missing_lines,  # noqa: E402
+                                         processes_with_env)
 from benchmarks.cluster.netns import Cluster, ClusterError, check_support  # noqa: E402
 from benchmarks.cluster.ray_nodes import RayError, RayNodes  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
-
-
-def _marked(token: str) -> list[int]:
-    """Processes whose environment holds this Ray cluster's token (everything it started)."""
-    want = f"RAY_AUTH_TOKEN={token}".encode()
-    pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) != os.getpid():
-            try:
-                with open(f"/proc/{entry}/environ", "rb") as fh:
-                    if want in fh.read().split(b"\0"):
-                        pids.append(int(entry))
-            except OSError:
-                pass
-    return pids
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +60,8 @@ def nodes():
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert prefix + "-" not in listed, f"namespaces left behind: {listed}"
     deadline = time.monotonic() + 5
-    while (left := _marked(token)) and time.monotonic() < deadline:
+    while (left := processes_with_env(f"RAY_AUTH_TOKEN={token}")) and \
+            time.monotonic() < deadline:
         time.sleep(0.1)
     assert not left, f"processes of the Ray cluster outlived it: {left}"
 
@@ -85,14 +72,9 @@ def _driver(nodes, *modes: str, host: int = 1, timeout: float = 150) -> dict[str
     p = r.driver([sys.executable, "-m", "benchmarks.cluster.ray_check", r.address, *modes],
                  k=host, cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                  text=True)
-    try:
-        out, _ = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        out, _ = p.communicate(timeout=10)
-        pytest.fail(f"the driver still ran after {timeout} s:\n{out}\n{r.logs()}")
-    assert p.returncode == 0 and out.rstrip().endswith("DONE"), \
-        f"driver exited with {p.returncode}:\n{out}\n{r.logs()}"
+    rc, out = finish(p, timeout, "the driver", r.logs())
+    assert rc == 0 and out.rstrip().endswith("DONE"), \
+        f"driver exited with {rc}:\n{out}\n{r.logs()}"
     parts = re.split(r"^MODE (\w+)\n", out, flags=re.M)
     return dict(zip(parts[1::2], parts[2::2]))
 

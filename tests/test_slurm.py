@@ -19,7 +19,7 @@ import sys
 
 import pytest
 
-from benchmarks.cluster.jobcheck import APP, ROOT, clean_env, missing_lines
+from benchmarks.cluster.jobcheck import APP, ROOT, clean_env, finish, missing_lines
 from benchmarks.cluster.netns import Cluster, ClusterError, check_support
 from benchmarks.cluster.slurm import Slurm, SlurmError, find_tools
 
@@ -56,13 +56,7 @@ def _srun(cs, *args: str, timeout: float = 60, **extra: str) -> tuple[int, str]:
     p = c.popen(1, [s.tools["srun"], *args, sys.executable, APP], cwd=str(ROOT),
                 env=s.env(clean_env(**extra)), stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT, text=True)
-    try:
-        out, _ = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        out, _ = p.communicate(timeout=10)
-        pytest.fail(f"srun still ran after {timeout} s:\n{out}\n{s.logs()}")
-    return p.returncode, out
+    return finish(p, timeout, "srun", s.logs())
 
 
 def _check(cs, rc: int, out: str, hostmap: list[int]) -> None:

@@ -5,16 +5,22 @@
 numpy: its rank and size, its host, every rank's host, the transports, the world's host
 layout and its local rank and size, given where the engine placed each rank (``hostmap``:
 rank -> emulated host number). :func:`clean_env` is an environment free of every engine's
-variables (so that a job sees only those of the engine that starts it).
+variables (so that a job sees only those of the engine that starts it). The checks every
+such test makes after a job: :func:`finish` (the job's output, or a failure when it runs
+past its time), :func:`hosts_left_clean` (no process but each host's holder, no /dev/shm
+segment) and :func:`processes_with_env` (what outlived a job that marked its processes).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import subprocess
+import time
 from pathlib import Path
 
-__all__ = ["APP", "ROOT", "clean_env", "expected_line", "missing_lines"]
+__all__ = ["APP", "ROOT", "clean_env", "expected_line", "finish", "hosts_left_clean",
+           "missing_lines", "processes_with_env"]
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = str(ROOT / "benchmarks" / "cluster" / "check_app.py")
@@ -53,3 +59,53 @@ def missing_lines(out: str, hostmap: list[int], host: str = "host{}") -> list[st
                                 + r"(\n|OK|$)", out)]
     extra = out.count("OK rank ") - len(hostmap)
     return missing + [f"{extra} OK lines too many"] * (extra > 0)
+
+
+def finish(p: subprocess.Popen, timeout: float, what: str, logs: str = "") -> tuple[int, str]:
+    """Wait up to ``timeout`` seconds for the job ``p`` (stdout piped, text); return its exit
+    code and output.
+
+    Raises:
+        AssertionError: it still ran after ``timeout`` (it is killed first; the message
+            holds its output and ``logs``).
+    """
+    try:
+        out, _ = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        out, _ = p.communicate(timeout=10)
+        raise AssertionError(f"{what} still ran after {timeout} s:\n{out}\n{logs}") from None
+    return p.returncode, out
+
+
+def hosts_left_clean(cluster, settle: float = 5.0) -> None:
+    """Assert that no emulated host of ``cluster`` (benchmarks/cluster/netns.py) runs a
+    process but its holder, waiting up to ``settle`` seconds (remote daemons exit just
+    after their launcher), and that no host's /dev/shm holds a segment."""
+    for k in range(1, cluster.n + 1):
+        deadline = time.monotonic() + settle
+        while True:
+            pids = subprocess.run(["ip", "netns", "pids", cluster.ns(k)],
+                                  capture_output=True, text=True).stdout.split()
+            left = [p for p in pids if int(p) != cluster._holders[k].pid]
+            if not left or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert not left, f"host {k}: processes left: {left}"
+        shm = cluster.run(k, ["ls", "-A", "/dev/shm"]).stdout.split()
+        assert not shm, f"host {k}: /dev/shm still holds {shm}"
+
+
+def processes_with_env(entry: str) -> list[int]:
+    """The processes (other than this one) whose environment holds ``entry``
+    (``NAME=value``): a job that puts a mark in its environment finds all it started."""
+    want, pids = entry.encode(), []
+    for name in os.listdir("/proc"):
+        if name.isdigit() and int(name) != os.getpid():
+            try:
+                with open(f"/proc/{name}/environ", "rb") as fh:
+                    if want in fh.read().split(b"\0"):
+                        pids.append(int(name))
+            except OSError:
+                pass
+    return pids
