@@ -160,6 +160,18 @@ def test_wait_reply_of_many_small_keys_counts_the_keys_too(monkeypatch):
         assert got == {k: k.encode().ljust(160, b".") for k in keys}
 
 
+def test_answered_waits_do_not_pile_up_in_the_deadline_heap():
+    # a pool's ranks park a 30 s get per task, answered within a millisecond: the heap of
+    # deadlines must not keep them all until they expire
+    with StoreServer(TOKEN) as srv, connect(srv) as setter, connect(srv) as getter:
+        for i in range(1500):
+            getter._send(msgpack.packb({"op": "get", "id": 10 ** 6 + i, "key": f"h/{i}",
+                                        "timeout": 30.0}, use_bin_type=True))
+            setter.set(f"h/{i}", b"v")          # answers the parked get at once
+        assert getter.get("h/1499") == b"v"     # (the replies above are skipped by id)
+        assert len(srv._deadlines) < 1100, len(srv._deadlines)
+
+
 def test_unanswered_requests_keep_order_and_get_no_reply(client):
     replies = []
     feed = client._reader.feed

@@ -84,6 +84,7 @@ RCVHWM = 16             # ZeroMQ read-ahead per connection, in chunks of at most
 _QUIET_OPS = ("set", "add", "delete")    # the ops a request may ask not to be answered
 MAX_GONE = 4096         # closed connections whose late chunks are recognised and dropped
 _ENTRY_OVERHEAD = 16    # msgpack bytes around one key and value of a wait's reply, at most
+_COMPACT_MIN = 1024     # parked waits before the first sweep of the answered ones
 
 
 def _endpoint(host: str, port: int | str) -> str:
@@ -153,6 +154,7 @@ class StoreServer:
         self._getters: dict[str, list[_Parked]] = {}
         self._barriers: dict[str, tuple[int, list[_Parked]]] = {}
         self._deadlines: list[tuple[float, int, _Parked]] = []
+        self._compact_at = _COMPACT_MIN     # heap size at which answered waits are dropped
         self._tie = itertools.count()
         self._peers: dict[bytes, _Peer] = {}
         self._pending: OrderedDict[bytes, _Peer] = OrderedDict()   # oldest first
@@ -327,7 +329,15 @@ class StoreServer:
         if not isinstance(timeout, (int, float)) or timeout < 0:
             raise ValueError("timeout must be a non-negative number of seconds")
         parked = _Parked(ident, rid, time.monotonic() + timeout, what)
-        heapq.heappush(self._deadlines, (parked.deadline, next(self._tie), parked))
+        heap = self._deadlines
+        if len(heap) >= self._compact_at:
+            # An answered wait stays in the heap until its deadline: a pool's ranks park a
+            # 30 s wait per task and are answered within a millisecond, so drop the
+            # answered ones now and then (amortised: the next look is twice as far).
+            heap[:] = [entry for entry in heap if not entry[2].done]
+            heapq.heapify(heap)
+            self._compact_at = max(_COMPACT_MIN, 2 * len(heap))
+        heapq.heappush(heap, (parked.deadline, next(self._tie), parked))
         return parked
 
     def _op_set(self, ident: bytes, rid: int, req: dict) -> None:
