@@ -172,6 +172,15 @@ def test_answered_waits_do_not_pile_up_in_the_deadline_heap():
         assert len(srv._deadlines) < 1100, len(srv._deadlines)
 
 
+def test_an_unanswered_request_with_a_key_the_store_refuses_raises_here(client):
+    with pytest.raises(ArgumentError, match="at most 4096 characters"):
+        client.set("k" * 5000, b"v", answer=False)
+    with pytest.raises(ArgumentError, match="at most 4096 characters"):
+        client.delete("k" * 5000, answer=False)
+    client.set("k", b"v", answer=False)
+    assert client.get("k") == b"v"              # the connection is in step
+
+
 def test_unanswered_requests_keep_order_and_get_no_reply(client):
     replies = []
     feed = client._reader.feed

@@ -71,13 +71,12 @@ import zmq
 
 from pycomm import config
 from pycomm.errors import ProtocolError
-from pycomm.launch.store_wire import (_BIG, CLIENT_LABEL, HELLO, LENGTH, MAC_LEN, MAGIC,
+from pycomm.launch.store_wire import (_BIG, CLIENT_LABEL, MAX_KEY, HELLO, LENGTH, MAC_LEN, MAGIC,
                                       MAX_AUTH_FRAME, NONCE_LEN, REFUSED, SERVER_LABEL,
                                       FrameReader, frame, hmac_proof, normalize_token)
 
 __all__ = ["FrameReader", "StoreServer", "frame", "hmac_proof", "normalize_token"]
 
-MAX_KEY = 4096          # bytes of a key or barrier name
 AUTH_DEADLINE = 3.0     # seconds a connection has to authenticate before it is closed
 MAX_PENDING_AUTH = 64   # unauthenticated connections kept; a new one evicts the oldest
 RCVHWM = 16             # ZeroMQ read-ahead per connection, in chunks of at most 8 KiB

@@ -15,7 +15,7 @@ import msgpack
 
 from pycomm import config
 from pycomm.errors import ArgumentError, CommError, CommTimeoutError, ProtocolError
-from pycomm.launch.store_wire import (CLIENT_LABEL, FrameReader, HELLO, LENGTH, MAC_LEN, MAGIC, MAX_AUTH_FRAME, NONCE_LEN, REFUSED, REPLY_GRACE, SERVER_LABEL, _BIG, frame, hmac_proof, normalize_token)
+from pycomm.launch.store_wire import (CLIENT_LABEL, MAX_KEY, FrameReader, HELLO, LENGTH, MAC_LEN, MAGIC, MAX_AUTH_FRAME, NONCE_LEN, REFUSED, REPLY_GRACE, SERVER_LABEL, _BIG, frame, hmac_proof, normalize_token)
 
 __all__ = ["StoreClient"]
 
@@ -157,6 +157,11 @@ class StoreClient:
         self._rid += 1
         rid = self._rid
         if not answer:
+            # the store's refusal of an unanswered request would be lost: check here
+            key = fields.get("key")
+            if not isinstance(key, str) or len(key) > MAX_KEY:
+                raise ArgumentError(f"store {op} of {what}: a key is a string of at most "
+                                    f"{MAX_KEY} characters")
             fields["reply"] = False
         body = msgpack.packb({"op": op, "id": rid, **fields}, use_bin_type=True)
         if len(body) > self._max_bytes:

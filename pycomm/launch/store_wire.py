@@ -26,6 +26,7 @@ SERVER_LABEL = b"pycomm-store/server"
 LENGTH = struct.Struct("<I")
 MAX_AUTH_FRAME = 64     # bytes: the largest handshake message (PROOF)
 REPLY_GRACE = 5.0       # seconds a client waits beyond a request's own timeout
+MAX_KEY = 4096          # characters of a key or barrier name
 _BIG = 1 << 16          # bytes from which a frame's body is sent without concatenation
 
 
