@@ -39,6 +39,21 @@ from benchmarks.cluster.ray_nodes import RayError, RayNodes  # noqa: E402
 pytestmark = pytest.mark.timeout(300)
 
 
+def _ray_stop_leaves_nothing(c, r) -> None:
+    """``ray stop`` on each host ends every process of its node and leaves no pycomm
+    segment (run by the fixture after the module's tests, whichever of them ran)."""
+    for k in (2, 1):
+        done = r.stop(k)
+        assert done.returncode == 0, f"host {k}: ray stop: {done.stdout}{done.stderr}"
+        deadline = time.monotonic() + 10
+        while (left := r.processes(k)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not left, f"host {k}: left after ray stop: {left}"
+        shm = [n for n in c.run(k, ["ls", "-A", "/dev/shm"]).stdout.split()
+               if n.startswith("pycomm")]
+        assert not shm, f"host {k}: /dev/shm still holds {shm}"
+
+
 @pytest.fixture(scope="module")
 def nodes():
     try:
@@ -54,6 +69,7 @@ def nodes():
         token, temp = r.token, r.dir
         try:
             yield c, r
+            _ray_stop_leaves_nothing(c, r)
         finally:
             r.close()
     assert not os.path.exists(temp), f"{temp} left behind"
@@ -147,17 +163,3 @@ def test_a_rank_that_fails_on_one_node_is_named(nodes):
         assert float(m.group(3)) < 40, out[mode]
     assert "fails on purpose on host" in out["raise"]
     _no_leftovers(nodes)
-
-
-def test_ray_stop_leaves_nothing_on_either_host(nodes):
-    c, r = nodes
-    for k in (2, 1):
-        done = r.stop(k)
-        assert done.returncode == 0, f"host {k}: ray stop: {done.stdout}{done.stderr}"
-        deadline = time.monotonic() + 10
-        while (left := r.processes(k)) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not left, f"host {k}: left after ray stop: {left}"
-        shm = [n for n in c.run(k, ["ls", "-A", "/dev/shm"]).stdout.split()
-               if n.startswith("pycomm")]
-        assert not shm, f"host {k}: /dev/shm still holds {shm}"
