@@ -19,23 +19,17 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 from urllib.parse import quote_plus
 
 import numpy as np
 import pytest
 
-from benchmarks.cluster.jobcheck import finish, hosts_left_clean
-from benchmarks.cluster.netns import Cluster, ClusterError, check_support
+from benchmarks.cluster.jobcheck import (APP, ROOT, assert_lines, clean_env, emulated_hosts,
+                                         finish, hosts_left_clean, launcher, port_taken)
 from pycomm.launch import pmi
 from pycomm.launch.bootstrap import _pmi_rendezvous
 from pycomm.launch.jobenv import JobEnv, detect
 from pycomm.errors import ArgumentError, CommError, CommTimeoutError, ProtocolError
-
-ROOT = Path(__file__).resolve().parent.parent
-APP = str(ROOT / "benchmarks" / "cluster" / "check_app.py")
-_ENGINE_PREFIXES = ("PYCOMM_", "MASTER_", "SLURM_", "PMI_", "PMIX_", "OMPI_", "MPI_", "HYDI_",
-                    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK")
 
 
 # -- the PMI-1 wire protocol and client, against a fake Hydra proxy -------------------------
@@ -276,17 +270,11 @@ def test_a_rank0_without_an_address_for_other_hosts_stops_every_rank_with_its_re
 
 # -- a real Hydra mpiexec ------------------------------------------------------------------
 def _hydra_mpiexec() -> str:
-    path = shutil.which("mpiexec")
-    if path is None:
-        pytest.skip("no mpiexec on PATH (MPICH's Hydra: pip install mpich)")
-    try:
-        info = subprocess.run([path, "--version"], capture_output=True, text=True,
-                              timeout=30).stdout
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        pytest.skip(f"{path} --version failed: {exc}")
-    if "HYDRA" not in info:
-        pytest.skip(f"{path} is not MPICH's Hydra (its --version names no HYDRA)")
-    return path
+    """MPICH's mpiexec (Hydra), or skip saying why not."""
+    return launcher("hydra", [shutil.which("mpiexec")], "HYDRA",
+                    "no mpiexec on PATH (MPICH's Hydra: pip install mpich)",
+                    failed="{path} --version failed: {exc}",
+                    other="{path} is not MPICH's Hydra (its --version names no HYDRA)")[0]
 
 
 def test_real_hydra_pmi_port_on_one_host_forms_the_world(tmp_path):
@@ -299,7 +287,7 @@ def test_real_hydra_pmi_port_on_one_host_forms_the_world(tmp_path):
                       "print(f'OK {c.rank} {c.size} {x.tolist()} {c.host_layout.local_size}'"
                       ", flush=True)\n")
     done = subprocess.run([_hydra_mpiexec(), "-pmi-port", "-n", "3", sys.executable,
-                           str(script)], env=_clean_env(), capture_output=True, text=True,
+                           str(script)], env=clean_env(), capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     want = str((np.arange(3, dtype=np.float64) * 6).tolist())
@@ -312,26 +300,13 @@ def test_real_hydra_pmi_port_on_one_host_forms_the_world(tmp_path):
 @pytest.fixture(scope="module")
 def hydra_cluster():
     mpiexec = _hydra_mpiexec()
-    try:
-        check_support()
-    except ClusterError as exc:
-        pytest.skip(f"cannot build emulated hosts: {exc}")
-    prefix = f"phh{os.getpid() % 10000}"
-    with Cluster(3, prefix=prefix) as c:
+    with emulated_hosts(3, "phh") as c:
         yield c, mpiexec, c.ssh_stand_in()
-    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    assert prefix + "-" not in listed, f"namespaces left behind: {listed}"
-
-
-def _clean_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(_ENGINE_PREFIXES)}
-    env.update({"PYTHONPATH": str(ROOT), "PYCOMM_TIMEOUT": "30"})
-    return env
 
 
 def _mpiexec(hc, hosts: str, n: int, ppn: int, *genv: str, flags=(), timeout: float = 60):
     c, mpiexec, ssh = hc
-    env = _clean_env()
+    env = clean_env()
     argv = [mpiexec, "-launcher", "ssh", "-launcher-exec", ssh, "-hosts", hosts,
             "-n", str(n), "-ppn", str(ppn), *flags]
     for pair in genv:
@@ -346,22 +321,6 @@ def _assert_nothing_left(hc) -> None:
     hosts_left_clean(hc[0])     # (remote proxies exit just after mpiexec)
 
 
-def _check_job(out: str, hostmap: list[int]) -> None:
-    """check_app.py's line of every rank: results matched numpy; hosts, layout, local rank."""
-    size = len(hostmap)
-    names = ",".join(f"host{h}" for h in hostmap)
-    layout = "|".join(",".join(str(r) for r in range(size) if hostmap[r] == h)
-                      for h in sorted(set(hostmap)))
-    for r in range(size):
-        mine = [q for q in range(size) if hostmap[q] == hostmap[r]]
-        links = "shm+tcp" if len(mine) > 1 else "tcp"
-        want = (f"OK rank {r}/{size} host host{hostmap[r]} hosts {names} transport {links} "
-                f"layout {layout} names {','.join(f'host{h}' for h in sorted(set(hostmap)))} "
-                f"local {mine.index(r)}/{len(mine)}")
-        # Hydra forwards each write as it comes: ranks' lines may interleave at newlines
-        assert re.search(re.escape(want) + r"(\n|OK|$)", out), f"rank {r}: no {want!r} in:\n{out}"
-
-
 @pytest.mark.parametrize("hosts,n,ppn,hostmap,flags", [
     ("host1,host2", 4, 2, [1, 1, 2, 2], ()),
     ("host1,host2,host3", 5, 2, [1, 1, 2, 2, 3], ()),   # a host with one rank: tcp only
@@ -371,7 +330,7 @@ def test_real_hydra_across_hosts_needs_no_master_addr(hydra_cluster, hosts, n, p
                                                       flags):
     rc, out = _mpiexec(hydra_cluster, hosts, n, ppn, flags=flags)
     assert rc == 0, out
-    _check_job(out, hostmap)
+    assert_lines(out, hostmap)
     _assert_nothing_left(hydra_cluster)
 
 
@@ -380,7 +339,7 @@ def test_real_hydra_across_hosts_with_master_addr_from_genv(hydra_cluster):
     rc, out = _mpiexec(hydra_cluster, "host1,host2", 4, 2, "MASTER_ADDR=host1",
                        f"MASTER_PORT={port}")
     assert rc == 0, out
-    _check_job(out, [1, 1, 2, 2])
+    assert_lines(out, [1, 1, 2, 2])
     _assert_nothing_left(hydra_cluster)
 
 
@@ -388,18 +347,10 @@ def test_real_hydra_rank0_that_cannot_serve_stops_every_host_with_its_reason(hyd
     # MASTER_PORT without MASTER_ADDR: rank 0 binds MASTER_PORT + 1, taken here on host 1
     c = hydra_cluster[0]
     port = 29000 + os.getpid() % 400
-    blocker = c.popen(1, [sys.executable, "-c",
-                          "import socket, sys, time; s = socket.create_server(('0.0.0.0', "
-                          f"{port + 1})); print('bound', flush=True); time.sleep(120)"],
-                      stdout=subprocess.PIPE, text=True)
-    try:
-        assert blocker.stdout.readline().strip() == "bound"
+    with port_taken(c, 1, port + 1):
         t0 = time.monotonic()
         rc, out = _mpiexec(hydra_cluster, "host1,host2", 4, 2, f"MASTER_PORT={port}")
         took = time.monotonic() - t0
-    finally:
-        blocker.kill()
-        blocker.wait(10)
     assert rc != 0, out
     assert took < 20, f"the ranks waited {took:.0f} s instead of stopping"
     # every rank that got as far as the PMI barrier says why, rank 0's host named

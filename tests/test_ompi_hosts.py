@@ -23,42 +23,23 @@ import uuid
 
 import pytest
 
-from benchmarks.cluster.jobcheck import (APP, ROOT, clean_env, finish, hosts_left_clean,
-                                         missing_lines, processes_with_env)
-from benchmarks.cluster.netns import Cluster, ClusterError, check_support
+from benchmarks.cluster.jobcheck import (APP, ROOT, assert_lines, assert_none_with_env,
+                                         clean_env, emulated_hosts, finish,
+                                         hosts_left_clean, launcher, missing_lines)
 
 _MARK = "PYCOMM_OMPI_TEST"
 
 
 def _open_mpi() -> tuple[str, tuple[int, ...]]:
     """Open MPI's mpirun and its version, or skip saying what was looked for."""
-    if not _FOUND:
-        _FOUND.append(_find_open_mpi())
-    if _FOUND[0] is None:
-        pytest.skip("no Open MPI mpirun (Debian: apt-get install openmpi-bin; looked for "
-                    "$PYCOMM_TEST_OMPI_MPIRUN, /usr/bin/mpirun.openmpi and an mpirun whose "
-                    "--version names Open MPI)")
-    return _FOUND[0]
-
-
-_FOUND: list = []           # _find_open_mpi()'s answer, asked once
-
-
-def _find_open_mpi() -> tuple[str, tuple[int, ...]] | None:
-    candidates = [os.environ.get("PYCOMM_TEST_OMPI_MPIRUN"), "/usr/bin/mpirun.openmpi",
-                  shutil.which("mpirun.openmpi"), shutil.which("mpirun")]
-    for path in dict.fromkeys(p for p in candidates if p):
-        if not os.access(path, os.X_OK):
-            continue
-        try:
-            info = subprocess.run([path, "--version"], capture_output=True, text=True,
-                                  timeout=30).stdout
-        except (OSError, subprocess.TimeoutExpired):
-            continue
-        m = re.search(r"\((?:Open MPI|OpenRTE)\) (\d+)\.(\d+)", info)
-        if m:
-            return path, (int(m.group(1)), int(m.group(2)))
-    return None
+    path, m = launcher(
+        "open-mpi", [os.environ.get("PYCOMM_TEST_OMPI_MPIRUN"), "/usr/bin/mpirun.openmpi",
+                     shutil.which("mpirun.openmpi"), shutil.which("mpirun")],
+        r"\((?:Open MPI|OpenRTE)\) (\d+)\.(\d+)",
+        "no Open MPI mpirun (Debian: apt-get install openmpi-bin; looked for "
+        "$PYCOMM_TEST_OMPI_MPIRUN, /usr/bin/mpirun.openmpi and an mpirun whose "
+        "--version names Open MPI)")
+    return path, (int(m.group(1)), int(m.group(2)))
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -69,10 +50,7 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def _assert_none_left(mark: str) -> None:
-    deadline = time.monotonic() + 5
-    while (left := processes_with_env(f"{_MARK}={mark}")) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not left, f"processes of the job left: {left}"
+    assert_none_with_env(f"{_MARK}={mark}", "processes of the job left")
 
 
 JOB = """
@@ -96,6 +74,13 @@ def test_real_open_mpi_on_one_host_forms_the_world(tmp_path):
     done = subprocess.run([mpirun, "--oversubscribe", "-n", "3", sys.executable, str(script)],
                           env=_env(**{_MARK: mark}), capture_output=True, text=True,
                           timeout=120, cwd=str(ROOT))
+    _assert_none_left(mark)
+    _assert_one_world(done)
+
+
+def _assert_one_world(done: subprocess.CompletedProcess) -> None:
+    """JOB's lines of 3 ranks on one host: one world (not three of one) over shared memory
+    whose Allreduce matched, and none of its /dev/shm segments left."""
     assert done.returncode == 0, done.stdout + done.stderr
     # mpirun forwards each write as it comes: ranks' lines may run into each other
     got = sorted(re.findall(r"RANK (\d+) (\d+) (True|False) (\d+) (\d+/\d+) ([a-z+]+) "
@@ -104,7 +89,6 @@ def test_real_open_mpi_on_one_host_forms_the_world(tmp_path):
         [[str(r), "3", "True", "1", f"{r}/3", "shm"] for r in range(3)], done.stdout
     job = {g[6] for g in got}
     assert len(job) == 1, got               # one world, not three worlds of one
-    _assert_none_left(mark)
     left = [f for f in os.listdir("/dev/shm") if f.startswith(f"pycomm-{job.pop()}-")]
     assert not left, f"/dev/shm still holds {left}"
 
@@ -113,15 +97,8 @@ def test_real_open_mpi_on_one_host_forms_the_world(tmp_path):
 @pytest.fixture(scope="module")
 def ompi_cluster():
     mpirun, version = _open_mpi()
-    try:
-        check_support()
-    except ClusterError as exc:
-        pytest.skip(f"cannot build emulated hosts: {exc}")
-    prefix = f"pom{os.getpid() % 10000}"
-    with Cluster(3, prefix=prefix) as c:
+    with emulated_hosts(3, "pom") as c:
         yield c, mpirun, version, c.ssh_stand_in()
-    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    assert prefix + "-" not in listed, f"namespaces left behind: {listed}"
 
 
 def _mpirun(oc, hosts: str, n: int, *args: str, timeout: float = 60) -> tuple[int, str]:
@@ -155,7 +132,7 @@ def test_real_open_mpi_across_hosts_needs_no_master_addr(ompi_cluster, hosts, n,
                     "PMIx, tested in tests/test_ompi5_hosts.py")
     rc, out = _mpirun(ompi_cluster, hosts, n, *args)
     assert rc == 0, out
-    assert not missing_lines(out, hostmap), (missing_lines(out, hostmap), out)
+    assert_lines(out, hostmap)
     _assert_nothing_left(ompi_cluster)
 
 
@@ -164,7 +141,7 @@ def test_real_open_mpi_across_hosts_with_master_addr(ompi_cluster):
     # MASTER_PORT too: the last test
     rc, out = _mpirun(ompi_cluster, "host1:2,host2:2", 4, "-x", "MASTER_ADDR=host1")
     assert rc == 0, out
-    assert not missing_lines(out, [1, 1, 2, 2]), (missing_lines(out, [1, 1, 2, 2]), out)
+    assert_lines(out, [1, 1, 2, 2])
     _assert_nothing_left(ompi_cluster)
 
 
@@ -186,7 +163,7 @@ def test_real_open_mpi_from_a_host_without_ranks_says_to_set_master_addr(ompi_cl
     rc, out = _mpirun(ompi_cluster, "host2:2,host3:2", 4, "-x", "MASTER_ADDR=host2", "-x",
                       f"MASTER_PORT={29500 + os.getpid() % 400}")
     assert rc == 0, out
-    assert not missing_lines(out, [2, 2, 3, 3]), (missing_lines(out, [2, 2, 3, 3]), out)
+    assert_lines(out, [2, 2, 3, 3])
     _assert_nothing_left(ompi_cluster)
 
 

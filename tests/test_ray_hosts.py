@@ -31,9 +31,8 @@ import pytest
 pytest.importorskip("ray", reason="ray is not installed (pip install pycomm[ray], or a "
                     "venv: see this module's docstring)")
 
-from benchmarks.cluster.jobcheck import (ROOT, clean_env, finish, missing_lines,  # noqa: E402
-                                         processes_with_env)
-from benchmarks.cluster.netns import Cluster, ClusterError, check_support  # noqa: E402
+from benchmarks.cluster.jobcheck import (ROOT, assert_lines, assert_none_with_env,  # noqa: E402
+                                         clean_env, emulated_hosts, finish, started)
 from benchmarks.cluster.ray_nodes import RayError, RayNodes  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
@@ -56,30 +55,14 @@ def _ray_stop_leaves_nothing(c, r) -> None:
 
 @pytest.fixture(scope="module")
 def nodes():
-    try:
-        check_support()
-    except ClusterError as exc:
-        pytest.skip(f"cannot build emulated hosts: {exc}")
-    prefix = f"pry{os.getpid() % 10000}"
-    with Cluster(2, prefix=prefix) as c:
-        try:
-            r = RayNodes(c, env=clean_env()).__enter__()
-        except RayError as exc:
-            pytest.fail(f"Ray is installed but its nodes did not start here: {exc}")
-        token, temp = r.token, r.dir
-        try:
+    with emulated_hosts(2, "pry") as c:
+        with started(lambda: RayNodes(c, env=clean_env()), RayError,
+                     "Ray is installed but its nodes did not start here") as r:
+            token, temp = r.token, r.dir
             yield c, r
             _ray_stop_leaves_nothing(c, r)
-        finally:
-            r.close()
-    assert not os.path.exists(temp), f"{temp} left behind"
-    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    assert prefix + "-" not in listed, f"namespaces left behind: {listed}"
-    deadline = time.monotonic() + 5
-    while (left := processes_with_env(f"RAY_AUTH_TOKEN={token}")) and \
-            time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not left, f"processes of the Ray cluster outlived it: {left}"
+        assert not os.path.exists(temp), f"{temp} left behind"
+    assert_none_with_env(f"RAY_AUTH_TOKEN={token}", "processes of the Ray cluster outlived it")
 
 
 def _driver(nodes, *modes: str, host: int = 1, timeout: float = 150) -> dict[str, str]:
@@ -130,7 +113,7 @@ def _check_world(out: str, hostmap: list[int] | None = None) -> None:
     assert all(len(ids) == 1 for ids in node_ids.values()) and \
         len(set().union(*node_ids.values())) == 2, node_ids
     # each rank: its checks passed, its host, every rank's host, shm+tcp, the layout
-    assert not missing_lines(out, placed), (missing_lines(out, placed), out)
+    assert_lines(out, placed)
 
 
 def test_two_nodes_form_one_ray_cluster(nodes):

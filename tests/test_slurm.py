@@ -19,8 +19,8 @@ import sys
 
 import pytest
 
-from benchmarks.cluster.jobcheck import APP, ROOT, clean_env, finish, missing_lines
-from benchmarks.cluster.netns import Cluster, ClusterError, check_support
+from benchmarks.cluster.jobcheck import (APP, ROOT, assert_lines, clean_env, emulated_hosts,
+                                         finish, started)
 from benchmarks.cluster.slurm import Slurm, SlurmError, find_tools
 
 
@@ -30,24 +30,12 @@ def slurm():
         find_tools()
     except SlurmError as exc:
         pytest.skip(str(exc))
-    try:
-        check_support()
-    except ClusterError as exc:
-        pytest.skip(f"cannot build emulated hosts: {exc}")
-    prefix = f"psl{os.getpid() % 10000}"
-    with Cluster(2, prefix=prefix) as c:
-        try:
-            s = Slurm(c).__enter__()
-        except SlurmError as exc:
-            pytest.fail(f"SLURM is installed but did not start here: {exc}")
-        try:
-            yield c, s
-        finally:
+    with emulated_hosts(2, "psl") as c:
+        with started(lambda: Slurm(c), SlurmError,
+                     "SLURM is installed but did not start here") as s:
             marked_dir = s.dir
-            s.close()
-    assert not os.path.exists(marked_dir), f"{marked_dir} left behind"
-    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    assert prefix + "-" not in listed, f"namespaces left behind: {listed}"
+            yield c, s
+        assert not os.path.exists(marked_dir), f"{marked_dir} left behind"
 
 
 def _srun(cs, *args: str, timeout: float = 60, **extra: str) -> tuple[int, str]:
@@ -62,7 +50,7 @@ def _srun(cs, *args: str, timeout: float = 60, **extra: str) -> tuple[int, str]:
 def _check(cs, rc: int, out: str, hostmap: list[int]) -> None:
     c, s = cs
     assert rc == 0, f"{out}\n{s.logs()}"
-    assert not missing_lines(out, hostmap), (missing_lines(out, hostmap), out)
+    assert_lines(out, hostmap)
     left = s.leftovers()
     assert not left, f"job step processes left: {left}"
     for k in range(1, c.n + 1):

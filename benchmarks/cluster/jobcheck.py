@@ -8,19 +8,32 @@ rank -> emulated host number). :func:`clean_env` is an environment free of every
 variables (so that a job sees only those of the engine that starts it). The checks every
 such test makes after a job: :func:`finish` (the job's output, or a failure when it runs
 past its time), :func:`hosts_left_clean` (no process but each host's holder, no /dev/shm
-segment) and :func:`processes_with_env` (what outlived a job that marked its processes).
+segment) and :func:`processes_with_env` / :func:`assert_none_with_env` (what outlived a
+job that marked its processes); :func:`assert_lines` (every rank's line, no extra one).
+What every such test module needs before a job: :func:`launcher` (the engine's launcher,
+found by its ``--version``, or the test skipped saying what was looked for) and
+:func:`emulated_hosts` (its module fixture's hosts, or the test skipped where network
+namespaces cannot be made; none left behind after it), and :func:`started` (a harness
+that starts the engine's daemons on them); :func:`port_taken` (a port that rank 0 cannot
+bind, for the failure cases).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
+import sys
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-__all__ = ["APP", "ROOT", "clean_env", "expected_line", "finish", "hosts_left_clean",
-           "missing_lines", "processes_with_env"]
+from .netns import Cluster, ClusterError, check_support
+
+__all__ = ["APP", "ROOT", "assert_lines", "assert_none_with_env", "clean_env",
+           "emulated_hosts", "expected_line", "finish", "hosts_left_clean", "launcher",
+           "missing_lines", "port_taken", "processes_with_env", "started"]
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = str(ROOT / "benchmarks" / "cluster" / "check_app.py")
@@ -59,6 +72,12 @@ def missing_lines(out: str, hostmap: list[int], host: str = "host{}") -> list[st
                                 + r"(\n|OK|$)", out)]
     extra = out.count("OK rank ") - len(hostmap)
     return missing + [f"{extra} OK lines too many"] * (extra > 0)
+
+
+def assert_lines(out: str, hostmap: list[int], host: str = "host{}") -> None:
+    """Assert that ``out`` holds every rank's expected line and no extra one."""
+    missing = missing_lines(out, hostmap, host)
+    assert not missing, (missing, out)
 
 
 def finish(p: subprocess.Popen, timeout: float, what: str, logs: str = "") -> tuple[int, str]:
@@ -109,3 +128,112 @@ def processes_with_env(entry: str) -> list[int]:
             except OSError:
                 pass
     return pids
+
+
+def assert_none_with_env(entry: str, what: str, settle: float = 5.0) -> None:
+    """Assert that no process holds ``entry`` in its environment (waiting up to ``settle``
+    seconds for the last to exit); ``what`` names them in the failure."""
+    deadline = time.monotonic() + settle
+    while (left := processes_with_env(entry)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not left, f"{what}: {left}"
+
+
+_LAUNCHERS: dict[str, tuple[str, re.Match] | str] = {}     # launcher()'s answers, by name
+
+
+def launcher(name: str, candidates: Iterable[str | None], version: str, missing: str, *,
+             failed: str | None = None, other: str | None = None) -> tuple[str, re.Match]:
+    """The first of ``candidates`` (paths; None and repeats passed over) that is executable
+    and whose ``--version`` output matches the regular expression ``version``: its path and
+    the match. Asked once per process under ``name``; the same answer (or skip) after.
+
+    Skips (pytest.skip) with ``missing`` where none is; with ``failed`` (formatted with
+    ``path`` and ``exc``) where the last executable candidate's ``--version`` failed, or
+    ``other`` (formatted with ``path``) where its output did not match, when given.
+    """
+    import pytest
+    if name not in _LAUNCHERS:
+        _LAUNCHERS[name] = _find_launcher(candidates, version, missing, failed, other)
+    found = _LAUNCHERS[name]
+    if isinstance(found, str):
+        pytest.skip(found)
+    return found
+
+
+def _find_launcher(candidates, version, missing, failed, other) -> tuple[str, re.Match] | str:
+    why = missing
+    for path in dict.fromkeys(p for p in candidates if p):
+        if not os.access(path, os.X_OK):
+            continue
+        try:
+            info = subprocess.run([path, "--version"], capture_output=True, text=True,
+                                  timeout=30).stdout
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            why = missing if failed is None else failed.format(path=path, exc=exc)
+            continue
+        m = re.search(version, info)
+        if m:
+            return path, m
+        why = missing if other is None else other.format(path=path)
+    return why
+
+
+@contextlib.contextmanager
+def emulated_hosts(n: int, tag: str, unsupported=None,
+                   why: str = "cannot build emulated hosts") -> Iterator[Cluster]:
+    """A module fixture's ``n`` emulated hosts (benchmarks/cluster/netns.py), named
+    ``<tag><pid>``; after them, no namespace of theirs may be left.
+
+    Where namespaces cannot be made here, ``unsupported`` (default pytest.skip: the test
+    needs an external engine's hosts) is called with ``why`` and the reason; a cluster
+    that is supported but cannot be built fails (pytest.fail) with the same words.
+    """
+    import pytest
+    try:
+        check_support()
+    except ClusterError as exc:
+        (unsupported or pytest.skip)(f"{why}: {exc}")
+    prefix = f"{tag}{os.getpid() % 10000}"
+    try:
+        cluster = Cluster(n, prefix=prefix).__enter__()
+    except ClusterError as exc:
+        pytest.fail(f"{why}: {exc}")
+    try:
+        yield cluster
+    finally:
+        cluster.close()
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert prefix + "-" not in listed, f"namespaces left behind: {listed}"
+
+
+@contextlib.contextmanager
+def started(make, error: type[Exception], failed: str):
+    """Enter the harness ``make()`` returns (benchmarks/cluster/slurm.py's Slurm,
+    ray_nodes.py's RayNodes) for a module fixture, and close it after; an engine that is
+    installed but raises ``error`` on start fails (pytest.fail) with ``failed`` and why."""
+    import pytest
+    try:
+        harness = make().__enter__()
+    except error as exc:
+        pytest.fail(f"{failed}: {exc}")
+    try:
+        yield harness
+    finally:
+        harness.__exit__(None, None, None)
+
+
+@contextlib.contextmanager
+def port_taken(cluster, k: int, port: int):
+    """A process on host ``k`` of ``cluster`` listening on ``port`` (all addresses) for the
+    duration: a port that a rank cannot bind."""
+    blocker = cluster.popen(k, [sys.executable, "-c",
+                                "import socket, time; s = socket.create_server(('0.0.0.0', "
+                                f"{port})); print('bound', flush=True); time.sleep(120)"],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert blocker.stdout.readline().strip() == "bound"
+        yield
+    finally:
+        blocker.kill()
+        blocker.wait(10)

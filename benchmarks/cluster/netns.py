@@ -38,7 +38,7 @@ import sys
 import tempfile
 from collections.abc import Sequence
 
-__all__ = ["Cluster", "ClusterError", "check_support", "cleanup"]
+__all__ = ["Cluster", "ClusterError", "Harness", "check_support", "cleanup"]
 
 PREFIX = "pcx"
 
@@ -84,7 +84,29 @@ def cleanup(prefix: str = PREFIX) -> list[str]:
     return gone
 
 
-class Cluster:
+class Harness:
+    """A context manager that starts something on entry (:meth:`_start`) and stops it on
+    exit (:meth:`close`, which must also undo a start that failed half way)."""
+
+    def __enter__(self):
+        try:
+            self._start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _start(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+class Cluster(Harness):
     """N emulated hosts; a context manager that builds them on entry and removes them on exit.
 
     Args:
@@ -130,17 +152,9 @@ class Cluster:
     def __enter__(self) -> Cluster:
         check_support()
         cleanup(self.prefix)
-        try:
-            self._build()
-        except BaseException:
-            self.close()
-            raise
-        return self
+        return super().__enter__()
 
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def _build(self) -> None:
+    def _start(self) -> None:
         if self.private_shm:
             fd, self._hosts_file = tempfile.mkstemp(prefix=f"{self.prefix}-hosts-")
             with os.fdopen(fd, "w") as fh:

@@ -41,7 +41,7 @@ import sys
 import tempfile
 import time
 
-from .netns import Cluster
+from .netns import Cluster, Harness
 
 __all__ = ["RayError", "RayNodes", "find_ray"]
 
@@ -94,7 +94,7 @@ def _children(pid: int) -> list[int]:
         return []
 
 
-class RayNodes:
+class RayNodes(Harness):
     """A Ray node on every host of ``cluster``; a context manager.
 
     Args:
@@ -139,15 +139,7 @@ class RayNodes:
     def __enter__(self) -> RayNodes:
         # Short: Ray puts Unix sockets under it (107 characters at most).
         self.dir = tempfile.mkdtemp(prefix="pcray-", dir="/tmp")
-        try:
-            self._start()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+        return super().__enter__()
 
     def _argv(self, k: int) -> list[str]:
         c = self.cluster

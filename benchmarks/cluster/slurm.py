@@ -31,7 +31,8 @@ import subprocess
 import tempfile
 import time
 
-from .netns import Cluster
+from .jobcheck import processes_with_env
+from .netns import Cluster, Harness
 
 __all__ = ["Slurm", "SlurmError", "find_tools"]
 
@@ -66,21 +67,10 @@ def _free_port() -> int:
 
 def _marked_pids(mark: str) -> list[int]:
     """Processes whose environment holds ``MARK=mark`` (not this one)."""
-    want = f"{MARK}={mark}".encode()
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as fh:
-                if want in fh.read().split(b"\0"):
-                    pids.append(int(entry))
-        except OSError:
-            pass
-    return pids
+    return processes_with_env(f"{MARK}={mark}")
 
 
-class Slurm:
+class Slurm(Harness):
     """A SLURM controller and daemons on the hosts of ``cluster``; a context manager.
 
     Args:
@@ -110,15 +100,7 @@ class Slurm:
     # -- life cycle -------------------------------------------------------------------------
     def __enter__(self) -> Slurm:
         self.dir = tempfile.mkdtemp(prefix="pycomm-slurm-")
-        try:
-            self._start()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+        return super().__enter__()
 
     def _conf(self) -> str:
         d, c = self.dir, self.cluster
