@@ -123,10 +123,16 @@ def test_two_nodes_form_one_ray_cluster(nodes):
     assert c.run(2, ["hostname"]).stdout.strip() == "host2"
 
 
-def test_run_and_a_declared_group_span_both_nodes(nodes):
-    out = _driver(nodes, "run", "declared")
-    _check_world(out["run"])                        # where Ray put them: 2 per node
-    _check_world(out["declared"], [1, 2, 1, 2])     # pinned cyclically by resources
+@pytest.fixture(scope="module")
+def on_host1(nodes) -> dict[str, str]:
+    """Every mode of ray_check.py from one driver on host 1 (a driver's start-up and
+    ray.init cost seconds: paid once for the tests that read these modes)."""
+    return _driver(nodes, "run", "declared", "raise", "die", timeout=240)
+
+
+def test_run_and_a_declared_group_span_both_nodes(nodes, on_host1):
+    _check_world(on_host1["run"])                       # where Ray put them: 2 per node
+    _check_world(on_host1["declared"], [1, 2, 1, 2])    # pinned cyclically by resources
     _no_leftovers(nodes)
 
 
@@ -135,14 +141,13 @@ def test_a_driver_on_the_other_node(nodes):
     _no_leftovers(nodes)
 
 
-def test_a_rank_that_fails_on_one_node_is_named(nodes):
-    out = _driver(nodes, "raise", "die")
+def test_a_rank_that_fails_on_one_node_is_named(nodes, on_host1):
     for mode, kind in (("raise", "RemoteError"), ("die", "PeerError")):
-        m = re.search(r"^FAILED (\w+) rank (\d+) after ([\d.]+) s: (.*)$", out[mode],
+        m = re.search(r"^FAILED (\w+) rank (\d+) after ([\d.]+) s: (.*)$", on_host1[mode],
                       flags=re.M)
-        assert m, out[mode]
-        assert (m.group(1), m.group(2)) == (kind, "3"), out[mode]
+        assert m, on_host1[mode]
+        assert (m.group(1), m.group(2)) == (kind, "3"), on_host1[mode]
         # the others learnt it from the failed rank, not from their timeout (60 s)
-        assert float(m.group(3)) < 40, out[mode]
-    assert "fails on purpose on host" in out["raise"]
+        assert float(m.group(3)) < 40, on_host1[mode]
+    assert "fails on purpose on host" in on_host1["raise"]
     _no_leftovers(nodes)

@@ -39,6 +39,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 from .netns import Cluster, Harness
@@ -63,6 +64,36 @@ while True:
     if pid == start.pid and os.waitstatus_to_exitcode(status) != 0:
         sys.exit(f"ray start failed ({{os.waitstatus_to_exitcode(status)}})")
 """
+
+
+# A driver on host 1 that reports how many nodes are alive: joins once, then prints
+# "ALIVE n" whenever the count changes until it reaches the wanted one (exits with an
+# error while the head does not answer yet; RayNodes starts another).
+_WATCH = """
+import sys, time, ray
+ray.init(address=sys.argv[1], log_to_driver=False, configure_logging=False)
+seen = -1
+while seen < int(sys.argv[2]):
+    alive = sum(n["Alive"] for n in ray.nodes())
+    if alive != seen:
+        print("ALIVE", alive, flush=True)
+        seen = alive
+    time.sleep(0.1)
+"""
+
+
+class _Watch:
+    """A running _WATCH and the last count it printed (read by a thread)."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self.proc, self.alive, self.ended = proc, 0, threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            if line.startswith("ALIVE "):
+                self.alive = int(line.split()[1])
+        self.ended.set()
 
 
 class RayError(RuntimeError):
@@ -115,6 +146,8 @@ class RayNodes(Harness):
         self.dir: str | None = None
         self._nodes: dict[int, subprocess.Popen] = {}
         self._init: dict[int, int] = {}     # host -> PID of its namespace's first process
+        self._stopped: set[int] = set()     # hosts whose node `ray stop` ended
+        self._watch: _Watch | None = None
         self.token = secrets.token_hex(32)
 
     @property
@@ -174,18 +207,27 @@ class RayNodes(Harness):
             if k == 1:
                 self._wait(lambda: self._alive_nodes() >= 1, "the head did not come up")
         self._wait(lambda: self._alive_nodes() >= c.n, f"{c.n} nodes did not come up")
+        if self._watch is not None:
+            try:
+                self._watch.proc.wait(timeout=30)       # it leaves once all are alive
+            except subprocess.TimeoutExpired:
+                self._watch.proc.kill()
+            self._watch = None
 
     def _alive_nodes(self) -> int:
-        """How many nodes the head lists as alive (0 while it does not answer)."""
-        code = ("import ray, sys\n"
-                "ray.init(address=sys.argv[1], log_to_driver=False, configure_logging=False)\n"
-                "print('ALIVE', sum(n['Alive'] for n in ray.nodes()))\n")
-        done = self.cluster.run(1, [sys.executable, "-c", code, self.address],
-                                env=self.env(), timeout=60)
-        for line in done.stdout.splitlines():
-            if line.startswith("ALIVE "):
-                return int(line.split()[1])
-        return 0
+        """How many nodes the head lists as alive (0 while it does not answer), as one
+        watching driver on host 1 last said (a driver's start-up costs seconds: one joins
+        and polls, instead of one joining per question); another is started while the
+        head does not answer."""
+        w = self._watch
+        if w is None or (w.ended.is_set() and w.alive < self.cluster.n):
+            if w is not None:
+                w.proc.wait()
+            self._watch = w = _Watch(self.cluster.popen(
+                1, [sys.executable, "-c", _WATCH, self.address, str(self.cluster.n)],
+                env=self.env(), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                text=True))
+        return w.alive
 
     def _wait(self, ready, what: str) -> None:
         deadline = time.monotonic() + self.timeout
@@ -199,7 +241,7 @@ class RayNodes(Harness):
             if time.monotonic() > deadline:
                 raise RayError(f"Ray did not start: {what} within {self.timeout:g} s\n"
                                f"{self.logs()}")
-            time.sleep(0.5)
+            time.sleep(0.1)
 
     def nsenter(self, k: int, argv: list[str]) -> list[str]:
         """The argv that runs ``argv`` inside host ``k``'s Ray node namespace (its PID and
@@ -228,8 +270,11 @@ class RayNodes(Harness):
 
     def stop(self, k: int) -> subprocess.CompletedProcess:
         """``ray stop`` inside host ``k``'s node namespace (that node's processes only)."""
-        return subprocess.run(self.nsenter(k, [self.ray, "stop", "--grace-period", "6"]),
+        done = subprocess.run(self.nsenter(k, [self.ray, "stop", "--grace-period", "6"]),
                               capture_output=True, text=True, timeout=60, env=self.env())
+        if done.returncode == 0:
+            self._stopped.add(k)
+        return done
 
     def logs(self, lines: int = 15) -> str:
         """The last lines of each node's ``ray start`` output and raylet log."""
@@ -250,11 +295,16 @@ class RayNodes(Harness):
         return "\n".join(out)
 
     def close(self) -> None:
-        """Stop every node: ``ray stop`` in its namespace, then kill its first process (the
-        kernel kills what is left in the namespace); remove the directory."""
+        """Stop every node: ``ray stop`` in its namespace (unless :meth:`stop` did), then
+        kill its first process (the kernel kills what is left in the namespace); remove the
+        directory."""
+        if self._watch is not None:         # a start that failed while it watched
+            self._watch.proc.kill()
+            self._watch.proc.wait()
+            self._watch = None
         for k in sorted(self._nodes, reverse=True):
             p = self._nodes[k]
-            if p.poll() is None and k in self._init:
+            if p.poll() is None and k in self._init and k not in self._stopped:
                 try:
                     self.stop(k)
                 except (OSError, subprocess.SubprocessError):
@@ -277,4 +327,4 @@ class RayNodes(Harness):
         if self.dir is not None:
             shutil.rmtree(self.dir, ignore_errors=True)
             self.dir = None
-        self._nodes, self._init = {}, {}
+        self._nodes, self._init, self._stopped = {}, {}, set()
