@@ -1,21 +1,24 @@
-"""What a job of check_app.py must print, for tests that run it under a real job engine.
+"""What a job of check_app.py must print, and what a test that runs jobs under a real job
+engine (or launch.py) across emulated hosts does before and after them.
 
 :func:`missing_lines` compares a job's output with the line every rank of
 ``benchmarks/cluster/check_app.py`` prints when its Allreduce, Bcast and Allgather matched
 numpy: its rank and size, its host, every rank's host, the transports, the world's host
 layout and its local rank and size, given where the engine placed each rank (``hostmap``:
-rank -> emulated host number). :func:`clean_env` is an environment free of every engine's
-variables (so that a job sees only those of the engine that starts it). The checks every
-such test makes after a job: :func:`finish` (the job's output, or a failure when it runs
+rank -> emulated host number); :func:`assert_lines` asserts every rank's line and no extra
+one. :func:`clean_env` is an environment free of every engine's variables (so that a job
+sees only those of the engine that starts it).
+
+Before the jobs: :func:`launcher` (the engine's launcher, found by its ``--version``, or
+the test skipped saying what was looked for), :func:`emulated_hosts` (a module fixture's
+hosts, or the test skipped where network namespaces cannot be made; none left behind
+after it), :func:`started` (a harness that starts the engine's daemons on them),
+:func:`port_taken` (a port rank 0 cannot bind, for the failure cases) and
+:func:`launch_nodes` (launch.py's agents of a multi-node job, one per emulated host).
+After a job: :func:`finish` / :func:`finish_all` (the output, or a failure when it runs
 past its time), :func:`hosts_left_clean` (no process but each host's holder, no /dev/shm
 segment) and :func:`processes_with_env` / :func:`assert_none_with_env` (what outlived a
-job that marked its processes); :func:`assert_lines` (every rank's line, no extra one).
-What every such test module needs before a job: :func:`launcher` (the engine's launcher,
-found by its ``--version``, or the test skipped saying what was looked for) and
-:func:`emulated_hosts` (its module fixture's hosts, or the test skipped where network
-namespaces cannot be made; none left behind after it), and :func:`started` (a harness
-that starts the engine's daemons on them); :func:`port_taken` (a port that rank 0 cannot
-bind, for the failure cases).
+job that marked its processes).
 """
 
 from __future__ import annotations
@@ -32,8 +35,9 @@ from pathlib import Path
 from .netns import Cluster, ClusterError, check_support
 
 __all__ = ["APP", "ROOT", "assert_lines", "assert_none_with_env", "clean_env",
-           "emulated_hosts", "expected_line", "finish", "hosts_left_clean", "launcher",
-           "missing_lines", "port_taken", "processes_with_env", "started"]
+           "emulated_hosts", "expected_line", "finish", "finish_all", "hosts_left_clean",
+           "launch_nodes", "launcher", "missing_lines", "port_taken", "processes_with_env",
+           "started"]
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = str(ROOT / "benchmarks" / "cluster" / "check_app.py")
@@ -237,3 +241,24 @@ def port_taken(cluster, k: int, port: int):
     finally:
         blocker.kill()
         blocker.wait(10)
+
+
+def launch_nodes(cluster, nnodes: int, nproc: int, port: int, program: list[str],
+                 placement: str = "block", **env: str) -> list[subprocess.Popen]:
+    """launch.py's agents of an ``nnodes`` x ``nproc`` job on ``cluster``: node k on host
+    k + 1, the store on host 1 at ``port``, running ``program`` (argv after launch.py's
+    options); in :func:`clean_env` with ``env`` (PYCOMM_TIMEOUT 30 s unless given), output
+    piped (text, stderr with stdout)."""
+    return [cluster.popen(k + 1, [sys.executable, "launch.py", "--nnodes", str(nnodes),
+                                  "--node-rank", str(k), "--master-addr", cluster.addr(1),
+                                  "--master-port", str(port), "--nproc-per-node", str(nproc),
+                                  "--placement", placement, *program],
+                          cwd=str(ROOT), env=clean_env(**env), stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+            for k in range(nnodes)]
+
+
+def finish_all(procs: list[subprocess.Popen], timeout: float,
+               what: str = "process") -> list[tuple[int, str]]:
+    """:func:`finish` for each of ``procs`` in turn: [(exit code, output)] in their order."""
+    return [finish(p, timeout, f"{what} {i}") for i, p in enumerate(procs)]

@@ -1,0 +1,143 @@
+"""The multi-node launcher on one host (issue 16): two launch.py agents of a 2-node job on
+this host, no namespaces: which rank reads stdin (and that no other rank hangs on it), and
+the usage errors of a multi-node job's shape.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from benchmarks.cluster.jobcheck import ROOT, clean_env
+
+# -- stdin of a multi-node job (two agents on this host, no namespaces) ----------------------
+STDIN_APP = """\
+import sys, time
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+reader = int(sys.argv[1])
+if comm.rank == reader:
+    lines = [line.rstrip("\\n") for line in sys.stdin]
+    sys.stdout.write("rank %d read %d lines: %r\\n" % (comm.rank, len(lines), lines))
+else:
+    t0 = time.monotonic()
+    data = sys.stdin.read()
+    # one write per line: the ranks of a node share its unprefixed output, and print()
+    # under PYTHONUNBUFFERED writes the text and its newline apart
+    sys.stdout.write("rank %d read %r in %.1f s\\n" % (comm.rank, data, time.monotonic() - t0))
+sys.stdout.flush()
+comm.Barrier()
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _node_argv(k: int, port: int, opts: tuple[str, ...], program: list[str]) -> list[str]:
+    return [sys.executable, str(ROOT / "launch.py"), "--nnodes", "2", "--node-rank", str(k),
+            "--master-addr", "127.0.0.1", "--master-port", str(port), "--nproc-per-node", "2",
+            "--mpi4py", *opts, *program]
+
+
+def _wait_for_lines(paths: list[Path], needles: list[str], procs, timeout: float) -> None:
+    """Wait until every needle is in one of the files (fail early if a node exits)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        text = "".join(p.read_text() for p in paths)
+        if all(n in text for n in needles):
+            return
+        gone = [p.returncode for p in procs if p.poll() is not None]
+        assert not gone and time.monotonic() < deadline, \
+            f"waiting for {needles} (nodes exited: {gone}):\n{text}"
+        time.sleep(0.05)
+
+
+@pytest.mark.usefixtures("no_shared_world")
+@pytest.mark.parametrize("opts,reader,node", [
+    ((), 0, 0),                                     # the default: node 0's stdin, rank 0
+    (("--stdin", "3"), 3, 1),                       # block: rank 3 is on node 1
+    (("--placement", "cyclic", "--stdin", "1"), 1, 1),    # cyclic: rank 1 is on node 1
+    (("--stdin", "none"), None, None)],
+    ids=["default", "rank3-block", "rank1-cyclic", "none"])
+def test_stdin_of_the_node_hosting_the_stdin_rank_reaches_it(tmp_path, opts, reader, node):
+    """Both launch.py get a pipe that the test holds open: the ranks that are not --stdin's
+    read EOF at once (no hang on a terminal-like stdin), the other node's launch.py does not
+    hold its pipe (a write is EPIPE), and the lines written to the hosting node's launch.py
+    all reach the --stdin rank, which reads to EOF."""
+    app = tmp_path / "stdin_app.py"
+    app.write_text(STDIN_APP)
+    port = _free_port()
+    outs = [tmp_path / f"node{k}.out" for k in range(2)]
+    procs = []
+    try:
+        for k in range(2):
+            with open(outs[k], "wb") as out:
+                procs.append(subprocess.Popen(
+                    _node_argv(k, port, opts, [str(app), "-1" if reader is None else str(reader)]),
+                    cwd=str(ROOT), env=clean_env(PYCOMM_TIMEOUT="20"), stdin=subprocess.PIPE, stdout=out,
+                    stderr=subprocess.STDOUT, bufsize=0))
+        others = [r for r in range(4) if r != reader]
+        _wait_for_lines(outs, [f"rank {r} read '' in " for r in others], procs, 30)
+        for k, proc in enumerate(procs):
+            if k != node:           # that agent let go of its stdin before starting ranks
+                with pytest.raises(BrokenPipeError):
+                    proc.stdin.write(b"nobody reads this\n")
+        if node is not None:
+            procs[node].stdin.write(b"alpha\nbeta\ngamma\n")
+            procs[node].stdin.close()
+        for proc in procs:
+            proc.wait(timeout=30)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    texts = [p.read_text() for p in outs]
+    for k, proc in enumerate(procs):
+        assert proc.returncode == 0, f"node {k}:\n{texts[k]}"
+    for r in others:
+        took = re.search(rf"rank {r} read '' in ([0-9.]+) s", "".join(texts))
+        assert took is not None and float(took.group(1)) < 5.0, texts
+    if node is not None:
+        assert f"rank {reader} read 3 lines: ['alpha', 'beta', 'gamma']" in texts[node], \
+            texts
+    assert "nobody reads this" not in "".join(texts)
+
+
+def test_stdin_rank_outside_the_multi_node_world_is_a_usage_error(tmp_path):
+    marker = tmp_path / "ran"
+    app = tmp_path / "app.py"
+    app.write_text(f"open({str(marker)!r}, 'w').close()\n")
+    port = _free_port()
+    proc = subprocess.run(_node_argv(0, port, ("--stdin", "7"), [str(app)]), cwd=str(ROOT),
+                          env=clean_env(PYCOMM_TIMEOUT="20"), stdin=subprocess.DEVNULL, capture_output=True,
+                          text=True, timeout=30, check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert "--stdin must be a rank in 0..3 or 'none', got '7' (the world of --nnodes 2 x " \
+        "--nproc-per-node 2)" in proc.stderr
+    assert proc.stdout == "" and not marker.exists()
+    with socket.socket() as s:      # node 0's store never bound its port
+        s.bind(("0.0.0.0", port))
+
+
+@pytest.mark.parametrize("opts,message", [
+    (["--nnodes", "0"], "--nnodes must be at least 1, got 0"),
+    (["--nnodes", "2", "--node-rank", "2"], "--node-rank must be in 0..1, got 2"),
+    (["--nnodes", "2", "--nproc-per-node", "0"], "--nproc-per-node must be at least 1, got 0"),
+    (["--nnodes", "2", "--stdin", "-1"], "--stdin must be a rank in 0..1 or 'none', got '-1'")])
+def test_multi_node_shape_errors_are_usage_errors(opts, message, capsys):
+    from pycomm.launch.cli import main
+    with pytest.raises(SystemExit) as exc:
+        main([*opts, "app.py"])
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
