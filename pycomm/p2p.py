@@ -47,7 +47,6 @@ arrived) the same steps run at once.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from transports import TransportError
@@ -67,7 +66,6 @@ __all__ = ["Engine", "Request", "ANY_SOURCE", "ANY_TAG", "PROC_NULL", "null_requ
 PROC_NULL = -1
 
 _SEND = "send"          # kind of an Engine.outbox action (else a read: pycomm.rendezvous)
-_perf = time.perf_counter
 
 
 def null_request(engine: "Engine") -> Request:
@@ -225,27 +223,15 @@ class Engine(Matching, CallAborts, Waiting):
         if hdr is None:
             hdr = _eager_header(ctx, tag)
         t = self.route[source]
-        poll = t.recv_now
         try:
             # Only while nothing else needs this rank: frames queued to other peers, or
             # arrived from them, need progress(), which this path skips (they would wait
-            # for as long as the exchange with ``source`` goes on).
+            # for as long as the exchange with ``source`` goes on). So, with ``spin``,
+            # the transport polls that one link itself for up to spin_s (it stops when
+            # another peer writes): the message is seen sooner.
             if t.has_backlog() or t.has_input(besides=source):
                 return -2
-            n = poll(source, hdr, view)
-            if n == -1 and spin:
-                # Nothing else runs while this spins (no progress: the checks above hold),
-                # so it polls the transport alone: the message is seen sooner; now and
-                # then it looks whether another peer has written.
-                end = _perf() + self.spin_s
-                while n == -1:
-                    for _ in range(16):
-                        n = poll(source, hdr, view)
-                        if n != -1:
-                            return n
-                    if _perf() >= end or t.has_input(besides=source):
-                        break
-            return n
+            return t.recv_now(source, hdr, view, self.spin_s if spin else 0.0)
         except TransportError as exc:
             raise self._peer_error(exc) from None
 

@@ -100,15 +100,22 @@ class PointToPointMethods:
         """
         eng = self._engine
         # The common case, a small numpy array that the transport takes at once, needs no
-        # request: the checks the general path makes (with their messages) are inlined.
+        # request: the checks the general path makes (with their messages) are inlined,
+        # read off the buffer's memoryview (one export, C attributes) rather than the
+        # array's flags and dtype objects, which numpy builds afresh on each access.
         if type(buf) is np.ndarray and type(dest) is int and type(tag) is int and \
-                0 < buf.nbytes <= eng.eager_limit and 0 <= dest < self.size and \
-                0 <= tag <= TAG_UB and not eng._threaded and buf.flags.c_contiguous and \
-                buf.dtype.char in _CASTABLE and not self._freed:
-            w = self._world[dest]
-            if eng.send_now(buf.data.cast("B"), w, self._pctx, tag):
-                _trace.instant("Send", self, tag, buf.nbytes, w)
-                return
+                0 <= dest < self.size and 0 <= tag <= TAG_UB and not eng._threaded and \
+                not self._freed:
+            try:
+                mv = buf.data
+            except ValueError:      # a dtype no buffer carries (datetime): Isend says so
+                mv = None
+            nbytes = mv.nbytes if mv is not None else 0
+            if 0 < nbytes <= eng.eager_limit and mv.c_contiguous and mv.format in _CASTABLE:
+                w = self._world[dest]
+                if eng.send_now(mv.cast("B"), w, self._pctx, tag):
+                    _trace.instant("Send", self, tag, nbytes, w)
+                    return
         self._wait_posted([self.Isend(buf, dest, tag)], timeout)
 
     def Issend(self, buf, dest: int, tag: int = 0) -> Request:
@@ -235,13 +242,17 @@ class PointToPointMethods:
                 this receive had matched (its Send timed out).
         """
         eng = self._engine
-        if type(buf) is np.ndarray and type(source) is int and type(tag) is int and \
-                buf.nbytes and (0 <= source < self.size or source == ANY_SOURCE) and \
+        try:
+            mv = buf.data if type(buf) is np.ndarray else None
+        except ValueError:          # a dtype no buffer carries (datetime): Irecv says so
+            mv = None
+        if mv is not None and type(source) is int and type(tag) is int and \
+                (0 <= source < self.size or source == ANY_SOURCE) and \
                 (0 <= tag <= TAG_UB or tag == ANY_TAG) and not eng._threaded and \
-                buf.flags.c_contiguous and buf.flags.writeable and \
-                buf.dtype.char in _CASTABLE and not self._freed:
+                mv.nbytes and mv.c_contiguous and not mv.readonly and \
+                mv.format in _CASTABLE and not self._freed:
             # the common case with the checks of Irecv inlined (see Send)
-            view = buf.data.cast("B")
+            view = mv.cast("B")
             if source >= 0 and tag >= 0:
                 # A small message from a named rank: take it straight from the transport
                 # when it is the next frame from there (Engine.recv_now), spinning a while

@@ -207,11 +207,13 @@ class Transport(ABC):
         request. Default: never."""
         return False
 
-    def recv_now(self, peer: int, header: bytes, dest: memoryview) -> int:
+    def recv_now(self, peer: int, header: bytes, dest: memoryview, spin_s: float = 0.0
+                 ) -> int:
         """Take ``peer``'s next frame into ``dest`` at once if its header is exactly
         ``header`` and its payload fits; its length, or -1 when nothing has arrived yet and
         -2 when another frame is next (nothing taken: frames stay for :meth:`progress`).
-        Default: never (-2)."""
+        ``spin_s``: poll for up to that many seconds while nothing has arrived from
+        ``peer`` and no other peer has written. Default: never (-2)."""
         return -2
 
     @abstractmethod
