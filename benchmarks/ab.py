@@ -15,7 +15,10 @@ Run::
 
 ``--head`` defaults to the working tree as it is (uncommitted changes included). Each
 revision is checked out with ``git worktree add --detach`` into a temporary folder that
-is removed at exit.
+is removed at exit; ``--base-tree DIR`` names a base already unpacked instead (a machine
+without the repository's history: ``git archive REV | tar -x -C DIR`` where it is).
+``--coll Latency`` times a Send/Recv ping-pong between ranks 0 and 1 (half the round
+trip, as ``osu_latency``).
 """
 
 from __future__ import annotations
@@ -62,11 +65,13 @@ def _quartiles(xs: list[float]) -> tuple[float, float, float]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--base", required=True, help="git revision of side A")
+    side_a = p.add_mutually_exclusive_group(required=True)
+    side_a.add_argument("--base", help="git revision of side A")
+    side_a.add_argument("--base-tree", type=Path, help="an unpacked tree as side A")
     p.add_argument("--head", help="git revision of side B (default: the working tree)")
     p.add_argument("-n", type=int, default=2, help="ranks (default 2)")
     p.add_argument("--coll", default="Allreduce",
-                   choices=["Allreduce", "Bcast", "Barrier", "Allgather"])
+                   choices=["Allreduce", "Bcast", "Barrier", "Allgather", "Latency"])
     p.add_argument("--bytes", type=int, default=8, help="message size (float32 values)")
     p.add_argument("--pairs", type=int, default=11)
     p.add_argument("--iters", type=int, default=5000, help="calls per block")
@@ -76,10 +81,11 @@ def main(argv: list[str] | None = None) -> int:
     spec = {"coll": args.coll, "bytes": args.bytes, "iters": args.iters,
             "blocks": args.blocks, "warmup": args.warmup}
     with tempfile.TemporaryDirectory(prefix="pycomm-ab-") as tmp:
-        trees = [_checkout(args.base, Path(tmp) / "a")]
+        trees = [args.base_tree.resolve() if args.base_tree else
+                 _checkout(args.base, Path(tmp) / "a")]
         try:
             trees.append(_checkout(args.head, Path(tmp) / "b") if args.head else ROOT)
-            names = [args.base, args.head or "working tree"]
+            names = [args.base or str(args.base_tree), args.head or "working tree"]
             print(f"{args.coll} {args.bytes} B, {args.n} ranks, {args.pairs} pairs of "
                   f"{args.blocks} blocks x {args.iters} calls; us per call")
             print("pair  order  A best  B best  B-A best   A med   B med  B-A med")
@@ -103,8 +109,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"A's {ref:.2f} us), IQR {q1:+.2f} .. {q3:+.2f} us")
             print(f"A = {names[0]}, B = {names[1]}")
         finally:
-            for t in trees:
-                if t != ROOT:
+            for i, t in enumerate(trees):     # the worktrees this run added
+                if t != ROOT and not (i == 0 and args.base_tree):
                     subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force",
                                     str(t)], check=False)
     return 0
