@@ -78,8 +78,8 @@ class CollectiveMethods:
     def Bcast(self, buf, root: int = 0, *, algorithm: str | None = None) -> None:
         """Broadcast ``buf`` from ``root`` to every rank, in place (MPI_Bcast).
 
-        Algorithms: see :mod:`pycomm.collectives.bcast` (small calls on one host:
-        :mod:`pycomm.shmcoll`).
+        Algorithms: see :mod:`pycomm.collectives.bcast` (on one host: small calls through
+        :mod:`pycomm.shmcoll`, large ones by direct reads, :func:`pycomm.shmdirect.direct_bcast`).
 
         Args:
             buf: C-contiguous numeric buffer, the same dtype and element count on every rank:

@@ -199,9 +199,9 @@ class Communicator(PointToPointMethods, CollectiveMethods, ObjectMethods, GroupM
         this communicator's size, transport and agreed ranks per core), for logs and
         benchmarks: ``"shared_slots"`` where a blocking call goes through shared-memory
         slots instead of messages (:mod:`pycomm.shmcoll`), ``"shm_direct"`` where a
-        blocking all-reduce, reduce-scatter-block or all-gather reads its peers' buffers
-        directly (:mod:`pycomm.shmdirect`; without ``op``, a commutative op is taken to
-        be a built-in one, which only a built-in op is). Sends nothing.
+        blocking all-reduce, reduce-scatter-block, all-gather or broadcast reads its
+        peers' buffers directly (:mod:`pycomm.shmdirect`; without ``op``, a commutative op
+        is taken to be a built-in one, which only a built-in op is). Sends nothing.
 
         Args:
             collective: e.g. ``"allreduce"`` (a key of ``pycomm.collectives.REGISTRY``).

@@ -83,8 +83,9 @@ _DECLARED = [
         "Collectives of one host's ranks with at most this many bytes per rank go through "
         "shared-memory slots instead of messages (pycomm.shmcoll); 0 turns them off."),
     Var("PYCOMM_SHM_DIRECT_BYTES", int, 256 << 10,
-        "A blocking all-reduce or reduce-scatter-block (with a commutative numpy op) or "
-        "all-gather (up to 1 MiB) of one host's ranks, of at least this many bytes in all, "
+        "A blocking all-reduce or reduce-scatter-block (with a commutative numpy op), "
+        "all-gather (up to 1 MiB) or broadcast of one host's ranks, of at least this many "
+        "bytes in all, "
         "reads the "
         "peers' buffers directly by cross-memory attach (pycomm.shmdirect) instead of "
         "sending messages; 0 turns it off (so does PYCOMM_SHM_COLL_BYTES=0 at start-up: "

@@ -17,8 +17,8 @@ the world's start-up collectives run before the ranks have agreed on them).
 A plan also says whether the call may skip the message layer: through shared-memory
 slots (:mod:`pycomm.shmcoll`) on a communicator of one host's ranks, for the six
 collectives that module serves, when each rank's data fits a slot; or, for an all-reduce,
-reduce-scatter-block (with a commutative numpy op) or all-gather (up to 1 MiB) of at
-least ``PYCOMM_SHM_DIRECT_BYTES``, by direct reads of the peers' buffers
+reduce-scatter-block (with a commutative numpy op), all-gather (up to 1 MiB) or broadcast
+of at least ``PYCOMM_SHM_DIRECT_BYTES``, by direct reads of the peers' buffers
 (:mod:`pycomm.shmdirect`) where every peer can be read by cross-memory attach. Either
 only when neither ``algorithm=`` nor ``PYCOMM_ALGORITHM_<COLLECTIVE>`` names an
 algorithm (MPICH likewise tries its shared-memory collectives first unless the user
@@ -57,11 +57,12 @@ _SLOT_BYTES = {"barrier": lambda nbytes, size: 0,
                "reduce_scatter_block": lambda nbytes, size: nbytes}
 
 
-# the collectives pycomm.shmdirect serves: count is the buffer's elements for allreduce,
-# one rank's block for the other two (as their slot kernels take it)
+# the collectives pycomm.shmdirect serves: count is the buffer's elements for allreduce
+# and bcast, one rank's block for the other two (as their slot kernels take it)
 _DIRECT = {"allreduce": shmdirect.direct_allreduce,
            "reduce_scatter_block": shmdirect.direct_reduce_scatter_block,
-           "allgather": shmdirect.direct_allgather}
+           "allgather": shmdirect.direct_allgather,
+           "bcast": shmdirect.direct_bcast}
 
 
 def slots_of(comm):
@@ -98,13 +99,13 @@ def takes_slots(comm, collective: str, nbytes: int, algorithm) -> bool:
 
 def takes_direct(comm, collective: str, nbytes: int, algorithm, op) -> bool:
     """Whether a blocking all-reduce or reduce-scatter-block (with ``op`` commutative and
-    a numpy ufunc) or all-gather of ``nbytes`` (as :mod:`pycomm.collectives` counts them)
-    with ``algorithm=`` reads its peers' buffers directly on ``comm``
+    a numpy ufunc), all-gather or broadcast of ``nbytes`` (as :mod:`pycomm.collectives`
+    counts them) with ``algorithm=`` reads its peers' buffers directly on ``comm``
     (:mod:`pycomm.shmdirect`)."""
     if collective not in _DIRECT:
         return False
-    if collective != "allgather" and (op is None or not op.commutative
-                                      or op._ufunc is None):
+    if collective not in ("allgather", "bcast") and (op is None or not op.commutative
+                                                     or op._ufunc is None):
         return False
     limit = config.get("PYCOMM_SHM_DIRECT_BYTES")
     if limit <= 0 or nbytes < limit or not _unforced(collective, algorithm):
@@ -135,6 +136,8 @@ def _fast_plan(comm, collective, dtype, count, root, nbytes, algorithm, sig, fn,
         kernel = comm._slots.kernel(collective, dtype, count, root, op, fn)
     elif collective == "allgather":
         kernel = shmdirect.direct_allgather(comm._slots, dtype, count, fn)
+    elif collective == "bcast":
+        kernel = shmdirect.direct_bcast(comm._slots, dtype, count, root, fn)
     else:
         kernel = _DIRECT[collective](comm._slots, dtype, count, op, fn)
     return (sig, path, kernel, op, True)

@@ -1,5 +1,5 @@
-"""Large all-reduces, reduce-scatters and all-gathers of one host's ranks by direct reads of
-each other's buffers.
+"""Large all-reduces, reduce-scatters, all-gathers and broadcasts of one host's ranks by
+direct reads of each other's buffers.
 
 On a communicator whose ranks all share one host's shared-memory transport, and where
 every rank can read every peer's memory by cross-memory attach (Linux
@@ -38,7 +38,8 @@ sums depend on their order). Non-commutative ops therefore take the message algo
 
 ``Reduce_scatter_block`` is step 2 alone (rank ``i`` reduces block ``i`` of every peer's
 input), ``Allgather`` step 3 alone (every rank reads every peer's block), each followed
-by step 4; both under the same threshold, on the whole buffer's bytes, and the
+by step 4; ``Bcast`` reads the root's slices, then every peer's (:func:`direct_bcast`);
+all under the same threshold, on the whole buffer's bytes, and the
 all-gather only up to :data:`ALLGATHER_MAX_BYTES` (it moves what recursive doubling
 moves, by the same single copies, so only the saved steps tell: from a few MiB on 8
 ranks, the message algorithms were as fast or faster).
@@ -66,8 +67,7 @@ from .errors import CollectiveError, CommError, PeerError
 from .shmcoll import ByMessages
 
 __all__ = ["ALLGATHER_MAX_BYTES", "CHUNK_BYTES", "SHM_DIRECT", "direct_allgather",
-           "direct_allreduce",
-           "direct_reduce_scatter_block", "usable"]
+           "direct_allreduce", "direct_bcast", "direct_reduce_scatter_block", "usable"]
 
 SHM_DIRECT = "shm_direct"       # the algorithm name of a call through this module
 _PATH = 1                       # the slot header's path word of a direct call (shmcoll)
@@ -343,6 +343,64 @@ def direct_allgather(slots, dtype, count: int, by_messages):
                 if block:
                     reads.read(cc, w, r, base + r * block, int(w[r][0]), block)
             reads.step(cc, w, 3)      # no peer reads this rank's block any more
+        except BaseException:
+            reads.withdraw(cc, w)
+            raise
+    return run
+
+
+def direct_bcast(slots, dtype, count: int, root: int, by_messages):
+    """The kernel of one ``Bcast`` shape by direct reads of the root's buffer.
+
+    On two ranks the other rank reads the whole buffer from the root in one copy. On more,
+    van de Geijn's scatter + all-gather broadcast (Barnett et al., "Interprocessor
+    collective communication library (InterCom)", SHPCC 1994; MPICH's
+    ``MPIR_Bcast_intra_scatter_ring_allgather``, Thakur, Rabenseifner & Gropp 2005) with
+    every message replaced by a direct read: non-root rank ``i`` first reads slice ``i``
+    of the root's buffer (``p`` near-equal slices of whole elements), then, once every
+    slice has landed, slice ``j`` from rank ``j`` for every other ``j`` (the root's slice
+    from the root). The root serves about ``2 (p - 1) / p`` of its buffer, not ``p - 1``
+    copies of it: ranks reading one process at once contend on its memory map's lock
+    (see :class:`_Reads`). No rank returns before every peer has finished reading it.
+
+    Args:
+        count: elements of the buffer.
+        root: the broadcasting rank.
+        slots, dtype, by_messages: as :func:`direct_allreduce`.
+
+    Returns:
+        ``run(cc, buf, root)``, as the slot kernel is called.
+    """
+    reads = _reads(slots)
+    me, size = reads.me, slots.size
+    item = dtype.itemsize
+    nbytes = count * item
+    bounds = _bounds(count, size)
+    # the slice this rank reads from the root first, then every other slice from its
+    # owner, from the next rank on (so that the ranks do not all read one peer at once)
+    a, b = bounds[me] * item, bounds[me + 1] * item
+    others = [(me + k) % size for k in range(1, size)]
+
+    def run(cc, buf, _root):
+        at = buf.ctypes.data
+        try:
+            w = reads.publish(cc, nbytes, at, 0)
+        except ByMessages:
+            return by_messages(cc, buf, root)
+        try:
+            if size == 2:
+                if me != root:
+                    reads.read(cc, w, root, at, int(w[root][0]), nbytes)
+            else:
+                if me != root and b > a:
+                    reads.read(cc, w, root, at + a, int(w[root][0]) + a, b - a)
+                reads.step(cc, w, 2)
+                if me != root:
+                    for r in others:
+                        lo, hi = bounds[r] * item, bounds[r + 1] * item
+                        if hi > lo:
+                            reads.read(cc, w, r, at + lo, int(w[r][0]) + lo, hi - lo)
+            reads.step(cc, w, 3)      # no peer reads this rank's buffer any more
         except BaseException:
             reads.withdraw(cc, w)
             raise
