@@ -1,4 +1,5 @@
-"""Failures on fresh, throwaway worlds: dead peers, timeouts, and what is left afterwards.
+"""Failures on fresh, throwaway worlds: dead peers, timeouts, and what is left afterwards
+(the failures that leave their world usable run on the shared worlds of conftest.py).
 
 The promise under test (DESIGN.md, "Timeouts and failure" and "Cleanup"): a peer that dies
 turns every operation waiting on it into an exception naming the peer, on every surviving
@@ -33,7 +34,11 @@ ROOT = Path(__file__).resolve().parents[1]
 FEW_SECONDS = 5.0
 TRANSPORTS = ("shm", "tcp")
 
-pytestmark = pytest.mark.usefixtures("no_shared_world")
+# Fresh worlds: the shared pool is closed first (conftest.no_shared_world). The timeouts,
+# withdrawn sends and a rank's exception leave their world usable: they run on the shared
+# 2- and 3-rank worlds instead (conftest.world).
+fresh_world = pytest.mark.usefixtures("no_shared_world")
+SHARED_PAIRS = [(2, "shm"), (2, "tcp")]
 
 # One rank (the victim) dies half a second after a barrier, while the others are blocked
 # in a call that needs it; each survivor records what that call raised and how long it took
@@ -117,6 +122,7 @@ def run_survivors(tmp_path, transport: str, nprocs: int, how: str, victim: int,
     return results, group.job_id
 
 
+@fresh_world
 @pytest.mark.parametrize("how,call", [("exit", "recv"), ("sigkill", "recv"),
                                       ("sigkill", "recv_any"), ("sigkill", "send"),
                                       ("finish", "recv"), ("finish", "send")])
@@ -130,6 +136,7 @@ def test_blocked_p2p_fails_naming_the_dead_peer(tmp_path, transport, how, call):
         assert res["seconds"] < FEW_SECONDS, f"rank {rank} noticed after {res['seconds']:.1f} s"
 
 
+@fresh_world
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_blocked_collective_fails_instead_of_hanging(tmp_path, transport):
     """In a collective a survivor may be waiting on another survivor that already failed
@@ -153,6 +160,7 @@ def _die_while_peer_receives(how: str):
     comm.Recv(np.zeros(1), 1)
 
 
+@fresh_world
 @pytest.mark.parametrize("how", ["exit", "sigkill"])
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_pool_reports_the_dead_rank_and_cleans_up(transport, how):
@@ -207,10 +215,9 @@ def _recv_timeouts():
     return out
 
 
-@pytest.mark.parametrize("transport", TRANSPORTS)
-def test_timeout_on_blocking_calls(transport):
-    with pycomm.Pool(2, transport=transport, timeout=30.0) as pool:
-        out = pool.run(_recv_timeouts)[0]
+@pytest.mark.parametrize("world", SHARED_PAIRS, indirect=True, ids=["n2-shm", "n2-tcp"])
+def test_timeout_on_blocking_calls(world):
+    out = world.run(_recv_timeouts, timeout=30.0)[0]
     for name in ("Recv", "recv", "Probe", "Irecv.Wait"):
         kind, message, seconds = out[name]
         assert kind == "CommTimeoutError", f"{name}: {kind} {message}"
@@ -274,10 +281,9 @@ def _send_timeouts():
     return out
 
 
-@pytest.mark.parametrize("transport", TRANSPORTS)
-def test_timed_out_or_cancelled_large_send_is_withdrawn(transport):
-    with pycomm.Pool(2, transport=transport, timeout=30.0) as pool:
-        sender, receiver = pool.run(_send_timeouts, timeout=60.0)
+@pytest.mark.parametrize("world", SHARED_PAIRS, indirect=True, ids=["n2-shm", "n2-tcp"])
+def test_timed_out_or_cancelled_large_send_is_withdrawn(world):
+    sender, receiver = world.run(_send_timeouts, timeout=60.0)
     kind, message, seconds = sender["Send"]
     assert kind == "CommTimeoutError" and "rank 0" in message, message
     assert 0.5 <= seconds < 2.5
@@ -298,6 +304,7 @@ def _identity():
     return os.getpid(), os.environ["PYCOMM_JOB_ID"], sorted(os.listdir("/dev/shm"))
 
 
+@fresh_world
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_spawn_leaves_no_process_or_segment(transport):
     results = pycomm.spawn(_identity, 3, transport=transport)
@@ -318,15 +325,16 @@ def _raise_on_rank(bad: int):
     return comm.rank
 
 
-def test_rank_exception_comes_back_with_traceback_and_pool_survives():
-    with pycomm.Pool(3, transport="shm", timeout=30.0) as pool:
-        with pytest.raises(pycomm.RemoteError) as info:
-            pool.run(_raise_on_rank, 2)
-        err = info.value
-        assert err.rank == 2 and err.exc_type == "ValueError"
-        assert "deliberate failure on rank 2" in str(err)
-        assert "_raise_on_rank" in err.remote_traceback
-        assert pool.run(_raise_on_rank, -1) == [0, 1, 2]
+@pytest.mark.parametrize("world", [(3, "shm")], indirect=True, ids=["n3-shm"])
+def test_rank_exception_comes_back_with_traceback_and_pool_survives(world):
+    pool = world.pool
+    with pytest.raises(pycomm.RemoteError) as info:
+        pool.run(_raise_on_rank, 2)
+    err = info.value
+    assert err.rank == 2 and err.exc_type == "ValueError"
+    assert "deliberate failure on rank 2" in str(err)
+    assert "_raise_on_rank" in err.remote_traceback
+    assert pool.run(_raise_on_rank, -1) == [0, 1, 2]
 
 
 def _default_timeouts():
@@ -347,6 +355,7 @@ def _default_timeouts():
     return out
 
 
+@fresh_world
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_pycomm_timeout_bounds_waits_without_timeout_argument(transport):
     with pycomm.Pool(2, transport=transport, timeout=1.0) as pool:
