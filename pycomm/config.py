@@ -15,7 +15,8 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
-__all__ = ["VARS", "Var", "algorithm_override", "describe", "get", "port_range", "reload"]
+__all__ = ["VARS", "Var", "algorithm_override", "describe", "explicit", "get", "port_range",
+           "reload"]
 
 
 @dataclass(frozen=True)
@@ -85,11 +86,12 @@ _DECLARED = [
     Var("PYCOMM_SHM_DIRECT_BYTES", int, 256 << 10,
         "A blocking all-reduce or reduce-scatter-block (with a commutative numpy op), "
         "all-gather (up to 1 MiB) or broadcast of one host's ranks, of at least this many "
-        "bytes in all, "
-        "reads the "
-        "peers' buffers directly by cross-memory attach (pycomm.shmdirect) instead of "
-        "sending messages; 0 turns it off (so does PYCOMM_SHM_COLL_BYTES=0 at start-up: "
-        "the ranks publish their buffers' addresses in the slots' area)."),
+        "bytes in all, reads the peers' buffers directly by cross-memory attach "
+        "(pycomm.shmdirect) instead of sending messages; 0 turns it off (so does "
+        "PYCOMM_SHM_COLL_BYTES=0 at start-up: the ranks publish their buffers' addresses "
+        "in the slots' area). Unset: 256 KiB where ranks outnumber cores, else per "
+        "collective (pycomm.plan.DIRECT_FROM: reduce-scatter-block from 16 KiB, broadcast "
+        "from 128 KiB, all-reduce and all-gather from 256 KiB)."),
     Var("PYCOMM_SPIN_US", float, None,
         "Microseconds a waiting rank spins before it blocks in the kernel (default: 50, or 5 "
         "when ranks outnumber cores)."),
@@ -176,6 +178,15 @@ def get(name: str, environ: dict[str, str] | None = None) -> Any:
         return var.parse(text)
     except ValueError as exc:
         raise ValueError(f"environment variable {name}={text!r} is invalid: {exc}") from None
+
+
+def explicit(name: str, environ: dict[str, str] | None = None) -> Any:
+    """Return the parsed value of declared variable ``name`` where it is set, else None
+    (for a default that depends on more than the variable: see :func:`get`'s errors)."""
+    env = os.environ if environ is None else environ
+    if env.get(name) in (None, ""):
+        return None
+    return get(name, env)
 
 
 def algorithm_override(collective: str, environ: dict[str, str] | None = None) -> str | None:

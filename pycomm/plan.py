@@ -33,7 +33,8 @@ from typing import Any
 from . import config, shmcoll, shmdirect
 from .signature import signature
 
-__all__ = ["MAX_PLANS", "SHARED_SLOTS", "UNDECIDED", "fast_path", "plan_call", "slots_of",
+__all__ = ["DIRECT_FROM", "MAX_PLANS", "SHARED_SLOTS", "UNDECIDED", "direct_threshold",
+           "fast_path", "plan_call", "slots_of",
            "takes_slots"]
 
 SHARED_SLOTS = "shared_slots"   # the algorithm name of a call through pycomm.shmcoll
@@ -63,6 +64,15 @@ _DIRECT = {"allreduce": shmdirect.direct_allreduce,
            "reduce_scatter_block": shmdirect.direct_reduce_scatter_block,
            "allgather": shmdirect.direct_allgather,
            "bcast": shmdirect.direct_bcast}
+
+
+# Where each collective starts reading directly, with a core per rank and
+# PYCOMM_SHM_DIRECT_BYTES unset: from these sizes on, direct reads were as fast as the
+# automatic message algorithm or faster at 2, 4, 8 and 16 ranks on a 16-core machine, and
+# below them slower at some rank count (benchmarks/README.md, "Where direct reads start").
+# With more ranks than cores every collective starts at the variable's default.
+DIRECT_FROM = {"allreduce": 256 << 10, "allgather": 256 << 10, "bcast": 128 << 10,
+               "reduce_scatter_block": 16 << 10}
 
 
 def slots_of(comm):
@@ -97,23 +107,36 @@ def takes_slots(comm, collective: str, nbytes: int, algorithm) -> bool:
         slots.limit, config.get("PYCOMM_SHM_COLL_BYTES"))
 
 
+def direct_threshold(comm, collective: str) -> int:
+    """The fewest bytes (as :mod:`pycomm.collectives` counts them) from which a blocking
+    ``collective`` on ``comm`` reads its peers' buffers directly: ``PYCOMM_SHM_DIRECT_BYTES``
+    where it is set (0: never); else :data:`DIRECT_FROM`'s figure with a core per rank, or
+    the variable's default (256 KiB) where ranks outnumber cores."""
+    limit = config.explicit("PYCOMM_SHM_DIRECT_BYTES")
+    if limit is not None:
+        return limit
+    if comm._selection.oversubscription() > 1.0:
+        return config.VARS["PYCOMM_SHM_DIRECT_BYTES"].default
+    return DIRECT_FROM[collective]
+
+
 def takes_direct(comm, collective: str, nbytes: int, algorithm, op) -> bool:
     """Whether a blocking all-reduce or reduce-scatter-block (with ``op`` commutative and
     a numpy ufunc), all-gather or broadcast of ``nbytes`` (as :mod:`pycomm.collectives`
     counts them) with ``algorithm=`` reads its peers' buffers directly on ``comm``
-    (:mod:`pycomm.shmdirect`)."""
+    (:mod:`pycomm.shmdirect`; from :func:`direct_threshold` bytes on)."""
     if collective not in _DIRECT:
         return False
     if collective not in ("allgather", "bcast") and (op is None or not op.commutative
                                                      or op._ufunc is None):
         return False
-    limit = config.get("PYCOMM_SHM_DIRECT_BYTES")
-    if limit <= 0 or nbytes < limit or not _unforced(collective, algorithm):
-        return False
     if collective == "allgather" and nbytes > shmdirect.ALLGATHER_MAX_BYTES:
         return False
     slots = slots_of(comm)
-    return slots is not None and shmdirect.usable(slots)
+    if slots is None or not _unforced(collective, algorithm):
+        return False
+    limit = direct_threshold(comm, collective)
+    return 0 < limit <= nbytes and shmdirect.usable(slots)
 
 
 def fast_path(comm, collective: str, nbytes: int, algorithm, op=None) -> str | None:

@@ -5,8 +5,9 @@
   not divide among the ranks and fewer elements than ranks, and the root's buffer is
   read-only and unchanged;
 * the path is taken exactly where promised: a blocking Bcast of at least
-  ``PYCOMM_SHM_DIRECT_BYTES`` with no algorithm named, on a one-host shared-memory
-  communicator; messages otherwise;
+  ``PYCOMM_SHM_DIRECT_BYTES`` (unset: 128 KiB with a core per rank) with no algorithm
+  named, on a one-host shared-memory communicator; messages otherwise; and every
+  collective's threshold follows pycomm.plan.DIRECT_FROM, the cores and the variable;
 * a random schedule of direct, slot and message broadcasts with ranks delayed at random
   keeps every result right (no rank returns while a peer still reads its buffer);
 * a peer that runs the call by its Ibcast makes every rank take messages, with the root's
@@ -29,6 +30,7 @@ import pycomm
 from conftest import World
 from test_shmcoll import _launch
 from test_shmdirect import _threshold
+from pycomm.plan import DIRECT_FROM, direct_threshold
 from pycomm.shmdirect import SHM_DIRECT
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -80,7 +82,7 @@ def test_every_rank_gets_the_roots_bytes(world):
 
 def _choices():
     comm = pycomm.COMM_WORLD
-    at = pycomm.config.VARS["PYCOMM_SHM_DIRECT_BYTES"].default
+    at = direct_threshold(comm, "bcast")
     out = {
         "default": comm.chosen_algorithm("bcast", at),
         "auto": comm.chosen_algorithm("bcast", at, algorithm="auto"),
@@ -100,6 +102,31 @@ def test_direct_bcast_is_taken_exactly_where_promised(world):
         assert took["named"] == "binomial", took
         for key in ("below", "nonblocking", "off"):     # messages
             assert took[key] not in (SHM_DIRECT, "shared_slots"), (key, took)
+
+
+def _thresholds():
+    comm = pycomm.COMM_WORLD
+    out = {"oversubscribed": comm._selection.oversubscription() > 1.0}
+    for collective in DIRECT_FROM:
+        at = direct_threshold(comm, collective)
+        out[collective] = (at, comm.chosen_algorithm(collective, at),
+                           comm.chosen_algorithm(collective, at - 8))
+    with _threshold(4096):
+        out["set"] = {c: direct_threshold(comm, c) for c in DIRECT_FROM}
+    return out
+
+
+def test_the_direct_threshold_follows_the_collective_and_the_cores(world):
+    # a core per rank: each collective from where direct reads were measured to win;
+    # ranks outnumbering cores: 256 KiB for all; PYCOMM_SHM_DIRECT_BYTES set: that, for all
+    default = pycomm.config.VARS["PYCOMM_SHM_DIRECT_BYTES"].default
+    for took in world.run(_thresholds):
+        for collective, want in DIRECT_FROM.items():
+            at, there, below = took[collective]
+            assert at == (default if took["oversubscribed"] else want), (collective, took)
+            assert there == SHM_DIRECT and below not in (SHM_DIRECT, "shared_slots"), \
+                (collective, took)
+        assert took["set"] == dict.fromkeys(DIRECT_FROM, 4096), took
 
 
 def test_a_tcp_world_never_broadcasts_by_reads():
