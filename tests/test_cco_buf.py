@@ -108,8 +108,14 @@ def run_case(comm, coll: str, alg, case: dict):
     op = getattr(pycomm, opname) if opname else None
     size, rank = comm.size, comm.rank
 
+    made = {}
+
     def inp(r, m):
-        return make_input(seed, r, m, dt)
+        """Rank ``r``'s input of ``m`` elements: a fresh copy of the one made per case (the
+        reference, the send buffer and the intact check need the same array)."""
+        if (r, m) not in made:
+            made[r, m] = make_input(seed, r, m, dt)
+        return made[r, m].copy()
 
     def block(a, i):
         return a[i * n:(i + 1) * n]
@@ -129,11 +135,11 @@ def run_case(comm, coll: str, alg, case: dict):
             comm.Allreduce(send, recv, op, algorithm=alg)
         return recv, want, send is None or np.array_equal(send, inp(rank, n))
     if coll == "reduce":
-        want = reference_reduce(opname, [inp(r, n) for r in range(size)])
-        if rank != root:
+        if rank != root:    # no result here: no reference either
             send = inp(rank, n)
             comm.Reduce(send, None, op, root, algorithm=alg)
             return None, None, np.array_equal(send, inp(rank, n))
+        want = reference_reduce(opname, [inp(r, n) for r in range(size)])
         if inplace:
             recv = inp(rank, n)
             comm.Reduce(pycomm.IN_PLACE, recv, op, root, algorithm=alg)
@@ -142,11 +148,11 @@ def run_case(comm, coll: str, alg, case: dict):
             comm.Reduce(send, recv, op, root, algorithm=alg)
         return recv, want, send is None or np.array_equal(send, inp(rank, n))
     if coll == "gather":
-        want = np.concatenate([inp(r, n) for r in range(size)])
         if rank != root:
             send = inp(rank, n)
             comm.Gather(send, None, root, algorithm=alg)
             return None, None, np.array_equal(send, inp(rank, n))
+        want = np.concatenate([inp(r, n) for r in range(size)])
         recv = np.zeros(size * n, dt)
         if inplace:
             block(recv, rank)[:] = inp(rank, n)
