@@ -27,8 +27,10 @@ ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 @pytest.fixture(scope="module", autouse=True)
 def local_ray():
     # No usage report (no network), no dashboard, nothing streamed from the workers.
+    # address="local": a cluster of its own, never one that `ray start` left running on
+    # this machine (ray.init() without an address joins the latest such cluster).
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
              configure_logging=False, _node_ip_address="127.0.0.1")
     yield
     ray.shutdown()
