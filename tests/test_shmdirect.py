@@ -325,15 +325,22 @@ def test_without_cross_memory_attach_the_call_sends_messages(tmp_path):
 
 def test_a_rank_that_fails_withdraws_its_buffer_before_a_slow_peer_reads_it(tmp_path):
     # rank 1 is descheduled in the all-gather phase; rank 0 times out in its last wait,
-    # and reuses its buffer at once: rank 1 must not return what it then reads
+    # and reuses its buffer at once: rank 1, which reads only then (it waits for rank 0's
+    # file), must not return what it reads
     proc = _launch(tmp_path, """
-        import time, numpy as np, pycomm
+        import os, time, numpy as np, pycomm
         from pycomm import shmdirect
         comm = pycomm.init()
         r = comm.rank
         x = np.full(1 << 16, r + 1.0)
         assert comm.chosen_algorithm("allreduce", x.nbytes) == "shm_direct"
         comm.Barrier()
+
+        def wait_for(name):
+            t = time.monotonic()
+            while not os.path.exists(name) and time.monotonic() - t < 30:
+                time.sleep(0.01)
+
         if r == 1:
             step, read = shmdirect._Reads.step, shmdirect._Reads.read
             state = {"gather": False, "slept": False}
@@ -343,7 +350,7 @@ def test_a_rank_that_fails_withdraws_its_buffer_before_a_slow_peer_reads_it(tmp_
             def slow_read(self, *args):
                 if state["gather"] and not state["slept"]:
                     state["slept"] = True
-                    time.sleep(4.0)
+                    wait_for("reused-0")        # until rank 0 failed and reused x
                 return read(self, *args)
             shmdirect._Reads.step, shmdirect._Reads.read = slow_step, slow_read
         try:
@@ -352,7 +359,11 @@ def test_a_rank_that_fails_withdraws_its_buffer_before_a_slow_peer_reads_it(tmp_
         except pycomm.CommError as exc:
             x[...] = -1.0                   # the user reuses its buffer at once
             print("RESULT", r, type(exc).__name__, flush=True)
-        time.sleep(5.0)
+        if r == 0:
+            open("reused-0", "w").close()
+            wait_for("done-1")              # alive while rank 1 reads (else: ESRCH)
+        else:
+            open("done-1", "w").close()
         """, env={"PYCOMM_TIMEOUT": "1.5"})
     results = {}
     for ln in proc.stdout.splitlines():
