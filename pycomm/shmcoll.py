@@ -1,8 +1,8 @@
 """Small collectives through shared-memory slots: one store per rank, no messages.
 
 On a communicator whose ranks all share one host's shared-memory transport, a collective
-call whose per-rank data fits a slot (``PYCOMM_SHM_COLL_BYTES``, default 8 KiB) skips the
-message layer. Each rank writes its contribution, with a header naming the call, into
+call whose per-rank data fits a slot (``PYCOMM_SHM_COLL_BYTES``, default 64 KiB) skips
+the message layer. Each rank writes its contribution, with a header naming the call, into
 its own slot in its own segment (:mod:`transports.shm` reserves the area); every rank
 then reads its peers' slots in place and computes its result from them. An 8-byte
 all-reduce on 2 ranks becomes one copy in, one flag store, one flag load and one ufunc
@@ -13,8 +13,11 @@ This is the flag-based shared-memory collective design of MPICH's CH4 POSIX coll
 (``src/mpid/ch4/shm/posix/release_gather``) and Open MPI's ``coll/sm`` (Graham & Shipman,
 "MPI Support for Multi-core Architectures: Optimized Shared Memory Collectives",
 EuroPVM/MPI 2008), reduced to its flat form: every rank reads every peer's slot in one
-step, where a tree adds a step, and a wake-up, per level; the ranks of one host and a few
-KiB each keep those reads small.
+step, where a tree adds a step, and a wake-up, per level; the ranks of one host and at
+most 64 KiB each keep those reads small. (From 16 to 64 KiB the flat reads beat every
+message algorithm at 2-16 ranks, by 2-8x, and MPICH's shared-memory collectives at most
+sizes: benchmarks/README.md, "Slots of 64 KiB".) The area is reserved, not written: a
+segment's pages are allocated only where calls have written.
 
 Layout. The area holds :data:`MAX_COMMS` communicator blocks, indexed by context id
 (context ids are agreed by the members and never reused, so a block belongs to one
@@ -26,9 +29,10 @@ communicator for the life of the job; communicators with larger ids use messages
 
 ``arrival`` is ``seq << 2 | 2 | slow`` of the last collective call this rank entered on
 the communicator (``slow``: by messages); a slot header is ``[seq + 1, signature code,
-signature count, nbytes, path]`` (``path``: 0 for these slots, 1 for
-:mod:`pycomm.shmdirect`, which publishes addresses, not data, in the slot), the sequence
-number stored last. Call ``seq`` uses slot
+signature count, nbytes, path, reduced]`` (``path``: 0 for these slots, 1 for
+:mod:`pycomm.shmdirect`, which publishes addresses, not data, in the slot; ``reduced``:
+``seq + 1`` once a split all-reduce has written its slice of the result, see
+:meth:`SharedSlots._allreduce`), the sequence number stored last. Call ``seq`` uses slot
 ``(seq + 1) & 1``.
 
 Safety. A rank overwrites its slot ``p`` only once every peer has entered call
@@ -63,7 +67,8 @@ from .errors import CollectiveMismatchError, PeerError
 from .signature import describe, empty_match
 from .waiting import SHARED_WAIT
 
-__all__ = ["MAX_COMMS", "ByMessages", "SharedSlots", "area_bytes", "slots_for"]
+__all__ = ["MAX_COMMS", "SPLIT_MIN_BYTES", "SPLIT_MIN_RANKS", "ByMessages", "SharedSlots",
+           "area_bytes", "slots_for"]
 
 MAX_COMMS = 64          # communicator blocks per rank's area (context ids 0..63)
 _HDR = 64               # bytes of the arrival word's line and of each slot header
@@ -72,6 +77,7 @@ _HALF = 1 << 30
 _SPIN = 64              # polls of a peer's header between clock reads
 _perf = time.perf_counter
 _DEPARTED_S = 0.25      # a departed peer is reported after this (the engine's liveness tick)
+SPLIT_MIN_BYTES, SPLIT_MIN_RANKS = 16 << 10, 4   # from here a split all-reduce (_allreduce)
 
 
 class ByMessages(Exception):
@@ -140,7 +146,7 @@ class SharedSlots:
             hs, ds = [], []
             for p in (0, 1):
                 at = base + _HDR + p * (_HDR + slot)
-                hs.append(area[at:at + 40].cast("q"))
+                hs.append(area[at:at + 48].cast("q"))
                 ds.append(np.frombuffer(area, np.uint8, slot, at + _HDR))
             self.headers.append(hs)
             self.data.append(ds)
@@ -386,8 +392,24 @@ class SharedSlots:
         return run
 
     def _allreduce(self, dtype, count, root, op, by_messages, to_all=True):
+        """Flat: every rank folds every slot in rank order. Split (an all-reduce of at
+        least :data:`SPLIT_MIN_BYTES` on :data:`SPLIT_MIN_RANKS` ranks or more): rank
+        ``i`` folds slice ``i`` of every slot in rank order, writes it over slice ``i`` of
+        its own slot (read by no other rank in this call), flags it (``reduced``), then
+        copies every slice from its owner: Rabenseifner's reduce-scatter + all-gather
+        (Thakur, Rabenseifner & Gropp 2005) over shared memory, ``n / p`` reduced per
+        rank. Both give every rank the same bits, and each other's (rank order)."""
         views = self._views(dtype, 0, count)
         nb, me, fold = count * dtype.itemsize, self.rank, self._reducer(op)
+        split = to_all and self.size >= SPLIT_MIN_RANKS and nb >= SPLIT_MIN_BYTES and \
+            count >= self.size
+        if split:
+            q, rem = divmod(count, self.size)
+            bounds = [r * q + min(r, rem) for r in range(self.size + 1)]
+            lo, hi = bounds[me], bounds[me + 1]
+            mine = [[x[lo:hi] for x in v] for v in views]       # [slot][rank]: slice me
+            theirs = [[(bounds[r], bounds[r + 1], v[r][bounds[r]:bounds[r + 1]]) for r in
+                       self.peers] for v in views]     # [slot]: every owner's slice
 
         def run(cc, buf, *rest):
             # (cc, recv, op, send) for allreduce, (cc, work, root, op, send) for reduce;
@@ -405,9 +427,31 @@ class SharedSlots:
                 elif not to_all and me != root:
                     buf = buf.copy()    # a non-root's sendbuf: the algorithms reduce into it
                 return by_messages(cc, buf, *rest[:-1])
-            if to_all or me == root:
+            if split:
+                out = buf[lo:hi]
+                fold(mine[p], out)
+                v[me][lo:hi] = out      # only this rank reads slice me of its slot
+                self._await_reduced(cc, p)
+                for a, b, part in theirs[p]:
+                    buf[a:b] = part
+            elif to_all or me == root:
                 fold(v, buf)
         return run
+
+    def _await_reduced(self, cc, p: int) -> None:
+        """Flag this rank's reduced slice (slot ``p``); wait for every peer's flag."""
+        s1, headers = cc.tag + 1, self.headers
+        headers[self.rank][p][5] = s1
+        for ring in self._bells:
+            ring()
+        for r in self.peers:
+            h = headers[r][p]
+            if h[5] != s1:
+                for _ in range(self._polls):
+                    if h[5] == s1:
+                        break
+                else:
+                    self._wait(cc, r, lambda h=h: h[5] == s1)
 
     def _reduce(self, dtype, count, root, op, by_messages):
         return self._allreduce(dtype, count, root, op, by_messages, to_all=False)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -308,15 +309,17 @@ def test_algorithm_sweep_with_rounds(tmp_path):
     out = tmp_path / "bcast.json"
     proc = subprocess.run(
         [sys.executable, str(ROOT / "launch.py"), "-n", "3", str(ROOT / "benchmarks" /
-         "osu_bcast.py"), "--algorithm", "all", "--rounds", "2", "--sizes", "8,64K", "-i",
+         "osu_bcast.py"), "--algorithm", "all", "--rounds", "2", "--sizes", "8,128K", "-i",
          "2", "-x", "1", "-c", "-q", "--json", str(out)], check=False, cwd=ROOT,
-        capture_output=True, text=True, timeout=120)
+        capture_output=True, text=True, timeout=120,
+        # 128 KiB: past the slots; no direct reads, whatever the cores (a message algorithm)
+        env={**os.environ, "PYCOMM_SHM_DIRECT_BYTES": "0"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     doc = json.loads(out.read_text())
     assert doc["meta"]["rounds"] == 2
     import pycomm
     names = {*pycomm.algorithms("bcast"), "auto"}     # every registered one, hierarchical too
-    for size in (8, 65536):
+    for size in (8, 131072):
         rows = {r["algorithm"]: r for r in doc["rows"] if r["size"] == size}
         assert set(rows) == names and all(r["avg_us"] > 0 for r in rows.values())
         # 8 B on one host's shared memory goes through the slots (pycomm.shmcoll)

@@ -188,13 +188,15 @@ def test_mismatched_calls_raise_on_every_rank_naming_both(world, kind):
 
 def _mismatched_bcast_root():
     """Bcast root 2 (the last rank) of float64, rank 0 passes float32; then a correct
-    Bcast from the same root, so the root's two calls need nothing from anyone."""
+    Bcast from the same root, so the root's two calls need nothing from anyone (by a
+    message algorithm, named: through the shared-memory slots or by direct reads every
+    rank, the root too, checks every peer's signature before it returns)."""
     comm = pycomm.COMM_WORLD
     r, root = comm.rank, comm.size - 1
 
     def bcast(dtype):
         x = np.full(3000, float(r), dtype)
-        comm.Bcast(x, root=root)
+        comm.Bcast(x, root=root, algorithm="binomial")
         return float(x[0])
 
     calls = [lambda: bcast(np.float32 if r == 0 else np.float64), lambda: bcast(np.float64),

@@ -205,7 +205,9 @@ def _choices():
         "reduce": plan_call(comm, "reduce", f8, big, at, None, pycomm.SUM, 0)[4] is not None,
     }
     out["reduce_scatter_block"] = comm.chosen_algorithm("reduce_scatter_block", at)
-    out["allgather"] = comm.chosen_algorithm("allgather", at)
+    # (each rank's block past the slots, which take a block of up to PYCOMM_SHM_COLL_BYTES)
+    out["allgather"] = comm.chosen_algorithm(
+        "allgather", max(at, (pycomm.config.get("PYCOMM_SHM_COLL_BYTES") + 8) * comm.size))
     out["allgather-large"] = comm.chosen_algorithm("allgather", ALLGATHER_MAX_BYTES + 8)
     out["nonblocking"] = comm.chosen_algorithm("allreduce", at, blocking=False)
     out["rsb-non-commutative"] = comm.chosen_algorithm("reduce_scatter_block", at,
@@ -498,7 +500,9 @@ def _twins():
         for dtype, op_name in TWIN_CASES:
             dt = np.dtype(dtype)
             op = getattr(pycomm, op_name)
-            count = -(-at // (n * dt.itemsize)) + 3     # just past the threshold
+            # just past the threshold, and each rank's block past the slots
+            count = max(-(-at // (n * dt.itemsize)),
+                        pycomm.config.get("PYCOMM_SHM_COLL_BYTES") // dt.itemsize) + 3
             every = [_contribution(k, count * n, dtype) for k in range(n)]
             want_rs = _fold([e[r * count:(r + 1) * count] for e in every], op_name)
             want_ag = np.concatenate([e[:count] for e in every])

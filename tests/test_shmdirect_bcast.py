@@ -109,8 +109,13 @@ def _thresholds():
     out = {"oversubscribed": comm._selection.oversubscription() > 1.0}
     for collective in DIRECT_FROM:
         at = direct_threshold(comm, collective)
-        out[collective] = (at, comm.chosen_algorithm(collective, at),
-                           comm.chosen_algorithm(collective, at - 8))
+        # past the slots (which take what they hold first): direct from the threshold on
+        held = pycomm.config.get("PYCOMM_SHM_COLL_BYTES") * (
+            comm.size if collective == "allgather" else 1)
+        past = max(at, held + 8 * comm.size)
+        out[collective] = (at, comm.chosen_algorithm(collective, past),
+                           comm.chosen_algorithm(collective, at - 8),
+                           pycomm.plan.takes_slots(comm, collective, at - 8, None))
     with _threshold(4096):
         out["set"] = {c: direct_threshold(comm, c) for c in DIRECT_FROM}
     return out
@@ -122,10 +127,11 @@ def test_the_direct_threshold_follows_the_collective_and_the_cores(world):
     default = pycomm.config.VARS["PYCOMM_SHM_DIRECT_BYTES"].default
     for took in world.run(_thresholds):
         for collective, want in DIRECT_FROM.items():
-            at, there, below = took[collective]
+            at, there, below, slots_below = took[collective]
             assert at == (default if took["oversubscribed"] else want), (collective, took)
-            assert there == SHM_DIRECT and below not in (SHM_DIRECT, "shared_slots"), \
-                (collective, took)
+            assert there == SHM_DIRECT, (collective, took)
+            assert below == "shared_slots" if slots_below else \
+                below not in (SHM_DIRECT, "shared_slots"), (collective, took)
         assert took["set"] == dict.fromkeys(DIRECT_FROM, 4096), took
 
 

@@ -1,0 +1,174 @@
+"""The split all-reduce through shared-memory slots (pycomm.shmcoll: at least
+``SPLIT_MIN_BYTES`` on at least ``SPLIT_MIN_RANKS`` ranks, each rank reduces one slice of
+every slot, then copies every other slice from its owner).
+
+* its result is the rank-order fold of every contribution, bit for bit (numpy's answer
+  computed in rank order), for counts that do not divide among the ranks, in place and
+  not, built-in ops, a user-defined op and several dtypes; and the same bits as the flat
+  kernel (every rank folding every slot);
+* a random schedule of split, flat and message all-reduces with ranks delayed at random
+  keeps every result right (no slot is rewritten while a peer still copies from it);
+* a rank that fails between the two steps abandons the call on every rank (none waits
+  for its slice), and the communicator is usable after.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import cloudpickle
+import numpy as np
+import pytest
+
+import pycomm
+from conftest import World
+from pycomm import shmcoll
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+SPLIT_WORLDS = [(4, "shm"), (5, "shm")]
+_NUMPY = {"SUM": np.add, "PROD": np.multiply, "MAX": np.maximum, "MIN": np.minimum,
+          "BXOR": np.bitwise_xor}
+
+
+@pytest.fixture(scope="session", params=SPLIT_WORLDS, ids=lambda p: f"n{p[0]}-{p[1]}")
+def world(request) -> World:
+    return World(*request.param)
+
+
+def _inputs(rank: int, count: int, dtype) -> np.ndarray:
+    rng = np.random.default_rng(1000 * rank + count)
+    if np.dtype(dtype).kind == "f":
+        return (rng.random(count) * 3 - 1).astype(dtype)
+    return rng.integers(1, 50, count).astype(dtype)
+
+
+def _path(comm, count, dtype, op) -> str:
+    plan = pycomm.plan.plan_call(comm, "allreduce", np.dtype(dtype), count,
+                                 count * np.dtype(dtype).itemsize, None, op)
+    return plan[4][1] if plan[4] is not None else plan[1]
+
+
+def _cases():
+    comm = pycomm.COMM_WORLD
+    r, n = comm.rank, comm.size
+    user = pycomm.Op.Create(lambda a, b, dt: np.add(a, b, out=b), commute=True)
+    bad, paths = [], set()
+    limit = pycomm.config.get("PYCOMM_SHM_COLL_BYTES")
+    for dtype in (np.float32, np.float64, np.int32):
+        item = np.dtype(dtype).itemsize
+        for count in (shmcoll.SPLIT_MIN_BYTES // item, shmcoll.SPLIT_MIN_BYTES // item + 7,
+                      limit // item - 1, limit // item):
+            for name in ("SUM", "PROD", "MAX", "MIN", "BXOR", "user"):
+                if name == "BXOR" and np.dtype(dtype).kind == "f":
+                    continue
+                op = user if name == "user" else getattr(pycomm, name)
+                fn = np.add if name == "user" else _NUMPY[name]
+                every = [_inputs(k, count, dtype) for k in range(n)]
+                want = every[0].copy()
+                for x in every[1:]:
+                    want = fn(want, x)
+                got = np.full(count, 7, dtype)
+                comm.Allreduce(every[r], got, op=op)
+                inplace = every[r].copy()
+                comm.Allreduce(pycomm.IN_PLACE, inplace, op=op)
+                paths.add(_path(comm, count, dtype, op))
+                if not (got.tobytes() == want.tobytes() == inplace.tobytes()):
+                    bad.append((np.dtype(dtype).str, count, name))
+    user.Free()
+    return bad, sorted(paths)
+
+
+def test_the_split_gives_the_rank_order_fold_bit_for_bit(world):
+    for rank, (bad, paths) in enumerate(world.run(_cases)):
+        assert bad == [], (rank, bad[:5])
+        assert paths == ["shared_slots"], (rank, paths)
+
+
+def _split_against_flat():
+    comm = pycomm.COMM_WORLD
+    r = comm.rank
+    out = {}
+    for label, threshold in (("split", shmcoll.SPLIT_MIN_BYTES), ("flat", 1 << 40)):
+        saved = shmcoll.SPLIT_MIN_BYTES
+        shmcoll.SPLIT_MIN_BYTES = threshold
+        pycomm.config.reload()          # the plans (and so the kernels) are made again
+        try:
+            x = _inputs(r, 12345, np.float32)
+            comm.Allreduce(pycomm.IN_PLACE, x)
+            out[label] = x.tobytes()
+        finally:
+            shmcoll.SPLIT_MIN_BYTES = saved
+            pycomm.config.reload()
+    return out["split"] == out["flat"], len(out["split"])
+
+
+def test_the_split_and_the_flat_kernel_give_the_same_bits(world):
+    assert world.run(_split_against_flat) == [(True, 12345 * 4)] * world.size
+
+
+def _random_schedule(seed, rounds):
+    """Split, flat and message all-reduces mixed, each rank sleeping at random before it
+    enters, results rewritten as soon as the call returns."""
+    comm = pycomm.COMM_WORLD
+    r, n = comm.rank, comm.size
+    rng = np.random.default_rng(seed)        # the same schedule on every rank
+    mine = np.random.default_rng(seed + 97 * r)
+    bad = []
+    for i in range(rounds):
+        count = int(rng.choice([3, 700, 4096, 5000, 8192, 12000]))
+        alg = rng.choice(["none", "none", "none", "ring"])
+        x = np.full(count, float(r + i))
+        if mine.random() < 0.3:
+            time.sleep(mine.random() * 0.003)
+        comm.Allreduce(pycomm.IN_PLACE, x, algorithm=None if alg == "none" else str(alg))
+        want = sum(k + i for k in range(n))
+        if not (x == want).all():
+            bad.append((i, count, str(alg), float(x.min()), float(x.max()), want))
+        x[...] = -1.0
+    return bad
+
+
+def test_random_schedule_with_delays_keeps_every_result_right(world):
+    for rank, bad in enumerate(world.run(_random_schedule, 3, 80)):
+        assert bad == [], (rank, bad[:3])
+
+
+def _failure_between_the_steps():
+    """Rank 1's user op raises while it reduces its slice: the others wait for its slice
+    in the second step and must learn that the call is abandoned."""
+    comm = pycomm.COMM_WORLD
+    r = comm.rank
+
+    def add(a, b, dt):
+        if comm.rank == 1:
+            raise ValueError("rank 1's op refuses")
+        np.add(a, b, out=b)
+    op = pycomm.Op.Create(add, commute=True)
+    x = np.ones(8192)                        # 64 KiB: the split kernel on 4-5 ranks
+    t = time.monotonic()
+    try:
+        comm.Allreduce(pycomm.IN_PLACE, x, op=op)
+        first = "completed"
+    except Exception as exc:                 # noqa: BLE001 (rank 1: ValueError)
+        first = type(exc).__name__
+    took = time.monotonic() - t
+    op.Free()
+    after = []
+    for _ in range(3):      # the call after an abandoned one may be abandoned too, by design
+        y = np.full(8192, float(r))
+        try:
+            comm.Allreduce(pycomm.IN_PLACE, y)
+            after.append(float(y[0]))
+        except pycomm.CommError as exc:
+            after.append(type(exc).__name__)
+    return first, took, after
+
+
+def test_a_rank_that_fails_between_the_steps_never_leaves_a_peer_waiting(world):
+    n = world.size
+    for rank, (first, took, after) in enumerate(world.run(_failure_between_the_steps)):
+        assert first == ("ValueError" if rank == 1 else "CollectiveError"), (rank, first)
+        assert took < 10.0, (rank, took)                 # no rank waited for a timeout
+        assert after[-1] == n * (n - 1) / 2, (rank, after)
