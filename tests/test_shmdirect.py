@@ -410,6 +410,10 @@ _WITHDRAWAL = """
         out = np.full(count * n, 7.0)
         call = lambda: comm.Allgather(send, out)
         want = np.repeat(np.arange(1.0, n + 1), count)
+    elif "{collective}" == "bcast":      # from root 0: its buffer is the one reused
+        send = out = np.full(count * n, 3.0 if r == 0 else 0.0)
+        call = lambda: comm.Bcast(send, root=0)
+        want = np.full(count * n, 3.0)
     else:
         send = np.full(count * n, r + 1.0)
         out = np.full(count, 7.0)
@@ -451,7 +455,7 @@ _WITHDRAWAL = """
 
 
 @pytest.mark.parametrize("n", [2, 3])
-@pytest.mark.parametrize("collective", ["reduce_scatter_block", "allgather"])
+@pytest.mark.parametrize("collective", ["reduce_scatter_block", "allgather", "bcast"])
 def test_a_rank_that_fails_withdraws_its_block_before_a_slow_peer_reads_it(
         tmp_path, collective, n):
     # as the all-reduce's test above: rank 1 is descheduled before it reads anything; the
