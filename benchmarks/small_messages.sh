@@ -12,6 +12,7 @@
 # `python benchmarks/small_messages.py OUTDIR` prints the table from the two passes.
 set -u
 cd "$(dirname "$0")/.."
+py=${PYTHON:-$(command -v python || command -v python3)}   # (some machines have python3 only)
 base=${1:-benchmarks/results/compare/$(date -u +%Y-%m-%d-%H%M)}
 if [ -e "$base" ]; then base="$base-$(date -u +%S)"; fi   # never overwrite a run
 common=(--transports shm --auto-only)
@@ -22,11 +23,11 @@ for pass in a b; do
     set -- $spec
     # latency keeps reference.py's lines: its pure-Python shm ping-pong is the floor
     floor=(--no-ceiling); [ "$1" = latency ] && floor=()
-    python -m benchmarks.compare "$1" -n 2 --sizes "$2" "${common[@]}" "${floor[@]}" \
+    "$py" -m benchmarks.compare "$1" -n 2 --sizes "$2" "${common[@]}" "${floor[@]}" \
       --out "$out" -- -i 2000 -x 200 --iter-large 30 --warmup-large 5 > /dev/null 2>&1 \
       || echo "FAILED: $1"
   done
-  python -m benchmarks.compare allreduce -n 4 --sizes 8,4K "${common[@]}" --out "$out" -- \
+  "$py" -m benchmarks.compare allreduce -n 4 --sizes 8,4K "${common[@]}" --out "$out" -- \
     -i 1000 -x 100 > /dev/null 2>&1 || echo "FAILED: allreduce -n 4"
 done
 echo "$base"
