@@ -92,7 +92,8 @@ _DECLARED = [
         "PYCOMM_SHM_COLL_BYTES=0 at start-up: the ranks publish their buffers' addresses "
         "in the slots' area). Unset: 256 KiB where ranks outnumber cores, else per "
         "collective (pycomm.plan.DIRECT_FROM: reduce-scatter-block from 16 KiB, broadcast "
-        "from 128 KiB, all-reduce and all-gather from 256 KiB)."),
+        "from 128 KiB, all-reduce and all-gather from 256 KiB); a call that fits the "
+        "slots (PYCOMM_SHM_COLL_BYTES a rank) takes them first."),
     Var("PYCOMM_SPIN_US", float, None,
         "Microseconds a waiting rank spins before it blocks in the kernel (default: 50, or 5 "
         "when ranks outnumber cores)."),

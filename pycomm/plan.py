@@ -70,7 +70,9 @@ _DIRECT = {"allreduce": shmdirect.direct_allreduce,
 # PYCOMM_SHM_DIRECT_BYTES unset: from these sizes on, direct reads were as fast as the
 # automatic message algorithm or faster at 2, 4, 8 and 16 ranks on a 16-core machine, and
 # below them slower at some rank count (benchmarks/README.md, "Where direct reads start").
-# With more ranks than cores every collective starts at the variable's default.
+# With more ranks than cores every collective starts at the variable's default. A call the
+# shared-memory slots hold takes them first (fast_path): a reduce-scatter-block reads
+# directly only past PYCOMM_SHM_COLL_BYTES, an all-gather past that much a rank.
 DIRECT_FROM = {"allreduce": 256 << 10, "allgather": 256 << 10, "bcast": 128 << 10,
                "reduce_scatter_block": 16 << 10}
 

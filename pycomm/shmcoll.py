@@ -67,8 +67,8 @@ from .errors import CollectiveMismatchError, PeerError
 from .signature import describe, empty_match
 from .waiting import SHARED_WAIT
 
-__all__ = ["MAX_COMMS", "SPLIT_MIN_BYTES", "SPLIT_MIN_RANKS", "ByMessages", "SharedSlots",
-           "area_bytes", "slots_for"]
+__all__ = ["MAX_COMMS", "SPLIT_MAX_OVERSUBSCRIPTION", "SPLIT_MIN_BYTES", "SPLIT_MIN_RANKS",
+           "ByMessages", "SharedSlots", "area_bytes", "slots_for"]
 
 MAX_COMMS = 64          # communicator blocks per rank's area (context ids 0..63)
 _HDR = 64               # bytes of the arrival word's line and of each slot header
@@ -78,6 +78,7 @@ _SPIN = 64              # polls of a peer's header between clock reads
 _perf = time.perf_counter
 _DEPARTED_S = 0.25      # a departed peer is reported after this (the engine's liveness tick)
 SPLIT_MIN_BYTES, SPLIT_MIN_RANKS = 16 << 10, 4   # from here a split all-reduce (_allreduce)
+SPLIT_MAX_OVERSUBSCRIPTION = 1.0    # ranks per core: past it, its second wait costs more
 
 
 class ByMessages(Exception):
@@ -392,17 +393,17 @@ class SharedSlots:
         return run
 
     def _allreduce(self, dtype, count, root, op, by_messages, to_all=True):
-        """Flat: every rank folds every slot in rank order. Split (an all-reduce of at
-        least :data:`SPLIT_MIN_BYTES` on :data:`SPLIT_MIN_RANKS` ranks or more): rank
-        ``i`` folds slice ``i`` of every slot in rank order, writes it over slice ``i`` of
-        its own slot (read by no other rank in this call), flags it (``reduced``), then
-        copies every slice from its owner: Rabenseifner's reduce-scatter + all-gather
-        (Thakur, Rabenseifner & Gropp 2005) over shared memory, ``n / p`` reduced per
-        rank. Both give every rank the same bits, and each other's (rank order)."""
+        """Flat: every rank folds every slot in rank order. Split (an all-reduce of
+        :data:`SPLIT_MIN_BYTES` or more on :data:`SPLIT_MIN_RANKS` or more, a core each):
+        rank ``i`` folds slice ``i`` of every slot, writes it over slice ``i`` of its own
+        slot (read by no other rank in this call), flags it (``reduced``), then copies
+        every slice from its owner: Rabenseifner's reduce-scatter + all-gather (Thakur,
+        Rabenseifner & Gropp 2005) over shared memory. Same bits everywhere, either way."""
         views = self._views(dtype, 0, count)
         nb, me, fold = count * dtype.itemsize, self.rank, self._reducer(op)
         split = to_all and self.size >= SPLIT_MIN_RANKS and nb >= SPLIT_MIN_BYTES and \
-            count >= self.size
+            count >= self.size and \
+            self.comm._selection.oversubscription() <= SPLIT_MAX_OVERSUBSCRIPTION
         if split:
             q, rem = divmod(count, self.size)
             bounds = [r * q + min(r, rem) for r in range(self.size + 1)]

@@ -3,10 +3,11 @@ direct reads of each other's buffers.
 
 On a communicator whose ranks all share one host's shared-memory transport, and where
 every rank can read every peer's memory by cross-memory attach (Linux
-``process_vm_readv``, probed when the transport connects), a blocking ``Allreduce`` of at
-least ``PYCOMM_SHM_DIRECT_BYTES`` (256 KiB; below, a message algorithm's steps cost no
-more: benchmarks/README.md, "Large collectives by direct reads") with a commutative
-numpy op skips the message layer:
+``process_vm_readv``, probed when the transport connects), a blocking ``Allreduce`` past
+what the slots hold and of at least its threshold (:func:`pycomm.plan.direct_threshold`:
+256 KiB for an all-reduce; below, a message algorithm's steps cost no more:
+benchmarks/README.md, "Large collectives by direct reads", "Where direct reads start")
+with a commutative numpy op skips the message layer:
 
 1. Every rank publishes the addresses of its send and receive buffers in its
    shared-memory slot (:mod:`pycomm.shmcoll`: the slot header carries the call's
@@ -391,15 +392,14 @@ def direct_bcast(slots, dtype, count: int, root: int, by_messages):
             if size == 2:
                 if me != root:
                     reads.read(cc, w, root, at, int(w[root][0]), nbytes)
-            else:
-                if me != root and b > a:
+            elif me != root:        # (the root reads nothing: its step 3 counts as 2)
+                if b > a:
                     reads.read(cc, w, root, at + a, int(w[root][0]) + a, b - a)
                 reads.step(cc, w, 2)
-                if me != root:
-                    for r in others:
-                        lo, hi = bounds[r] * item, bounds[r + 1] * item
-                        if hi > lo:
-                            reads.read(cc, w, r, at + lo, int(w[r][0]) + lo, hi - lo)
+                for r in others:
+                    lo, hi = bounds[r] * item, bounds[r + 1] * item
+                    if hi > lo:
+                        reads.read(cc, w, r, at + lo, int(w[r][0]) + lo, hi - lo)
             reads.step(cc, w, 3)      # no peer reads this rank's buffer any more
         except BaseException:
             reads.withdraw(cc, w)

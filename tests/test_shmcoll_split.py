@@ -1,6 +1,9 @@
 """The split all-reduce through shared-memory slots (pycomm.shmcoll: at least
-``SPLIT_MIN_BYTES`` on at least ``SPLIT_MIN_RANKS`` ranks, each rank reduces one slice of
-every slot, then copies every other slice from its owner).
+``SPLIT_MIN_BYTES`` on at least ``SPLIT_MIN_RANKS`` ranks with a core each, each rank
+reduces one slice of every slot, then copies every other slice from its owner). The tests
+force it where ranks outnumber cores (as on a 2-core machine) and count that it ran.
+
+* it is chosen with a core per rank only (``SPLIT_MAX_OVERSUBSCRIPTION``);
 
 * its result is the rank-order fold of every contribution, bit for bit (numpy's answer
   computed in rank order), for counts that do not divide among the ranks, in place and
@@ -37,6 +40,31 @@ def world(request) -> World:
     return World(*request.param)
 
 
+class _split:
+    """In this rank: the split kernel whatever the cores (plans made again on entry and
+    exit), counting the calls that took it (``.count``)."""
+
+    def __init__(self, forced: bool = True):
+        self.forced, self.count = forced, 0
+
+    def __enter__(self):
+        self.saved = (shmcoll.SPLIT_MAX_OVERSUBSCRIPTION, shmcoll.SharedSlots._await_reduced)
+        if self.forced:
+            shmcoll.SPLIT_MAX_OVERSUBSCRIPTION = float("inf")
+        wait = self.saved[1]
+
+        def counted(slots, cc, p):
+            self.count += 1
+            return wait(slots, cc, p)
+        shmcoll.SharedSlots._await_reduced = counted
+        pycomm.config.reload()
+        return self
+
+    def __exit__(self, *exc):
+        shmcoll.SPLIT_MAX_OVERSUBSCRIPTION, shmcoll.SharedSlots._await_reduced = self.saved
+        pycomm.config.reload()
+
+
 def _inputs(rank: int, count: int, dtype) -> np.ndarray:
     rng = np.random.default_rng(1000 * rank + count)
     if np.dtype(dtype).kind == "f":
@@ -56,6 +84,14 @@ def _cases():
     user = pycomm.Op.Create(lambda a, b, dt: np.add(a, b, out=b), commute=True)
     bad, paths = [], set()
     limit = pycomm.config.get("PYCOMM_SHM_COLL_BYTES")
+    with _split() as split:
+        calls = _fold_cases(comm, r, n, user, limit, bad, paths)
+    user.Free()
+    return bad, sorted(paths), split.count == calls > 0
+
+
+def _fold_cases(comm, r, n, user, limit, bad, paths) -> int:
+    calls = 0
     for dtype in (np.float32, np.float64, np.int32):
         item = np.dtype(dtype).itemsize
         for count in (shmcoll.SPLIT_MIN_BYTES // item, shmcoll.SPLIT_MIN_BYTES // item + 7,
@@ -73,39 +109,56 @@ def _cases():
                 comm.Allreduce(every[r], got, op=op)
                 inplace = every[r].copy()
                 comm.Allreduce(pycomm.IN_PLACE, inplace, op=op)
+                calls += 2
                 paths.add(_path(comm, count, dtype, op))
                 if not (got.tobytes() == want.tobytes() == inplace.tobytes()):
                     bad.append((np.dtype(dtype).str, count, name))
-    user.Free()
-    return bad, sorted(paths)
+    return calls
 
 
 def test_the_split_gives_the_rank_order_fold_bit_for_bit(world):
-    for rank, (bad, paths) in enumerate(world.run(_cases)):
+    for rank, (bad, paths, every_call_split) in enumerate(world.run(_cases)):
         assert bad == [], (rank, bad[:5])
         assert paths == ["shared_slots"], (rank, paths)
+        assert every_call_split, rank
+
+
+def _default_choice():
+    comm = pycomm.COMM_WORLD
+    with _split(forced=False) as split:
+        x = np.ones(8192)
+        comm.Allreduce(pycomm.IN_PLACE, x)
+    return comm._selection.oversubscription(), split.count, float(x[0])
+
+
+def test_the_split_is_chosen_with_a_core_per_rank_only(world):
+    for over, count, first in world.run(_default_choice):
+        assert count == (1 if over <= shmcoll.SPLIT_MAX_OVERSUBSCRIPTION else 0), over
+        assert first == world.size
 
 
 def _split_against_flat():
     comm = pycomm.COMM_WORLD
     r = comm.rank
     out = {}
-    for label, threshold in (("split", shmcoll.SPLIT_MIN_BYTES), ("flat", 1 << 40)):
+    counts = {}
+    for label, forced in (("split", True), ("flat", False)):
         saved = shmcoll.SPLIT_MIN_BYTES
-        shmcoll.SPLIT_MIN_BYTES = threshold
-        pycomm.config.reload()          # the plans (and so the kernels) are made again
+        if not forced:
+            shmcoll.SPLIT_MIN_BYTES = 1 << 40
         try:
-            x = _inputs(r, 12345, np.float32)
-            comm.Allreduce(pycomm.IN_PLACE, x)
-            out[label] = x.tobytes()
+            with _split(forced) as split:
+                x = _inputs(r, 12345, np.float32)
+                comm.Allreduce(pycomm.IN_PLACE, x)
         finally:
             shmcoll.SPLIT_MIN_BYTES = saved
-            pycomm.config.reload()
-    return out["split"] == out["flat"], len(out["split"])
+        out[label], counts[label] = x.tobytes(), split.count
+    return out["split"] == out["flat"], len(out["split"]), counts
 
 
 def test_the_split_and_the_flat_kernel_give_the_same_bits(world):
-    assert world.run(_split_against_flat) == [(True, 12345 * 4)] * world.size
+    want = (True, 12345 * 4, {"split": 1, "flat": 0})
+    assert world.run(_split_against_flat) == [want] * world.size
 
 
 def _random_schedule(seed, rounds):
@@ -116,6 +169,12 @@ def _random_schedule(seed, rounds):
     rng = np.random.default_rng(seed)        # the same schedule on every rank
     mine = np.random.default_rng(seed + 97 * r)
     bad = []
+    with _split():
+        _schedule(comm, r, n, rng, mine, rounds, bad)
+    return bad
+
+
+def _schedule(comm, r, n, rng, mine, rounds, bad) -> None:
     for i in range(rounds):
         count = int(rng.choice([3, 700, 4096, 5000, 8192, 12000]))
         alg = rng.choice(["none", "none", "none", "ring"])
@@ -127,7 +186,6 @@ def _random_schedule(seed, rounds):
         if not (x == want).all():
             bad.append((i, count, str(alg), float(x.min()), float(x.max()), want))
         x[...] = -1.0
-    return bad
 
 
 def test_random_schedule_with_delays_keeps_every_result_right(world):
@@ -148,12 +206,15 @@ def _failure_between_the_steps():
     op = pycomm.Op.Create(add, commute=True)
     x = np.ones(8192)                        # 64 KiB: the split kernel on 4-5 ranks
     t = time.monotonic()
-    try:
-        comm.Allreduce(pycomm.IN_PLACE, x, op=op)
-        first = "completed"
-    except Exception as exc:                 # noqa: BLE001 (rank 1: ValueError)
-        first = type(exc).__name__
+    with _split() as split:
+        try:
+            comm.Allreduce(pycomm.IN_PLACE, x, op=op)
+            first = "completed"
+        except Exception as exc:             # noqa: BLE001 (rank 1: ValueError)
+            first = type(exc).__name__
     took = time.monotonic() - t
+    if r != 1:
+        assert split.count == 1             # the others waited in the split's second step
     op.Free()
     after = []
     for _ in range(3):      # the call after an abandoned one may be abandoned too, by design
