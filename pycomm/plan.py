@@ -18,7 +18,7 @@ A plan also says whether the call may skip the message layer: through shared-mem
 slots (:mod:`pycomm.shmcoll`) on a communicator of one host's ranks, for the six
 collectives that module serves, when each rank's data fits a slot; or, for an all-reduce,
 reduce-scatter-block (with a commutative numpy op), all-gather (up to 1 MiB) or broadcast
-of at least ``PYCOMM_SHM_DIRECT_BYTES``, by direct reads of the peers' buffers
+past the slots and from its :func:`direct_threshold`, by direct reads of the peers' buffers
 (:mod:`pycomm.shmdirect`) where every peer can be read by cross-memory attach. Either
 only when neither ``algorithm=`` nor ``PYCOMM_ALGORITHM_<COLLECTIVE>`` names an
 algorithm (MPICH likewise tries its shared-memory collectives first unless the user
