@@ -71,14 +71,19 @@ def parse_args(description: str, add=None, argv=None) -> argparse.Namespace:
 # --------------------------------------------------------------------------- data
 
 
-def load_data(seed: int, test_fraction: float = 0.2):
+def load_data(seed: int, test_fraction: float = 0.2, comm=None):
     """Return standardized (X_train, y_train, X_test, y_test); the same on every rank.
 
-    X arrays are float64 of shape (n, 64); y arrays are int64 class labels 0..9.
+    X arrays are float64 of shape (n, 64); y arrays are int64 class labels 0..9. With
+    ``comm`` (pycomm's or mpi4py's) of more than one rank, rank 0 reads the digits and
+    broadcasts them (an object ``bcast``): importing scikit-learn on every rank costs more
+    CPU than the broadcast, and ranks share cores. Call it before a :class:`WireCounter`
+    starts counting, so that the broadcast is not counted as the scheme's traffic.
     """
-    from sklearn.datasets import load_digits
-
-    X, y = load_digits(return_X_y=True)
+    if comm is not None and comm.Get_size() > 1:
+        X, y = comm.bcast(_digits() if comm.Get_rank() == 0 else None, root=0)
+    else:
+        X, y = _digits()
     order = np.random.default_rng(seed).permutation(len(y))
     n_test = int(round(test_fraction * len(y)))
     test, train = order[:n_test], order[n_test:]
@@ -87,6 +92,13 @@ def load_data(seed: int, test_fraction: float = 0.2):
     std[std == 0] = 1.0  # the always-blank border pixels
     scale = lambda a: (a - mean) / std  # noqa: E731
     return scale(X[train]), y[train].astype(np.int64), scale(X[test]), y[test].astype(np.int64)
+
+
+def _digits() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's digits: X float64 (1797, 64), y int (1797,)."""
+    from sklearn.datasets import load_digits
+
+    return load_digits(return_X_y=True)
 
 
 def batches(n: int, batch_size: int, seed: int, epoch: int) -> list[np.ndarray]:

@@ -137,8 +137,8 @@ def main(argv=None) -> int:
     args.bucket_mib = args.bucket_mib or (0.1 if args.small else 8.0)
     mod, comm = C.world()
     rank, size = comm.rank, comm.size
+    data = C.load_data(args.seed, comm=comm)
     wire = C.WireCounter(comm)
-    data = C.load_data(args.seed)
     dims = [64] + [args.hidden] * args.layers + [10]
     flat0 = C.init_mlp(dims, args.seed)
     comm.Bcast(flat0, root=0)          # rank 0's weights are the job's weights

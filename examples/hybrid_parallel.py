@@ -66,8 +66,8 @@ def main(argv=None) -> int:
     dp = comm.Split(color=col, key=row)       # my column: the data-parallel group
     placed = comm.allreduce(int(tp.rank == col and dp.rank == row), op=mod.MIN)
     args.dp, args.world = dp, comm
+    data = C.load_data(args.seed, comm=comm)
     wire = C.WireCounter(comm)
-    data = C.load_data(args.seed)
     full0 = T.full_init(args.width, args.blocks, args.seed)
     mine0 = T.shard(full0, args.blocks, col, tp_size)
     n_mine = sum(v.size for v in mine0.values())

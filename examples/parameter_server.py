@@ -172,8 +172,8 @@ def main(argv=None) -> int:
     args.steps = args.steps or (12 if args.small else 33)
     args.min_accuracy = args.min_accuracy or (0.7 if args.small else 0.9)
     W = p - S
+    data = C.load_data(args.seed, comm=comm)
     wire = C.WireCounter(comm)
-    data = C.load_data(args.seed)
     dims = [64, args.width, args.width, 10]
     flat0 = C.init_mlp(dims, args.seed)
     comm.Bcast(flat0, root=0)

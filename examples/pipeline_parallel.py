@@ -149,8 +149,8 @@ def main(argv=None) -> int:
     args.steps = args.steps or (3 if args.small else 6)
     mod, comm = C.world()
     rank, p, m = comm.rank, comm.size, args.micro_batches
+    data = C.load_data(args.seed, comm=comm)
     wire = C.WireCounter(comm)
-    data = C.load_data(args.seed)
     dims = [64] + [args.width] * (args.layers_per_stage * p + 1) + [10]
     flat0 = C.init_mlp(dims, args.seed)
     comm.Bcast(flat0, root=0)

@@ -174,8 +174,8 @@ def main(argv=None) -> int:
     args.steps = args.steps or (3 if args.small else 6)
     mod, comm = C.world()
     rank, p = comm.rank, comm.size
+    data = C.load_data(args.seed, comm=comm)
     wire = C.WireCounter(comm)
-    data = C.load_data(args.seed)
     dims = [64] + [args.width] * args.layers + [10]
     flat0 = C.init_mlp(dims, args.seed)
     comm.Bcast(flat0, root=0)

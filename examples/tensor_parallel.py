@@ -241,8 +241,8 @@ def main(argv=None) -> int:
     if args.batch_size % size:
         raise SystemExit(f"--batch-size {args.batch_size} must divide by the {size} ranks "
                          "(the sequence-parallel variant splits each batch's rows)")
+    data = C.load_data(args.seed, comm=comm)
     wire = C.WireCounter(comm)
-    data = C.load_data(args.seed)
     full0 = full_init(args.width, args.blocks, args.seed)
     mine0 = shard(full0, args.blocks, rank, size)
     n_full = sum(v.size for v in full0.values())

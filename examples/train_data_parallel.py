@@ -208,7 +208,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     mod, comm = select_comm(args.mpi4py)
     rank, size = comm.rank, comm.size
-    data = load_data(args.seed)
+    data = load_data(args.seed, comm=comm)
     d, h = data[0].shape[1], args.hidden
     n_params = MLP.count(d, h, 10)
 
