@@ -254,6 +254,15 @@ def test_copy_remote_scatter_gather_and_errors():
                        [(back.ctypes.data, 999), (back.ctypes.data + 999, 1)]) == 0
     assert np.array_equal(back, src)
     assert copy_remote(False, 2 ** 22 + 12345, [(d, 8)], [(s, 8)]) == errno.ESRCH
+    # one range each (its own path: every direct read of pycomm.shmdirect), both
+    # directions, and an unmapped remote address: EFAULT returned, not raised
+    one = np.zeros(1000, dtype=np.uint8)
+    assert copy_remote(False, os.getpid(), [(one.ctypes.data, 1000)], [(s, 1000)]) == 0
+    assert np.array_equal(one, src)
+    again = np.zeros(1000, dtype=np.uint8)
+    assert copy_remote(True, os.getpid(), [(s, 1000)], [(again.ctypes.data, 1000)]) == 0
+    assert np.array_equal(again, src)
+    assert copy_remote(False, os.getpid(), [(d, 8)], [(8, 8)]) == errno.EFAULT
 
 
 def test_a_frame_the_layer_above_cannot_take_in_breaks_the_link_once_not_twice():
