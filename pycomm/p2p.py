@@ -98,6 +98,10 @@ class Engine(Matching, CallAborts, Waiting):
         self.yield_s = yield_s
         self.timeout = timeout
         self.route: list[Any] = [None] * size       # world rank -> transport
+        # world rank -> its transport where a blocking Send or Recv may write or take a
+        # whole frame itself (the transport's ``direct_p2p``: send_now, and recv_now with
+        # ``alone``); None for this rank and for other transports
+        self.direct: list[Any] = [None] * size
         self.transports: list[Any] = []
         self.posted: list[Request] = []
         self.unexpected: list[_Unexpected] = []
@@ -138,8 +142,10 @@ class Engine(Matching, CallAborts, Waiting):
         """Route ``peers`` through ``transport`` (already connected)."""
         self.transports.append(transport)
         self._yield_gil = self._yield_gil or transport.background_thread
+        direct = transport if getattr(transport, "direct_p2p", False) else None
         for p in peers:
             self.route[p] = transport
+            self.direct[p] = direct if p != self.rank else None
 
     def close(self) -> None:
         for t in self.transports:

@@ -18,20 +18,36 @@ from __future__ import annotations
 
 import numpy as np
 
+from transports import TransportError
+
 from . import trace as _trace
 from .buffers import _CASTABLE, as_array, byte_view
 from .errors import ArgumentError, CommError, CommTimeoutError
 from .p2p import ANY_SOURCE, ANY_TAG, PROC_NULL, Request, null_request
 from .status import Status, fill as _fill
+from .wire import EAGER, _pack
 
 __all__ = ["PointToPointMethods", "TAG_UB"]
 
 TAG_UB = 2**31 - 1
 
+_NO_HEADERS: dict = {}      # a communicator's eager headers until its first (never written)
+
 
 class PointToPointMethods:
     """Mixin of the communicator: sends, receives and probes of buffers (see the module
     docstring; the attributes and checks it uses are :mod:`pycomm.comm`'s)."""
+
+    # tag -> the eager header (pycomm.wire) of this communicator's point-to-point messages
+    # with that tag, made on first use (_eager_header): Send and Recv look it up by tag
+    _eager_headers: dict[int, bytes] = _NO_HEADERS
+
+    def _eager_header(self, tag: int) -> bytes:
+        headers = self._eager_headers
+        if headers is _NO_HEADERS or len(headers) >= 4096:  # bounded: tags may be many
+            headers = self._eager_headers = {}
+        hdr = headers[tag] = _pack((EAGER, self._pctx, tag))
+        return hdr
 
     def _status_of(self, req: Request, status: Status | None) -> None:
         if status is not None:
@@ -102,7 +118,8 @@ class PointToPointMethods:
         # The common case, a small numpy array that the transport takes at once, needs no
         # request: the checks the general path makes (with their messages) are inlined,
         # read off the buffer's memoryview (one export, C attributes) rather than the
-        # array's flags and dtype objects, which numpy builds afresh on each access.
+        # array's flags and dtype objects, which numpy builds afresh on each access; and
+        # so is Engine.send_now, the transport (eng.direct) written to from here.
         if type(buf) is np.ndarray and type(dest) is int and type(tag) is int and \
                 0 <= dest < self.size and 0 <= tag <= TAG_UB and not eng._threaded and \
                 not self._freed:
@@ -111,11 +128,24 @@ class PointToPointMethods:
             except ValueError:      # a dtype no buffer carries (datetime): Isend says so
                 mv = None
             nbytes = mv.nbytes if mv is not None else 0
-            if 0 < nbytes <= eng.eager_limit and mv.c_contiguous and mv.format in _CASTABLE:
+            if 0 < nbytes <= eng.eager_limit and mv.c_contiguous:
                 w = self._world[dest]
-                if eng.send_now(mv.cast("B"), w, self._pctx, tag):
-                    _trace.instant("Send", self, tag, nbytes, w)
-                    return
+                t = eng.direct[w]
+                fmt = mv.format
+                if t is not None and (fmt == "B" or fmt in _CASTABLE) and \
+                        not (eng.aborted and (self._pctx, tag) in eng.aborted):
+                    hdr = self._eager_headers.get(tag)
+                    if hdr is None:
+                        hdr = self._eager_header(tag)
+                    try:
+                        # a 1-D uint8 array's memoryview is already the flat byte view
+                        sent = t.send_now(w, hdr, mv if fmt == "B" and mv.ndim == 1
+                                          else mv.cast("B"))
+                    except TransportError as exc:
+                        raise eng._peer_error(exc) from None
+                    if sent:
+                        _trace.instant("Send", self, tag, nbytes, w)
+                        return
         self._wait_posted([self.Isend(buf, dest, tag)], timeout)
 
     def Issend(self, buf, dest: int, tag: int = 0) -> Request:
@@ -250,21 +280,33 @@ class PointToPointMethods:
                 (0 <= source < self.size or source == ANY_SOURCE) and \
                 (0 <= tag <= TAG_UB or tag == ANY_TAG) and not eng._threaded and \
                 mv.nbytes and mv.c_contiguous and not mv.readonly and \
-                mv.format in _CASTABLE and not self._freed:
-            # the common case with the checks of Irecv inlined (see Send)
-            view = mv.cast("B")
+                ((fmt := mv.format) == "B" or fmt in _CASTABLE) and not self._freed:
+            # the common case with the checks of Irecv inlined (see Send); a 1-D uint8
+            # array's memoryview is already the flat byte view
+            view = mv if fmt == "B" and mv.ndim == 1 else mv.cast("B")
             if source >= 0 and tag >= 0:
                 # A small message from a named rank: take it straight from the transport
-                # when it is the next frame from there (Engine.recv_now), spinning a while
-                # for it; else (another frame first, or none in time) post a receive.
+                # when it is the next frame from there and nothing this rank holds could
+                # match first (Engine.recv_now, inlined; the transport checks that no other
+                # peer's frames wait), spinning a while for it; else (another frame first,
+                # or none in time) post a receive.
                 w = self._world[source]
-                n = eng.recv_now(view, w, self._pctx, tag, spin=True)
-                if n >= 0:
-                    _trace.instant("Recv", self, tag, n, w)
-                    if status is not None:
-                        status.source, status.tag, status.count = source, tag, n
-                        status.cancelled = False
-                    return
+                t = eng.direct[w]
+                if t is not None and not (eng.posted or eng.unexpected or eng._incoming or
+                                          eng.outbox):
+                    hdr = self._eager_headers.get(tag)
+                    if hdr is None:
+                        hdr = self._eager_header(tag)
+                    try:
+                        n = t.recv_now(w, hdr, view, eng.spin_s, True)
+                    except TransportError as exc:
+                        raise eng._peer_error(exc) from None
+                    if n >= 0:
+                        _trace.instant("Recv", self, tag, n, w)
+                        if status is not None:
+                            status.source, status.tag, status.count = source, tag, n
+                            status.cancelled = False
+                        return
             req = eng.irecv(view, self._world[source] if source >= 0 else ANY_SOURCE,
                             self._pctx, tag)
             req.comm = self

@@ -77,6 +77,20 @@ def _address_of(view: memoryview) -> int:
     return np.frombuffer(view, dtype=np.uint8).ctypes.data
 
 
+# A frame whose payload fills the receiver's buffer is read with one unpack
+# (ShmTransport.recv_now): (payload bytes << 8 | header bytes) -> its Struct's unpack_from.
+# Payloads up to _WHOLE_MAX bytes: the unpack copies the payload once more (into a bytes).
+_WHOLE_MAX = 4096
+_WHOLE: dict[int, Any] = {}
+
+
+def _whole_frame(n: int, hlen: int):
+    if len(_WHOLE) >= 1024:
+        _WHOLE.clear()
+    unpack = _WHOLE[n << 8 | hlen] = struct.Struct(f"<IQ{hlen}s{n}s").unpack_from
+    return unpack
+
+
 class _Segment:
     """A mapped segment: control words and ring views."""
 
@@ -154,6 +168,9 @@ class ShmTransport(Transport):
     """
 
     name = "shm"
+    # The p2p engine's request-free path may call send_now and recv_now(alone=True)
+    # directly: they take or write a whole frame, and recv_now checks the rest itself.
+    direct_p2p = True
 
     def __init__(self, rank, size, job_id, token, sink, *, ring_bytes: int = 1 << 20,
                  cma: bool = True, coll_bytes: int = 0, **options: Any):
@@ -181,6 +198,8 @@ class ShmTransport(Transport):
         self._probe = ctypes.create_string_buffer(os.urandom(16), 16)
         self._flags = ExposureFlags()
         self._words = ctypes.create_string_buffer(16)   # the two copies of a validity word
+        # header -> (payload length, prefix + header) of the last frame sent with it
+        self._heads: dict[bytes, tuple[int, bytes]] = {}
         self._closed = False
 
     @staticmethod
@@ -271,28 +290,43 @@ class ShmTransport(Transport):
         ring = self._out[peer]
         if ring.queue:
             return False
-        hlen = len(header)
         plen = len(payload)
+        # A frame's prefix and header depend only on the header and the payload's length,
+        # which repeat from message to message: they are packed once (for the length last
+        # sent with that header) and written with one copy; packing the prefix into the
+        # ring each time costs as much as a second copy.
+        head = self._heads.get(header)
+        if head is None or head[0] != plen:
+            head = self._frame_head(header, plen)
+        fh = head[1]
         ctl = ring.ctl
-        head = ctl[_HEAD]
-        end = 12 + hlen + plen
-        pos = head % ring.size
-        if pos + end > ring.size or end > ring.size - (head - ctl[_TAIL]):
+        at = ctl[_HEAD]
+        size = ring.size
+        stop = len(fh)
+        end = stop + plen
+        pos = at % size
+        if pos + end > size or end > size - (at - ctl[_TAIL]):
             return False
         data = ring.data
-        PREFIX.pack_into(data, pos, hlen, plen)
-        pos += 12
-        data[pos:pos + hlen] = header
+        stop += pos
+        data[pos:stop] = fh
         if plen:
-            pos += hlen
-            data[pos:pos + plen] = payload
-        ctl[_HEAD] = head + end
+            data[stop:stop + plen] = payload
+        ctl[_HEAD] = at + end
         seg = ring.seg                  # ring_doorbell, inlined: this is the latency path
         c = seg.ctl32
         c[0] = (c[0] + 1) & 0xFFFFFFFF
         if c[1]:
             _futex_wake(seg.futex)
         return True
+
+    def _frame_head(self, header: bytes, plen: int) -> tuple[int, bytes]:
+        """Pack and remember the prefix and header of a frame (see :meth:`send_now`)."""
+        heads = self._heads
+        if len(heads) >= 4096:          # one-off headers (RTS, CTS...) must not pile up
+            heads.clear()
+        head = heads[header] = (plen, frame_prefix(header, plen))
+        return head
 
     def send(self, peer: int, header: bytes, payload, token: Any) -> bool:
         if self.send_now(peer, header, payload if payload is not None else b""):
@@ -402,8 +436,8 @@ class ShmTransport(Transport):
             ring.writer.ring_doorbell()
         return True
 
-    def recv_now(self, peer: int, header: bytes, dest: memoryview, spin_s: float = 0.0
-                 ) -> int:
+    def recv_now(self, peer: int, header: bytes, dest: memoryview, spin_s: float = 0.0,
+                 alone: bool = False) -> int:
         """Take the next frame from ``peer`` straight into ``dest`` if it is a whole,
         unwrapped frame whose header is exactly ``header`` and whose payload fits; return
         the payload's length, or -1 (nothing taken: the frame is left for
@@ -414,9 +448,20 @@ class ShmTransport(Transport):
         ``spin_s``: while nothing has arrived from ``peer``, poll its ring's head index for
         up to this many seconds, or until another peer writes (-1 then). The poll reads
         one word per turn, so a frame is seen within a few dozen instructions of its
-        arrival, where a call of this method per turn costs about a thousand."""
+        arrival, where a call of this method per turn costs about a thousand.
+
+        ``alone``: also -2 while anything else waits for this rank here (frames queued to
+        a peer, or arrived from another): :meth:`has_backlog` and :meth:`has_input`
+        checked in the same call (see :attr:`direct_p2p`)."""
         ring = self._in_from[peer]
-        if ring.decoder.left or ring.decoder.partial or ring.broken is not None:
+        if alone:
+            if self._pending:
+                return -2
+            for other in self._in:
+                if other is not ring and other.ctl[_HEAD] != other.seen_head:
+                    return -2
+        dec = ring.decoder
+        if dec.left or dec.partial or ring.broken is not None:
             return -2
         ctl = ring.ctl
         tail = ctl[_TAIL]
@@ -440,11 +485,27 @@ class ShmTransport(Transport):
         size, data = ring.size, ring.data
         pos = tail % size
         hlen = len(header)
+        n = len(dest)
+        if n <= _WHOLE_MAX and hlen < 256 and pos + 12 + hlen + n <= size:
+            # The usual message fills ``dest``: one unpack reads its prefix, header and
+            # payload (slicing the ring for the header's comparison and for the copy
+            # would build two views). Bytes past the frame that it may read are ignored.
+            unpack = _WHOLE.get(n << 8 | hlen)
+            if unpack is None:
+                unpack = _whole_frame(n, hlen)
+            got, plen, hdr, body = unpack(data, pos)
+            end = 12 + hlen + n
+            if got == hlen and plen == n and end <= avail and hdr == header:
+                dest[:] = body
+                ctl[_TAIL] = tail + end
+                if ring.writer.ctl32[1]:        # the writer sleeps: it may wait for space
+                    ring.writer.ring_doorbell()
+                return n
         if pos + 12 + hlen > size:
             return -2
         got, plen = PREFIX.unpack_from(data, pos)
         end = 12 + hlen + plen
-        if got != hlen or end > avail or pos + end > size or plen > len(dest) or \
+        if got != hlen or end > avail or pos + end > size or plen > n or \
                 data[pos + 12:pos + 12 + hlen] != header:
             return -2
         if plen:
