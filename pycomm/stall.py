@@ -383,6 +383,19 @@ class Inspector:
             return "", []
         return diagnose(self.rank, call, positions)
 
+    def answers(self, peer: int, wait_s: float) -> bool | None:
+        """Whether world rank ``peer``'s responder answers an ask within ``wait_s``
+        seconds (a rank that runs, even in user code, does); None when the store cannot
+        be reached or ``peer`` never published a position."""
+        try:
+            with self._lock:
+                pos = ask_positions(self._get_client(), self.job_id, [peer], wait_s)[peer]
+        except CommError:
+            return None
+        if pos is None:
+            return None
+        return pos.get("answered", True)
+
     def report_error(self, exc: BaseException, call: str = "") -> None:
         """Publish whom ``exc`` (an error that left ``call``, described) blames, for the
         launcher."""

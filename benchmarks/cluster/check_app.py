@@ -6,7 +6,9 @@ line). ``CHECK_FAIL_RANK=R`` makes rank R raise after the first check
 (the cross-node abort case); with ``CHECK_FAIL_EARLY=1`` it raises before it joins the
 world, so the others wait at start-up and only the launcher can stop them in time.
 ``CHECK_LOOP_S=T`` repeats the Allreduce for T seconds after the checks (printing
-``LOOPING rank R`` first).
+``LOOPING rank R`` first). ``CHECK_SLEEP_RANK=R CHECK_SLEEP_S=S`` adds, after the checks,
+one Allreduce that rank R enters S seconds late, spent in user code (``time.sleep``): a
+slow peer, which the others must wait for rather than call lost.
 """
 
 from __future__ import annotations
@@ -53,6 +55,13 @@ def check(comm) -> tuple[int, str]:
     comm.Allgather(np.full(3, rank, dtype=np.int64), got)
     if not np.array_equal(got, np.repeat(np.arange(size, dtype=np.int64), 3)):
         return 1, f"BAD Allgather rank {rank}: {got}"
+    sleeper = os.environ.get("CHECK_SLEEP_RANK")
+    if sleeper is not None:
+        if sleeper == str(rank):
+            time.sleep(float(os.environ.get("CHECK_SLEEP_S", "0")))
+        comm.Allreduce(mine, total, op=pycomm.SUM)
+        if not np.array_equal(total, want):
+            return 1, f"BAD Allreduce after the sleep, rank {rank}"
     loop_s = float(os.environ.get("CHECK_LOOP_S", "0"))
     if loop_s:              # keep the link busy (the link-failure case pulls it meanwhile)
         print(f"LOOPING rank {rank}", flush=True)
