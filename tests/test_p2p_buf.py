@@ -511,3 +511,53 @@ def _rank_cancel():
 def test_cancelled_receive(world):
     for rank, got in enumerate(world.run(_rank_cancel)):
         assert got == (True, 0.0, float((rank - 1) % world.size))
+
+
+def _rank_blocking_shapes_and_sizes_on_one_tag():
+    """Blocking Send/Recv of small messages on one tag whose size and kind change from call
+    to call: what the request-free path caches per header (the frame's prefix when sending,
+    the unpack of a frame that fills the buffer when receiving) must follow each call."""
+    comm = pycomm.COMM_WORLD
+    right, left = ring(comm)
+    bad = []
+    cases = [("uint8", (8,), 8), ("uint8", (16,), 16), ("uint8", (8,), 8),
+             ("uint8", (8,), 24),              # a shorter message than the buffer
+             ("uint8", (2, 4), 8),             # a 2-D uint8 buffer: cast to bytes
+             ("float32", (2,), 8), ("int64", (1,), 8),
+             ("uint8", (5000,), 5000),         # eager, past the one-unpack size
+             ("uint8", (0,), 8)]               # an empty message into a larger buffer
+    for i, (dt, shape, rbytes) in enumerate(cases * 2):
+        send = pattern(dt, shape, 100 * comm.rank + i)
+        recv = np.full(rbytes, 0xAB, dtype=np.uint8)
+        st_ = blocking_ring_exchange(comm, send, recv, tag=3)
+        want = pattern(dt, shape, 100 * left + i).tobytes()
+        got = recv.tobytes()
+        if got[:len(want)] != want or set(got[len(want):]) - {0xAB}:
+            bad.append(f"case {i} ({dt} {shape} into {rbytes} B): wrong bytes")
+        if (st_.Get_source(), st_.Get_tag(), st_.Get_count()) != (left, 3, len(want)):
+            bad.append(f"case {i}: status {st_.Get_source()}/{st_.Get_tag()}/{st_.Get_count()}")
+    # a message one byte larger than the buffer: TruncationError, also after the same tag
+    # carried messages that fit
+    if comm.size > 1:
+        err = None
+        if comm.rank % 2 == 0:
+            comm.Send(np.ones(9, np.uint8), right, 4)
+            try:
+                comm.Recv(np.zeros(8, np.uint8), left, 4)
+            except pycomm.TruncationError as exc:
+                err = exc
+        else:
+            try:
+                comm.Recv(np.zeros(8, np.uint8), left, 4)
+            except pycomm.TruncationError as exc:
+                err = exc
+            comm.Send(np.ones(9, np.uint8), right, 4)
+        if err is None:
+            bad.append("a 9-byte message into 8 bytes did not raise TruncationError")
+        comm.Barrier()
+    return bad
+
+
+def test_blocking_shapes_and_sizes_on_one_tag(world):
+    for rank, bad in enumerate(world.run(_rank_blocking_shapes_and_sizes_on_one_tag)):
+        assert bad == [], f"rank {rank}: {bad}"

@@ -78,17 +78,21 @@ def _address_of(view: memoryview) -> int:
 
 
 # A frame whose payload fills the receiver's buffer is read with one unpack
-# (ShmTransport.recv_now): (payload bytes << 8 | header bytes) -> its Struct's unpack_from.
-# Payloads up to _WHOLE_MAX bytes: the unpack copies the payload once more (into a bytes).
+# (ShmTransport.recv_now). header -> (payload bytes n, frame bytes, the unpack_from of
+# (prefix + header, payload), the prefix + header expected), for the last n received
+# with that header. Payloads up to _WHOLE_MAX bytes: the unpack copies the payload once
+# more (into a bytes).
 _WHOLE_MAX = 4096
-_WHOLE: dict[int, Any] = {}
+_WHOLE: dict[bytes, tuple] = {}
 
 
-def _whole_frame(n: int, hlen: int):
-    if len(_WHOLE) >= 1024:
+def _whole_frame(header: bytes, n: int) -> tuple:
+    if len(_WHOLE) >= 4096:
         _WHOLE.clear()
-    unpack = _WHOLE[n << 8 | hlen] = struct.Struct(f"<IQ{hlen}s{n}s").unpack_from
-    return unpack
+    head = frame_prefix(header, n)
+    whole = _WHOLE[header] = (n, len(head) + n,
+                              struct.Struct(f"<{len(head)}s{n}s").unpack_from, head)
+    return whole
 
 
 class _Segment:
@@ -307,10 +311,12 @@ class ShmTransport(Transport):
         pos = at % size
         if pos + end > size or end > size - (at - ctl[_TAIL]):
             return False
-        data = ring.data
-        stop += pos
-        data[pos:stop] = fh
-        if plen:
+        if plen <= 256:                 # one copy into the ring costs more than a join
+            ring.data[pos:pos + end] = fh + payload
+        else:
+            data = ring.data
+            stop += pos
+            data[pos:stop] = fh
             data[stop:stop + plen] = payload
         ctl[_HEAD] = at + end
         seg = ring.seg                  # ring_doorbell, inlined: this is the latency path
@@ -484,23 +490,25 @@ class ShmTransport(Transport):
                 return -1
         size, data = ring.size, ring.data
         pos = tail % size
-        hlen = len(header)
         n = len(dest)
-        if n <= _WHOLE_MAX and hlen < 256 and pos + 12 + hlen + n <= size:
-            # The usual message fills ``dest``: one unpack reads its prefix, header and
-            # payload (slicing the ring for the header's comparison and for the copy
-            # would build two views). Bytes past the frame that it may read are ignored.
-            unpack = _WHOLE.get(n << 8 | hlen)
-            if unpack is None:
-                unpack = _whole_frame(n, hlen)
-            got, plen, hdr, body = unpack(data, pos)
-            end = 12 + hlen + n
-            if got == hlen and plen == n and end <= avail and hdr == header:
-                dest[:] = body
-                ctl[_TAIL] = tail + end
-                if ring.writer.ctl32[1]:        # the writer sleeps: it may wait for space
-                    ring.writer.ring_doorbell()
-                return n
+        if n <= _WHOLE_MAX:
+            # The usual message fills ``dest``: one unpack reads its prefix and header, to
+            # compare with those expected, and its payload (slicing the ring for the
+            # comparison and for the copy would build two views). Bytes past the frame
+            # that it may read are ignored.
+            whole = _WHOLE.get(header)
+            if whole is None or whole[0] != n:
+                whole = _whole_frame(header, n)
+            end = whole[1]
+            if pos + end <= size:
+                head, body = whole[2](data, pos)
+                if head == whole[3] and end <= avail:
+                    dest[:] = body
+                    ctl[_TAIL] = tail + end
+                    if ring.writer.ctl32[1]:    # the writer sleeps: it may wait for space
+                        ring.writer.ring_doorbell()
+                    return n
+        hlen = len(header)
         if pos + 12 + hlen > size:
             return -2
         got, plen = PREFIX.unpack_from(data, pos)
