@@ -130,13 +130,18 @@ class _Segment:
 
 
 class _OutRing:
-    __slots__ = ("peer", "ctl", "data", "size", "seg", "queue", "seen_tail")
+    __slots__ = ("peer", "ctl", "data", "size", "seg", "queue", "seen_tail", "head", "tail")
 
     def __init__(self, peer, ctl, data, seg):
         self.peer, self.ctl, self.data, self.seg = peer, ctl, data, seg
         self.size = len(data)
         self.queue: deque = deque()      # [chunks(list of views), index, offset, token]
         self.seen_tail = 0
+        # For send_now, which so reads no counter while the ring has room: the head as
+        # this process, its only writer, last wrote it (every write of ctl[_HEAD] sets
+        # it), and the tail as last read (the reader only moves it on: the free space it
+        # gives is never too much).
+        self.head = self.tail = 0
 
     def put(self, src, n: int, head: int) -> int:
         """Copy all ``n`` bytes of ``src`` at ring position ``head`` (caller checked space)."""
@@ -303,14 +308,18 @@ class ShmTransport(Transport):
         if head is None or head[0] != plen:
             head = self._frame_head(header, plen)
         fh = head[1]
-        ctl = ring.ctl
-        at = ctl[_HEAD]
+        at = ring.head
         size = ring.size
         stop = len(fh)
         end = stop + plen
         pos = at % size
-        if pos + end > size or end > size - (at - ctl[_TAIL]):
+        if pos + end > size:
             return False
+        ctl = ring.ctl
+        if end > size - (at - ring.tail):
+            ring.tail = ctl[_TAIL]          # the reader may have freed space since
+            if end > size - (at - ring.tail):
+                return False
         if plen <= 256:                 # one copy into the ring costs more than a join
             ring.data[pos:pos + end] = fh + payload
         else:
@@ -318,7 +327,7 @@ class ShmTransport(Transport):
             stop += pos
             data[pos:stop] = fh
             data[stop:stop + plen] = payload
-        ctl[_HEAD] = at + end
+        ctl[_HEAD] = ring.head = at + end
         seg = ring.seg                  # ring_doorbell, inlined: this is the latency path
         c = seg.ctl32
         c[0] = (c[0] + 1) & 0xFFFFFFFF
@@ -349,7 +358,7 @@ class ShmTransport(Transport):
                 head = ring.put(hb, n, head)
                 if np_:
                     head = ring.put(payload, np_, head)
-                ctl[_HEAD] = head
+                ctl[_HEAD] = ring.head = head
                 ring.seg.ring_doorbell()
                 return True
         ring.queue.append([[memoryview(hb), payload], 0, 0, token])
@@ -388,10 +397,10 @@ class ShmTransport(Transport):
                 break
             q.popleft()
             if item[3] is not None:
-                ctl[_HEAD] = head
+                ctl[_HEAD] = ring.head = head
                 self.sink.on_sent(item[3])
         if moved:
-            ctl[_HEAD] = head
+            ctl[_HEAD] = ring.head = head
             ring.seg.ring_doorbell()
         return moved
 
