@@ -156,13 +156,17 @@ class _OutRing:
 
 
 class _InRing:
-    __slots__ = ("peer", "ctl", "data", "size", "decoder", "seen_head", "writer", "broken")
+    __slots__ = ("peer", "ctl", "data", "size", "decoder", "seen_head", "writer", "broken",
+                 "tail")
 
     def __init__(self, peer, ctl, data, writer, decoder: FrameDecoder):
         self.peer, self.ctl, self.data, self.writer = peer, ctl, data, writer
         self.size = len(data)
         self.decoder = decoder
         self.seen_head = 0
+        # the tail as this process, its only writer, last wrote it (every write of
+        # ctl[_TAIL] sets it): recv_now so reads one counter, the head
+        self.tail = 0
         self.broken: str | None = None  # why frames from this peer can no longer be taken
 
 
@@ -446,7 +450,7 @@ class ShmTransport(Transport):
             # would deliver them twice, so nothing more is read from this peer.
             ring.broken = f"a frame from it could not be taken in ({type(exc).__name__}: {exc})"
             raise PeerLostError(ring.peer, ring.broken) from exc
-        ctl[_TAIL] = head
+        ctl[_TAIL] = ring.tail = head
         if ring.writer.ctl32[1]:        # the writer sleeps: it may wait for this space
             ring.writer.ring_doorbell()
         return True
@@ -479,7 +483,7 @@ class ShmTransport(Transport):
         if dec.left or dec.partial or ring.broken is not None:
             return -2
         ctl = ring.ctl
-        tail = ctl[_TAIL]
+        tail = ring.tail
         avail = ctl[_HEAD] - tail
         if avail < 12:
             if spin_s <= 0.0:
@@ -513,7 +517,7 @@ class ShmTransport(Transport):
                 head, body = whole[2](data, pos)
                 if head == whole[3] and end <= avail:
                     dest[:] = body
-                    ctl[_TAIL] = tail + end
+                    ctl[_TAIL] = ring.tail = tail + end
                     if ring.writer.ctl32[1]:    # the writer sleeps: it may wait for space
                         ring.writer.ring_doorbell()
                     return n
@@ -527,7 +531,7 @@ class ShmTransport(Transport):
             return -2
         if plen:
             dest[:plen] = data[pos + 12 + hlen:pos + end]
-        ctl[_TAIL] = tail + end
+        ctl[_TAIL] = ring.tail = tail + end
         if ring.writer.ctl32[1]:        # the writer sleeps: it may wait for this space
             ring.writer.ring_doorbell()
         return plen
