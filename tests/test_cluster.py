@@ -306,6 +306,28 @@ def test_a_rank_failing_on_host2_stops_every_node_naming_host_and_rank(cluster, 
         assert "exited with code 1" in text
 
 
+def _failed_within(proc, r: int, t0: float, bound: float, event: str) -> tuple[str, str]:
+    """Wait for rank ``r``'s process to fail, at most ``bound`` seconds after ``event`` (at
+    ``t0``); return its last line and its output. One still running after 20 s is asked
+    for its flight recorder and every thread's stack, killed, and fails the test."""
+    try:
+        text, _ = proc.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+        # nsenter execs the rank: ask it for its flight recorder (pycomm prints it on
+        # SIGUSR1), then fail with it.
+        os.kill(proc.pid, signal.SIGUSR1)
+        time.sleep(1)
+        os.kill(proc.pid, signal.SIGABRT)     # faulthandler: every thread's stack
+        time.sleep(1)
+        proc.kill()
+        text, _ = proc.communicate(timeout=10)
+        pytest.fail(f"rank {r} still ran 20 s after {event}:\n{text}")
+    took = time.monotonic() - t0
+    assert proc.returncode != 0, text
+    assert took < bound, f"rank {r} ended {took:.1f} s after {event}"
+    return text.strip().splitlines()[-1], text
+
+
 def test_pulling_a_hosts_cable_is_a_peer_error_naming_it_within_the_peer_timeout():
     with emulated_hosts(2, "pcu", pytest.fail, "cannot build the emulated cluster") as c:
         port = str(29100 + os.getpid() % 90)
@@ -321,22 +343,7 @@ def test_pulling_a_hosts_cable_is_a_peer_error_naming_it_within_the_peer_timeout
         t0 = time.monotonic()
         c.unplug(2)
         for r in (0, 1):
-            try:
-                text, _ = procs[r].communicate(timeout=20)
-            except subprocess.TimeoutExpired:
-                # nsenter execs the rank: ask it for its flight recorder (pycomm prints it
-                # on SIGUSR1), then fail with it.
-                os.kill(procs[r].pid, signal.SIGUSR1)
-                time.sleep(1)
-                os.kill(procs[r].pid, signal.SIGABRT)     # faulthandler: every thread's stack
-                time.sleep(1)
-                procs[r].kill()
-                text, _ = procs[r].communicate(timeout=10)
-                pytest.fail(f"rank {r} still ran 20 s after the cable was pulled:\n{text}")
-            took = time.monotonic() - t0
-            assert procs[r].returncode != 0, text
-            assert took < 8, f"rank {r} noticed the pulled cable after {took:.1f} s"
-            last = text.strip().splitlines()[-1]
+            last, text = _failed_within(procs[r], r, t0, 8, "the cable was pulled")
             assert last.startswith(f"pycomm.errors.PeerError: rank {r}: "), text
             assert "no answer for 3 s (PYCOMM_PEER_TIMEOUT)" in last, text
             assert "(host host2 at 10.77.0.2:" in last, text
@@ -374,16 +381,7 @@ def test_stopping_a_hosts_ranks_is_a_peer_error_naming_them_within_the_peer_time
                 os.kill(procs[r].pid, signal.SIGSTOP)
             lasts = []
             for r in (0, 1):
-                try:
-                    text, _ = procs[r].communicate(timeout=20)
-                except subprocess.TimeoutExpired:
-                    procs[r].kill()
-                    text, _ = procs[r].communicate(timeout=10)
-                    pytest.fail(f"rank {r} still ran 20 s after host2 was stopped:\n{text}")
-                took = time.monotonic() - t0
-                assert procs[r].returncode != 0, text
-                assert took < 8, f"rank {r} noticed the stopped host after {took:.1f} s"
-                last = text.strip().splitlines()[-1]
+                last, text = _failed_within(procs[r], r, t0, 8, "host2 was stopped")
                 assert "has not answered for 3 s (PYCOMM_PEER_TIMEOUT): its host is frozen" \
                     in last, text
                 assert "(host host2 at 10." in last, text
