@@ -31,6 +31,7 @@ from transports import PeerLostError, TransportError
 
 from . import trace
 from .errors import CommTimeoutError, PeerError
+from .stall import PeerWatch
 
 if TYPE_CHECKING:
     from .request import Request
@@ -215,7 +216,7 @@ class Waiting:
         warn_at = now + inspector.warn_s if inspector is not None and \
             inspector.warn_s < limit else float("inf")
         stalled = None                      # the suspects of the last warning printed
-        watch = self._frozen_watch(req, now) if inspector is not None else None
+        watch = PeerWatch.of(self, req, now) if inspector is not None else None
         ts = self.transports
         single = ts[0] if len(ts) == 1 else None
         while not cond():
@@ -236,8 +237,9 @@ class Waiting:
                     warn_at = t + inspector.warn_s
                     stalled = self._warn_stall(req, what, t - now, stalled)
                     next_check = _perf() + _LIVENESS_S
-                if watch is not None and t >= watch[0]:
-                    watch = self._ask_frozen(watch)     # raises PeerError: a frozen host
+                if watch is not None and t >= watch.due:
+                    if not watch.ask():         # raises PeerError: a frozen host
+                        watch = None
                     next_check = _perf() + _LIVENESS_S
             slice_ = min(deadline - t, next_check - t)
             try:
@@ -302,58 +304,6 @@ class Waiting:
         """The flight-recorder entry of the call this thread waits in, or None."""
         return trace.current(self._threaded and
                              threading.get_ident() == self.offload_ident)
-
-    def _frozen_watch(self, req, now: float) -> list | None:
-        """The watch on a peer on another host that a long wait needs (None: none).
-
-        A pulled cable shows in the TCP connection (keepalive, ``TCP_USER_TIMEOUT``), but
-        a host whose processes are stopped or frozen while its kernel runs does not: its
-        kernel still acknowledges data and probes. So a wait on a rank reached by a
-        transport with a ``peer_timeout`` (``PYCOMM_PEER_TIMEOUT``) asks that rank's
-        stall responder (:mod:`pycomm.stall`, a thread that answers even while the rank
-        runs user code) whether it runs, from half the timeout on; see
-        :meth:`_ask_frozen`. The watch is ``[when to ask, asks unanswered, peer,
-        transport, peer_timeout]``.
-        """
-        peer = getattr(req, "peer", -1) if req is not None else -1
-        if peer is None or peer < 0 or peer == self.rank or peer >= len(self.route):
-            return None
-        tr = self.route[peer]
-        limit = getattr(tr, "peer_timeout", None)
-        if not limit:
-            return None
-        return [now + limit / 2, 0, peer, tr, limit]
-
-    def _ask_frozen(self, watch: list) -> list | None:
-        """Ask the watched peer whether it runs (``_frozen_watch``); the watch goes on.
-
-        A peer that answers no ask from half ``peer_timeout`` to ``peer_timeout`` into
-        the wait (two asks, each waiting a quarter of it, at most 1 s) is frozen: a live
-        one, even deep in user code, answers within milliseconds.
-
-        Raises:
-            PeerError: the peer answered neither ask; it names the peer and its host.
-        """
-        _, silent, peer, tr, limit = watch
-        ask_s = min(1.0, limit / 4)
-        answered = self._inspector.answers(peer, ask_s)
-        if answered is None:            # no store, or the peer never had a world
-            return None
-        if answered:
-            watch[0], watch[1] = _perf() + limit / 2, 0
-            return watch
-        if silent:
-            where = tr.where(peer) if hasattr(tr, "where") else None
-            call = self._my_call()
-            what = f"{trace.describe_call(call)}: " if call is not None else ""
-            err = PeerError(
-                f"rank {self.rank}: {what}rank {peer}{f' ({where})' if where else ''} has "
-                f"not answered for {limit:g} s (PYCOMM_PEER_TIMEOUT): its host is frozen "
-                "or its process is stopped", peer)
-            self._failed = err
-            raise err
-        watch[0], watch[1] = _perf() + max(0.0, limit / 2 - 2 * ask_s), 1
-        return watch
 
     def _warn_stall(self, req, what, waited: float, previous: str | None) -> str:
         """Ask the other ranks where they are; print a warning when the suspects are new.
