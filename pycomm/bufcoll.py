@@ -100,9 +100,10 @@ class CollectiveMethods:
         """
         root = self._check_root(root)
         arr = as_array(buf, self.rank, "buf", writable=self.rank != root)
-        plan = plan_call(self, "bcast", arr.dtype, arr.size, arr.nbytes, algorithm, root=root)
+        nbytes = arr.nbytes
+        plan = plan_call(self, "bcast", arr.dtype, arr.size, nbytes, algorithm, root=root)
         if plan[4] is not None and self._defer is None:
-            return self._slots_call(plan[4], "bcast", arr.nbytes, arr, root)
+            return self._slots_call(plan[4], "bcast", nbytes, arr, root)
         cc = self._calls.begin(plan[0])
         self._selection.run("bcast", arr.nbytes, algorithm, None, lambda fn: fn(cc, arr, root),
                             plan=plan)
@@ -136,13 +137,14 @@ class CollectiveMethods:
                 as every collective call (see :class:`Communicator`).
         """
         send, recv = self._pair(sendbuf, recvbuf, "Allreduce")
+        count, nbytes = recv.size, recv.nbytes
         if send is not None:
-            if send.size != recv.size:
+            if send.size != count:
                 raise InvalidBufferError(f"rank {self.rank}: Allreduce: sendbuf has "
-                                         f"{send.size} elements, recvbuf {recv.size}")
-        plan = plan_call(self, "allreduce", recv.dtype, recv.size, recv.nbytes, algorithm, op)
+                                         f"{send.size} elements, recvbuf {count}")
+        plan = plan_call(self, "allreduce", recv.dtype, count, nbytes, algorithm, op)
         if plan[4] is not None and self._defer is None:
-            return self._slots_call(plan[4], "allreduce", recv.nbytes, recv, plan[3], send)
+            return self._slots_call(plan[4], "allreduce", nbytes, recv, plan[3], send)
         op = plan[3]
         cc = self._calls.begin(plan[0])
 
@@ -235,9 +237,10 @@ class CollectiveMethods:
         """
         send, recv = self._pair(sendbuf, recvbuf, "Allgather")
         count = self._blocks(recv, send, "Allgather")
-        plan = plan_call(self, "allgather", recv.dtype, count, recv.nbytes, algorithm)
+        nbytes = recv.nbytes
+        plan = plan_call(self, "allgather", recv.dtype, count, nbytes, algorithm)
         if plan[4] is not None and self._defer is None:
-            return self._slots_call(plan[4], "allgather", recv.nbytes, recv, count, send)
+            return self._slots_call(plan[4], "allgather", nbytes, recv, count, send)
         cc = self._calls.begin(plan[0])
 
         def call(fn):           # recvbuf is written only once the algorithm is known
@@ -417,18 +420,20 @@ class CollectiveMethods:
                 raise InvalidBufferError(f"rank {self.rank}: Reduce_scatter_block: recvbuf "
                                          f"of {recv.size} elements is not a multiple of "
                                          f"{self.size}")
-            n = recv.size // self.size
-            work, out = recv, recv[:n]
+            count = recv.size // self.size
+            work, out = recv, recv[:count]
         else:
-            if send.size != recv.size * self.size:
+            count = recv.size
+            if send.size != count * self.size:
                 raise InvalidBufferError(f"rank {self.rank}: Reduce_scatter_block: sendbuf "
                                          f"has {send.size} elements, expected size*"
-                                         f"{recv.size} = {recv.size * self.size}")
+                                         f"{count} = {count * self.size}")
             work, out = send, recv
-        plan = plan_call(self, "reduce_scatter_block", out.dtype, out.size, work.nbytes,
+        nbytes = work.nbytes
+        plan = plan_call(self, "reduce_scatter_block", out.dtype, count, nbytes,
                          algorithm, op)
         if plan[4] is not None and self._defer is None:
-            return self._slots_call(plan[4], "reduce_scatter_block", work.nbytes, work, out,
+            return self._slots_call(plan[4], "reduce_scatter_block", nbytes, work, out,
                                     plan[3])
         if send is None:
             work = work.copy()          # IN_PLACE: the result lands on the input
@@ -439,11 +444,12 @@ class CollectiveMethods:
 
     def _blocks(self, whole: np.ndarray, part: np.ndarray | None, what: str,
                 recv_side: bool = True) -> int:
-        if whole.size % self.size:
+        total = whole.size
+        if total % self.size:
             name = "recvbuf" if recv_side else "sendbuf"
-            raise InvalidBufferError(f"rank {self.rank}: {what}: {name} has {whole.size} "
+            raise InvalidBufferError(f"rank {self.rank}: {what}: {name} has {total} "
                                      f"elements, not a multiple of the size {self.size}")
-        count = whole.size // self.size
+        count = total // self.size
         if part is not None and part.size != count:
             name = "sendbuf" if recv_side else "recvbuf"
             raise InvalidBufferError(f"rank {self.rank}: {what}: {name} has {part.size} "

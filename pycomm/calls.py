@@ -135,7 +135,8 @@ class CollectiveCalls:
         comm: the :class:`pycomm.comm.Communicator` whose calls these are.
     """
 
-    __slots__ = ("comm", "seq", "sig", "prev_sig", "aborts_seen", "failed_upto")
+    __slots__ = ("comm", "seq", "sig", "prev_sig", "aborts_seen", "failed_upto",
+                 "_fast_view")
 
     def __init__(self, comm):
         self.comm = comm
@@ -143,11 +144,18 @@ class CollectiveCalls:
         self.sig = self.prev_sig = None
         self.aborts_seen = 0
         self.failed_upto = -1
+        self._fast_view: CallView | None = None    # the view every fast call reuses
 
     def begin(self, sig, fast: bool = False) -> CallView:
         """Count a collective call and give its algorithm the call's view (``sig``: its
         signature, :func:`pycomm.signature.signature`; ``fast``: it runs through the
-        shared-memory slots of :mod:`pycomm.shmcoll`, which hear of every call).
+        shared-memory slots of :mod:`pycomm.shmcoll` or by direct reads, which hear of
+        every call).
+
+        A fast call is blocking and nothing keeps its view once it returns (its message
+        fallback runs within it too), so every fast call of the communicator gets the
+        same view, renumbered, instead of a new one: building an object is a sizeable
+        part of a small call's cost.
 
         A call a peer has abandoned already fails at its first send or receive (or, if it
         has none here, when it returns: see :func:`pycomm.signature.collective`), after
@@ -177,7 +185,14 @@ class CollectiveCalls:
                         break
             if eng.offload_posted == eng.offload_done:
                 self.check_stale(at_start=True)
-        return CallView(comm, seq, sig)
+        if not fast:
+            return CallView(comm, seq, sig)
+        view = self._fast_view
+        if view is None:
+            view = self._fast_view = CallView(comm, seq, sig)
+        else:
+            view.tag, view.sig = seq, sig
+        return view
 
     def check_late_abort(self, name: str) -> None:
         """Raise if a peer abandoned a call that this rank had already finished.

@@ -108,6 +108,10 @@ class Communicator(PointToPointMethods, CollectiveMethods, ObjectMethods, GroupM
         self._slots = UNDECIDED
         self._plans_gen = 0
         self._freed = False
+        # the nonblocking twins' queue (pycomm.nbc), None outside them: every collective
+        # reads it, and Python 3.11 reads an instance attribute much faster than the
+        # class default NonblockingMethods declares
+        self._defer = None
         self._debug = config.get("PYCOMM_DEBUG")
         self._selection = AlgorithmSelection(self)   # each call's algorithm: chosen, run
 
@@ -168,6 +172,8 @@ class Communicator(PointToPointMethods, CollectiveMethods, ObjectMethods, GroupM
         return int(value)
 
     def _check_root(self, root) -> int:
+        if type(root) is int and 0 <= root < self.size:    # the common case, without int()
+            return root
         if not isinstance(root, (int, np.integer)) or not 0 <= root < self.size:
             raise ArgumentError(f"rank {self.rank}: root={root!r} is invalid for a "
                                 f"communicator of size {self.size}")
@@ -184,10 +190,15 @@ class Communicator(PointToPointMethods, CollectiveMethods, ObjectMethods, GroupM
 
     def _pair(self, sendbuf, recvbuf, what: str):
         recv = as_array(recvbuf, self.rank, "recvbuf", writable=True)
-        send = None if sendbuf is IN_PLACE else as_array(sendbuf, self.rank, "sendbuf")
-        if send is not None and send.dtype != recv.dtype:
-            raise InvalidBufferError(f"rank {self.rank}: {what}: sendbuf dtype {send.dtype} "
-                                     f"differs from recvbuf dtype {recv.dtype}")
+        if sendbuf is IN_PLACE:
+            return None, recv
+        send = as_array(sendbuf, self.rank, "sendbuf")
+        sdt, rdt = send.dtype, recv.dtype
+        # numpy shares one dtype object among the arrays of a built-in type: the identity
+        # test settles the common case, where comparing dtypes costs as much as a call
+        if sdt is not rdt and sdt != rdt:
+            raise InvalidBufferError(f"rank {self.rank}: {what}: sendbuf dtype {sdt} "
+                                     f"differs from recvbuf dtype {rdt}")
         return send, recv
 
     def chosen_algorithm(self, collective: str, nbytes: int, *, commutative: bool = True,

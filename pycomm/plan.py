@@ -196,11 +196,11 @@ def plan_call(comm, collective: str, dtype, count: int, nbytes: int, algorithm,
     key = (collective, dtype, count, root, op, algorithm)
     if plans is not None and comm._plans_gen == config.generation:
         try:
-            plan = plans.get(key)
+            return plans[key]
+        except KeyError:        # a new shape
+            pass
         except TypeError:       # an unhashable op or algorithm: refused below
-            plan = None
-        if plan is not None:
-            return plan
+            pass
     if op is not None:
         op = comm._check_op(op, dtype)
     name, fn = comm._selection.choose(collective, nbytes, algorithm,

@@ -24,6 +24,8 @@ fails on one rank is abandoned on all (see :mod:`pycomm.comm`).
 
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 
 from .errors import ArgumentError
@@ -115,48 +117,122 @@ def describe(sig) -> str:
     return f"{name}({', '.join(args)})"
 
 
+# The bookkeeping every collective call runs around its method (see collective()), as
+# source: the wrapper is compiled with the method's own parameters, so that a call hands
+# over its arguments as it would to the method itself. A wrapper of (*args, **kwargs)
+# packs them into a tuple and a dict and unpacks them again, which on a small call costs
+# about as much as the bookkeeping itself.
+_WRAPPER = """\
+def {name}(self{params}):
+{prologue}    calls = self._calls
+    seq = calls.seq
+    try:
+        out = method(self{forward})
+        if self._defer is not None:     # a nonblocking twin: its schedule runs later
+            _guard_deferred(self, nonblocking_name)
+            return out
+        eng = self._engine
+        if eng.aborted:             # abandoned by a peer, though nothing here failed
+            err = eng.aborted_error(self._cctx, calls.seq)
+            if err is not None:
+                raise err
+        if eng.coll_tags and eng.offload_posted == eng.offload_done:
+            calls.check_stale(at_start=False)
+    except Exception as exc:
+        _failed(self, seq, exc, blocking_name, nonblocking_name)
+        raise
+    if eng.abort_count != calls.aborts_seen:   # a finished call was abandoned since
+        calls.check_late_abort(blocking_name)
+    return out
+"""
+
+# An argument the caller left out (the wrapper's default for a parameter without one)
+_MISSING = object()
+
+
 def collective(method):
     """Decorate a collective method: a failure abandons the call on every rank.
 
     The call is counted even when it fails before it was (a bad argument found before
     anything was sent), and every other rank of the communicator learns of it (see the
     module docstring); after a success, messages of finished calls are looked for.
+
+    The wrapper takes the method's parameters. Arguments the method would refuse with a
+    TypeError (one too many, an unknown keyword, a missing one) go through a wrapper of
+    ``(*args, **kwargs)`` instead, so that the method raises inside the bookkeeping and
+    the call is abandoned on every rank, as for any other bad argument.
     """
     blocking_name = method.__name__
-    nonblocking_name = "I" + blocking_name[0].lower() + blocking_name[1:]
-
-    def call(self, *args, **kwargs):
-        calls = self._calls
-        seq = calls.seq
-        # Iallreduce runs Allreduce with a deferred schedule: errors say which was called
-        name = blocking_name if self._defer is None else nonblocking_name
-        try:
-            out = method(self, *args, **kwargs)
-            if self._defer is not None:     # a nonblocking twin: its schedule runs later
-                _guard_deferred(self, name)
-                return out
-            eng = self._engine
-            if eng.aborted:             # abandoned by a peer, though nothing here failed
-                err = eng.aborted_error(self._cctx, calls.seq)
-                if err is not None:
-                    raise err
-            if eng.coll_tags and eng.offload_posted == eng.offload_done:
-                calls.check_stale(at_start=False)
-        except Exception as exc:
-            if calls.seq == seq:            # failed before it was counted: count it now
-                calls.seq = (seq + 1) & 0x7FFFFFFF
-            calls.abandon(name, calls.seq, exc)
-            if isinstance(exc, ArgumentError) and name not in str(exc):
-                # this rank's own bad argument: say in which call, as the peers' errors do
-                exc.args = (f"{exc} (in {name} #{calls.seq} on {self.name})",
-                            *exc.args[1:])
-            raise
-        if eng.abort_count != calls.aborts_seen:   # a finished call was abandoned since
-            calls.check_late_abort(name)
-        return out
-    call.__name__, call.__qualname__ = blocking_name, method.__qualname__
-    call.__doc__, call.__wrapped__ = method.__doc__, method
+    env = {"method": method, "blocking_name": blocking_name,
+           "nonblocking_name": "I" + blocking_name[0].lower() + blocking_name[1:],
+           "_guard_deferred": _guard_deferred, "_failed": _failed, "_MISSING": _MISSING,
+           "__name__": method.__module__}
+    generic = _compile(env, blocking_name, ", *args, **kwargs", "", ", *args, **kwargs")
+    parameters = list(inspect.signature(method).parameters.values())[1:]     # after self
+    pos = [p for p in parameters if p.kind is p.POSITIONAL_OR_KEYWORD]
+    kw = [p for p in parameters if p.kind is p.KEYWORD_ONLY]
+    names = [p.name for p in pos + kw]
+    if len(names) != len(parameters) or {"_more", "_unknown"} & set(names):
+        call = generic      # a method with its own *args or **kwargs
+    else:
+        required = [p.name for p in pos + kw if p.default is p.empty]
+        refused = " or ".join(["_more", "_unknown"] + [f"{n} is _MISSING" for n in required])
+        values = "".join(f"{n}, " for n in names)
+        prologue = (f"    if {refused}:\n"
+                    f"        return _refused(generic, self, _names, ({values}), {len(pos)}, "
+                    "_more, _unknown)\n")
+        params = "".join(f", {p.name}" for p in pos) + ", *_more" + \
+            "".join(f", {p.name}" for p in kw) + ", **_unknown"
+        forward = "".join(f", {p.name}" for p in pos) + \
+            "".join(f", {p.name}={p.name}" for p in kw)
+        call = _compile(dict(env, generic=generic, _refused=_refused, _names=names),
+                        blocking_name, params, prologue, forward)
+        call.__defaults__ = tuple(_MISSING if p.default is p.empty else p.default
+                                  for p in pos) or None
+        call.__kwdefaults__ = {p.name: _MISSING if p.default is p.empty else p.default
+                               for p in kw} or None
+    for fn in {call, generic}:
+        fn.__qualname__ = method.__qualname__
+        fn.__doc__, fn.__wrapped__ = method.__doc__, method
     return call
+
+
+def _compile(env: dict, name: str, params: str, prologue: str, forward: str):
+    code = _WRAPPER.format(name=name, params=params, prologue=prologue, forward=forward)
+    exec(compile(code, f"<pycomm collective wrapper of {name}>", "exec"), env)  # noqa: S102
+    return env[name]
+
+
+def _refused(generic, self, names: list, values: tuple, npos: int, more: tuple,
+             unknown: dict):
+    """Hand a call the method will refuse to ``generic`` as it was made, as near as
+    can be told: ``values`` of the method's parameters ``names`` (``npos`` positional
+    ones first; ``_MISSING``: not given), ``more`` positional arguments past them,
+    ``unknown`` keywords."""
+    if more:            # every positional parameter was filled by position
+        # (a keyword-only argument at its default is taken as not given, as the
+        # method's message about the positional ones counts those given)
+        defaults = generic.__wrapped__.__kwdefaults__ or {}
+        given = {n: v for n, v in zip(names[npos:], values[npos:])
+                 if v is not _MISSING and v is not defaults.get(n, _MISSING)}
+        return generic(self, *values[:npos], *more, **given, **unknown)
+    given = {n: v for n, v in zip(names, values) if v is not _MISSING}
+    return generic(self, **given, **unknown)
+
+
+def _failed(comm, seq: int, exc: Exception, blocking_name: str,
+            nonblocking_name: str) -> None:
+    """Count and abandon the call that raised ``exc`` (``seq``: the communicator's
+    sequence number before it), and name the call in this rank's own argument error."""
+    calls = comm._calls
+    # Iallreduce runs Allreduce with a deferred schedule: errors say which was called
+    name = blocking_name if comm._defer is None else nonblocking_name
+    if calls.seq == seq:            # failed before it was counted: count it now
+        calls.seq = (seq + 1) & 0x7FFFFFFF
+    calls.abandon(name, calls.seq, exc)
+    if isinstance(exc, ArgumentError) and name not in str(exc):
+        # this rank's own bad argument: say in which call, as the peers' errors do
+        exc.args = (f"{exc} (in {name} #{calls.seq} on {comm.name})", *exc.args[1:])
 
 
 def _guard_deferred(comm, name: str) -> None:
