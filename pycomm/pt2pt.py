@@ -7,11 +7,13 @@ and hands the message to the process's p2p engine (:mod:`pycomm.p2p`: matching, 
 protocol) on the communicator's point-to-point context (``3*cid``, see
 :mod:`pycomm.comm`); messages above ``PYCOMM_EAGER_LIMIT`` bytes go by rendezvous
 (:mod:`pycomm.rendezvous`). ``Send`` and ``Recv`` of a small message take the engine's
-request-free path when nothing else is pending (:meth:`pycomm.p2p.Engine.send_now`,
-:meth:`~pycomm.p2p.Engine.recv_now`), with the general path's checks inlined. A blocking
-call that times out withdraws what it posted (``_wait_posted``): a receive left posted
-would swallow a later message, and a large send's buffer, handed back to the caller, must
-not be read afterwards.
+request-free path when nothing else is pending (what :meth:`pycomm.p2p.Engine.send_now`
+and :meth:`~pycomm.p2p.Engine.recv_now` do, inlined with the general path's checks: they
+write or take the frame through the peer's transport, ``Engine.direct``, themselves),
+with each tag's eager header made once per communicator. A blocking call that times out
+withdraws what it posted (``_wait_posted``): a receive left posted would swallow a later
+message, and a large send's buffer, handed back to the caller, must not be read
+afterwards.
 """
 
 from __future__ import annotations
