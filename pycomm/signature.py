@@ -24,6 +24,7 @@ fails on one rank is abandoned on all (see :mod:`pycomm.comm`).
 
 from __future__ import annotations
 
+import functools
 import inspect
 
 import numpy as np
@@ -123,7 +124,7 @@ def describe(sig) -> str:
 # packs them into a tuple and a dict and unpacks them again, which on a small call costs
 # about as much as the bookkeeping itself.
 _WRAPPER = """\
-def {name}(self{params}):
+def wrapper(self{params}):
 {prologue}    calls = self._calls
     seq = calls.seq
     try:
@@ -167,7 +168,7 @@ def collective(method):
            "nonblocking_name": "I" + blocking_name[0].lower() + blocking_name[1:],
            "_guard_deferred": _guard_deferred, "_failed": _failed, "_MISSING": _MISSING,
            "__name__": method.__module__}
-    generic = _compile(env, blocking_name, ", *args, **kwargs", "", ", *args, **kwargs")
+    generic = _wrapper(env, ", *args, **kwargs", "", ", *args, **kwargs")
     parameters = list(inspect.signature(method).parameters.values())[1:]     # after self
     pos = [p for p in parameters if p.kind is p.POSITIONAL_OR_KEYWORD]
     kw = [p for p in parameters if p.kind is p.KEYWORD_ONLY]
@@ -185,22 +186,29 @@ def collective(method):
             "".join(f", {p.name}" for p in kw) + ", **_unknown"
         forward = "".join(f", {p.name}" for p in pos) + \
             "".join(f", {p.name}={p.name}" for p in kw)
-        call = _compile(dict(env, generic=generic, _refused=_refused, _names=names),
-                        blocking_name, params, prologue, forward)
+        call = _wrapper(dict(env, generic=generic, _refused=_refused, _names=names),
+                        params, prologue, forward)
         call.__defaults__ = tuple(_MISSING if p.default is p.empty else p.default
                                   for p in pos) or None
         call.__kwdefaults__ = {p.name: _MISSING if p.default is p.empty else p.default
                                for p in kw} or None
     for fn in {call, generic}:
-        fn.__qualname__ = method.__qualname__
+        fn.__name__, fn.__qualname__ = blocking_name, method.__qualname__
         fn.__doc__, fn.__wrapped__ = method.__doc__, method
     return call
 
 
-def _compile(env: dict, name: str, params: str, prologue: str, forward: str):
-    code = _WRAPPER.format(name=name, params=params, prologue=prologue, forward=forward)
-    exec(compile(code, f"<pycomm collective wrapper of {name}>", "exec"), env)  # noqa: S102
-    return env[name]
+def _wrapper(env: dict, params: str, prologue: str, forward: str):
+    """The wrapper function made from :data:`_WRAPPER`, its names bound in ``env``."""
+    exec(_wrapper_code(params, prologue, forward), env)  # noqa: S102
+    return env.pop("wrapper")
+
+
+@functools.lru_cache(maxsize=None)
+def _wrapper_code(params: str, prologue: str, forward: str):
+    # compiled once per parameter list: methods of one shape share it (import time)
+    return compile(_WRAPPER.format(params=params, prologue=prologue, forward=forward),
+                   "<pycomm collective wrapper>", "exec")
 
 
 def _refused(generic, self, names: list, values: tuple, npos: int, more: tuple,
