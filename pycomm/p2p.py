@@ -99,8 +99,8 @@ class Engine(Matching, CallAborts, Waiting):
         self.timeout = timeout
         self.route: list[Any] = [None] * size       # world rank -> transport
         # world rank -> its transport where a blocking Send or Recv may write or take a
-        # whole frame itself (the transport's ``direct_p2p``: send_now, and recv_now with
-        # ``alone``); None for this rank and for other transports
+        # whole frame itself (the transport's ``direct_p2p``: send_now with ``repeats``,
+        # recv_now with ``alone``); None for this rank and for other transports
         self.direct: list[Any] = [None] * size
         self.transports: list[Any] = []
         self.posted: list[Request] = []

@@ -142,7 +142,7 @@ class PointToPointMethods:
                     try:
                         # a 1-D uint8 array's memoryview is already the flat byte view
                         sent = t.send_now(w, hdr, mv if fmt == "B" and mv.ndim == 1
-                                          else mv.cast("B"))
+                                          else mv.cast("B"), True)
                     except TransportError as exc:
                         raise eng._peer_error(exc) from None
                     if sent:

@@ -181,8 +181,9 @@ class ShmTransport(Transport):
     """
 
     name = "shm"
-    # The p2p engine's request-free path may call send_now and recv_now(alone=True)
-    # directly: they take or write a whole frame, and recv_now checks the rest itself.
+    # The p2p engine's request-free path may call send_now(repeats=True) and
+    # recv_now(alone=True) directly: they write or take a whole frame, and recv_now checks
+    # the rest itself.
     direct_p2p = True
 
     def __init__(self, rank, size, job_id, token, sink, *, ring_bytes: int = 1 << 20,
@@ -297,21 +298,25 @@ class ShmTransport(Transport):
         return not err and buf.raw == info["probe_value"]
 
     # -- sending --------------------------------------------------------------------------
-    def send_now(self, peer: int, header: bytes, payload) -> bool:
+    def send_now(self, peer: int, header: bytes, payload, repeats: bool = False) -> bool:
         """Write a whole frame into ``peer``'s ring at once if it fits there unwrapped and
-        nothing is queued before it; False (nothing written) otherwise."""
+        nothing is queued before it; False (nothing written) otherwise.
+
+        ``repeats``: the header comes back message after message (a point-to-point eager
+        header: see :attr:`direct_p2p`), so the frame's prefix and header, which depend
+        only on the header and the payload's length, are packed once (for the length
+        last sent with that header) and kept."""
         ring = self._out[peer]
         if ring.queue:
             return False
         plen = len(payload)
-        # A frame's prefix and header depend only on the header and the payload's length,
-        # which repeat from message to message: they are packed once (for the length last
-        # sent with that header) and written with one copy; packing the prefix into the
-        # ring each time costs as much as a second copy.
-        head = self._heads.get(header)
-        if head is None or head[0] != plen:
-            head = self._frame_head(header, plen)
-        fh = head[1]
+        if repeats:
+            head = self._heads.get(header)
+            if head is None or head[0] != plen:
+                head = self._frame_head(header, plen)
+            fh = head[1]
+        else:
+            fh = frame_prefix(header, plen)
         at = ring.head
         size = ring.size
         stop = len(fh)
@@ -324,7 +329,9 @@ class ShmTransport(Transport):
             ring.tail = ctl[_TAIL]          # the reader may have freed space since
             if end > size - (at - ring.tail):
                 return False
-        if plen <= 256:                 # one copy into the ring costs more than a join
+        # The prefix and header go in with the payload: a copy into the ring costs more
+        # than joining a small payload to them.
+        if plen <= 256:
             ring.data[pos:pos + end] = fh + payload
         else:
             data = ring.data
@@ -342,7 +349,7 @@ class ShmTransport(Transport):
     def _frame_head(self, header: bytes, plen: int) -> tuple[int, bytes]:
         """Pack and remember the prefix and header of a frame (see :meth:`send_now`)."""
         heads = self._heads
-        if len(heads) >= 4096:          # one-off headers (RTS, CTS...) must not pile up
+        if len(heads) >= 4096:          # bounded: tags may be many
             heads.clear()
         head = heads[header] = (plen, frame_prefix(header, plen))
         return head
