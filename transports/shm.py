@@ -491,6 +491,20 @@ class ShmTransport(Transport):
             return -2
         ctl = ring.ctl
         tail = ring.tail
+        size, data = ring.size, ring.data
+        pos = tail % size
+        n = len(dest)
+        # The usual message fills ``dest``: one unpack reads its prefix and header, to
+        # compare with those expected, and its payload (slicing the ring for the
+        # comparison and for the copy would build two views). Found before the message
+        # is waited for, so that it is not on the way once the message is there.
+        whole = None
+        if n <= _WHOLE_MAX:
+            whole = _WHOLE.get(header)
+            if whole is None or whole[0] != n:
+                whole = _whole_frame(header, n)
+            if pos + whole[1] > size:
+                whole = None
         avail = ctl[_HEAD] - tail
         if avail < 12:
             if spin_s <= 0.0:
@@ -508,26 +522,15 @@ class ShmTransport(Transport):
             avail = ctl[_HEAD] - tail
             if avail < 12:      # (a writer publishes whole frames: cannot happen)
                 return -1
-        size, data = ring.size, ring.data
-        pos = tail % size
-        n = len(dest)
-        if n <= _WHOLE_MAX:
-            # The usual message fills ``dest``: one unpack reads its prefix and header, to
-            # compare with those expected, and its payload (slicing the ring for the
-            # comparison and for the copy would build two views). Bytes past the frame
-            # that it may read are ignored.
-            whole = _WHOLE.get(header)
-            if whole is None or whole[0] != n:
-                whole = _whole_frame(header, n)
+        if whole is not None:
+            head, body = whole[2](data, pos)    # bytes past the frame that it reads: ignored
             end = whole[1]
-            if pos + end <= size:
-                head, body = whole[2](data, pos)
-                if head == whole[3] and end <= avail:
-                    dest[:] = body
-                    ctl[_TAIL] = ring.tail = tail + end
-                    if ring.writer.ctl32[1]:    # the writer sleeps: it may wait for space
-                        ring.writer.ring_doorbell()
-                    return n
+            if head == whole[3] and end <= avail:
+                dest[:] = body
+                ctl[_TAIL] = ring.tail = tail + end
+                if ring.writer.ctl32[1]:        # the writer sleeps: it may wait for space
+                    ring.writer.ring_doorbell()
+                return n
         hlen = len(header)
         if pos + 12 + hlen > size:
             return -2
