@@ -512,14 +512,15 @@ class ShmTransport(Transport):
             end = _perf() + spin_s
             while True:
                 for _ in range(64):
-                    if ctl[_HEAD] != tail:
+                    at = ctl[_HEAD]
+                    if at != tail:
                         break
                 else:
                     if _perf() >= end or self.has_input(besides=peer):
                         return -1
                     continue
                 break
-            avail = ctl[_HEAD] - tail
+            avail = at - tail
             if avail < 12:      # (a writer publishes whole frames: cannot happen)
                 return -1
         if whole is not None:
