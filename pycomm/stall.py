@@ -49,7 +49,7 @@ import msgpack
 from . import trace
 from .errors import CommError, CommTimeoutError, PeerError
 
-__all__ = ["Inspector", "PeerWatch", "ask_positions", "describe_position", "diagnose", "key",
+__all__ = ["Inspector", "ask_positions", "describe_position", "diagnose", "key",
            "read_diagnoses", "read_exits", "read_positions", "summarize"]
 
 _IDLE_S = 60.0      # seconds one responder wait in the store lasts before it re-parks
@@ -383,19 +383,6 @@ class Inspector:
             return "", []
         return diagnose(self.rank, call, positions)
 
-    def answers(self, peer: int, wait_s: float) -> bool | None:
-        """Whether world rank ``peer``'s responder answers an ask within ``wait_s``
-        seconds (a rank that runs, even in user code, does); None when the store cannot
-        be reached or ``peer`` never published a position."""
-        try:
-            with self._lock:
-                pos = ask_positions(self._get_client(), self.job_id, [peer], wait_s)[peer]
-        except CommError:
-            return None
-        if pos is None:
-            return None
-        return pos.get("answered", True)
-
     def report_error(self, exc: BaseException, call: str = "") -> None:
         """Publish whom ``exc`` (an error that left ``call``, described) blames, for the
         launcher."""
@@ -419,70 +406,3 @@ class Inspector:
                 self._get_client().set(key(self.job_id, "exit", self.rank), b"exit")
             except CommError:
                 pass
-
-
-class PeerWatch:
-    """A long wait's watch on a peer reached over a link with a peer timeout.
-
-    A pulled cable shows in the TCP connection (keepalive, ``TCP_USER_TIMEOUT``), but a
-    host whose processes are stopped or frozen while its kernel runs does not: its kernel
-    still acknowledges data and probes. So a wait on a rank reached by a transport with a
-    ``peer_timeout`` (``PYCOMM_PEER_TIMEOUT``) asks that rank's responder whether it runs
-    (a thread that answers even while its rank runs user code), from half the timeout on:
-    one that answers no ask from half the timeout to the whole of it (two asks, each
-    waiting a quarter of it, at most 1 s) is frozen. The engine's wait calls :meth:`ask`
-    when :attr:`due`.
-
-    Attributes:
-        due: ``time.perf_counter()`` of the next ask.
-    """
-
-    __slots__ = ("engine", "peer", "where", "limit", "due", "silent")
-
-    def __init__(self, engine, peer: int, where: str | None, limit: float, now: float):
-        self.engine, self.peer, self.where, self.limit = engine, peer, where, limit
-        self.due, self.silent = now + limit / 2, False
-
-    @classmethod
-    def of(cls, engine, req, now: float) -> "PeerWatch | None":
-        """The watch a wait on ``req`` (its ``peer``, a world rank) needs from ``now``
-        (``time.perf_counter()``); None where the peer is no other rank reached over a
-        link with a ``peer_timeout``."""
-        peer = getattr(req, "peer", -1) if req is not None else -1
-        if peer is None or not 0 <= peer < len(engine.route) or peer == engine.rank:
-            return None
-        tr = engine.route[peer]
-        limit = getattr(tr, "peer_timeout", None)
-        if not limit:
-            return None
-        where = tr.where(peer) if hasattr(tr, "where") else None
-        return cls(engine, peer, where, limit, now)
-
-    def ask(self) -> bool:
-        """Ask the peer; False when it cannot be asked (no store, or the peer never had a
-        world: the watch ends).
-
-        Raises:
-            PeerError: the peer answered neither ask; it names the peer and its host.
-        """
-        eng, limit = self.engine, self.limit
-        ask_s = min(1.0, limit / 4)
-        answered = eng._inspector.answers(self.peer, ask_s)
-        if answered is None:
-            return False
-        if answered:
-            self.due, self.silent = time.perf_counter() + limit / 2, False
-            return True
-        if self.silent:
-            call = eng._my_call()
-            what = f"{trace.describe_call(call)}: " if call is not None else ""
-            where = f" ({self.where})" if self.where else ""
-            err = PeerError(
-                f"rank {eng.rank}: {what}rank {self.peer}{where} has not answered for "
-                f"{limit:g} s (PYCOMM_PEER_TIMEOUT): its host is frozen or its process is "
-                "stopped", self.peer)
-            eng._failed = err
-            raise err
-        self.due, self.silent = time.perf_counter() + max(0.0, limit / 2 - 2 * ask_s), True
-        return True
-

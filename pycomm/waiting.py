@@ -31,7 +31,6 @@ from transports import PeerLostError, TransportError
 
 from . import trace
 from .errors import CommTimeoutError, PeerError
-from .stall import PeerWatch
 
 if TYPE_CHECKING:
     from .request import Request
@@ -216,7 +215,6 @@ class Waiting:
         warn_at = now + inspector.warn_s if inspector is not None and \
             inspector.warn_s < limit else float("inf")
         stalled = None                      # the suspects of the last warning printed
-        watch = PeerWatch.of(self, req, now) if inspector is not None else None
         ts = self.transports
         single = ts[0] if len(ts) == 1 else None
         while not cond():
@@ -236,10 +234,6 @@ class Waiting:
                 if t >= warn_at:            # asks the others: a slow path, once per warn_s
                     warn_at = t + inspector.warn_s
                     stalled = self._warn_stall(req, what, t - now, stalled)
-                    next_check = _perf() + _LIVENESS_S
-                if watch is not None and t >= watch.due:
-                    if not watch.ask():         # raises PeerError: a frozen host
-                        watch = None
                     next_check = _perf() + _LIVENESS_S
             slice_ = min(deadline - t, next_check - t)
             try:

@@ -351,8 +351,7 @@ def test_pulling_a_hosts_cable_is_a_peer_error_naming_it_within_the_peer_timeout
 
 def _host2_job(c, **extra):
     """Ranks 0-1 on host1 and 2-3 on host2, torchrun's way, running check_app.py
-    (PYCOMM_PEER_TIMEOUT 3 s, PYCOMM_TIMEOUT 60 s); returns the four processes, once rank
-    0 loops if CHECK_LOOP_S is given."""
+    (PYCOMM_PEER_TIMEOUT 3 s, PYCOMM_TIMEOUT 60 s); returns the four processes."""
     port = str(29200 + os.getpid() % 90)
     procs = [c.popen(1 + r // 2, [sys.executable, APP], cwd=str(ROOT),
                      env=_rank_env(RANK=str(r), WORLD_SIZE="4", MASTER_ADDR=c.addr(1),
@@ -361,43 +360,12 @@ def _host2_job(c, **extra):
                                    **extra),
                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for r in range(4)]
-    if "CHECK_LOOP_S" in extra:
-        assert procs[0].stdout.readline().startswith("LOOPING rank 0")
     return procs
 
 
-def test_stopping_a_hosts_ranks_is_a_peer_error_naming_them_within_the_peer_timeout():
-    """Host2's ranks SIGSTOPped mid-job: its kernel still answers TCP (no keepalive or
-    TCP_USER_TIMEOUT fires), so only the stall responder's silence shows the frozen host.
-    Host1's ranks end with a PeerError naming a stopped rank and host2 within about
-    PYCOMM_PEER_TIMEOUT (a rank that learns it from the other's abandonment carries the
-    same text), not PYCOMM_TIMEOUT's CommTimeoutError."""
-    with emulated_hosts(2, "pcs", pytest.fail, "cannot build the emulated cluster") as c:
-        procs = _host2_job(c, CHECK_LOOP_S="40")
-        try:
-            time.sleep(0.5)
-            t0 = time.monotonic()
-            for r in (2, 3):
-                os.kill(procs[r].pid, signal.SIGSTOP)
-            lasts = []
-            for r in (0, 1):
-                last, text = _failed_within(procs[r], r, t0, 8, "host2 was stopped")
-                assert "has not answered for 3 s (PYCOMM_PEER_TIMEOUT): its host is frozen" \
-                    in last, text
-                assert "(host host2 at 10." in last, text
-                lasts.append(last)
-            assert any(last.startswith(f"pycomm.errors.PeerError: rank {r}: ")
-                       for r, last in zip((0, 1), lasts)), lasts
-        finally:
-            for p in procs[2:]:
-                os.kill(p.pid, signal.SIGCONT)
-                p.kill()
-                p.communicate(timeout=10)
-
-
 def test_a_peer_busy_in_user_code_past_the_peer_timeout_is_waited_for():
-    """Rank 2 sleeps 6 s in user code (twice PYCOMM_PEER_TIMEOUT): its responder answers,
-    so the others wait for it, and every rank completes its checks."""
+    """Rank 2 sleeps 6 s in user code (twice PYCOMM_PEER_TIMEOUT): a slow peer, not a lost
+    one (its link answers), so the others wait for it and every rank completes its checks."""
     with emulated_hosts(2, "pcw", pytest.fail, "cannot build the emulated cluster") as c:
         procs = _host2_job(c, CHECK_SLEEP_RANK="2", CHECK_SLEEP_S="6")
         for r, p in enumerate(procs):

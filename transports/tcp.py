@@ -459,10 +459,6 @@ class TcpTransport(Transport):
         self._by_fd[conn.fd] = conn
         self._sel.register(sock, selectors.EVENT_READ, conn)
 
-    def where(self, peer: int) -> str | None:
-        """``"host NAME at ADDR:PORT"`` of a connected peer, for errors; None if unknown."""
-        return self._where.get(peer)
-
     def _lost(self, peer: int, why: OSError | str) -> PeerLostError:
         """The error for a dropped connection, naming the peer's host and address."""
         if isinstance(why, OSError) and why.errno == errno.ETIMEDOUT and self.peer_timeout:
