@@ -353,11 +353,14 @@ class SharedSlots:
         input)."""
         ufunc = op._ufunc
 
-        if ufunc is not None:
+        if ufunc is not None and self.size == 2:
+            def fold(v, out):           # (``out`` positional: a keyword costs a dict)
+                ufunc(v[0], v[1], out)
+        elif ufunc is not None:
             def fold(v, out):
-                ufunc(v[0], v[1], out=out)
-                for x in v[2:]:
-                    ufunc(out, x, out=out)
+                ufunc(v[0], v[1], out)
+                for i in range(2, len(v)):
+                    ufunc(out, v[i], out)
         else:
             def fold(v, out):
                 out[...] = v[0]
