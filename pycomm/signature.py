@@ -147,8 +147,14 @@ def wrapper(self{params}):
     return out
 """
 
-# An argument the caller left out (the wrapper's default for a parameter without one)
+# An argument the caller left out (the wrapper's default for a positional parameter, and
+# for a keyword-only one without a default)
 _MISSING = object()
+# Names the wrapper's code uses itself: a method with a parameter of one of these names
+# gets the generic wrapper
+_RESERVED = frozenset({"self", "calls", "seq", "out", "exc", "eng", "err", "method",
+                       "generic", "blocking_name", "nonblocking_name", "_guard_deferred",
+                       "_failed", "_MISSING", "_refused", "_names", "_more", "_unknown"})
 
 
 def collective(method):
@@ -173,23 +179,33 @@ def collective(method):
     pos = [p for p in parameters if p.kind is p.POSITIONAL_OR_KEYWORD]
     kw = [p for p in parameters if p.kind is p.KEYWORD_ONLY]
     names = [p.name for p in pos + kw]
-    if len(names) != len(parameters) or {"_more", "_unknown"} & set(names):
-        call = generic      # a method with its own *args or **kwargs
+    if len(names) != len(parameters) or _RESERVED & set(names):
+        call = generic      # a method with its own *args or **kwargs, or a name of ours
     else:
+        # The positional parameters are positional-only here, _MISSING unless given: a
+        # keyword naming one is taken from **_unknown, where a second value for it (one
+        # by position, one by keyword) stays, and the call goes to the method through
+        # the generic wrapper, which raises the method's own TypeError inside the
+        # bookkeeping (as a Python wrapper with these parameters would raise it before).
         required = [p.name for p in pos + kw if p.default is p.empty]
         refused = " or ".join(["_more", "_unknown"] + [f"{n} is _MISSING" for n in required])
         values = "".join(f"{n}, " for n in names)
-        prologue = (f"    if {refused}:\n"
-                    f"        return _refused(generic, self, _names, ({values}), {len(pos)}, "
-                    "_more, _unknown)\n")
-        params = "".join(f", {p.name}" for p in pos) + ", *_more" + \
-            "".join(f", {p.name}" for p in kw) + ", **_unknown"
+        keywords = "".join(f"        if {p.name} is _MISSING and '{p.name}' in _unknown:\n"
+                           f"            {p.name} = _unknown.pop('{p.name}')\n" for p in pos)
+        defaults = "".join(f"    if {p.name} is _MISSING:\n        {p.name} = _D_{p.name}\n"
+                           for p in pos if p.default is not p.empty)
+        prologue = (f"    if _unknown:\n{keywords}" if keywords else "") + \
+            (f"    if {refused}:\n"
+             f"        return _refused(generic, self, _names, ({values}), {len(pos)}, "
+             f"_more, _unknown)\n{defaults}")
+        params = "".join(f", {p.name}=_MISSING" for p in pos) + (", /" if pos else "") + \
+            ", *_more" + "".join(f", {p.name}" for p in kw) + ", **_unknown"
         forward = "".join(f", {p.name}" for p in pos) + \
             "".join(f", {p.name}={p.name}" for p in kw)
-        call = _wrapper(dict(env, generic=generic, _refused=_refused, _names=names),
+        call = _wrapper(dict(env, generic=generic, _refused=_refused, _names=names,
+                             **{f"_D_{p.name}": p.default for p in pos
+                                if p.default is not p.empty}),
                         params, prologue, forward)
-        call.__defaults__ = tuple(_MISSING if p.default is p.empty else p.default
-                                  for p in pos) or None
         call.__kwdefaults__ = {p.name: _MISSING if p.default is p.empty else p.default
                                for p in kw} or None
     for fn in {call, generic}:
@@ -224,8 +240,13 @@ def _refused(generic, self, names: list, values: tuple, npos: int, more: tuple,
         given = {n: v for n, v in zip(names[npos:], values[npos:])
                  if v is not _MISSING and v is not defaults.get(n, _MISSING)}
         return generic(self, *values[:npos], *more, **given, **unknown)
-    given = {n: v for n, v in zip(names, values) if v is not _MISSING}
-    return generic(self, **given, **unknown)
+    # the positional values up to the first left out go by position: a name also in
+    # ``unknown`` was then given twice, and the method says so
+    lead = 0
+    while lead < npos and values[lead] is not _MISSING:
+        lead += 1
+    given = {n: v for n, v in zip(names[lead:], values[lead:]) if v is not _MISSING}
+    return generic(self, *values[:lead], **given, **unknown)
 
 
 def _failed(comm, seq: int, exc: Exception, blocking_name: str,

@@ -3,8 +3,8 @@
 It is compiled with the method's own parameters; these tests check, on a communicator
 stand-in, that it passes every argument through as the method receives it, and that a
 call the method refuses with a TypeError (an argument too many, an unknown keyword, a
-missing one) is still counted and abandoned, with the method's own message, as every
-failed collective call is.
+missing one, one given twice) is still counted and abandoned, with the method's own
+message, as every failed collective call is.
 """
 
 from __future__ import annotations
@@ -95,6 +95,11 @@ def test_arguments_reach_the_method_as_given(args, kwargs):
     ("bcast", (1, 0, 3), {}),
     ("nothing", (1,), {}),
     ("nothing", (), {"x": 1}),
+    ("bcast", (5, 1), {"root": 1}),                     # one argument given twice
+    ("bcast", (5, 1, 9), {"root": 1}),
+    ("allreduce", (1, 2), {"sendbuf": 3}),
+    ("allreduce", (1, 2, "SUM"), {"op": "MAX"}),
+    ("allreduce", (1,), {"op": "MAX", "sendbuf": 3}),
 ])
 def test_a_refused_call_is_counted_and_abandoned_with_the_methods_message(method, args,
                                                                           kwargs):
@@ -110,6 +115,18 @@ def test_a_refused_call_is_counted_and_abandoned_with_the_methods_message(method
     # counted (the method never ran, so the wrapper counts it) and abandoned
     assert comm._calls.seq == 1
     assert comm._calls.abandoned == [(wrapped.__name__, 1, "TypeError")]
+
+
+def test_parameters_named_like_the_wrappers_own_names_reach_the_method():
+    class Comm(_Comm):
+        def raw(self, seq, calls=None, *, method="m"):
+            self._count()
+            return (seq, calls, method)
+        Raw = collective(raw)
+
+    comm = Comm()
+    assert comm.Raw(1) == (1, None, "m") and comm.Raw(1, 2, method="x") == (1, 2, "x")
+    assert comm.Raw(seq=3, calls=4) == (3, 4, "m")
 
 
 def test_the_wrapper_looks_like_the_method():
