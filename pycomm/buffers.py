@@ -33,6 +33,8 @@ class InPlace:
 IN_PLACE = InPlace()
 
 _NUMERIC = frozenset("biufc?")
+# the numeric dtypes in native byte order: a set lookup, where reading .kind makes a string
+_NATIVE_NUMERIC = frozenset(np.dtype(c) for c in "?bBhHiIlLqQefdgFDG")
 
 
 def as_array(obj, rank: int, arg: str, *, writable: bool = False) -> np.ndarray:
@@ -51,9 +53,11 @@ def as_array(obj, rank: int, arg: str, *, writable: bool = False) -> np.ndarray:
         InvalidBufferError: not a buffer, non-contiguous, read-only when written, a
             non-numeric dtype, or a count larger than the buffer.
     """
-    if type(obj) is np.ndarray and obj.flags.c_contiguous and obj.dtype.kind in _NUMERIC \
-            and (obj.flags.writeable or not writable):
-        return obj if obj.ndim == 1 else obj.reshape(-1)      # the common case, fast
+    if type(obj) is np.ndarray:                     # the common case, fast
+        flags = obj.flags
+        if flags.c_contiguous and (flags.writeable or not writable) and \
+                (obj.dtype in _NATIVE_NUMERIC or obj.dtype.kind in _NUMERIC):
+            return obj if obj.ndim == 1 else obj.reshape(-1)
     count = None
     dtype = None
     if isinstance(obj, (list, tuple)) and obj and not isinstance(obj[0], (int, float)):
