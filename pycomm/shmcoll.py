@@ -63,6 +63,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from transports.linux import futex_wake
+
 from .errors import CollectiveMismatchError, PeerError
 from .signature import describe, empty_match
 from .waiting import SHARED_WAIT
@@ -153,6 +155,8 @@ class SharedSlots:
             self.data.append(ds)
         self.peers = [r for r in range(self.size) if r != self.rank]
         self._bells = shm.doorbells([comm._world[r] for r in self.peers])
+        # (rung inline by announce, a slot call's every ring: a call per peer costs more)
+        self._bell_words = shm.doorbell_words([comm._world[r] for r in self.peers])
         self._written = [False, False]
         self._synced = -1               # the last call whose every header this rank saw
         # Where ranks outnumber cores (the engine then yields while it waits), the peer a
@@ -205,8 +209,10 @@ class SharedSlots:
         h[3] = nbytes
         h[4] = path
         h[0] = cc.tag + 1               # last: it makes the slot valid
-        for ring in self._bells:
-            ring()
+        for words, futex in self._bell_words:
+            words[0] = (words[0] + 1) & 0xFFFFFFFF
+            if words[1]:
+                futex_wake(futex)
 
     def await_all(self, cc, p: int, path: int = 0) -> None:
         """Wait until every peer has published call ``cc.tag``; check their signatures.

@@ -287,6 +287,13 @@ class ShmTransport(Transport):
         for something this rank wrote outside the rings)."""
         return [self._others[r].ring_doorbell for r in ranks]
 
+    def doorbell_words(self, ranks: list[int]) -> list:
+        """``(words, futex)`` of each peer of ``ranks``, for a caller that rings many
+        times a second without a call per ring: add 1 (mod 2**32) to ``words[0]``, then,
+        if ``words[1]`` (the peer sleeps), ``transports.linux.futex_wake(futex)``, as
+        :func:`doorbells`' functions do."""
+        return [(self._others[r].ctl32, self._others[r].futex) for r in ranks]
+
     def said_goodbye(self, rank: int) -> bool:
         """Whether peer ``rank`` has closed pycomm cleanly (its program ended)."""
         return bool(self._others[rank].ctl64[1])
