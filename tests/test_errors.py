@@ -170,6 +170,14 @@ def unknown_bcast_algorithm(comm):
     comm.Bcast(np.zeros(4), root=0, algorithm="ring_of_fire")
 
 
+def algorithm_not_a_name(comm):
+    recv = np.full(4, 5.0)
+    try:
+        comm.Allreduce(np.ones(4), recv, algorithm=["ring"])
+    finally:
+        untouched(recv, 5.0)
+
+
 def max_on_complex(comm):
     recv = np.full(4, 5 + 0j)
     try:
@@ -298,6 +306,8 @@ CASES = {
     "spec_dtype_mismatch": (spec_dtype_mismatch, "all", "InvalidBufferError",
                             ["int64", "int32"]),
     "spec_count_too_large": (spec_count_too_large, "all", "InvalidBufferError", ["count=5"]),
+    "algorithm_not_a_name": (algorithm_not_a_name, "all", "ArgumentError",
+                             ["rank {rank}", "algorithm must be", "list", "Allreduce"]),
     "unknown_algorithm": (unknown_algorithm, "all", "ArgumentError",
                           ["'bogus'", *pycomm.algorithms("allreduce")]),
     "unknown_allgather_algorithm": (unknown_allgather_algorithm, "all", "ArgumentError",

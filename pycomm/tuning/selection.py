@@ -17,6 +17,7 @@ import time
 from .. import trace as _trace
 from ..collectives import choose, model_time
 from .cost import model_transport
+from ..errors import ArgumentError
 from ..ops import SUM as _BUILTIN_SUM, Op
 from ..plan import fast_path
 
@@ -77,7 +78,16 @@ class AlgorithmSelection:
         return fast or name
 
     def choose(self, collective: str, nbytes: int, algorithm, commutative: bool):
-        """``(name, fn)`` of :func:`pycomm.collectives.choose` for this communicator, cached."""
+        """``(name, fn)`` of :func:`pycomm.collectives.choose` for this communicator, cached.
+
+        Raises:
+            ArgumentError: ``algorithm`` is neither None nor a name (a str), or names no
+                algorithm of ``collective``.
+        """
+        if algorithm is not None and not isinstance(algorithm, str):
+            raise ArgumentError(f"rank {self.comm.rank}: algorithm must be an algorithm's "
+                                f"name (str) or None, got {type(algorithm).__name__} "
+                                f"{algorithm!r}")
         # The choice is a pure function of these, the override variable, the variables the
         # model reads, and the model's inputs (size, transport, ranks per core: the world's
         # change once, at start-up, after its first collectives), so cache it.
