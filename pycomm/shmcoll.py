@@ -14,10 +14,8 @@ This is the flag-based shared-memory collective design of MPICH's CH4 POSIX coll
 "MPI Support for Multi-core Architectures: Optimized Shared Memory Collectives",
 EuroPVM/MPI 2008), reduced to its flat form: every rank reads every peer's slot in one
 step, where a tree adds a step, and a wake-up, per level; the ranks of one host and at
-most 64 KiB each keep those reads small. (From 16 to 64 KiB the flat reads beat every
-message algorithm at 2-16 ranks, by 2-8x, and MPICH's shared-memory collectives at most
-sizes: benchmarks/README.md, "Slots of 64 KiB".) The area is reserved, not written: a
-segment's pages are allocated only where calls have written.
+most 64 KiB each keep those reads small (benchmarks/README.md, "Slots of 64 KiB"). The
+area is reserved, not written: pages are allocated only where calls have written.
 
 Layout. The area holds :data:`MAX_COMMS` communicator blocks, indexed by context id
 (context ids are agreed by the members and never reused, so a block belongs to one
