@@ -152,8 +152,6 @@ class SharedSlots:
             self.headers.append(hs)
             self.data.append(ds)
         self.peers = [r for r in range(self.size) if r != self.rank]
-        self._bells = shm.doorbells([comm._world[r] for r in self.peers])
-        # (rung inline by announce, a slot call's every ring: a call per peer costs more)
         self._bell_words = shm.doorbell_words([comm._world[r] for r in self.peers])
         self._written = [False, False]
         self._synced = -1               # the last call whose every header this rank saw
@@ -173,8 +171,15 @@ class SharedSlots:
         (see :meth:`announce`)."""
         self.arrival[self.rank][0] = seq << 2 | 2 | slow
         if slow:
-            for ring in self._bells:
-                ring()
+            self.ring_peers()
+
+    def ring_peers(self) -> None:
+        """Ring every peer's doorbell: one asleep waiting for something this rank wrote
+        outside the rings wakes up."""
+        for words, futex in self._bell_words:
+            words[0] = (words[0] + 1) & 0xFFFFFFFF
+            if words[1]:
+                futex_wake(futex)
 
     # -- the steps of every call --------------------------------------------------------
     def reserve(self, cc) -> int:
@@ -207,7 +212,7 @@ class SharedSlots:
         h[3] = nbytes
         h[4] = path
         h[0] = cc.tag + 1               # last: it makes the slot valid
-        for words, futex in self._bell_words:
+        for words, futex in self._bell_words:   # (ring_peers inline: every call rings)
             words[0] = (words[0] + 1) & 0xFFFFFFFF
             if words[1]:
                 futex_wake(futex)
@@ -450,8 +455,7 @@ class SharedSlots:
         """Flag this rank's reduced slice (slot ``p``); wait for every peer's flag."""
         s1, headers = cc.tag + 1, self.headers
         headers[self.rank][p][5] = s1
-        for ring in self._bells:
-            ring()
+        self.ring_peers()
         for r in self.peers:
             h = headers[r][p]
             if h[5] != s1:

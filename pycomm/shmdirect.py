@@ -139,8 +139,7 @@ class _Reads:
     def withdraw(self, cc, w) -> None:
         """Say that this rank's call failed: its buffers may be reused from now on."""
         w[self.me][2] = cc.tag << 2 | _WITHDRAWN
-        for ring in self.slots._bells:
-            ring()
+        self.slots.ring_peers()
 
     def read(self, cc, w, r: int, local: int, remote: int, n: int) -> None:
         """Copy ``n`` bytes at ``remote`` in rank ``r``'s memory to ``local`` in this one's,
@@ -175,8 +174,7 @@ class _Reads:
         seq = cc.tag
         value = seq << 2 | step
         w[self.me][2] = value
-        for ring in self.slots._bells:
-            ring()
+        self.slots.ring_peers()
         done = {seq << 2 | s for s in range(step, last + 1)} | {seq << 2 | _WITHDRAWN}
         for r in self.peers:
             word = w[r]

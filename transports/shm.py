@@ -282,16 +282,11 @@ class ShmTransport(Transport):
         seg, off = at
         return seg.view[off:off + self.coll_bytes]
 
-    def doorbells(self, ranks: list[int]) -> list:
-        """A function per peer of ``ranks`` that rings its doorbell (it may sleep waiting
-        for something this rank wrote outside the rings)."""
-        return [self._others[r].ring_doorbell for r in ranks]
-
     def doorbell_words(self, ranks: list[int]) -> list:
-        """``(words, futex)`` of each peer of ``ranks``, for a caller that rings many
-        times a second without a call per ring: add 1 (mod 2**32) to ``words[0]``, then,
-        if ``words[1]`` (the peer sleeps), ``transports.linux.futex_wake(futex)``, as
-        :func:`doorbells`' functions do."""
+        """``(words, futex)`` of each peer of ``ranks``, whose doorbell a caller rings (the
+        peer may sleep waiting for something this rank wrote outside the rings): add 1
+        (mod 2**32) to ``words[0]``, then, if ``words[1]`` (the peer sleeps),
+        ``transports.linux.futex_wake(futex)``, as the segment's own ring does."""
         return [(self._others[r].ctl32, self._others[r].futex) for r in ranks]
 
     def said_goodbye(self, rank: int) -> bool:
