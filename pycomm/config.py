@@ -72,7 +72,9 @@ _DECLARED = [
         "store on loopback, else the address of the interface that routes to the store)."),
     Var("PYCOMM_PEER_TIMEOUT", float, 10.0,
         "Seconds after which a TCP peer that stops answering (a pulled cable, a frozen host) "
-        "is lost: keepalive probes and TCP_USER_TIMEOUT; 0 leaves the kernel's defaults."),
+        "is lost: keepalive probes and TCP_USER_TIMEOUT; and after which a peer on another "
+        "host whose process is stopped is reported (by its process watch, "
+        "transports/procwatch.py); 0 leaves the kernel's defaults and starts no watch."),
     Var("PYCOMM_PORT_RANGE", port_range, None,
         "LO-HI: every listening port of the TCP transport is taken from this range (for "
         "firewalled clusters); default: any free port."),

@@ -216,6 +216,8 @@ class Waiting:
             inspector.warn_s < limit else float("inf")
         stalled = None                      # the suspects of the last warning printed
         ts = self.transports
+        watch_at = now + min((tr.watch_after for tr in ts if tr.watch_after is not None),
+                             default=float("inf"))
         single = ts[0] if len(ts) == 1 else None
         while not cond():
             if progress():
@@ -231,6 +233,8 @@ class Waiting:
                     self._fail_departed()
                 except TransportError as exc:
                     raise self._peer_error(exc) from None
+                if t >= watch_at:
+                    self._check_running(req)
                 if t >= warn_at:            # asks the others: a slow path, once per warn_s
                     warn_at = t + inspector.warn_s
                     stalled = self._warn_stall(req, what, t - now, stalled)
@@ -250,6 +254,34 @@ class Waiting:
                 raise self._peer_error(exc) from None
         if stalled is not None:
             inspector.waiting_for = None
+
+    def _check_running(self, req) -> None:
+        """Fail the wait if a peer it needs is known not to run (its process stopped).
+
+        The peers it needs: those of ``req``, of the posted receives and of the large
+        messages in flight. A transport that can tell (TCP between hosts, through each
+        rank's process watch, :mod:`transports.procwatch`) answers without blocking; a
+        peer that is merely slow or busy, even in a C call holding its GIL, runs.
+
+        Raises:
+            PeerError: naming the peer, its host and why it does not run.
+        """
+        peers = {r.peer for r in self.posted}
+        peers.update(r.peer for r in self.rndv.sends.values())
+        peers.update(r.peer for r in self.rndv.recvs.values() if not r.done)
+        peer = getattr(req, "peer", None)
+        if peer is not None:
+            peers.add(peer)
+        peers = [p for p in peers if p is not None and 0 <= p != self.rank]
+        for tr in self.transports:
+            found = tr.not_running(peers)
+            if found is not None:
+                call = self._my_call()
+                where = f"{trace.describe_call(call)}: " if call is not None else ""
+                err = PeerError(f"rank {self.rank}: {where}rank {found[0]} does not run: "
+                                f"{found[1]}", found[0])
+                self._failed = err
+                raise err
 
     def _fail_departed(self) -> None:
         """Fail the requests that wait for a peer which has closed cleanly.

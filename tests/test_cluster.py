@@ -351,7 +351,8 @@ def test_pulling_a_hosts_cable_is_a_peer_error_naming_it_within_the_peer_timeout
 
 def _host2_job(c, **extra):
     """Ranks 0-1 on host1 and 2-3 on host2, torchrun's way, running check_app.py
-    (PYCOMM_PEER_TIMEOUT 3 s, PYCOMM_TIMEOUT 60 s); returns the four processes."""
+    (PYCOMM_PEER_TIMEOUT 3 s, PYCOMM_TIMEOUT 60 s); returns the four processes, once rank
+    0 loops if CHECK_LOOP_S is given."""
     port = str(29200 + os.getpid() % 90)
     procs = [c.popen(1 + r // 2, [sys.executable, APP], cwd=str(ROOT),
                      env=_rank_env(RANK=str(r), WORLD_SIZE="4", MASTER_ADDR=c.addr(1),
@@ -360,7 +361,69 @@ def _host2_job(c, **extra):
                                    **extra),
                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for r in range(4)]
+    if "CHECK_LOOP_S" in extra:
+        assert procs[0].stdout.readline().startswith("LOOPING rank 0")
     return procs
+
+
+def _watch_pids(host_pids: list[int]) -> list[int]:
+    """The process watches (transports/procwatch.py) that the given ranks started."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            ppid = int(stat[stat.rindex(b")") + 2:].split()[1])
+            if ppid in host_pids:
+                try:
+                    with open(f"/proc/{entry}/cmdline", "rb") as f:
+                        if b"procwatch.py" in f.read():
+                            found.append(int(entry))
+                except OSError:
+                    pass
+    return found
+
+
+def test_stopping_a_hosts_ranks_is_a_peer_error_naming_them_within_the_peer_timeout():
+    """Host2's ranks SIGSTOPped mid-job: its kernel still answers TCP (no keepalive or
+    TCP_USER_TIMEOUT fires), but each rank's process watch, a process of its own, reads the
+    stopped state from the kernel. Host1's ranks end with a PeerError naming a stopped rank
+    of host2 within PYCOMM_PEER_TIMEOUT (3 s) of the stop (a rank that learns it from the
+    other's abandonment carries the same text), not PYCOMM_TIMEOUT's CommTimeoutError;
+    and no watch outlives its rank."""
+    with emulated_hosts(2, "pcs", pytest.fail, "cannot build the emulated cluster") as c:
+        procs = _host2_job(c, CHECK_LOOP_S="40")
+        watches = []
+        try:
+            watches = _watch_pids([p.pid for p in procs])
+            assert len(watches) == 4, f"one watch per rank of a 2-host job: {watches}"
+            time.sleep(0.5)
+            t0 = time.monotonic()
+            for r in (2, 3):
+                os.kill(procs[r].pid, signal.SIGSTOP)
+            lasts = [_failed_within(procs[r], r, t0, 6.0, "host2's ranks were stopped")[0]
+                     for r in (0, 1)]
+            for last in lasts:
+                assert " does not run: its process (pid " in last, lasts
+                assert "has been stopped for " in last, lasts
+                assert "(host host2 at 10." in last and "PYCOMM_PEER_TIMEOUT 3 s" in last, \
+                    lasts
+            assert any(last.startswith(f"pycomm.errors.PeerError: rank {r}: ")
+                       for r, last in zip((0, 1), lasts)), lasts
+        finally:
+            for p in procs[2:]:
+                os.kill(p.pid, signal.SIGCONT)
+                p.kill()
+                p.communicate(timeout=10)
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline and any(os.path.exists(f"/proc/{w}")
+                                                  for w in watches):
+            time.sleep(0.05)
+        assert not [w for w in watches if os.path.exists(f"/proc/{w}")], \
+            "a watch outlived its rank"
 
 
 def test_a_peer_busy_in_user_code_past_the_peer_timeout_is_waited_for():

@@ -242,6 +242,15 @@ class Transport(ABC):
     def check_peers(self) -> None:
         """Raise PeerLostError if a peer is known to be dead (called while waiting long)."""
 
+    # seconds into a stalled wait from which :meth:`not_running` is worth asking; None:
+    # this transport cannot tell (the default)
+    watch_after: float | None = None
+
+    def not_running(self, peers) -> tuple[int, str] | None:
+        """A peer of ``peers`` known, from outside its process, not to run (stopped), as
+        ``(peer, why)``; else None. Must not block. Default: none known."""
+        return None
+
     def closed_peers(self) -> set[int]:
         """Peers that closed cleanly (said goodbye): alive or not, they send nothing more
         (called while waiting long). Default: none known."""

@@ -37,7 +37,7 @@ from typing import Any
 
 import msgpack
 
-from . import handshake
+from . import handshake, procwatch
 from .base import HandshakeError, PeerLostError, Transport, TransportError
 from .frames import FrameDecoder, frame_prefix
 
@@ -173,6 +173,13 @@ def _heard_unreachable(store, key: str) -> str | None:
         return store.get(key + "unreachable", timeout=5.0).decode(errors="replace")
     except Exception as exc:  # noqa: BLE001
         return f"a rank could not reach its peer, and the store went away with its words ({exc})"
+
+
+def _note_watch(watches: dict, peer: int, host: str, card_rest: list) -> None:
+    """Record the watch address of ``peer`` if it runs on another host and has one
+    (``card_rest``: what follows host and port in its published card)."""
+    if len(card_rest) >= 2 and card_rest[1] and card_rest[0] != socket.gethostname():
+        watches[peer] = (host, card_rest[1])
 
 
 def _keepalive(sock: socket.socket, timeout: float) -> None:
@@ -350,10 +357,16 @@ class TcpTransport(Transport):
         peer_timeout: seconds after which a silent or unacknowledging peer is lost (TCP
             keepalive probes from a third of it on, and ``TCP_USER_TIMEOUT``): a pulled
             cable or a frozen host becomes a PeerLostError naming the peer's host (None: the
-            kernel's defaults, i.e. hours).
+            kernel's defaults, i.e. hours). With it, a rank whose peers include one on
+            another host also starts a process watch (:mod:`transports.procwatch`), so that
+            a peer whose process is stopped while its kernel runs (which keepalive cannot
+            see) is found too: see :meth:`not_running`.
     """
 
     name = "tcp"
+    # seconds into a stalled wait from which :meth:`not_running` is worth asking (None:
+    # never; set when this rank has peers on other hosts and a peer_timeout)
+    watch_after: float | None = None
 
     def __init__(self, rank, size, job_id, token, sink, *, host: str | None = None,
                  port_range: tuple[int, int] | None = None, peer_timeout: float | None = None,
@@ -372,6 +385,8 @@ class TcpTransport(Transport):
         self._wake_w.setblocking(False)
         self._sel.register(self._wake_r, selectors.EVENT_READ, None)
         self._listener: socket.socket | None = None
+        self._watch = None                  # our process watch (a Popen), if started
+        self._asker: procwatch.Asker | None = None
         self._closed = False
 
     @staticmethod
@@ -392,13 +407,21 @@ class TcpTransport(Transport):
         # Room for every peer at once on top of the strangers' share.
         gate = Gate(lst, lambda: handshake.Admission(self.token, self.rank, self.size),
                     max_pending=MAX_PENDING + len(peers))
+        # The watch's port is bound and listening before it is published, so a peer may
+        # ask before the watch runs: the kernel queues the question until it does.
+        watch_lst = None
+        watches: dict[int, tuple[str, int]] = {}
         try:
+            if self.peer_timeout and peers:
+                watch_lst = bind_listener(self.host, self.port_range)
+                watch_lst.listen(_BACKLOG)
             key = f"tcp/{self.job_id}/"
-            store.set(key + str(self.rank), msgpack.packb([self.host, lst.getsockname()[1],
-                                                          socket.gethostname()]))
+            store.set(key + str(self.rank), msgpack.packb(
+                [self.host, lst.getsockname()[1], socket.gethostname(),
+                 watch_lst.getsockname()[1] if watch_lst is not None else 0]))
             for peer in (p for p in self.peers if p < self.rank):
                 try:
-                    self._connect_to(store, key, peer, deadline, timeout)
+                    self._connect_to(store, key, peer, deadline, timeout, watches)
                 except TransportError as exc:
                     _tell_unreachable(store, key, str(exc))
                     raise
@@ -423,15 +446,23 @@ class TcpTransport(Transport):
                 host, port, *rest = msgpack.unpackb(store.get(key + str(peer),
                                                               timeout=timeout))
                 self._where[peer] = f"host {rest[0] if rest else '?'} at {host}:{port}"
+                _note_watch(watches, peer, host, rest)
+            if watches and watch_lst is not None:
+                self._watch = procwatch.start(watch_lst)
+                self._asker = procwatch.Asker(watches, self.peer_timeout / 2)
+                self.watch_after = self.peer_timeout / 4
         finally:
             gate.close()
             self._listener = None
+            if watch_lst is not None:
+                watch_lst.close()           # the watch has its own copy, if it started
 
     def _connect_to(self, store, key: str, peer: int, deadline: float,
-                    timeout: float) -> None:
+                    timeout: float, watches: dict) -> None:
         host, port, *rest = msgpack.unpackb(store.get(key + str(peer), timeout=timeout))
         name = rest[0] if rest else "?"
         self._where[peer] = f"host {name} at {host}:{port}"
+        _note_watch(watches, peer, host, rest)
         try:
             sock, _ = dial(host, port, lambda: handshake.Connector(self.token, self.rank, peer),
                            deadline)
@@ -458,6 +489,23 @@ class TcpTransport(Transport):
         self._conns[peer] = conn
         self._by_fd[conn.fd] = conn
         self._sel.register(sock, selectors.EVENT_READ, conn)
+
+    def not_running(self, peers) -> tuple[int, str] | None:
+        """A peer (of ``peers``, or one not reading what we queued for it) on another host
+        whose process has not run for half ``peer_timeout``, by its host's process watch:
+        ``(peer, why)``, ``why`` naming its host; else None. Asks without blocking
+        (:class:`transports.procwatch.Asker`); call it every few hundred milliseconds of a
+        stalled wait."""
+        if self._asker is None:
+            return None
+        queued = [p for p, conn in self._conns.items() if conn.queue]
+        found = self._asker.poll([*peers, *queued] if queued else peers)
+        if found is None:
+            return None
+        peer, why = found
+        where = self._where.get(peer)
+        return peer, (f"{why} ({where}; PYCOMM_PEER_TIMEOUT {self.peer_timeout:g} s)"
+                      if where else why)
 
     def _lost(self, peer: int, why: OSError | str) -> PeerLostError:
         """The error for a dropped connection, naming the peer's host and address."""
@@ -628,3 +676,8 @@ class TcpTransport(Transport):
         self._wake_w.close()
         if self._listener is not None:
             self._listener.close()
+        if self._asker is not None:
+            self._asker.close()
+        if self._watch is not None:
+            procwatch.stop(self._watch)
+            self._watch = None

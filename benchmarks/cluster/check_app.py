@@ -7,7 +7,8 @@ line). ``CHECK_FAIL_RANK=R`` makes rank R raise after the first check
 world, so the others wait at start-up and only the launcher can stop them in time.
 ``CHECK_LOOP_S=T`` repeats the Allreduce for T seconds after the checks (printing
 ``LOOPING rank R`` first). ``CHECK_SLEEP_RANK=R CHECK_SLEEP_S=S`` adds, after the checks,
-one Allreduce that rank R enters S seconds late, spent in user code (``time.sleep``): a
+one Allreduce that rank R enters S seconds late, spent in user code: half asleep
+(``time.sleep``), half on its CPU in C calls that hold the GIL (``sum`` over a range): a
 slow peer, which the others must wait for rather than call lost.
 """
 
@@ -58,7 +59,11 @@ def check(comm) -> tuple[int, str]:
     sleeper = os.environ.get("CHECK_SLEEP_RANK")
     if sleeper is not None:
         if sleeper == str(rank):
-            time.sleep(float(os.environ.get("CHECK_SLEEP_S", "0")))
+            late_s = float(os.environ.get("CHECK_SLEEP_S", "0"))
+            time.sleep(late_s / 2)
+            busy_until = time.monotonic() + late_s / 2
+            while time.monotonic() < busy_until:
+                sum(range(10**6))
         comm.Allreduce(mine, total, op=pycomm.SUM)
         if not np.array_equal(total, want):
             return 1, f"BAD Allreduce after the sleep, rank {rank}"

@@ -1,0 +1,178 @@
+"""The process watch (transports/procwatch.py): what it answers about a stopped, a running
+and a busy process, a watch that does not run, and that it never outlives its process.
+
+The multi-host case (a host's ranks SIGSTOPped mid-job -> PeerError on the other host)
+is in tests/test_cluster.py.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from transports import procwatch
+
+PATIENCE = 0.6
+
+
+def _listener() -> socket.socket:
+    lst = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    lst.bind(("127.0.0.1", 0))
+    lst.listen(16)
+    return lst
+
+
+class _Watched:
+    """A child process (``code`` in Python), its watch, and an Asker for it as peer 7."""
+
+    def __init__(self, code: str):
+        self.proc = subprocess.Popen([sys.executable, "-c", code])
+        lst = _listener()
+        self.addr = lst.getsockname()
+        self.watch = procwatch.start(lst, self.proc.pid)
+        lst.close()
+        self.asker = procwatch.Asker({7: self.addr}, PATIENCE)
+
+    def verdict_within(self, seconds: float):
+        """The first non-None poll within ``seconds`` (None if there was none)."""
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            found = self.asker.poll([7])
+            if found is not None:
+                return found
+            time.sleep(0.05)
+        return None
+
+    def close(self) -> None:
+        self.asker.close()
+        for sig in (signal.SIGCONT, signal.SIGKILL):
+            for pid in (self.proc.pid, self.watch.pid):
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+        self.proc.wait(timeout=10)
+        procwatch.stop(self.watch)
+
+
+@pytest.fixture
+def sleeper():
+    w = _Watched("import time; time.sleep(120)")
+    yield w
+    w.close()
+
+
+def test_process_state_reads_the_kernels_letter():
+    assert procwatch.process_state(os.getpid()) == "R"
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        deadline = time.monotonic() + 10
+        while procwatch.process_state(p.pid) != "S" and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert procwatch.process_state(p.pid) == "S"
+        os.kill(p.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 5
+        while procwatch.process_state(p.pid) != "T" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert procwatch.process_state(p.pid) == "T"
+    finally:
+        p.kill()
+        p.wait()
+    assert procwatch.process_state(p.pid) is None
+
+
+def test_a_stopped_process_is_reported_after_the_patience_and_not_before(sleeper):
+    assert sleeper.verdict_within(1.0) is None          # sleeping: runs
+    os.kill(sleeper.proc.pid, signal.SIGSTOP)
+    t0 = time.monotonic()
+    found = sleeper.verdict_within(5.0)
+    took = time.monotonic() - t0
+    assert found is not None, "a process stopped for 5 s was not reported"
+    peer, why = found
+    assert peer == 7
+    assert f"its process (pid {sleeper.proc.pid}) has been stopped for " in why, why
+    assert "(SIGSTOP or a job-control stop)" in why, why
+    # not before it was stopped for the patience; asked again every half of it
+    assert PATIENCE <= took < PATIENCE * 2 + 1.0, took
+    os.kill(sleeper.proc.pid, signal.SIGCONT)
+    time.sleep(2 * procwatch.TICK_S)
+    assert sleeper.verdict_within(1.5) is None          # resumed: runs again
+
+
+def test_a_process_busy_on_its_cpu_holding_its_gil_runs():
+    # sum() over a range is one C call: the GIL is held for its whole length
+    w = _Watched("while True: sum(range(10**8))")
+    try:
+        assert w.verdict_within(2.5) is None
+    finally:
+        w.close()
+
+
+def test_a_watch_that_accepts_but_never_answers_means_nothing_on_the_host_runs(sleeper):
+    os.kill(sleeper.watch.pid, signal.SIGSTOP)
+    t0 = time.monotonic()
+    found = sleeper.verdict_within(5.0)
+    assert found is not None
+    assert "its watch accepted a question" in found[1], found
+    assert "no process of its host runs" in found[1], found
+    assert time.monotonic() - t0 >= PATIENCE
+
+
+def test_no_watch_listening_is_no_verdict_and_no_error():
+    lst = _listener()
+    addr = lst.getsockname()
+    lst.close()                                         # refused from now on
+    asker = procwatch.Asker({3: addr}, PATIENCE)
+    end = time.monotonic() + 1.5
+    while time.monotonic() < end:
+        assert asker.poll([3, 4]) is None               # 4 has no watch at all
+        time.sleep(0.05)
+    asker.close()
+
+
+def test_the_watch_ends_with_its_process_and_when_told():
+    w = _Watched("import time; time.sleep(120)")
+    try:
+        w.proc.kill()
+        w.proc.wait()
+        assert w.watch.wait(timeout=3) == 0             # /proc/PID is gone
+    finally:
+        w.close()
+    # stop(): the pipe closes, the watch ends (its process still running)
+    w = _Watched("import time; time.sleep(120)")
+    try:
+        procwatch.stop(w.watch)
+        assert w.watch.returncode == 0
+        assert w.proc.poll() is None
+    finally:
+        w.close()
+
+
+def test_the_watch_ends_when_the_rank_holding_its_pipe_is_killed():
+    """The watched process is the watch's parent (as for a rank): SIGKILL closes the pipe."""
+    code = ("import socket, sys, time; sys.path.insert(0, %r); from transports import "
+            "procwatch; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(4); "
+            "w = procwatch.start(s); print(w.pid, flush=True); time.sleep(120)"
+            % os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    rank = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        watch_pid = int(rank.stdout.readline())
+        assert procwatch.process_state(watch_pid) in ("S", "R")
+        rank.kill()
+        rank.wait()
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            state = procwatch.process_state(watch_pid)
+            if state in (None, "Z"):
+                break
+            time.sleep(0.05)
+        assert procwatch.process_state(watch_pid) in (None, "Z")
+    finally:
+        rank.kill()
+        rank.wait()

@@ -1,0 +1,237 @@
+"""Process watch: whether a rank on another host runs, answered from outside that rank.
+
+A host whose rank processes are stopped (``SIGSTOP``, a job-control stop) while its kernel
+runs still acknowledges TCP data and keepalive probes, so neither keepalive nor
+``TCP_USER_TIMEOUT`` (:mod:`transports.tcp`) ever fires, and a peer waiting for it would
+wait out ``PYCOMM_TIMEOUT``. Asking the rank itself (a thread in it) cannot tell a stopped
+process from a live one inside a C call that holds the GIL. The kernel can: field 3 of
+``/proc/PID/stat`` is ``T`` for a stopped process and ``R``/``S``/``D`` for one that runs,
+sleeps or waits for I/O, whatever its interpreter is doing.
+
+So a rank of a TCP world that spans hosts starts a *watch* (:func:`start`): a small
+process of its own session (a signal to the rank's process group does not reach it),
+running this file as a script with the standard library only. It listens on a port
+published with the rank's TCP address and answers every connection at once, without
+reading from it, with one line ``PID STATE STOPPED_S`` — the rank's pid, its state letter,
+and for how many seconds it has been seen stopped (sampled every :data:`TICK_S`) — then
+closes it. It ends when the rank ends: its stdin is a pipe whose other end only the rank
+holds, so the rank's exit, however it happens, is end-of-file here; it also ends when
+``/proc/PID`` is gone.
+
+A peer stalled on that rank asks through :class:`Asker`, without blocking its wait: a
+non-blocking connect, read by later polls. What an answer means (see
+:meth:`Asker.poll`):
+
+* ``T`` for long enough: the rank is stopped; the peer reports it (a PeerError naming the
+  rank and its host);
+* any other state: the rank runs (maybe in user code, maybe in a long C call): wait on;
+* a connection that completes but gets no line for as long: the watch itself does not
+  run, so neither does anything else of the host's (all its processes stopped or frozen);
+* no connection (refused, or no SYN-ACK): nothing is concluded. A pulled cable or a dead
+  host kernel is the TCP connection's own business (keepalive, ``TCP_USER_TIMEOUT``), and a
+  dead rank closes its sockets: reporting them here would race those clearer errors.
+
+A tracing stop (``t``: a debugger holding the rank at a breakpoint) counts as running: a
+user stepping through one rank expects the others to wait for it, as under MPI.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import selectors
+import socket
+import subprocess
+import sys
+import time
+
+__all__ = ["Asker", "TICK_S", "start", "process_state"]
+
+TICK_S = 0.25       # seconds between two samples of the rank's state
+_LINE_MAX = 64
+
+
+def process_state(pid: int) -> str | None:
+    """The scheduler state letter of process ``pid`` (``/proc/PID/stat`` field 3), or None
+    if there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    # the name (field 2) is in parentheses and may hold spaces or ')': split after the last
+    return stat[stat.rindex(b")") + 2:stat.rindex(b")") + 3].decode()
+
+
+def start(listener: socket.socket, pid: int | None = None) -> subprocess.Popen:
+    """Start the watch of process ``pid`` (default: this one) on a bound, listening socket.
+
+    The watch gets its own copy of ``listener`` (the caller closes its own), its own
+    session, and a stdin pipe whose write end the returned Popen holds: close it (see
+    :func:`stop`) or exit, and the watch ends within :data:`TICK_S` seconds.
+
+    Raises:
+        OSError: the watch could not be started.
+    """
+    pid = os.getpid() if pid is None else pid
+    fd = listener.fileno()
+    return subprocess.Popen(
+        [sys.executable, "-I", "-S", os.path.abspath(__file__), str(fd), str(pid)],
+        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        pass_fds=(fd,), start_new_session=True, close_fds=True)
+
+
+def stop(watch: subprocess.Popen) -> None:
+    """End a watch started by :func:`start`, and reap it."""
+    try:
+        watch.stdin.close()
+    except OSError:
+        pass
+    try:
+        watch.wait(timeout=2 * TICK_S + 1.0)
+    except subprocess.TimeoutExpired:
+        watch.kill()
+        watch.wait()
+
+
+def _serve(fd: int, pid: int) -> None:
+    """The watch's loop (the script's body): sample, answer, end with the rank."""
+    listener = socket.socket(fileno=fd)
+    listener.setblocking(False)
+    sel = selectors.DefaultSelector()
+    sel.register(listener, selectors.EVENT_READ, "connection")
+    sel.register(0, selectors.EVENT_READ, "rank")
+    stopped_since = None
+    while True:
+        state = process_state(pid)
+        if state is None:
+            return
+        now = time.monotonic()
+        if state != "T":
+            stopped_since = None
+        elif stopped_since is None:
+            stopped_since = now
+        for key, _ in sel.select(TICK_S):
+            if key.data == "rank":
+                if not os.read(0, 4096):
+                    return                      # the rank closed the pipe or exited
+                continue
+            while True:
+                try:
+                    conn, _ = listener.accept()
+                except (BlockingIOError, InterruptedError):
+                    break
+                except OSError:                 # e.g. out of descriptors: answer later
+                    break
+                state = process_state(pid) or "X"
+                if state != "T":
+                    stopped = 0.0
+                else:
+                    stopped = time.monotonic() - (stopped_since or time.monotonic())
+                try:
+                    conn.setblocking(False)
+                    conn.send(f"{pid} {state} {stopped:.3f}\n".encode())
+                except OSError:
+                    pass
+                conn.close()
+
+
+class Asker:
+    """Questions to the watches of a rank's peers, asked and read without blocking.
+
+    Args:
+        addresses: peer -> (host, port) of its watch.
+        patience: seconds after which a peer stopped, or a watch that accepted but did not
+            answer, is reported (half ``PYCOMM_PEER_TIMEOUT``); a question is asked again at
+            most every half of it.
+    """
+
+    def __init__(self, addresses: dict[int, tuple[str, int]], patience: float):
+        self.addresses = addresses
+        self.patience = patience
+        self._asks: dict[int, list] = {}    # peer -> [socket, started, connected]
+        self._last: dict[int, float] = {}   # peer -> when it was last asked
+
+    def poll(self, peers) -> tuple[int, str] | None:
+        """Ask the watches of ``peers`` (those not asked lately) and read the answers in.
+
+        Returns ``(peer, why)`` for the first peer known not to run for ``patience``
+        seconds — stopped by the kernel's account, or its watch silent on an open
+        connection — else None. Never blocks.
+        """
+        now = time.monotonic()
+        for peer in peers:
+            if peer in self.addresses and peer not in self._asks and \
+                    now - self._last.get(peer, -1e9) >= self.patience / 2:
+                self._ask(peer, now)
+        found = None
+        for peer, ask in list(self._asks.items()):
+            why = self._read(peer, ask, now)
+            if why is not None and found is None:
+                found = (peer, why)
+        return found
+
+    def _ask(self, peer: int, now: float) -> None:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        err = sock.connect_ex(self.addresses[peer])
+        if err not in (0, errno.EINPROGRESS):
+            sock.close()                        # refused: the watch is gone; nothing known
+            self._last[peer] = now
+            return
+        self._asks[peer] = [sock, now, err == 0]
+        self._last[peer] = now
+
+    def _read(self, peer: int, ask: list, now: float) -> str | None:
+        sock, started, connected = ask
+        if not connected:
+            try:
+                err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+                if err == 0 and sock.getpeername():
+                    ask[2] = connected = True
+            except OSError:
+                err = errno.ENOTCONN            # still connecting
+            if err not in (0, errno.ENOTCONN):
+                return self._drop(peer)         # refused or unreachable: nothing known
+        if connected:
+            try:
+                line = sock.recv(_LINE_MAX)
+            except (BlockingIOError, InterruptedError):
+                line = None
+            except OSError:
+                return self._drop(peer)
+            if line is not None:
+                self._drop(peer)
+                return self._verdict(line)
+            if now - started >= self.patience:
+                self._drop(peer)
+                return (f"its watch accepted a question {now - started:.1f} s ago and has "
+                        "not answered: no process of its host runs (all stopped or frozen)")
+        elif now - started >= self.patience / 2:
+            return self._drop(peer)             # no SYN-ACK: the link's business
+        return None
+
+    def _verdict(self, line: bytes) -> str | None:
+        try:
+            pid, state, stopped = line.decode().split()
+            stopped_s = float(stopped)
+        except ValueError:
+            return None
+        if state == "T" and stopped_s >= self.patience:
+            return (f"its process (pid {pid}) has been stopped for {stopped_s:.1f} s "
+                    "(SIGSTOP or a job-control stop)")
+        return None
+
+    def _drop(self, peer: int) -> None:
+        ask = self._asks.pop(peer, None)
+        if ask is not None:
+            ask[0].close()
+        return None
+
+    def close(self) -> None:
+        for peer in list(self._asks):
+            self._drop(peer)
+
+
+if __name__ == "__main__":
+    _serve(int(sys.argv[1]), int(sys.argv[2]))
