@@ -436,3 +436,32 @@ def test_a_peer_busy_in_user_code_past_the_peer_timeout_is_waited_for():
             assert p.returncode == 0, f"rank {r}: {text}"
             assert f"OK rank {r}/4" in text, text
 
+
+
+def test_port_range_pins_every_listening_port_two_per_rank():
+    """PYCOMM_PORT_RANGE of exactly two ports per rank of a host (4 for 2 ranks), each
+    host's ranks binding both of theirs at once at start-up: the job runs, and every port
+    its ranks and their process watches listen on, the store's (MASTER_PORT + 1) aside,
+    lies in the range."""
+    with emulated_hosts(2, "pcp", pytest.fail, "cannot build the emulated cluster") as c:
+        procs = _host2_job(c, CHECK_LOOP_S="4", PYCOMM_PORT_RANGE="29600-29603")
+        try:
+            pids = {p.pid for p in procs} | set(_watch_pids([p.pid for p in procs]))
+            assert len(pids) == 8, pids
+            store_port = str(29200 + os.getpid() % 90 + 1)     # MASTER_PORT + 1
+            seen = []
+            for host in (1, 2):
+                out = c.run(host, ["ss", "-ltnpH"]).stdout
+                for line in out.splitlines():
+                    if any(f"pid={pid}," in line for pid in pids):
+                        port = line.split()[3].rsplit(":", 1)[1]
+                        if port != store_port:
+                            seen.append((host, int(port)))
+            # the transports' own listeners close once every peer has connected: what
+            # is left is one watch per rank
+            assert len(seen) == 4, seen
+            assert all(29600 <= port <= 29603 for _, port in seen), seen
+        finally:
+            for r, p in enumerate(procs):
+                text, _ = p.communicate(timeout=60)
+                assert p.returncode == 0, f"rank {r}: {text}"

@@ -71,9 +71,13 @@ def check(comm) -> tuple[int, str]:
     if loop_s:              # keep the link busy (the link-failure case pulls it meanwhile)
         print(f"LOOPING rank {rank}", flush=True)
         end = time.monotonic() + loop_s
-        while time.monotonic() < end:
+        going = np.ones(1, dtype=np.int64)
+        while going[0]:                 # rank 0's clock decides, so all stop together
             comm.Allreduce(mine, total, op=pycomm.SUM)
             time.sleep(0.01)
+            if rank == 0:
+                going[0] = time.monotonic() < end
+            comm.Bcast(going, root=0)
     hosts = comm.allgather(socket.gethostname())
     comm.Barrier()
     lay = comm.host_layout
