@@ -1,18 +1,14 @@
 """How close the automatic algorithm choice comes to the best measured algorithm.
 
-Reads the JSON of ``--algorithm all`` sweeps (``osu_allreduce``, ``osu_bcast``,
-``osu_allgather``, ...), one file per launch or several launches of the same (benchmark,
-world size), keeps for every (size, algorithm) the best average over the launches, and
-prints a Markdown table: for each size, the measured time of the algorithm the cost model
-picks now (:func:`pycomm.collectives.choose` with the shipped or ``PYCOMM_TUNE_FILE``
-constants of the transport the sweep ran over, and the ranks per core of the sweep: world
-size over the ``cpu_count`` its JSON records) divided by the best algorithm's time, naming
-the best where the ratio passes ``--within``.
-
-It also prints the noise of the measurement itself, which bounds what any choice can be
-judged to: for each (size, algorithm) measured in more than one launch, max/min of the
-launches; and on 2 ranks, where allgather's ``ring`` and ``recursive_doubling`` send the very
-same single message, their ratio.
+Reads the JSON of ``--algorithm all`` sweeps (``osu_allreduce``, ``osu_bcast``, ...), one
+file per launch, keeps for every (size, algorithm) the best average over the launches of
+the same (benchmark, world size), and prints a Markdown table: per size, the measured time
+of the algorithm :func:`pycomm.collectives.choose` picks now (with the shipped or
+``PYCOMM_TUNE_FILE`` constants of the sweep's transport, at the sweep's ranks per core:
+world size over its ``cpu_count``) over the best algorithm's, naming the best where the
+ratio passes ``--within``. Then the noise that bounds any such judgement: per (size,
+algorithm) measured in several launches, max/min over them; and on 2 ranks, allgather's
+``ring`` against ``recursive_doubling``, which send the very same message.
 
 Run::
 
@@ -29,7 +25,7 @@ from collections import defaultdict
 from pycomm.collectives import choose
 from pycomm.tuning.cost import model_transport  # a run's meta.transport -> its table
 
-__all__ = ["load", "model_transport", "table", "main"]
+__all__ = ["load", "model_transport", "table", "noise", "main"]
 
 
 def load(paths: list[str]) -> dict:
@@ -56,14 +52,13 @@ def _label(size: int) -> str:
 
 
 def table(runs: dict, within: float) -> tuple[list[str], int, int]:
-    """Markdown rows, points within ``within`` of the best, and points in all."""
+    """Markdown rows, the points within ``within`` of the best, and all points."""
     sizes = sorted({s for per_size in runs.values() for s in per_size})
-    lines = ["| collective | ranks | " + " | ".join(_label(s) for s in sizes)
-             + f" | within {round((within - 1) * 100)}% |",
-             "|---|---|" + "---|" * (len(sizes) + 1)]
+    lines = ["| collective | ranks | " + " | ".join(map(_label, sizes))
+             + f" | within {round((within - 1) * 100)}% |", "|---|---|" + "---|" * (len(sizes) + 1)]
     hits = total = 0
     for (coll, n, cores, transport), per_size in sorted(runs.items()):
-        cells, row_hits = [], 0
+        cells = []
         for s in sizes:
             times = {a: min(v) for a, v in per_size.get(s, {}).items()}
             if not times:
@@ -74,13 +69,9 @@ def table(runs: dict, within: float) -> tuple[list[str], int, int]:
             picked = choose(coll, nbytes, n, requested="auto", transport=transport,
                             oversubscription=max(1.0, n / cores))[0]
             ratio = times[picked] / times[best]
-            total += 1
-            if ratio <= within:
-                hits += 1
-                row_hits += 1
-                cells.append(f"{ratio:.2f}")
-            else:
-                cells.append(f"{ratio:.2f} ({best})")
+            cells.append(f"{ratio:.2f}" if ratio <= within else f"{ratio:.2f} ({best})")
+        row_hits = sum(1 for c in cells if c and "(" not in c)
+        hits, total = hits + row_hits, total + sum(1 for c in cells if c)
         label = coll if transport == "shm" else f"{coll} ({transport})"
         lines.append(f"| {label} | {n} | " + " | ".join(cells)
                      + f" | {row_hits}/{len([c for c in cells if c])} |")

@@ -1,6 +1,7 @@
 """Which algorithm a collective runs: ``PYCOMM_ALGORITHM_<COLLECTIVE>``, ``algorithm=``,
-the refusal of an algorithm that cannot serve the call, and the choice cache (which must not
-outlive a change of a variable the cost model reads). Real processes, the shared worlds.
+the refusal of an algorithm that cannot serve the call, and the choice cache (which reads
+the configuration again after ``pycomm.config.reload()``, never per call). Real processes,
+the shared worlds.
 """
 
 from __future__ import annotations
@@ -68,15 +69,20 @@ def _rank_env_override():
         comm.Allreduce(pycomm.IN_PLACE, x)
         out["unset"] = chosen[-1]
         out["model"] = comm.chosen_algorithm("allreduce", x.nbytes, algorithm="auto")
-        # the choice is cached, but not across a change of a variable the model reads
+        # the choice is cached: a variable the model reads is read again after a reload,
+        # never per call
         n0 = len(chosen)
         comm.chosen_algorithm("allreduce", x.nbytes, algorithm="auto")
         out["cached"] = len(chosen) - n0
         os.environ["PYCOMM_RING_SEGMENT_BYTES"] = str(4096 + len(os.environ.get(
             "PYCOMM_RING_SEGMENT_BYTES", "")))  # differs from what the world was given
         comm.chosen_algorithm("allreduce", x.nbytes, algorithm="auto")
+        out["model variable changed, no reload"] = len(chosen) - n0
+        pycomm.config.reload()
+        comm.chosen_algorithm("allreduce", x.nbytes, algorithm="auto")
         restore(ring_segment)
-        out["after a model variable changed"] = len(chosen) - n0
+        pycomm.config.reload()
+        out["after a reload"] = len(chosen) - n0
         comm.Allreduce(pycomm.IN_PLACE, x)
         out["value"] = x.tolist()
     finally:
@@ -102,7 +108,8 @@ def test_algorithm_environment_override(world):
         # host's shared memory goes through the slots instead (pycomm.shmcoll)
         slots = world.transport == "shm" and world.size > 1
         assert out["model"] == ("shared_slots" if slots else out["unset"]), out
-        assert out["cached"] == 0 and out["after a model variable changed"] == 1
+        assert out["cached"] == 0 and out["model variable changed, no reload"] == 0
+        assert out["after a reload"] == 1
         # 6 Allreduce calls of SUM actually ran (the refused ones moved nothing)
         s = world.size
         base = np.arange(10.0) * s + s * (s - 1) / 2

@@ -31,7 +31,7 @@ def test_shipped_table_is_valid_and_cites_its_run():
     for transport in ("shm", "tcp"):
         c = raw[transport]
         assert 0 < c["alpha"] < 1e-2 and 0 < c["beta"] < 1e-8
-        assert 0 < c["gamma"] < 1e-8 and 0 <= c["sigma"] < 1e-8
+        assert 0 < c["gamma"] < 1e-8
         assert 0 < c["alpha_rndv"] < 1e-2 and 0 < c["beta_rndv"] < 1e-8
     src = raw["source"]
     for key in ("date", "host", "cpu_count", "python", "numpy", "pycomm", "command",
@@ -48,7 +48,7 @@ def test_user_table_overrides_per_transport(tmp_path, monkeypatch):
     monkeypatch.setenv("PYCOMM_TUNE_FILE", str(path))
     # a table without the rendezvous figures prices every message like an eager one
     # (and an exchange step like a one-way message)
-    assert cost.constants("tcp") == cost.Constants(1.0, 2e-9, 1e-10, 0.0, alpha_rndv=1.0,
+    assert cost.constants("tcp") == cost.Constants(1.0, 2e-9, 1e-10, alpha_rndv=1.0,
                                                    beta_rndv=2e-9, alpha_x=1.0)
     assert cost.constants("shm") == cost.load_table(cost.SHIPPED_TABLE)["shm"]  # not in file
     monkeypatch.delenv("PYCOMM_TUNE_FILE")
@@ -130,11 +130,10 @@ def test_messages_past_the_eager_limit_pay_the_rendezvous_constants(tmp_path, mo
     assert algs.model_time("allreduce", "double_binary_tree", 1 << 20, 4) > eager_segments
 
 
-def test_measure_gamma_and_sigma_quick():
+def test_measure_gamma_quick():
     gammas = tune.measure_gamma(quick=True)
     assert set(gammas) == {"float32", "float64"}
     assert all(0 <= g < 1e-7 for g in gammas.values())
-    assert 0 <= tune.measure_sigma(quick=True) < 1e-7
 
 
 def test_tune_end_to_end_quick(tmp_path):
@@ -449,11 +448,13 @@ def test_choose_binds_the_pipeline_segment(monkeypatch, brief_constants):
 
 def test_lanes_interpolate_and_share_the_memory(tmp_path, monkeypatch):
     # lanes from the table: log-size interpolation, end values beyond the measured sizes
-    k = cost.Constants(alpha=1e-5, beta=1e-10, gamma=1e-10, sigma=0.0,
-                       lanes=((1 << 20, 4.0), (1 << 22, 2.0)))
-    assert cost.Constants(1e-5, 1e-10, 1e-10, 0.0).streams(1 << 30) == float("inf")
-    assert k.streams(8) == 4.0 and k.streams(1 << 30) == 2.0
-    assert k.streams(1 << 21) == pytest.approx(3.0)
+    lanes = ((1 << 20, 4.0), (1 << 22, 2.0))
+
+    def streams(points, nbytes):
+        return cost.read_curve(points, nbytes, float("inf"), log=True)
+    assert streams((), 1 << 30) == float("inf")
+    assert streams(lanes, 8) == 4.0 and streams(lanes, 1 << 30) == 2.0
+    assert streams(lanes, 1 << 21) == pytest.approx(3.0)
     # a ring on 8 ranks with a core each: all 8 copy at once; through 2 lanes each copy
     # takes 4 times as long, so the large all-reduce costs more, a small one no more
     table = {"shm": {"alpha": 1e-5, "beta": 1e-10, "gamma": 1e-10, "sigma": 0.0}}
@@ -474,11 +475,13 @@ def test_lanes_interpolate_and_share_the_memory(tmp_path, monkeypatch):
 def test_exchange_steps_pay_the_exchange_wake_when_oversubscribed(tmp_path, monkeypatch):
     # linear in ranks per core between the measured points, the end values beyond, the
     # one-way wake without any
-    k = cost.Constants(alpha=1e-5, beta=1e-10, gamma=1e-10, sigma=0.0, wake=1e-5,
-                       wake_x=((2.0, 2e-5), (4.0, 4e-5)))
-    assert cost.Constants(1e-5, 1e-10, 1e-10, 0.0, wake=1e-5).exchange_wake(3.0) == 1e-5
-    assert k.exchange_wake(1.5) == 2e-5 and k.exchange_wake(8.0) == 4e-5
-    assert k.exchange_wake(3.0) == pytest.approx(3e-5)
+    wake_x = ((2.0, 2e-5), (4.0, 4e-5))
+
+    def exchange_wake(points, ranks_per_core):
+        return cost.read_curve(points, ranks_per_core, 1e-5, log=False)
+    assert exchange_wake((), 3.0) == 1e-5
+    assert exchange_wake(wake_x, 1.5) == 2e-5 and exchange_wake(wake_x, 8.0) == 4e-5
+    assert exchange_wake(wake_x, 3.0) == pytest.approx(3e-5)
     table = {"shm": {"alpha": 1e-5, "beta": 1e-10, "gamma": 1e-10, "sigma": 0.0,
                      "alpha_x": 1.5e-5, "wake": 1e-5}}
     plain, xw = tmp_path / "plain.json", tmp_path / "xw.json"
@@ -538,7 +541,7 @@ def test_measure_exchange_wake_quick():
 
 def test_measure_lanes_quick():
     lanes = tune.measure_lanes(quick=True)
-    assert set(lanes) == set(tune.LANES[::2])
+    assert set(lanes) == set(tune.COMPUTE[::2])
     cores = len(os.sched_getaffinity(0))
     assert all(1.0 <= v <= max(1, min(cores, 16)) for v in lanes.values())
 

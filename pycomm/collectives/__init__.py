@@ -120,17 +120,8 @@ def algorithms(collective: str) -> list[str]:
 
 def model_time(collective: str, algorithm: str, nbytes: int, size: int, *,
                transport: str = DEFAULT_TRANSPORT, oversubscription: float = 1.0) -> float:
-    """Return the cost model's predicted seconds for one call.
-
-    For benchmarks, tests and the communicator's ``PYCOMM_DEBUG=1`` log (modelled vs
-    measured time).
-
-    Args:
-        collective: a key of :data:`REGISTRY`.
-        algorithm: one of :func:`algorithms` ``(collective)``.
-        nbytes: bytes of the call, as defined in this module's docstring.
-        size: number of ranks.
-        transport: whose constants to use (``"shm"``, ``"tcp"``; others use ``shm``'s).
+    """The cost model's seconds for one call (:func:`pycomm.tuning.cost.cost`), for
+    benchmarks, tests and the ``PYCOMM_DEBUG=1`` log; arguments as :func:`choose`'s.
 
     Raises:
         ArgumentError: unknown collective or algorithm.
@@ -143,52 +134,40 @@ def model_time(collective: str, algorithm: str, nbytes: int, size: int, *,
 
 
 def choose(collective: str, nbytes: int, size: int, *, requested: str | None = None,
-           commutative: bool = True,
-           transport: str = DEFAULT_TRANSPORT,
+           commutative: bool = True, transport: str = DEFAULT_TRANSPORT,
            oversubscription: float = 1.0,
            hosts: tuple[int, ...] | None = None) -> tuple[str, Callable]:
-    """Pick the algorithm for one collective call.
+    """Pick the algorithm of one collective call; every rank must pass the same arguments.
 
-    Every rank must call this with the same arguments so that all ranks run the same
-    schedule.
-
-    Rule: a named algorithm wins. The name comes from ``requested`` (the call's
-    ``algorithm=``); when that is None, from ``PYCOMM_ALGORITHM_<COLLECTIVE>``. ``"auto"``
-    (from either source; ``requested="auto"`` also overrides the environment) or nothing
-    means automatic: the algorithm with the least modelled time among those that can
-    serve the call (:mod:`pycomm.tuning.cost`; ties go to registry order). On a
-    communicator spanning hosts (``hosts``) the ``hierarchical`` algorithms
-    (:mod:`pycomm.collectives.hierarchical`) take part, priced step by step with the link
-    each step crosses (:mod:`pycomm.tuning.cost_hosts`), when ``transport`` is the
-    measured link between hosts (``"net"``, :mod:`pycomm.tuning.tune_links`); without that
-    measurement the hierarchical algorithm is taken wherever it can serve the call (its
-    link bytes are the minimum; the loopback-TCP row must not price a real link). The
-    shipped table has a ``net`` entry (an assumed link, see ``tuned.json``'s
-    ``source.net``), so the price is always made unless a table without it is loaded. The
-    ``2d`` algorithms (:mod:`pycomm.collectives.twod`) take no part in the automatic
-    choice: they run only when named (their model price: :func:`model_time`, and for the
-    all-reduce on the host grid :func:`pycomm.tuning.cost_hosts.twod_hosts_time`).
+    A named algorithm wins: ``requested`` (the call's ``algorithm=``), else
+    ``PYCOMM_ALGORITHM_<COLLECTIVE>``; ``"auto"`` (``requested="auto"`` also overrides the
+    environment) or nothing means the flat algorithm of least modelled time that can serve
+    the call (ties: registry order), as Open MPI's ``coll_tuned`` and NCCL's tuner pick by
+    their models. On a communicator spanning hosts (``hosts``) the ``hierarchical``
+    algorithm competes, priced per link (:mod:`pycomm.tuning.cost_hosts`) when
+    ``transport`` is the link between hosts (``"net"``, which the shipped table has);
+    without that entry it is taken wherever it can serve the call (its link bytes are the
+    fewest; loopback's figures must not price a real link). The ``2d`` algorithms run only
+    when named: the model prices the 2-D all-reduce below schedules it measures slower
+    than (benchmarks/README.md, issue 16).
 
     Args:
         collective: a key of :data:`REGISTRY`.
-        nbytes: bytes of the call, as defined in this module's docstring.
+        nbytes: bytes of the call, as this module's docstring defines them.
         size: number of ranks.
         requested: an algorithm name, ``"auto"``, or None.
         commutative: whether the reduction op is commutative (True for non-reductions).
-        transport: the communicator's transport (``"shm"``, ``"tcp"``); selects the
-            table of measured constants (unknown names use ``shm``'s).
-        hosts: ranks on each host of the communicator (its ``host_layout``), the same on
-            every rank; None: unknown (treated as one host).
+        transport: the cost table entry (:func:`pycomm.tuning.cost.model_transport`).
+        oversubscription: ranks per core on the busiest host.
+        hosts: ranks on each host (the communicator's ``host_layout``); None: one host.
 
     Returns:
-        ``(name, fn)``; for a pipelined schedule whose segment the model chooses
-        (``bcast`` ``pipeline``), ``fn`` has that segment size bound.
+        ``(name, fn)``; for the chain broadcast ``fn`` has the model's segment bound.
 
     Raises:
-        ArgumentError: unknown collective or algorithm name (the message lists the valid
-            ones and says where the name came from), or a named algorithm that cannot
-            serve this call (non-commutative op, non-power-of-two size): never a silent
-            fallback.
+        ArgumentError: unknown collective or algorithm name (listing the valid ones and
+            where the name came from), or a named algorithm that cannot serve this call
+            (non-commutative op, non-power-of-two size): never a silent fallback.
     """
     table = _table_for(collective)
     source = "algorithm="
@@ -209,32 +188,18 @@ def choose(collective: str, nbytes: int, size: int, *, requested: str | None = N
                                 f"{AUTO}, {', '.join(fit)}")
         return info.name, bound(info, nbytes, size, transport, oversubscription)
     hier = table.get(HIERARCHICAL)
-    spans = hosts is not None and len(hosts) > 1 and hier is not None \
-        and hier.unfit_reason(size, commutative) is None
+    spans = (hosts is not None and len(hosts) > 1 and hier is not None
+             and hier.unfit_reason(size, commutative) is None)
     if spans and transport != NET:
         return hier.name, hier.fn
-    # The 2-D schedules run only when named: the model prices the all-reduce below the
-    # schedules it measures slower than, on one host (Rabenseifner) and across hosts (recursive
-    # doubling, whose steps inside a host the model prices at the link's speed, as every
-    # flat step across hosts is): benchmarks/README.md, issue 16.
     best = cheapest(collective, nbytes, size, commutative, transport, oversubscription)
-    if spans and two_level_time(collective, nbytes, hosts,
-                                _flat_time(commutative, oversubscription), PIECE_BYTES,
-                                oversubscription) <= _cost(collective, best.name, nbytes, size,
-                                                           transport, oversubscription):
-        return hier.name, hier.fn
+    if spans:
+        def flat(coll: str, b: int, ranks: int, link: str) -> float:
+            if ranks <= 1:
+                return 0.0
+            info = cheapest(coll, b, ranks, commutative, link, oversubscription)
+            return _cost(coll, info.name, b, ranks, link, oversubscription)
+        if two_level_time(collective, nbytes, hosts, flat, PIECE_BYTES, oversubscription) \
+                <= _cost(collective, best.name, nbytes, size, transport, oversubscription):
+            return hier.name, hier.fn
     return best.name, bound(best, nbytes, size, transport, oversubscription)
-
-
-def _flat_time(commutative: bool,
-               oversubscription: float = 1.0) -> Callable[[str, int, int, str], float]:
-    """``f(collective, nbytes, size, transport)``: the best flat algorithm's modelled
-    seconds (0 for one rank), for the inner steps of a two-level price."""
-    def best(collective: str, nbytes: int, size: int, transport: str) -> float:
-        if size <= 1:
-            return 0.0
-        info = cheapest(collective, nbytes, size, commutative, transport, oversubscription)
-        return _cost(collective, info.name, nbytes, size, transport, oversubscription)
-    return best
-
-

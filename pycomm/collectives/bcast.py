@@ -39,8 +39,8 @@ import collections
 
 import numpy as np
 
+from pycomm.tuning.cost import TREE_SEGMENT_BYTES, forced_segment
 from pycomm.tuning.cost import segment_bytes as model_segment
-from pycomm.tuning.cost_steps import TREE_SEGMENT_BYTES, forced_segment
 from pycomm.collectives.topology import (binomial_children, binomial_parent,
                                         binomial_subtree_size, chunk_offsets, ring_neighbors,
                                         segment_offsets)

@@ -100,7 +100,7 @@ in (2)), plus ``n(p-1)/p γ`` for the reduce-scatter and ``nσ`` where a copy is
 the host grid ``(H-1)n/H`` per host over the link. Time ``AG(n/b, a) + AG(n, b)`` and
 ``RS(n, b) + RS(n/b, a)``, the inner phases at the model's picks for the group's size,
 bytes and link (priced on the near-square grid by
-:func:`pycomm.tuning.cost_steps.twod_time`). Selection: by name only, as the
+:data:`pycomm.tuning.cost.SCHEDULES`). Selection: by name only, as the
 all-reduce (``algorithm="2d"``, ``PYCOMM_ALGORITHM_ALLGATHER=2d``,
 ``PYCOMM_ALGORITHM_REDUCE_SCATTER=2d``, ``PYCOMM_ALGORITHM_REDUCE_SCATTER_BLOCK=2d``).
 """
@@ -114,8 +114,8 @@ import numpy as np
 
 from pycomm import config
 from pycomm.collectives.allgather import allgatherv_ring
-from pycomm.tuning.cost import DEFAULT_TRANSPORT, model_transport
-from pycomm.tuning.cost_steps import TWOD_COLUMN, TWOD_GATHER, TWOD_ROW
+from pycomm.tuning.cost import (DEFAULT_TRANSPORT, TWOD_COLUMN, TWOD_GATHER, TWOD_ROW,
+                                model_transport)
 from pycomm.collectives.flat import cheapest
 from pycomm.collectives.hierarchical import View
 from pycomm.collectives.scratch import give, take

@@ -1,33 +1,24 @@
-"""Modelled time of the hierarchical algorithms on a communicator that spans hosts.
+"""Modelled time of the hierarchical and 2-D schedules on a communicator spanning hosts.
 
-A hierarchical schedule (:mod:`pycomm.collectives.hierarchical`) runs some steps inside
-hosts and some across them; each is priced with the link it crosses, as NCCL's tuner
-prices intra- and inter-node steps with separate bandwidths (``graph/tuning.cc``): steps
-inside a host with ``shm``'s constants, steps across hosts with those of the measured
-link between hosts (the :data:`~pycomm.tuning.cost.NET` entry, written by
-:mod:`pycomm.tuning.tune_links`). A flat algorithm on the same communicator is priced with
-``NET``'s constants for every step, since nearly every step has a pair of ranks on
-different hosts (the slowest link a step crosses sets its time).
+Each step is priced with the link it crosses, as NCCL's tuner prices intra- and
+inter-node steps with separate bandwidths (``src/graph/tuning.cc``): steps inside a host
+with ``shm``'s constants, steps across hosts with the measured link's (the
+:data:`~pycomm.tuning.cost.NET` entry, ``python -m pycomm.tuning.tune --links``). A flat
+schedule on the same communicator is priced with ``net``'s constants at every step
+(nearly every step has a pair of ranks on different hosts). ``n`` bytes, ``H`` hosts,
+``L`` the most ranks on a host, ``m`` the fewest, ``P = ceil(n / piece)`` pipeline pieces
+(:mod:`pycomm.collectives.hierarchical`):
 
-Notation: ``n`` bytes, ``H`` hosts, ``L`` the most ranks on a host, ``m`` the fewest,
-``P = ceil(n / PIECE_BYTES)`` pieces; ``flat(c, b, p, t)`` the best flat algorithm's
-modelled time for collective ``c`` on ``b`` bytes and ``p`` ranks with table ``t``.
-
-* allreduce (pipelined): local = the ring reduce-scatter and all-gather on ``L`` ranks
-  (``shm``); cross = ``2(H-1)/H n β_net`` (each host's link carries that, shared by its
-  ``m`` senders) ``+ 2(H-1) α_net`` (one piece's messages; the others' overlap the
-  transfer); time ``max(local, cross) + (local + cross) / P`` (the pipeline's fill).
-* allgather (pipelined): local = the ring all-gather of ``n`` on ``L`` ranks (``shm``);
-  cross = ``(H-1)/H n β_net + (H-1) α_net``; combined as the all-reduce's.
-* reduce (pipelined): local = the ring reduce-scatter on ``L`` ranks; cross as the
-  all-reduce's (its reduce-scatter, then the sub-chunks to the root).
-* bcast: ``flat(bcast, n, H, net) + flat(bcast, n, L, shm)``.
-* barrier: ``2(L-1) α_shm + flat(barrier, 0, H, net)``.
-* 2-D all-reduce on the host grid (``H`` hosts of ``L`` ranks each,
-  :mod:`pycomm.collectives.twod`): the row reduce-scatter of ``n`` on ``L`` ranks (``shm``)
-  + the column all-reduce of ``n/L`` on ``H`` ranks (``net``; the ``L`` columns share each
-  host's link, so priced as one all-reduce of ``n``) + the row all-gather of ``n`` on ``L``
-  ranks (``shm``), each at its best inner algorithm; the phases do not overlap.
+* allreduce, reduce, allgather (pipelined): local = the ring reduce-scatter (not for the
+  all-gather) and all-gather (not for the reduce) of ``n`` on ``L`` ranks; cross =
+  ``k (H-1) (n/H β_net + α_net)`` with ``k = 2`` passes over the link (1 for the
+  all-gather), each piece's slice of ``n / (P m H)`` bytes priced by its protocol; time
+  ``max(local, cross) + (local + cross) / P`` (the pipeline's fill and drain).
+* bcast: the best flat bcast across ``H`` leaders (``net``) + inside a host of ``L`` (``shm``).
+* barrier: ``2(L-1) α_shm`` + the best flat barrier across ``H`` leaders (``net``).
+* 2-D all-reduce on the host grid: the row reduce-scatter of ``n`` on ``L`` ranks
+  (``shm``) + the column all-reduce across ``H`` (``net``; the ``L`` columns share each
+  host's link, so priced as one all-reduce of ``n``) + the row all-gather (``shm``).
 """
 
 from __future__ import annotations
@@ -35,72 +26,56 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from pycomm.tuning.cost import DEFAULT_TRANSPORT, NET, constants, cost, pricing
-from pycomm.tuning.cost_steps import TWOD_COLUMN, TWOD_ROW
+from pycomm.tuning.cost import (DEFAULT_TRANSPORT as SHM, NET, TWOD_COLUMN, TWOD_ROW,
+                                constants, cost, pricing)
 
 __all__ = ["two_level_time", "twod_hosts_time"]
 
-Flat = Callable[[str, int, int, str], float]
 
-
-def two_level_time(collective: str, nbytes: int, hosts: tuple[int, ...], flat: Flat,
-                   piece_bytes: int, oversubscription: float = 1.0) -> float:
-    """Modelled seconds of ``collective``'s hierarchical algorithm.
+def two_level_time(collective: str, nbytes: int, hosts: tuple[int, ...],
+                   flat: Callable[[str, int, int, str], float], piece_bytes: int,
+                   oversubscription: float = 1.0) -> float:
+    """Modelled seconds of ``collective``'s hierarchical schedule (module docstring).
 
     Args:
-        collective: ``allreduce``, ``bcast``, ``reduce``, ``allgather`` or ``barrier``.
-        nbytes: bytes of the call (as :func:`pycomm.collectives.choose` defines them).
-        hosts: ranks on each host (at least two hosts).
-        flat: ``flat(collective, nbytes, ranks, transport)``, the best flat algorithm's
+        collective: ``allreduce``, ``reduce``, ``allgather``, ``bcast`` or ``barrier``.
+        nbytes: bytes of the call (as :func:`pycomm.collectives.choose` counts them).
+        hosts: ranks on each host (two hosts or more).
+        flat: ``flat(collective, nbytes, ranks, transport)``: the best flat schedule's
             modelled seconds (0 for one rank).
-        piece_bytes: the all-reduce's pipeline piece.
-        oversubscription: ranks per core on the busiest host (> 1: the local steps are
-            priced as :func:`~pycomm.tuning.cost.cost` prices them then, and every
-            cross-host message pays a wake-up per turn of the cores, as a step of
-            :mod:`pycomm.tuning.cost_steps` does), as the flat algorithms it is
-            weighed against are.
+        piece_bytes: the pipeline's piece.
+        oversubscription: ranks per core on the busiest host, as for the flat schedules.
 
     Raises:
-        KeyError: a collective without a hierarchical algorithm.
+        KeyError: a collective without a hierarchical schedule.
     """
-    big, few, nh = max(hosts), min(hosts), len(hosts)
-    shm, net = DEFAULT_TRANSPORT, NET
-    if collective in ("allreduce", "allgather", "reduce"):
-        twice = 1 if collective == "allgather" else 2   # two passes over the link
+    most, fewest, nh = max(hosts), min(hosts), len(hosts)
+    if collective in ("allreduce", "reduce", "allgather"):
         local = 0.0
-        if big > 1 and collective != "reduce":
-            local += cost("allgather", "ring", nbytes, big, shm, oversubscription)
-        if big > 1 and collective != "allgather":
-            local += cost("reduce_scatter", "ring", nbytes, big, shm, oversubscription)
-        link = pricing(net, nbytes, nh, oversubscription)
+        if most > 1 and collective != "reduce":
+            local += cost("allgather", "ring", nbytes, most, SHM, oversubscription)
+        if most > 1 and collective != "allgather":
+            local += cost("reduce_scatter", "ring", nbytes, most, SHM, oversubscription)
+        link = pricing(NET, nbytes, nh, oversubscription)
         pieces = max(1, math.ceil(nbytes / piece_bytes))
-        alpha, beta = link.protocol(nbytes / pieces / few / nh)
-        alpha += link.wake * link.turns   # 0 with a core per rank
-        cross = twice * (nh - 1) * (nbytes / nh * beta + alpha)
+        alpha, beta = link.protocol(nbytes / pieces / fewest / nh)
+        passes = 1 if collective == "allgather" else 2
+        cross = passes * (nh - 1) * (nbytes / nh * beta + alpha + link.wake * link.turns)
         return max(local, cross) + (local + cross) / pieces
     if collective == "bcast":
-        return flat("bcast", nbytes, nh, net) + flat("bcast", nbytes, big, shm)
+        return flat("bcast", nbytes, nh, NET) + flat("bcast", nbytes, most, SHM)
     if collective == "barrier":
-        return 2 * (big - 1) * constants(shm).alpha + flat("barrier", 0, nh, net)
+        return 2 * (most - 1) * constants(SHM).alpha + flat("barrier", 0, nh, NET)
     raise KeyError(collective)
 
 
 def twod_hosts_time(nbytes: int, hosts: tuple[int, ...], oversubscription: float = 1.0) -> float:
-    """Modelled seconds of the 2-D all-reduce on the host grid (one row per host).
-
-    Args:
-        nbytes: bytes of the vector.
-        hosts: ranks on each host (two or more hosts, the same number of ranks each).
-        oversubscription: ranks per core on the busiest host.
-    """
+    """Modelled seconds of the 2-D all-reduce on the host grid (one row per host, two
+    hosts or more of the same number of ranks; module docstring)."""
     local, nh = hosts[0], len(hosts)
 
-    def best(coll: str, algs: tuple, b: float, q: int, table: str) -> float:
-        return 0.0 if q <= 1 else min(cost(coll, a, b, q, table, oversubscription)
-                                      for a in algs)
-    # the L columns, n/L bytes each, run at once through each host's one link: priced as
-    # one all-reduce of n bytes across the hosts (the link's bytes and the messages on the
-    # critical path are a column's times L and a column's)
-    return (best("reduce_scatter", TWOD_ROW, nbytes, local, DEFAULT_TRANSPORT)
-            + best("allreduce", TWOD_COLUMN, nbytes, nh, NET)
-            + best("allgatherv", ("ring",), nbytes, local, DEFAULT_TRANSPORT))
+    def best(collective, algorithms, ranks, transport):
+        return 0.0 if ranks <= 1 else min(cost(collective, a, nbytes, ranks, transport,
+                                               oversubscription) for a in algorithms)
+    return (best("reduce_scatter", TWOD_ROW, local, SHM) + best("allreduce", TWOD_COLUMN, nh, NET)
+            + best("allgatherv", ("ring",), local, SHM))

@@ -1,20 +1,21 @@
 """Which algorithm a communicator's collective runs: the choice, its cache, the debug log.
 
 Each :class:`pycomm.comm.Communicator` holds one :class:`AlgorithmSelection` (its
-``_selection``), which runs every collective call's schedule. Every rank of a
-communicator must run the same schedule, so the inputs of the choice are the same on every
-rank: the collective, its byte count, the op's commutativity, ``algorithm=`` or
+``_selection``), which runs every collective call's schedule. Every rank of a communicator
+must run the same schedule, so the inputs of the choice are the same on every rank: the
+collective, its byte count, the op's commutativity, ``algorithm=`` or
 ``PYCOMM_ALGORITHM_<COLLECTIVE>``, and the model's inputs agreed at start-up (size,
-transport, ranks per core). The rule itself is :func:`pycomm.collectives.choose`.
+transport, ranks per core). The rule itself is :func:`pycomm.collectives.choose`. Choices
+are cached; the configuration they read is read again after :func:`pycomm.config.reload`
+(the cache is keyed on its generation), never per call.
 """
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 
-from .. import trace as _trace
+from .. import config, trace as _trace
 from ..collectives import choose, model_time
 from .cost import model_transport
 from ..errors import ArgumentError
@@ -24,28 +25,6 @@ from ..plan import fast_path
 __all__ = ["AlgorithmSelection"]
 
 _CHOICES: dict = {}
-_ENV_DATA = getattr(os.environ, "_data", None)   # CPython's raw mapping: a fast lookup
-
-
-# Variables the modelled times read (segment counts, protocol, constants): part of the
-# cache key, so that changing one at run time is not answered with a stale choice.
-_MODEL_VARS = ("PYCOMM_SEGMENT_BYTES", "PYCOMM_RING_SEGMENT_BYTES",
-               "PYCOMM_HALVING_SEGMENT_BYTES", "PYCOMM_EAGER_LIMIT", "PYCOMM_TUNE_FILE")
-_MODEL_KEYS = tuple(v.encode() for v in _MODEL_VARS)
-
-
-def _model_env() -> tuple:
-    """Current raw values of :data:`_MODEL_VARS`, read on every call, cheaply."""
-    if type(_ENV_DATA) is dict:
-        return tuple(_ENV_DATA.get(k) for k in _MODEL_KEYS)
-    return tuple(os.environ.get(v) for v in _MODEL_VARS)
-
-
-def _override(collective: str):
-    """Current ``PYCOMM_ALGORITHM_<COLLECTIVE>`` (raw), read on every call, cheaply."""
-    if type(_ENV_DATA) is dict:
-        return _ENV_DATA.get(b"PYCOMM_ALGORITHM_" + collective.upper().encode())
-    return os.environ.get("PYCOMM_ALGORITHM_" + collective.upper())
 
 
 class AlgorithmSelection:
@@ -88,11 +67,10 @@ class AlgorithmSelection:
             raise ArgumentError(f"rank {self.comm.rank}: algorithm must be an algorithm's "
                                 f"name (str) or None, got {type(algorithm).__name__} "
                                 f"{algorithm!r}")
-        # The choice is a pure function of these, the override variable, the variables the
-        # model reads, and the model's inputs (size, transport, ranks per core: the world's
-        # change once, at start-up, after its first collectives), so cache it.
-        key = (collective, nbytes, algorithm, commutative, _override(collective),
-               _model_env())
+        # A pure function of these, the configuration (read again after a reload) and the
+        # model's inputs (size, transport, ranks per core: the world's change once, at
+        # start-up, after its first collectives), so cached.
+        key = (collective, nbytes, algorithm, commutative, config.generation)
         hit = _CHOICES.get(key)
         comm = self.comm
         eng = comm._engine

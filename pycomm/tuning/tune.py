@@ -3,49 +3,35 @@
 Usage::
 
     python -m pycomm.tuning.tune [-n 2] [--transport shm|tcp|rdma|all] [--out FILE] [--quick]
+    python launch.py --nnodes 2 ... pycomm/tuning/tune_links.py --out FILE [--quick]
 
-Writes the JSON table that :mod:`pycomm.tuning.cost` reads (to stdout, or ``FILE``)::
+The first writes the table :mod:`pycomm.tuning.cost` reads (to stdout, or ``FILE``, keeping
+the transports of a table already there), one entry per transport and the run it came from::
 
-    {"shm": {"alpha": s, "beta": s/B, "alpha_rndv": s, "beta_rndv": s/B, "alpha_x": s,
-             "gamma": s/B, "sigma": s/B, "wake": s, "wake_x": {ranks per core: s},
-             "lanes": {bytes: copies}},
-     "tcp": {...}, "rdma": {...},
+    {"shm": {"alpha", "beta", "alpha_rndv", "beta_rndv", "alpha_x", "gamma", "wake",
+             "wake_x": {ranks per core: s}, "lanes": {bytes: copies}}, "tcp": ..., "rdma": ...,
      "source": {"date", "host", "cpu_count", "python", "numpy", "pycomm", "command",
-                "loadavg", "ranks", "eager_limit", "points"}}
+                "loadavg", "loaded", "ranks", "quick", "eager_limit", "points"}}
 
-Point ``PYCOMM_TUNE_FILE`` at the file to use it instead of the shipped table
-(``pycomm/tuning/tuned.json``, measured the same way). What is measured:
+The second, run on every rank of a job spanning hosts (issue 16), adds the ``net`` entry
+that prices the steps crossing hosts (:func:`links_entry`). ``PYCOMM_TUNE_FILE=FILE`` then
+uses the table. What is measured, with OSU's latency method (medians of timed loops, each
+after a barrier):
 
-* **α, β, α_rndv, β_rndv** per transport: ranks started with :func:`pycomm.spawn`; ranks 0
-  and 1 ping-pong ``Send``/``Recv`` messages (the others wait), one-way time = round trip
-  / 2, the median of several timed loops per size. α is the intercept of the
-  least-squares line ``t = α + mβ'`` over small messages (8 B .. 4 KiB: latency, Python
-  overhead included), β the slope over 4 .. 64 KiB (eager protocol: copied through the
-  transport); α_rndv and β_rndv are intercept and slope of the line over the sizes past
-  ``PYCOMM_EAGER_LIMIT`` up to 8 MiB (rendezvous: handshake and one copy), fitted on
-  relative residuals (the times span two decades, and per-byte cost grows past the
-  caches: an absolute fit lets 4-8 MiB set an intercept three times the measured one).
-* **α_x**: an exchange step, ranks 0 and 1 each ``Sendrecv`` to the other at once (as in
-  a ring or recursive-doubling step), intercept over 8 B .. 4 KiB. A rank makes two
-  message calls in such a step where the ping-pong prices one; the model charges an
-  exchange step ``α_x`` where a one-way step pays ``α``.
-* **wake** and **wake_x**: what a step pays per turn of the cores when ranks outnumber
-  them: a one-way hop of a token ring over twice as many ranks as cores
-  (:func:`measure_wake`), and an exchange step of dissemination rounds over two and four
-  times as many (:func:`measure_exchange_wake`).
-* **γ**: seconds per byte of ``SUM.apply`` (an in-place ``np.add``) on float32 and
-  float64 arrays of 256 KiB .. 16 MiB, least-squares slope; the table keeps the larger of
-  the two (the model has one γ).
-* **σ**: seconds per byte of fresh scratch: ``np.empty`` + copy minus a copy into a
-  reused buffer, least-squares slope over the same sizes.
-* **lanes**: how many copies of 256 KiB .. 16 MiB the memory system runs at full speed at
-  once: one rank per core (at most 16) copies buffers of each size, 1, 2, ... of them at
-  once; the best aggregate rate over one copy's (:func:`measure_lanes`).
+* **alpha, beta, alpha_rndv, beta_rndv**: ranks 0 and 1 ping-pong ``Send``/``Recv`` (the
+  others wait), one-way time = round trip / 2. ``alpha``: the intercept of the
+  least-squares line over 8 B .. 4 KiB; ``beta``: its slope over 4 .. 64 KiB (eager);
+  the rendezvous pair: the line over the sizes past ``PYCOMM_EAGER_LIMIT`` up to 8 MiB,
+  fitted on relative residuals (the times span two decades).
+* **alpha_x**: an exchange step, both ranks ``Sendrecv`` at once, intercept over 8 B .. 4 KiB.
+* **wake**: a one-way hop of a token ring over twice as many ranks as cores, less alpha;
+  **wake_x**: a dissemination step at ``o`` = 2 and 4 ranks per core, ``(step - alpha_x) / o``.
+* **gamma**: the slope of ``SUM.apply`` over 256 KiB .. 16 MiB, the larger of float32's
+  and float64's; **lanes**: for buffers of 256 KiB .. 16 MiB, the best aggregate copy rate
+  of 1 .. cores ranks copying at once over one copy's. Both are the CPU's: every transport
+  (and ``net``) gets the same.
 
-γ, σ and the lanes are properties of the CPU, not of the transport: every transport gets
-the same.
-The numbers are only as good as the machine is quiet: ``source.loadavg`` records the
-load when the run started, so a table measured under load says so.
+A table is only as good as the machine was quiet: ``source.loadavg`` says how loaded.
 """
 
 from __future__ import annotations
@@ -65,24 +51,20 @@ import numpy as np
 
 from pycomm.waiting import available_cores
 
-__all__ = ["fit_line", "measure_pingpong", "measure_wake", "measure_exchange_wake",
-           "measure_gamma", "measure_sigma", "measure_lanes", "tune", "main"]
+__all__ = ["fit_line", "fit_link", "measure_pair", "measure_pingpong", "measure_wake",
+           "measure_exchange_wake", "measure_gamma", "measure_lanes", "tune", "main",
+           "links_entry", "links_main"]
 
-SMALL = [8, 64, 512, 4096]                        # bytes: α fit
-EAGER = [4096, 16384, 65536]                      # bytes: β fit (eager protocol)
+SMALL = [8, 64, 512, 4096]                        # bytes: alpha and alpha_x fits
+EAGER = [4096, 16384, 65536]                      # bytes: beta fit (eager protocol)
 LARGE = [1 << 17, 1 << 18, 1 << 19, 1 << 20, 2 << 20, 4 << 20, 8 << 20]  # rendezvous fit
-COMPUTE = [256 << 10, 1 << 20, 4 << 20, 16 << 20]  # bytes: γ and σ fits
-LANES = [256 << 10, 1 << 20, 4 << 20, 16 << 20]    # bytes: concurrent copies (lanes)
+COMPUTE = [256 << 10, 1 << 20, 4 << 20, 16 << 20]  # bytes: gamma fit and lanes
 
 
 def fit_line(xs: list[float], ys: list[float], *, relative: bool = False
              ) -> tuple[float, float]:
-    """Least-squares line through ``(xs, ys)``: return ``(intercept, slope)``.
-
-    Args:
-        relative: minimise relative rather than absolute residuals (each point weighted
-            by ``1 / y``): for sizes spanning decades, so that the largest do not decide
-            the intercept alone.
+    """Least-squares ``(intercept, slope)`` through ``(xs, ys)``; ``relative``: weigh
+    each point by ``1 / y`` (for sizes spanning decades).
 
     Raises:
         ValueError: fewer than two distinct ``xs``.
@@ -91,8 +73,8 @@ def fit_line(xs: list[float], ys: list[float], *, relative: bool = False
     if x.size < 2 or np.ptp(x) == 0:
         raise ValueError("a line needs at least two distinct sizes")
     w = 1.0 / np.abs(y) if relative and np.all(y != 0) else np.ones_like(y)
-    design = np.stack([np.ones_like(x), x], axis=1) * w[:, None]
-    (intercept, slope), *_ = np.linalg.lstsq(design, y * w, rcond=None)
+    (intercept, slope), *_ = np.linalg.lstsq(np.stack([np.ones_like(x), x], axis=1) * w[:, None],
+                                             y * w, rcond=None)
     return float(intercept), float(slope)
 
 
@@ -102,9 +84,8 @@ def _iterations(nbytes: int, quick: bool) -> int:
 
 
 def _per_unit(comm, run, reps: int) -> float:
-    """Median seconds per unit of ``run()`` (which returns how many units it did) over
-    ``reps`` timed calls, each after a barrier, the first call a warm-up (connections,
-    pages)."""
+    """Median seconds per unit of ``run()`` (which returns its units) over ``reps`` timed
+    calls, each after a barrier, after one warm-up call."""
     samples = []
     for rep in range(reps + 1):
         comm.Barrier()
@@ -115,62 +96,72 @@ def _per_unit(comm, run, reps: int) -> float:
     return statistics.median(samples)
 
 
-def _pingpong_rank(sizes: list[int], reps: int, quick: bool) -> dict[int, float] | None:
-    """Run on every rank of a spawned world; rank 0 returns one-way seconds per size."""
-    import pycomm
+def measure_pair(comm, a: int, b: int, sizes: list[int], *, quick: bool = False,
+                 reps: int = 3) -> tuple[dict[int, float], dict[int, float]]:
+    """One-way seconds per size between ranks ``a`` and ``b`` of ``comm`` (ping-pong), and
+    seconds per exchange step (``Sendrecv`` both ways) per :data:`SMALL` size.
 
-    comm = pycomm.COMM_WORLD
-    peer = 1 - comm.rank  # ranks 0 and 1 time; the others only meet the barriers
-    result = {}
+    Collective over ``comm`` (the other ranks wait at the barriers); every rank gets
+    ``a``'s timings.
+    """
+    me = comm.rank
+    active, peer = me in (a, b), (b if me == a else a)
+    oneway, exchange = {}, {}
     for nbytes in sizes:
-        buf = np.zeros(nbytes, dtype=np.uint8)
-        iters = _iterations(nbytes, quick)
+        buf, iters = np.zeros(nbytes, dtype=np.uint8), _iterations(nbytes, quick)
 
         def pingpong(buf=buf, iters=iters) -> int:
-            for _ in range(iters if comm.rank < 2 else 0):
-                if comm.rank == 0:
-                    comm.Send(buf, 1)
-                    comm.Recv(buf, 1)
+            for _ in range(iters if active else 0):
+                if me == a:
+                    comm.Send(buf, b)
+                    comm.Recv(buf, b)
                 else:
-                    comm.Recv(buf, 0)
-                    comm.Send(buf, 0)
-            return 2 * iters  # one-way trips
-        result[nbytes] = _per_unit(comm, pingpong, reps)
-    # exchanges: ranks 0 and 1 send to and receive from each other in every step, as a
-    # ring or recursive-doubling step does
-    exchange = {}
+                    comm.Recv(buf, a)
+                    comm.Send(buf, a)
+            return 2 * iters
+        oneway[nbytes] = _per_unit(comm, pingpong, reps)
     for nbytes in SMALL:
         out, into = np.zeros(nbytes, dtype=np.uint8), np.zeros(nbytes, dtype=np.uint8)
         iters = _iterations(nbytes, quick)
 
         def swap(out=out, into=into, iters=iters) -> int:
-            for _ in range(iters if comm.rank < 2 else 0):
+            for _ in range(iters if active else 0):
                 comm.Sendrecv(out, peer, recvbuf=into, source=peer)
             return iters
         exchange[nbytes] = _per_unit(comm, swap, reps)
-    comm.Barrier()
-    return (result, exchange) if comm.rank == 0 else None
+    return comm.bcast((oneway, exchange), root=a)
+
+
+def fit_link(oneway: dict[int, float], exchange: dict[int, float], eager_limit: int
+             ) -> dict[str, float]:
+    """``alpha``, ``beta``, ``alpha_rndv``, ``beta_rndv`` and ``alpha_x`` from one pair's
+    timings (module docstring); where a noisy fit is not positive, the measured time
+    (per byte) of the nearest size instead."""
+    eager = [m for m in EAGER if m <= eager_limit and m in oneway]
+    rndv = [m for m in sorted(oneway) if m > eager_limit]
+    alpha, _ = fit_line(SMALL, [oneway[m] for m in SMALL])
+    _, beta = fit_line(eager, [oneway[m] for m in eager])
+    alpha_rndv, beta_rndv = fit_line(rndv, [oneway[m] for m in rndv], relative=True)
+    alpha_x, _ = fit_line(SMALL, [exchange[m] for m in SMALL])
+    alpha = alpha if alpha > 0 else min(oneway[m] for m in SMALL)
+    return {"alpha": alpha, "beta": beta if beta > 0 else oneway[eager[-1]] / eager[-1],
+            "alpha_rndv": alpha_rndv if alpha_rndv > 0 else oneway[rndv[0]],
+            "beta_rndv": beta_rndv if beta_rndv > 0 else oneway[rndv[-1]] / rndv[-1],
+            "alpha_x": max(alpha_x, alpha)}   # an exchange costs at least a message
+
+
+def _pingpong_rank(sizes: list[int], reps: int, quick: bool):
+    import pycomm
+    return measure_pair(pycomm.COMM_WORLD, 0, 1, sizes, quick=quick, reps=reps)
 
 
 def measure_pingpong(transport: str, nprocs: int = 2, *, quick: bool = False
                      ) -> tuple[dict[str, float], dict[int, float]]:
-    """Fit both protocols' lines to ping-pong times of ``transport``.
-
-    Args:
-        transport: "shm", "tcp" or "rdma".
-        nprocs: ranks to start (>= 2; only ranks 0 and 1 exchange messages).
-        quick: fewer iterations (for tests); the fit is then rough.
-
-    Returns:
-        ``({"alpha", "beta", "alpha_rndv", "beta_rndv", "alpha_x"}, {bytes: one-way
-        seconds})``: α the intercept over 8 B .. 4 KiB, β the slope over 4 .. 64 KiB
-        (eager messages), α_rndv and β_rndv intercept and slope over the sizes above
-        ``PYCOMM_EAGER_LIMIT`` up to 8 MiB (rendezvous messages); α_x the intercept over
-        8 B .. 4 KiB of an exchange step (``Sendrecv`` both ways at once; at least α).
+    """:func:`fit_link` of ranks 0 and 1 of ``nprocs`` started over ``transport``, and
+    the one-way seconds per size.
 
     Raises:
-        ValueError: ``nprocs < 2``, or an eager limit that leaves fewer than two sizes on
-            either side.
+        ValueError: ``nprocs < 2``, or an eager limit leaving fewer than two sizes on a side.
         CommError: the ranks could not be started or failed.
     """
     from pycomm import config
@@ -179,35 +170,21 @@ def measure_pingpong(transport: str, nprocs: int = 2, *, quick: bool = False
     if nprocs < 2:
         raise ValueError(f"pycomm.tuning.tune needs at least 2 ranks, got -n {nprocs}")
     limit = config.get("PYCOMM_EAGER_LIMIT")
-    eager = [m for m in EAGER if m <= limit]
-    rndv = [m for m in LARGE if m > limit]
+    eager, rndv = [m for m in EAGER if m <= limit], [m for m in LARGE if m > limit]
     if len(eager) < 2 or len(rndv) < 2:
         raise ValueError(f"PYCOMM_EAGER_LIMIT={limit} leaves too few sizes to fit: eager "
                          f"{eager}, rendezvous {rndv} (needs 16 KiB .. 2 MiB)")
-    sizes = sorted(set(SMALL + eager + rndv))
-    times, exchange = spawn(_pingpong_rank, nprocs, (sizes, 2 if quick else 5, quick),
+    times, exchange = spawn(_pingpong_rank, nprocs, (sorted(set(SMALL + eager + rndv)),
+                                                     2 if quick else 5, quick),
                             transport=transport)[0]
-    alpha, _ = fit_line(SMALL, [times[m] for m in SMALL])
-    alpha_x, _ = fit_line(SMALL, [exchange[m] for m in SMALL])
-    _, beta = fit_line(eager, [times[m] for m in eager])
-    alpha_rndv, beta_rndv = fit_line(rndv, [times[m] for m in rndv], relative=True)
-    # A noisy fit can cross zero; fall back to the measured latency / time per byte.
-    fit = {"alpha": alpha if alpha > 0 else min(times[m] for m in SMALL),
-           "beta": beta if beta > 0 else times[eager[-1]] / eager[-1],
-           "alpha_rndv": alpha_rndv if alpha_rndv > 0 else times[rndv[0]],
-           "beta_rndv": beta_rndv if beta_rndv > 0 else times[rndv[-1]] / rndv[-1]}
-    # an exchange step costs at least one message's latency
-    fit["alpha_x"] = max(alpha_x, fit["alpha"])
-    return fit, times
+    return fit_link(times, exchange, limit), times
 
 
-def _token_ring_rank(rounds: int) -> float | None:
-    """Pass an 8-byte token around all ranks ``rounds`` times; rank 0 returns s per hop."""
+def _token_ring_rank(rounds: int) -> float:
+    """Pass an 8-byte token around all ranks ``rounds`` times: seconds per hop."""
     import pycomm
-
     comm = pycomm.COMM_WORLD
-    p, r = comm.size, comm.rank
-    buf = np.zeros(1, dtype=np.float64)
+    p, r, buf = comm.size, comm.rank, np.zeros(1)
 
     def ring() -> int:
         for _ in range(rounds):
@@ -217,38 +194,26 @@ def _token_ring_rank(rounds: int) -> float | None:
             else:
                 comm.Recv(buf, r - 1)
                 comm.Send(buf, (r + 1) % p)
-        return rounds * p  # hops
-    per_hop = _per_unit(comm, ring, 3)
-    return per_hop if r == 0 else None
+        return rounds * p
+    return _per_unit(comm, ring, 3)
 
 
 def measure_wake(transport: str, alpha: float, *, quick: bool = False) -> float:
-    """Extra seconds per message when a host's ranks outnumber its cores (2 per core).
-
-    Each hop of a token ring then waits for a waiting rank (yielding its core, or asleep
-    once its yielding phase is over: :mod:`pycomm.waiting`) to be scheduled;
-    ``wake`` = measured seconds per hop - ``alpha`` (never negative). The median of three
-    worlds, each started afresh: where the scheduler places the ranks is fixed for a
-    world's life and moves the figure (how much: benchmarks/README.md, "Measurements
-    behind design choices in the code").
-    """
+    """Seconds a one-way step pays per turn of the cores when ranks outnumber them: a hop
+    of a token ring on two ranks per core, less ``alpha``; the median of three worlds
+    (where the scheduler places the ranks is fixed for a world's life and moves it)."""
     from pycomm.launch.spawning import spawn
-
-    cores = available_cores()
-    hops = [spawn(_token_ring_rank, 2 * cores, (50 if quick else 300,),
+    hops = [spawn(_token_ring_rank, 2 * available_cores(), (50 if quick else 300,),
                   transport=transport)[0] for _ in range(1 if quick else 3)]
     return max(0.0, statistics.median(hops) - alpha)
 
 
-def _exchange_rank(rounds: int) -> float | None:
-    """Every rank, at step ``k`` of a round, sends 8 bytes to ``rank + 2^k`` and receives
-    from ``rank - 2^k`` at once (a dissemination round: every rank exchanges in every step,
-    as in a ring or recursive-doubling step); rank 0 returns seconds per step."""
+def _exchange_rank(rounds: int) -> float:
+    """Dissemination rounds of 8-byte exchanges (step ``k``: send to ``rank + 2^k``,
+    receive from ``rank - 2^k``): seconds per step."""
     import pycomm
-
     comm = pycomm.COMM_WORLD
-    p, r = comm.size, comm.rank
-    out, into = np.zeros(1, dtype=np.float64), np.zeros(1, dtype=np.float64)
+    p, r, out, into = comm.size, comm.rank, np.zeros(1), np.zeros(1)
 
     def disseminate() -> int:
         steps = 0
@@ -256,32 +221,18 @@ def _exchange_rank(rounds: int) -> float | None:
             d = 1
             while d < p:
                 comm.Sendrecv(out, (r + d) % p, recvbuf=into, source=(r - d) % p)
-                d *= 2
-                steps += 1
+                d, steps = 2 * d, steps + 1
         return steps
-    per_step = _per_unit(comm, disseminate, 3)
-    return per_step if r == 0 else None
+    return _per_unit(comm, disseminate, 3)
 
 
 def measure_exchange_wake(transport: str, alpha_x: float, *,
                           quick: bool = False) -> dict[float, float]:
-    """Seconds an exchange step pays per turn of the cores when ranks outnumber them.
-
-    ``o`` ranks per core (``o`` = 2 and, up to 64 ranks, 4) run dissemination rounds of
-    8-byte exchanges (:func:`_exchange_rank`); per step every rank needs the core once
-    and its partners must each have run, so a step takes ``α_x + o · wake_x``:
-    ``wake_x = (step - α_x) / o``, the median of three worlds. A one-way hop of the token
-    ring (``wake``) hands the core over once, where a waiting rank is scheduled about
-    twice per exchange (measured: benchmarks/README.md, "Measurements behind design
-    choices in the code").
-
-    Returns:
-        ``{ranks per core: seconds per turn}`` (the cost model's ``wake_x``).
-    """
+    """``{o: seconds}``: what an exchange step pays per turn of the cores at ``o`` ranks
+    per core (2, and 4 up to 64 ranks, not ``quick``): ``(step - alpha_x) / o``, a step
+    of :func:`_exchange_rank`, the median of three worlds."""
     from pycomm.launch.spawning import spawn
-
-    cores = available_cores()
-    out = {}
+    cores, out = available_cores(), {}
     for o in (2, 4):
         if o > 2 and (quick or o * cores > 64):
             break
@@ -291,155 +242,96 @@ def measure_exchange_wake(transport: str, alpha_x: float, *,
     return out
 
 
-def _lanes_rank(sizes: list[int], volume: int) -> dict[int, float] | None:
-    """Run on every rank: for ``m = 1 .. size``, ranks ``0 .. m-1`` each copy ``volume``
-    bytes in buffers of each size at once; rank 0 returns ``{bytes: the most concurrent
-    copies' aggregate rate / one copy's}``."""
+def _lanes_rank(sizes: list[int], volume: int) -> dict[int, float]:
+    """For ``m = 1 .. size`` ranks copying ``volume`` bytes at once in buffers of each
+    size: ``{bytes: the best aggregate rate / one copy's}``."""
     import pycomm
-
-    comm = pycomm.COMM_WORLD
-    out = {}
+    comm, out = pycomm.COMM_WORLD, {}
     for nbytes in sizes:
         src = np.ones(nbytes, dtype=np.uint8)
-        dst = np.empty_like(src)
-        np.copyto(dst, src)                       # fault the pages in
-        reps = max(2, volume // nbytes)
-        rates = []
+        dst = src.copy()                           # pages faulted in
+        reps, rates = max(2, volume // nbytes), []
         for m in range(1, comm.size + 1):
             samples = []
             for _ in range(5):
                 comm.Barrier()
                 t0 = time.perf_counter()
-                if comm.rank < m:
-                    for _ in range(reps):
-                        np.copyto(dst, src)
+                for _ in range(reps if comm.rank < m else 0):
+                    np.copyto(dst, src)
                 took = time.perf_counter() - t0 if comm.rank < m else 0.0
                 samples.append(max(comm.allgather(took)))   # the slowest copier
             rates.append(m * reps * nbytes / statistics.median(samples))
         out[nbytes] = max(rates) / rates[0]
-    return out if comm.rank == 0 else None
+    return out
 
 
 def measure_lanes(*, quick: bool = False) -> dict[int, float]:
-    """How many large copies the memory system runs at full speed at once.
-
-    One rank per core (at most 16) copies a buffer of each size in :data:`LANES`; for
-    ``m = 1 .. cores`` ranks copying at once, the aggregate rate over one copy's rate; the
-    most over ``m`` is the size's *lanes* (the median of three worlds). On the 2-core VM
-    here two 16 MiB copies run only 1.0-1.6x as fast together as one alone (memory-bound),
-    while two 256 KiB copies run side by side in their cores' caches (2.0). The cost model
-    divides concurrent copies and reductions of a step by ``min(cores, lanes)`` rather
-    than by the cores alone.
-
-    Returns:
-        ``{bytes: lanes}`` (each from 1 to the ranks started).
-    """
+    """``{bytes: lanes}``: how many copies of that size the memory runs at full speed at
+    once (one rank per core, at most 16; the median of three worlds, at most the cores)."""
     from pycomm.launch.spawning import spawn
-
-    cores = available_cores()
-    cores = max(1, min(cores, 16))
+    cores = max(1, min(available_cores(), 16))
+    sizes = COMPUTE[::2] if quick else COMPUTE
     if cores == 1:
-        return {m: 1.0 for m in LANES}
-    sizes = LANES[::2] if quick else LANES
+        return {m: 1.0 for m in sizes}
     runs = [spawn(_lanes_rank, cores, (sizes, (8 << 20) if quick else (128 << 20)),
                   transport="shm")[0] for _ in range(1 if quick else 3)]
-    # the median of three worlds; m copiers cannot run more than m times one's rate:
-    # beyond that is timing noise
     return {m: min(float(cores), max(1.0, statistics.median(float(r[m]) for r in runs)))
             for m in sizes}
 
 
-def _median_time(fn, reps: int) -> float:
-    samples = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t0)
-    return statistics.median(samples)
-
-
 def measure_gamma(*, quick: bool = False) -> dict[str, float]:
-    """Return seconds per byte of ``SUM.apply`` for ``float32`` and ``float64``."""
+    """Seconds per byte of ``SUM.apply`` (in-place ``np.add``) per dtype (float32, float64)."""
     from pycomm.ops import SUM
-
-    sizes = COMPUTE[:2] if quick else COMPUTE
-    out = {}
+    sizes, out = (COMPUTE[:2] if quick else COMPUTE), {}
     for dtype in (np.float32, np.float64):
         times = []
         for nbytes in sizes:
             a = np.ones(nbytes // np.dtype(dtype).itemsize, dtype=dtype)
-            b = np.ones_like(a)
-            times.append(_median_time(lambda a=a, b=b: SUM.apply(a, b), 3 if quick else 9))
+            b, samples = np.ones_like(a), []
+            for _ in range(3 if quick else 9):
+                t0 = time.perf_counter()
+                SUM.apply(a, b)
+                samples.append(time.perf_counter() - t0)
+            times.append(statistics.median(samples))
         out[np.dtype(dtype).name] = max(fit_line(sizes, times)[1], 0.0)
     return out
 
 
-def measure_sigma(*, quick: bool = False) -> float:
-    """Return seconds per byte that a fresh scratch buffer costs over a reused one."""
-    sizes = COMPUTE[:2] if quick else COMPUTE
-    extra = []
-    for nbytes in sizes:
-        src = np.ones(nbytes, dtype=np.uint8)
-        reused = np.empty_like(src)
-
-        def fresh(src=src):
-            np.empty_like(src)[:] = src
-
-        def again(src=src, reused=reused):
-            reused[:] = src
-
-        reps = 3 if quick else 9
-        extra.append(_median_time(fresh, reps) - _median_time(again, reps))
-    return max(fit_line(sizes, extra)[1], 0.0)
-
-
 def tune(transports: list[str], nprocs: int = 2, *, quick: bool = False,
          command: str = "python -m pycomm.tuning.tune") -> dict[str, Any]:
-    """Measure every constant and return the JSON-ready table (see the module docstring)."""
+    """Measure every constant; return the JSON-ready table (module docstring)."""
     import pycomm
     from pycomm import config
 
     load = os.getloadavg()
     gammas = measure_gamma(quick=quick)
-    gamma = max(gammas.values())
-    sigma = measure_sigma(quick=quick)
     lanes = {str(m): v for m, v in measure_lanes(quick=quick).items()}
     table: dict[str, Any] = {}
     points = {}
     for transport in transports:
         fit, times = measure_pingpong(transport, nprocs, quick=quick)
-        wake = measure_wake(transport, fit["alpha"], quick=quick)
         wake_x = measure_exchange_wake(transport, fit["alpha_x"], quick=quick)
-        table[transport] = {**fit, "gamma": gamma, "sigma": sigma, "wake": wake,
-                            "wake_x": {f"{o:g}": v for o, v in wake_x.items()},
-                            "lanes": lanes}
+        table[transport] = {**fit, "gamma": max(gammas.values()), "lanes": lanes,
+                            "wake": measure_wake(transport, fit["alpha"], quick=quick),
+                            "wake_x": {f"{o:g}": v for o, v in wake_x.items()}}
         points[transport] = {str(m): t for m, t in times.items()}
-    cores = os.cpu_count() or 1
     table["source"] = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "host": socket.gethostname(),
-        "cpu_count": cores,
-        "python": platform.python_version(),
-        "numpy": np.__version__,
-        "pycomm": pycomm.__version__,
-        "command": command,
-        "ranks": nprocs,
-        "quick": quick,
-        "loadavg": [round(x, 2) for x in load],
-        "loaded": load[0] > 0.5 * cores,
-        "eager_limit": config.get("PYCOMM_EAGER_LIMIT"),
-        "gamma_per_dtype": gammas,
-        "points": points,
-    }
+        "host": socket.gethostname(), "cpu_count": os.cpu_count() or 1,
+        "python": platform.python_version(), "numpy": np.__version__,
+        "pycomm": pycomm.__version__, "command": command, "ranks": nprocs, "quick": quick,
+        "loadavg": [round(x, 2) for x in load], "loaded": load[0] > 0.5 * (os.cpu_count() or 1),
+        "eager_limit": config.get("PYCOMM_EAGER_LIMIT"), "gamma_per_dtype": gammas,
+        "points": points}
     return table
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Command-line entry point; returns the exit status."""
+    """``python -m pycomm.tuning.tune``; returns the exit status."""
     parser = argparse.ArgumentParser(
         prog="python -m pycomm.tuning.tune",
-        description="Measure the cost-model constants (alpha, beta, gamma, sigma) of this "
-                    "machine and write them as a JSON table for PYCOMM_TUNE_FILE.")
+        description="Measure the cost-model constants of this machine and write them as a "
+                    "JSON table for PYCOMM_TUNE_FILE.")
     parser.add_argument("-n", "--nprocs", type=int, default=2, help="ranks to start (>= 2)")
     parser.add_argument("--transport", choices=["shm", "tcp", "rdma", "all"], default="all",
                         help="transport(s) to measure (default: all)")
@@ -461,21 +353,85 @@ def main(argv: list[str] | None = None) -> int:
             table["source"]["kept_from"] = {"transports": sorted(kept),
                                             "date": old.get("source", {}).get("date")}
             table = {**kept, **table}
-    text = json.dumps(table, indent=1, sort_keys=True) + "\n"
-    if args.out == "-":
-        sys.stdout.write(text)
-    else:
-        with open(args.out, "w", encoding="utf-8") as fh:
-            fh.write(text)
+    _write(table, args.out)
     for transport in transports:
         c = table[transport]
-        print(f"{transport}: alpha {c['alpha'] * 1e6:.2f} us, "
-              f"beta {1 / c['beta'] / 1e9:.2f} GB/s, rendezvous alpha {c['alpha_rndv'] * 1e6:.2f} us, "
-              f"beta {1 / c['beta_rndv'] / 1e9:.2f} GB/s, "
-              f"gamma {1 / c['gamma'] / 1e9 if c['gamma'] else float('inf'):.2f} GB/s, "
-              f"sigma {c['sigma'] * 1e9:.3f} ns/B, wake {c['wake'] * 1e6:.1f} us, exchange wake "
-              + ", ".join(f"{v * 1e6:.1f} us at {o}x" for o, v in c["wake_x"].items()),
+        print(f"{transport}: alpha {c['alpha'] * 1e6:.2f} us, beta {1e-9 / c['beta']:.2f} GB/s, "
+              f"rendezvous {c['alpha_rndv'] * 1e6:.2f} us, {1e-9 / c['beta_rndv']:.2f} GB/s, "
+              f"exchange {c['alpha_x'] * 1e6:.2f} us, wake {c['wake'] * 1e6:.1f} us",
               file=sys.stderr)
+    return 0
+
+
+def _write(table: dict, path: str) -> None:
+    text = json.dumps(table, indent=1, sort_keys=True) + "\n"
+    if path == "-":
+        sys.stdout.write(text)
+    else:
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(text)
+
+
+def links_entry(comm, *, quick: bool = False) -> dict:
+    """Measure the ``net`` entry on ``comm``, which spans hosts (collective): the
+    :func:`fit_link` of the lowest ranks of hosts 0 and 1, the CPU's figures (gamma, wake,
+    wake_x, lanes) of the ``shm`` entry in force, and under ``measured`` the pair, the
+    hosts and, when host 0 has two ranks, the fit of its two lowest (``local``).
+
+    Raises:
+        ArgumentError: ``comm`` has no ``host_layout`` or lies on one host.
+    """
+    from pycomm import config
+    from pycomm.errors import ArgumentError
+    from pycomm.tuning.cost import DEFAULT_TRANSPORT, load_table
+
+    layout = getattr(comm, "host_layout", None)
+    if layout is None or layout.nhosts < 2:
+        raise ArgumentError(f"rank {comm.rank}: tune_links needs a job spanning hosts "
+                            f"(this one has {0 if layout is None else layout.nhosts})")
+    eager = int(config.get("PYCOMM_EAGER_LIMIT"))
+    sizes, reps = SMALL + EAGER[1:] + (LARGE[:3] if quick else LARGE), 1 if quick else 3
+
+    def fit(a: int, b: int) -> dict:
+        return fit_link(*measure_pair(comm, a, b, sizes, quick=quick, reps=reps), eager)
+    a, b = layout.hosts[0][0], layout.hosts[1][0]
+    shm = load_table()[DEFAULT_TRANSPORT]
+    entry = {**fit(a, b), "gamma": shm.gamma, "wake": shm.wake,
+             "wake_x": {f"{o:g}": v for o, v in shm.wake_x},
+             "lanes": {str(int(m)): v for m, v in shm.lanes},
+             "measured": {"pair": [a, b], "hosts": [list(g) for g in layout.hosts],
+                          "names": list(layout.names)}}
+    if len(layout.hosts[0]) > 1:
+        entry["measured"]["local"] = fit(*layout.hosts[0][:2])
+    return entry
+
+
+def links_main(argv: list[str] | None = None) -> int:
+    """``pycomm/tuning/tune_links.py --out FILE [--quick]`` on every rank of a job spanning
+    hosts: rank 0 writes (or updates) ``FILE``'s ``net`` entry."""
+    import pycomm
+
+    parser = argparse.ArgumentParser(
+        prog="pycomm/tuning/tune_links.py",
+        description="Measure the link between hosts (the cost model's net entry).")
+    parser.add_argument("--out", required=True, help="table to write or update (rank 0)")
+    parser.add_argument("--quick", action="store_true", help="fewer, smaller sizes")
+    args = parser.parse_args(argv)
+    comm, t0 = pycomm.COMM_WORLD, time.time()
+    entry = links_entry(comm, quick=args.quick)
+    if comm.rank == 0:
+        entry["measured"].update({
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "seconds": round(time.time() - t0, 1), "loadavg": list(os.getloadavg()),
+            "command": "pycomm/tuning/tune_links.py " + " ".join(argv or sys.argv[1:])})
+        table = {}
+        if os.path.exists(args.out):
+            with open(args.out, encoding="utf-8") as fh:
+                table = json.load(fh)
+        _write({**table, "net": entry}, args.out)
+        print(f"tune_links: net alpha {entry['alpha'] * 1e6:.1f} us, beta_rndv "
+              f"{1e-6 / entry['beta_rndv']:.0f} MB/s -> {args.out}", flush=True)
+    comm.Barrier()
     return 0
 
 
