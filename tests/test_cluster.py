@@ -35,7 +35,7 @@ from pycomm.launch.bootstrap import host_layout
 from pycomm.launch.jobenv import _hnp_host, detect, listen_address
 from pycomm.launch.nodes import global_rank
 from transports import TransportError
-from transports.tcp import bind_listener
+from transports.connect import bind_listener
 
 # -- address choice and port ranges (no namespaces) -----------------------------------------
 @pytest.mark.parametrize("master", [None, "127.0.0.1", "localhost", "127.0.1.1"])

@@ -2,7 +2,7 @@
 
 A Connector and an Acceptor (or an Admission) are driven by handing each one's output to
 the other, as the TCP transport does, with no socket; attacks are made by changing the
-bytes in between. The last tests put a Gate (transports/tcp.py) on a loopback listener.
+bytes in between. The last tests put a Gate (transports/connect.py) on a loopback listener.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from transports.handshake import (
     Admission,
     Connector,
 )
-from transports.tcp import Gate, dial
+from transports.connect import Gate, dial
 
 TOKEN = b"job-secret-" + bytes(range(21))
 WORLD = 4

@@ -15,7 +15,7 @@ address) appends it to OK as one u32-length-prefixed blob, and reads the connect
 back the same way (:class:`Admission`'s ``greeting``).
 
 The classes here only turn bytes into decisions; the socket code lives in
-:mod:`transports.tcp` (:class:`~transports.tcp.Gate` drives :class:`Admission` for every
+:mod:`transports.tcp` (:class:`~transports.connect.Gate` drives :class:`Admission` for every
 listener, many connections at a time).
 """
 

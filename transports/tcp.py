@@ -1,14 +1,13 @@
 """TCP transport: one authenticated, non-blocking connection per peer.
 
 Connection set-up. Every rank listens on one port (loopback unless ``host`` is given; in
-``port_range`` when one is given, see :func:`bind_listener`) and publishes ``host:port``
-and its hostname in the store, so a peer that cannot reach it names both. A rank connects to every lower-ranked peer and
-accepts every higher-ranked one, so the dependency always points down and set-up cannot
-deadlock. Each connection runs the mutual HMAC handshake of :mod:`transports.handshake`
-before a single frame is parsed. The accepting side runs through a :class:`Gate`: every
-connection is handshaken at once and without blocking, within :data:`HANDSHAKE_S`
-seconds, and at most :data:`MAX_PENDING` unauthenticated ones are kept, so a stranger that
-connects and stays silent (or trickles bytes) delays no one.
+``port_range`` when one is given) and publishes ``host:port`` and its hostname in the
+store, so a peer that cannot reach it names both. A rank connects to every lower-ranked
+peer and accepts every higher-ranked one, so the dependency always points down and set-up
+cannot deadlock. Each connection is authenticated before a single frame is parsed
+(:mod:`transports.connect`: the dialer, the listener and its :class:`~transports.connect.Gate`).
+With ``peer_timeout``, a rank with peers on other hosts also publishes the port of its
+process watch (:mod:`transports.procwatch`).
 
 Data path. Frames (prefix, header, payload) leave through ``sendmsg`` with the header and
 the payload as separate iovecs: the payload is never copied in user space. A frame that
@@ -27,152 +26,24 @@ only the kernel's copies.
 from __future__ import annotations
 
 import errno
-import os
 import selectors
 import socket
 import time
-from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections import deque
 from typing import Any
 
 import msgpack
 
 from . import handshake, procwatch
 from .base import HandshakeError, PeerLostError, Transport, TransportError
+from .connect import (BACKLOG, MAX_PENDING, UNREACHABLE_POLL_S, Gate, bind_listener, dial,
+                      heard_unreachable, set_keepalive, tell_unreachable)
 from .frames import FrameDecoder, frame_prefix
 
-__all__ = ["Gate", "TcpTransport", "bind_listener", "dial", "recv_exact"]
+__all__ = ["TcpTransport"]
 
 _STAGE = 256 * 1024
 _SOCKBUF = 4 * 1024 * 1024
-HANDSHAKE_S = 3.0       # seconds an accepted connection has to authenticate
-MAX_PENDING = 64        # unauthenticated connections kept; a new one evicts the oldest
-_BACKLOG = 128          # the kernel's queue of connections not yet accepted
-
-
-def recv_exact(sock: socket.socket, n: int, deadline: float) -> bytes:
-    """Read exactly ``n`` bytes from a blocking socket before ``deadline`` (handshakes).
-
-    Raises:
-        ClosedEarly: the other end closed (or reset) the connection first.
-        OSError: ``socket.timeout`` at the deadline, or another socket error.
-    """
-    buf = bytearray()
-    while len(buf) < n:
-        sock.settimeout(max(deadline - time.monotonic(), 0.001))
-        try:
-            chunk = sock.recv(n - len(buf))
-        except ConnectionResetError:
-            chunk = b""
-        if not chunk:
-            raise handshake.ClosedEarly("connection closed during handshake")
-        buf += chunk
-    return bytes(buf)
-
-
-def dial(host: str, port: int, connector: Callable[[], handshake.Connector], deadline: float,
-         then: Callable[[socket.socket], Any] | None = None) -> tuple[socket.socket, Any]:
-    """Connect to the :class:`Gate` at ``host:port`` and authenticate with a ``connector()``.
-
-    A gate closes its oldest pending connection when it is full and any connection past
-    its deadline; either way the connection closes before OK, and this tries again (with
-    a fresh nonce) until ``deadline`` (monotonic seconds).
-
-    Args:
-        then: run on the authenticated socket (the rdma address exchange); its result is
-            returned too, and it is retried with the handshake when it meets ClosedEarly.
-
-    Returns:
-        The connected blocking socket, and what ``then`` returned (None without it).
-
-    Raises:
-        OSError: cannot connect, or the deadline passed.
-        HandshakeError: the acceptor failed authentication, or spoke another protocol.
-    """
-    while True:
-        sock = socket.create_connection((host, port),
-                                        timeout=max(deadline - time.monotonic(), 0.1))
-        try:
-            hs = connector()
-            sock.sendall(hs.hello())
-            sock.sendall(hs.on_challenge(recv_exact(sock, handshake.CHALL.size, deadline)))
-            hs.on_ok(recv_exact(sock, len(handshake.OK), deadline))
-            return sock, (then(sock) if then is not None else None)
-        except (handshake.ClosedEarly, BrokenPipeError, ConnectionResetError):
-            sock.close()
-            if deadline - time.monotonic() < 0.05:
-                raise
-            time.sleep(0.01)
-        except BaseException:
-            sock.close()
-            raise
-
-
-def bind_listener(host: str, port_range: tuple[int, int] | None = None) -> socket.socket:
-    """Return a TCP socket bound to ``host`` on a free port, within ``port_range`` if given.
-
-    Ports of the range are tried in order from a point that depends on the pid, so ranks of
-    one host starting together seldom race for the same port.
-
-    Raises:
-        TransportError: every port of the range is taken, or ``host`` is no local address.
-    """
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        if port_range is None:
-            sock.bind((host, 0))
-            return sock
-        lo, hi = port_range
-        span = hi - lo + 1
-        start = os.getpid() % span
-        for i in range(span):
-            try:
-                sock.bind((host, lo + (start + i) % span))
-                return sock
-            except OSError as exc:
-                if exc.errno != errno.EADDRINUSE:
-                    raise
-        raise TransportError(f"no free port to listen on at {host} in {lo}-{hi} "
-                             f"(PYCOMM_PORT_RANGE): all {span} are in use")
-    except OSError as exc:
-        sock.close()
-        raise TransportError(f"cannot listen on {host}: {exc}") from exc
-    except BaseException:
-        sock.close()
-        raise
-
-
-_UNREACHABLE_POLL_S = 0.5  # how often a rank waiting for connections asks the store
-
-
-def _tell_unreachable(store, key: str, message: str) -> None:
-    """Publish why this rank cannot reach a peer, so the ranks waiting for it stop at once."""
-    if not hasattr(store, "add"):       # a store without counters: the waiters time out
-        return
-    try:
-        store.set(key + "unreachable", message.encode())
-        store.add(key + "unreachable#", 1)
-    except Exception:  # noqa: BLE001, S110 - the error being raised matters more
-        pass
-
-
-def _heard_unreachable(store, key: str) -> str | None:
-    """The message of a rank that could not reach its peer, or None (a non-blocking read).
-
-    The store's host may be the rank that failed: a store that is gone is an answer too.
-    """
-    if not hasattr(store, "add"):
-        return None
-    try:
-        if store.add(key + "unreachable#", 0) == 0:
-            return None
-    except Exception as exc:  # noqa: BLE001 - any store failure: its rank is gone
-        return f"lost the store while waiting for them ({exc})"
-    try:    # set before the count: it is there unless the store went away meanwhile
-        return store.get(key + "unreachable", timeout=5.0).decode(errors="replace")
-    except Exception as exc:  # noqa: BLE001
-        return f"a rank could not reach its peer, and the store went away with its words ({exc})"
 
 
 def _note_watch(watches: dict, peer: int, host: str, card_rest: list) -> None:
@@ -180,159 +51,6 @@ def _note_watch(watches: dict, peer: int, host: str, card_rest: list) -> None:
     (``card_rest``: what follows host and port in its published card)."""
     if len(card_rest) >= 2 and card_rest[1] and card_rest[0] != socket.gethostname():
         watches[peer] = (host, card_rest[1])
-
-
-def _keepalive(sock: socket.socket, timeout: float) -> None:
-    """Make the kernel drop ``sock`` within about ``timeout`` s of the peer going silent.
-
-    Keepalive probes start after a third of it idle, one a second; ``TCP_USER_TIMEOUT``
-    bounds both unacknowledged data and the probes, so the socket reports ETIMEDOUT
-    after ``timeout`` s either way (Linux; elsewhere only what the platform offers).
-    """
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    idle = max(1, int(timeout / 3))
-    for name, value in (("TCP_KEEPIDLE", idle), ("TCP_KEEPINTVL", 1),
-                        ("TCP_KEEPCNT", max(1, int(timeout) - idle)),
-                        ("TCP_USER_TIMEOUT", int(timeout * 1000))):
-        if hasattr(socket, name):
-            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
-
-
-class Gate:
-    """Accepts connections on a listening socket and authenticates them, never waiting on one.
-
-    Every accepted connection gets a fresh :class:`~transports.handshake.Admission` and is
-    served as its bytes arrive, alongside all the others. A connection that has not
-    authenticated within ``deadline_s`` seconds is closed, and so is the oldest pending one
-    when a new arrival would exceed ``max_pending`` (a real peer finishes within a round
-    trip, so the oldest are the strangers). A connection that fails its handshake is
-    closed at once. Owns the listener (closes it in :meth:`close`). :meth:`poll` is for one
-    thread; :meth:`wakeup` may be called from any.
-
-    Args:
-        listener: a bound, listening TCP socket.
-        admission: makes the handshake state of one new connection.
-        deadline_s: seconds a connection has to authenticate.
-        max_pending: unauthenticated connections kept at once.
-    """
-
-    def __init__(self, listener: socket.socket, admission: Callable[[], handshake.Admission],
-                 *, deadline_s: float = HANDSHAKE_S, max_pending: int = MAX_PENDING):
-        self.listener = listener
-        self._admission = admission
-        self._deadline_s, self._max = deadline_s, max_pending
-        listener.setblocking(False)
-        self._sel = selectors.DefaultSelector()
-        self._sel.register(listener, selectors.EVENT_READ, None)
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._wake_r.setblocking(False)
-        self._wake_w.setblocking(False)
-        self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
-        # socket -> (admission, deadline), oldest first
-        self._pending: OrderedDict[socket.socket, tuple[handshake.Admission, float]] = \
-            OrderedDict()
-
-    @property
-    def pending(self) -> int:
-        """Connections accepted and not yet authenticated."""
-        return len(self._pending)
-
-    def poll(self, timeout: float) -> list[tuple[socket.socket, handshake.Admission]]:
-        """Serve the listener and the pending handshakes for up to ``timeout`` seconds.
-
-        Returns as soon as something happened (or :meth:`wakeup` was called).
-
-        Returns:
-            The connections that authenticated, as (non-blocking socket, its admission,
-            whose ``peer_rank`` and ``blob`` say who it is); possibly none.
-        """
-        now = time.monotonic()
-        if self._pending:
-            timeout = min(timeout, next(iter(self._pending.values()))[1] - now)
-        done: list[tuple[socket.socket, handshake.Admission]] = []
-        arrivals = False
-        for key, _ in self._sel.select(max(timeout, 0.0)):
-            if key.data == "wake":
-                try:
-                    while self._wake_r.recv(4096):
-                        pass
-                except OSError:
-                    pass
-            elif key.fileobj is self.listener:
-                arrivals = True
-            else:
-                self._serve(key.fileobj, done)
-        if arrivals:            # after serving: a peer whose hello is here is not evicted
-            self._accept()
-        now = time.monotonic()
-        while self._pending:
-            sock, (_, deadline) = next(iter(self._pending.items()))
-            if deadline > now:
-                break
-            self._drop(sock)
-        return done
-
-    def _accept(self) -> None:
-        for _ in range(self._max):      # a bounded batch: pending handshakes get served too
-            try:
-                sock, _ = self.listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError:             # out of descriptors or the like: retry next poll
-                return
-            while len(self._pending) >= self._max:
-                self._drop(next(iter(self._pending)))
-            sock.setblocking(False)
-            self._pending[sock] = (self._admission(), time.monotonic() + self._deadline_s)
-            self._sel.register(sock, selectors.EVENT_READ, "pending")
-
-    def _serve(self, sock: socket.socket, done: list) -> None:
-        entry = self._pending.get(sock)
-        if entry is None:
-            return
-        adm = entry[0]
-        try:
-            data = sock.recv(adm.want())
-            if not data:
-                raise HandshakeError("closed during the handshake")
-            reply = adm.receive(data)
-            # A reply is a few hundred bytes at most into an empty send buffer: a send
-            # that does not take it whole means the other end is not a pycomm peer.
-            if reply and sock.send(reply) != len(reply):
-                raise HandshakeError("peer does not read")
-        except (BlockingIOError, InterruptedError):
-            return
-        except (OSError, HandshakeError):
-            self._drop(sock)
-            return
-        if adm.done:
-            self._sel.unregister(sock)
-            del self._pending[sock]
-            done.append((sock, adm))
-
-    def _drop(self, sock: socket.socket) -> None:
-        self._pending.pop(sock, None)
-        try:
-            self._sel.unregister(sock)
-        except (KeyError, ValueError):
-            pass
-        sock.close()
-
-    def wakeup(self) -> None:
-        """End a :meth:`poll` in progress early (from any thread)."""
-        try:
-            self._wake_w.send(b"w")
-        except OSError:
-            pass
-
-    def close(self) -> None:
-        """Close the pending connections, the listener and the wake-up pair."""
-        for sock in list(self._pending):
-            self._drop(sock)
-        self._sel.close()
-        self.listener.close()
-        self._wake_r.close()
-        self._wake_w.close()
 
 
 class _Conn:
@@ -402,7 +120,7 @@ class TcpTransport(Transport):
         except TransportError as exc:
             raise TransportError(f"rank {self.rank} (host {socket.gethostname()}): "
                                  f"{exc}") from exc
-        lst.listen(max(_BACKLOG, 2 * len(peers)))
+        lst.listen(max(BACKLOG, 2 * len(peers)))
         self._listener = lst
         # Room for every peer at once on top of the strangers' share.
         gate = Gate(lst, lambda: handshake.Admission(self.token, self.rank, self.size),
@@ -414,7 +132,7 @@ class TcpTransport(Transport):
         try:
             if self.peer_timeout and peers:
                 watch_lst = bind_listener(self.host, self.port_range)
-                watch_lst.listen(_BACKLOG)
+                watch_lst.listen(BACKLOG)
             key = f"tcp/{self.job_id}/"
             store.set(key + str(self.rank), msgpack.packb(
                 [self.host, lst.getsockname()[1], socket.gethostname(),
@@ -423,7 +141,7 @@ class TcpTransport(Transport):
                 try:
                     self._connect_to(store, key, peer, deadline, timeout, watches)
                 except TransportError as exc:
-                    _tell_unreachable(store, key, str(exc))
+                    tell_unreachable(store, key, str(exc))
                     raise
             waiting = {p for p in self.peers if p > self.rank}
             while waiting:
@@ -431,11 +149,11 @@ class TcpTransport(Transport):
                 if left <= 0:
                     raise TransportError(f"rank {self.rank}: ranks {sorted(waiting)} did not "
                                          f"connect within {timeout:.0f} s")
-                said = _heard_unreachable(store, key)
+                said = heard_unreachable(store, key)
                 if said is not None:
                     raise TransportError(f"rank {self.rank}: ranks {sorted(waiting)} cannot "
                                          f"connect: {said}")
-                for sock, adm in gate.poll(min(left, _UNREACHABLE_POLL_S)):
+                for sock, adm in gate.poll(min(left, UNREACHABLE_POLL_S)):
                     if adm.peer_rank not in waiting:
                         sock.close()        # a second connection claiming the same rank
                         continue
@@ -483,7 +201,7 @@ class TcpTransport(Transport):
             except OSError:
                 pass
         if self.peer_timeout:
-            _keepalive(sock, self.peer_timeout)
+            set_keepalive(sock, self.peer_timeout)
         sock.setblocking(False)
         conn = _Conn(peer, sock, FrameDecoder(peer, self.sink))
         self._conns[peer] = conn

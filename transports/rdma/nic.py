@@ -7,7 +7,7 @@ Links. Two NICs talk over one TCP connection per direction of use (the initiator
 requests and their responses travel on the link the initiator opened), authenticated with
 the job token by the HMAC handshake of :mod:`transports.handshake` before any message is
 parsed; then each side sends its device address (pid, host, MR-table address). The
-listener is served by a thread of its own through a :class:`~transports.tcp.Gate` (every
+listener is served by a thread of its own through a :class:`~transports.connect.Gate` (every
 handshake at once, without blocking, under a short deadline and a cap on pending
 connections), so no connection, however slow or silent, ever holds up the engine. Every
 message is a 40-byte header (kind, flags, dst/src qpn, psn, imm, rkey, length, remote
@@ -51,7 +51,7 @@ import time
 from .. import handshake
 from ..base import HandshakeError, TransportError, host_identity
 from ..linux import copy_remote as _cma
-from ..tcp import Gate, dial
+from ..connect import Gate, dial
 from . import ibv as v
 from . import responder
 from .ibv import address_view

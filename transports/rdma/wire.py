@@ -19,7 +19,7 @@ import msgpack
 
 from ..base import HandshakeError
 from ..handshake import BLOB_LEN, MAX_BLOB
-from ..tcp import recv_exact as _recv_exact
+from ..connect import recv_exact as _recv_exact
 
 __all__ = ["Wire", "address_frame", "parse_address"]
 
