@@ -1,20 +1,7 @@
 """Shared-memory transport: single-producer/single-consumer byte rings in /dev/shm.
 
-Layout. Each rank creates one segment ``/dev/shm/pycomm-<job>-<rank>`` holding a control
-block and one inbound ring per peer on its host::
-
-    +-------------------+----------------------+----------------------+----
-    | ctrl (64 B)       | ring from peers[0]   | ring from peers[1]   | ...
-    | doorbell u32      | head u64 | tail u64  |                      |
-    | waiting  u32      | (own cache lines)    |                      |
-    | pid      u64      | data[ring_bytes]     |                      |
-    +-------------------+----------------------+----------------------+----
-
-A sender writes frames (12-byte prefix, header, payload; see :mod:`transports.base`) into
-its ring in the receiver's segment and advances ``head``; the receiver copies them out and
-advances ``tail``. Each counter has a single writer, so no atomics are needed beyond
-aligned 8-byte stores, which x86-64 and AArch64 make single-copy atomic; x86-64's TSO
-order makes the data visible before the counter that publishes it.
+Layout: :mod:`transports.shmring` (a segment per rank: a control block, one inbound
+ring per peer on its host, then the collective slots).
 
 Waiting. A rank with nothing to do spins for a while (the caller's choice), then sets its
 ``waiting`` flag, re-checks every ring and sleeps in ``futex(FUTEX_WAIT)`` on its doorbell.
@@ -40,134 +27,24 @@ launcher sweeps ``pycomm-<job>-*``.
 from __future__ import annotations
 
 import ctypes
-import mmap
+import errno
 import os
+import struct
 import time
-from collections import deque
 from typing import Any
 
 import msgpack
 
-import errno
-import struct
-
 from .base import (ExposureFlags, PeerLostError, RemoteAccessError, Transport,
                    TransportError, host_identity)
 from .frames import PREFIX, FrameDecoder, frame_prefix, whole_frame_handler
+from .shmring import (CTRL_BYTES, HEAD, RING_HDR_BYTES, TAIL, WHOLE, WHOLE_MAX, InRing,
+                      OutRing, Segment, address_of, segment_name, whole_frame)
 from .linux import copy_remote, futex_wait as _futex_wait, futex_wake as _futex_wake
 
 _perf = time.perf_counter
 
-__all__ = ["ShmTransport", "segment_name"]
-
-_CTRL = 64
-_RING_HDR = 128
-_HEAD, _TAIL = 0, 8          # u64 indices into a ring header (bytes 0 and 64)
-
-def segment_name(job_id: str, rank: int) -> str:
-    """Name of ``rank``'s segment under /dev/shm (the launcher sweeps ``pycomm-<job>-*``)."""
-    return f"pycomm-{job_id}-{rank}"
-
-
-def _address_of(view: memoryview) -> int:
-    """Address of the first byte of a contiguous byte view (no copy)."""
-    if not view.readonly:
-        return ctypes.addressof(ctypes.c_char.from_buffer(view))
-    import numpy as np  # read-only views (bytes): only the large-message path gets here
-    return np.frombuffer(view, dtype=np.uint8).ctypes.data
-
-
-# A frame whose payload fills the receiver's buffer is read with one unpack
-# (ShmTransport.recv_now). header -> (payload bytes n, frame bytes, the unpack_from of
-# (prefix + header, payload), the prefix + header expected), for the last n received
-# with that header. Payloads up to _WHOLE_MAX bytes: the unpack copies the payload once
-# more (into a bytes).
-_WHOLE_MAX = 4096
-_WHOLE: dict[bytes, tuple] = {}
-
-
-def _whole_frame(header: bytes, n: int) -> tuple:
-    if len(_WHOLE) >= 4096:
-        _WHOLE.clear()
-    head = frame_prefix(header, n)
-    whole = _WHOLE[header] = (n, len(head) + n,
-                              struct.Struct(f"<{len(head)}s{n}s").unpack_from, head)
-    return whole
-
-
-class _Segment:
-    """A mapped segment: control words and ring views."""
-
-    def __init__(self, fd: int, nbytes: int):
-        self.map = mmap.mmap(fd, nbytes)
-        self.view = memoryview(self.map)
-        self.ctl32 = self.view[:8].cast("I")       # [doorbell, waiting]
-        self.ctl64 = self.view[8:24].cast("Q")     # [pid, said goodbye]
-        self._anchor = ctypes.c_uint32.from_buffer(self.map, 0)
-        self.futex = ctypes.c_void_p(ctypes.addressof(self._anchor))
-
-    def ring(self, slot: int, ring_bytes: int) -> tuple[memoryview, memoryview]:
-        base = _CTRL + slot * (_RING_HDR + ring_bytes)
-        ctl = self.view[base:base + _RING_HDR].cast("Q")
-        data = self.view[base + _RING_HDR:base + _RING_HDR + ring_bytes]
-        return ctl, data
-
-    def ring_doorbell(self) -> None:
-        c = self.ctl32
-        c[0] = (c[0] + 1) & 0xFFFFFFFF
-        if c[1]:
-            _futex_wake(self.futex)
-
-    def close(self) -> None:
-        for v in (self.ctl32, self.ctl64):
-            v.release()
-        del self._anchor
-        self.view.release()
-        try:
-            self.map.close()
-        except BufferError:     # a ring view is still exported; the OS unmaps at exit
-            pass
-
-
-class _OutRing:
-    __slots__ = ("peer", "ctl", "data", "size", "seg", "queue", "seen_tail", "head", "tail")
-
-    def __init__(self, peer, ctl, data, seg):
-        self.peer, self.ctl, self.data, self.seg = peer, ctl, data, seg
-        self.size = len(data)
-        self.queue: deque = deque()      # [chunks(list of views), index, offset, token]
-        self.seen_tail = 0
-        # For send_now, which so reads no counter while the ring has room: the head as
-        # this process, its only writer, last wrote it (every write of ctl[_HEAD] sets
-        # it), and the tail as last read (the reader only moves it on: the free space it
-        # gives is never too much).
-        self.head = self.tail = 0
-
-    def put(self, src, n: int, head: int) -> int:
-        """Copy all ``n`` bytes of ``src`` at ring position ``head`` (caller checked space)."""
-        pos = head % self.size
-        first = self.size - pos
-        if n <= first:
-            self.data[pos:pos + n] = src
-        else:
-            self.data[pos:] = src[:first]
-            self.data[:n - first] = src[first:]
-        return head + n
-
-
-class _InRing:
-    __slots__ = ("peer", "ctl", "data", "size", "decoder", "seen_head", "writer", "broken",
-                 "tail")
-
-    def __init__(self, peer, ctl, data, writer, decoder: FrameDecoder):
-        self.peer, self.ctl, self.data, self.writer = peer, ctl, data, writer
-        self.size = len(data)
-        self.decoder = decoder
-        self.seen_head = 0
-        # the tail as this process, its only writer, last wrote it (every write of
-        # ctl[_TAIL] sets it): recv_now so reads one counter, the head
-        self.tail = 0
-        self.broken: str | None = None  # why frames from this peer can no longer be taken
+__all__ = ["ShmTransport"]
 
 
 class ShmTransport(Transport):
@@ -198,15 +75,15 @@ class ShmTransport(Transport):
         # callables the sleeping rank checks after raising its waiting flag (the waits of
         # pycomm.shmcoll watch a peer's slot, which no ring counter shows)
         self.watches: list = []
-        self._coll_at: dict[int, tuple[_Segment, int]] = {}
+        self._coll_at: dict[int, tuple[Segment, int]] = {}
         self.one_sided_read = cma
-        self._own: _Segment | None = None
+        self._own: Segment | None = None
         self._path: str | None = None
-        self._others: dict[int, _Segment] = {}
-        self._out: dict[int, _OutRing] = {}
-        self._in: list[_InRing] = []
-        self._in_from: dict[int, _InRing] = {}
-        self._pending: list[_OutRing] = []   # out rings with a non-empty queue
+        self._others: dict[int, Segment] = {}
+        self._out: dict[int, OutRing] = {}
+        self._in: list[InRing] = []
+        self._in_from: dict[int, InRing] = {}
+        self._pending: list[OutRing] = []   # out rings with a non-empty queue
         self._pids: dict[int, int] = {}
         self._cma_ok: dict[int, bool] = {}
         self._probe = ctypes.create_string_buffer(os.urandom(16), 16)
@@ -223,14 +100,14 @@ class ShmTransport(Transport):
     # -- set-up ---------------------------------------------------------------------------
     def connect(self, store, peers: list[int], timeout: float) -> None:
         self.peers = sorted(peers)
-        rings = _CTRL + max(1, len(self.peers)) * (_RING_HDR + self.ring_bytes)
+        rings = CTRL_BYTES + max(1, len(self.peers)) * (RING_HDR_BYTES + self.ring_bytes)
         nbytes = rings + self.coll_bytes
         name = segment_name(self.job_id, self.rank)
         self._path = "/dev/shm/" + name
         fd = os.open(self._path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         try:
             os.ftruncate(fd, nbytes)
-            self._own = _Segment(fd, nbytes)
+            self._own = Segment(fd, nbytes)
         finally:
             os.close(fd)
         self._own.ctl64[0] = os.getpid()
@@ -252,16 +129,16 @@ class ShmTransport(Transport):
                     f"{self.rank} {self.coll_bytes} (PYCOMM_SHM_COLL_BYTES differs)")
             fd = os.open("/dev/shm/" + info["name"], os.O_RDWR)
             try:
-                seg = _Segment(fd, info["nbytes"])
+                seg = Segment(fd, info["nbytes"])
             finally:
                 os.close(fd)
             self._others[peer] = seg
             self._coll_at[peer] = (seg, info["coll_at"])
             self._pids[peer] = info["pid"]
             ctl, data = seg.ring(info["peers"].index(self.rank), self.ring_bytes)
-            self._out[peer] = _OutRing(peer, ctl, data, seg)
+            self._out[peer] = OutRing(peer, ctl, data, seg)
             ctl, data = self._own.ring(slot, self.ring_bytes)
-            self._in.append(_InRing(peer, ctl, data, seg,
+            self._in.append(InRing(peer, ctl, data, seg,
                                     FrameDecoder(peer, self.sink, self._on_frame)))
             self._in_from[peer] = self._in[-1]
             self._cma_ok[peer] = self.want_cma and self._try_cma(info)
@@ -328,7 +205,7 @@ class ShmTransport(Transport):
             return False
         ctl = ring.ctl
         if end > size - (at - ring.tail):
-            ring.tail = ctl[_TAIL]          # the reader may have freed space since
+            ring.tail = ctl[TAIL]          # the reader may have freed space since
             if end > size - (at - ring.tail):
                 return False
         # The prefix and header go in with the payload: a copy into the ring costs more
@@ -340,7 +217,7 @@ class ShmTransport(Transport):
             stop += pos
             data[pos:stop] = fh
             data[stop:stop + plen] = payload
-        ctl[_HEAD] = ring.head = at + end
+        ctl[HEAD] = ring.head = at + end
         seg = ring.seg                  # ring_doorbell, inlined: this is the latency path
         c = seg.ctl32
         c[0] = (c[0] + 1) & 0xFFFFFFFF
@@ -363,15 +240,15 @@ class ShmTransport(Transport):
         hb = frame_prefix(header, len(payload) if payload is not None else 0)
         if not ring.queue:
             ctl = ring.ctl
-            head = ctl[_HEAD]
-            free = ring.size - (head - ctl[_TAIL])
+            head = ctl[HEAD]
+            free = ring.size - (head - ctl[TAIL])
             n = len(hb)
             np_ = len(payload) if payload is not None else 0
             if n + np_ <= free:
                 head = ring.put(hb, n, head)
                 if np_:
                     head = ring.put(payload, np_, head)
-                ctl[_HEAD] = ring.head = head
+                ctl[HEAD] = ring.head = head
                 ring.seg.ring_doorbell()
                 return True
         ring.queue.append([[memoryview(hb), payload], 0, 0, token])
@@ -380,11 +257,11 @@ class ShmTransport(Transport):
             self._flush(ring)
         return False
 
-    def _flush(self, ring: _OutRing) -> bool:
+    def _flush(self, ring: OutRing) -> bool:
         """Push queued frames into ``ring`` as space allows; True if any byte moved."""
         ctl = ring.ctl
-        head = ctl[_HEAD]
-        tail = ctl[_TAIL]
+        head = ctl[HEAD]
+        tail = ctl[TAIL]
         ring.seen_tail = tail
         free = ring.size - (head - tail)
         moved = False
@@ -410,10 +287,10 @@ class ShmTransport(Transport):
                 break
             q.popleft()
             if item[3] is not None:
-                ctl[_HEAD] = ring.head = head
+                ctl[HEAD] = ring.head = head
                 self.sink.on_sent(item[3])
         if moved:
-            ctl[_HEAD] = ring.head = head
+            ctl[HEAD] = ring.head = head
             ring.seg.ring_doorbell()
         return moved
 
@@ -428,7 +305,7 @@ class ShmTransport(Transport):
                     self._pending.remove(ring)
         for ring in self._in:
             ctl = ring.ctl
-            head = ctl[_HEAD]
+            head = ctl[HEAD]
             if head == ring.seen_head:
                 continue
             ring.seen_head = head
@@ -436,10 +313,10 @@ class ShmTransport(Transport):
                 busy = True
         return busy
 
-    def _drain(self, ring: _InRing, head: int) -> bool:
+    def _drain(self, ring: InRing, head: int) -> bool:
         """Hand everything written up to ``head`` to the ring's decoder, then free it."""
         ctl = ring.ctl
-        tail = ctl[_TAIL]
+        tail = ctl[TAIL]
         n = head - tail
         if n <= 0:
             return False
@@ -459,7 +336,7 @@ class ShmTransport(Transport):
             # would deliver them twice, so nothing more is read from this peer.
             ring.broken = f"a frame from it could not be taken in ({type(exc).__name__}: {exc})"
             raise PeerLostError(ring.peer, ring.broken) from exc
-        ctl[_TAIL] = ring.tail = head
+        ctl[TAIL] = ring.tail = head
         if ring.writer.ctl32[1]:        # the writer sleeps: it may wait for this space
             ring.writer.ring_doorbell()
         return True
@@ -486,7 +363,7 @@ class ShmTransport(Transport):
             if self._pending:
                 return -2
             for other in self._in:
-                if other is not ring and other.ctl[_HEAD] != other.seen_head:
+                if other is not ring and other.ctl[HEAD] != other.seen_head:
                     return -2
         dec = ring.decoder
         if dec.left or dec.partial or ring.broken is not None:
@@ -501,20 +378,20 @@ class ShmTransport(Transport):
         # comparison and for the copy would build two views). Found before the message
         # is waited for, so that it is not on the way once the message is there.
         whole = None
-        if n <= _WHOLE_MAX:
-            whole = _WHOLE.get(header)
+        if n <= WHOLE_MAX:
+            whole = WHOLE.get(header)
             if whole is None or whole[0] != n:
-                whole = _whole_frame(header, n)
+                whole = whole_frame(header, n)
             if pos + whole[1] > size:
                 whole = None
-        avail = ctl[_HEAD] - tail
+        avail = ctl[HEAD] - tail
         if avail < 12:
             if spin_s <= 0.0:
                 return -1
             end = _perf() + spin_s
             while True:
                 for _ in range(64):
-                    at = ctl[_HEAD]
+                    at = ctl[HEAD]
                     if at != tail:
                         break
                 else:
@@ -530,7 +407,7 @@ class ShmTransport(Transport):
             end = whole[1]
             if head == whole[3] and end <= avail:
                 dest[:] = body
-                ctl[_TAIL] = ring.tail = tail + end
+                ctl[TAIL] = ring.tail = tail + end
                 if ring.writer.ctl32[1]:        # the writer sleeps: it may wait for space
                     ring.writer.ring_doorbell()
                 return n
@@ -544,7 +421,7 @@ class ShmTransport(Transport):
             return -2
         if plen:
             dest[:plen] = data[pos + 12 + hlen:pos + end]
-        ctl[_TAIL] = ring.tail = tail + end
+        ctl[TAIL] = ring.tail = tail + end
         if ring.writer.ctl32[1]:        # the writer sleeps: it may wait for this space
             ring.writer.ring_doorbell()
         return plen
@@ -557,7 +434,7 @@ class ShmTransport(Transport):
         """Whether a peer (other than ``besides``) has written frames this rank has not
         taken in yet."""
         for ring in self._in:
-            if ring.ctl[_HEAD] != ring.seen_head and ring.peer != besides:
+            if ring.ctl[HEAD] != ring.seen_head and ring.peer != besides:
                 return True
         return False
 
@@ -565,7 +442,7 @@ class ShmTransport(Transport):
         if self.has_input():
             return True
         for ring in self._pending:
-            if ring.ctl[_TAIL] != ring.seen_tail:
+            if ring.ctl[TAIL] != ring.seen_tail:
                 return True
         return False
 
@@ -605,7 +482,7 @@ class ShmTransport(Transport):
         (same uid, same host), checking its validity word (:class:`ExposureFlags`)."""
         if not len(view):
             return None
-        return [_address_of(view), *self._flags.acquire()]
+        return [address_of(view), *self._flags.acquire()]
 
     def release(self, desc: list, revoke: bool = False) -> None:
         """Clear the buffer's validity word: a read from now on, or one in flight, fails."""
@@ -631,7 +508,7 @@ class ShmTransport(Transport):
         address, word, token = desc
         words = ctypes.addressof(self._words)
         err = copy_remote(False, self._pids[peer],
-                          [(words, 8), (_address_of(dest), nbytes), (words + 8, 8)],
+                          [(words, 8), (address_of(dest), nbytes), (words + 8, 8)],
                           [(word, 8), (address, nbytes), (word, 8)])
         if err == errno.ESRCH:
             raise PeerLostError(peer, "process is gone (process_vm_readv: ESRCH)")

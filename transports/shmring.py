@@ -1,0 +1,144 @@
+"""The shared-memory transport's segment and its single-producer/single-consumer rings.
+
+Layout. Each rank creates one segment ``/dev/shm/pycomm-<job>-<rank>`` holding a control
+block and one inbound ring per peer on its host::
+
+    +-------------------+----------------------+----------------------+----
+    | ctrl (64 B)       | ring from peers[0]   | ring from peers[1]   | ...
+    | doorbell u32      | head u64 | tail u64  |                      |
+    | waiting  u32      | (own cache lines)    |                      |
+    | pid      u64      | data[ring_bytes]     |                      |
+    +-------------------+----------------------+----------------------+----
+
+A sender writes frames (12-byte prefix, header, payload; see :mod:`transports.base`) into
+its ring in the receiver's segment and advances ``head``; the receiver copies them out and
+advances ``tail``. Each counter has a single writer, so no atomics are needed beyond
+aligned 8-byte stores, which x86-64 and AArch64 make single-copy atomic; x86-64's TSO
+order makes the data visible before the counter that publishes it.
+
+:class:`Segment` maps one rank's segment; :class:`OutRing` is this rank's writing end of
+a ring in a peer's segment, :class:`InRing` its reading end of a ring in its own. The
+transport that moves frames through them is :mod:`transports.shm`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import struct
+from collections import deque
+
+from .frames import FrameDecoder, frame_prefix
+from .linux import futex_wake
+
+__all__ = ["CTRL_BYTES", "HEAD", "InRing", "OutRing", "RING_HDR_BYTES", "Segment", "TAIL",
+           "WHOLE", "WHOLE_MAX", "address_of", "segment_name", "whole_frame"]
+
+CTRL_BYTES = 64
+RING_HDR_BYTES = 128
+HEAD, TAIL = 0, 8          # u64 indices into a ring header (bytes 0 and 64)
+
+def segment_name(job_id: str, rank: int) -> str:
+    """Name of ``rank``'s segment under /dev/shm (the launcher sweeps ``pycomm-<job>-*``)."""
+    return f"pycomm-{job_id}-{rank}"
+
+
+def address_of(view: memoryview) -> int:
+    """Address of the first byte of a contiguous byte view (no copy)."""
+    if not view.readonly:
+        return ctypes.addressof(ctypes.c_char.from_buffer(view))
+    import numpy as np  # read-only views (bytes): only the large-message path gets here
+    return np.frombuffer(view, dtype=np.uint8).ctypes.data
+
+
+# A frame whose payload fills the receiver's buffer is read with one unpack
+# (ShmTransport.recv_now). header -> (payload bytes n, frame bytes, the unpack_from of
+# (prefix + header, payload), the prefix + header expected), for the last n received
+# with that header. Payloads up to WHOLE_MAX bytes: the unpack copies the payload once
+# more (into a bytes).
+WHOLE_MAX = 4096
+WHOLE: dict[bytes, tuple] = {}
+
+
+def whole_frame(header: bytes, n: int) -> tuple:
+    if len(WHOLE) >= 4096:
+        WHOLE.clear()
+    head = frame_prefix(header, n)
+    whole = WHOLE[header] = (n, len(head) + n,
+                              struct.Struct(f"<{len(head)}s{n}s").unpack_from, head)
+    return whole
+
+
+class Segment:
+    """A mapped segment: control words and ring views."""
+
+    def __init__(self, fd: int, nbytes: int):
+        self.map = mmap.mmap(fd, nbytes)
+        self.view = memoryview(self.map)
+        self.ctl32 = self.view[:8].cast("I")       # [doorbell, waiting]
+        self.ctl64 = self.view[8:24].cast("Q")     # [pid, said goodbye]
+        self._anchor = ctypes.c_uint32.from_buffer(self.map, 0)
+        self.futex = ctypes.c_void_p(ctypes.addressof(self._anchor))
+
+    def ring(self, slot: int, ring_bytes: int) -> tuple[memoryview, memoryview]:
+        base = CTRL_BYTES + slot * (RING_HDR_BYTES + ring_bytes)
+        ctl = self.view[base:base + RING_HDR_BYTES].cast("Q")
+        data = self.view[base + RING_HDR_BYTES:base + RING_HDR_BYTES + ring_bytes]
+        return ctl, data
+
+    def ring_doorbell(self) -> None:
+        c = self.ctl32
+        c[0] = (c[0] + 1) & 0xFFFFFFFF
+        if c[1]:
+            futex_wake(self.futex)
+
+    def close(self) -> None:
+        for v in (self.ctl32, self.ctl64):
+            v.release()
+        del self._anchor
+        self.view.release()
+        try:
+            self.map.close()
+        except BufferError:     # a ring view is still exported; the OS unmaps at exit
+            pass
+
+
+class OutRing:
+    __slots__ = ("peer", "ctl", "data", "size", "seg", "queue", "seen_tail", "head", "tail")
+
+    def __init__(self, peer, ctl, data, seg):
+        self.peer, self.ctl, self.data, self.seg = peer, ctl, data, seg
+        self.size = len(data)
+        self.queue: deque = deque()      # [chunks(list of views), index, offset, token]
+        self.seen_tail = 0
+        # For send_now, which so reads no counter while the ring has room: the head as
+        # this process, its only writer, last wrote it (every write of ctl[HEAD] sets
+        # it), and the tail as last read (the reader only moves it on: the free space it
+        # gives is never too much).
+        self.head = self.tail = 0
+
+    def put(self, src, n: int, head: int) -> int:
+        """Copy all ``n`` bytes of ``src`` at ring position ``head`` (caller checked space)."""
+        pos = head % self.size
+        first = self.size - pos
+        if n <= first:
+            self.data[pos:pos + n] = src
+        else:
+            self.data[pos:] = src[:first]
+            self.data[:n - first] = src[first:]
+        return head + n
+
+
+class InRing:
+    __slots__ = ("peer", "ctl", "data", "size", "decoder", "seen_head", "writer", "broken",
+                 "tail")
+
+    def __init__(self, peer, ctl, data, writer, decoder: FrameDecoder):
+        self.peer, self.ctl, self.data, self.writer = peer, ctl, data, writer
+        self.size = len(data)
+        self.decoder = decoder
+        self.seen_head = 0
+        # the tail as this process, its only writer, last wrote it (every write of
+        # ctl[TAIL] sets it): recv_now so reads one counter, the head
+        self.tail = 0
+        self.broken: str | None = None  # why frames from this peer can no longer be taken
