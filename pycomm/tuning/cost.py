@@ -1,36 +1,30 @@
 """The cost model the automatic choice minimises: every schedule's price, written once.
 
-Each schedule below is priced as the sum of its steps, in Hockney's α-β model extended
-with a reduction term γ as Thakur, Rabenseifner & Gropp use it ("Optimization of
+Each schedule in :data:`SCHEDULES` is priced as the sum of its steps in Hockney's α-β
+model with a reduction term γ, as Thakur, Rabenseifner & Gropp use it ("Optimization of
 collective communication operations in MPICH", IJHPCA 19(1), 2005): with a core per rank
-and one protocol each sum is that paper's closed form for the algorithm (tests/test_tune.py
-checks them). NCCL's tuner prices every (collective, algorithm, protocol) the same way, a
-latency per step plus bytes over a bandwidth per protocol (``src/graph/tuning.cc``); ours
-has two protocols, eager and rendezvous. A step in which ``m`` ranks each move a message
-of ``b`` bytes and reduce ``r`` bytes costs::
+and one protocol each sum is that paper's closed form (tests/test_tune.py checks them).
+NCCL's tuner prices each (collective, algorithm, protocol) the same way, a latency per
+step plus bytes over a bandwidth (``src/graph/tuning.cc``); our protocols are eager and
+rendezvous. A step in which ``m`` ranks each send ``b`` bytes and reduce ``r`` costs::
 
-    α + b·β·crowd(m) + r·γ·crowd(m) + o·wake        crowd(m) = max(1, m / min(cores, lanes))
+    α + (b β + r γ) · max(1, m / min(cores, lanes)) + o · wake
 
-* ``α``, ``β``: the eager figures up to ``PYCOMM_EAGER_LIMIT`` bytes, the rendezvous ones
-  (``alpha_rndv``, ``beta_rndv``: handshake and one copy) above it;
-* an *exchange* step, in which every rank both sends and receives (ring, halving,
-  doubling, Bruck, dissemination), costs the measured ``alpha_x`` where a one-way step
-  costs ``alpha``;
-* ``cores``: the cores the call's ranks run on; ``lanes``: how many copies streaming
-  through a working set the size of the call's vector the memory runs at full speed at
-  once (a segment of a 64 MiB vector comes from memory as the whole vector does);
-* ``o``: ranks per core when ranks outnumber cores (else no wake-up term): every step then
-  waits for each core to turn over ``o`` times, waiting ranks included (they poll with
-  ``sched_yield``, :mod:`pycomm.waiting`), at ``wake`` per turn, or ``wake_x(o)`` for an
-  exchange step.
+* ``α``, ``β``: the eager figures up to ``PYCOMM_EAGER_LIMIT`` bytes, else the rendezvous
+  ones (``alpha_rndv``, ``beta_rndv``); an *exchange* step, where every rank also
+  receives (ring, halving, doubling, Bruck, dissemination), pays ``alpha_x`` for ``alpha``;
+* ``cores``: those the call's ranks run on; ``lanes``: how many copies streaming through
+  a working set the size of the call's vector the memory runs at full speed at once;
+* ``o``: ranks per core when they outnumber the cores (else no such term): every step
+  waits for each core to turn over ``o`` times, the waiting ranks' turns included (they
+  poll with ``sched_yield``, :mod:`pycomm.waiting`), at ``wake`` per turn, or
+  ``wake_x(o)`` for an exchange step.
 
-Every constant is measured by ``python -m pycomm.tuning.tune``; why each term is there:
-benchmarks/README.md, "Measurements behind design choices in the code". The shipped table,
-``pycomm/tuning/tuned.json``, records its run under ``"source"``; ``PYCOMM_TUNE_FILE`` names
-a table whose entries replace the shipped ones. A transport without an entry is priced
-with ``shm``'s constants. Only the ranking of the schedules matters to the choice.
+Every constant is measured by ``python -m pycomm.tuning.tune`` (why each term is there:
+benchmarks/README.md, "Measurements behind design choices in the code"). The shipped
+table, ``tuned.json``, records its run under ``"source"``; ``PYCOMM_TUNE_FILE`` names a
+table whose entries replace the shipped ones; a transport without one is priced as ``shm``.
 """
-
 from __future__ import annotations
 
 import json
@@ -76,10 +70,10 @@ def read_curve(points: Curve, x: float, empty: float, *, log: bool) -> float:
 
 @dataclass(frozen=True)
 class Constants:
-    """One transport's measured constants: seconds, and seconds per byte (``beta``,
-    ``beta_rndv``, ``gamma``); None for a rendezvous or exchange figure means the eager
-    ``alpha``/``beta``. ``lanes``: ``((bytes, concurrent copies), ...)`` (empty: as many as
-    cores); ``wake_x``: ``((ranks per core, seconds), ...)`` (empty: ``wake``)."""
+    """One transport's measured constants (module docstring), in seconds and seconds per
+    byte; a rendezvous or exchange figure left None is the eager one. ``lanes``: ``((bytes,
+    copies), ...)``, empty: unlimited; ``wake_x``: ``((ranks per core, s), ...)``, empty:
+    ``wake``."""
 
     alpha: float
     beta: float
@@ -169,16 +163,10 @@ def constants(transport: str = DEFAULT_TRANSPORT) -> Constants:
 
 
 def model_transport(transport_name: str | None, nhosts: int | None = None) -> str:
-    """The table entry a communicator is priced with: the slowest link its steps cross.
-
-    Args:
-        transport_name: the communicator's ``transport_name`` (e.g. ``"shm+tcp"``).
-        nhosts: hosts the communicator spans (its ``host_layout``), None if unknown.
-
-    Returns:
-        ``shm`` on one host whose ranks share memory; :data:`NET` across hosts when the
-        table has that entry; else the slowest transport named (``tcp``, ``rdma``, ``shm``).
-    """
+    """The table entry a communicator (its ``transport_name``, e.g. ``"shm+tcp"``, and
+    the hosts it spans, None if unknown) is priced with, the slowest link its steps cross:
+    ``shm`` on one host sharing memory, :data:`NET` across hosts when the table has it,
+    else the slowest transport named (``tcp``, ``rdma``, ``shm``)."""
     name = transport_name or DEFAULT_TRANSPORT
     if nhosts == 1 and DEFAULT_TRANSPORT in name.split("+"):
         return DEFAULT_TRANSPORT
@@ -242,9 +230,8 @@ def binomial_rounds(p: int) -> list[int]:
 
 
 def scatter_rounds(p: int) -> list[tuple[int, int]]:
-    """``(senders, blocks of p)`` per round of a binomial scatter from vrank 0, the
-    largest distance ``d`` first: senders are the vranks ``0 mod 2d`` below ``p - d``, the
-    root sends ``min(d, p - d)`` blocks (``p - 1`` in all: the closed form's ``n(p-1)/p``)."""
+    """``(senders, blocks of p)`` per round of a binomial scatter, the largest distance
+    ``d`` first: the vranks ``0 mod 2d`` below ``p - d`` send, the root ``min(d, p - d)``."""
     distances = [1 << i for i in reversed(range(ceil_log2(p)))]
     return [(len(range(0, p - d, 2 * d)), min(d, p - d)) for d in distances]
 

@@ -180,40 +180,23 @@ def measure_pingpong(transport: str, nprocs: int = 2, *, quick: bool = False
     return fit_link(times, exchange, limit), times
 
 
-def _token_ring_rank(rounds: int) -> float:
-    """Pass an 8-byte token around all ranks ``rounds`` times: seconds per hop."""
-    import pycomm
-    comm = pycomm.COMM_WORLD
-    p, r, buf = comm.size, comm.rank, np.zeros(1)
-
-    def ring() -> int:
-        for _ in range(rounds):
-            if r == 0:
-                comm.Send(buf, 1 % p)
-                comm.Recv(buf, p - 1)
-            else:
-                comm.Recv(buf, r - 1)
-                comm.Send(buf, (r + 1) % p)
-        return rounds * p
-    return _per_unit(comm, ring, 3)
-
-
-def measure_wake(transport: str, alpha: float, *, quick: bool = False) -> float:
-    """Seconds a one-way step pays per turn of the cores when ranks outnumber them: a hop
-    of a token ring on two ranks per core, less ``alpha``; the median of three worlds
-    (where the scheduler places the ranks is fixed for a world's life and moves it)."""
-    from pycomm.launch.spawning import spawn
-    hops = [spawn(_token_ring_rank, 2 * available_cores(), (50 if quick else 300,),
-                  transport=transport)[0] for _ in range(1 if quick else 3)]
-    return max(0.0, statistics.median(hops) - alpha)
-
-
-def _exchange_rank(rounds: int) -> float:
-    """Dissemination rounds of 8-byte exchanges (step ``k``: send to ``rank + 2^k``,
-    receive from ``rank - 2^k``): seconds per step."""
+def _steps_rank(rounds: int, exchange: bool) -> float:
+    """Seconds per step of 8-byte messages among all ranks: one-way hops of a token ring,
+    or (``exchange``) dissemination rounds, whose step ``k`` sends to ``rank + 2^k`` and
+    receives from ``rank - 2^k`` at once."""
     import pycomm
     comm = pycomm.COMM_WORLD
     p, r, out, into = comm.size, comm.rank, np.zeros(1), np.zeros(1)
+
+    def token_ring() -> int:
+        for _ in range(rounds):
+            if r == 0:
+                comm.Send(out, 1 % p)
+                comm.Recv(out, p - 1)
+            else:
+                comm.Recv(out, r - 1)
+                comm.Send(out, (r + 1) % p)
+        return rounds * p
 
     def disseminate() -> int:
         steps = 0
@@ -223,23 +206,35 @@ def _exchange_rank(rounds: int) -> float:
                 comm.Sendrecv(out, (r + d) % p, recvbuf=into, source=(r - d) % p)
                 d, steps = 2 * d, steps + 1
         return steps
-    return _per_unit(comm, disseminate, 3)
+    return _per_unit(comm, disseminate if exchange else token_ring, 3)
+
+
+def _step_of_worlds(nprocs: int, rounds: int, exchange: bool, transport: str,
+                    quick: bool) -> float:
+    """:func:`_steps_rank` on ``nprocs`` ranks, the median of three worlds started afresh
+    (one when ``quick``): where the scheduler places the ranks is fixed for a world's life
+    and moves the figure."""
+    from pycomm.launch.spawning import spawn
+    return statistics.median(spawn(_steps_rank, nprocs, (rounds, exchange),
+                                   transport=transport)[0] for _ in range(1 if quick else 3))
+
+
+def measure_wake(transport: str, alpha: float, *, quick: bool = False) -> float:
+    """Seconds a one-way step pays per turn of the cores when ranks outnumber them: a
+    token ring's hop on two ranks per core, less ``alpha``."""
+    hop = _step_of_worlds(2 * available_cores(), 50 if quick else 300, False, transport, quick)
+    return max(0.0, hop - alpha)
 
 
 def measure_exchange_wake(transport: str, alpha_x: float, *,
                           quick: bool = False) -> dict[float, float]:
-    """``{o: seconds}``: what an exchange step pays per turn of the cores at ``o`` ranks
-    per core (2, and 4 up to 64 ranks, not ``quick``): ``(step - alpha_x) / o``, a step
-    of :func:`_exchange_rank`, the median of three worlds."""
-    from pycomm.launch.spawning import spawn
-    cores, out = available_cores(), {}
-    for o in (2, 4):
-        if o > 2 and (quick or o * cores > 64):
-            break
-        steps = [spawn(_exchange_rank, o * cores, (30 if quick else 150,),
-                       transport=transport)[0] for _ in range(1 if quick else 3)]
-        out[float(o)] = max(0.0, statistics.median(steps) - alpha_x) / o
-    return out
+    """``{o: seconds}`` an exchange step pays per turn of the cores at ``o`` ranks per
+    core: ``(step - alpha_x) / o``, a dissemination step at ``o`` = 2 and (not ``quick``,
+    up to 64 ranks) 4."""
+    cores = available_cores()
+    return {float(o): max(0.0, _step_of_worlds(o * cores, 30 if quick else 150, True,
+                                               transport, quick) - alpha_x) / o
+            for o in ((2,) if quick or 4 * cores > 64 else (2, 4))}
 
 
 def _lanes_rank(sizes: list[int], volume: int) -> dict[int, float]:
