@@ -38,8 +38,12 @@ What the API classes build on, besides those components, is this module's: the e
 (``_engine``), ``rank``, ``size`` and ``name``, the members' world ranks (``_world``, and
 ``_from_world`` back), the point-to-point and collective contexts (``_pctx``, ``_cctx``),
 ``_freed``, ``_debug``, and the argument checks every call makes the same way
-(``_check_rank``, ``_check_tag``, ``_check_root``, ``_check_op``, and ``_pair`` for a send
-and a receive buffer of one dtype), whose errors name this rank.
+(``_check_alive``, ``_check_rank``, ``_check_tag``, ``_check_root``, ``_check_op``, and
+``_pair`` for a send and a receive buffer of one dtype), whose errors name this rank, and
+``_wait_posted``, the wait of a blocking point-to-point call (object or buffer) that
+withdraws what it posted on a timeout. Beyond these, an API class uses another's public
+methods only (the object API posts with ``Isend`` and ``Irecv_alloc``, the nonblocking
+twins run the blocking ones), never its private state.
 """
 
 from __future__ import annotations
@@ -50,10 +54,11 @@ import sys
 import numpy as np
 
 from . import config
+from . import trace as _trace
 from .buffers import IN_PLACE, as_array
 from .bufcoll import CollectiveMethods
 from .calls import CollectiveCalls
-from .errors import ArgumentError, InvalidBufferError
+from .errors import ArgumentError, CommError, CommTimeoutError, InvalidBufferError
 from .groups import GroupMethods
 from .nbc import NonblockingMethods
 from .objects import ObjectMethods
@@ -151,6 +156,22 @@ class Communicator(PointToPointMethods, CollectiveMethods, ObjectMethods, GroupM
 
     def __repr__(self) -> str:
         return f"<{self.name} rank {self.rank} of {self.size}>"
+
+    def _check_alive(self) -> None:
+        """Raise CommError naming this rank if the communicator has been freed."""
+        if self._freed:
+            raise CommError(f"rank {self.rank}: {self.name} has been freed")
+
+    def _wait_posted(self, reqs: list, timeout: float | None) -> None:
+        """Wait for the requests a blocking call posted; on timeout, withdraw its receives
+        that have not matched, so that they cannot swallow a later message, and its large
+        sends not yet handed over, so that the buffer is not read after the call."""
+        try:
+            _trace.record_wait(self, reqs, timeout)     # the flight recorder waits for them
+        except CommTimeoutError:
+            for r in reqs:
+                self._engine.cancel(r)      # no effect on eager sends, matched receives
+            raise
 
     def _check_rank(self, value, arg: str, *, allow_any: bool = False) -> int:
         ok = isinstance(value, (int, np.integer)) and (

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import ArgumentError, CommError
+from .errors import ArgumentError
 from .p2p import PROC_NULL
 
 __all__ = ["Group", "UNDEFINED", "COMM_NULL", "GroupMethods", "IDENT", "CONGRUENT",
@@ -360,9 +360,6 @@ class GroupMethods:
             raise ArgumentError("COMM_WORLD cannot be freed")
         self._freed = True
 
-    def _check_alive(self) -> None:
-        if getattr(self, "_freed", False):
-            raise CommError(f"{self.name} has been freed")
 
 
 def _max():

@@ -369,17 +369,6 @@ class PointToPointMethods:
         self._wait_posted([s, r], timeout)
         self._status_of(r, status)
 
-    def _wait_posted(self, reqs: list, timeout: float | None) -> None:
-        """Wait for the requests a blocking call posted; on timeout, withdraw its receives
-        that have not matched, so that they cannot swallow a later message, and its large
-        sends not yet handed over, so that the buffer is not read after the call."""
-        try:
-            _trace.record_wait(self, reqs, timeout)     # the flight recorder waits for them
-        except CommTimeoutError:
-            for r in reqs:
-                self._engine.cancel(r)      # no effect on eager sends, matched receives
-            raise
-
     def Iprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG,
                status: Status | None = None) -> bool:
         """Return whether a message that a receive (``source``, ``tag``) would match has arrived.
