@@ -374,10 +374,13 @@ def _twod(n, p, s: Pricing, collective: str) -> float:
             algorithms = [a for a in algorithms if a != "recursive_doubling"]
         return min(SCHEDULES[(coll, a)](b, q, s.share(q, p)) for a in algorithms)
     if collective == "allgather":
-        return best("allgather", TWOD_GATHER, n / rows, cols) + best("allgather", TWOD_GATHER, n, rows)
+        return (best("allgather", TWOD_GATHER, n / rows, cols)
+                + best("allgather", TWOD_GATHER, n, rows))
     if collective != "allreduce":
-        return best("reduce_scatter", TWOD_ROW, n, rows) + best("reduce_scatter", TWOD_ROW, n / rows, cols)
-    return (best("reduce_scatter", TWOD_ROW, n, cols) + best("allreduce", TWOD_COLUMN, n / cols, rows)
+        return (best("reduce_scatter", TWOD_ROW, n, rows)
+                + best("reduce_scatter", TWOD_ROW, n / rows, cols))
+    return (best("reduce_scatter", TWOD_ROW, n, cols)
+            + best("allreduce", TWOD_COLUMN, n / cols, rows)
             + best("allgatherv", ("ring",), n, cols))
 
 
