@@ -42,7 +42,7 @@ __all__ = ["Constants", "Pricing", "SCHEDULES", "DEFAULT_TRANSPORT", "NET", "SHI
            "model_transport", "pipeline_candidates", "pricing", "segment_bytes"]
 
 DEFAULT_TRANSPORT = "shm"
-NET = "net"      # the entry of the link between hosts (python -m pycomm.tuning.tune --links)
+NET = "net"      # the entry of the link between hosts (pycomm/tuning/tune_links.py)
 SHIPPED_TABLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tuned.json")
 TREE_SEGMENT_BYTES = 65536     # the double binary tree's segment when PYCOMM_SEGMENT_BYTES=0
 MIN_PIPELINE_SEGMENT = 4096    # the smallest segment the chain broadcast's model considers

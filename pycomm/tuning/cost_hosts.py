@@ -3,7 +3,7 @@
 Each step is priced with the link it crosses, as NCCL's tuner prices intra- and
 inter-node steps with separate bandwidths (``src/graph/tuning.cc``): steps inside a host
 with ``shm``'s constants, steps across hosts with the measured link's (the
-:data:`~pycomm.tuning.cost.NET` entry, ``python -m pycomm.tuning.tune --links``). A flat
+:data:`~pycomm.tuning.cost.NET` entry, ``pycomm/tuning/tune_links.py``). A flat
 schedule on the same communicator is priced with ``net``'s constants at every step
 (nearly every step has a pair of ranks on different hosts). ``n`` bytes, ``H`` hosts,
 ``L`` the most ranks on a host, ``m`` the fewest, ``P = ceil(n / piece)`` pipeline pieces

@@ -6,30 +6,25 @@ Usage::
     python launch.py --nnodes 2 ... pycomm/tuning/tune_links.py --out FILE [--quick]
 
 The first writes the table :mod:`pycomm.tuning.cost` reads (to stdout, or ``FILE``, keeping
-the transports of a table already there), one entry per transport and the run it came from::
+the transports of a table already there): per transport ``alpha``, ``beta``,
+``alpha_rndv``, ``beta_rndv``, ``alpha_x``, ``gamma``, ``wake``, ``wake_x`` ({ranks per core:
+s}) and ``lanes`` ({bytes: copies}), and under ``source`` the run (date, host, cpu_count,
+versions, command, loadavg, ranks, eager_limit, the measured points). The second, run on
+every rank of a job spanning hosts (issue 16), adds the ``net`` entry that prices the steps
+crossing hosts (:func:`links_entry`). What is measured (OSU's method: medians of timed
+loops, each after a barrier):
 
-    {"shm": {"alpha", "beta", "alpha_rndv", "beta_rndv", "alpha_x", "gamma", "wake",
-             "wake_x": {ranks per core: s}, "lanes": {bytes: copies}}, "tcp": ..., "rdma": ...,
-     "source": {"date", "host", "cpu_count", "python", "numpy", "pycomm", "command",
-                "loadavg", "loaded", "ranks", "quick", "eager_limit", "points"}}
-
-The second, run on every rank of a job spanning hosts (issue 16), adds the ``net`` entry
-that prices the steps crossing hosts (:func:`links_entry`). ``PYCOMM_TUNE_FILE=FILE`` then
-uses the table. What is measured, with OSU's latency method (medians of timed loops, each
-after a barrier):
-
-* **alpha, beta, alpha_rndv, beta_rndv**: ranks 0 and 1 ping-pong ``Send``/``Recv`` (the
-  others wait), one-way time = round trip / 2. ``alpha``: the intercept of the
-  least-squares line over 8 B .. 4 KiB; ``beta``: its slope over 4 .. 64 KiB (eager);
-  the rendezvous pair: the line over the sizes past ``PYCOMM_EAGER_LIMIT`` up to 8 MiB,
-  fitted on relative residuals (the times span two decades).
-* **alpha_x**: an exchange step, both ranks ``Sendrecv`` at once, intercept over 8 B .. 4 KiB.
-* **wake**: a one-way hop of a token ring over twice as many ranks as cores, less alpha;
-  **wake_x**: a dissemination step at ``o`` = 2 and 4 ranks per core, ``(step - alpha_x) / o``.
-* **gamma**: the slope of ``SUM.apply`` over 256 KiB .. 16 MiB, the larger of float32's
-  and float64's; **lanes**: for buffers of 256 KiB .. 16 MiB, the best aggregate copy rate
-  of 1 .. cores ranks copying at once over one copy's. Both are the CPU's: every transport
-  (and ``net``) gets the same.
+* **alpha, beta, alpha_rndv, beta_rndv**: ranks 0 and 1 ping-pong ``Send``/``Recv``, one-way
+  time = round trip / 2; ``alpha`` the intercept of the least-squares line over 8 B .. 4 KiB,
+  ``beta`` its slope over 4 .. 64 KiB (eager), the rendezvous pair the line over the sizes
+  past ``PYCOMM_EAGER_LIMIT`` up to 8 MiB, fitted on relative residuals (they span decades);
+* **alpha_x**: an exchange step, both ranks ``Sendrecv`` at once, intercept over 8 B .. 4 KiB;
+* **wake**: a one-way hop of a token ring on two ranks per core, less alpha; **wake_x**: a
+  dissemination step at ``o`` = 2 and 4 ranks per core, ``(step - alpha_x) / o``;
+* **gamma**: the slope of ``SUM.apply`` over 256 KiB .. 16 MiB (the larger of float32's and
+  float64's); **lanes**: for buffers of 256 KiB .. 16 MiB, the best aggregate copy rate of 1
+  .. cores ranks copying at once over one copy's. The CPU's figures (gamma, lanes, and in
+  ``net`` the wake-ups) are the same in every entry.
 
 A table is only as good as the machine was quiet: ``source.loadavg`` says how loaded.
 """
@@ -350,11 +345,8 @@ def main(argv: list[str] | None = None) -> int:
             table = {**kept, **table}
     _write(table, args.out)
     for transport in transports:
-        c = table[transport]
-        print(f"{transport}: alpha {c['alpha'] * 1e6:.2f} us, beta {1e-9 / c['beta']:.2f} GB/s, "
-              f"rendezvous {c['alpha_rndv'] * 1e6:.2f} us, {1e-9 / c['beta_rndv']:.2f} GB/s, "
-              f"exchange {c['alpha_x'] * 1e6:.2f} us, wake {c['wake'] * 1e6:.1f} us",
-              file=sys.stderr)
+        print(f"{transport}: " + ", ".join(f"{k} {table[transport][k]:.3g}" for k in
+                                           ("alpha", "beta", "alpha_x", "wake")), file=sys.stderr)
     return 0
 
 
