@@ -77,8 +77,8 @@ _DECLARED = [
         "transports/procwatch.py); 0 leaves the kernel's defaults and starts no watch."),
     Var("PYCOMM_PORT_RANGE", port_range, None,
         "LO-HI: every listening port of the TCP transport is taken from this range (for "
-        "firewalled clusters): two per rank, its connections' and its process watch's "
-        "(with PYCOMM_PEER_TIMEOUT); default: any free port."),
+        "firewalled clusters): one per rank, two in a job across hosts (its connections' "
+        "and its process watch's, with PYCOMM_PEER_TIMEOUT); default: any free port."),
     Var("PYCOMM_EAGER_LIMIT", int, 65536,
         "Messages up to this many payload bytes go eagerly; larger ones use rendezvous."),
     Var("PYCOMM_SHM_RING_BYTES", int, 1 << 20,

@@ -422,6 +422,9 @@ class PointToPointMethods:
             CommError: the communicator has been freed.
         """
         st = Status() if status is None else status
+        self._check_alive()
+        src = self._check_rank(source, "source", allow_any=True)
         self._engine.wait_until(lambda: self.Iprobe(source, tag, st), timeout,
-                                f"Probe(source={source}, tag={tag})")
+                                f"Probe(source={source}, tag={tag})",
+                                awaits=self._world[src] if src >= 0 else None)
         return True

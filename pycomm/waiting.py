@@ -40,11 +40,18 @@ __all__ = ["Waiting", "OFFLOADED", "available_cores", "default_spin_seconds",
 
 _perf = time.perf_counter
 _LIVENESS_S = 0.25
+# a turn of the waiting loop this much longer than _LIVENESS_S: this rank was stopped
+_SELF_STOPPED_S = 1.0
 # Request.expect of a nonblocking collective: only the progress thread completes it.
 OFFLOADED = -3
 # Request.expect of a wait on a peer's shared-memory word (pycomm.shmcoll's slots): named so
 # in a timeout's message
 SHARED_WAIT = -4
+
+
+def _nobody(peers, awake_since):
+    """``not_running`` of a transport that cannot tell (a test's fake link)."""
+    return None
 
 
 class Waiting:
@@ -144,13 +151,15 @@ class Waiting:
                 raise r.error
 
     def wait_until(self, cond, timeout: float | None = None, what: str = "operation",
-                   req=None) -> None:
+                   req=None, awaits: int | None = None) -> None:
         """Drive progress until ``cond()`` is true (used by Probe, the object layer and the
         shared-memory collectives). ``req``: what a timeout or stall warning names as
-        awaited (anything with ``peer``, ``tag`` and ``expect``), or None."""
+        awaited (anything with ``peer``, ``tag`` and ``expect``), or None. ``awaits``: the
+        world rank the wait depends on when ``req`` names none (a Probe's source), for the
+        stopped-peer check."""
         if not cond():
             self.progress()
-            self._wait_slow(cond, timeout, req, what)
+            self._wait_slow(cond, timeout, req, what, awaits=awaits)
 
     def _wait_offloaded(self, cond, timeout, req) -> None:
         """Wait for requests only the progress thread completes (nonblocking collectives).
@@ -177,7 +186,7 @@ class Waiting:
                 self._done_cv.wait(min(left, _LIVENESS_S))
 
     def _wait_slow(self, cond, timeout, req, what: str = "operation",
-                   spin: bool = True) -> None:
+                   spin: bool = True, awaits: int | None = None) -> None:
         progress = self.progress
         now = _perf()
         spin_end = now + self.spin_s if spin else now
@@ -216,8 +225,12 @@ class Waiting:
             inspector.warn_s < limit else float("inf")
         stalled = None                      # the suspects of the last warning printed
         ts = self.transports
-        watch_at = now + min((tr.watch_after for tr in ts if tr.watch_after is not None),
-                             default=float("inf"))
+        watch_after = [w for tr in ts if (w := getattr(tr, "watch_after", None)) is not None]
+        watch_at = now + min(watch_after) if watch_after else float("inf")
+        # since when this rank has been awake in this wait, for the stopped-peer check: a
+        # gap in this loop (which turns at least every _LIVENESS_S) means it was stopped
+        # itself, and a peer's stop counts only from then (see _check_running)
+        awake_since, last_t = time.monotonic(), now
         single = ts[0] if len(ts) == 1 else None
         while not cond():
             if progress():
@@ -225,6 +238,9 @@ class Waiting:
             t = _perf()
             if t >= deadline:
                 raise self._timeout_error(req, what, limit)
+            if t - last_t > _SELF_STOPPED_S:
+                awake_since = time.monotonic()
+            last_t = t
             if t >= next_check:
                 next_check = t + _LIVENESS_S
                 try:
@@ -234,7 +250,7 @@ class Waiting:
                 except TransportError as exc:
                     raise self._peer_error(exc) from None
                 if t >= watch_at:
-                    self._check_running(req)
+                    self._check_running(req, awaits, awake_since)
                 if t >= warn_at:            # asks the others: a slow path, once per warn_s
                     warn_at = t + inspector.warn_s
                     stalled = self._warn_stall(req, what, t - now, stalled)
@@ -255,13 +271,15 @@ class Waiting:
         if stalled is not None:
             inspector.waiting_for = None
 
-    def _check_running(self, req) -> None:
+    def _check_running(self, req, awaits: int | None, awake_since: float) -> None:
         """Fail the wait if a peer it needs is known not to run (its process stopped).
 
-        The peers it needs: those of ``req``, of the posted receives and of the large
-        messages in flight. A transport that can tell (TCP between hosts, through each
-        rank's process watch, :mod:`transports.procwatch`) answers without blocking; a
-        peer that is merely slow or busy, even in a C call holding its GIL, runs.
+        The peers it needs: those of ``req``, ``awaits`` (a Probe's source), the posted
+        receives and the large messages in flight (a receive from any source names none).
+        A transport that can tell (TCP between hosts, through each rank's process watch,
+        :mod:`transports.procwatch`) answers without blocking; a peer that is merely slow
+        or busy, even in a C call holding its GIL, runs; one stopped only while this rank
+        was stopped too (a whole job suspended) is not counted (``awake_since``).
 
         Raises:
             PeerError: naming the peer, its host and why it does not run.
@@ -269,12 +287,11 @@ class Waiting:
         peers = {r.peer for r in self.posted}
         peers.update(r.peer for r in self.rndv.sends.values())
         peers.update(r.peer for r in self.rndv.recvs.values() if not r.done)
-        peer = getattr(req, "peer", None)
-        if peer is not None:
-            peers.add(peer)
+        peers.add(getattr(req, "peer", None))
+        peers.add(awaits)
         peers = [p for p in peers if p is not None and 0 <= p != self.rank]
         for tr in self.transports:
-            found = tr.not_running(peers)
+            found = getattr(tr, "not_running", _nobody)(peers, awake_since)
             if found is not None:
                 call = self._my_call()
                 where = f"{trace.describe_call(call)}: " if call is not None else ""

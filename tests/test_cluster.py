@@ -324,7 +324,7 @@ def _failed_within(proc, r: int, t0: float, bound: float, event: str) -> tuple[s
         pytest.fail(f"rank {r} still ran 20 s after {event}:\n{text}")
     took = time.monotonic() - t0
     assert proc.returncode != 0, text
-    assert took < bound, f"rank {r} ended {took:.1f} s after {event}"
+    assert took < bound, f"rank {r} ended {took:.1f} s after {event}:\n{text}"
     return text.strip().splitlines()[-1], text
 
 
@@ -387,35 +387,51 @@ def _watch_pids(host_pids: list[int]) -> list[int]:
     return found
 
 
-def test_stopping_a_hosts_ranks_is_a_peer_error_naming_them_within_the_peer_timeout():
+@pytest.mark.parametrize("what", ["ranks", "every process"])
+def test_stopping_a_hosts_ranks_is_a_peer_error_naming_them_within_the_peer_timeout(what):
     """Host2's ranks SIGSTOPped mid-job: its kernel still answers TCP (no keepalive or
     TCP_USER_TIMEOUT fires), but each rank's process watch, a process of its own, reads the
-    stopped state from the kernel. Host1's ranks end with a PeerError naming a stopped rank
-    of host2 within PYCOMM_PEER_TIMEOUT (3 s) of the stop (a rank that learns it from the
-    other's abandonment carries the same text), not PYCOMM_TIMEOUT's CommTimeoutError;
-    and no watch outlives its rank."""
+    stopped state from the kernel. With the watches stopped too (every process of host2),
+    a watch's kernel accepts the question and nobody answers it. Either way host1's ranks
+    end with a PeerError within PYCOMM_PEER_TIMEOUT (3 s) of the stop (plus their exit),
+    not PYCOMM_TIMEOUT's CommTimeoutError: one naming a rank of host2 and why, the other
+    the same or, if it had gone on to wait for the first, that the first has left; and no
+    watch outlives its rank."""
     with emulated_hosts(2, "pcs", pytest.fail, "cannot build the emulated cluster") as c:
         procs = _host2_job(c, CHECK_LOOP_S="40")
         watches = []
         try:
             watches = _watch_pids([p.pid for p in procs])
             assert len(watches) == 4, f"one watch per rank of a 2-host job: {watches}"
+            host2 = [procs[2].pid, procs[3].pid]
+            if what == "every process":
+                host2 += _watch_pids(host2)
             time.sleep(0.5)
             t0 = time.monotonic()
-            for r in (2, 3):
-                os.kill(procs[r].pid, signal.SIGSTOP)
-            lasts = [_failed_within(procs[r], r, t0, 6.0, "host2's ranks were stopped")[0]
+            for pid in host2:
+                os.kill(pid, signal.SIGSTOP)
+            lasts = [_failed_within(procs[r], r, t0, 6.0, f"host2's {what} stopped")[0]
                      for r in (0, 1)]
-            for last in lasts:
-                assert " does not run: its process (pid " in last, lasts
-                assert "has been stopped for " in last, lasts
-                assert "(host host2 at 10." in last and "PYCOMM_PEER_TIMEOUT 3 s" in last, \
-                    lasts
-            assert any(last.startswith(f"pycomm.errors.PeerError: rank {r}: ")
-                       for r, last in zip((0, 1), lasts)), lasts
+            def names_the_stop(last: str) -> bool:
+                if what == "ranks":
+                    said = " does not run: its process (pid " in last and \
+                        "has been stopped for " in last
+                else:
+                    said = " does not run: its watch accepted a question " in last and \
+                        "no process of its host runs" in last
+                return said and "(host host2 at 10." in last and \
+                    "PYCOMM_PEER_TIMEOUT 3 s" in last
+            # A rank that was waiting on host2 names it; the other may have gone one call
+            # further, waiting on the first, and then names it as gone
+            assert any(last.startswith(f"pycomm.errors.PeerError: rank {r}: ") and
+                       names_the_stop(last) for r, last in zip((0, 1), lasts)), lasts
+            for r, last in zip((0, 1), lasts):
+                assert last.startswith(f"pycomm.errors.PeerError: rank {r}: ") and (
+                    names_the_stop(last) or f"rank {1 - r} has left" in last), lasts
         finally:
+            for pid in _watch_pids([p.pid for p in procs[2:]]) + [p.pid for p in procs[2:]]:
+                os.kill(pid, signal.SIGCONT)
             for p in procs[2:]:
-                os.kill(p.pid, signal.SIGCONT)
                 p.kill()
                 p.communicate(timeout=10)
         deadline = time.monotonic() + 3
@@ -465,3 +481,36 @@ def test_port_range_pins_every_listening_port_two_per_rank():
             for r, p in enumerate(procs):
                 text, _ = p.communicate(timeout=60)
                 assert p.returncode == 0, f"rank {r}: {text}"
+
+
+def test_a_job_suspended_host_by_host_and_brief_stops_are_waited_for():
+    """What is no failure: the whole job stopped for longer than PYCOMM_PEER_TIMEOUT (3 s)
+    and continued one host after the other, 1 s apart (as Slurm's suspend and resume reach
+    the nodes), then host2's ranks stopped twice for 1 s (under half the timeout). Every
+    rank runs on and completes its checks."""
+    with emulated_hosts(2, "pcz", pytest.fail, "cannot build the emulated cluster") as c:
+        procs = _host2_job(c, CHECK_LOOP_S="12")
+        try:
+            time.sleep(0.5)
+            for p in procs:
+                os.kill(p.pid, signal.SIGSTOP)
+            time.sleep(4.0)
+            for p in procs[:2]:
+                os.kill(p.pid, signal.SIGCONT)
+            time.sleep(1.0)
+            for p in procs[2:]:
+                os.kill(p.pid, signal.SIGCONT)
+            for _ in range(2):
+                time.sleep(1.5)
+                for p in procs[2:]:
+                    os.kill(p.pid, signal.SIGSTOP)
+                time.sleep(1.0)
+                for p in procs[2:]:
+                    os.kill(p.pid, signal.SIGCONT)
+        finally:
+            for p in procs:
+                os.kill(p.pid, signal.SIGCONT)
+        for r, p in enumerate(procs):
+            text, _ = p.communicate(timeout=60)
+            assert p.returncode == 0, f"rank {r}: {text}"
+            assert f"OK rank {r}/4" in text, text

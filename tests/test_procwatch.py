@@ -39,11 +39,14 @@ class _Watched:
         lst.close()
         self.asker = procwatch.Asker({7: self.addr}, PATIENCE)
 
-    def verdict_within(self, seconds: float):
-        """The first non-None poll within ``seconds`` (None if there was none)."""
-        end = time.monotonic() + seconds
+    def verdict_within(self, seconds: float, awake_since: float | None = None, peers=(7,)):
+        """The first non-None poll within ``seconds`` (None if there was none), polling as
+        a wait that began (or whose rank last woke) at ``awake_since`` (default: now)."""
+        now = time.monotonic()
+        awake_since = now if awake_since is None else awake_since
+        end = now + seconds
         while time.monotonic() < end:
-            found = self.asker.poll([7])
+            found = self.asker.poll(list(peers), awake_since)
             if found is not None:
                 return found
             time.sleep(0.05)
@@ -129,11 +132,64 @@ def test_no_watch_listening_is_no_verdict_and_no_error():
     addr = lst.getsockname()
     lst.close()                                         # refused from now on
     asker = procwatch.Asker({3: addr}, PATIENCE)
-    end = time.monotonic() + 1.5
+    t0 = end = time.monotonic()
+    end = t0 + 1.5
     while time.monotonic() < end:
-        assert asker.poll([3, 4]) is None               # 4 has no watch at all
+        assert asker.poll([3, 4], t0) is None           # 4 has no watch at all
         time.sleep(0.05)
     asker.close()
+
+
+def test_out_of_descriptors_is_no_verdict_and_no_error(sleeper, monkeypatch):
+    def no_socket(*args, **kwargs):
+        raise OSError(24, "Too many open files")
+    monkeypatch.setattr(procwatch.socket, "socket", no_socket)
+    os.kill(sleeper.proc.pid, signal.SIGSTOP)
+    assert sleeper.verdict_within(2 * PATIENCE) is None
+
+
+def test_an_answer_to_an_earlier_wait_is_not_judged_in_a_later_one(sleeper):
+    """The peer is stopped while one wait asks (not yet for the patience), then continued;
+    a later wait, even one that needs no peer, must not judge the earlier answer."""
+    os.kill(sleeper.proc.pid, signal.SIGSTOP)
+    assert sleeper.verdict_within(PATIENCE / 2) is None
+    os.kill(sleeper.proc.pid, signal.SIGCONT)
+    time.sleep(PATIENCE * 2)
+    assert sleeper.verdict_within(0.3, peers=()) is None
+    assert sleeper.verdict_within(PATIENCE * 2) is None
+
+
+def test_a_peer_stopped_only_while_the_asker_slept_too_is_waited_for(sleeper):
+    """A whole job suspended and continued host by host: the asker wakes to find its peer
+    stopped for long, but counts only the time it has been awake itself, and the peer
+    continues within the patience."""
+    os.kill(sleeper.proc.pid, signal.SIGSTOP)
+    time.sleep(PATIENCE * 3)                            # both "stopped"; the asker wakes:
+    woke = time.monotonic()
+    assert sleeper.verdict_within(PATIENCE / 2, awake_since=woke) is None
+    os.kill(sleeper.proc.pid, signal.SIGCONT)           # the peer's host continues too
+    assert sleeper.verdict_within(PATIENCE * 2, awake_since=woke) is None
+    # and had it not continued, the asker's own patience decides
+    os.kill(sleeper.proc.pid, signal.SIGSTOP)
+    found = sleeper.verdict_within(PATIENCE * 4)
+    assert found is not None and "has been stopped for" in found[1], found
+
+
+def test_a_rank_stopped_and_continued_many_times_a_second_runs():
+    """cpulimit's way of throttling: stopped 90% of the time, in 0.1 s periods. The kernel
+    schedules it between stops, so no stop lasts the patience."""
+    w = _Watched("while True: sum(range(10**5))")
+    try:
+        t0 = time.monotonic()
+        end = t0 + 3.0
+        while time.monotonic() < end:
+            os.kill(w.proc.pid, signal.SIGSTOP)
+            time.sleep(0.09)
+            os.kill(w.proc.pid, signal.SIGCONT)
+            time.sleep(0.01)
+            assert w.asker.poll([7], t0) is None
+    finally:
+        w.close()
 
 
 def test_the_watch_ends_with_its_process_and_when_told():
@@ -144,13 +200,19 @@ def test_the_watch_ends_with_its_process_and_when_told():
         assert w.watch.wait(timeout=3) == 0             # /proc/PID is gone
     finally:
         w.close()
-    # stop(): the pipe closes, the watch ends (its process still running)
+    # stop(): the watch ends at once (its process still running), even while a child of
+    # the rank (a forked worker) holds the pipe's write end open
     w = _Watched("import time; time.sleep(120)")
+    child = subprocess.Popen(["sleep", "30"], pass_fds=(w.watch.stdin.fileno(),))
     try:
+        t0 = time.monotonic()
         procwatch.stop(w.watch)
-        assert w.watch.returncode == 0
+        assert time.monotonic() - t0 < 0.5
+        assert w.watch.returncode is not None and w.watch.returncode != -signal.SIGKILL
         assert w.proc.poll() is None
     finally:
+        child.kill()
+        child.wait()
         w.close()
 
 

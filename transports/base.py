@@ -246,9 +246,10 @@ class Transport(ABC):
     # this transport cannot tell (the default)
     watch_after: float | None = None
 
-    def not_running(self, peers) -> tuple[int, str] | None:
-        """A peer of ``peers`` known, from outside its process, not to run (stopped), as
-        ``(peer, why)``; else None. Must not block. Default: none known."""
+    def not_running(self, peers, awake_since: float) -> tuple[int, str] | None:
+        """A peer of ``peers`` known, from outside its process, not to have run (stopped)
+        for long while this rank was awake (since ``awake_since``, ``time.monotonic()``),
+        as ``(peer, why)``; else None. Must not block. Default: none known."""
         return None
 
     def closed_peers(self) -> set[int]:

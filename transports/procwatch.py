@@ -32,7 +32,14 @@ non-blocking connect, read by later polls. What an answer means (see
   dead rank closes its sockets: reporting them here would race those clearer errors.
 
 A tracing stop (``t``: a debugger holding the rank at a breakpoint) counts as running: a
-user stepping through one rank expects the others to wait for it, as under MPI.
+user stepping through one rank expects the others to wait for it, as under MPI. So does a
+rank that a tool such as cpulimit stops and continues many times a second: the watch
+counts a stop as over whenever the kernel has scheduled the rank since the last sample
+(``/proc/PID/schedstat``'s run count moved), whatever state each sample finds.
+
+Only stops that the asking rank was awake for count (see :meth:`Asker.poll`): a whole job
+stopped and continued (Slurm's ``scontrol suspend``/``resume``, which reaches the hosts one
+after the other) finds every peer stopped for as long as itself, and that is no failure.
 """
 
 from __future__ import annotations
@@ -45,10 +52,11 @@ import subprocess
 import sys
 import time
 
-__all__ = ["Asker", "TICK_S", "start", "process_state"]
+__all__ = ["Asker", "BACKLOG", "TICK_S", "process_state", "start", "stop"]
 
-TICK_S = 0.25       # seconds between two samples of the rank's state
+TICK_S = 0.25       # the most seconds between two samples of the rank's state
 _LINE_MAX = 64
+BACKLOG = 1024     # questions the kernel queues (many peers may ask at once)
 
 
 def process_state(pid: int) -> str | None:
@@ -63,38 +71,62 @@ def process_state(pid: int) -> str | None:
     return stat[stat.rindex(b")") + 2:stat.rindex(b")") + 3].decode()
 
 
-def start(listener: socket.socket, pid: int | None = None) -> subprocess.Popen:
-    """Start the watch of process ``pid`` (default: this one) on a bound, listening socket.
+def _runs(pid: int) -> str | None:
+    """How many times the kernel has put ``pid``'s main thread on a CPU (it moves on every
+    stop and continue too), as text; None where the kernel does not say."""
+    try:
+        with open(f"/proc/{pid}/schedstat", "rb") as f:
+            return f.read().split()[2].decode()
+    except (OSError, IndexError):
+        pass
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            return ",".join(line.split()[1].decode() for line in f
+                            if line.endswith(b"ctxt_switches:", 0, line.index(b":") + 1))
+    except (OSError, ValueError, IndexError):
+        return None
 
-    The watch gets its own copy of ``listener`` (the caller closes its own), its own
-    session, and a stdin pipe whose write end the returned Popen holds: close it (see
-    :func:`stop`) or exit, and the watch ends within :data:`TICK_S` seconds.
+
+def start(listener: socket.socket, pid: int | None = None,
+          tick: float = TICK_S) -> subprocess.Popen:
+    """Start the watch of process ``pid`` (default: this one) on a bound socket.
+
+    The watch gets its own copy of ``listener`` (the caller closes its own; it need not
+    listen yet), its own session, and a stdin pipe whose write end the returned Popen
+    holds: the rank's exit closes it, and the watch ends within ``tick`` seconds (or when
+    ``/proc/PID`` is gone, should a forked child of the rank hold the pipe open).
+
+    Args:
+        tick: seconds between two samples of the process's state (at most :data:`TICK_S`).
 
     Raises:
         OSError: the watch could not be started.
     """
     pid = os.getpid() if pid is None else pid
+    listener.listen(BACKLOG)
     fd = listener.fileno()
     return subprocess.Popen(
-        [sys.executable, "-I", "-S", os.path.abspath(__file__), str(fd), str(pid)],
+        [sys.executable, "-I", "-S", os.path.abspath(__file__), str(fd), str(pid),
+         repr(min(tick, TICK_S))],
         stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         pass_fds=(fd,), start_new_session=True, close_fds=True)
 
 
 def stop(watch: subprocess.Popen) -> None:
-    """End a watch started by :func:`start`, and reap it."""
+    """End a watch started by :func:`start` at once, and reap it."""
     try:
         watch.stdin.close()
     except OSError:
         pass
+    watch.terminate()       # at once: a forked child of the rank may hold the pipe open
     try:
-        watch.wait(timeout=2 * TICK_S + 1.0)
+        watch.wait(timeout=1.0)
     except subprocess.TimeoutExpired:
         watch.kill()
         watch.wait()
 
 
-def _serve(fd: int, pid: int) -> None:
+def _serve(fd: int, pid: int, tick: float) -> None:
     """The watch's loop (the script's body): sample, answer, end with the rank."""
     listener = socket.socket(fileno=fd)
     listener.setblocking(False)
@@ -102,16 +134,18 @@ def _serve(fd: int, pid: int) -> None:
     sel.register(listener, selectors.EVENT_READ, "connection")
     sel.register(0, selectors.EVENT_READ, "rank")
     stopped_since = None
+    runs = None
     while True:
         state = process_state(pid)
         if state is None:
             return
         now = time.monotonic()
-        if state != "T":
-            stopped_since = None
+        ran, runs = runs, _runs(pid)
+        if state != "T" or ran != runs:     # running, or ran since the last sample
+            stopped_since = None if state != "T" else now
         elif stopped_since is None:
             stopped_since = now
-        for key, _ in sel.select(TICK_S):
+        for key, _ in sel.select(tick):
             if key.data == "rank":
                 if not os.read(0, 4096):
                     return                      # the rank closed the pipe or exited
@@ -141,48 +175,58 @@ class Asker:
 
     Args:
         addresses: peer -> (host, port) of its watch.
-        patience: seconds after which a peer stopped, or a watch that accepted but did not
-            answer, is reported (half ``PYCOMM_PEER_TIMEOUT``); a question is asked again at
-            most every half of it.
+        patience: seconds a peer must have been stopped (or its watch silent), while the
+            asking rank was awake, before it is reported: half ``PYCOMM_PEER_TIMEOUT``.
     """
 
     def __init__(self, addresses: dict[int, tuple[str, int]], patience: float):
         self.addresses = addresses
         self.patience = patience
         self._asks: dict[int, list] = {}    # peer -> [socket, started, connected]
-        self._last: dict[int, float] = {}   # peer -> when it was last asked
+        self._next: dict[int, float] = {}   # peer -> when to ask it again
 
-    def poll(self, peers) -> tuple[int, str] | None:
-        """Ask the watches of ``peers`` (those not asked lately) and read the answers in.
+    def poll(self, peers, awake_since: float) -> tuple[int, str] | None:
+        """Ask the watches of ``peers`` (when due) and read their answers in.
 
-        Returns ``(peer, why)`` for the first peer known not to run for ``patience``
-        seconds — stopped by the kernel's account, or its watch silent on an open
-        connection — else None. Never blocks.
+        ``awake_since`` (``time.monotonic()``) is when the asking rank's wait began, or
+        later, when it last found itself stopped: questions asked before it are dropped
+        unread (their answers describe another wait, or a time the asker slept through),
+        and a peer's stop counts only from it.
+
+        Returns ``(peer, why)`` for the first peer of ``peers`` that has not run for
+        ``patience`` seconds of that time — stopped by the kernel's account, or its watch
+        silent on an open connection — else None. Never blocks.
         """
         now = time.monotonic()
-        for peer in peers:
+        wanted = set(peers)
+        for peer, ask in list(self._asks.items()):
+            if peer not in wanted or ask[1] < awake_since:
+                self._drop(peer)
+        for peer in wanted:
             if peer in self.addresses and peer not in self._asks and \
-                    now - self._last.get(peer, -1e9) >= self.patience / 2:
+                    now >= self._next.get(peer, 0.0):
                 self._ask(peer, now)
         found = None
         for peer, ask in list(self._asks.items()):
-            why = self._read(peer, ask, now)
+            why = self._read(peer, ask, now, now - awake_since)
             if why is not None and found is None:
                 found = (peer, why)
         return found
 
     def _ask(self, peer: int, now: float) -> None:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._next[peer] = now + self.patience / 4
+        try:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        except OSError:                         # out of descriptors: ask later
+            return
         sock.setblocking(False)
         err = sock.connect_ex(self.addresses[peer])
         if err not in (0, errno.EINPROGRESS):
             sock.close()                        # refused: the watch is gone; nothing known
-            self._last[peer] = now
             return
         self._asks[peer] = [sock, now, err == 0]
-        self._last[peer] = now
 
-    def _read(self, peer: int, ask: list, now: float) -> str | None:
+    def _read(self, peer: int, ask: list, now: float, awake_s: float) -> str | None:
         sock, started, connected = ask
         if not connected:
             try:
@@ -202,7 +246,7 @@ class Asker:
                 return self._drop(peer)
             if line is not None:
                 self._drop(peer)
-                return self._verdict(line)
+                return self._verdict(peer, line, now, awake_s)
             if now - started >= self.patience:
                 self._drop(peer)
                 return (f"its watch accepted a question {now - started:.1f} s ago and has "
@@ -211,15 +255,19 @@ class Asker:
             return self._drop(peer)             # no SYN-ACK: the link's business
         return None
 
-    def _verdict(self, line: bytes) -> str | None:
+    def _verdict(self, peer: int, line: bytes, now: float, awake_s: float) -> str | None:
         try:
             pid, state, stopped = line.decode().split()
             stopped_s = float(stopped)
         except ValueError:
             return None
-        if state == "T" and stopped_s >= self.patience:
-            return (f"its process (pid {pid}) has been stopped for {stopped_s:.1f} s "
-                    "(SIGSTOP or a job-control stop)")
+        if state == "T":
+            counted = min(stopped_s, awake_s)
+            if counted >= self.patience:
+                return (f"its process (pid {pid}) has been stopped for {stopped_s:.1f} s "
+                        "(SIGSTOP or a job-control stop)")
+            # ask again once it would have been stopped long enough
+            self._next[peer] = now + self.patience - counted + TICK_S
         return None
 
     def _drop(self, peer: int) -> None:
@@ -234,4 +282,4 @@ class Asker:
 
 
 if __name__ == "__main__":
-    _serve(int(sys.argv[1]), int(sys.argv[2]))
+    _serve(int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]))

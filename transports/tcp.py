@@ -28,6 +28,7 @@ from __future__ import annotations
 import errno
 import selectors
 import socket
+import sys
 import time
 from collections import deque
 from typing import Any
@@ -47,9 +48,10 @@ _SOCKBUF = 4 * 1024 * 1024
 
 
 def _note_watch(watches: dict, peer: int, host: str, card_rest: list) -> None:
-    """Record the watch address of ``peer`` if it runs on another host and has one
-    (``card_rest``: what follows host and port in its published card)."""
-    if len(card_rest) >= 2 and card_rest[1] and card_rest[0] != socket.gethostname():
+    """Record the watch address of ``peer`` if it published one (``card_rest``: what
+    follows host and port in its card; a rank publishes one only for a world in which
+    it has peers on other hosts)."""
+    if len(card_rest) >= 2 and card_rest[1]:
         watches[peer] = (host, card_rest[1])
 
 
@@ -75,10 +77,12 @@ class TcpTransport(Transport):
         peer_timeout: seconds after which a silent or unacknowledging peer is lost (TCP
             keepalive probes from a third of it on, and ``TCP_USER_TIMEOUT``): a pulled
             cable or a frozen host becomes a PeerLostError naming the peer's host (None: the
-            kernel's defaults, i.e. hours). With it, a rank whose peers include one on
-            another host also starts a process watch (:mod:`transports.procwatch`), so that
-            a peer whose process is stopped while its kernel runs (which keepalive cannot
+            kernel's defaults, i.e. hours). With it and ``remote_peers``, the rank also
+            starts a process watch (:mod:`transports.procwatch`), so that a peer on another
+            host whose process is stopped while its kernel runs (which keepalive cannot
             see) is found too: see :meth:`not_running`.
+        remote_peers: the peers on other hosts (the world's layout, known before the
+            transports connect); a peer on this host is never asked about.
     """
 
     name = "tcp"
@@ -88,11 +92,12 @@ class TcpTransport(Transport):
 
     def __init__(self, rank, size, job_id, token, sink, *, host: str | None = None,
                  port_range: tuple[int, int] | None = None, peer_timeout: float | None = None,
-                 **options: Any):
+                 remote_peers=(), **options: Any):
         super().__init__(rank, size, job_id, token, sink)
         self.host = host or "127.0.0.1"
         self.port_range = port_range
         self.peer_timeout = peer_timeout
+        self.remote_peers = frozenset(remote_peers)
         self._where: dict[int, str] = {}    # peer -> "host NAME at ADDR:PORT", for errors
         self._conns: dict[int, _Conn] = {}
         self._by_fd: dict[int, _Conn] = {}
@@ -130,9 +135,13 @@ class TcpTransport(Transport):
         watch_lst = None
         watches: dict[int, tuple[str, int]] = {}
         try:
-            if self.peer_timeout and peers:
-                watch_lst = bind_listener(self.host, self.port_range)
-                watch_lst.listen(BACKLOG)
+            if self.peer_timeout and self.remote_peers.intersection(peers):
+                try:
+                    watch_lst = bind_listener(self.host, self.port_range)
+                except TransportError as exc:
+                    raise TransportError(f"rank {self.rank} (host {socket.gethostname()}), "
+                                         f"its process watch: {exc}") from exc
+                watch_lst.listen(procwatch.BACKLOG)
             key = f"tcp/{self.job_id}/"
             store.set(key + str(self.rank), msgpack.packb(
                 [self.host, lst.getsockname()[1], socket.gethostname(),
@@ -165,10 +174,9 @@ class TcpTransport(Transport):
                                                               timeout=timeout))
                 self._where[peer] = f"host {rest[0] if rest else '?'} at {host}:{port}"
                 _note_watch(watches, peer, host, rest)
-            if watches and watch_lst is not None:
-                self._watch = procwatch.start(watch_lst)
-                self._asker = procwatch.Asker(watches, self.peer_timeout / 2)
-                self.watch_after = self.peer_timeout / 4
+            watches = {p: a for p, a in watches.items() if p in self.remote_peers}
+            if watch_lst is not None:
+                self._start_watch(watch_lst, watches)
         finally:
             gate.close()
             self._listener = None
@@ -208,16 +216,33 @@ class TcpTransport(Transport):
         self._by_fd[conn.fd] = conn
         self._sel.register(sock, selectors.EVENT_READ, conn)
 
-    def not_running(self, peers) -> tuple[int, str] | None:
+    def _start_watch(self, listener: socket.socket, watches: dict) -> None:
+        """Start this rank's process watch on ``listener`` and ask ``watches`` (peer ->
+        address) about the others. A watch that cannot start (no interpreter to run it,
+        no process to spare) costs only the stopped-peer check, which the others then
+        cannot make about this rank: say so, and go on."""
+        patience = self.peer_timeout / 2
+        try:
+            self._watch = procwatch.start(listener, tick=patience / 4)
+        except OSError as exc:
+            print(f"pycomm: rank {self.rank} (host {socket.gethostname()}): cannot start "
+                  f"its process watch ({exc}); its peers will not learn that it is stopped "
+                  "if it ever is", file=sys.stderr, flush=True)
+        if watches:
+            self._asker = procwatch.Asker(watches, patience)
+            self.watch_after = self.peer_timeout / 4
+
+    def not_running(self, peers, awake_since: float) -> tuple[int, str] | None:
         """A peer (of ``peers``, or one not reading what we queued for it) on another host
-        whose process has not run for half ``peer_timeout``, by its host's process watch:
+        whose process has not run for half ``peer_timeout`` while this rank was awake
+        (since ``awake_since``, ``time.monotonic()``), by its host's process watch:
         ``(peer, why)``, ``why`` naming its host; else None. Asks without blocking
-        (:class:`transports.procwatch.Asker`); call it every few hundred milliseconds of a
-        stalled wait."""
+        (:meth:`transports.procwatch.Asker.poll`); call it every few hundred milliseconds
+        of a stalled wait."""
         if self._asker is None:
             return None
         queued = [p for p, conn in self._conns.items() if conn.queue]
-        found = self._asker.poll([*peers, *queued] if queued else peers)
+        found = self._asker.poll([*peers, *queued] if queued else peers, awake_since)
         if found is None:
             return None
         peer, why = found

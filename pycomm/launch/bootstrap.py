@@ -358,7 +358,9 @@ def create_world(job: JobEnv | None = None, **options):
                                 config.get("PYCOMM_SHM_COLL_BYTES"))}
                 elif tname == "tcp":
                     opts = {"host": listen, "port_range": port_range,
-                            "peer_timeout": config.get("PYCOMM_PEER_TIMEOUT")}
+                            "peer_timeout": config.get("PYCOMM_PEER_TIMEOUT"),
+                            "remote_peers": [p for p in peers if infos[p]["host"] !=
+                                             infos[je.rank]["host"]]}
                 elif tname == "rdma":
                     opts = {"host": listen, "cma": config.get("PYCOMM_CMA")}
                 t = get_transport_class(tname)(je.rank, je.size, je.job_id, je.token, engine,
@@ -387,12 +389,13 @@ def create_world(job: JobEnv | None = None, **options):
         if store is not None:           # the stall inspector reaches the store on its own
             addr, port, token = je.master_addr, je.master_port, je.token
             # The store is up by now: a client that cannot reach it within a few seconds
-            # means its host is gone (under torchrun rank 0 hosts it), and the inspector's
-            # report of an error must not hold the failing rank for the whole timeout.
+            # means its host is gone (under torchrun rank 0 hosts it), and one that refuses
+            # means it is gone (its rank exited): the inspector's report of an error must
+            # not hold the failing rank for the whole timeout.
             reach = min(timeout, _INSPECTOR_CONNECT_S)
             engine._inspector = inspector = Inspector(
                 je.rank, je.size, je.job_id,
-                lambda: StoreClient(addr, port, token, timeout=reach),
+                lambda: StoreClient(addr, port, token, timeout=reach, wait_for_server=False),
                 config.get("PYCOMM_STALL_WARN"), sigusr1, client=store)
             store = None                # its responder thread owns the start-up client now
     except TransportError as exc:

@@ -33,14 +33,19 @@ class StoreClient:
         token: the job secret (see :func:`normalize_token` for accepted forms).
         timeout: default seconds for connecting plus the handshake, and for every
             blocking call. A server that is not listening yet is retried until then.
+        wait_for_server: False for a client made once the server is known to be up (the
+            stall inspector's): a refused connection then means the server is gone, a
+            CommError at once rather than retries for ``timeout`` seconds.
 
     Raises:
         CommTimeoutError: the server did not complete the handshake within ``timeout``.
         ProtocolError: the server refused us (wrong token) or failed to prove itself.
     """
 
-    def __init__(self, host: str, port: int, token: bytes | str, *, timeout: float):
+    def __init__(self, host: str, port: int, token: bytes | str, *, timeout: float,
+                 wait_for_server: bool = True):
         self.timeout = float(timeout)
+        self._wait_for_server = wait_for_server
         self.address = f"{host}:{port}"
         self._key = normalize_token(token)
         self._max_bytes = int(config.get("PYCOMM_STORE_MAX_BYTES"))
@@ -73,7 +78,13 @@ class StoreClient:
                                        f"authentication hello within {self.timeout:g} s")
             try:
                 sock = socket.create_connection((host, port), timeout=min(left, 1.0))
-            except OSError:          # not listening yet (a rank may start before rank 0)
+            except ConnectionRefusedError as exc:
+                if not self._wait_for_server:
+                    raise CommError(f"store at {self.address} is gone: {exc}") from None
+                # not listening yet (a rank may start before rank 0)
+                time.sleep(min(0.05, max(deadline - time.monotonic(), 0)))
+                continue
+            except OSError:          # not reachable yet
                 time.sleep(min(0.05, max(deadline - time.monotonic(), 0)))
                 continue
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
