@@ -21,7 +21,7 @@ Any ``p``. Rank ``r`` keeps a scratch copy in which block ``i`` is block ``r+i``
 ``k`` (distance ``d = 2^k``) it sends its first ``min(d, p-d)`` blocks to ``r-d`` and
 appends the same number received from ``r+d``. After ``L = ceil(log2 p)`` steps it holds
 all ``p`` blocks rotated by ``r`` and copies them into place. Step ``k`` moves
-``min(2^k, p - 2^k)`` blocks. Time ``L α + n(p-1)/p β + n(β + σ)`` (the last term: the
+``min(2^k, p - 2^k)`` blocks. Time ``L α + n(p-1)/p β + nβ`` (the last term: the
 rotation into place, a local copy); scratch ``n`` (none on rank 0). Beats the ring at small ``n``
 and non-power-of-two ``p``.
 

@@ -16,7 +16,7 @@ block whose position has bit ``k`` set is packed, sent to ``r+d`` and replaced b
 blocks received from ``r-d``. A block at position ``i`` thus travels ``i`` ranks in
 ``popcount(i)`` hops and lands on its destination; a final rotation and reversal puts the
 block from rank ``s`` at ``recvbuf`` block ``s``. ``L = ceil(log2 p)`` messages of about
-``n/2`` bytes each: time ``L(α + (n/2)β) + 2nσ`` (pack and rotation scratch). Wins for small
+``n/2`` bytes each: time ``L(α + (n/2)β)``, plus the local pack and rotation copies. Wins for small
 blocks on many ranks, where ``(p-1)α`` dominates the pairwise exchange.
 
 **alltoallv pairwise** (MPICH ``alltoallv_intra_pairwise_sendrecv_replace``-style): the

@@ -5,8 +5,7 @@ Two collectives share these schedules. ``reduce_scatter`` (MPI ``Reduce_scatter`
 lie back to back, ``sendbuf`` has ``sum(counts)`` elements and ``recvbuf`` ``counts[rank]``.
 ``reduce_scatter_block``: every block has ``count = recvbuf.size`` elements. Notation:
 ``p`` ranks, ``n`` bytes per send buffer, ``α`` latency per message, ``β`` seconds per byte,
-``γ`` seconds per byte reduced, ``σ`` seconds per byte of fresh scratch;
-``q = pof2_floor(p)``.
+``γ`` seconds per byte reduced; ``q = pof2_floor(p)``.
 
 **ring** (Patarasuk & Yuan 2009, first half of the ring allreduce; Gloo
 ``reduce_scatter.h``). Block ``b`` starts at rank ``b+1`` and travels right around the ring,

@@ -96,7 +96,7 @@ The reduce-scatter serves per-rank counts (``reduce_scatter``: segments and bloc
 sizes, zeros included) and equal blocks (``reduce_scatter_block``). Cost (α-β-γ, the ring
 inside, ``n`` bytes of the whole vector): ``(a-1) + (b-1)`` messages per rank where the
 ring takes ``p-1``, and ``n(p-1)/p`` bytes sent (all-gather: ``(a-1)n/p`` in (1), ``(b-1)an/p``
-in (2)), plus ``n(p-1)/p γ`` for the reduce-scatter and ``nσ`` where a copy is made; on
+in (2)), plus ``n(p-1)/p γ`` for the reduce-scatter and ``nβ`` where a copy is made; on
 the host grid ``(H-1)n/H`` per host over the link. Time ``AG(n/b, a) + AG(n, b)`` and
 ``RS(n, b) + RS(n/b, a)``, the inner phases at the model's picks for the group's size,
 bytes and link (priced on the near-square grid by
