@@ -3,7 +3,8 @@ the launcher and pool.run, with what it last did (pycomm.stall, issue 15).
 
 The jobs are fresh 3-rank worlds started by ``launch.py`` (or ``pycomm.spawn``): rank 2
 sleeps after a Bcast while ranks 0 and 1 enter an Allreduce, with PYCOMM_STALL_WARN=1 and a
-3 s timeout. The world's own start-up runs Allreduce #1 and Barrier #2, so the program's
+3 s timeout. The launched jobs run at the same time (they mostly wait), started by a
+module fixture; each test checks one job's output. The world's own start-up runs Allreduce #1 and Barrier #2, so the program's
 Bcast is #3 and its Allreduce #4 on pycomm.COMM_WORLD.
 """
 
@@ -50,17 +51,55 @@ HANG = textwrap.dedent("""
 """)
 
 
-def run_job(tmp_path, transport: str, mode: str, warn: str = "1", timeout: str = "3"):
-    script = tmp_path / "hang.py"
+# Every job of this module: (transport, mode, PYCOMM_STALL_WARN). Each spends its seconds
+# waiting (rank 2 asleep, the others until the warning and the 3 s timeout), so the
+# fixture below starts them all at once and the tests read their outcomes.
+JOBS = [("shm", "collective", "1"), ("tcp", "collective", "1"), ("rdma", "collective", "1"),
+        ("shm", "p2p", "1"), ("shm", "nonblocking", "1"), ("shm", "collective", "30")]
+
+
+def _start_job(folder: Path, transport: str, mode: str, warn: str, timeout: str = "3"):
+    """``launch.py -n 3`` of HANG in ``folder``; (process, start time, stdout, stderr files)."""
+    script = folder / "hang.py"
     script.write_text(HANG)
     env = {**os.environ, "PYCOMM_STALL_WARN": warn,
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT),
                                                        os.environ.get("PYTHONPATH")]))}
-    start = time.monotonic()
-    proc = subprocess.run([sys.executable, LAUNCH, "-n", "3", "--transport", transport,
-                           "--timeout", timeout, str(script), mode], capture_output=True,
-                          text=True, timeout=60, env=env, check=False)
-    return proc, time.monotonic() - start
+    out, err = open(folder / "stdout", "w"), open(folder / "stderr", "w")
+    proc = subprocess.Popen([sys.executable, LAUNCH, "-n", "3", "--transport", transport,
+                             "--timeout", timeout, str(script), mode], stdout=out,
+                            stderr=err, text=True, env=env)
+    out.close()
+    err.close()
+    return proc, time.monotonic(), folder
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory):
+    """Every job of JOBS, started together: key -> (CompletedProcess, seconds it took)."""
+    from conftest import _CACHE
+    _CACHE.close()          # no shared world beside them
+    started = {key: _start_job(tmp_path_factory.mktemp("hang"), *key) for key in JOBS}
+    took = {}
+    deadline = time.monotonic() + 60
+    try:
+        while len(took) < len(started) and time.monotonic() < deadline:
+            for key, (proc, start, _) in started.items():
+                if key not in took and proc.poll() is not None:
+                    took[key] = time.monotonic() - start
+            time.sleep(0.02)
+    finally:
+        for proc, _, _ in started.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    done = {}
+    for key, (proc, start, folder) in started.items():
+        assert key in took, f"job {key} did not end within 60 s"
+        done[key] = (subprocess.CompletedProcess(
+            proc.args, proc.returncode, (folder / "stdout").read_text(),
+            (folder / "stderr").read_text()), took[key])
+    return done
 
 
 MISSING = "ranks [2] have not called Allreduce #4 on pycomm.COMM_WORLD"
@@ -68,8 +107,8 @@ LAST = "rank 2 last completed Bcast #3 on pycomm.COMM_WORLD"
 
 
 @pytest.mark.parametrize("transport", ["shm", "tcp", "rdma"])
-def test_hung_rank_is_named_everywhere(tmp_path, transport):
-    proc, took = run_job(tmp_path, transport, "collective")
+def test_hung_rank_is_named_everywhere(jobs, transport):
+    proc, took = jobs[transport, "collective", "1"]
     err = proc.stderr
     assert proc.returncode == 1, err
     assert took < 15, err                  # rank 2 sleeps 30 s: it was stopped, not awaited
@@ -102,8 +141,8 @@ def test_hung_rank_is_named_everywhere(tmp_path, transport):
     assert re.search(r"^\[2\] +\d+ +Bcast +pycomm.COMM_WORLD +3 +8 ", err, re.MULTILINE), err
 
 
-def test_point_to_point_stall_names_the_peer(tmp_path):
-    proc, _ = run_job(tmp_path, "shm", "p2p")
+def test_point_to_point_stall_names_the_peer(jobs):
+    proc, _ = jobs["shm", "p2p", "1"]
     err = proc.stderr
     warn = re.search(r"^\[0\] pycomm: rank 0: warning: Recv from rank 2 \(tag 7\) on "
                      r"pycomm.COMM_WORLD has waited [\d.]+ s for rank 2 .*: (.*)$", err, re.MULTILINE)
@@ -120,8 +159,8 @@ def test_point_to_point_stall_names_the_peer(tmp_path):
     assert "pycomm.launch: rank 2 caused the failure" in err
 
 
-def test_nonblocking_collective_stall_names_the_hung_rank(tmp_path):
-    proc, _ = run_job(tmp_path, "shm", "nonblocking")
+def test_nonblocking_collective_stall_names_the_hung_rank(jobs):
+    proc, _ = jobs["shm", "nonblocking", "1"]
     err = proc.stderr
     missing = "ranks [2] have not called Iallreduce #4 on pycomm.COMM_WORLD"
     for r in (0, 1):    # the progress thread's wait warns; the Wait or the schedule times out
@@ -134,8 +173,8 @@ def test_nonblocking_collective_stall_names_the_hung_rank(tmp_path):
     assert re.search(r"^pycomm.launch: rank 2 caused the failure", err, re.MULTILINE), err
 
 
-def test_no_warning_before_the_threshold(tmp_path):
-    proc, _ = run_job(tmp_path, "shm", "collective", warn="30")
+def test_no_warning_before_the_threshold(jobs):
+    proc, _ = jobs["shm", "collective", "30"]
     assert not re.search(r"pycomm: rank \d: warning:", proc.stderr), proc.stderr
     # without a warning first, the timeout still asks and names the missing rank
     assert re.search(r"CommTimeoutError: rank \d: Allreduce #4 .*" + re.escape(MISSING),
