@@ -36,7 +36,9 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
+import subprocess
 import sys
+import time
 import types
 
 import cloudpickle
@@ -228,3 +230,40 @@ def _environment(env: dict):
 
 def pytest_sessionfinish(session) -> None:
     _CACHE.close()
+
+
+def run_at_once(jobs: dict, folder, timeout: float = 120.0) -> dict:
+    """Start every job of ``jobs`` (key -> ``(argv, options)``, ``options`` for
+    :class:`subprocess.Popen`: ``cwd``, ``env``) at the same time and wait for all; return
+    key -> ``(CompletedProcess with text stdout and stderr, seconds the job took)``.
+
+    For tests whose launched jobs spend their time waiting (a timeout, a sleeping rank):
+    run one after another they cost the sum of those waits, together about the longest.
+    Output goes to files under ``folder`` (no pipe to fill); a job still running after
+    ``timeout`` seconds is killed and reported with return code None."""
+    started = {}
+    for i, (key, (argv, options)) in enumerate(jobs.items()):
+        out, err = (open(os.path.join(folder, f"job{i}.{k}"), "w") for k in ("out", "err"))
+        with out, err:
+            started[key] = (subprocess.Popen(argv, stdout=out, stderr=err, text=True,
+                                             **options), time.monotonic(), i)
+    took: dict = {}
+    deadline = time.monotonic() + timeout
+    try:
+        while len(took) < len(started) and time.monotonic() < deadline:
+            for key, (proc, start, _) in started.items():
+                if key not in took and proc.poll() is not None:
+                    took[key] = time.monotonic() - start
+            time.sleep(0.02)
+    finally:
+        for proc, _, _ in started.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    done = {}
+    for key, (proc, start, i) in started.items():
+        text = [open(os.path.join(folder, f"job{i}.{k}")).read() for k in ("out", "err")]
+        code = proc.returncode if key in took else None
+        done[key] = (subprocess.CompletedProcess(proc.args, code, *text),
+                     took.get(key, time.monotonic() - start))
+    return done

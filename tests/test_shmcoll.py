@@ -418,12 +418,17 @@ def test_ranks_of_a_host_that_disagree_on_the_area_size_fail_at_connect():
 
 
 # -- failures, on whole jobs ----------------------------------------------------------------
-def _launch(tmp_path, program: str, n: int = 2, env: dict | None = None):
+def _launch_job(tmp_path, program: str, n: int = 2, env: dict | None = None):
+    """``launch.py -n n`` of ``program`` written in ``tmp_path``: (argv, Popen options)."""
     prog = tmp_path / "prog.py"
     prog.write_text(textwrap.dedent(program))
-    return subprocess.run([sys.executable, str(ROOT / "launch.py"), "-n", str(n), str(prog)],
-                          cwd=str(tmp_path), capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYCOMM_TIMEOUT": "60", **(env or {})})
+    return ([sys.executable, str(ROOT / "launch.py"), "-n", str(n), str(prog)],
+            {"cwd": str(tmp_path), "env": {**os.environ, "PYCOMM_TIMEOUT": "60", **(env or {})}})
+
+
+def _launch(tmp_path, program: str, n: int = 2, env: dict | None = None):
+    argv, options = _launch_job(tmp_path, program, n, env)
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120, **options)
 
 
 @pytest.mark.parametrize("count,path", [(4, "shared_slots"), (1 << 18, "shm_direct")])

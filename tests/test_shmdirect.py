@@ -30,8 +30,8 @@ import numpy as np
 import pytest
 
 import pycomm
-from conftest import World
-from test_shmcoll import _contribution, _launch
+from conftest import World, run_at_once
+from test_shmcoll import _contribution, _launch_job
 from pycomm.plan import plan_call
 from pycomm.shmdirect import ALLGATHER_MAX_BYTES, CHUNK_BYTES, SHM_DIRECT
 
@@ -309,15 +309,40 @@ def test_a_peer_by_messages_or_with_another_count_never_hangs(world):
         assert after[-1] == n, (rank, after)             # usable again
 
 
-def test_without_cross_memory_attach_the_call_sends_messages(tmp_path):
-    # (a peer dying inside a direct call: test_shmcoll.py's slot-wait death test)
-    proc = _launch(tmp_path, """
+def _launched_jobs() -> dict:
+    """The launched jobs of this module: key -> (program, ranks, environment)."""
+    jobs = {"no-cma": (_NO_CMA, 2, {"PYCOMM_CMA": "0"}),
+            ("withdrawal", "allreduce", 2): (_WITHDRAWAL_ALLREDUCE, 2,
+                                             {"PYCOMM_TIMEOUT": "1.5"})}
+    for collective in ("reduce_scatter_block", "allgather", "bcast"):
+        for n in (2, 3):
+            jobs["withdrawal", collective, n] = (_WITHDRAWAL.format(collective=collective),
+                                                 n, {"PYCOMM_TIMEOUT": "1.5"})
+    return jobs
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory) -> dict:
+    """Every launched job of this module, started at once (their seconds go to timeouts
+    and to ranks waiting for each other's files): key -> CompletedProcess."""
+    jobs = {key: _launch_job(tmp_path_factory.mktemp("job"), *job)
+            for key, job in _launched_jobs().items()}
+    done = run_at_once(jobs, tmp_path_factory.mktemp("out"), timeout=120)
+    return {key: proc for key, (proc, _) in done.items()}
+
+
+_NO_CMA = """
         import numpy as np, pycomm
         comm = pycomm.init()
         x = np.full(1 << 18, comm.rank + 1.0)
         comm.Allreduce(pycomm.IN_PLACE, x)
         print("CHOSEN", comm.chosen_algorithm("allreduce", x.nbytes), x[0], x[-1], flush=True)
-        """, env={"PYCOMM_CMA": "0"})
+        """
+
+
+def test_without_cross_memory_attach_the_call_sends_messages(launched):
+    # (a peer dying inside a direct call: test_shmcoll.py's slot-wait death test)
+    proc = launched["no-cma"]
     lines = [ln for ln in proc.stdout.splitlines() if "CHOSEN" in ln]
     assert proc.returncode == 0 and len(lines) == 2, proc.stdout + proc.stderr
     for ln in lines:
@@ -325,11 +350,7 @@ def test_without_cross_memory_attach_the_call_sends_messages(tmp_path):
         assert name != SHM_DIRECT and float(first) == float(last) == 3.0, ln
 
 
-def test_a_rank_that_fails_withdraws_its_buffer_before_a_slow_peer_reads_it(tmp_path):
-    # rank 1 is descheduled in the all-gather phase; rank 0 times out in its last wait,
-    # and reuses its buffer at once: rank 1, which reads only then (it waits for rank 0's
-    # file), must not return what it reads
-    proc = _launch(tmp_path, """
+_WITHDRAWAL_ALLREDUCE = """
         import os, time, numpy as np, pycomm
         from pycomm import shmdirect
         comm = pycomm.init()
@@ -366,7 +387,14 @@ def test_a_rank_that_fails_withdraws_its_buffer_before_a_slow_peer_reads_it(tmp_
             wait_for("done-1")              # alive while rank 1 reads (else: ESRCH)
         else:
             open("done-1", "w").close()
-        """, env={"PYCOMM_TIMEOUT": "1.5"})
+        """
+
+
+def test_a_rank_that_fails_withdraws_its_buffer_before_a_slow_peer_reads_it(launched):
+    # rank 1 is descheduled in the all-gather phase; rank 0 times out in its last wait,
+    # and reuses its buffer at once: rank 1, which reads only then (it waits for rank 0's
+    # file), must not return what it reads
+    proc = launched["withdrawal", "allreduce", 2]
     results = {}
     for ln in proc.stdout.splitlines():
         words = ln.split()
@@ -457,12 +485,11 @@ _WITHDRAWAL = """
 @pytest.mark.parametrize("n", [2, 3])
 @pytest.mark.parametrize("collective", ["reduce_scatter_block", "allgather", "bcast"])
 def test_a_rank_that_fails_withdraws_its_block_before_a_slow_peer_reads_it(
-        tmp_path, collective, n):
+        launched, collective, n):
     # as the all-reduce's test above: rank 1 is descheduled before it reads anything; the
     # others time out waiting for it, withdraw, and reuse their buffers at once; only then
     # does rank 1 read them: it must not return what it read
-    proc = _launch(tmp_path, _WITHDRAWAL.format(collective=collective), n=n,
-                   env={"PYCOMM_TIMEOUT": "1.5"})
+    proc = launched["withdrawal", collective, n]
     out = proc.stdout + proc.stderr
     results = {}
     for ln in proc.stdout.splitlines():

@@ -22,6 +22,7 @@ import cloudpickle
 import pytest
 
 import pycomm
+from conftest import _CACHE, run_at_once
 from pycomm import stall
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -58,48 +59,24 @@ JOBS = [("shm", "collective", "1"), ("tcp", "collective", "1"), ("rdma", "collec
         ("shm", "p2p", "1"), ("shm", "nonblocking", "1"), ("shm", "collective", "30")]
 
 
-def _start_job(folder: Path, transport: str, mode: str, warn: str, timeout: str = "3"):
-    """``launch.py -n 3`` of HANG in ``folder``; (process, start time, stdout, stderr files)."""
+def _job(folder: Path, transport: str, mode: str, warn: str, timeout: str = "3"):
+    """``launch.py -n 3`` of HANG written in ``folder``: (argv, Popen options)."""
     script = folder / "hang.py"
     script.write_text(HANG)
     env = {**os.environ, "PYCOMM_STALL_WARN": warn,
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT),
                                                        os.environ.get("PYTHONPATH")]))}
-    out, err = open(folder / "stdout", "w"), open(folder / "stderr", "w")
-    proc = subprocess.Popen([sys.executable, LAUNCH, "-n", "3", "--transport", transport,
-                             "--timeout", timeout, str(script), mode], stdout=out,
-                            stderr=err, text=True, env=env)
-    out.close()
-    err.close()
-    return proc, time.monotonic(), folder
+    return [sys.executable, LAUNCH, "-n", "3", "--transport", transport, "--timeout",
+            timeout, str(script), mode], {"env": env}
 
 
 @pytest.fixture(scope="module")
 def jobs(tmp_path_factory):
     """Every job of JOBS, started together: key -> (CompletedProcess, seconds it took)."""
-    from conftest import _CACHE
     _CACHE.close()          # no shared world beside them
-    started = {key: _start_job(tmp_path_factory.mktemp("hang"), *key) for key in JOBS}
-    took = {}
-    deadline = time.monotonic() + 60
-    try:
-        while len(took) < len(started) and time.monotonic() < deadline:
-            for key, (proc, start, _) in started.items():
-                if key not in took and proc.poll() is not None:
-                    took[key] = time.monotonic() - start
-            time.sleep(0.02)
-    finally:
-        for proc, _, _ in started.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    done = {}
-    for key, (proc, start, folder) in started.items():
-        assert key in took, f"job {key} did not end within 60 s"
-        done[key] = (subprocess.CompletedProcess(
-            proc.args, proc.returncode, (folder / "stdout").read_text(),
-            (folder / "stderr").read_text()), took[key])
-    return done
+    folder = tmp_path_factory.mktemp("hang")
+    return run_at_once({key: _job(tmp_path_factory.mktemp("job"), *key) for key in JOBS},
+                       folder, timeout=60)
 
 
 MISSING = "ranks [2] have not called Allreduce #4 on pycomm.COMM_WORLD"
