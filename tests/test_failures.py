@@ -8,7 +8,8 @@ no process or /dev/shm segment outlives the job.
 
 The survivors' side is observed with a bare :class:`pycomm.launch.launcher.RankGroup`, which does
 not stop the other ranks when one dies (a Pool or ``launch.py`` would SIGTERM them at
-once): each survivor writes what its blocked call raised to a file and exits. The parent's
+once): each survivor writes what its blocked call raised to a file and exits. Those worlds
+run four at a time, from a module fixture; each test checks one. The parent's
 side is observed through :class:`pycomm.Pool` and :func:`pycomm.spawn`.
 """
 
@@ -103,23 +104,70 @@ def alive(pid: int) -> bool:
     return state not in (b"Z", b"X")
 
 
-def run_survivors(tmp_path, transport: str, nprocs: int, how: str, victim: int,
-                  call: str) -> tuple[dict, str]:
-    script = tmp_path / "rank.py"
+def start_survivors(folder, transport: str, nprocs: int, how: str, victim: int,
+                    call: str) -> RankGroup:
+    """Start SURVIVOR_PROGRAM on a fresh world of ``nprocs`` ranks (results in ``folder``)."""
+    script = folder / "rank.py"
     script.write_text(SURVIVOR_PROGRAM)
     group = RankGroup(nprocs, transport=transport, timeout=30.0)
     try:
-        group.start([str(script), str(tmp_path), how, str(victim), call],
+        group.start([str(script), str(folder), how, str(victim), call],
                     {"PYTHONPATH": str(ROOT)})
+    except BaseException:
+        group.close()
+        raise
+    return group
+
+
+def finish_survivors(group: RankGroup, folder) -> tuple[dict, bool, list, bool]:
+    """Wait for a world of :func:`start_survivors`; (results by rank, whether every rank
+    exited within 30 s, segments left in /dev/shm, whether a rank process outlived it)."""
+    try:
         finished = group.wait_exit(30.0)
-        results = {r: json.loads((tmp_path / f"rank{r}.json").read_text())
-                   for r in range(nprocs) if (tmp_path / f"rank{r}.json").exists()}
+        results = {r: json.loads((folder / f"rank{r}.json").read_text())
+                   for r in range(group.nprocs) if (folder / f"rank{r}.json").exists()}
     finally:
         group.close()
+    return (results, finished, shm_segments(group.job_id),
+            any(alive(p.pid) for p in group.procs))
+
+
+# (transport, nprocs, how, victim, call) of every survivors' world; they run a few at a
+# time (fixture survivors): most of each one's seconds go to start-up and to waiting
+SURVIVOR_CASES = [(t, 3, how, 2, call) for t in TRANSPORTS
+                  for how, call in [("exit", "recv"), ("sigkill", "recv"),
+                                    ("sigkill", "recv_any"), ("sigkill", "send"),
+                                    ("finish", "recv"), ("finish", "send")]] + \
+    [(t, 4, "sigkill", 1, "allreduce") for t in TRANSPORTS]
+AT_ONCE = 4
+
+
+@pytest.fixture(scope="module")
+def survivors(tmp_path_factory) -> dict:
+    """Every world of SURVIVOR_CASES, AT_ONCE at a time: case -> finish_survivors(...)."""
+    from conftest import _CACHE
+    _CACHE.close()              # fresh worlds, nothing shared beside them
+    out = {}
+    for i in range(0, len(SURVIVOR_CASES), AT_ONCE):
+        wave = {}
+        try:
+            for case in SURVIVOR_CASES[i:i + AT_ONCE]:
+                folder = tmp_path_factory.mktemp("survivors")
+                wave[case] = (start_survivors(folder, *case), folder)
+        finally:
+            for case, (group, folder) in wave.items():
+                out[case] = finish_survivors(group, folder)
+    return out
+
+
+def run_survivors(survivors: dict, transport: str, nprocs: int, how: str, victim: int,
+                  call: str) -> dict:
+    """The survivors' results of one case of the fixture, after its clean-up checks."""
+    results, finished, segments, outlived = survivors[transport, nprocs, how, victim, call]
     assert finished, "a survivor hung instead of failing"
-    assert not shm_segments(group.job_id), "segments left in /dev/shm"
-    assert not any(alive(p.pid) for p in group.procs), "a rank process outlived the job"
-    return results, group.job_id
+    assert not segments, "segments left in /dev/shm"
+    assert not outlived, "a rank process outlived the job"
+    return results
 
 
 @fresh_world
@@ -127,8 +175,8 @@ def run_survivors(tmp_path, transport: str, nprocs: int, how: str, victim: int,
                                       ("sigkill", "recv_any"), ("sigkill", "send"),
                                       ("finish", "recv"), ("finish", "send")])
 @pytest.mark.parametrize("transport", TRANSPORTS)
-def test_blocked_p2p_fails_naming_the_dead_peer(tmp_path, transport, how, call):
-    results, _ = run_survivors(tmp_path, transport, 3, how, victim=2, call=call)
+def test_blocked_p2p_fails_naming_the_dead_peer(survivors, transport, how, call):
+    results = run_survivors(survivors, transport, 3, how, victim=2, call=call)
     assert sorted(results) == [0, 1]
     for rank, res in results.items():
         assert res["error"] == "PeerError", f"rank {rank}: {res}"
@@ -138,10 +186,10 @@ def test_blocked_p2p_fails_naming_the_dead_peer(tmp_path, transport, how, call):
 
 @fresh_world
 @pytest.mark.parametrize("transport", TRANSPORTS)
-def test_blocked_collective_fails_instead_of_hanging(tmp_path, transport):
+def test_blocked_collective_fails_instead_of_hanging(survivors, transport):
     """In a collective a survivor may be waiting on another survivor that already failed
     and left, so the rank named is one that is gone, not necessarily the victim."""
-    results, _ = run_survivors(tmp_path, transport, 4, "sigkill", victim=1, call="allreduce")
+    results = run_survivors(survivors, transport, 4, "sigkill", victim=1, call="allreduce")
     assert sorted(results) == [0, 2, 3]
     for rank, res in results.items():
         assert res["error"] == "PeerError", f"rank {rank}: {res}"
