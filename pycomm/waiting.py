@@ -40,8 +40,6 @@ __all__ = ["Waiting", "OFFLOADED", "available_cores", "default_spin_seconds",
 
 _perf = time.perf_counter
 _LIVENESS_S = 0.25
-# a turn of the waiting loop this much longer than _LIVENESS_S: this rank was stopped
-_SELF_STOPPED_S = 1.0
 # Request.expect of a nonblocking collective: only the progress thread completes it.
 OFFLOADED = -3
 # Request.expect of a wait on a peer's shared-memory word (pycomm.shmcoll's slots): named so
@@ -227,10 +225,7 @@ class Waiting:
         ts = self.transports
         watch_after = [w for tr in ts if (w := getattr(tr, "watch_after", None)) is not None]
         watch_at = now + min(watch_after) if watch_after else float("inf")
-        # since when this rank has been awake in this wait, for the stopped-peer check: a
-        # gap in this loop (which turns at least every _LIVENESS_S) means it was stopped
-        # itself, and a peer's stop counts only from then (see _check_running)
-        awake_since, last_t = time.monotonic(), now
+        began = time.monotonic()            # a peer's stop counts from here at the earliest
         single = ts[0] if len(ts) == 1 else None
         while not cond():
             if progress():
@@ -238,9 +233,6 @@ class Waiting:
             t = _perf()
             if t >= deadline:
                 raise self._timeout_error(req, what, limit)
-            if t - last_t > _SELF_STOPPED_S:
-                awake_since = time.monotonic()
-            last_t = t
             if t >= next_check:
                 next_check = t + _LIVENESS_S
                 try:
@@ -250,7 +242,7 @@ class Waiting:
                 except TransportError as exc:
                     raise self._peer_error(exc) from None
                 if t >= watch_at:
-                    self._check_running(req, awaits, awake_since)
+                    self._check_running(req, awaits, began)
                 if t >= warn_at:            # asks the others: a slow path, once per warn_s
                     warn_at = t + inspector.warn_s
                     stalled = self._warn_stall(req, what, t - now, stalled)
@@ -278,8 +270,9 @@ class Waiting:
         receives and the large messages in flight (a receive from any source names none).
         A transport that can tell (TCP between hosts, through each rank's process watch,
         :mod:`transports.procwatch`) answers without blocking; a peer that is merely slow
-        or busy, even in a C call holding its GIL, runs; one stopped only while this rank
-        was stopped too (a whole job suspended) is not counted (``awake_since``).
+        or busy, even in a C call holding its GIL, runs; a peer's stop counts from
+        ``awake_since`` (the wait's start) at the earliest, and from this rank's own last
+        stop, as its watch saw it (a whole job suspended is no failure).
 
         Raises:
             PeerError: naming the peer, its host and why it does not run.

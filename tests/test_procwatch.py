@@ -35,7 +35,7 @@ class _Watched:
         self.proc = subprocess.Popen([sys.executable, "-c", code])
         lst = _listener()
         self.addr = lst.getsockname()
-        self.watch = procwatch.start(lst, self.proc.pid)
+        self.watch = procwatch.Watch(lst, self.proc.pid)
         lst.close()
         self.asker = procwatch.Asker({7: self.addr}, PATIENCE)
 
@@ -55,13 +55,13 @@ class _Watched:
     def close(self) -> None:
         self.asker.close()
         for sig in (signal.SIGCONT, signal.SIGKILL):
-            for pid in (self.proc.pid, self.watch.pid):
+            for pid in (self.proc.pid, self.watch.process.pid):
                 try:
                     os.kill(pid, sig)
                 except ProcessLookupError:
                     pass
         self.proc.wait(timeout=10)
-        procwatch.stop(self.watch)
+        self.watch.stop()
 
 
 @pytest.fixture
@@ -118,7 +118,7 @@ def test_a_process_busy_on_its_cpu_holding_its_gil_runs():
 
 
 def test_a_watch_that_accepts_but_never_answers_means_nothing_on_the_host_runs(sleeper):
-    os.kill(sleeper.watch.pid, signal.SIGSTOP)
+    os.kill(sleeper.watch.process.pid, signal.SIGSTOP)
     t0 = time.monotonic()
     found = sleeper.verdict_within(5.0)
     assert found is not None
@@ -197,18 +197,19 @@ def test_the_watch_ends_with_its_process_and_when_told():
     try:
         w.proc.kill()
         w.proc.wait()
-        assert w.watch.wait(timeout=3) == 0             # /proc/PID is gone
+        assert w.watch.process.wait(timeout=3) == 0     # /proc/PID is gone
     finally:
         w.close()
     # stop(): the watch ends at once (its process still running), even while a child of
     # the rank (a forked worker) holds the pipe's write end open
     w = _Watched("import time; time.sleep(120)")
-    child = subprocess.Popen(["sleep", "30"], pass_fds=(w.watch.stdin.fileno(),))
+    child = subprocess.Popen(["sleep", "30"], pass_fds=(w.watch.process.stdin.fileno(),))
     try:
         t0 = time.monotonic()
-        procwatch.stop(w.watch)
+        w.watch.stop()
         assert time.monotonic() - t0 < 0.5
-        assert w.watch.returncode is not None and w.watch.returncode != -signal.SIGKILL
+        rc = w.watch.process.returncode
+        assert rc is not None and rc != -signal.SIGKILL
         assert w.proc.poll() is None
     finally:
         child.kill()
@@ -219,8 +220,8 @@ def test_the_watch_ends_with_its_process_and_when_told():
 def test_the_watch_ends_when_the_rank_holding_its_pipe_is_killed():
     """The watched process is the watch's parent (as for a rank): SIGKILL closes the pipe."""
     code = ("import socket, sys, time; sys.path.insert(0, %r); from transports import "
-            "procwatch; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(4); "
-            "w = procwatch.start(s); print(w.pid, flush=True); time.sleep(120)"
+            "procwatch; s = socket.socket(); s.bind(('127.0.0.1', 0)); "
+            "w = procwatch.Watch(s); print(w.process.pid, flush=True); time.sleep(120)"
             % os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     rank = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
@@ -238,3 +239,25 @@ def test_the_watch_ends_when_the_rank_holding_its_pipe_is_killed():
     finally:
         rank.kill()
         rank.wait()
+
+
+def test_the_watch_tells_its_rank_when_it_or_its_host_was_last_stopped(sleeper):
+    """The word a rank reads (Watch.stopped_at): 0 while nothing was stopped; about the
+    resume once its process was stopped; and about the resume once the watch itself was
+    stopped (its host, or the whole job with it, was)."""
+    time.sleep(2 * procwatch.TICK_S)
+    assert sleeper.watch.stopped_at() == 0.0
+    os.kill(sleeper.proc.pid, signal.SIGSTOP)
+    time.sleep(0.8)
+    os.kill(sleeper.proc.pid, signal.SIGCONT)
+    resumed = time.monotonic()
+    time.sleep(2 * procwatch.TICK_S)
+    at = sleeper.watch.stopped_at()
+    assert resumed - procwatch.TICK_S <= at <= resumed + 2 * procwatch.TICK_S, (at, resumed)
+    os.kill(sleeper.watch.process.pid, signal.SIGSTOP)
+    time.sleep(1.5)
+    os.kill(sleeper.watch.process.pid, signal.SIGCONT)
+    resumed = time.monotonic()
+    time.sleep(2 * procwatch.TICK_S)
+    at = sleeper.watch.stopped_at()
+    assert resumed - procwatch.TICK_S <= at <= resumed + 2 * procwatch.TICK_S, (at, resumed)

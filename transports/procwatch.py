@@ -8,7 +8,7 @@ process from a live one inside a C call that holds the GIL. The kernel can: fiel
 ``/proc/PID/stat`` is ``T`` for a stopped process and ``R``/``S``/``D`` for one that runs,
 sleeps or waits for I/O, whatever its interpreter is doing.
 
-So a rank of a TCP world that spans hosts starts a *watch* (:func:`start`): a small
+So a rank of a TCP world that spans hosts starts a *watch* (:class:`Watch`): a small
 process of its own session (a signal to the rank's process group does not reach it),
 running this file as a script with the standard library only. It listens on a port
 published with the rank's TCP address and answers every connection at once, without
@@ -37,24 +37,29 @@ rank that a tool such as cpulimit stops and continues many times a second: the w
 counts a stop as over whenever the kernel has scheduled the rank since the last sample
 (``/proc/PID/schedstat``'s run count moved), whatever state each sample finds.
 
-Only stops that the asking rank was awake for count (see :meth:`Asker.poll`): a whole job
-stopped and continued (Slurm's ``scontrol suspend``/``resume``, which reaches the hosts one
-after the other) finds every peer stopped for as long as itself, and that is no failure.
+Only stops that the asking rank was awake for count (see :meth:`Asker.poll` and
+:meth:`Watch.stopped_at`): a whole job stopped and continued (Slurm's ``scontrol
+suspend``/``resume``, which reaches the hosts one after the other) finds every peer stopped
+for as long as itself, and that is no failure.
 """
 
 from __future__ import annotations
 
 import errno
+import mmap
 import os
 import selectors
 import socket
+import struct
 import subprocess
 import sys
 import time
 
-__all__ = ["Asker", "BACKLOG", "TICK_S", "process_state", "start", "stop"]
+__all__ = ["Asker", "BACKLOG", "TICK_S", "Watch", "process_state"]
 
 TICK_S = 0.25       # the most seconds between two samples of the rank's state
+_SELF_STOPPED_S = 1.0   # a turn of the watch's loop this long: the watch was stopped
+_WORD = struct.Struct("d")
 _LINE_MAX = 64
 BACKLOG = 1024     # questions the kernel queues (many peers may ask at once)
 
@@ -87,54 +92,79 @@ def _runs(pid: int) -> str | None:
         return None
 
 
-def start(listener: socket.socket, pid: int | None = None,
-          tick: float = TICK_S) -> subprocess.Popen:
-    """Start the watch of process ``pid`` (default: this one) on a bound socket.
+class Watch:
+    """This rank's watch (a process, see the module docstring), and what it has seen of
+    this rank's own stops.
 
-    The watch gets its own copy of ``listener`` (the caller closes its own; it need not
-    listen yet), its own session, and a stdin pipe whose write end the returned Popen
-    holds: the rank's exit closes it, and the watch ends within ``tick`` seconds (or when
-    ``/proc/PID`` is gone, should a forked child of the rank hold the pipe open).
+    The watch shares one word with the rank (a ``memfd``): the ``time.monotonic()`` at
+    which it last saw the rank stopped, or found itself stopped (a turn of its loop far
+    longer than its tick: the host, or the whole job with it, was stopped). A rank that
+    asks about its peers counts their stops only from then (:meth:`stopped_at`), so a job
+    suspended and resumed host by host is no failure, and a rank merely slow to turn its
+    own waiting loop (a C call holding the GIL) still counts them.
 
     Args:
-        tick: seconds between two samples of the process's state (at most :data:`TICK_S`).
+        listener: a bound socket; the watch gets its own copy (close yours) and listens.
+        pid: the process to watch (default: this one).
+        tick: seconds between two samples of its state (at most :data:`TICK_S`).
 
     Raises:
         OSError: the watch could not be started.
     """
-    pid = os.getpid() if pid is None else pid
-    listener.listen(BACKLOG)
-    fd = listener.fileno()
-    return subprocess.Popen(
-        [sys.executable, "-I", "-S", os.path.abspath(__file__), str(fd), str(pid),
-         repr(min(tick, TICK_S))],
-        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        pass_fds=(fd,), start_new_session=True, close_fds=True)
+
+    def __init__(self, listener: socket.socket, pid: int | None = None,
+                 tick: float = TICK_S):
+        pid = os.getpid() if pid is None else pid
+        listener.listen(BACKLOG)
+        lfd = listener.fileno()
+        wfd = os.memfd_create("pycomm-watch", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(wfd, 8)
+            self._word = mmap.mmap(wfd, 8)
+            # its stdin: a pipe whose write end only this process holds, so the rank's
+            # exit, however it happens, ends the watch within a tick
+            self.process = subprocess.Popen(
+                [sys.executable, "-I", "-S", os.path.abspath(__file__), str(lfd), str(pid),
+                 repr(min(tick, TICK_S)), str(wfd)],
+                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                pass_fds=(lfd, wfd), start_new_session=True, close_fds=True)
+        finally:
+            os.close(wfd)
+        self.tick = min(tick, TICK_S)
+
+    def stopped_at(self) -> float:
+        """``time.monotonic()`` when the watch last saw this rank (or itself) stopped, plus
+        a tick (it may have resumed up to a tick before the next sample); 0.0 if never."""
+        t = _WORD.unpack_from(self._word)[0]
+        return t + self.tick if t else 0.0
+
+    def stop(self) -> None:
+        """End the watch at once, and reap it."""
+        proc = self.process
+        try:
+            proc.stdin.close()
+        except OSError:
+            pass
+        proc.terminate()        # at once: a forked child of the rank may hold the pipe open
+        try:
+            proc.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        self._word.close()
 
 
-def stop(watch: subprocess.Popen) -> None:
-    """End a watch started by :func:`start` at once, and reap it."""
-    try:
-        watch.stdin.close()
-    except OSError:
-        pass
-    watch.terminate()       # at once: a forked child of the rank may hold the pipe open
-    try:
-        watch.wait(timeout=1.0)
-    except subprocess.TimeoutExpired:
-        watch.kill()
-        watch.wait()
-
-
-def _serve(fd: int, pid: int, tick: float) -> None:
+def _serve(fd: int, pid: int, tick: float, word_fd: int) -> None:
     """The watch's loop (the script's body): sample, answer, end with the rank."""
     listener = socket.socket(fileno=fd)
     listener.setblocking(False)
+    word = mmap.mmap(word_fd, 8)
     sel = selectors.DefaultSelector()
     sel.register(listener, selectors.EVENT_READ, "connection")
     sel.register(0, selectors.EVENT_READ, "rank")
     stopped_since = None
     runs = None
+    last = time.monotonic()
     while True:
         state = process_state(pid)
         if state is None:
@@ -145,6 +175,9 @@ def _serve(fd: int, pid: int, tick: float) -> None:
             stopped_since = None if state != "T" else now
         elif stopped_since is None:
             stopped_since = now
+        if state == "T" or now - last > _SELF_STOPPED_S:
+            _WORD.pack_into(word, 0, now)   # the rank, or this watch, was stopped
+        last = now
         for key, _ in sel.select(tick):
             if key.data == "rank":
                 if not os.read(0, 4096):
@@ -155,7 +188,8 @@ def _serve(fd: int, pid: int, tick: float) -> None:
                     conn, _ = listener.accept()
                 except (BlockingIOError, InterruptedError):
                     break
-                except OSError:                 # e.g. out of descriptors: answer later
+                except OSError:                 # e.g. out of descriptors: answer later,
+                    time.sleep(tick)            # without spinning on the readable listener
                     break
                 state = process_state(pid) or "X"
                 if state != "T":
@@ -282,4 +316,4 @@ class Asker:
 
 
 if __name__ == "__main__":
-    _serve(int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]))
+    _serve(int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]))

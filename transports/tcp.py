@@ -108,7 +108,7 @@ class TcpTransport(Transport):
         self._wake_w.setblocking(False)
         self._sel.register(self._wake_r, selectors.EVENT_READ, None)
         self._listener: socket.socket | None = None
-        self._watch = None                  # our process watch (a Popen), if started
+        self._watch: procwatch.Watch | None = None   # this rank's process watch, if any
         self._asker: procwatch.Asker | None = None
         self._closed = False
 
@@ -142,6 +142,7 @@ class TcpTransport(Transport):
                     raise TransportError(f"rank {self.rank} (host {socket.gethostname()}), "
                                          f"its process watch: {exc}") from exc
                 watch_lst.listen(procwatch.BACKLOG)
+                self._start_watch(watch_lst)    # answering before any peer can ask
             key = f"tcp/{self.job_id}/"
             store.set(key + str(self.rank), msgpack.packb(
                 [self.host, lst.getsockname()[1], socket.gethostname(),
@@ -175,8 +176,9 @@ class TcpTransport(Transport):
                 self._where[peer] = f"host {rest[0] if rest else '?'} at {host}:{port}"
                 _note_watch(watches, peer, host, rest)
             watches = {p: a for p, a in watches.items() if p in self.remote_peers}
-            if watch_lst is not None:
-                self._start_watch(watch_lst, watches)
+            if watches:
+                self._asker = procwatch.Asker(watches, self.peer_timeout / 2)
+                self.watch_after = self.peer_timeout / 4
         finally:
             gate.close()
             self._listener = None
@@ -216,31 +218,29 @@ class TcpTransport(Transport):
         self._by_fd[conn.fd] = conn
         self._sel.register(sock, selectors.EVENT_READ, conn)
 
-    def _start_watch(self, listener: socket.socket, watches: dict) -> None:
-        """Start this rank's process watch on ``listener`` and ask ``watches`` (peer ->
-        address) about the others. A watch that cannot start (no interpreter to run it,
-        no process to spare) costs only the stopped-peer check, which the others then
-        cannot make about this rank: say so, and go on."""
-        patience = self.peer_timeout / 2
+    def _start_watch(self, listener: socket.socket) -> None:
+        """Start this rank's process watch on ``listener``. A watch that cannot start (no
+        interpreter to run it, no process to spare) costs only the stopped-peer check,
+        which the others then cannot make about this rank: say so, and go on."""
         try:
-            self._watch = procwatch.start(listener, tick=patience / 4)
+            self._watch = procwatch.Watch(listener, tick=self.peer_timeout / 8)
         except OSError as exc:
             print(f"pycomm: rank {self.rank} (host {socket.gethostname()}): cannot start "
                   f"its process watch ({exc}); its peers will not learn that it is stopped "
                   "if it ever is", file=sys.stderr, flush=True)
-        if watches:
-            self._asker = procwatch.Asker(watches, patience)
-            self.watch_after = self.peer_timeout / 4
 
     def not_running(self, peers, awake_since: float) -> tuple[int, str] | None:
         """A peer (of ``peers``, or one not reading what we queued for it) on another host
         whose process has not run for half ``peer_timeout`` while this rank was awake
-        (since ``awake_since``, ``time.monotonic()``), by its host's process watch:
-        ``(peer, why)``, ``why`` naming its host; else None. Asks without blocking
+        (since ``awake_since``, ``time.monotonic()``, or since this rank's own watch last
+        saw it or its host stopped), by its host's process watch: ``(peer, why)``, ``why``
+        naming its host; else None. Asks without blocking
         (:meth:`transports.procwatch.Asker.poll`); call it every few hundred milliseconds
         of a stalled wait."""
         if self._asker is None:
             return None
+        if self._watch is not None:
+            awake_since = max(awake_since, self._watch.stopped_at())
         queued = [p for p, conn in self._conns.items() if conn.queue]
         found = self._asker.poll([*peers, *queued] if queued else peers, awake_since)
         if found is None:
@@ -422,5 +422,5 @@ class TcpTransport(Transport):
         if self._asker is not None:
             self._asker.close()
         if self._watch is not None:
-            procwatch.stop(self._watch)
+            self._watch.stop()
             self._watch = None

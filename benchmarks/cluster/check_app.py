@@ -6,7 +6,9 @@ line). ``CHECK_FAIL_RANK=R`` makes rank R raise after the first check
 (the cross-node abort case); with ``CHECK_FAIL_EARLY=1`` it raises before it joins the
 world, so the others wait at start-up and only the launcher can stop them in time.
 ``CHECK_LOOP_S=T`` repeats the Allreduce for T seconds after the checks (printing
-``LOOPING rank R`` first). ``CHECK_SLEEP_RANK=R CHECK_SLEEP_S=S`` adds, after the checks,
+``LOOPING rank R`` first). ``CHECK_GIL_HOG_RANKS=R,.. CHECK_GIL_HOG_S=S``: those ranks run a
+thread that keeps calling a C function holding the GIL for S seconds at a time (as a C
+extension that does not release it). ``CHECK_SLEEP_RANK=R CHECK_SLEEP_S=S`` adds, after the checks,
 one Allreduce that rank R enters S seconds late, spent in user code: half asleep
 (``time.sleep``), half on its CPU in C calls that hold the GIL (``sum`` over a range): a
 slow peer, which the others must wait for rather than call lost.
@@ -14,9 +16,11 @@ slow peer, which the others must wait for rather than call lost.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import socket
 import sys
+import threading
 import time
 
 import numpy as np
@@ -34,10 +38,24 @@ def main() -> int:
     return rc
 
 
+def _hog_the_gil(seconds: float) -> None:
+    """A daemon thread that keeps sleeping in libc's usleep through ctypes.PyDLL, which
+    holds the GIL for the call: ``seconds`` at a time, 50 ms apart."""
+    libc = ctypes.PyDLL(None)
+
+    def hog():
+        while True:
+            libc.usleep(int(seconds * 1e6))
+            time.sleep(0.05)
+    threading.Thread(target=hog, daemon=True).start()
+
+
 def check(comm) -> tuple[int, str]:
     """The checks on ``comm`` (a world however made: pycomm.ray runs them on actors);
     (0, the OK line) or (1, the first mismatch)."""
     rank, size = comm.rank, comm.size
+    if str(rank) in os.environ.get("CHECK_GIL_HOG_RANKS", "").split(","):
+        _hog_the_gil(float(os.environ.get("CHECK_GIL_HOG_S", "1")))
     n = 1000
     mine = np.arange(n, dtype=np.float64) * (rank + 1)
     total = np.empty_like(mine)
