@@ -1,5 +1,6 @@
 """Chaos trials (issue 15's proof, benchmarks/chaos.py): one fixed trial per fault kind on
-shm, 3 ranks through launch.py (about 40 s in all on 2 busy cores).
+shm, 3 ranks through launch.py, four trials at a time (a module fixture; each test checks
+one trial).
 
 Every trial must give no wrong result, leave nothing behind (processes, /dev/shm
 segments, listening ports), name the culprit rank (the launcher's verdict for a fatal
@@ -25,6 +26,7 @@ import subprocess
 import sys
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -46,11 +48,27 @@ CASES = [("kill", "shm", 1, 2, 101), ("stop", "shm", 2, 1, 102), ("exit", "shm",
          ("stop", "rdma", 1, 2, 108)]
 
 
+AT_ONCE = 4        # trials run together: most of a trial's seconds go to waiting
+
+
+@pytest.fixture(scope="module")
+def trials() -> dict:
+    """Every trial of CASES, AT_ONCE at a time (each its own job, leaks looked for by its
+    job id, process groups and ports): case -> the measured chaos.Trial."""
+    from conftest import _CACHE
+    _CACHE.close()              # fresh jobs, nothing shared beside them
+    with ThreadPoolExecutor(AT_ONCE) as pool:
+        done = pool.map(lambda c: chaos.run_trial(chaos.make_trial(0, c[0], c[1], 3, *c[2:])),
+                        CASES)
+        return dict(zip(CASES, done))
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("kind,transport,culprit,call,seed", CASES,
                          ids=[f"{c[0]}-{c[1]}" for c in CASES])
-def test_one_fault_no_wrong_result_no_leak_ends_in_bound(kind, transport, culprit, call, seed):
-    t = chaos.run_trial(chaos.make_trial(0, kind, transport, 3, culprit, call, seed))
+def test_one_fault_no_wrong_result_no_leak_ends_in_bound(trials, kind, transport, culprit,
+                                                         call, seed):
+    t = trials[kind, transport, culprit, call, seed]
     report = f"{chaos.describe(t)}: {chaos.misses(t)}\n{t.verdict}\n{t.evidence}"
     assert not t.timed_out, report
     assert t.wrong == 0, report
