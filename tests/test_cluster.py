@@ -29,6 +29,7 @@ import pytest
 from benchmarks.cluster.jobcheck import (APP, ROOT, clean_env, emulated_hosts, finish_all,
                                          launch_nodes)
 from benchmarks.cluster.netns import Cluster
+from benchmarks.cluster.stopped import GIL_HOG, host2_job, watch_pids
 from pycomm import config
 from pycomm.errors import CommError
 from pycomm.launch.bootstrap import host_layout
@@ -349,44 +350,6 @@ def test_pulling_a_hosts_cable_is_a_peer_error_naming_it_within_the_peer_timeout
             assert "(host host2 at 10.77.0.2:" in last, text
 
 
-def _host2_job(c, **extra):
-    """Ranks 0-1 on host1 and 2-3 on host2, torchrun's way, running check_app.py
-    (PYCOMM_PEER_TIMEOUT 3 s, PYCOMM_TIMEOUT 60 s); returns the four processes, once rank
-    0 loops if CHECK_LOOP_S is given."""
-    port = str(29200 + os.getpid() % 90)
-    procs = [c.popen(1 + r // 2, [sys.executable, APP], cwd=str(ROOT),
-                     env=_rank_env(RANK=str(r), WORLD_SIZE="4", MASTER_ADDR=c.addr(1),
-                                   MASTER_PORT=port, PYCOMM_TIMEOUT="60",
-                                   PYCOMM_PEER_TIMEOUT="3", PYTHONFAULTHANDLER="1",
-                                   **extra),
-                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for r in range(4)]
-    if "CHECK_LOOP_S" in extra:
-        assert procs[0].stdout.readline().startswith("LOOPING rank 0")
-    return procs
-
-
-def _watch_pids(host_pids: list[int]) -> list[int]:
-    """The process watches (transports/procwatch.py) that the given ranks started."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat", "rb") as f:
-                    stat = f.read()
-            except OSError:
-                continue
-            ppid = int(stat[stat.rindex(b")") + 2:].split()[1])
-            if ppid in host_pids:
-                try:
-                    with open(f"/proc/{entry}/cmdline", "rb") as f:
-                        if b"procwatch.py" in f.read():
-                            found.append(int(entry))
-                except OSError:
-                    pass
-    return found
-
-
 @pytest.mark.parametrize("what", ["ranks", "every process",
                                   "ranks, host1's in GIL-holding calls"])
 def test_stopping_a_hosts_ranks_is_a_peer_error_naming_them_within_the_peer_timeout(what):
@@ -401,16 +364,14 @@ def test_stopping_a_hosts_ranks_is_a_peer_error_naming_them_within_the_peer_time
     the same or, if it had gone on to wait for the first, that the first has left; and no
     watch outlives its rank."""
     with emulated_hosts(2, "pcs", pytest.fail, "cannot build the emulated cluster") as c:
-        hog = ({"CHECK_GIL_HOG_RANKS": "0,1", "CHECK_GIL_HOG_S": "1.0"} if "GIL" in what
-               else {})
-        procs = _host2_job(c, CHECK_LOOP_S="40", **hog)
+        procs = host2_job(c, CHECK_LOOP_S="40", **(GIL_HOG if "GIL" in what else {}))
         watches = []
         try:
-            watches = _watch_pids([p.pid for p in procs])
+            watches = watch_pids([p.pid for p in procs])
             assert len(watches) == 4, f"one watch per rank of a 2-host job: {watches}"
             host2 = [procs[2].pid, procs[3].pid]
             if what == "every process":
-                host2 += _watch_pids(host2)
+                host2 += watch_pids(host2)
             time.sleep(0.5)
             t0 = time.monotonic()
             for pid in host2:
@@ -434,7 +395,7 @@ def test_stopping_a_hosts_ranks_is_a_peer_error_naming_them_within_the_peer_time
                 assert last.startswith(f"pycomm.errors.PeerError: rank {r}: ") and (
                     names_the_stop(last) or f"rank {1 - r} has left" in last), lasts
         finally:
-            for pid in _watch_pids([p.pid for p in procs[2:]]) + [p.pid for p in procs[2:]]:
+            for pid in watch_pids([p.pid for p in procs[2:]]) + [p.pid for p in procs[2:]]:
                 os.kill(pid, signal.SIGCONT)
             for p in procs[2:]:
                 p.kill()
@@ -451,7 +412,7 @@ def test_a_peer_busy_in_user_code_past_the_peer_timeout_is_waited_for():
     """Rank 2 sleeps 6 s in user code (twice PYCOMM_PEER_TIMEOUT): a slow peer, not a lost
     one (its link answers), so the others wait for it and every rank completes its checks."""
     with emulated_hosts(2, "pcw", pytest.fail, "cannot build the emulated cluster") as c:
-        procs = _host2_job(c, CHECK_SLEEP_RANK="2", CHECK_SLEEP_S="6")
+        procs = host2_job(c, CHECK_SLEEP_RANK="2", CHECK_SLEEP_S="6")
         for r, p in enumerate(procs):
             text, _ = p.communicate(timeout=60)
             assert p.returncode == 0, f"rank {r}: {text}"
@@ -465,9 +426,9 @@ def test_port_range_pins_every_listening_port_two_per_rank():
     its ranks and their process watches listen on, the store's (MASTER_PORT + 1) aside,
     lies in the range."""
     with emulated_hosts(2, "pcp", pytest.fail, "cannot build the emulated cluster") as c:
-        procs = _host2_job(c, CHECK_LOOP_S="4", PYCOMM_PORT_RANGE="29600-29603")
+        procs = host2_job(c, CHECK_LOOP_S="4", PYCOMM_PORT_RANGE="29600-29603")
         try:
-            pids = {p.pid for p in procs} | set(_watch_pids([p.pid for p in procs]))
+            pids = {p.pid for p in procs} | set(watch_pids([p.pid for p in procs]))
             assert len(pids) == 8, pids
             store_port = str(29200 + os.getpid() % 90 + 1)     # MASTER_PORT + 1
             seen = []
@@ -494,7 +455,7 @@ def test_a_job_suspended_host_by_host_and_brief_stops_are_waited_for():
     the nodes), then host2's ranks stopped twice for 1 s (under half the timeout). Every
     rank runs on and completes its checks."""
     with emulated_hosts(2, "pcz", pytest.fail, "cannot build the emulated cluster") as c:
-        procs = _host2_job(c, CHECK_LOOP_S="12")
+        procs = host2_job(c, CHECK_LOOP_S="12")
         try:
             time.sleep(0.5)
             for p in procs:
