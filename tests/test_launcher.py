@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import pycomm
+from conftest import run_at_once
 from pycomm.errors import ArgumentError, CommError, CommTimeoutError, PeerError, RemoteError
 from pycomm.launch.launcher import RankExit, shm_prefix, sweep_shm
 
@@ -331,18 +332,26 @@ comm.Allreduce(pycomm.IN_PLACE, np.ones(4))
 """
 
 
-def _run_world(tmp_path, how):
-    script = tmp_path / "world.py"
-    script.write_text(WORLD_PROGRAM)
+@pytest.fixture(scope="module")
+def failed_jobs(tmp_path_factory) -> dict:
+    """The three jobs below, started together (most of their seconds go to the report
+    grace, a timeout and the launcher's stopping): name -> (CompletedProcess, seconds)."""
+    folder = tmp_path_factory.mktemp("failed-jobs")
+    (folder / "world.py").write_text(WORLD_PROGRAM)
+    (folder / "stopped.py").write_text(STOPPED_PROGRAM)
     env_path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    return subprocess.run([sys.executable, LAUNCH, "-n", "3", "--transport", "shm",
-                           "--timeout", "30", str(script), how], capture_output=True,
-                          text=True, timeout=60, check=False,
-                          env={**os.environ, "PYTHONPATH": env_path})
+    env = {**os.environ, "PYTHONPATH": env_path}
+    world = [sys.executable, LAUNCH, "-n", "3", "--transport", "shm"]
+    return run_at_once({
+        "kill": ([*world, "--timeout", "30", str(folder / "world.py"), "kill"], {"env": env}),
+        "raise": ([*world, "--timeout", "30", str(folder / "world.py"), "raise"],
+                  {"env": env}),
+        "stopped": ([*world, "--timeout", "2", str(folder / "stopped.py")],
+                    {"env": {**env, "PYCOMM_KILL_GRACE": "20"}})}, folder, timeout=60)
 
 
-def test_survivors_report_the_dead_peer_before_they_are_stopped(tmp_path):
-    proc = _run_world(tmp_path, "kill")
+def test_survivors_report_the_dead_peer_before_they_are_stopped(failed_jobs):
+    proc, _ = failed_jobs["kill"]
     err = proc.stderr
     # every survivor's own error names rank 2 (they got a grace to say so): its own
     # PeerError, or the CollectiveError of a call the other survivor abandoned first ...
@@ -357,11 +366,11 @@ def test_survivors_report_the_dead_peer_before_they_are_stopped(tmp_path):
     assert proc.returncode == 128 + signal.SIGKILL
 
 
-def test_ranks_still_waiting_print_their_flight_recorder(tmp_path):
+def test_ranks_still_waiting_print_their_flight_recorder(failed_jobs):
     # rank 2 exits (raises) while ranks 0 and 1 wait for each other (a receive each, no
     # send: its leaving does not end their wait); after the report grace the launcher
     # has them print where they are (SIGUSR1)
-    proc = _run_world(tmp_path, "raise")
+    proc, _ = failed_jobs["raise"]
     err = proc.stderr
     assert proc.returncode == 1
     for r in (0, 1):
@@ -387,18 +396,10 @@ comm.Allreduce(pycomm.IN_PLACE, np.ones(4))
 """
 
 
-def test_stopped_rank_is_named_and_the_job_ends_promptly(tmp_path):
+def test_stopped_rank_is_named_and_the_job_ends_promptly(failed_jobs):
     # a SIGSTOPped rank answers nobody: the others time out naming it, and the launcher
     # continues it after SIGTERM instead of waiting PYCOMM_KILL_GRACE to SIGKILL it
-    script = tmp_path / "stopped.py"
-    script.write_text(STOPPED_PROGRAM)
-    env_path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    start = time.monotonic()
-    proc = subprocess.run([sys.executable, LAUNCH, "-n", "3", "--transport", "shm",
-                           "--timeout", "2", str(script)], capture_output=True, text=True,
-                          timeout=60, check=False,
-                          env={**os.environ, "PYTHONPATH": env_path, "PYCOMM_KILL_GRACE": "20"})
-    took = time.monotonic() - start
+    proc, took = failed_jobs["stopped"]
     err = proc.stderr
     # rank 1 either published its position before it stopped (its last answer is quoted)
     # or stopped before its responder thread first published one
