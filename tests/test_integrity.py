@@ -256,11 +256,14 @@ def _withdrawn_send():
         except pycomm.CommTimeoutError:
             sent = "withdrawn"
         buf[:] = 2                                    # the caller owns the buffer again
+        comm.Send(np.zeros(1, np.uint8), dest=1, tag=7)   # after the withdrawal, in order
         comm.Barrier()
         comm.Send(np.full(n, 3, np.uint8), dest=1, tag=6)
         return sent
     if comm.rank == 1:
-        time.sleep(1.0)                               # the Send times out meanwhile
+        # the Send times out meanwhile: its word on tag 7 follows the withdrawal (a pair's
+        # messages keep their order), then rank 1 posts the receive it would have matched
+        comm.Recv(np.zeros(1, np.uint8), source=0, tag=7)
         got = np.zeros(n, np.uint8)
         try:
             comm.Recv(got, source=0, tag=5, timeout=0.5)
