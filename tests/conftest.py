@@ -64,6 +64,9 @@ VARIANT_ENV = {"": {}, "tiny": TINY_ENV}
 # Seconds one task may take (also PYCOMM_TIMEOUT of the ranks): a deadlock fails the test
 # well before pytest-timeout kills the whole session.
 WORLD_TIMEOUT = 120.0
+# Seconds one batch of cases (World.run_case) may take: below pytest-timeout's 300 s for
+# the test that runs it.
+BATCH_TIMEOUT = 240.0
 
 
 def _world_id(param: tuple) -> str:
@@ -72,6 +75,19 @@ def _world_id(param: tuple) -> str:
 
 def _noop() -> None:
     return None
+
+
+def _run_cases(fn, cases: list) -> dict:
+    """On a rank: ``fn(*args)`` for every ``(key, args)`` of ``cases`` in order; the results
+    by key. A case that raises stops the task (its key is added to the exception)."""
+    out = {}
+    for key, args in cases:
+        try:
+            out[key] = fn(*args)
+        except BaseException as exc:
+            exc.add_note(f"(in the case {key!r} of a batch: World.run_case)")
+            raise
+    return out
 
 
 class _PoolCache:
@@ -107,6 +123,9 @@ class _PoolCache:
 
 
 _CACHE = _PoolCache()
+# World.run_case: (size, transport, variant, fn, id(cases)) -> (cases, mapping, per-rank
+# results or None where the batch failed)
+_BATCHES: dict = {}
 
 
 # conftest's own helpers (_Shipped) travel by value: the ranks cannot import it
@@ -164,6 +183,33 @@ class World:
         except pycomm.CommError:
             _CACHE.check()
             raise
+
+    def run_case(self, fn, cases, key) -> list:
+        """``self.run(fn, *args)`` for the case ``key`` of ``cases``, the same per-rank
+        results, from one task per world that runs every case.
+
+        ``cases`` is a module-level function ``world -> {key: args}``, the keys in the order
+        the tests run. The first test of a world that asks runs every case of the mapping
+        in one task, in that order, and keeps the results; later tests take theirs: one
+        round trip to the ranks per world instead of one per case. Only for cases that do
+        not need the task boundary between them (every rank done with one case before any
+        starts the next): collectives, or p2p without wildcards.
+
+        If the batch fails (a case raises on a rank, the task fails), every case runs alone
+        (``self.run``), so that each test reports its own failure as without the batch."""
+        bkey = (self.size, self.transport, self.variant, fn, id(cases))
+        if bkey not in _BATCHES:
+            table = cases(self)
+            try:
+                per_rank = self.run(_run_cases, fn, list(table.items()),
+                                    timeout=BATCH_TIMEOUT)
+            except pycomm.CommError:    # RemoteError included: the cases run one by one
+                per_rank = None
+            _BATCHES[bkey] = (cases, table, per_rank)     # cases kept alive: id() unique
+        _, table, per_rank = _BATCHES[bkey]
+        if per_rank is None:
+            return self.run(fn, *table[key])
+        return [results[key] for results in per_rank]
 
 
 @pytest.fixture(scope="session", params=WORLDS, ids=_world_id)

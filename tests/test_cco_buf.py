@@ -308,30 +308,75 @@ def check_results(results: list, coll: str) -> None:
             assert len(digests) == 1, f"{lab}: ranks hold different bytes ({digests})"
 
 
-def run_matrix(world, coll: str, alg, cases: list) -> None:
-    reason = unfit(coll, alg, world.size)
-    if reason is not None:
-        for r, problems in enumerate(world.run(_rank_expect_unfit, coll, alg, cases[:3])):
+def _rank_matrix(coll: str, alg, cases: list, refused: bool) -> list:
+    """One (collective, algorithm) matrix: its cases, or three calls that must be refused."""
+    return (_rank_expect_unfit if refused else _rank_cases)(coll, alg, cases)
+
+
+def matrix_task(size: int, coll: str, alg, cases: list) -> tuple:
+    """The arguments of :func:`_rank_matrix` for this matrix on a world of ``size`` ranks."""
+    refused = unfit(coll, alg, size) is not None
+    return coll, alg, cases[:3] if refused else cases, refused
+
+
+def check_matrix(results: list, coll: str, refused: bool) -> None:
+    if refused:
+        for r, problems in enumerate(results):
             assert problems == [], f"rank {r}: {problems}"
-        return
-    check_results(world.run(_rank_cases, coll, alg, cases), coll)
+    else:
+        check_results(results, coll)
+
+
+def run_matrix(world, coll: str, alg, cases: list) -> None:
+    task = matrix_task(world.size, coll, alg, cases)
+    check_matrix(world.run(_rank_matrix, *task), coll, task[3])
+
+
+def run_batched(world, table, pair) -> None:
+    """The matrix of ``pair`` from ``table`` (world -> {pair: matrix_task}): one task per
+    world runs every pair's matrix (conftest.World.run_case), each test checks its own."""
+    results = world.run_case(_rank_matrix, table, pair)
+    check_matrix(results, pair[0], unfit(*pair, world.size) is not None)
+
+
+def _shape_table(world) -> dict:
+    return {(c, a): matrix_task(world.size, c, a, shape_cases(c, world.size))
+            for c, a in PAIRS}
+
+
+def _tiny_shape_table(world) -> dict:
+    return {(c, a): matrix_task(world.size, c, a, [x for x in shape_cases(c, world.size)
+                                                   if x["n"] <= 1000])
+            for c, a in PAIRS}
+
+
+def _op_dtype_table(world) -> dict:
+    return {(c, a): matrix_task(world.size, c, a,
+                                op_dtype_cases(c, world.size, full=a is None))
+            for c, a in PAIRS if c in REDUCTIONS}
+
+
+def _dtype_table(world) -> dict:
+    cases = [{"n": 5, "root": world.size // 2, "inplace": False, "op": None, "dtype": dt,
+              "seed": i} for i, dt in enumerate([*NUMERIC, "complex64", "bool"])]
+    return {(c, a): matrix_task(world.size, c, a, cases)
+            for c, a in PAIRS if c not in REDUCTIONS}
 
 
 # -- tests ---------------------------------------------------------------------------------
+# The matrix tests of one world run as one task per test function (run_batched), in the
+# order of the tests; each test checks its pair's results.
 
 @pytest.mark.parametrize("pair", PAIRS, ids=_pair_id)
 def test_counts_roots_in_place(world, pair):
-    coll, alg = pair
-    run_matrix(world, coll, alg, shape_cases(coll, world.size))
+    run_batched(world, _shape_table, pair)
 
 
 @pytest.mark.parametrize("pair", PAIRS, ids=_pair_id)
 def test_counts_roots_in_place_tiny_segments(world_tiny, pair):
     """The same matrix with a 64-byte eager limit and 24-byte segments: every schedule's
     multi-segment and rendezvous paths, on small inputs."""
-    coll, alg = pair
-    cases = [c for c in shape_cases(coll, world_tiny.size) if c["n"] <= 1000]
-    run_matrix(world_tiny, coll, alg, cases)
+    run_batched(world_tiny, _tiny_shape_table, pair)
 
 
 @pytest.mark.parametrize("pair", [p for p in PAIRS if p[0] in REDUCTIONS], ids=_pair_id)
@@ -342,16 +387,12 @@ def test_ops_and_dtypes(world, pair):
     algorithm runs a list of (dtype, op) pairs covering each at sizes 1..9
     (test_algorithms_fake.py), and every allreduce algorithm the whole product under
     hypothesis (test_allreduce_any_dtype_op)."""
-    coll, alg = pair
-    run_matrix(world, coll, alg, op_dtype_cases(coll, world.size, full=alg is None))
+    run_batched(world, _op_dtype_table, pair)
 
 
 @pytest.mark.parametrize("pair", [p for p in PAIRS if p[0] not in REDUCTIONS], ids=_pair_id)
 def test_every_dtype_moves_exactly(world, pair):
-    coll, alg = pair
-    cases = [{"n": 5, "root": world.size // 2, "inplace": False, "op": None, "dtype": dt,
-              "seed": i} for i, dt in enumerate([*NUMERIC, "complex64", "bool"])]
-    run_matrix(world, coll, alg, cases)
+    run_batched(world, _dtype_table, pair)
 
 
 def _rank_barrier(alg, rounds: int, flag: str):
