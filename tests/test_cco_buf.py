@@ -446,12 +446,18 @@ def _rank_noncommutative(coll: str, alg, n: int):
     return "ran", None if buf is None else buf.real.tolist()
 
 
+def _noncommutative_table(world) -> dict:
+    return {(pair, n): (*pair, n) for n in (1, 37)
+            for pair in PAIRS if pair[0] in REDUCTIONS}
+
+
 @pytest.mark.parametrize("n", [1, 37])
 @pytest.mark.parametrize("pair", [p for p in PAIRS if p[0] in REDUCTIONS], ids=_pair_id)
 def test_non_commutative_op_keeps_rank_order(world, pair, n):
+    """One task per world runs every (pair, n) (conftest.World.run_case)."""
     coll, alg = pair
     want = float(int("".join(str(r) for r in range(world.size)), 8))
-    results = world.run(_rank_noncommutative, coll, alg, n)
+    results = world.run_case(_rank_noncommutative, _noncommutative_table, (pair, n))
     if unfit(coll, alg, world.size, commutative=False):
         assert all(kind == "refused" and "commutative" in msg for kind, msg in results)
         return
