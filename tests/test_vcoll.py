@@ -285,16 +285,26 @@ def rcases(coll: str) -> list:
 
 # -- tests ---------------------------------------------------------------------------------
 
+# The tests of one world take their results from one task per test function
+# (conftest.World.run_case): the same calls and checks per (collective, algorithm).
+
+def _vector_table(world) -> dict:
+    return {(c, a): (c, a, vcases(c, world.size))
+            for c, a in (p.values[0] for p in _pairs(VCOLLS))}
+
+
+def _reducing_table(world) -> dict:
+    return {(c, a): (c, a, rcases(c)) for c, a in (p.values[0] for p in _pairs(REDUCING))}
+
+
 @pytest.mark.parametrize("pair", _pairs(VCOLLS), ids=_pair_id)
 def test_vector_collectives(world_small, pair):
-    coll, alg = pair
-    check(world_small.run(_rank_cases, coll, alg, vcases(coll, world_small.size)))
+    check(world_small.run_case(_rank_cases, _vector_table, pair))
 
 
 @pytest.mark.parametrize("pair", _pairs(REDUCING), ids=_pair_id)
 def test_reduce_scatter_scan_exscan(world_small, pair):
-    coll, alg = pair
-    check(world_small.run(_rank_cases, coll, alg, rcases(coll)))
+    check(world_small.run_case(_rank_cases, _reducing_table, pair))
 
 
 def _concat_digits(invec, inoutvec):
@@ -321,6 +331,10 @@ def _rank_noncommutative(coll: str, alg, n: int):
     return "ran", buf.real.tolist()
 
 
+def _noncommutative_table(world) -> dict:
+    return {(p.values[0], n): (*p.values[0], n) for n in (1, 37) for p in _pairs(REDUCING)}
+
+
 @pytest.mark.parametrize("n", [1, 37])
 @pytest.mark.parametrize("pair", _pairs(REDUCING), ids=_pair_id)
 def test_non_commutative_op_keeps_rank_order(world_small, pair, n):
@@ -330,7 +344,7 @@ def test_non_commutative_op_keeps_rank_order(world_small, pair, n):
     def digits(hi):
         return float(int("".join(f"{r:x}" for r in range(hi + 1)), 16)) if hi >= 0 else -1.0
 
-    results = world_small.run(_rank_noncommutative, coll, alg, n)
+    results = world_small.run_case(_rank_noncommutative, _noncommutative_table, (pair, n))
     if alg is not None and REGISTRY[coll][alg].unfit_reason(s, False):
         assert all(kind == "refused" and "commutative" in msg for kind, msg in results)
         return
