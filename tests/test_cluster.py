@@ -480,3 +480,39 @@ def test_a_job_suspended_host_by_host_and_brief_stops_are_waited_for():
             text, _ = p.communicate(timeout=60)
             assert p.returncode == 0, f"rank {r}: {text}"
             assert f"OK rank {r}/4" in text, text
+
+
+def test_a_job_suspended_slurm_style_while_waiting_for_a_slow_peer_is_waited_for():
+    """Slurm's suspend: every process of the job stopped, watches included, host2 first and
+    host1 0.6 s later, while host1's ranks wait for rank 2 (6 s late in user code) and ask
+    its watch; after 5 s, host1 resumed ranks first (their watches a moment later, as a
+    loaded host may schedule them), host2 1 s after. An answer left unanswered across the
+    suspend is no verdict: every rank completes its checks."""
+    with emulated_hosts(2, "pcl", pytest.fail, "cannot build the emulated cluster") as c:
+        procs = host2_job(c, CHECK_SLEEP_RANK="2", CHECK_SLEEP_S="6")
+        try:
+            assert procs[2].stdout.readline().startswith("SLEEPING rank 2")
+            time.sleep(2.0)
+            ranks = [[p.pid for p in procs[:2]], [p.pid for p in procs[2:]]]
+            watches = [watch_pids(h) for h in ranks]
+            assert [len(w) for w in watches] == [2, 2], watches
+            for pid in ranks[1] + watches[1]:
+                os.kill(pid, signal.SIGSTOP)
+            time.sleep(0.6)
+            for pid in ranks[0] + watches[0]:
+                os.kill(pid, signal.SIGSTOP)
+            time.sleep(5.0)
+            for group in (ranks[0], watches[0]):
+                for pid in group:
+                    os.kill(pid, signal.SIGCONT)
+                time.sleep(0.05)
+            time.sleep(1.0)
+            for pid in watches[1] + ranks[1]:
+                os.kill(pid, signal.SIGCONT)
+        finally:
+            for p in procs:
+                os.kill(p.pid, signal.SIGCONT)
+        for r, p in enumerate(procs):
+            text, _ = p.communicate(timeout=60)
+            assert p.returncode == 0, f"rank {r}: {text}"
+            assert f"OK rank {r}/4" in text, text

@@ -256,8 +256,27 @@ def test_the_watch_tells_its_rank_when_it_or_its_host_was_last_stopped(sleeper):
     assert resumed - procwatch.TICK_S <= at <= resumed + 2 * procwatch.TICK_S, (at, resumed)
     os.kill(sleeper.watch.process.pid, signal.SIGSTOP)
     time.sleep(1.5)
+    # the watch has not turned for over a second: it cannot tell, so "now"
+    assert abs(sleeper.watch.stopped_at() - time.monotonic()) < 0.1
     os.kill(sleeper.watch.process.pid, signal.SIGCONT)
     resumed = time.monotonic()
     time.sleep(2 * procwatch.TICK_S)
     at = sleeper.watch.stopped_at()
     assert resumed - procwatch.TICK_S <= at <= resumed + 2 * procwatch.TICK_S, (at, resumed)
+    sleeper.watch.process.kill()                        # a watch that is gone cannot tell
+    sleeper.watch.process.wait()
+    assert abs(sleeper.watch.stopped_at() - time.monotonic()) < 0.1
+
+
+def test_a_rank_throttled_cpulimit_style_is_not_stopped_for_its_own_count():
+    w = _Watched("while True: sum(range(10**5))")
+    try:
+        end = time.monotonic() + 2.5
+        while time.monotonic() < end:
+            os.kill(w.proc.pid, signal.SIGSTOP)
+            time.sleep(0.03)
+            os.kill(w.proc.pid, signal.SIGCONT)
+            time.sleep(0.07)
+        assert w.watch.stopped_at() == 0.0
+    finally:
+        w.close()

@@ -59,7 +59,7 @@ __all__ = ["Asker", "BACKLOG", "TICK_S", "Watch", "process_state"]
 
 TICK_S = 0.25       # the most seconds between two samples of the rank's state
 _SELF_STOPPED_S = 1.0   # a turn of the watch's loop this long: the watch was stopped
-_WORD = struct.Struct("d")
+_WORDS = struct.Struct("dd")    # shared with the rank: [last stopped, last loop turn]
 _LINE_MAX = 64
 BACKLOG = 1024     # questions the kernel queues (many peers may ask at once)
 
@@ -96,12 +96,16 @@ class Watch:
     """This rank's watch (a process, see the module docstring), and what it has seen of
     this rank's own stops.
 
-    The watch shares one word with the rank (a ``memfd``): the ``time.monotonic()`` at
-    which it last saw the rank stopped, or found itself stopped (a turn of its loop far
-    longer than its tick: the host, or the whole job with it, was stopped). A rank that
-    asks about its peers counts their stops only from then (:meth:`stopped_at`), so a job
-    suspended and resumed host by host is no failure, and a rank merely slow to turn its
-    own waiting loop (a C call holding the GIL) still counts them.
+    The watch shares two words with the rank (a ``memfd``), both ``time.monotonic()``
+    values: when it last found the rank stopped for a whole tick (stopped at two samples,
+    not scheduled in between: a rank throttled cpulimit's way is not stopped), or found
+    itself stopped (a turn of its loop far longer than its tick: the host, or the whole job
+    with it, was); and when its loop last turned. A rank that asks about its peers counts
+    their stops only from the first (:meth:`stopped_at`), so a job suspended and resumed
+    host by host is no failure, and a rank merely slow to turn its own waiting loop (a C
+    call holding the GIL) still counts them. A rank that runs again before its watch
+    does (resumed first, or the watch not yet scheduled) finds the second word old: it
+    cannot know, and counts from now.
 
     Args:
         listener: a bound socket; the watch gets its own copy (close yours) and listens.
@@ -119,8 +123,8 @@ class Watch:
         lfd = listener.fileno()
         wfd = os.memfd_create("pycomm-watch", os.MFD_CLOEXEC)
         try:
-            os.ftruncate(wfd, 8)
-            self._word = mmap.mmap(wfd, 8)
+            os.ftruncate(wfd, _WORDS.size)
+            self._word = mmap.mmap(wfd, _WORDS.size)
             # its stdin: a pipe whose write end only this process holds, so the rank's
             # exit, however it happens, ends the watch within a tick
             self.process = subprocess.Popen(
@@ -134,9 +138,16 @@ class Watch:
 
     def stopped_at(self) -> float:
         """``time.monotonic()`` when the watch last saw this rank (or itself) stopped, plus
-        a tick (it may have resumed up to a tick before the next sample); 0.0 if never."""
-        t = _WORD.unpack_from(self._word)[0]
-        return t + self.tick if t else 0.0
+        a tick (it may have resumed up to a tick before the next sample); 0.0 if never;
+        now if the watch's loop has not turned for :data:`_SELF_STOPPED_S` (it has not run
+        since, so it cannot tell), or if the watch is gone."""
+        if self._word.closed or self.process.poll() is not None:
+            return time.monotonic()
+        stopped, turned = _WORDS.unpack_from(self._word)
+        now = time.monotonic()
+        if now - turned > _SELF_STOPPED_S:
+            return now
+        return stopped + self.tick if stopped else 0.0
 
     def stop(self) -> None:
         """End the watch at once, and reap it."""
@@ -158,12 +169,13 @@ def _serve(fd: int, pid: int, tick: float, word_fd: int) -> None:
     """The watch's loop (the script's body): sample, answer, end with the rank."""
     listener = socket.socket(fileno=fd)
     listener.setblocking(False)
-    word = mmap.mmap(word_fd, 8)
+    word = mmap.mmap(word_fd, _WORDS.size)
     sel = selectors.DefaultSelector()
     sel.register(listener, selectors.EVENT_READ, "connection")
     sel.register(0, selectors.EVENT_READ, "rank")
     stopped_since = None
     runs = None
+    stopped_at = 0.0
     last = time.monotonic()
     while True:
         state = process_state(pid)
@@ -175,8 +187,10 @@ def _serve(fd: int, pid: int, tick: float, word_fd: int) -> None:
             stopped_since = None if state != "T" else now
         elif stopped_since is None:
             stopped_since = now
-        if state == "T" or now - last > _SELF_STOPPED_S:
-            _WORD.pack_into(word, 0, now)   # the rank, or this watch, was stopped
+        # the rank stopped for a whole tick, or this watch was stopped itself
+        if state == "T" and ran == runs or now - last > _SELF_STOPPED_S:
+            stopped_at = now
+        _WORDS.pack_into(word, 0, stopped_at, now)
         last = now
         for key, _ in sel.select(tick):
             if key.data == "rank":

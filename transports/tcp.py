@@ -176,7 +176,9 @@ class TcpTransport(Transport):
                 self._where[peer] = f"host {rest[0] if rest else '?'} at {host}:{port}"
                 _note_watch(watches, peer, host, rest)
             watches = {p: a for p, a in watches.items() if p in self.remote_peers}
-            if watches:
+            # Only a rank with its own watch asks: the watch tells it when it was stopped
+            # itself, without which a whole job suspended would read as its peers stopped.
+            if watches and self._watch is not None:
                 self._asker = procwatch.Asker(watches, self.peer_timeout / 2)
                 self.watch_after = self.peer_timeout / 4
         finally:
@@ -226,8 +228,8 @@ class TcpTransport(Transport):
             self._watch = procwatch.Watch(listener, tick=self.peer_timeout / 8)
         except OSError as exc:
             print(f"pycomm: rank {self.rank} (host {socket.gethostname()}): cannot start "
-                  f"its process watch ({exc}); its peers will not learn that it is stopped "
-                  "if it ever is", file=sys.stderr, flush=True)
+                  f"its process watch ({exc}): neither it nor its peers will learn that the "
+                  "other is stopped, if ever", file=sys.stderr, flush=True)
 
     def not_running(self, peers, awake_since: float) -> tuple[int, str] | None:
         """A peer (of ``peers``, or one not reading what we queued for it) on another host
@@ -239,8 +241,7 @@ class TcpTransport(Transport):
         of a stalled wait."""
         if self._asker is None:
             return None
-        if self._watch is not None:
-            awake_since = max(awake_since, self._watch.stopped_at())
+        awake_since = max(awake_since, self._watch.stopped_at())
         queued = [p for p, conn in self._conns.items() if conn.queue]
         found = self._asker.poll([*peers, *queued] if queued else peers, awake_since)
         if found is None:

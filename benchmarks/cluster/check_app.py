@@ -11,7 +11,8 @@ thread that keeps calling a C function holding the GIL for S seconds at a time (
 extension that does not release it). ``CHECK_SLEEP_RANK=R CHECK_SLEEP_S=S`` adds, after the checks,
 one Allreduce that rank R enters S seconds late, spent in user code: half asleep
 (``time.sleep``), half on its CPU in C calls that hold the GIL (``sum`` over a range): a
-slow peer, which the others must wait for rather than call lost.
+slow peer, which the others must wait for rather than call lost (it prints ``SLEEPING rank
+R`` first).
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ def check(comm) -> tuple[int, str]:
     sleeper = os.environ.get("CHECK_SLEEP_RANK")
     if sleeper is not None:
         if sleeper == str(rank):
+            print(f"SLEEPING rank {rank}", flush=True)
             late_s = float(os.environ.get("CHECK_SLEEP_S", "0"))
             time.sleep(late_s / 2)
             busy_until = time.monotonic() + late_s / 2
