@@ -263,7 +263,15 @@ def test_the_watch_tells_its_rank_when_it_or_its_host_was_last_stopped(sleeper):
     time.sleep(2 * procwatch.TICK_S)
     at = sleeper.watch.stopped_at()
     assert resumed - procwatch.TICK_S <= at <= resumed + 2 * procwatch.TICK_S, (at, resumed)
-    sleeper.watch.process.kill()                        # a watch that is gone cannot tell
+    os.kill(sleeper.watch.process.pid, signal.SIGSTOP)  # stop() ends a stopped watch too
+    t0 = time.monotonic()
+    sleeper.watch.stop()
+    assert time.monotonic() - t0 < 0.5 and sleeper.watch.process.returncode == -signal.SIGTERM
+    assert abs(sleeper.watch.stopped_at() - time.monotonic()) < 0.1
+
+
+def test_a_watch_that_is_gone_cannot_tell(sleeper):
+    sleeper.watch.process.kill()
     sleeper.watch.process.wait()
     assert abs(sleeper.watch.stopped_at() - time.monotonic()) < 0.1
 

@@ -31,6 +31,13 @@ non-blocking connect, read by later polls. What an answer means (see
   host kernel is the TCP connection's own business (keepalive, ``TCP_USER_TIMEOUT``), and a
   dead rank closes its sockets: reporting them here would race those clearer errors.
 
+Known limits: a watch stopped on its own (its own session keeps job control and group
+signals off it, so only a signal to its pid does it) reads to its peers as a host with
+nothing running, and its rank, which then cannot tell its own stops, reports no peer; a
+rank and watch starved by a CPU quota with a period near a second (``cpu.cfs_period_us``)
+look stopped to themselves for part of each period, which delays or prevents their
+reports of a stopped peer (the usual 100 ms period does not).
+
 A tracing stop (``t``: a debugger holding the rank at a breakpoint) counts as running: a
 user stepping through one rank expects the others to wait for it, as under MPI. So does a
 rank that a tool such as cpulimit stops and continues many times a second: the watch
@@ -49,6 +56,7 @@ import errno
 import mmap
 import os
 import selectors
+import signal
 import socket
 import struct
 import subprocess
@@ -157,6 +165,10 @@ class Watch:
         except OSError:
             pass
         proc.terminate()        # at once: a forked child of the rank may hold the pipe open
+        try:
+            os.kill(proc.pid, signal.SIGCONT)   # a stopped watch acts on it only once continued
+        except ProcessLookupError:
+            pass
         try:
             proc.wait(timeout=1.0)
         except subprocess.TimeoutExpired:
