@@ -47,11 +47,6 @@ OFFLOADED = -3
 SHARED_WAIT = -4
 
 
-def _nobody(peers, awake_since):
-    """``not_running`` of a transport that cannot tell (a test's fake link)."""
-    return None
-
-
 class Waiting:
     """Progress, waits with timeouts, flush, and the switch to thread safety."""
 
@@ -268,11 +263,9 @@ class Waiting:
 
         The peers it needs: those of ``req``, ``awaits`` (a Probe's source), the posted
         receives and the large messages in flight (a receive from any source names none).
-        A transport that can tell (TCP between hosts, through each rank's process watch,
-        :mod:`transports.procwatch`) answers without blocking; a peer that is merely slow
-        or busy, even in a C call holding its GIL, runs; a peer's stop counts from
-        ``awake_since`` (the wait's start) at the earliest, and from this rank's own last
-        stop, as its watch saw it (a whole job suspended is no failure).
+        A transport that can tell (TCP between hosts: :mod:`transports.procwatch`) answers
+        without blocking; a slow or busy peer, even in a C call holding its GIL, runs. A
+        stop counts from ``awake_since`` (the wait's start) or this rank's own last stop.
 
         Raises:
             PeerError: naming the peer, its host and why it does not run.
@@ -284,7 +277,8 @@ class Waiting:
         peers.add(awaits)
         peers = [p for p in peers if p is not None and 0 <= p != self.rank]
         for tr in self.transports:
-            found = getattr(tr, "not_running", _nobody)(peers, awake_since)
+            ask = getattr(tr, "not_running", None)      # a test's fake link has none
+            found = ask(peers, awake_since) if ask is not None else None
             if found is not None:
                 call = self._my_call()
                 where = f"{trace.describe_call(call)}: " if call is not None else ""
