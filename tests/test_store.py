@@ -446,3 +446,21 @@ def test_unreachable_store_times_out():
     with pytest.raises(CommTimeoutError, match=str(port)):
         StoreClient("127.0.0.1", port, TOKEN, timeout=0.3)
     assert time.monotonic() - start < 2.0
+
+
+def test_a_client_that_does_not_wait_for_the_server_fails_at_once_on_a_refusal():
+    """The stall inspector's client (wait_for_server=False): a refused connection means the
+    store is gone, a CommError naming it at once; the start-up client retries until its
+    timeout, since the server may not listen yet."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]              # closed from here on: connections refused
+    t0 = time.monotonic()
+    with pytest.raises(CommError, match=rf"store at 127.0.0.1:{port} is gone"):
+        StoreClient("127.0.0.1", port, secrets.token_hex(16), timeout=5.0,
+                    wait_for_server=False)
+    assert time.monotonic() - t0 < 1.0
+    t0 = time.monotonic()
+    with pytest.raises(CommTimeoutError):
+        StoreClient("127.0.0.1", port, secrets.token_hex(16), timeout=0.5)
+    assert time.monotonic() - t0 >= 0.5

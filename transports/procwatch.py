@@ -86,17 +86,12 @@ def process_state(pid: int) -> str | None:
 
 def _runs(pid: int) -> str | None:
     """How many times the kernel has put ``pid``'s main thread on a CPU (it moves on every
-    stop and continue too), as text; None where the kernel does not say."""
+    stop and continue too; ``/proc/PID/schedstat``), as text; None where the kernel does not
+    say (then a sample in state ``T`` alone counts, as it would without this)."""
     try:
         with open(f"/proc/{pid}/schedstat", "rb") as f:
             return f.read().split()[2].decode()
     except (OSError, IndexError):
-        pass
-    try:
-        with open(f"/proc/{pid}/status", "rb") as f:
-            return ",".join(line.split()[1].decode() for line in f
-                            if line.endswith(b"ctxt_switches:", 0, line.index(b":") + 1))
-    except (OSError, ValueError, IndexError):
         return None
 
 

@@ -141,8 +141,7 @@ class TcpTransport(Transport):
                 except TransportError as exc:
                     raise TransportError(f"rank {self.rank} (host {socket.gethostname()}), "
                                          f"its process watch: {exc}") from exc
-                watch_lst.listen(procwatch.BACKLOG)
-                self._start_watch(watch_lst)    # answering before any peer can ask
+                self._start_watch(watch_lst)    # listening, answering before any ask
             key = f"tcp/{self.job_id}/"
             store.set(key + str(self.rank), msgpack.packb(
                 [self.host, lst.getsockname()[1], socket.gethostname(),
