@@ -26,21 +26,19 @@ launcher sweeps ``pycomm-<job>-*``.
 
 from __future__ import annotations
 
-import ctypes
-import errno
 import os
-import struct
 import time
 from typing import Any
 
 import msgpack
 
-from .base import (ExposureFlags, PeerLostError, RemoteAccessError, Transport,
-                   TransportError, host_identity)
+from .base import PeerLostError, Transport, TransportError, host_identity
+from .cma import CrossMemory
 from .frames import PREFIX, FrameDecoder, frame_prefix, whole_frame_handler
 from .shmring import (CTRL_BYTES, HEAD, RING_HDR_BYTES, TAIL, WHOLE, WHOLE_MAX, InRing,
-                      OutRing, Segment, address_of, segment_name, whole_frame)
-from .linux import copy_remote, futex_wait as _futex_wait, futex_wake as _futex_wake
+                      OutRing, Segment, segment_name, whole_frame)
+from .linux import futex_wait as _futex_wait, futex_wake as _futex_wake
+from .procwatch import process_state
 
 _perf = time.perf_counter
 
@@ -85,10 +83,7 @@ class ShmTransport(Transport):
         self._in_from: dict[int, InRing] = {}
         self._pending: list[OutRing] = []   # out rings with a non-empty queue
         self._pids: dict[int, int] = {}
-        self._cma_ok: dict[int, bool] = {}
-        self._probe = ctypes.create_string_buffer(os.urandom(16), 16)
-        self._flags = ExposureFlags()
-        self._words = ctypes.create_string_buffer(16)   # the two copies of a validity word
+        self._cma = CrossMemory(cma)
         # header -> (payload length, prefix + header) of the last frame sent with it
         self._heads: dict[bytes, tuple[int, bytes]] = {}
         self._closed = False
@@ -104,20 +99,13 @@ class ShmTransport(Transport):
         nbytes = rings + self.coll_bytes
         name = segment_name(self.job_id, self.rank)
         self._path = "/dev/shm/" + name
-        fd = os.open(self._path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-        try:
-            os.ftruncate(fd, nbytes)
-            self._own = Segment(fd, nbytes)
-        finally:
-            os.close(fd)
+        self._own = Segment(self._path, nbytes, create=True)
         self._own.ctl64[0] = os.getpid()
         self._coll_at[self.rank] = (self._own, rings)
         key = f"shm/{self.job_id}/"
         store.set(key + str(self.rank), msgpack.packb({
             "name": name, "nbytes": nbytes, "peers": self.peers, "ring": self.ring_bytes,
-            "coll": self.coll_bytes, "coll_at": rings,
-            "pid": os.getpid(), "probe": ctypes.addressof(self._probe),
-            "probe_value": self._probe.raw}))
+            "coll": self.coll_bytes, "coll_at": rings, **self._cma.published()}))
         for slot, peer in enumerate(self.peers):
             info = msgpack.unpackb(store.get(key + str(peer), timeout=timeout))
             if info["ring"] != self.ring_bytes:
@@ -127,11 +115,7 @@ class ShmTransport(Transport):
                 raise TransportError(
                     f"rank {peer} has a {info['coll']}-byte collective area, rank "
                     f"{self.rank} {self.coll_bytes} (PYCOMM_SHM_COLL_BYTES differs)")
-            fd = os.open("/dev/shm/" + info["name"], os.O_RDWR)
-            try:
-                seg = Segment(fd, info["nbytes"])
-            finally:
-                os.close(fd)
+            seg = Segment("/dev/shm/" + info["name"], info["nbytes"])
             self._others[peer] = seg
             self._coll_at[peer] = (seg, info["coll_at"])
             self._pids[peer] = info["pid"]
@@ -141,7 +125,7 @@ class ShmTransport(Transport):
             self._in.append(InRing(peer, ctl, data, seg,
                                     FrameDecoder(peer, self.sink, self._on_frame)))
             self._in_from[peer] = self._in[-1]
-            self._cma_ok[peer] = self.want_cma and self._try_cma(info)
+            self._cma.admit(peer, info)
         # Unlink our segment once every peer has mapped it: from here on a crash leaks nothing.
         store.set(key + f"{self.rank}/mapped", b"1")
         for peer in self.peers:
@@ -169,12 +153,6 @@ class ShmTransport(Transport):
     def said_goodbye(self, rank: int) -> bool:
         """Whether peer ``rank`` has closed pycomm cleanly (its program ended)."""
         return bool(self._others[rank].ctl64[1])
-
-    def _try_cma(self, info: dict) -> bool:
-        buf = ctypes.create_string_buffer(16)
-        err = copy_remote(False, info["pid"], [(ctypes.addressof(buf), 16)],
-                          [(info["probe"], 16)])
-        return not err and buf.raw == info["probe_value"]
 
     # -- sending --------------------------------------------------------------------------
     def send_now(self, peer: int, header: bytes, payload, repeats: bool = False) -> bool:
@@ -469,76 +447,34 @@ class ShmTransport(Transport):
         for peer, pid in self._pids.items():
             if self._others[peer].ctl64[1]:      # it closed cleanly: its exit is no failure
                 continue
-            try:
-                with open(f"/proc/{pid}/stat", "rb") as fh:
-                    state = fh.read().rsplit(b")", 1)[1].split()[0]
-            except (OSError, IndexError):
-                raise PeerLostError(peer, f"process {pid} is gone") from None
-            if state in (b"Z", b"X"):
+            state = process_state(pid)
+            if state is None:
+                raise PeerLostError(peer, f"process {pid} is gone")
+            if state in ("Z", "X"):
                 raise PeerLostError(peer, f"process {pid} has exited")
 
+    # -- one-sided reads: cross-memory attach (transports.cma) --------------------------
     def expose(self, view: memoryview) -> list | None:
-        """``[address, word address, token]``: peers read the buffer with process_vm_readv
-        (same uid, same host), checking its validity word (:class:`ExposureFlags`)."""
-        if not len(view):
-            return None
-        return [address_of(view), *self._flags.acquire()]
+        """What a peer reads ``view`` by (:meth:`transports.cma.CrossMemory.expose`)."""
+        return self._cma.expose(view)
 
     def release(self, desc: list, revoke: bool = False) -> None:
-        """Clear the buffer's validity word: a read from now on, or one in flight, fails."""
-        self._flags.retire(desc[1])
+        self._cma.release(desc)
 
     def can_read(self, peer: int) -> bool:
         """Whether cross-memory attach towards ``peer`` worked when probed at connect."""
-        return self._cma_ok.get(peer, False)
+        return self._cma.can_read(peer)
 
     def read_remote(self, peer: int, desc: list, nbytes: int, dest: memoryview) -> None:
-        """Copy ``nbytes`` from ``peer``'s address space into ``dest``: one copy (CMA).
-
-        One scatter-gather ``process_vm_readv`` copies the validity word, the buffer and
-        the word again, in that order; both copies must hold the exposure's token.
-
-        Raises:
-            RemoteAccessError: the buffer was withdrawn (or freed) before or during the copy.
-            PeerLostError: the peer's process is gone.
-            TransportError: cross-memory attach is not available towards ``peer``.
-        """
-        if not self._cma_ok.get(peer):
-            raise TransportError(f"cross-memory attach to rank {peer} is not available")
-        address, word, token = desc
-        words = ctypes.addressof(self._words)
-        err = copy_remote(False, self._pids[peer],
-                          [(words, 8), (address_of(dest), nbytes), (words + 8, 8)],
-                          [(word, 8), (address, nbytes), (word, 8)])
-        if err == errno.ESRCH:
-            raise PeerLostError(peer, "process is gone (process_vm_readv: ESRCH)")
-        if err:
-            raise RemoteAccessError(f"rank {peer}'s buffer of {nbytes} bytes could not be "
-                                    f"read ({os.strerror(err)}): withdrawn or freed")
-        first, second = struct.unpack("<qq", self._words.raw)
-        if first != token or second != token:
-            raise RemoteAccessError(f"rank {peer} withdrew its buffer of {nbytes} bytes "
-                                    "before or while it was read")
+        """One copy of ``peer``'s exposed buffer into ``dest``
+        (:meth:`transports.cma.CrossMemory.read`, which lists what it raises)."""
+        self._cma.read(peer, desc, nbytes, dest)
 
     def read_live(self, peer: int, address: int, dest: int, nbytes: int) -> None:
-        """Copy ``nbytes`` at ``address`` in ``peer``'s memory to ``dest`` in this process's:
-        one copy (CMA), with no validity word. For a caller that knows the buffer stays in
-        place until it is told this read is done (``pycomm.shmdirect``: the peer waits).
-
-        Raises:
-            PeerLostError: the peer's process is gone.
-            RemoteAccessError: the range is not mapped in the peer (the caller's promise
-                was broken).
-            TransportError: cross-memory attach is not available towards ``peer``.
-        """
-        if not self._cma_ok.get(peer):
-            raise TransportError(f"cross-memory attach to rank {peer} is not available")
-        err = copy_remote(False, self._pids[peer], [(dest, nbytes)], [(address, nbytes)])
-        if err == errno.ESRCH:
-            raise PeerLostError(peer, "process is gone (process_vm_readv: ESRCH)")
-        if err:
-            raise RemoteAccessError(f"{nbytes} bytes at {address:#x} in rank {peer} could "
-                                    f"not be read ({os.strerror(err)})")
+        """One copy of ``nbytes`` at ``address`` in ``peer``'s memory to ``dest``, for a
+        caller that knows the buffer stays in place (:mod:`pycomm.shmdirect`;
+        :meth:`transports.cma.CrossMemory.read_live`, which lists what it raises)."""
+        self._cma.read_live(peer, address, dest, nbytes)
 
     def close(self) -> None:
         if self._closed:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ctypes
 import mmap
+import os
 import struct
 from collections import deque
 
@@ -72,8 +73,16 @@ def whole_frame(header: bytes, n: int) -> tuple:
 class Segment:
     """A mapped segment: control words and ring views."""
 
-    def __init__(self, fd: int, nbytes: int):
-        self.map = mmap.mmap(fd, nbytes)
+    def __init__(self, path: str, nbytes: int, create: bool = False):
+        """Map the ``nbytes`` of file ``path`` (``create``: a new file, which must not
+        exist yet, readable by this user only)."""
+        fd = os.open(path, os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0), 0o600)
+        try:
+            if create:
+                os.ftruncate(fd, nbytes)
+            self.map = mmap.mmap(fd, nbytes)
+        finally:
+            os.close(fd)
         self.view = memoryview(self.map)
         self.ctl32 = self.view[:8].cast("I")       # [doorbell, waiting]
         self.ctl64 = self.view[8:24].cast("Q")     # [pid, said goodbye]
