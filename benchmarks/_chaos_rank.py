@@ -32,6 +32,7 @@ import sys
 import time
 
 import numpy as np
+import psutil
 
 COLLECTIVES = ("Allreduce", "Bcast", "Allgather", "Reduce_scatter_block", "Alltoall")
 FATAL = ("kill", "stop", "exit", "raise", "hang")
@@ -143,27 +144,9 @@ def mismatch_variant(call: dict, rng: random.Random) -> str:
 
 
 def _listening_ports() -> list[int]:
-    """TCP ports this process listens on (its sockets' inodes matched in /proc/net/tcp*)."""
-    inodes = set()
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            link = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if link.startswith("socket:["):
-            inodes.add(link[8:-1])
-    ports = []
-    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
-        try:
-            with open(table) as f:
-                rows = f.read().splitlines()[1:]
-        except OSError:
-            continue
-        for row in rows:
-            cols = row.split()
-            if len(cols) > 9 and cols[3] == "0A" and cols[9] in inodes:
-                ports.append(int(cols[1].rsplit(":", 1)[1], 16))
-    return sorted(set(ports))
+    """TCP ports this process listens on."""
+    return sorted({c.laddr.port for c in psutil.Process().net_connections("tcp")
+                   if c.status == psutil.CONN_LISTEN})
 
 
 def _say(line: str) -> None:

@@ -78,6 +78,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import psutil
+
 try:
     from benchmarks import _chaos_rank as rankmod
 except ImportError:                             # run as a plain file
@@ -174,45 +176,24 @@ def _reader(pipe, sink: list, stamps: list) -> None:
 
 
 def _job_processes(job: str | None, pgids: set[int]) -> list[tuple[int, str]]:
-    """(pid, state) of live processes carrying ``PYCOMM_JOB_ID=job`` or in ``pgids``."""
-    needle = f"PYCOMM_JOB_ID={job}".encode() if job else None
-    found = []
-    me = os.getpid()
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == me:
-            continue
-        pid = int(name)
+    """(pid, status) of live processes carrying ``PYCOMM_JOB_ID=job`` or in ``pgids``."""
+    found, me = [], os.getpid()
+    for proc in psutil.process_iter(["status"]):
         try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                stat = f.read()
-            after = stat.rsplit(b")", 1)[1].split()
-            state, pgrp = after[0].decode(), int(after[2])
-            if state in ("Z", "X"):
-                continue
-            hit = pgrp in pgids
-            if not hit and needle:
-                with open(f"/proc/{pid}/environ", "rb") as f:
-                    hit = needle in f.read().split(b"\0")
-        except (OSError, IndexError, ValueError):
-            continue
-        if hit:
-            found.append((pid, state))
+            status = proc.info["status"]
+            if proc.pid != me and status not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD) and (
+                    os.getpgid(proc.pid) in pgids
+                    or (job and proc.environ().get("PYCOMM_JOB_ID") == job)):
+                found.append((proc.pid, status))
+        except (psutil.Error, OSError):
+            continue            # gone meanwhile, or not ours to read
     return found
 
 
 def _listening(ports: set[int]) -> list[int]:
-    live = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table) as f:
-                rows = f.read().splitlines()[1:]
-        except OSError:
-            continue
-        for row in rows:
-            cols = row.split()
-            if len(cols) > 3 and cols[3] == "0A":
-                live.add(int(cols[1].rsplit(":", 1)[1], 16))
-    return sorted(live & ports)
+    """Which of ``ports`` some process of this host listens on (TCP)."""
+    return sorted({c.laddr.port for c in psutil.net_connections("tcp")
+                   if c.status == psutil.CONN_LISTEN} & ports)
 
 
 def _leaks(job: str | None, pgids: set[int], ports: set[int]) -> list[str]:
