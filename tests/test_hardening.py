@@ -28,6 +28,7 @@ import uuid
 import cloudpickle
 import msgpack
 import numpy as np
+import psutil
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -50,33 +51,14 @@ CALLS_WITHIN_S = 5.0     # they complete in well under a second without stranger
 # -- observing processes --------------------------------------------------------------------
 
 def rss_mib(pid: int) -> float:
-    """Resident memory of ``pid`` in MiB (``VmRSS`` of /proc/PID/status)."""
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise AssertionError(f"no VmRSS for pid {pid}")
+    """Resident memory of ``pid`` in MiB."""
+    return psutil.Process(pid).memory_info().rss / MIB
 
 
 def listening_ports(pid: int) -> list[int]:
-    """The loopback TCP ports ``pid`` listens on (its socket inodes in /proc/net/tcp)."""
-    inodes = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[8:-1])
-    ports = []
-    with open("/proc/net/tcp") as f:
-        next(f)
-        for line in f:
-            fields = line.split()
-            local, state, inode = fields[1], fields[3], fields[9]
-            if state == "0A" and inode in inodes and local.startswith("0100007F:"):
-                ports.append(int(local.split(":")[1], 16))
-    return ports
+    """The loopback TCP ports ``pid`` listens on."""
+    return [c.laddr.port for c in psutil.Process(pid).net_connections("tcp")
+            if c.status == psutil.CONN_LISTEN and c.laddr.ip in ("127.0.0.1", "::1")]
 
 
 _ZEROS_64K = bytes(64 * 1024)
