@@ -52,10 +52,11 @@ class Comm(ObjectMethods):
     def __init__(self, comm: Comm | None = None):
         if comm is not None and not isinstance(comm, Comm):
             raise TypeError(f"Comm({comm!r}): expected a communicator or nothing")
-        self._c = comm._c if isinstance(comm, Comm) else None
-        self._name = None
-        self._attrs: dict = {}
-        self._errhandler = None
+        if comm is None:
+            self._c, self._name, self._attrs, self._errhandler = None, None, {}, None
+        else:                       # a new handle to the same communicator: its state too
+            self._c, self._name = comm._c, comm._name
+            self._attrs, self._errhandler = comm._attrs, comm._errhandler
 
     @classmethod
     def _wrap(cls, inner) -> Comm:

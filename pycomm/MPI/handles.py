@@ -71,9 +71,18 @@ def _not_offered(what: str):
     return classmethod(method)
 
 
+def _new(cls, *args, **kwargs):
+    """``Class.__new__(cls, obj)`` as mpi4py takes it: a subclass's ``__new__`` may pass
+    the object to copy (``super().__new__(cls, comm)``); ``__init__`` then copies it."""
+    return object.__new__(cls)
+
+
 def install(*classes) -> None:
-    """Give each class the six conversions (``handle`` as a property)."""
+    """Give each class the six conversions (``handle`` as a property), and a ``__new__``
+    that accepts mpi4py's copy argument where the class has none of its own."""
     for cls in classes:
+        if cls.__new__ is object.__new__:
+            cls.__new__ = staticmethod(_new)
         cls.handle = property(_handle, doc="Process-local integer naming what this "
                               "object refers to (0 for a null object).")
         cls.fromhandle = classmethod(_fromhandle)

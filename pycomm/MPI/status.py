@@ -84,6 +84,10 @@ class Status(_Status):
     def __reduce__(self):
         return _status_from, (list(self._mem),)
 
+    def __new__(cls, *args, **kwargs):
+        """mpi4py's ``Status.__new__(cls, status)``: ``__init__`` copies ``status``."""
+        return super().__new__(cls)
+
     def __init__(self, status: _Status | None = None):
         self._mem = array.array("i", bytes(20))
         super().__init__()
