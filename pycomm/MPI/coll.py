@@ -10,6 +10,8 @@ non-root Gather, the send buffer of a non-root Scatter) are not parsed and may b
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from pycomm.buffers import IN_PLACE
@@ -19,7 +21,7 @@ from .comm import Comm
 from .comm import fin as _fin
 from .exceptions import mpi_error, translate_methods
 from .msgspec import BOTTOM, Msg, as_int, message, vector_message
-from .ops import SUM, with_datatype
+from .ops import ITEM_FIELD, SUM, whole_items, with_datatype
 from .request import Request
 
 __all__ = ["Intracomm"]
@@ -85,8 +87,9 @@ def _match_empty(*msgs) -> None:
 
 def _reducible(where: str, op, *msgs):
     """Reject OP_NULL and a reduction over a mixed-type datatype (it travels as bytes);
-    return the op to run (a user op told the messages' named datatype, see
-    :func:`pycomm.MPI.ops.with_datatype`)."""
+    return ``(op, per)``: the op to run (a user op told the messages' named datatype, see
+    :func:`pycomm.MPI.ops.with_datatype`) and the basic elements per datatype item that
+    the schedules must keep together (see :func:`_items`)."""
     if getattr(op, "name", None) == "OP_NULL":
         raise mpi_error(ArgumentError, "ERR_OP", f"{where}: OP_NULL is not an operation")
     named = None
@@ -96,7 +99,32 @@ def _reducible(where: str, op, *msgs):
                 raise mpi_error(ArgumentError, "ERR_TYPE", f"{where}: a datatype of mixed "
                                 f"basic types cannot be reduced with {op}")
             named = named or m.datatype
-    return with_datatype(op, named)
+    op = with_datatype(op, named)
+    pers = {m.per for m in msgs if isinstance(m, Msg)}
+    per = pers.pop() if len(pers) == 1 and op.__dict__.get("_function") is not None else 1
+    return (whole_items(op) if per > 1 else op), per
+
+
+def _items(m, per: int):
+    """The Communicator's array of ``m``: for a user op on a derived datatype of ``per``
+    basic elements an item (``per`` > 1), viewed as one record per item, so that the
+    schedules, which split a buffer between ranks and into segments anywhere, never hand
+    the op part of an item (MPI calls it on whole items; a user op on a contiguous pair
+    of doubles got pairs cut in two, and failed or combined the wrong elements).
+    :func:`pycomm.MPI.ops.whole_items` gives the op the flat elements back."""
+    if m is IN_PLACE or m is None:
+        return m
+    a = m.array
+    if per == 1:
+        return a
+    return a.view(_item_dtype(a.dtype, per))
+
+
+@functools.lru_cache(maxsize=64)
+def _item_dtype(basic: np.dtype, per: int) -> np.dtype:
+    """A record of ``per`` scalar fields of ``basic`` (the Communicator takes records of
+    numeric scalars, not subarrays)."""
+    return np.dtype([(f"{ITEM_FIELD}{i}", basic) for i in range(per)])
 
 
 @translate_methods
@@ -167,9 +195,9 @@ class Intracomm(Comm):
         root = as_int(root, "root", f"rank {c.rank}: {call}")
         at_root = c.rank == root
         c, w, s, r = self._send_recv(call, sendbuf, recvbuf, recv=at_root)
-        op = _reducible(w, op, s, r)
+        op, per = _reducible(w, op, s, r)
         fn = c.Ireduce if call[0] == "I" else c.Reduce
-        return self._done(call[0] == "I", fn(self._a(s), self._a(r), op, root), r)
+        return self._done(call[0] == "I", fn(_items(s, per), _items(r, per), op, root), r)
 
     def Allreduce(self, sendbuf, recvbuf, op=SUM) -> None:
         """Combine every rank's ``sendbuf`` with ``op``; every ``recvbuf`` gets it."""
@@ -201,8 +229,8 @@ class Intracomm(Comm):
 
     def _reduce_all(self, call, sendbuf, recvbuf, op):
         c, w, s, r = self._send_recv(call, sendbuf, recvbuf)
-        op = _reducible(w, op, s, r)
-        out = getattr(c, call)(self._a(s), self._a(r), op)
+        op, per = _reducible(w, op, s, r)
+        out = getattr(c, call)(_items(s, per), _items(r, per), op)
         return self._done(call[0] == "I", out, r)
 
     def Reduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=SUM) -> None:
@@ -218,12 +246,12 @@ class Intracomm(Comm):
 
     def _reduce_scatter(self, call, sendbuf, recvbuf, recvcounts, op):
         c, w, s, r = self._send_recv(call, sendbuf, recvbuf)
-        op = _reducible(w, op, s, r)
+        op, items = _reducible(w, op, s, r)
         counts = recvcounts
-        if recvcounts is not None:
-            per = r.per if isinstance(r, Msg) else 1
+        if recvcounts is not None:      # in elements, or in items where they stay whole
+            per = r.per if isinstance(r, Msg) and items == 1 else 1
             counts = [as_int(x, "recvcounts", w) * per for x in recvcounts]
-        out = getattr(c, call)(self._a(s), self._a(r), counts, op)
+        out = getattr(c, call)(_items(s, items), _items(r, items), counts, op)
         return self._done(call[0] == "I", out, r)
 
     # gathers and scatters

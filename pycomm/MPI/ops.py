@@ -50,6 +50,8 @@ __all__ = [
     "MAX_USER_OP",
     "Op",
     "with_datatype",
+    "whole_items",
+    "ITEM_FIELD",
 ]
 
 
@@ -167,6 +169,33 @@ def with_datatype(op: _Op, datatype) -> _Op:
     hit = bound.get(datatype)
     if hit is None:
         hit = bound[datatype] = _bind(op, user, datatype)
+    return hit
+
+
+# the fields (ITEM_FIELD0, ITEM_FIELD1, ...) of the record views that keep a derived
+# datatype's items whole (MPI/coll.py)
+ITEM_FIELD = "_mpi_item"
+
+
+def whole_items(op: _Op) -> _Op:
+    """A copy of the user op ``op`` for buffers viewed as one record per datatype item
+    (:func:`pycomm.MPI.coll._items`): its function gets the flat basic elements of whole
+    items, as without the view. Kept on the op (calls are signed by the op's name); the
+    copy holds the function, not the op (no cycle: a dropped op is freed at once)."""
+    hit = op.__dict__.get("_whole")
+    if hit is None:
+        function, nargs = op._function, op._nargs
+
+        def call(invec, inoutvec):
+            basic = inoutvec.dtype.fields[ITEM_FIELD + "0"][0]
+            a, b = invec.view(basic).reshape(-1), inoutvec.view(basic).reshape(-1)
+            result = function(a, b, b.dtype) if nargs == 3 else function(a, b)
+            if result is not None and result is not b:
+                b[...] = result
+        call.__name__ = getattr(function, "__name__", "user")
+        hit = _Op.Create(call, op.commutative)
+        hit.name = op.name
+        op.__dict__["_whole"] = hit
     return hit
 
 
