@@ -1,10 +1,10 @@
-"""Exhaustive checks of pycomm.collectives.topology for every size 1..16 (and every root)."""
+"""Exhaustive checks of pycomm.topology for every size 1..16 (and every root)."""
 
 from __future__ import annotations
 
 import pytest
 
-from pycomm.collectives import topology as t
+from pycomm import topology as t
 
 SIZES = range(1, 17)
 

@@ -28,7 +28,7 @@ import pycomm.collectives as algs
 from pycomm import ops
 from pycomm.launch.bootstrap import host_layout
 from pycomm.tuning.cost import model_transport
-from pycomm.collectives.topology import grid_2d
+from pycomm.topology import grid_2d
 from pycomm.collectives.twod import grid_rows, host_grid
 from fakecomm import on_fake_hosts, run_fake  # tests/ is on sys.path under pytest
 import test_algorithms_fake

@@ -12,7 +12,7 @@ import pytest
 
 import pycomm.collectives.flat as algs       # the flat schedules, by function name
 from pycomm import ops
-from pycomm.collectives import topology
+from pycomm import topology
 from fakecomm import run_fake  # tests/ is on sys.path under pytest
 
 SIZES = list(range(1, 10))

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pycomm.collectives.topology import ceil_log2, is_pof2, ring_neighbors
+from pycomm.topology import ceil_log2, is_pof2, ring_neighbors
 from pycomm.errors import ArgumentError
 
 __all__ = ["allgather_ring", "allgather_recursive_doubling", "allgather_bruck",

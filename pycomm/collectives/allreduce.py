@@ -55,7 +55,7 @@ followed by a binomial broadcast. Every rank ends with rank 0's bytes. Time
 
 **double_binary_tree** (NCCL's tree allreduce: Sanders, Speck & Träff 2009, "Two-tree
 algorithms for full bandwidth broadcast, reduction and scan"; NCCL ``graph/trees.cc``,
-``ncclGetDtree``). Two binary trees (:func:`~pycomm.collectives.topology.double_binary_tree`:
+``ncclGetDtree``). Two binary trees (:func:`~pycomm.topology.double_binary_tree`:
 NCCL's in-order btree rooted at 0 and its mirror image rooted at ``p-1``) each carry half
 of the vector. Each half is cut into segments of ``s`` bytes (``PYCOMM_SEGMENT_BYTES``);
 segment ``k`` is reduced up its tree (a rank folds ``lower child ∘ own ∘ higher child``:
@@ -81,7 +81,7 @@ from pycomm.collectives.bcast import SEND_WINDOW, bcast_binomial, segment_elemen
 from pycomm.collectives.halving import Pipe, fold_in, fold_out, halve
 from pycomm.collectives.reduce import reduce_binomial
 from pycomm.collectives.scratch import give, take
-from pycomm.collectives.topology import (ceil_log2, chunk_offsets, double_binary_tree,
+from pycomm.topology import (ceil_log2, chunk_offsets, double_binary_tree,
                                         fold_real_rank, pof2_floor, ring_neighbors,
                                         segment_offsets)
 

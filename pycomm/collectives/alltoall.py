@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pycomm.collectives.topology import ceil_log2
+from pycomm.topology import ceil_log2
 
 __all__ = ["alltoall_pairwise", "alltoall_bruck", "alltoallv_pairwise"]
 

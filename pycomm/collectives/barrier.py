@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pycomm.collectives.topology import binomial_children, binomial_parent, dissemination_peers
+from pycomm.topology import binomial_children, binomial_parent, dissemination_peers
 
 __all__ = ["barrier_dissemination", "barrier_binomial"]
 

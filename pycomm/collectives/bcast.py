@@ -4,7 +4,7 @@ Notation: ``p`` ranks, ``n`` bytes, ``α`` latency per message, ``β`` seconds p
 ``L = ceil(log2 p)``.
 
 **binomial** (MPICH ``bcast_intra_binomial``; Thakur et al. 2005, section 3). Ranks are
-renumbered so the root is vrank 0 (see :func:`~pycomm.collectives.topology.binomial_parent`).
+renumbered so the root is vrank 0 (see :func:`~pycomm.topology.binomial_parent`).
 A rank receives the whole vector from its parent, then sends it to its children, largest
 subtree first. ``L`` rounds; each non-root receives ``n`` bytes once. Time ``L(α + nβ)``;
 no scratch. Best for small vectors.
@@ -41,7 +41,7 @@ import numpy as np
 
 from pycomm.tuning.cost import TREE_SEGMENT_BYTES, forced_segment
 from pycomm.tuning.cost import segment_bytes as model_segment
-from pycomm.collectives.topology import (binomial_children, binomial_parent,
+from pycomm.topology import (binomial_children, binomial_parent,
                                         binomial_subtree_size, chunk_offsets, ring_neighbors,
                                         segment_offsets)
 

@@ -35,7 +35,7 @@ from pycomm.collectives.reduce_scatter import (reduce_scatter_block_pairwise,
                                               reduce_scatter_ring)
 from pycomm.collectives.scan import exscan_recursive_doubling, scan_recursive_doubling
 from pycomm.collectives.scatter import scatter_binomial, scatter_linear, scatterv_linear
-from pycomm.collectives.topology import is_pof2
+from pycomm.topology import is_pof2
 
 __all__ = ["AlgorithmInfo", "FLAT", "bound", "cheapest"]
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pycomm.collectives.topology import (binomial_children, binomial_parent,
+from pycomm.topology import (binomial_children, binomial_parent,
                                         binomial_subtree_size)
 
 __all__ = ["gather_linear", "gather_binomial", "gatherv_linear"]

@@ -1,7 +1,7 @@
 """Building blocks shared by the recursive-halving schedules: the fold and the halving.
 
 Used by allreduce ``rabenseifner``, reduce ``rabenseifner`` and reduce_scatter
-``recursive_halving``. Words as in :mod:`pycomm.collectives.topology`: ``q = pof2_floor(p)``,
+``recursive_halving``. Words as in :mod:`pycomm.topology`: ``q = pof2_floor(p)``,
 ``rem = p - q``, *new rank*, *chunk*.
 
 **The fold** (Thakur, Rabenseifner & Gropp 2005, section 4.3; MPICH
@@ -50,7 +50,7 @@ import numpy as np
 from pycomm import config
 from pycomm.collectives.bcast import segment_elements
 from pycomm.collectives.scratch import give, take
-from pycomm.collectives.topology import (fold_new_rank, fold_real_rank, pof2_floor,
+from pycomm.topology import (fold_new_rank, fold_real_rank, pof2_floor,
                                         segment_offsets)
 
 __all__ = ["Pipe", "fold_in", "fold_out", "halve", "Step", "DEPTH"]

@@ -83,7 +83,7 @@ from pycomm.collectives.barrier import barrier_dissemination
 from pycomm.tuning.cost import DEFAULT_TRANSPORT, model_transport
 from pycomm.collectives.flat import bound, cheapest
 from pycomm.collectives.scratch import give, take
-from pycomm.collectives.topology import chunk_offsets
+from pycomm.topology import chunk_offsets
 
 __all__ = ["HIERARCHICAL", "Plan", "View", "plan_of", "allreduce_hierarchical",
            "reduce_hierarchical", "bcast_hierarchical", "allgather_hierarchical",

@@ -38,7 +38,7 @@ import numpy as np
 
 from pycomm.collectives.halving import Pipe, fold_in, halve
 from pycomm.collectives.scratch import give, take
-from pycomm.collectives.topology import (binomial_children, binomial_parent, chunk_offsets,
+from pycomm.topology import (binomial_children, binomial_parent, chunk_offsets,
                                         fold_new_rank, pof2_floor)
 
 __all__ = ["reduce_binomial", "reduce_rabenseifner"]

@@ -50,7 +50,7 @@ import numpy as np
 
 from pycomm.collectives.halving import Pipe, fold_in, halve
 from pycomm.collectives.scratch import give, take
-from pycomm.collectives.topology import bit_reverse, pof2_floor, ring_neighbors
+from pycomm.topology import bit_reverse, pof2_floor, ring_neighbors
 
 __all__ = ["reduce_scatter_ring", "reduce_scatter_pairwise", "reduce_scatter_recursive_halving",
            "reduce_scatter_block_ring", "reduce_scatter_block_pairwise",

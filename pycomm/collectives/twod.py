@@ -20,7 +20,7 @@ all-gather decomposition (Thakur, Rabenseifner & Gropp 2005, 4.3).
   inside a host (shared memory) and a column's all-reduce, the only phase that crosses
   hosts, carries ``n/L`` bytes per rank (column ``j``: local rank ``j`` of every host);
 * otherwise (one host, uneven hosts, or a non-commutative op): the near-square grid of
-  :func:`~pycomm.collectives.topology.grid_2d` over rank order, ``rows <= cols``, row ``i``
+  :func:`~pycomm.topology.grid_2d` over rank order, ``rows <= cols``, row ``i``
   the consecutive ranks ``i*cols ..``. A size without such a factorisation (a prime) gets
   the 1-D grid ``1 x p``: the column all-reduce has one rank and the schedule is the row's
   reduce-scatter + all-gather (a ring all-reduce when the model picks the ring inside).
@@ -119,7 +119,7 @@ from pycomm.tuning.cost import (DEFAULT_TRANSPORT, TWOD_COLUMN, TWOD_GATHER, TWO
 from pycomm.collectives.flat import cheapest
 from pycomm.collectives.hierarchical import View
 from pycomm.collectives.scratch import give, take
-from pycomm.collectives.topology import chunk_offsets, grid_2d
+from pycomm.topology import chunk_offsets, grid_2d
 
 __all__ = ["TWOD", "grid_rows", "host_grid", "gather_grid", "allreduce_2d", "allgather_2d",
            "reduce_scatter_2d", "reduce_scatter_block_2d"]

@@ -30,7 +30,7 @@ that disagree, or one that never comes) ends its directory ``timeout`` seconds l
 when the actor that made it ends.
 
 Modules: :mod:`pycomm.ray.directory` (the directory actor), :mod:`pycomm.ray.group` (this
-process's memberships and the collective calls), :mod:`pycomm.ray.run` (:func:`run`).
+process's memberships and the collective calls), :mod:`pycomm.ray.runner` (:func:`run`).
 
 Limits: an actor is in at most one pycomm group at a time (destroy it to join another),
 as with ``ray.experimental.collective``; pycomm must be importable on every node.
@@ -42,7 +42,7 @@ from .group import (allgather, allreduce, barrier, broadcast, create_collective_
                     destroy_collective_group, get_collective_group_size, get_group_handle,
                     get_rank, init_collective_group, is_group_initialized, recv, reduce,
                     reducescatter, send)
-from .run import run
+from .runner import run
 
 __all__ = ["allgather", "allreduce", "barrier", "broadcast", "create_collective_group",
            "destroy_collective_group", "get_collective_group_size", "get_group_handle",

@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from pycomm import config
-from pycomm.collectives.topology import ceil_log2, grid_2d, pof2_floor
+from pycomm.topology import ceil_log2, grid_2d, pof2_floor
 from pycomm.errors import ArgumentError
 
 __all__ = ["Constants", "Pricing", "SCHEDULES", "DEFAULT_TRANSPORT", "NET", "SHIPPED_TABLE",

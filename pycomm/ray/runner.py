@@ -1,4 +1,4 @@
-"""``pycomm.ray.run``: N Ray actors, one function, everything torn down (see
+""":func:`pycomm.ray.run`: N Ray actors, one function, everything torn down (see
 :mod:`pycomm.ray`)."""
 
 from __future__ import annotations
