@@ -26,9 +26,7 @@ its receive's signature, or, unmatched, against this rank's current call
 
 from __future__ import annotations
 
-from transports import TransportError
-
-from .errors import TruncationError
+from .errors import ProtocolError, TruncationError
 from .request import Request
 from .signature import empty_match
 from .wire import ABORT, CANCEL, CTS, DATA, EAGER, FIN, NAK, RTS, _HEADERS, _unpack
@@ -245,7 +243,7 @@ class Matching:
         if kind == ABORT:
             self._on_abort(peer, h)
             return None
-        raise TransportError(f"rank {peer} sent an unknown frame kind {kind!r}")
+        raise ProtocolError(f"rank {peer} sent an unknown frame kind {kind!r}")
 
     def on_payload(self, peer: int) -> None:
         x = self._incoming.pop(peer, None)

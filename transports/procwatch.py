@@ -168,7 +168,10 @@ class Watch:
             proc.wait(timeout=1.0)
         except subprocess.TimeoutExpired:
             proc.kill()
-            proc.wait()
+            try:                # (SIGKILL ends it unless the kernel holds it: do not hang)
+                proc.wait(timeout=1.0)
+            except subprocess.TimeoutExpired:
+                pass
         self._word.close()
 
 

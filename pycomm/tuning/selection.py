@@ -78,10 +78,14 @@ class AlgorithmSelection:
         model = (comm.size, eng.oversubscription, eng.min_cores,
                  getattr(comm, "transport_name", None), layout)
         if hit is None or hit[2] != model:
-            name, fn = choose(collective, nbytes, comm.size, requested=algorithm,
-                              commutative=commutative, transport=self.model_transport(),
-                              oversubscription=self.oversubscription(),
-                              hosts=None if layout is None else tuple(map(len, layout.hosts)))
+            try:
+                name, fn = choose(collective, nbytes, comm.size, requested=algorithm,
+                                  commutative=commutative, transport=self.model_transport(),
+                                  oversubscription=self.oversubscription(),
+                                  hosts=None if layout is None else
+                                  tuple(map(len, layout.hosts)))
+            except ArgumentError as exc:        # (the rule knows no ranks)
+                raise ArgumentError(f"rank {comm.rank}: {exc}") from None
             if len(_CHOICES) > 4096:
                 _CHOICES.clear()
             _CHOICES[key] = (name, fn, model)
