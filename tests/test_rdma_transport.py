@@ -75,6 +75,16 @@ def test_world_is_on_rdma(pool):
     assert set(pool.run(_transport)) == {"rdma"}
 
 
+def _read_timeouts():
+    eng = pycomm.COMM_WORLD._engine
+    return sorted({t.read_timeout for t in eng.route if t is not None})
+
+
+def test_one_sided_reads_wait_as_long_as_the_job_timeout(pool):
+    # (the pool's timeout=60: an RDMA READ whose completions never come fails after it)
+    assert pool.run(_read_timeouts) == [[60.0]] * len(pool.run(_transport))
+
+
 def test_p2p_sizes_and_bursts(pool):
     assert all(pool.run(_ring, COUNTS))
 

@@ -362,7 +362,8 @@ def create_world(job: JobEnv | None = None, **options):
                             "remote_peers": [p for p in peers if infos[p]["host"] !=
                                              infos[je.rank]["host"]]}
                 elif tname == "rdma":
-                    opts = {"host": listen, "cma": config.get("PYCOMM_CMA")}
+                    opts = {"host": listen, "cma": config.get("PYCOMM_CMA"),
+                            "read_timeout": timeout}
                 t = get_transport_class(tname)(je.rank, je.size, je.job_id, je.token, engine,
                                                **opts)
                 engine.attach(t, peers)     # attach first so close() releases it on error

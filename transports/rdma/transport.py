@@ -82,6 +82,8 @@ class RdmaTransport(Transport):
         send_slots: send bounce buffers shared by all peers (default 32).
         cma: allow cross-memory attach inside a host (default True).
         host: address the NIC listens on (default loopback).
+        read_timeout: seconds a one-sided read waits for its completions (default 300;
+            the job passes its ``PYCOMM_TIMEOUT``).
     """
 
     name = "rdma"
@@ -90,12 +92,13 @@ class RdmaTransport(Transport):
 
     def __init__(self, rank, size, job_id, token, sink, *, slot_bytes: int = 69632,
                  recv_slots: int = 16, send_slots: int = 32, cma: bool = True,
-                 host: str | None = None, **options: Any):
+                 host: str | None = None, read_timeout: float = 300.0, **options: Any):
         super().__init__(rank, size, job_id, token, sink)
         if slot_bytes < 1024 or recv_slots < 2 or send_slots < 1:
             raise ValueError("rdma: slot_bytes >= 1024, recv_slots >= 2, send_slots >= 1")
         self.slot, self.nrecv, self.nsend = slot_bytes, recv_slots, send_slots
         self.cma, self.host = cma, host or "127.0.0.1"
+        self.read_timeout = float(read_timeout)
         self.ctx = None
         self._peers: dict[int, _Peer] = {}
         self._by_qpn: dict[int, _Peer] = {}
@@ -335,7 +338,7 @@ class RdmaTransport(Transport):
         return peer in self._peers and peer not in self._lost
 
     def read_remote(self, peer: int, desc, nbytes: int, dest: memoryview,
-                    timeout: float = 300.0) -> None:
+                    timeout: float | None = None) -> None:
         """RDMA READ ``nbytes`` of the buffer ``desc`` (from ``expose``) into ``dest``.
 
         Three READs in order on the peer's queue pair: the validity word, the buffer, the
@@ -346,7 +349,8 @@ class RdmaTransport(Transport):
         Raises:
             RemoteAccessError: the buffer was withdrawn before or during the read.
             PeerLostError: a READ completed in error (peer lost, access refused).
-            TransportError: no completion within ``timeout`` seconds.
+            TransportError: no completion within ``timeout`` seconds (None: the
+                transport's ``read_timeout``).
         """
         if not nbytes:
             return
@@ -364,6 +368,8 @@ class RdmaTransport(Transport):
                                     rkey=rkey))
         first = wr_id - 2
         try:
+            if timeout is None:
+                timeout = self.read_timeout
             deadline = time.monotonic() + timeout
             wcs = self._wcs
             while True:
