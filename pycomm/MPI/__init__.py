@@ -10,14 +10,16 @@ constructors, message specs (``[buf, count, MPI.FLOAT]``...), ops, ``Status``,
 
 Every collective runs in :class:`pycomm.comm.Communicator`; this package only maps names,
 signatures and message specs onto it (see :mod:`pycomm.MPI.comm`). What MPI has and pycomm
-does not offer (dynamic processes, one-sided windows, MPI-IO, ports) raises
-``NotImplementedError`` naming the feature.
+does not offer (dynamic processes, MPI-IO, ports) raises ``NotImplementedError`` naming
+the feature. One-sided windows (``MPI.Win``) are shared memory, for ranks on one host
+(:mod:`pycomm.MPI.win`).
 """
 
 # ruff: noqa: F401  (this module re-exports the names of its submodules, as mpi4py.MPI)
 
 from __future__ import annotations
 
+import os as _os
 import pickle as _pickle
 import socket as _socket
 import threading as _threading
@@ -99,6 +101,7 @@ from .ops import (
 )
 from .predefined import PREDEFINED
 from .request import REQUEST_NULL, Prequest, Request, Status
+from .win import WIN_NULL, Win
 from . import surface as _surface
 from .session import SESSION_NULL, Session
 from .handles import install as _install_handles
@@ -197,11 +200,28 @@ class Pickle:
 pickle = Pickle()
 
 # -- environment ------------------------------------------------------------------------
-_install_handles(Comm, Group, Datatype, Op, Request, Message, Info, Session, Errhandler)
+_install_handles(Comm, Group, Datatype, Op, Request, Message, Info, Session, Errhandler,
+                 Win)
 _install_pickling(Comm, Group)
-_state = {"thread_level": THREAD_SERIALIZED, "finalized": False}
+_state = {"thread_level": THREAD_SERIALIZED, "finalized": False, "errors": "exception"}
 _main_thread = _threading.main_thread()
 COMM_NULL = Comm()
+
+
+def _configure(options: dict) -> None:
+    """Take ``mpi4py.rc``'s options (:func:`pycomm.MPI.rcopts.read`) and the pickle
+    environment (``MPI4PY_PICKLE_PROTOCOL``/``_THRESHOLD``) as ``import mpi4py.MPI`` does."""
+    _state["errors"] = options["errors"]
+    for name in ("PROTOCOL", "THRESHOLD"):
+        value = _os.environ.get(f"MPI4PY_PICKLE_{name}")
+        if value is not None:
+            setattr(pickle, name, int(value))
+
+
+def default_errhandler() -> Errhandler:
+    """The handler an object reports until one is set, by ``mpi4py.rc.errors``."""
+    return {"exception": ERRORS_RETURN, "abort": ERRORS_ABORT}.get(_state["errors"],
+                                                                   ERRORS_ARE_FATAL)
 
 
 def Init() -> None:
@@ -339,11 +359,10 @@ def _self() -> Intracomm:
 
 _LAZY = {"COMM_WORLD": _world, "COMM_SELF": _self}
 _NOT_OFFERED = {
-    "Win": "one-sided communication (MPI windows)", "File": "MPI-IO (MPI.File)",
+    "File": "MPI-IO (MPI.File)",
     "Open_port": "ports (MPI_Open_port)", "Close_port": "ports (MPI_Close_port)",
     "Publish_name": "name publishing", "Lookup_name": "name publishing",
     "Unpublish_name": "name publishing",
-    "WIN_NULL": "one-sided communication",
     "FILE_NULL": "MPI-IO", "Register_datarep": "MPI-IO data representations",
     "Get_abi_info": "MPI ABI queries", "Get_abi_fortran_info": "MPI ABI queries",
 }

@@ -177,9 +177,9 @@ class Comm(ObjectMethods):
         self._attrs.pop(check_keyval(keyval, "Comm.Delete_attr"), None)
 
     def Get_errhandler(self):
-        from . import ERRORS_ARE_FATAL
+        from . import default_errhandler
         self._inner("Get_errhandler")
-        return self._errhandler or ERRORS_ARE_FATAL
+        return self._errhandler or default_errhandler()
 
     def Set_errhandler(self, errhandler) -> None:
         """Errors are always raised as ``MPI.Exception`` (mpi4py's default handler);
@@ -197,7 +197,9 @@ class Comm(ObjectMethods):
     # -- communicator management ----------------------------------------------------------
     def Dup(self, info=None) -> Comm:
         """A new communicator with the same group and a fresh context (collective)."""
-        return type(self)._wrap(self._inner("Dup").Dup())
+        out = type(self)._wrap(self._inner("Dup").Dup())
+        out._errhandler = self._errhandler          # MPI_Comm_dup keeps the handler
+        return out
 
     Clone = Dup
 

@@ -117,8 +117,8 @@ class Session:
         return Request()
 
     def Get_errhandler(self):
-        from . import ERRORS_ARE_FATAL
-        return self._state("Get_errhandler")["errhandler"] or ERRORS_ARE_FATAL
+        from . import default_errhandler
+        return self._state("Get_errhandler")["errhandler"] or default_errhandler()
 
     def Set_errhandler(self, errhandler) -> None:
         """pycomm always raises; the handler is kept to be read back."""

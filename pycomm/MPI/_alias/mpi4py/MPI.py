@@ -1,6 +1,8 @@
 """``mpi4py.MPI`` resolved to :mod:`pycomm.MPI` (see the package docstring).
 
-Importing it creates the world when ``mpi4py.rc.initialize`` is true, as mpi4py does.
+Importing it reads ``mpi4py.rc`` and the ``MPI4PY_RC_*`` environment
+(:mod:`pycomm.MPI.rcopts`) and creates the world when ``initialize`` is true, with
+``Init_thread(thread_level)`` when ``threads`` is true, as mpi4py does.
 """
 
 # ruff: noqa: N999  (the module is named after mpi4py.MPI on purpose)
@@ -8,7 +10,13 @@ Importing it creates the world when ``mpi4py.rc.initialize`` is true, as mpi4py 
 import sys as _sys
 
 import pycomm.MPI as _MPI
+from pycomm.MPI import rcopts as _rcopts
 
-if getattr(_sys.modules.get("mpi4py"), "rc", None) is None or _sys.modules["mpi4py"].rc.initialize:
-    _MPI.Init()
+_options = _rcopts.read(_rcopts.rc_of("mpi4py"))
+_MPI._configure(_options)                                   # noqa: SLF001
+if _options["initialize"]:
+    if _options["threads"]:
+        _MPI.Init_thread(getattr(_MPI, "THREAD_" + _options["thread_level"].upper()))
+    else:
+        _MPI.Init()
 _sys.modules[__name__] = _MPI

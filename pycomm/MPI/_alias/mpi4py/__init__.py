@@ -37,9 +37,8 @@ else:
     class Rc:
         """``mpi4py.rc``: run-time options read when ``mpi4py.MPI`` is imported.
 
-        ``initialize`` (True: create the world at import, as mpi4py does) is honoured;
-        the others are accepted and kept (pycomm always raises errors as exceptions and
-        finalizes at exit).
+        Read with the ``MPI4PY_RC_*`` environment as mpi4py reads them, and what pycomm
+        does with each: :mod:`pycomm.MPI.rcopts`.
         """
 
         initialize = True
@@ -51,16 +50,26 @@ else:
         irecv_bufsz = 32768
         errors = "exception"
 
+        def __init__(self, **kwargs):
+            self(**kwargs)
+
+        def __setattr__(self, name, value):
+            if not hasattr(self, name):
+                raise TypeError(f"object has no attribute {name!r}")
+            super().__setattr__(name, value)
+
         def __call__(self, **kwargs):
-            for key, value in kwargs.items():
+            for key in kwargs:
                 if not hasattr(self, key):
-                    raise TypeError(f"mpi4py.rc: unexpected argument {key!r}")
+                    raise TypeError(f"unexpected argument {key!r}")
+            for key, value in kwargs.items():
                 setattr(self, key, value)
 
         def __repr__(self):
             return f"<mpi4py.rc (pycomm) initialize={self.initialize}>"
 
     rc = Rc()
+    _sys.modules[__name__ + ".rc"] = rc         # as mpi4py: a program may delete both
 
     def get_include():
         """mpi4py's C headers: pycomm has none."""
