@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -19,6 +20,7 @@ import pytest
 from transports import procwatch
 
 PATIENCE = 0.6
+KEY = b"job token"
 
 
 def _listener() -> socket.socket:
@@ -35,9 +37,9 @@ class _Watched:
         self.proc = subprocess.Popen([sys.executable, "-c", code])
         lst = _listener()
         self.addr = lst.getsockname()
-        self.watch = procwatch.Watch(lst, self.proc.pid)
+        self.watch = procwatch.Watch(lst, KEY, self.proc.pid)
         lst.close()
-        self.asker = procwatch.Asker({7: self.addr}, PATIENCE)
+        self.asker = procwatch.Asker({7: self.addr}, PATIENCE, KEY)
 
     def verdict_within(self, seconds: float, awake_since: float | None = None, peers=(7,)):
         """The first non-None poll within ``seconds`` (None if there was none), polling as
@@ -131,13 +133,80 @@ def test_no_watch_listening_is_no_verdict_and_no_error():
     lst = _listener()
     addr = lst.getsockname()
     lst.close()                                         # refused from now on
-    asker = procwatch.Asker({3: addr}, PATIENCE)
+    asker = procwatch.Asker({3: addr}, PATIENCE, KEY)
     t0 = end = time.monotonic()
     end = t0 + 1.5
     while time.monotonic() < end:
         assert asker.poll([3, 4], t0) is None           # 4 has no watch at all
         time.sleep(0.05)
     asker.close()
+
+
+class _FakeWatch:
+    """A server on a watch's port that answers every question with ``reply(nonce)``."""
+
+    def __init__(self, reply):
+        self.lst = _listener()
+        self.addr = self.lst.getsockname()
+        self.reply = reply
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self):
+        while True:
+            try:
+                conn, _ = self.lst.accept()
+            except OSError:
+                return
+            with conn:
+                got = b""
+                while len(got) < procwatch.NONCE_BYTES + 64:
+                    more = conn.recv(256)
+                    if not more:
+                        break
+                    got += more
+                conn.sendall(self.reply(got[:procwatch.NONCE_BYTES]))
+
+    def verdict_within(self, seconds: float):
+        asker = procwatch.Asker({5: self.addr}, PATIENCE, KEY)
+        t0 = time.monotonic()
+        try:
+            while time.monotonic() < t0 + seconds:
+                found = asker.poll([5], t0 - 10.0)      # awake long before: any stop counts
+                if found is not None:
+                    return found
+                time.sleep(0.05)
+            return None
+        finally:
+            asker.close()
+            self.lst.close()
+
+
+@pytest.mark.parametrize("forgery", ["no key", "another question's answer", "the key"])
+def test_an_answer_counts_only_with_its_mac_for_this_question(forgery):
+    """A stranger on a watch's port (or a recorded answer replayed) cannot make a rank
+    report its peer stopped; the same answer with the right MAC does (the control)."""
+    def reply(nonce):
+        if forgery == "no key":
+            return b"4242 T 999.000 " + b"0" * 64 + b"\n"
+        if forgery == "another question's answer":
+            return procwatch.answer(KEY, bytes(procwatch.NONCE_BYTES), 4242, "T", 999.0)
+        return procwatch.answer(KEY, nonce, 4242, "T", 999.0)
+    found = _FakeWatch(reply).verdict_within(4 * PATIENCE)
+    if forgery == "the key":
+        assert found is not None and "pid 4242" in found[1], found
+    else:
+        assert found is None, found
+
+
+def test_a_question_without_the_key_gets_no_answer(sleeper):
+    with socket.create_connection(sleeper.addr, timeout=10) as s:
+        s.sendall(os.urandom(procwatch.NONCE_BYTES) + b"0" * 64)
+        assert s.recv(256) == b""                       # closed unanswered
+    with socket.create_connection(sleeper.addr, timeout=10) as s:   # the same, keyed
+        s.sendall(procwatch.question(KEY, bytes(procwatch.NONCE_BYTES)))
+        pid, state = s.recv(256).split()[:2]
+        assert int(pid) == sleeper.proc.pid and state in (b"R", b"S")
 
 
 def test_out_of_descriptors_is_no_verdict_and_no_error(sleeper, monkeypatch):
@@ -221,7 +290,7 @@ def test_the_watch_ends_when_the_rank_holding_its_pipe_is_killed():
     """The watched process is the watch's parent (as for a rank): SIGKILL closes the pipe."""
     code = ("import socket, sys, time; sys.path.insert(0, %r); from transports import "
             "procwatch; s = socket.socket(); s.bind(('127.0.0.1', 0)); "
-            "w = procwatch.Watch(s); print(w.process.pid, flush=True); time.sleep(120)"
+            "w = procwatch.Watch(s, b'k'); print(w.process.pid, flush=True); time.sleep(120)"
             % os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     rank = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:

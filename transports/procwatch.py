@@ -11,10 +11,14 @@ sleeps or waits for I/O, whatever its interpreter is doing.
 So a rank of a TCP world that spans hosts starts a *watch* (:class:`Watch`): a small
 process of its own session (a signal to the rank's process group does not reach it),
 running this file as a script with the standard library only. It listens on a port
-published with the rank's TCP address and answers every connection at once, without
-reading from it, with one line ``PID STATE STOPPED_S`` — the rank's pid, its state letter,
-and for how many seconds it has been seen stopped (sampled every :data:`TICK_S`) — then
-closes it. It ends when the rank ends: its stdin is a pipe whose other end only the rank
+published with the rank's TCP address. An asker sends a question: a fresh random
+challenge of :data:`NONCE_BYTES` bytes and its HMAC-SHA256 keyed with the job's token; the
+watch checks it and answers at once with one line ``PID STATE STOPPED_S MAC`` — the rank's
+pid, its state letter, for how many seconds it has been seen stopped (sampled every
+:data:`TICK_S`), and the HMAC of the challenge and those fields — then closes the
+connection. A question or an answer whose MAC does not verify gets nothing and means
+nothing (as DESIGN.md asks of every TCP connection: nothing from a peer that has not
+proved it holds the token is believed; the challenge makes an old answer useless). It ends when the rank ends: its stdin is a pipe whose other end only the rank
 holds, so the rank's exit, however it happens, is end-of-file here; it also ends when
 ``/proc/PID`` is gone.
 
@@ -53,6 +57,7 @@ for as long as itself, and that is no failure.
 from __future__ import annotations
 
 import errno
+import hmac
 import mmap
 import os
 import selectors
@@ -68,7 +73,11 @@ __all__ = ["Asker", "BACKLOG", "TICK_S", "Watch", "process_state"]
 TICK_S = 0.25       # the most seconds between two samples of the rank's state
 _SELF_STOPPED_S = 1.0   # a turn of the watch's loop this long: the watch was stopped
 _WORDS = struct.Struct("dd")    # shared with the rank: [last stopped, last loop turn]
-_LINE_MAX = 64
+_LINE_MAX = 128
+NONCE_BYTES = 16   # the asker's challenge
+_QUESTION_BYTES = NONCE_BYTES + 64  # the challenge and its MAC (hex)
+_KEY_ENV = "PYCOMM_WATCH_KEY"    # how the watch gets the token (hex): not on its command line
+_QUESTION_S = 10.0  # a connection whose challenge has not come by then is closed
 BACKLOG = 1024     # questions the kernel queues (many peers may ask at once)
 
 
@@ -112,6 +121,7 @@ class Watch:
 
     Args:
         listener: a bound socket; the watch gets its own copy (close yours) and listens.
+        key: the job's token, which its answers prove they come from.
         pid: the process to watch (default: this one).
         tick: seconds between two samples of its state (at most :data:`TICK_S`).
 
@@ -119,7 +129,7 @@ class Watch:
         OSError: the watch could not be started.
     """
 
-    def __init__(self, listener: socket.socket, pid: int | None = None,
+    def __init__(self, listener: socket.socket, key: bytes, pid: int | None = None,
                  tick: float = TICK_S):
         pid = os.getpid() if pid is None else pid
         listener.listen(BACKLOG)
@@ -134,7 +144,8 @@ class Watch:
                 [sys.executable, "-I", "-S", os.path.abspath(__file__), str(lfd), str(pid),
                  repr(min(tick, TICK_S)), str(wfd)],
                 stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                pass_fds=(lfd, wfd), start_new_session=True, close_fds=True)
+                pass_fds=(lfd, wfd), start_new_session=True, close_fds=True,
+                env={**os.environ, _KEY_ENV: key.hex()})
         finally:
             os.close(wfd)
         self.tick = min(tick, TICK_S)
@@ -175,18 +186,41 @@ class Watch:
         self._word.close()
 
 
+def _mac(key: bytes, nonce: bytes, fields: bytes) -> bytes:
+    return hmac.new(key, nonce + fields, "sha256").hexdigest().encode()
+
+
+def question(key: bytes, nonce: bytes) -> bytes:
+    """What an asker sends: challenge ``nonce`` and its MAC (see the module docstring)."""
+    return nonce + _mac(key, b"?", nonce)
+
+
+def answer(key: bytes, nonce: bytes, pid: int, state: str, stopped: float) -> bytes:
+    """The watch's line for challenge ``nonce`` (see the module docstring)."""
+    fields = f"{pid} {state} {stopped:.3f}".encode()
+    return fields + b" " + _mac(key, nonce, fields) + b"\n"
+
+
 def _serve(fd: int, pid: int, tick: float, word_fd: int) -> None:
     """The watch's loop (the script's body): sample, answer, end with the rank."""
+    key = bytes.fromhex(os.environ.pop(_KEY_ENV, ""))
     listener = socket.socket(fileno=fd)
     listener.setblocking(False)
     word = mmap.mmap(word_fd, _WORDS.size)
     sel = selectors.DefaultSelector()
     sel.register(listener, selectors.EVENT_READ, "connection")
     sel.register(0, selectors.EVENT_READ, "rank")
+    questions: dict[socket.socket, list] = {}      # connection -> [challenge so far, since]
     stopped_since = None
     runs = None
     stopped_at = 0.0
     last = time.monotonic()
+
+    def close(conn: socket.socket) -> None:
+        sel.unregister(conn)
+        del questions[conn]
+        conn.close()
+
     while True:
         state = process_state(pid)
         if state is None:
@@ -202,30 +236,46 @@ def _serve(fd: int, pid: int, tick: float, word_fd: int) -> None:
             stopped_at = now
         _WORDS.pack_into(word, 0, stopped_at, now)
         last = now
-        for key, _ in sel.select(tick):
-            if key.data == "rank":
+        for conn in [c for c, q in questions.items() if now - q[1] > _QUESTION_S]:
+            close(conn)
+        for sel_key, _ in sel.select(tick):
+            if sel_key.data == "rank":
                 if not os.read(0, 4096):
                     return                      # the rank closed the pipe or exited
-                continue
-            while True:
-                try:
-                    conn, _ = listener.accept()
-                except (BlockingIOError, InterruptedError):
-                    break
-                except OSError:                 # e.g. out of descriptors: answer later,
-                    time.sleep(tick)            # without spinning on the readable listener
-                    break
-                state = process_state(pid) or "X"
-                if state != "T":
-                    stopped = 0.0
-                else:
-                    stopped = time.monotonic() - (stopped_since or time.monotonic())
-                try:
+            elif sel_key.data == "connection":
+                while len(questions) < BACKLOG:
+                    try:
+                        conn, _ = listener.accept()
+                    except (BlockingIOError, InterruptedError):
+                        break
+                    except OSError:             # e.g. out of descriptors: answer later,
+                        time.sleep(tick)        # without spinning on the readable listener
+                        break
                     conn.setblocking(False)
-                    conn.send(f"{pid} {state} {stopped:.3f}\n".encode())
+                    questions[conn] = [b"", time.monotonic()]
+                    sel.register(conn, selectors.EVENT_READ, "question")
+            else:
+                conn = sel_key.fileobj
+                q = questions[conn]
+                try:
+                    got = conn.recv(_QUESTION_BYTES - len(q[0]))
+                except (BlockingIOError, InterruptedError):
+                    continue
                 except OSError:
-                    pass
-                conn.close()
+                    got = b""
+                q[0] += got
+                nonce = q[0][:NONCE_BYTES]
+                if len(q[0]) == _QUESTION_BYTES and \
+                        hmac.compare_digest(q[0], question(key, nonce)):
+                    state = process_state(pid) or "X"
+                    stopped = 0.0 if state != "T" else \
+                        time.monotonic() - (stopped_since or time.monotonic())
+                    try:
+                        conn.send(answer(key, nonce, pid, state, stopped))
+                    except OSError:
+                        pass
+                if not got or len(q[0]) == _QUESTION_BYTES:
+                    close(conn)
 
 
 class Asker:
@@ -235,12 +285,15 @@ class Asker:
         addresses: peer -> (host, port) of its watch.
         patience: seconds a peer must have been stopped (or its watch silent), while the
             asking rank was awake, before it is reported: half ``PYCOMM_PEER_TIMEOUT``.
+        key: the job's token: an answer is believed only with its MAC (module docstring).
     """
 
-    def __init__(self, addresses: dict[int, tuple[str, int]], patience: float):
+    def __init__(self, addresses: dict[int, tuple[str, int]], patience: float, key: bytes):
         self.addresses = addresses
         self.patience = patience
-        self._asks: dict[int, list] = {}    # peer -> [socket, started, connected]
+        self.key = key
+        # peer -> [socket, started, connected, challenge]
+        self._asks: dict[int, list] = {}
         self._next: dict[int, float] = {}   # peer -> when to ask it again
 
     def poll(self, peers, awake_since: float) -> tuple[int, str] | None:
@@ -282,15 +335,30 @@ class Asker:
         if err not in (0, errno.EINPROGRESS):
             sock.close()                        # refused: the watch is gone; nothing known
             return
-        self._asks[peer] = [sock, now, err == 0]
+        ask = self._asks[peer] = [sock, now, False, os.urandom(NONCE_BYTES)]
+        if err == 0:
+            self._connected(peer, ask)
+
+    def _connected(self, peer: int, ask: list) -> bool:
+        """Send the question on the connection just made (80 bytes: they fit a fresh
+        socket's buffer); False (and the question dropped) if that fails."""
+        try:
+            ask[0].send(question(self.key, ask[3]))
+        except OSError:
+            self._drop(peer)
+            return False
+        ask[2] = True
+        return True
 
     def _read(self, peer: int, ask: list, now: float, awake_s: float) -> str | None:
-        sock, started, connected = ask
+        sock, started, connected, nonce = ask
         if not connected:
             try:
                 err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
                 if err == 0 and sock.getpeername():
-                    ask[2] = connected = True
+                    if not self._connected(peer, ask):
+                        return None
+                    connected = True
             except OSError:
                 err = errno.ENOTCONN            # still connecting
             if err not in (0, errno.ENOTCONN):
@@ -304,7 +372,7 @@ class Asker:
                 return self._drop(peer)
             if line is not None:
                 self._drop(peer)
-                return self._verdict(peer, line, now, awake_s)
+                return self._verdict(peer, line, nonce, now, awake_s)
             if now - started >= self.patience:
                 self._drop(peer)
                 return (f"its watch accepted a question {now - started:.1f} s ago and has "
@@ -313,9 +381,13 @@ class Asker:
             return self._drop(peer)             # no SYN-ACK: the link's business
         return None
 
-    def _verdict(self, peer: int, line: bytes, now: float, awake_s: float) -> str | None:
+    def _verdict(self, peer: int, line: bytes, nonce: bytes, now: float,
+                 awake_s: float) -> str | None:
+        fields, _, mac = line.rstrip(b"\n").rpartition(b" ")
+        if not hmac.compare_digest(mac, _mac(self.key, nonce, fields)):
+            return None                 # not the watch's (no token), or not to this question
         try:
-            pid, state, stopped = line.decode().split()
+            pid, state, stopped = fields.decode().split()
             stopped_s = float(stopped)
         except ValueError:
             return None

@@ -178,7 +178,7 @@ class TcpTransport(Transport):
             # Only a rank with its own watch asks: the watch tells it when it was stopped
             # itself, without which a whole job suspended would read as its peers stopped.
             if watches and self._watch is not None:
-                self._asker = procwatch.Asker(watches, self.peer_timeout / 2)
+                self._asker = procwatch.Asker(watches, self.peer_timeout / 2, self.token)
                 self.watch_after = self.peer_timeout / 4
         finally:
             gate.close()
@@ -224,7 +224,7 @@ class TcpTransport(Transport):
         interpreter to run it, no process to spare) costs only the stopped-peer check,
         which the others then cannot make about this rank: say so, and go on."""
         try:
-            self._watch = procwatch.Watch(listener, tick=self.peer_timeout / 8)
+            self._watch = procwatch.Watch(listener, self.token, tick=self.peer_timeout / 8)
         except OSError as exc:
             print(f"pycomm: rank {self.rank} (host {socket.gethostname()}): cannot start "
                   f"its process watch ({exc}): neither it nor its peers will learn that the "
