@@ -70,7 +70,7 @@ class CollectiveMethods:
         """
         plan = plan_call(self, "barrier", None, -1, 0, algorithm)
         if plan[4] is not None and self._defer is None:
-            return self._slots_call(plan[4], "barrier", 0)
+            return plan[4][5]()
         cc = self._calls.begin(plan[0])
         self._selection.run("barrier", 0, algorithm, None, lambda fn: fn(cc), plan=plan)
 
@@ -103,7 +103,7 @@ class CollectiveMethods:
         nbytes = arr.nbytes
         plan = plan_call(self, "bcast", arr.dtype, arr.size, nbytes, algorithm, root=root)
         if plan[4] is not None and self._defer is None:
-            return self._slots_call(plan[4], "bcast", nbytes, arr, root)
+            return plan[4][5](arr, root)
         cc = self._calls.begin(plan[0])
         self._selection.run("bcast", arr.nbytes, algorithm, None, lambda fn: fn(cc, arr, root),
                             plan=plan)
@@ -144,7 +144,7 @@ class CollectiveMethods:
                                          f"{send.size} elements, recvbuf {count}")
         plan = plan_call(self, "allreduce", recv.dtype, count, nbytes, algorithm, op)
         if plan[4] is not None and self._defer is None:
-            return self._slots_call(plan[4], "allreduce", nbytes, recv, plan[3], send)
+            return plan[4][5](recv, plan[3], send)
         op = plan[3]
         cc = self._calls.begin(plan[0])
 
@@ -198,7 +198,7 @@ class CollectiveMethods:
         plan = plan_call(self, "reduce", work.dtype, work.size, work.nbytes, algorithm, op,
                          root)
         if plan[4] is not None and self._defer is None:
-            return self._slots_call(plan[4], "reduce", work.nbytes, work, root, plan[3], send)
+            return plan[4][5](work, root, plan[3], send)
         if self.rank != root:
             work = work.copy()          # the algorithms reduce into it
         op = plan[3]
@@ -240,7 +240,7 @@ class CollectiveMethods:
         nbytes = recv.nbytes
         plan = plan_call(self, "allgather", recv.dtype, count, nbytes, algorithm)
         if plan[4] is not None and self._defer is None:
-            return self._slots_call(plan[4], "allgather", nbytes, recv, count, send)
+            return plan[4][5](recv, count, send)
         cc = self._calls.begin(plan[0])
 
         def call(fn):           # recvbuf is written only once the algorithm is known
@@ -433,8 +433,7 @@ class CollectiveMethods:
         plan = plan_call(self, "reduce_scatter_block", out.dtype, count, nbytes,
                          algorithm, op)
         if plan[4] is not None and self._defer is None:
-            return self._slots_call(plan[4], "reduce_scatter_block", nbytes, work, out,
-                                    plan[3])
+            return plan[4][5](work, out, plan[3])
         if send is None:
             work = work.copy()          # IN_PLACE: the result lands on the input
         op = plan[3]

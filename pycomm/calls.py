@@ -22,6 +22,7 @@ import time
 
 import numpy as np
 
+from . import trace as _trace
 from .buffers import byte_view
 from .errors import (CollectiveError, CollectiveMismatchError, CommError, CommTimeoutError,
                      PeerError, TruncationError)
@@ -175,16 +176,7 @@ class CollectiveCalls:
         eng = comm._engine
         eng.current[comm._cctx] = (seq, sig, comm._world)   # arrivals are checked on it
         if eng.coll_tags:
-            ctx = comm._cctx
-            early = eng.coll_tags.get((ctx, seq))  # messages of this call that came early
-            if early is not None and early[1] != sig:
-                for u in eng.unexpected:
-                    if u.ctx == ctx and u.tag == seq and u.sig != sig and \
-                            u.sig is not None and \
-                            eng.foreign_message(ctx, seq, u.sig, u.src, u.nbytes):
-                        break
-            if eng.offload_posted == eng.offload_done:
-                self.check_stale(at_start=True)
+            self._check_early(seq, sig)
         if not fast:
             return CallView(comm, seq, sig)
         view = self._fast_view
@@ -193,6 +185,62 @@ class CollectiveCalls:
         else:
             view.tag, view.sig = seq, sig
         return view
+
+    def _check_early(self, seq: int, sig) -> None:
+        """The start of call ``seq`` while messages of collective calls wait unmatched:
+        one of this call that came early under another signature is a mismatch
+        (:meth:`pycomm.p2p.Engine.foreign_message`), as is one of a call already finished
+        (:meth:`check_stale`)."""
+        comm = self.comm
+        eng, ctx = comm._engine, comm._cctx
+        early = eng.coll_tags.get((ctx, seq))  # messages of this call that came early
+        if early is not None and early[1] != sig:
+            for u in eng.unexpected:
+                if u.ctx == ctx and u.tag == seq and u.sig != sig and u.sig is not None and \
+                        eng.foreign_message(ctx, seq, u.sig, u.src, u.nbytes):
+                    break
+        if eng.offload_posted == eng.offload_done:
+            self.check_stale(at_start=True)
+
+    def fast_runner(self, sig, collective: str, nbytes: int, path: str, kernel):
+        """The function ``run(*args)`` that makes one blocking call of a plan through
+        shared-memory slots or direct reads (``kernel(view, *args)``, see
+        :func:`pycomm.plan.plan_call`): what :meth:`begin` does for such a call and the
+        flight recorder's entry (:mod:`pycomm.trace`, the call recorded as ``collective``
+        of ``nbytes`` by ``path``) around the kernel, in one frame. Made once per plan: a
+        small call's bookkeeping costs as much as its work, and each Python call it makes
+        a few percent of it.
+
+        Raises (from ``run``):
+            CommError: the communicator has been freed.
+            CollectiveMismatchError: as :meth:`begin`; what the kernel raises.
+        """
+        comm = self.comm
+        eng, cctx, world, slots = comm._engine, comm._cctx, comm._world, comm._slots
+        mine = slots.arrival[slots.rank]    # SharedSlots.enter of a call by the slots
+        current = eng.current
+        if self._fast_view is None:
+            self._fast_view = CallView(comm, self.seq, sig)
+        view = self._fast_view
+
+        def run(*args):
+            if comm._freed:
+                raise CommError(f"rank {comm.rank}: {comm.name} has been freed")
+            seq = self.seq = (self.seq + 1) & _SEQ_MASK
+            self.prev_sig, self.sig = self.sig, sig
+            mine[0] = seq << 2 | 2
+            current[cctx] = (seq, sig, world)
+            if eng.coll_tags:
+                self._check_early(seq, sig)
+            view.tag, view.sig = seq, sig
+            n = _trace.begin(collective, comm, seq, nbytes, path, -1)
+            try:
+                kernel(view, *args)
+            except BaseException as exc:
+                _trace.fail(n, exc)
+                raise
+            _trace.end(n)
+        return run
 
     def check_late_abort(self, name: str) -> None:
         """Raise if a peer abandoned a call that this rank had already finished.

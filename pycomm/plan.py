@@ -165,7 +165,10 @@ def _fast_plan(comm, collective, dtype, count, root, nbytes, algorithm, sig, fn,
         kernel = shmdirect.direct_bcast(comm._slots, dtype, count, root, fn)
     else:
         kernel = _DIRECT[collective](comm._slots, dtype, count, op, fn)
-    return (sig, path, kernel, op, True)
+    fast = (sig, path, kernel, op, True)
+    if comm._debug:     # each call logged as the selection logs it (AlgorithmSelection.run)
+        return fast + (lambda *args: comm._slots_call(fast, collective, nbytes, *args),)
+    return fast + (comm._calls.fast_runner(sig, collective, nbytes, path, kernel),)
 
 
 def plan_call(comm, collective: str, dtype, count: int, nbytes: int, algorithm,
