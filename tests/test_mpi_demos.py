@@ -105,3 +105,24 @@ def test_init_fini_demo(args):
     proc = _launch(2, os.path.join("init-fini", args[0]), *args[1:])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout == ""
+
+
+@pytest.mark.usefixtures("no_shared_world")
+@pytest.mark.parametrize(("args", "status"), [
+    ((), 0),
+    (("--rank", "1", "--exception", "uncaught in rank 1"), 1),
+    (("--rank", "0", "--interrupt"), 130),
+], ids=["success", "exception", "interrupt"])
+def test_python_m_mpi4py_runs_the_test_run_demo(args, status):
+    """``python -m mpi4py script`` (mpi4py's demo/test-run/run-script.py, as its
+    test_run.py runs it): an uncaught exception or a KeyboardInterrupt on one rank
+    aborts the job with mpi4py's status, saying MPI_Abort."""
+    script = str(DEMO / "test-run" / "run-script.py")
+    proc = _launch(3, "-m", "mpi4py", "-rc", "threads=False", script, *args)
+    assert proc.returncode == status, proc.stderr[-3000:]
+    if status == 0:
+        assert proc.stdout == "Hello, World!\n" * 3 and proc.stderr == ""
+    else:
+        assert "application called MPI_Abort(MPI_COMM_WORLD, " in proc.stderr
+        if args[-1].startswith("uncaught"):
+            assert "RuntimeError: uncaught in rank 1" in proc.stderr

@@ -218,6 +218,20 @@ def _configure(options: dict) -> None:
             setattr(pickle, name, int(value))
 
 
+def _set_abort_status(status: int) -> None:
+    """``python -m mpi4py``'s helper: the program ended with an uncaught exception (or a
+    non-zero exit); at exit, ``COMM_WORLD.Abort(status)`` ends the job, as mpi4py does."""
+    import atexit
+    if not _state.get("abort_status"):
+        atexit.register(_abort_at_exit)
+    _state["abort_status"] = int(status)
+
+
+def _abort_at_exit() -> None:
+    if _pycomm.is_initialized() and not _state["finalized"]:
+        __getattr__("COMM_WORLD").Abort(_state["abort_status"])     # made on first use
+
+
 def default_errhandler() -> Errhandler:
     """The handler an object reports until one is set, by ``mpi4py.rc.errors``."""
     return {"exception": ERRORS_RETURN, "abort": ERRORS_ABORT}.get(_state["errors"],

@@ -191,8 +191,14 @@ class Comm(ObjectMethods):
         self._errhandler = errhandler
 
     def Abort(self, errorcode: int = 0) -> None:
-        """Terminate this process with ``errorcode``; the launcher stops the others."""
-        self._inner("Abort").Abort(as_int(errorcode, "errorcode", "Abort"))
+        """Terminate this process with ``errorcode``; the launcher stops the others.
+        Says so on stderr as MPI libraries do (``application called MPI_Abort(...)``)."""
+        import sys
+        inner = self._inner("Abort")
+        code = as_int(errorcode, "errorcode", "Abort")
+        sys.stderr.write(f"application called MPI_Abort({self.Get_name()}, {code}) - "
+                         f"process {inner.rank}\n")
+        inner.Abort(code)
 
     # -- communicator management ----------------------------------------------------------
     def Dup(self, info=None) -> Comm:
