@@ -1,4 +1,5 @@
-"""The object API (mpi4py's lowercase methods), built only on the buffer API.
+"""The object API (mpi4py's lowercase methods), built on the buffer API and one collective
+call's byte messages.
 
 Objects are serialised with :mod:`pickle` (protocol 5), falling back to
 :mod:`cloudpickle` for what pickle refuses (lambdas, closures, interactively defined
@@ -6,9 +7,12 @@ classes). A message's size is not known to its receiver in advance, so object re
 post a receive that allocates a buffer of the arriving message's size
 (:meth:`pycomm.Communicator.Irecv_alloc`), as mpi4py's ``pkl5`` does with matched probes.
 
-Collective object operations move pickled bytes with point-to-point calls on the
-communicator's collective context (never matching user messages); reductions apply the
-op in rank order, so a non-commutative user op gets r0 ∘ r1 ∘ … ∘ r(n-1).
+Collective object operations move pickled bytes with the byte sends and receives of the
+call's view (:class:`pycomm.calls.CallView` ``isend_bytes``/``irecv_bytes``: point-to-point
+on the communicator's collective context, never matching user messages, the receive
+allocating at the message's size), not with ``Gatherv``/``Scatterv``/``Alltoallv``, which
+would first need every size exchanged: a step more per call. Reductions apply the op in
+rank order, so a non-commutative user op gets r0 ∘ r1 ∘ … ∘ r(n-1).
 """
 
 from __future__ import annotations
