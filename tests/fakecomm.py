@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-__all__ = ["on_fake_hosts", "FakeCommError", "FakeCC", "run_fake"]
+__all__ = ["each_case", "on_fake_hosts", "FakeCommError", "FakeCC", "run_fake"]
 
 
 class FakeCommError(AssertionError):
@@ -319,3 +319,21 @@ def on_fake_hosts(hostmap: list[int], fn: Callable[[FakeCC], Any], **kwargs) -> 
         cc.isend = isend            # send and sendrecv go through it
         return fn(cc), cc.link_bytes
     return run_fake(len(hostmap), body, **kwargs)
+
+
+def each_case(cases, check: Callable[..., None], name: Callable[[Any], str] = str) -> None:
+    """``check(case)`` for every case of ``cases``, every one even after a failure: for the
+    innermost parameter of a fake-rank test, looped over instead of one pytest item per
+    value (the checks are the same, without pytest's per-item cost). If any case fails,
+    an AssertionError names each failing case (``name(case)``) with its error, the first
+    error chained."""
+    failed = []
+    for case in cases:
+        try:
+            check(case)
+        except Exception as exc:      # a failed assertion, or the algorithm's own error
+            failed.append((name(case), exc))
+    if failed:
+        lines = "\n".join(f"  case {key}: {type(exc).__name__}: {exc}" for key, exc in failed)
+        raise AssertionError(f"{len(failed)} of {len(cases)} cases failed:\n{lines}") \
+            from failed[0][1]

@@ -9,6 +9,8 @@ op, and hypothesis draws from the full dtype × op product; data movement uses
 float32/int64. Plus a non-commutative user op through every algorithm that accepts one,
 hypothesis runs over random floats for bit-identical results, and the selection rules.
 Inputs are small integers so every summation order gives the exact reference. The
+innermost parameter of the large matrices (the (dtype, op) pair, the dtype, the count)
+is a loop inside the test (fakecomm.each_case: every value checked, failures named). The
 v-variants, reduce_scatter with counts, scan and exscan are in test_algorithms_vscan.py;
 the messages each schedule sends in test_wire_counts.py.
 """
@@ -28,7 +30,7 @@ import pycomm.collectives as algs
 import pycomm.collectives.scratch as scratch
 from pycomm import ops
 from pycomm.errors import ArgumentError
-from fakecomm import FakeCommError, run_fake  # tests/ is on sys.path under pytest
+from fakecomm import FakeCommError, each_case, run_fake  # tests/ is on sys.path (pytest)
 
 SIZES = list(range(1, 10))
 COUNTS = [0, 1, 2, 7, 13]
@@ -89,26 +91,29 @@ def usable(collective: str, name: str, size: int, commutative: bool = True) -> b
 
 
 # -- reductions -----------------------------------------------------------------------------
-@pytest.mark.parametrize("case", REDUCTIONS, ids=reduction_id)
 @pytest.mark.parametrize("count", COUNTS)
 @pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("name", algorithm_cases("allreduce"))
-def test_allreduce(name, size, count, case):
-    dtype, op = case
+def test_allreduce(name, size, count):
     fn = algs.REGISTRY["allreduce"][name].fn
-    xs = contributions(size, count, dtype, op)
-    expected = fold(op, xs)
 
-    def body(cc):
-        buf = xs[cc.rank].copy()
-        fn(cc, buf, op)
-        return buf
+    def check(case):
+        dtype, op = case
+        xs = contributions(size, count, dtype, op)
+        expected = fold(op, xs)
 
-    results = run_fake(size, body)
-    for res in results:
-        np.testing.assert_array_equal(res, expected)
-        assert res.dtype == np.dtype(dtype)
-    assert_same_bytes(results)
+        def body(cc):
+            buf = xs[cc.rank].copy()
+            fn(cc, buf, op)
+            return buf
+
+        results = run_fake(size, body)
+        for res in results:
+            np.testing.assert_array_equal(res, expected)
+            assert res.dtype == np.dtype(dtype)
+        assert_same_bytes(results)
+
+    each_case(REDUCTIONS, check, reduction_id)
 
 
 @pytest.mark.parametrize("size", (2, 3, 5, 8))
@@ -158,43 +163,50 @@ def test_allreduce_any_dtype_op(name, size, count, dtype, op, seed):
     assert_same_bytes(results)
 
 
-@pytest.mark.parametrize("case", REDUCTIONS, ids=reduction_id)
 @pytest.mark.parametrize("count", [0, 1, 7, 13])
 @pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("name", algorithm_cases("reduce"))
-def test_reduce(name, size, count, case):
-    dtype, op = case
+def test_reduce(name, size, count):
     fn = algs.REGISTRY["reduce"][name].fn
-    xs = contributions(size, count, dtype, op)
-    expected = fold(op, xs)
-    for root in range(size):
-        def body(cc):
-            buf = xs[cc.rank].copy()
-            fn(cc, buf, root, op)
-            return buf
 
-        np.testing.assert_array_equal(run_fake(size, body)[root], expected)
+    def check(case):
+        dtype, op = case
+        xs = contributions(size, count, dtype, op)
+        expected = fold(op, xs)
+        for root in range(size):
+            def body(cc):
+                buf = xs[cc.rank].copy()
+                fn(cc, buf, root, op)
+                return buf
+
+            np.testing.assert_array_equal(run_fake(size, body)[root], expected,
+                                          err_msg=f"root {root}")
+
+    each_case(REDUCTIONS, check, reduction_id)
 
 
-@pytest.mark.parametrize("case", REDUCTIONS, ids=reduction_id)
 @pytest.mark.parametrize("count", [0, 1, 3])  # the buffer holds size * count elements
 @pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("name", algorithm_cases("reduce_scatter_block"))
-def test_reduce_scatter_block(name, size, count, case):
-    dtype, op = case
+def test_reduce_scatter_block(name, size, count):
     fn = algs.REGISTRY["reduce_scatter_block"][name].fn
-    xs = contributions(size, size * count, dtype, op)
-    expected = fold(op, xs)
 
-    def body(cc):
-        recvbuf = np.full(count, 99, dtype=dtype)
-        sendbuf = xs[cc.rank].copy()
-        fn(cc, sendbuf, recvbuf, op)
-        np.testing.assert_array_equal(sendbuf, xs[cc.rank])  # input untouched
-        return recvbuf
+    def check(case):
+        dtype, op = case
+        xs = contributions(size, size * count, dtype, op)
+        expected = fold(op, xs)
 
-    for rank, res in enumerate(run_fake(size, body)):
-        np.testing.assert_array_equal(res, expected[rank * count:(rank + 1) * count])
+        def body(cc):
+            recvbuf = np.full(count, 99, dtype=dtype)
+            sendbuf = xs[cc.rank].copy()
+            fn(cc, sendbuf, recvbuf, op)
+            np.testing.assert_array_equal(sendbuf, xs[cc.rank])  # input untouched
+            return recvbuf
+
+        for rank, res in enumerate(run_fake(size, body)):
+            np.testing.assert_array_equal(res, expected[rank * count:(rank + 1) * count])
+
+    each_case(REDUCTIONS, check, reduction_id)
 
 
 # -- non-commutative: affine maps x -> a*x + b composed in rank order (mod 2**64) ------------
@@ -237,26 +249,29 @@ def noncommutative_cases(*collectives: str):
             if not algs.REGISTRY[c][n].commutative_only]
 
 
-@pytest.mark.parametrize("count", [0, 1, 5, 13])
 @pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("collective,name", noncommutative_cases("allreduce", "reduce"))
-def test_noncommutative_rank_order(collective, name, size, count):
-    xs = affine_inputs(size, count)
-    expected = affine_fold(xs)
-    assert size == 1 or count == 0 or not np.array_equal(expected, affine_fold(xs[::-1]))
+def test_noncommutative_rank_order(collective, name, size):
     fn = algs.REGISTRY[collective][name].fn
     roots = [None] if collective == "allreduce" else range(size)
-    with np.errstate(over="ignore"):
-        for root in roots:
-            def body(cc):
-                buf = xs[cc.rank].copy()
-                fn(cc, buf, AFFINE_OP) if root is None else fn(cc, buf, root, AFFINE_OP)
-                return buf
 
-            results = run_fake(size, body)
-            for rank, res in enumerate(results):
-                if root in (None, rank):
-                    assert np.array_equal(res, expected), f"rank {rank} root {root}"
+    def check(count):
+        xs = affine_inputs(size, count)
+        expected = affine_fold(xs)
+        assert size == 1 or count == 0 or not np.array_equal(expected, affine_fold(xs[::-1]))
+        with np.errstate(over="ignore"):
+            for root in roots:
+                def body(cc):
+                    buf = xs[cc.rank].copy()
+                    fn(cc, buf, AFFINE_OP) if root is None else fn(cc, buf, root, AFFINE_OP)
+                    return buf
+
+                results = run_fake(size, body)
+                for rank, res in enumerate(results):
+                    if root in (None, rank):
+                        assert np.array_equal(res, expected), f"rank {rank} root {root}"
+
+    each_case([0, 1, 5, 13], check, lambda count: f"count {count}")
 
 
 @pytest.mark.parametrize("per", [0, 1, 3])
@@ -300,107 +315,117 @@ def block_inputs(size: int, count: int, dtype) -> list[np.ndarray]:
     return [(np.arange(count) + 100 * r + 1).astype(dtype) for r in range(size)]
 
 
-@pytest.mark.parametrize("dtype", MOVE_DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("count", COUNTS)
 @pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("name", algorithm_cases("bcast"))
-def test_bcast(name, size, count, dtype):
-    fn = algs.REGISTRY["bcast"][name].fn
-    xs = block_inputs(size, count, dtype)
-    for root in range(size):
-        def body(cc):
-            buf = xs[root].copy() if cc.rank == root else np.zeros(count, dtype)
-            fn(cc, buf, root)
-            return buf
+def test_bcast(name, size, count):
+    def check(dtype):
+        fn = algs.REGISTRY["bcast"][name].fn
+        xs = block_inputs(size, count, dtype)
+        for root in range(size):
+            def body(cc):
+                buf = xs[root].copy() if cc.rank == root else np.zeros(count, dtype)
+                fn(cc, buf, root)
+                return buf
 
-        for res in run_fake(size, body):
-            np.testing.assert_array_equal(res, xs[root])
+            for res in run_fake(size, body):
+                np.testing.assert_array_equal(res, xs[root])
+
+    each_case(MOVE_DTYPES, check, lambda d: np.dtype(d).name)
 
 
-@pytest.mark.parametrize("dtype", MOVE_DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("count", COUNTS)
 @pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("name", algorithm_cases("allgather"))
-def test_allgather(name, size, count, dtype):
-    if not usable("allgather", name, size):
-        with pytest.raises(ArgumentError):
-            algs.choose("allgather", count, size, requested=name)
-        return
-    fn = algs.REGISTRY["allgather"][name].fn
-    xs = block_inputs(size, count, dtype)
+def test_allgather(name, size, count):
+    def check(dtype):
+        if not usable("allgather", name, size):
+            with pytest.raises(ArgumentError):
+                algs.choose("allgather", count, size, requested=name)
+            return
+        fn = algs.REGISTRY["allgather"][name].fn
+        xs = block_inputs(size, count, dtype)
 
-    def body(cc):
-        buf = np.zeros(size * count, dtype)
-        buf[cc.rank * count:(cc.rank + 1) * count] = xs[cc.rank]
-        fn(cc, buf, count)
-        return buf
+        def body(cc):
+            buf = np.zeros(size * count, dtype)
+            buf[cc.rank * count:(cc.rank + 1) * count] = xs[cc.rank]
+            fn(cc, buf, count)
+            return buf
 
-    expected = np.concatenate(xs)
-    for res in run_fake(size, body):
-        np.testing.assert_array_equal(res, expected)
+        expected = np.concatenate(xs)
+        for res in run_fake(size, body):
+            np.testing.assert_array_equal(res, expected)
+
+    each_case(MOVE_DTYPES, check, lambda d: np.dtype(d).name)
 
 
-@pytest.mark.parametrize("dtype", MOVE_DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("count", COUNTS)
 @pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("name", algorithm_cases("gather"))
-def test_gather(name, size, count, dtype):
-    fn = algs.REGISTRY["gather"][name].fn
-    xs = block_inputs(size, count, dtype)
-    for root in range(size):
-        def body(cc):
-            recvbuf = np.zeros(size * count, dtype) if cc.rank == root else None
-            sendbuf = xs[cc.rank].copy()
-            fn(cc, sendbuf, recvbuf, root)
-            np.testing.assert_array_equal(sendbuf, xs[cc.rank])  # input untouched
-            return recvbuf
+def test_gather(name, size, count):
+    def check(dtype):
+        fn = algs.REGISTRY["gather"][name].fn
+        xs = block_inputs(size, count, dtype)
+        for root in range(size):
+            def body(cc):
+                recvbuf = np.zeros(size * count, dtype) if cc.rank == root else None
+                sendbuf = xs[cc.rank].copy()
+                fn(cc, sendbuf, recvbuf, root)
+                np.testing.assert_array_equal(sendbuf, xs[cc.rank])  # input untouched
+                return recvbuf
 
-        np.testing.assert_array_equal(run_fake(size, body)[root], np.concatenate(xs))
+            np.testing.assert_array_equal(run_fake(size, body)[root], np.concatenate(xs))
+
+    each_case(MOVE_DTYPES, check, lambda d: np.dtype(d).name)
 
 
-@pytest.mark.parametrize("dtype", MOVE_DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("count", COUNTS)
 @pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("name", algorithm_cases("scatter"))
-def test_scatter(name, size, count, dtype):
-    fn = algs.REGISTRY["scatter"][name].fn
-    data = (np.arange(size * count) * 3 + 1).astype(dtype)
-    for root in range(size):
-        def body(cc):
-            sendbuf = data.copy() if cc.rank == root else None
-            recvbuf = np.zeros(count, dtype)
-            fn(cc, sendbuf, recvbuf, root)
-            if sendbuf is not None:
-                np.testing.assert_array_equal(sendbuf, data)  # input untouched
-            return recvbuf
+def test_scatter(name, size, count):
+    def check(dtype):
+        fn = algs.REGISTRY["scatter"][name].fn
+        data = (np.arange(size * count) * 3 + 1).astype(dtype)
+        for root in range(size):
+            def body(cc):
+                sendbuf = data.copy() if cc.rank == root else None
+                recvbuf = np.zeros(count, dtype)
+                fn(cc, sendbuf, recvbuf, root)
+                if sendbuf is not None:
+                    np.testing.assert_array_equal(sendbuf, data)  # input untouched
+                return recvbuf
 
-        for rank, res in enumerate(run_fake(size, body)):
-            np.testing.assert_array_equal(res, data[rank * count:(rank + 1) * count])
+            for rank, res in enumerate(run_fake(size, body)):
+                np.testing.assert_array_equal(res, data[rank * count:(rank + 1) * count])
+
+    each_case(MOVE_DTYPES, check, lambda d: np.dtype(d).name)
 
 
-@pytest.mark.parametrize("dtype", MOVE_DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("count", COUNTS)
 @pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("name", algorithm_cases("alltoall"))
-def test_alltoall(name, size, count, dtype):
-    fn = algs.REGISTRY["alltoall"][name].fn
+def test_alltoall(name, size, count):
+    def check(dtype):
+        fn = algs.REGISTRY["alltoall"][name].fn
 
-    # rank r's block d holds 1000*r + 10*d + position
-    def sendbuf_of(r):
-        return np.concatenate([1000 * r + 10 * d + np.arange(count) for d in range(size)]
-                              ).astype(dtype) if count else np.zeros(0, dtype)
+        # rank r's block d holds 1000*r + 10*d + position
+        def sendbuf_of(r):
+            return np.concatenate([1000 * r + 10 * d + np.arange(count) for d in range(size)]
+                                  ).astype(dtype) if count else np.zeros(0, dtype)
 
-    def body(cc):
-        recvbuf = np.zeros(size * count, dtype)
-        sendbuf = sendbuf_of(cc.rank)
-        fn(cc, sendbuf, recvbuf, count)
-        np.testing.assert_array_equal(sendbuf, sendbuf_of(cc.rank))
-        return recvbuf
+        def body(cc):
+            recvbuf = np.zeros(size * count, dtype)
+            sendbuf = sendbuf_of(cc.rank)
+            fn(cc, sendbuf, recvbuf, count)
+            np.testing.assert_array_equal(sendbuf, sendbuf_of(cc.rank))
+            return recvbuf
 
-    for rank, res in enumerate(run_fake(size, body)):
-        for src in range(size):
-            np.testing.assert_array_equal(res[src * count:(src + 1) * count],
-                                          sendbuf_of(src)[rank * count:(rank + 1) * count])
+        for rank, res in enumerate(run_fake(size, body)):
+            for src in range(size):
+                np.testing.assert_array_equal(res[src * count:(src + 1) * count],
+                                              sendbuf_of(src)[rank * count:(rank + 1) * count])
+
+    each_case(MOVE_DTYPES, check, lambda d: np.dtype(d).name)
 
 
 @pytest.mark.parametrize("size", SIZES)

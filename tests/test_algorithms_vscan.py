@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 import pycomm.collectives as algs
 from pycomm import ops
-from fakecomm import run_fake  # tests/ is on sys.path under pytest
+from fakecomm import each_case, run_fake  # tests/ is on sys.path under pytest
 from test_algorithms_fake import (AFFINE, AFFINE_OP, REDUCTIONS, SIZES,  # noqa: F401
                                   _small_segments, affine_fold, affine_inputs,
                                   assert_same_bytes, contributions, fold, reduction_id)
@@ -160,26 +160,28 @@ def test_alltoallv(name, size, pattern):
 
 
 # -- reduce_scatter with per-rank counts ------------------------------------------------------
-@pytest.mark.parametrize("case", REDUCTIONS, ids=reduction_id)
 @pytest.mark.parametrize("pattern", ["zeros", "uneven", "odd", "last_only"])
 @pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("name", algs.algorithms("reduce_scatter"))
-def test_reduce_scatter(name, size, pattern, case):
-    dtype, op = case
-    fn = algs.REGISTRY["reduce_scatter"][name].fn
-    counts = counts_of(pattern, size)
-    offs = np.concatenate([[0], np.cumsum(counts)]).astype(int)
-    xs = contributions(size, int(offs[-1]), dtype, op)
-    expected = fold(op, xs)
+def test_reduce_scatter(name, size, pattern):
+    def check(case):
+        dtype, op = case
+        fn = algs.REGISTRY["reduce_scatter"][name].fn
+        counts = counts_of(pattern, size)
+        offs = np.concatenate([[0], np.cumsum(counts)]).astype(int)
+        xs = contributions(size, int(offs[-1]), dtype, op)
+        expected = fold(op, xs)
 
-    def body(cc):
-        out = np.full(counts[cc.rank], 99, dtype=dtype)
-        fn(cc, xs[cc.rank].copy(), out, counts, op)
-        return out
+        def body(cc):
+            out = np.full(counts[cc.rank], 99, dtype=dtype)
+            fn(cc, xs[cc.rank].copy(), out, counts, op)
+            return out
 
-    for rank, res in enumerate(run_fake(size, body)):
-        np.testing.assert_array_equal(res, expected[offs[rank]:offs[rank + 1]])
-        assert res.dtype == np.dtype(dtype)
+        for rank, res in enumerate(run_fake(size, body)):
+            np.testing.assert_array_equal(res, expected[offs[rank]:offs[rank + 1]])
+            assert res.dtype == np.dtype(dtype)
+
+    each_case(REDUCTIONS, check, reduction_id)
 
 
 @pytest.mark.parametrize("pattern", ["uneven", "odd", "last_only"])
@@ -234,31 +236,33 @@ def prefixes(op, xs: list[np.ndarray]) -> list[np.ndarray]:
     return [fold(op, xs[:r + 1]) for r in range(len(xs))]
 
 
-@pytest.mark.parametrize("case", REDUCTIONS, ids=reduction_id)
 @pytest.mark.parametrize("count", [0, 1, 7, 13])
 @pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("collective", ["scan", "exscan"])
-def test_scan(collective, size, count, case):
-    dtype, op = case
-    xs = contributions(size, count, dtype, op)
-    expected = prefixes(op, xs)
-    for name in algs.algorithms(collective):
-        fn = algs.REGISTRY[collective][name].fn
+def test_scan(collective, size, count):
+    def check(case):
+        dtype, op = case
+        xs = contributions(size, count, dtype, op)
+        expected = prefixes(op, xs)
+        for name in algs.algorithms(collective):
+            fn = algs.REGISTRY[collective][name].fn
 
-        def body(cc):
-            send = xs[cc.rank].copy()
-            out = np.full(count, 42, dtype=dtype)
-            fn(cc, send, out, op)
-            np.testing.assert_array_equal(send, xs[cc.rank])  # sendbuf untouched
-            return out
+            def body(cc):
+                send = xs[cc.rank].copy()
+                out = np.full(count, 42, dtype=dtype)
+                fn(cc, send, out, op)
+                np.testing.assert_array_equal(send, xs[cc.rank])  # sendbuf untouched
+                return out
 
-        for rank, res in enumerate(run_fake(size, body)):
-            if collective == "scan":
-                np.testing.assert_array_equal(res, expected[rank])
-            elif rank == 0:
-                np.testing.assert_array_equal(res, np.full(count, 42, dtype=dtype))
-            else:
-                np.testing.assert_array_equal(res, expected[rank - 1])
+            for rank, res in enumerate(run_fake(size, body)):
+                if collective == "scan":
+                    np.testing.assert_array_equal(res, expected[rank])
+                elif rank == 0:
+                    np.testing.assert_array_equal(res, np.full(count, 42, dtype=dtype))
+                else:
+                    np.testing.assert_array_equal(res, expected[rank - 1])
+
+    each_case(REDUCTIONS, check, reduction_id)
 
 
 @pytest.mark.parametrize("count", [1, 5])
