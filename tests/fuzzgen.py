@@ -686,6 +686,9 @@ def exec_objects(comm, members, p, seed, step):
     obj = lambda q: {"r": members[q], "v": [seed % 97, step, members[q] * 3]}  # noqa
     num = lambda q: (members[q] + 1) * (step % 7 + 1)  # noqa
     w = p["which"]
+    kind = p.get("objop")
+    if kind and w in ("allreduce", "reduce", "scan", "exscan"):
+        return _objects_reduce(comm, members, p, seed, step, kind, root)
     if w == "bcast":
         got, want = comm.bcast(obj(root) if r == root else None, root=root), obj(root)
     elif w == "allreduce":
@@ -712,6 +715,56 @@ def exec_objects(comm, members, p, seed, step):
         if r == 0:
             return []
     return [] if got == want else [f"object {w}: got {got!r} want {want!r}"]
+
+
+def _concat(a, b):
+    return a + b
+
+
+def _objects_reduce(comm, members, p, seed, step, kind, root):
+    """Object reductions: list concatenation (a non-commutative user op), MAXLOC on
+    (value, index) tuples with ties, SUM of numpy arrays, BXOR of ints."""
+    n, r = comm.size, comm.rank
+    w = p["which"]
+
+    def val(q):
+        rng = np.random.default_rng([seed, step, members[q], 55])
+        if kind == "concat":
+            return [members[q]] * int(rng.integers(0, 3))
+        if kind == "maxloc":
+            return (int(rng.integers(0, 3)), members[q])
+        if kind == "array":
+            return rng.integers(-9, 9, 3 + step % 5)
+        return int(rng.integers(0, 2**62))
+    if kind == "concat":
+        op = pycomm.Op.Create(_concat, commute=False)
+        fold = _concat
+    elif kind == "maxloc":
+        op = pycomm.MAXLOC
+        fold = pycomm.MAXLOC.reduce_objects
+    elif kind == "array":
+        op, fold = pycomm.SUM, (lambda a, b: a + b)
+    else:
+        op, fold = pycomm.BXOR, (lambda a, b: a ^ b)
+    try:
+        upto = {"allreduce": n, "reduce": n, "scan": r + 1, "exscan": r}[w]
+        if w == "reduce":
+            got = comm.reduce(val(r), op=op, root=root)
+        else:
+            got = getattr(comm, w)(val(r), op=op)
+    finally:
+        if kind == "concat":
+            op.Free()
+    if (w == "reduce" and r != root) or upto == 0:
+        return []
+    want = val(0)
+    for q in range(1, upto):
+        want = fold(want, val(q))
+    if kind == "array":
+        same = isinstance(got, np.ndarray) and np.array_equal(got, want)
+    else:
+        same = got == want
+    return [] if same else [f"object {w} ({kind}): got {got!r} want {want!r}"]
 
 
 def _mpi_affine(inbuf, inoutbuf, datatype):
@@ -861,6 +914,8 @@ def fuzz_task(seed, steps, colls=None, max_bytes=8 * 1024 * KIB):
             for p in plans:                 # a fifth of the calls on the emulated hosts
                 if size >= 2 and hrng.random() < 0.2 and p["coll"] != "mpi":
                     p["ci"] = len(specs) - 1
+                if p["coll"] == "objects":
+                    p["objop"] = str(hrng.choice(["", "concat", "maxloc", "array", "bxor"]))
                 if p["coll"] == "reduce_scatter":
                     p["nocounts"] = bool(hrng.random() < 0.3)
                 if p["coll"] == "p2p":      # longer receive buffers, probes
@@ -975,7 +1030,8 @@ def _brief(plans):
 
 
 # the tiny segments make a MiB take seconds: smaller buffers there
-VARIANT_MAX_BYTES = {"tiny": 96 * KIB, "odd": 1024 * KIB}
+# (odd: 36-byte halving segments make a 1 MiB reduce-scatter 29k messages, minutes)
+VARIANT_MAX_BYTES = {"tiny": 96 * KIB, "odd": 128 * KIB}
 
 
 def start_pool(size, transport, variant="", timeout=90.0):

@@ -8,8 +8,10 @@ each as a minimal deterministic reproduction.
    element (the ring's and Rabenseifner's blocks, the halving's segments), so the op got
    4097 doubles of a pair buffer, and raised (ValueError from the user's function) or,
    for a function that does not check, combined the second half of one pair with the
-   first of the next. MPI calls a user op on whole items. Campaign: seed 100132 (2 ranks,
-   tcp), seed 100285 (4 ranks, shm), ``python tests/fuzzgen.py --replay 2 tcp 100132``.
+   first of the next. MPI calls a user op on whole items. Campaign: seeds 100132 (2 ranks,
+   tcp) and 100285 (4 ranks, shm) of the generator as it was then (its later dimensions
+   draw from their own generator, so a replay now runs a neighbouring program); the test
+   below is the reduced case.
 """
 
 from __future__ import annotations
