@@ -122,6 +122,10 @@ class _PoolCache:
             pool.close()
 
 
+# tests/data holds programs the tests run (mpi4py's demos: test_*.py that import mpi4py and
+# call MPI at import), not pytest modules
+collect_ignore = ["data"]
+
 _CACHE = _PoolCache()
 # World.run_case: (size, transport, variant, fn, id(cases)) -> (cases, mapping, per-rank
 # results or None where the batch failed)
