@@ -168,7 +168,7 @@ class SharedSlots:
         rank's header learns that it will not come, where it would otherwise learn only at
         the engine's next liveness check (benchmarks/README.md, "Measurements behind
         design choices in the code"). A slot call rings them when it publishes its header
-        (see :meth:`announce`)."""
+        (see :meth:`exchange`)."""
         self.arrival[self.rank][0] = seq << 2 | 2 | slow
         if slow:
             self.ring_peers()
@@ -182,43 +182,16 @@ class SharedSlots:
                 futex_wake(futex)
 
     # -- the steps of every call --------------------------------------------------------
-    def reserve(self, cc) -> int:
-        """The slot call ``cc.tag`` writes, once no peer can still be reading it.
+    def exchange(self, cc, nbytes: int, dst=None, src=None, path: int = 0) -> int:
+        """Run call ``cc.tag``'s turn through the slots: take its slot ``p``, copy ``src``
+        into ``dst[p]`` (when ``src`` is given), publish this rank's header and wait for
+        every peer's, checking their signatures; return ``p``. ``nbytes``: the call's bytes
+        in the header; ``path``: 0 for a slot call, 1 for a direct one (see the module
+        docstring).
 
-        Waits, if need be, until every peer has entered the previous call: each has then
-        finished the earlier call that used this slot (see the module docstring).
-        """
-        seq = cc.tag
-        p = (seq + 1) & 1
-        # (after an all-waiting call on seq - 1, every peer is known to have entered it)
-        if self._written[p] and self._synced != (seq - 1) & _SEQ_MASK:
-            need = (seq - 1) & _SEQ_MASK
-            arrival = self.arrival
-            for r in self.peers:
-                a = arrival[r][0]
-                if not (a & 2 and ((a >> 2) - need) & _SEQ_MASK < _HALF):
-                    self._wait_entered(cc, r, need)
-        self._written[p] = True
-        return p
-
-    def announce(self, cc, p: int, nbytes: int, path: int = 0) -> None:
-        """Publish this rank's header of call ``cc.tag`` in slot ``p`` (its data is
-        written; ``path``: 0 for a slot call, 1 for a direct one, see the module docstring)
-        and ring the peers' doorbells."""
-        h = self.headers[self.rank][p]
-        sig = cc.sig
-        h[1] = sig[0]
-        h[2] = sig[1]
-        h[3] = nbytes
-        h[4] = path
-        h[0] = cc.tag + 1               # last: it makes the slot valid
-        for words, futex in self._bell_words:   # (ring_peers inline: every call rings)
-            words[0] = (words[0] + 1) & 0xFFFFFFFF
-            if words[1]:
-                futex_wake(futex)
-
-    def await_all(self, cc, p: int, path: int = 0) -> None:
-        """Wait until every peer has published call ``cc.tag``; check their signatures.
+        Slot ``p`` is rewritten only once every peer has entered the previous call: each
+        has then finished the earlier call that used it (the module docstring's Safety).
+        The header's sequence number is stored last: it makes the slot valid.
 
         Raises:
             CollectiveMismatchError: a peer is in another call (its signature differs).
@@ -226,10 +199,35 @@ class SharedSlots:
                 against direct reads: the ranks' limits differ), which takes messages too.
             PeerError, CommTimeoutError, CollectiveError: as any wait of the engine.
         """
-        s1 = cc.tag + 1
+        seq = cc.tag
+        p = (seq + 1) & 1
+        peers = self.peers
+        # (after an all-waiting call on seq - 1, every peer is known to have entered it)
+        if self._written[p] and self._synced != (seq - 1) & _SEQ_MASK:
+            need = (seq - 1) & _SEQ_MASK
+            arrival = self.arrival
+            for r in peers:
+                a = arrival[r][0]
+                if not (a & 2 and ((a >> 2) - need) & _SEQ_MASK < _HALF):
+                    self._wait_entered(cc, r, need)
+        self._written[p] = True
+        if src is not None:
+            dst[p][...] = src
         headers = self.headers
-        code, count = cc.sig
-        for r in self.peers:
+        h = headers[self.rank][p]
+        sig = cc.sig
+        code, count = sig
+        s1 = seq + 1
+        h[1] = code
+        h[2] = count
+        h[3] = nbytes
+        h[4] = path
+        h[0] = s1
+        for words, futex in self._bell_words:   # (ring_peers inline: every call rings)
+            words[0] = (words[0] + 1) & 0xFFFFFFFF
+            if words[1]:
+                futex_wake(futex)
+        for r in peers:
             h = headers[r][p]
             if h[0] != s1:
                 for _ in range(self._polls):
@@ -239,7 +237,7 @@ class SharedSlots:
                     self._wait_slot(cc, r, h, s1)
             if h[1] != code or h[2] != count:
                 theirs = (h[1], h[2])
-                if not empty_match(cc.sig, theirs, h[3]):
+                if not empty_match(sig, theirs, h[3]):
                     self._mismatch(cc, r, describe(theirs))
             if h[4] != path:            # each rank sees it in the other's header
                 raise ByMessages
@@ -248,7 +246,8 @@ class SharedSlots:
         # would (a link keeps order; the slots and the rings keep none between them).
         if self.shm.has_input():
             self.engine.progress()
-        self._synced = cc.tag
+        self._synced = seq
+        return p
 
     # -- waits (the engine's: progress, liveness, aborts, timeout) ------------------------
     def _wait_slot(self, cc, r: int, h, s1: int) -> None:
@@ -363,13 +362,13 @@ class SharedSlots:
         ufunc = op._ufunc
 
         if ufunc is not None and self.size == 2:
-            def fold(v, out):           # (``out`` positional: a keyword costs a dict)
-                ufunc(v[0], v[1], out)
+            def fold(v, out):
+                ufunc(v[0], v[1], out=out)
         elif ufunc is not None:
             def fold(v, out):
-                ufunc(v[0], v[1], out)
+                ufunc(v[0], v[1], out=out)
                 for i in range(2, len(v)):
-                    ufunc(out, v[i], out)
+                    ufunc(out, v[i], out=out)
         else:
             def fold(v, out):
                 out[...] = v[0]
@@ -380,9 +379,7 @@ class SharedSlots:
     def _barrier(self, dtype, count, root, op, by_messages):
         def run(cc):
             try:
-                p = self.reserve(cc)
-                self.announce(cc, p, 0)
-                self.await_all(cc, p)
+                self.exchange(cc, 0)
             except ByMessages:
                 by_messages(cc)
         return run
@@ -393,11 +390,7 @@ class SharedSlots:
 
         def run(cc, buf, _root):
             try:
-                p = self.reserve(cc)
-                if me == root:
-                    views[p][...] = buf
-                self.announce(cc, p, nb)
-                self.await_all(cc, p)
+                p = self.exchange(cc, nb, views, buf if me == root else None)
             except ByMessages:
                 return by_messages(cc, buf, root)
             if me != root:
@@ -412,6 +405,7 @@ class SharedSlots:
         every slice from its owner: Rabenseifner's reduce-scatter + all-gather (Thakur,
         Rabenseifner & Gropp 2005) over shared memory. Same bits everywhere, either way."""
         views = self._views(dtype, 0, count)
+        mine_all = [v[self.rank] for v in views]                # [slot]: this rank's
         nb, me, fold = count * dtype.itemsize, self.rank, self._reducer(op)
         split = to_all and self.size >= SPLIT_MIN_RANKS and nb >= SPLIT_MIN_BYTES and \
             count >= self.size and \
@@ -429,17 +423,14 @@ class SharedSlots:
             # send None: IN_PLACE (recv holds the contribution)
             src = rest[-1]
             try:
-                p = self.reserve(cc)
-                v = views[p]
-                v[me][...] = buf if src is None else src
-                self.announce(cc, p, nb)
-                self.await_all(cc, p)
+                p = self.exchange(cc, nb, mine_all, buf if src is None else src)
             except ByMessages:
                 if src is not None:
                     buf[...] = src
                 elif not to_all and me != root:
                     buf = buf.copy()    # a non-root's sendbuf: the algorithms reduce into it
                 return by_messages(cc, buf, *rest[:-1])
+            v = views[p]
             if split:
                 out = buf[lo:hi]
                 fold(mine[p], out)
@@ -471,21 +462,19 @@ class SharedSlots:
     def _allgather(self, dtype, count, root, op, by_messages):
         views = self._views(dtype, 0, count)
         nb, me, peers = count * dtype.itemsize, self.rank, self.peers
+        mine = [v[me] for v in views]
         lo, hi = me * count, (me + 1) * count
 
         def run(cc, recv, _count, src):
             try:
-                p = self.reserve(cc)
-                v = views[p]
-                v[me][...] = recv[lo:hi] if src is None else src
-                self.announce(cc, p, nb)
-                self.await_all(cc, p)
+                p = self.exchange(cc, nb, mine, recv[lo:hi] if src is None else src)
             except ByMessages:
                 if src is not None:
                     recv[lo:hi] = src
                 return by_messages(cc, recv, count)
             if src is not None:
                 recv[lo:hi] = src
+            v = views[p]
             for r in peers:
                 recv[r * count:(r + 1) * count] = v[r]
         return run
@@ -498,10 +487,7 @@ class SharedSlots:
 
         def run(cc, src, out, _op):
             try:
-                p = self.reserve(cc)
-                whole[p][...] = src
-                self.announce(cc, p, nb)
-                self.await_all(cc, p)
+                p = self.exchange(cc, nb, whole, src)
             except ByMessages:              # IN_PLACE: the result lands on the input
                 return by_messages(cc, src.copy() if np.shares_memory(src, out) else src,
                                    out, op)

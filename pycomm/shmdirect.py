@@ -109,6 +109,7 @@ class _Reads:
         self.world = slots.comm._world
         # [slot][rank] -> int64[3]: send address, receive address, progress (seq << 2 | step)
         self.words = [[d[p][:24].view(np.int64) for d in slots.data] for p in (0, 1)]
+        self._mine = [w[self.me] for w in self.words]     # [slot]: this rank's words
         self._spare = np.empty(0, np.uint8)
 
     def scratch(self, dtype, elements: int) -> np.ndarray:
@@ -127,14 +128,9 @@ class _Reads:
         Raises:
             ByMessages: a peer runs this call by messages (nothing has been read).
         """
-        slots = self.slots
-        p = slots.reserve(cc)
-        w = self.words[p]
-        mine = w[self.me]
-        mine[0], mine[1], mine[2] = send_at, recv_at, cc.tag << 2
-        slots.announce(cc, p, nbytes, _PATH)
-        slots.await_all(cc, p, _PATH)
-        return w
+        p = self.slots.exchange(cc, nbytes, self._mine,
+                                np.array([send_at, recv_at, cc.tag << 2], np.int64), _PATH)
+        return self.words[p]
 
     def withdraw(self, cc, w) -> None:
         """Say that this rank's call failed: its buffers may be reused from now on."""

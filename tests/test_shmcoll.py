@@ -24,6 +24,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import warnings
 from pathlib import Path
 
 import cloudpickle
@@ -80,6 +81,12 @@ def _used_slots(comm, collective, dtype, count, nbytes, op=None, root=-1) -> boo
 
 
 def _every_collective(count, dtype, op_name):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")      # e.g. numpy's on np.maximum(a, b, out)
+        return _every_collective_calls(count, dtype, op_name)
+
+
+def _every_collective_calls(count, dtype, op_name):
     comm = pycomm.COMM_WORLD
     r, n = comm.rank, comm.size
     op = KEEP_LEFT if op_name == "KEEP_LEFT" else getattr(pycomm, op_name)
