@@ -97,6 +97,7 @@ class Engine(Matching, CallAborts, Waiting):
         self.spin_s = spin_s
         self.yield_s = yield_s
         self.timeout = timeout
+        self.job_id: str | None = None      # set by the bootstrap: names what the job leaves
         self.route: list[Any] = [None] * size       # world rank -> transport
         # world rank -> its transport where a blocking Send or Recv may write or take a
         # whole frame itself (the transport's ``direct_p2p``: send_now with ``repeats``,

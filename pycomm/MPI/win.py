@@ -1,6 +1,8 @@
 """``MPI.Win``: one-sided communication over shared memory, for ranks on one host.
 
-Each rank's window is a file in ``/dev/shm`` (``PYCOMM_WIN_DIR`` moves it) that every
+Each rank's window is a file in ``/dev/shm``, named with the job's segment prefix
+(``pycomm-<job>-win-...``, which the launcher sweeps after the job) and unlinked once every
+rank of the window has mapped it (or at once, if creating the window fails), that every
 rank of the window maps; ``Put``, ``Get``, ``Accumulate``, ``Get_accumulate``,
 ``Fetch_and_op`` and ``Compare_and_swap`` read and write the target's mapping directly,
 each under the target's operation lock (an ``flock``), so accumulates are atomic per call,
@@ -45,8 +47,11 @@ __all__ = ["WIN_NULL", "Win"]
 _FLAVOR_ALLOCATE = 2
 
 
-def _dir() -> str:
-    return os.environ.get("PYCOMM_WIN_DIR") or "/dev/shm"
+def _prefix(comm) -> str:
+    """The path prefix of this job's window files (see the module docstring)."""
+    import pycomm
+    job = getattr(pycomm.init()._engine, "job_id", None) or f"p{os.getpid()}"
+    return f"/dev/shm/pycomm-{job}-win-"
 
 
 def _error(code: str, text: str):
@@ -99,18 +104,24 @@ class Win(RMA):
             wcomm.Free()
             raise NotImplementedError(f"{where}: pycomm's windows are shared memory; the "
                                       f"communicator spans hosts {sorted(set(hosts))}")
-        token = wcomm.bcast(uuid.uuid4().hex if wcomm.rank == 0 else None, 0)
-        base = os.path.join(_dir(), f"pycomm-win-{token}-")
+        base = wcomm.bcast(_prefix(comm) + uuid.uuid4().hex + "-" if wcomm.rank == 0
+                           else None, 0)
         mine = f"{base}{wcomm.rank}"
-        for path, n in ((mine, max(size, 1)), (mine + ".epoch", 0), (mine + ".op", 0)):
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-            os.ftruncate(fd, n)
-            os.close(fd)
-        layout = wcomm.allgather((size, disp_unit))
-        targets = [_Target(f"{base}{r}", s, u) for r, (s, u) in enumerate(layout)]
-        wcomm.Barrier()                 # every rank mapped every file: unlink them now
-        for path in (mine, mine + ".epoch", mine + ".op"):
-            os.unlink(path)
+        files = (mine, mine + ".epoch", mine + ".op")
+        try:
+            for path, n in zip(files, (max(size, 1), 0, 0)):
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+                os.ftruncate(fd, n)
+                os.close(fd)
+            layout = wcomm.allgather((size, disp_unit))
+            targets = [_Target(f"{base}{r}", s, u) for r, (s, u) in enumerate(layout)]
+            wcomm.Barrier()             # every rank mapped every file: unlink them now
+        finally:
+            for path in files:
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    pass
         self = cls.__new__(cls)
         me = targets[wcomm.rank]
         if private is None:             # Allocate: this process's own memory, separate

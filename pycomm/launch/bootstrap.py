@@ -327,6 +327,7 @@ def create_world(job: JobEnv | None = None, **options):
                     yield_s=(yield_us * 1e-6 if yield_us is not None
                              else default_yield_seconds(local_size)),
                     timeout=timeout)
+    engine.job_id = je.job_id
     server = store = inspector = None
     try:
         if je.pmi is not None:
