@@ -27,6 +27,7 @@ from pycomm.errors import (
 
 __all__ = [
     "ERRORS",
+    "ErrhandlerMethods",
     "Add_error_class",
     "Add_error_code",
     "Add_error_string",
@@ -307,3 +308,22 @@ def translate_methods(cls: type) -> type:
         else:
             setattr(cls, name, translating(value))
     return cls
+
+
+@translate_methods
+class ErrhandlerMethods:
+    """The error-handler calls of a handle (a session, a window) whose ``_state(call)``
+    returns its state, a dict with an ``"errhandler"`` entry. pycomm always raises
+    :class:`Exception`; a handler that is set is kept to be read back."""
+
+    def Get_errhandler(self):
+        from . import default_errhandler
+        return self._state("Get_errhandler")["errhandler"] or default_errhandler()
+
+    def Set_errhandler(self, errhandler) -> None:
+        self._state("Set_errhandler")["errhandler"] = errhandler
+
+    def Call_errhandler(self, errorcode: int) -> None:
+        """Raise ``MPI.Exception(errorcode)`` (what every pycomm handler does)."""
+        self._state("Call_errhandler")
+        raise Exception(int(errorcode))

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pycomm.errors import ArgumentError
 
-from .exceptions import mpi_error, translate_methods
+from .exceptions import ErrhandlerMethods, mpi_error, translate_methods
 from .info import Info
 from .membuf import BSEND, BUFFER_AUTOMATIC
 
@@ -24,7 +24,7 @@ _PSETS = ("mpi://WORLD", "mpi://SELF")
 
 
 @translate_methods
-class Session:
+class Session(ErrhandlerMethods):
     """An MPI session (mpi4py's ``MPI.Session``); ``Session()`` is ``SESSION_NULL`` and
     ``Session(other)`` a second handle to ``other``."""
 
@@ -115,20 +115,6 @@ class Session:
         from .request import Request
         self.Flush_buffer()
         return Request()
-
-    def Get_errhandler(self):
-        from . import default_errhandler
-        return self._state("Get_errhandler")["errhandler"] or default_errhandler()
-
-    def Set_errhandler(self, errhandler) -> None:
-        """pycomm always raises; the handler is kept to be read back."""
-        self._state("Set_errhandler")["errhandler"] = errhandler
-
-    def Call_errhandler(self, errorcode: int) -> None:
-        """Raise ``MPI.Exception(errorcode)`` (what every pycomm handler does)."""
-        from .exceptions import Exception as MPIException
-        self._state("Call_errhandler")
-        raise MPIException(int(errorcode))
 
     def __bool__(self) -> bool:
         return self._s is not None

@@ -38,7 +38,7 @@ import numpy as np
 
 from pycomm.errors import ArgumentError
 
-from .exceptions import mpi_error, translate_methods
+from .exceptions import ErrhandlerMethods, mpi_error, translate_methods
 from .msgspec import BOTTOM, _raw, as_int
 from .winops import FLAVOR_CREATE, FLAVOR_SHARED, SEPARATE, UNIFIED, RMA
 
@@ -80,7 +80,7 @@ class _Target:
 
 
 @translate_methods
-class Win(RMA):
+class Win(RMA, ErrhandlerMethods):
     """A window of memory that the other ranks of its communicator can access; the
     operations and synchronization calls are :class:`pycomm.MPI.winops.RMA`'s."""
 
@@ -271,19 +271,6 @@ class Win(RMA):
         self._state("Set_info")["info"] = info
 
     info = property(Get_info, Set_info)
-
-    def Get_errhandler(self):
-        from . import default_errhandler
-        return self._state("Get_errhandler")["errhandler"] or default_errhandler()
-
-    def Set_errhandler(self, errhandler) -> None:
-        """pycomm always raises ``MPI.Exception``; the handler is kept to be read back."""
-        self._state("Set_errhandler")["errhandler"] = errhandler
-
-    def Call_errhandler(self, errorcode: int) -> None:
-        from .exceptions import Exception as MPIException
-        self._state("Call_errhandler")
-        raise MPIException(int(errorcode))
 
     def __repr__(self) -> str:
         return "<MPI.WIN_NULL>" if self._s is None else f"<MPI.Win {self.Get_name()!r}>"
