@@ -1,7 +1,8 @@
 """``launch.py``'s command line: ``python launch.py [options] (script.py | -m module) [args]``.
 
 Options are read up to the program (a script, ``-m module``, or after ``--``); the rest is
-the program's own argv. One node: a :class:`pycomm.launch.launcher.RankGroup` of ``-n`` ranks,
+the program's own argv, which may start with the Python interpreter, as mpiexec's does
+(``launch.py -n 4 python -m mpi4py prog.py``). One node: a :class:`pycomm.launch.launcher.RankGroup` of ``-n`` ranks,
 supervised until they end; with ``--nnodes``, one node of a multi-node job
 (:mod:`pycomm.launch.nodes`). ``--mpi4py`` makes ``import mpi4py`` resolve to :mod:`pycomm.MPI` in
 the ranks and, unless ``--prefix`` is given, passes their output on unprefixed, as
@@ -11,7 +12,11 @@ the ranks and, unless ``--prefix`` is given, passes their output on unprefixed, 
 from __future__ import annotations
 
 import argparse
+import os
+import re
+import shutil
 import signal
+import subprocess
 import sys
 
 from pycomm.launch.launcher import TRANSPORT_CHOICES, RankGroup
@@ -38,6 +43,37 @@ def _split_argv(argv: list[str]) -> tuple[list[str], list[str] | None]:
             return argv[:i], argv[i:]
         i += 2 if arg in _VALUE_OPTIONS else 1
     return argv, None
+
+
+def _without_interpreter(parser: argparse.ArgumentParser, program: list[str]) -> list[str]:
+    """``program`` without a leading Python interpreter, as ``mpiexec -n N python
+    prog.py`` names it: the ranks run launch.py's own interpreter, so one that is another
+    (a different version or virtual environment) is an error, never silently swapped."""
+    first = program[0]
+    if first.startswith("-") or first.endswith(".py") or \
+            not re.fullmatch(r"python[\d.]*", os.path.basename(first)):
+        return program
+    found = shutil.which(first)
+    if found is None or not _same_interpreter(found):
+        parser.error(f"the ranks run launch.py's interpreter ({sys.executable}), not "
+                     f"{first!r}{f' ({found})' if found else ''}: run launch.py with that "
+                     f"one instead ({first} launch.py ...)")
+    if len(program) < 2:
+        parser.error(f"give the program {first} should run: a script or -m module")
+    return program[1:]
+
+
+def _same_interpreter(path: str) -> bool:
+    """Whether ``path`` runs this interpreter: the same file, or a wrapper (a pyenv shim, a
+    venv's link) that says it is."""
+    if os.path.samefile(path, sys.executable):
+        return True
+    try:
+        out = subprocess.run([path, "-c", "import sys; print(sys.executable)"],
+                             capture_output=True, text=True, timeout=30).stdout.strip()
+        return bool(out) and os.path.samefile(out, sys.executable)
+    except (OSError, subprocess.SubprocessError):
+        return False
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -116,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(options)
     if not program:
         parser.error("give the program to run: a script or -m module")
+    program = _without_interpreter(parser, program)
     if program[0] == "-m" and len(program) < 2:
         parser.error("-m needs a module name")
     if args.nprocs < 1:
