@@ -97,3 +97,27 @@ def test_a_failed_window_creation_leaves_no_file_and_the_world_works(world_small
             assert errors and (errors[0] == "ArgumentError") == (everyone or rank ==
                                                                 len(results) - 1), results
             assert files == [], results
+
+
+def _rank_bad_arguments():
+    win = MPI.Win.Allocate(64, 1, comm=MPI.COMM_WORLD)
+    caught = []
+    for call in (lambda: win.Get_attr(MPI.KEYVAL_INVALID),
+                 lambda: win.Set_attr(MPI.KEYVAL_INVALID, 1),
+                 lambda: win.Put(bytearray(4), 0, (0, 4, MPI.BYTE, None)),  # 4 items
+                 lambda: win.Put(bytearray(4), 0, {0: 4})):                 # not a spec
+        try:
+            win.Fence()
+            call()
+        except MPI.Exception as exc:
+            caught.append((isinstance(exc, ValueError), exc.Get_error_class()))
+    win.Fence()
+    win.Free()
+    return caught
+
+
+def test_bad_keyvals_and_target_specs_raise_as_mpi4py_expects(world_small):
+    # (mpi4py's test_exceptions TestExcWin.testKeyvalInvalid, test_msgspec
+    # TestMessageRMA.testMessageBad)
+    for caught in world_small.run(_rank_bad_arguments):
+        assert caught == [(True, MPI.ERR_KEYVAL)] * 2 + [(True, MPI.ERR_ARG)] * 2, caught

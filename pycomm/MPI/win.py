@@ -39,6 +39,7 @@ import numpy as np
 from pycomm.errors import ArgumentError
 
 from .exceptions import ErrhandlerMethods, mpi_error, translate_methods
+from .info import check_keyval
 from .msgspec import BOTTOM, _raw, as_int
 from .winops import FLAVOR_CREATE, FLAVOR_SHARED, SEPARATE, UNIFIED, RMA
 
@@ -226,6 +227,7 @@ class Win(RMA, ErrhandlerMethods):
     def Get_attr(self, keyval: int):
         from . import WIN_BASE, WIN_CREATE_FLAVOR, WIN_DISP_UNIT, WIN_MODEL, WIN_SIZE
         s = self._state("Get_attr")
+        keyval = check_keyval(keyval, "Win.Get_attr")
         me = s["targets"][s["comm"].rank]
         if keyval == WIN_BASE:
             return s["private"].ctypes.data if s["private"].size else 0
@@ -235,10 +237,10 @@ class Win(RMA, ErrhandlerMethods):
         return builtin[keyval] if keyval in builtin else s["attrs"].get(keyval)
 
     def Set_attr(self, keyval: int, attrval) -> None:
-        self._state("Set_attr")["attrs"][keyval] = attrval
+        self._state("Set_attr")["attrs"][check_keyval(keyval, "Win.Set_attr")] = attrval
 
     def Delete_attr(self, keyval: int) -> None:
-        self._state("Delete_attr")["attrs"].pop(keyval, None)
+        self._state("Delete_attr")["attrs"].pop(check_keyval(keyval, "Win.Delete_attr"), None)
 
     @property
     def attrs(self) -> tuple[int, int, int]:

@@ -70,9 +70,12 @@ class RMA:
             disp, count, dt = 0, None, None
         elif isinstance(target, (int, np.integer)):
             disp, count, dt = int(target), None, None
-        else:
+        elif isinstance(target, (list, tuple)) and len(target) <= 3:
             target = list(target) + [None] * (3 - len(target))
             disp, count, dt = target[0] or 0, target[1], target[2]
+        else:
+            raise _error("ERR_ARG", f"Win.{call}: target must be None, a displacement or "
+                         f"[disp, count, datatype], got {target!r}")
         if dt is None:
             dt = origin_msg.datatype or from_numpy(origin_msg.array.dtype)
         else:
