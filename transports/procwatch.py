@@ -18,7 +18,9 @@ pid, its state letter, for how many seconds it has been seen stopped (sampled ev
 :data:`TICK_S`), and the HMAC of the challenge and those fields — then closes the
 connection. A question or an answer whose MAC does not verify gets nothing and means
 nothing (as DESIGN.md asks of every TCP connection: nothing from a peer that has not
-proved it holds the token is believed; the challenge makes an old answer useless). It ends when the rank ends: its stdin is a pipe whose other end only the rank
+proved it holds the token is believed; the challenge makes an old answer useless).
+
+The watch ends when the rank ends: its stdin is a pipe whose other end only the rank
 holds, so the rank's exit, however it happens, is end-of-file here; it also ends when
 ``/proc/PID`` is gone.
 

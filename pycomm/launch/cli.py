@@ -2,11 +2,11 @@
 
 Options are read up to the program (a script, ``-m module``, or after ``--``); the rest is
 the program's own argv, which may start with the Python interpreter, as mpiexec's does
-(``launch.py -n 4 python -m mpi4py prog.py``). One node: a :class:`pycomm.launch.launcher.RankGroup` of ``-n`` ranks,
-supervised until they end; with ``--nnodes``, one node of a multi-node job
-(:mod:`pycomm.launch.nodes`). ``--mpi4py`` makes ``import mpi4py`` resolve to :mod:`pycomm.MPI` in
-the ranks and, unless ``--prefix`` is given, passes their output on unprefixed, as
-``mpiexec`` does.
+(``launch.py -n 4 python -m mpi4py prog.py``). One node: a
+:class:`pycomm.launch.launcher.RankGroup` of ``-n`` ranks, supervised until they end; with
+``--nnodes``, one node of a multi-node job (:mod:`pycomm.launch.nodes`). ``--mpi4py``
+makes ``import mpi4py`` resolve to :mod:`pycomm.MPI` in the ranks and, unless ``--prefix``
+is given, passes their output on unprefixed, as ``mpiexec`` does.
 """
 
 from __future__ import annotations
