@@ -31,7 +31,8 @@ import pytest
 
 import pycomm
 from conftest import World, run_at_once
-from test_shmcoll import _contribution, _launch_job
+from test_shmcoll import _contribution
+from test_shmcoll_jobs import _launch_job
 from pycomm.plan import plan_call
 from pycomm.shmdirect import ALLGATHER_MAX_BYTES, CHUNK_BYTES, SHM_DIRECT
 
