@@ -357,3 +357,15 @@ def test_a_rank_throttled_cpulimit_style_is_not_stopped_for_its_own_count():
         assert w.watch.stopped_at() == 0.0
     finally:
         w.close()
+
+
+def test_a_silent_stranger_does_not_hold_up_the_answers(sleeper):
+    """A connection that never sends its question waits (until _QUESTION_S) beside the
+    others: a keyed question asked meanwhile is answered at once."""
+    with socket.create_connection(sleeper.addr, timeout=10):        # says nothing
+        with socket.create_connection(sleeper.addr, timeout=10) as s:
+            s.sendall(procwatch.question(KEY, bytes(procwatch.NONCE_BYTES)))
+            t0 = time.monotonic()
+            pid, _state = s.recv(256).split()[:2]
+            assert int(pid) == sleeper.proc.pid
+            assert time.monotonic() - t0 < procwatch._QUESTION_S / 2
