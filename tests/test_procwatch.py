@@ -329,9 +329,11 @@ def test_the_watch_tells_its_rank_when_it_or_its_host_was_last_stopped(sleeper):
     assert abs(sleeper.watch.stopped_at() - time.monotonic()) < 0.1
     os.kill(sleeper.watch.process.pid, signal.SIGCONT)
     resumed = time.monotonic()
-    time.sleep(2 * procwatch.TICK_S)
-    at = sleeper.watch.stopped_at()
-    assert resumed - procwatch.TICK_S <= at <= resumed + 2 * procwatch.TICK_S, (at, resumed)
+    # A loaded machine may run the resumed watch late, and the word is when it noticed:
+    # so the bound is "after the resume and well before now", not a fixed delay.
+    time.sleep(4 * procwatch.TICK_S)
+    at, read = sleeper.watch.stopped_at(), time.monotonic()
+    assert resumed - procwatch.TICK_S <= at <= read - procwatch.TICK_S, (at, resumed, read)
     os.kill(sleeper.watch.process.pid, signal.SIGSTOP)  # stop() ends a stopped watch too
     t0 = time.monotonic()
     sleeper.watch.stop()
