@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 import numpy as np
 
@@ -71,6 +72,10 @@ from .tuning.selection import AlgorithmSelection
 from .status import Status
 
 __all__ = ["Communicator", "Status", "TAG_UB"]
+
+# How long an aborting rank waits for the launcher to stop the job before it exits by
+# itself (the launcher reacts within its 20 ms tick, a node agent within 0.1 s).
+_ABORT_WAIT_S = 3.0
 
 
 class Communicator(PointToPointMethods, CollectiveMethods, ObjectMethods, GroupMethods,
@@ -266,17 +271,29 @@ class Communicator(PointToPointMethods, CollectiveMethods, ObjectMethods, GroupM
 
     # -- misc -----------------------------------------------------------------------------
     def Abort(self, errorcode: int = 1) -> None:
-        """Terminate this process at once (MPI_Abort); the launcher then stops the other ranks.
+        """End the whole job (MPI_Abort): every rank stops and the launcher exits with
+        ``errorcode``, as under ``mpiexec``.
+
+        Under ``launch.py`` (and a :class:`pycomm.Pool`) this rank publishes an abort note
+        in the job's store (:func:`pycomm.stall.read_abort`) and stays alive, its
+        connections open, while the launcher stops every rank. So no peer sees it vanish
+        and reports a failure of its own: the other ranks end silently. If nothing stops
+        it within ``_ABORT_WAIT_S`` seconds (no launcher reads the note), or there is no
+        store (a world of one, ``mpiexec``), it exits by itself with ``errorcode``.
 
         Args:
-            errorcode: this process's exit status (default 1).
+            errorcode: the job's exit status (default 1; taken modulo 256).
 
         Returns:
-            Never: the process exits (``os._exit``, no atexit handlers, no cleanup).
+            Never: the process exits (``os._exit``, no atexit handlers, no cleanup) or is
+            stopped by the launcher.
 
         Raises:
             Nothing.
         """
         sys.stderr.write(f"pycomm: rank {self.rank} called Abort({errorcode})\n")
         sys.stderr.flush()
+        inspector = getattr(self._engine, "_inspector", None)
+        if inspector is not None and inspector.report_abort(int(errorcode) & 0xFF):
+            time.sleep(_ABORT_WAIT_S)
         os._exit(errorcode)

@@ -35,6 +35,10 @@ Store keys, all under ``pycomm/stall/<job id>/``::
                    error left (e.g. "Allreduce #4 on pycomm.COMM_WORLD"), "error": text}
     exit/<r>       b"exit": rank r is leaving through a return or ``sys.exit``, with no
                    uncaught exception (published by :mod:`pycomm.MPI` at exit)
+    abort#         counter: ranks that called ``Comm.Abort`` (only the first one's note is set)
+    abort          msgpack ``[rank, code]``: the first rank that called ``Comm.Abort`` and its
+                   code; a launcher that reads it stops every rank at once and exits with
+                   the code, as ``mpiexec`` does (:func:`read_abort`)
 """
 
 from __future__ import annotations
@@ -273,6 +277,26 @@ def read_exits(client, job_id: str, ranks) -> set[int]:
     return out
 
 
+def parse_abort(value: bytes | None) -> tuple[int, int] | None:
+    """The ``(rank, code)`` of an ``abort`` note's value; None for no note."""
+    if value is None:
+        return None
+    rank, code = msgpack.unpackb(value)
+    return int(rank), int(code)
+
+
+def read_abort(client, job_id: str) -> tuple[int, int] | None:
+    """The job's abort note ``(rank, code)``, or None when no rank called ``Comm.Abort``.
+
+    Raises:
+        CommError: the store failed.
+    """
+    try:
+        return parse_abort(client.get(key(job_id, "abort"), timeout=0.0))
+    except CommTimeoutError:
+        return None
+
+
 class Inspector:
     """One rank's stall inspector: its responder thread and its side of the waits.
 
@@ -396,6 +420,22 @@ class Inspector:
                 self._get_client().set(key(self.job_id, "diag", self.rank), body)
             except CommError:
                 pass
+
+    def report_abort(self, code: int) -> bool:
+        """Publish that this rank calls ``Comm.Abort(code)`` (unless another rank did
+        first); return whether the note is in the store, so that a launcher will stop the
+        job. Waits at most 2 s for the lock and the store's default timeouts."""
+        if not self._lock.acquire(timeout=2.0):
+            return False
+        try:
+            client = self._get_client()
+            if client.add(key(self.job_id, "abort#"), 1) == 1:
+                client.set(key(self.job_id, "abort"), msgpack.packb([self.rank, code]))
+            return True
+        except CommError:
+            return False
+        finally:
+            self._lock.release()
 
     def report_exit(self) -> None:
         """Publish that this rank is leaving with no uncaught exception (a return, or

@@ -17,6 +17,8 @@ machinery, shared with :mod:`pycomm.launch.spawning`:
   code, no uncaught exception; :mod:`pycomm.MPI` tells the launcher so) ends the job at
   once, as ``mpiexec`` does: its message is on its stderr, the others are stopped without
   the report grace below, and the launcher exits with its code (1 for a message);
+* a rank that calls ``Comm.Abort(code)`` publishes an abort note and waits; the launcher
+  stops every rank at once (no report grace, no flight recorders) and exits with ``code``;
 * when a rank exits non-zero or is killed by a signal, the surviving ranks that run a
   pycomm world get up to ``PYCOMM_REPORT_GRACE`` seconds to report (a peer's death or a
   timeout names its culprit) and exit on their own; the launcher then names the rank that
@@ -301,6 +303,15 @@ class RankGroup:
                 log(f"got {signal.Signals(sig).name}; forwarding it to {others} running ranks")
                 self.stop(sig)
                 return 128 + sig
+            aborted = stall.parse_abort(self.store.peek(stall.key(self.job_id, "abort")))
+            if aborted is not None:
+                # Comm.Abort: the rank waits, alive, until it is stopped with the others,
+                # so no peer reports it gone; the job ends with its code (mpiexec's rule).
+                rank, code = aborted
+                log(f"rank {rank} called Abort({code}); stopping all {len(self.running())} "
+                    "running ranks")
+                self.stop()
+                return code
             failure = self.poll()
             if failure is not None:
                 why = self._blame(failure)

@@ -18,6 +18,8 @@ prefixed output, /dev/shm swept at the end) and meets the others through the sto
   rank and stops its ranks (SIGTERM, SIGKILL after ``PYCOMM_KILL_GRACE``) within a second;
 * an agent whose ranks all exited 0 says so; node 0 keeps the store up until every node has
   (or a failure, or ``--timeout``), so no rank loses the store while it still needs it;
+* a rank that calls ``Comm.Abort(code)`` publishes an abort note (:mod:`pycomm.stall`) and
+  waits; every agent reads it within :data:`_POLL_S`, stops its ranks and exits with ``code``;
 * an agent that loses the store (node 0 gone) stops its ranks and says so.
 
 stdin, as under ``mpiexec``: the rank named by ``--stdin`` (default 0; ``none`` for nobody;
@@ -43,7 +45,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
-from pycomm import config
+from pycomm import config, stall
 from pycomm.errors import ArgumentError, CommError
 from pycomm.launch.launcher import RankExit, _Forwarder, _preexec, contract_env, sweep_shm
 from pycomm.launch.store import StoreServer
@@ -227,6 +229,12 @@ class NodeAgent:
                         "ranks of this node")
                     self.stop()
                     return 1
+                aborted = stall.read_abort(self._client, self.job_id)
+                if aborted is not None:
+                    log(f"rank {aborted[0]} called Abort({aborted[1]}); stopping the "
+                        f"{len(self._running())} running ranks of this node")
+                    self.stop()
+                    return aborted[1]
                 if not self._running():
                     return self._finish(log)
                 time.sleep(_POLL_S)

@@ -22,6 +22,8 @@ Failure rules of :meth:`Pool.run`:
   as :class:`~pycomm.errors.RemoteError` and the pool stays usable; if some rank has not
   answered ``error_grace`` seconds after the first exception (it is probably waiting on the
   failed one), the pool is stopped and marked broken, and the RemoteError is raised;
+* a rank calls ``Comm.Abort(code)``: :class:`~pycomm.errors.PeerError` naming the rank and
+  the code, within a quarter second; the pool is broken;
 * a rank dies: :class:`~pycomm.errors.PeerError` naming the rank and its exit code or
   signal; the pool is broken;
 * the task overruns ``timeout``: :class:`~pycomm.errors.CommTimeoutError` naming the ranks
@@ -52,7 +54,8 @@ import msgpack
 from pycomm import config
 from pycomm.errors import CommError, CommTimeoutError, PeerError, RemoteError
 from pycomm.launch.launcher import RankGroup
-from pycomm.stall import ask_positions, summarize
+from pycomm.stall import ask_positions, parse_abort, summarize
+from pycomm.stall import key as stall_key
 from pycomm.launch.store_client import StoreClient
 
 __all__ = ["Pool", "spawn"]
@@ -204,6 +207,14 @@ class Pool:
             self._break(message)
             raise PeerError(message, peer=dead.rank)
 
+    def _check_aborted(self, what: str) -> None:
+        aborted = parse_abort(self._group.store.peek(stall_key(self._group.job_id, "abort")))
+        if aborted is not None:
+            message = f"rank {aborted[0]} called Abort({aborted[1]}) during {what}; the " \
+                      "pool is stopped"
+            self._break(message)
+            raise PeerError(message, peer=aborted[0])
+
     def _collect(self, seq: int, timeout: float, what: str) -> list:
         """Read the outcomes of task ``seq`` from all ranks; raise as the rules above say."""
         results: list[Any] = [None] * self.nprocs
@@ -234,6 +245,7 @@ class Pool:
                         first_error_at = time.monotonic()
             if not pending:
                 break
+            self._check_aborted(what)
             self._check_alive(f"during {what}")
             now = time.monotonic()
             if first_error_at is not None and now > first_error_at + self.error_grace:

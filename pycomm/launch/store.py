@@ -165,6 +165,12 @@ class StoreServer:
 
     # -- lifecycle -----------------------------------------------------------------------
 
+    def peek(self, key: str) -> bytes | None:
+        """The value of ``key`` now, or None: for the process hosting the store, which
+        reads it without a round trip (a dict read; the serving thread only replaces
+        values whole)."""
+        return self._data.get(key)
+
     def close(self, timeout: float = 5.0) -> None:
         """Stop the server thread (waits up to ``timeout`` seconds) and close its sockets."""
         if self._closed:
