@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 
+import psutil
 import pytest
 
 from transports import procwatch
@@ -371,3 +372,26 @@ def test_a_silent_stranger_does_not_hold_up_the_answers(sleeper):
             pid, _state = s.recv(256).split()[:2]
             assert int(pid) == sleeper.proc.pid
             assert time.monotonic() - t0 < procwatch._QUESTION_S / 2
+
+
+def test_a_full_backlog_of_silent_connections_costs_the_watch_no_cpu(sleeper):
+    """With BACKLOG connections that never ask and one more queued by the kernel, the
+    watch stops accepting until one is done, without spinning on its listener (readable
+    while the queued one waits); then it takes the queued one and answers its question."""
+    silent = [socket.create_connection(sleeper.addr, timeout=10)
+              for _ in range(procwatch.BACKLOG)]
+    try:
+        time.sleep(0.5)                      # the watch accepts them all
+        with socket.create_connection(sleeper.addr, timeout=10) as s:  # queued
+            s.sendall(procwatch.question(KEY, bytes(procwatch.NONCE_BYTES)))
+            watch = psutil.Process(sleeper.watch.process.pid)
+            before = sum(watch.cpu_times()[:2])
+            time.sleep(1.5)
+            # a spinning loop takes most of the 1.5 s; sampling takes a few ms per tick
+            assert sum(watch.cpu_times()[:2]) - before < 0.3
+            silent.pop().close()             # one is done: the watch accepts again
+            pid, _state = s.recv(256).split()[:2]
+            assert int(pid) == sleeper.proc.pid
+    finally:
+        for conn in silent:
+            conn.close()

@@ -218,10 +218,15 @@ def _serve(fd: int, pid: int, tick: float, word_fd: int) -> None:
     stopped_at = 0.0
     last = time.monotonic()
 
+    listening = [True]      # the listener is in the selector (not while BACKLOG wait)
+
     def close(conn: socket.socket) -> None:
         sel.unregister(conn)
         del questions[conn]
         conn.close()
+        if not listening[0]:
+            sel.register(listener, selectors.EVENT_READ, "connection")
+            listening[0] = True
 
     while True:
         state = process_state(pid)
@@ -256,6 +261,11 @@ def _serve(fd: int, pid: int, tick: float, word_fd: int) -> None:
                     conn.setblocking(False)
                     questions[conn] = [b"", time.monotonic()]
                     sel.register(conn, selectors.EVENT_READ, "question")
+                if len(questions) >= BACKLOG:
+                    # the listener stays readable while the kernel queues more: out of the
+                    # selector until a question is done, or the loop would spin on it
+                    sel.unregister(listener)
+                    listening[0] = False
             else:
                 conn = sel_key.fileobj
                 q = questions[conn]
