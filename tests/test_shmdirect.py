@@ -13,8 +13,9 @@
   others wait in the call is a PeerError naming it; ranks that run Reduce_scatter_block or
   Allgather by their I-variant, beside ranks that block, make every rank take messages
   before anything is read, with numpy's answer everywhere;
-* a rank whose call fails withdraws its buffers, and a descheduled peer that reads them
-  after they were reused raises, in an all-reduce, a reduce-scatter and an all-gather.
+* (without cross-memory attach the call sends messages; a rank whose call fails withdraws
+  its buffers, and a descheduled peer that reads them after they were reused raises:
+  test_shmdirect_withdrawal.py's launched jobs.)
 """
 
 from __future__ import annotations
@@ -30,9 +31,8 @@ import numpy as np
 import pytest
 
 import pycomm
-from conftest import World, run_at_once
+from conftest import World
 from test_shmcoll import _contribution
-from test_shmcoll_jobs import _launch_job
 from pycomm.plan import plan_call
 from pycomm.shmdirect import ALLGATHER_MAX_BYTES, CHUNK_BYTES, SHM_DIRECT
 
@@ -310,105 +310,6 @@ def test_a_peer_by_messages_or_with_another_count_never_hangs(world):
         assert after[-1] == n, (rank, after)             # usable again
 
 
-def _launched_jobs() -> dict:
-    """The launched jobs of this module: key -> (program, ranks, environment)."""
-    jobs = {"no-cma": (_NO_CMA, 2, {"PYCOMM_CMA": "0"}),
-            ("withdrawal", "allreduce", 2): (_WITHDRAWAL_ALLREDUCE, 2,
-                                             {"PYCOMM_TIMEOUT": "1.5"})}
-    for collective in ("reduce_scatter_block", "allgather", "bcast"):
-        for n in (2, 3):
-            jobs["withdrawal", collective, n] = (_WITHDRAWAL.format(collective=collective),
-                                                 n, {"PYCOMM_TIMEOUT": "1.5"})
-    return jobs
-
-
-@pytest.fixture(scope="module")
-def launched(tmp_path_factory) -> dict:
-    """Every launched job of this module, started at once (their seconds go to timeouts
-    and to ranks waiting for each other's files): key -> CompletedProcess."""
-    jobs = {key: _launch_job(tmp_path_factory.mktemp("job"), *job)
-            for key, job in _launched_jobs().items()}
-    done = run_at_once(jobs, tmp_path_factory.mktemp("out"), timeout=120)
-    return {key: proc for key, (proc, _) in done.items()}
-
-
-_NO_CMA = """
-        import numpy as np, pycomm
-        comm = pycomm.init()
-        x = np.full(1 << 18, comm.rank + 1.0)
-        comm.Allreduce(pycomm.IN_PLACE, x)
-        print("CHOSEN", comm.chosen_algorithm("allreduce", x.nbytes), x[0], x[-1], flush=True)
-        """
-
-
-def test_without_cross_memory_attach_the_call_sends_messages(launched):
-    # (a peer dying inside a direct call: test_shmcoll.py's slot-wait death test)
-    proc = launched["no-cma"]
-    lines = [ln for ln in proc.stdout.splitlines() if "CHOSEN" in ln]
-    assert proc.returncode == 0 and len(lines) == 2, proc.stdout + proc.stderr
-    for ln in lines:
-        name, first, last = ln.split("CHOSEN", 1)[1].split()
-        assert name != SHM_DIRECT and float(first) == float(last) == 3.0, ln
-
-
-_WITHDRAWAL_ALLREDUCE = """
-        import os, time, numpy as np, pycomm
-        from pycomm import shmdirect
-        comm = pycomm.init()
-        r = comm.rank
-        x = np.full(1 << 16, r + 1.0)
-        assert comm.chosen_algorithm("allreduce", x.nbytes) == "shm_direct"
-        comm.Barrier()
-
-        def wait_for(name):
-            t = time.monotonic()
-            while not os.path.exists(name) and time.monotonic() - t < 30:
-                time.sleep(0.01)
-
-        if r == 1:
-            step, read = shmdirect._Reads.step, shmdirect._Reads.read
-            state = {"gather": False, "slept": False}
-            def slow_step(self, cc, w, n, last=3):
-                step(self, cc, w, n, last)
-                state["gather"] = n == 2
-            def slow_read(self, *args):
-                if state["gather"] and not state["slept"]:
-                    state["slept"] = True
-                    wait_for("reused-0")        # until rank 0 failed and reused x
-                return read(self, *args)
-            shmdirect._Reads.step, shmdirect._Reads.read = slow_step, slow_read
-        try:
-            comm.Allreduce(pycomm.IN_PLACE, x)
-            print("RESULT", r, "ok", x[0], x[-1], flush=True)
-        except pycomm.CommError as exc:
-            x[...] = -1.0                   # the user reuses its buffer at once
-            print("RESULT", r, type(exc).__name__, flush=True)
-        if r == 0:
-            open("reused-0", "w").close()
-            wait_for("done-1")              # alive while rank 1 reads (else: ESRCH)
-        else:
-            open("done-1", "w").close()
-        """
-
-
-def test_a_rank_that_fails_withdraws_its_buffer_before_a_slow_peer_reads_it(launched):
-    # rank 1 is descheduled in the all-gather phase; rank 0 times out in its last wait,
-    # and reuses its buffer at once: rank 1, which reads only then (it waits for rank 0's
-    # file), must not return what it reads
-    proc = launched["withdrawal", "allreduce", 2]
-    results = {}
-    for ln in proc.stdout.splitlines():
-        words = ln.split()
-        if "RESULT" in words:
-            i = words.index("RESULT")
-            results[words[i + 1]] = words[i + 2:]
-    assert results.get("0", [""])[0] == "CommTimeoutError", proc.stdout + proc.stderr
-    # rank 1 raises (the withdrawn buffer), or returns the right sum: never -1 or a mix
-    one = results.get("1")
-    assert one is not None, proc.stdout + proc.stderr
-    assert one[0] != "ok" or one[1:] == ["3.0", "3.0"], one
-
-
 def test_ranks_whose_limits_differ_take_messages_together(world):
     def mixed():
         comm = pycomm.COMM_WORLD
@@ -426,87 +327,6 @@ def test_ranks_whose_limits_differ_take_messages_together(world):
     assert results[0][0] == SHM_DIRECT and results[-1][0] == "shared_slots"
     for path, first, last, again in results:
         assert first == last == n * (n + 1) / 2 and again == n
-
-
-_WITHDRAWAL = """
-    import os, time, numpy as np, pycomm
-    from pycomm import shmdirect
-    comm = pycomm.init()
-    r, n = comm.rank, comm.size
-    count = 1 << 15                      # one rank's block: n * 256 KiB in all, <= 1 MiB
-    if "{collective}" == "allgather":
-        send = np.full(count, r + 1.0)
-        out = np.full(count * n, 7.0)
-        call = lambda: comm.Allgather(send, out)
-        want = np.repeat(np.arange(1.0, n + 1), count)
-    elif "{collective}" == "bcast":      # from root 0: its buffer is the one reused
-        send = out = np.full(count * n, 3.0 if r == 0 else 0.0)
-        call = lambda: comm.Bcast(send, root=0)
-        want = np.full(count * n, 3.0)
-    else:
-        send = np.full(count * n, r + 1.0)
-        out = np.full(count, 7.0)
-        call = lambda: comm.Reduce_scatter_block(send, out)
-        want = np.full(count, n * (n + 1) / 2)
-    assert comm.chosen_algorithm("{collective}", count * n * 8) == "shm_direct"
-    comm.Barrier()
-
-    def wait_for(*names):
-        t = time.monotonic()
-        while not all(os.path.exists(f) for f in names) and time.monotonic() - t < 30:
-            time.sleep(0.01)
-
-    if r == 1:
-        # descheduled before its first read, until every peer has failed and reused its
-        # buffer
-        read = shmdirect._Reads.read
-        state = {{"slept": False}}
-        def slow_read(self, *args):
-            if not state["slept"]:
-                state["slept"] = True
-                wait_for(*[f"reused-{{k}}" for k in range(n) if k != 1])
-            return read(self, *args)
-        shmdirect._Reads.read = slow_read
-    try:
-        call()
-        print("RESULT", r, "ok", bool((out == want).all()), out[0], out[-1], flush=True)
-    except pycomm.CommError as exc:
-        send[...] = -1.0                    # the user reuses its buffer at once
-        mine = comm._slots.direct_reads.words
-        withdrawn = any(mine[p][r][2] & 3 == 1 for p in (0, 1))
-        print("RESULT", r, type(exc).__name__, withdrawn, flush=True)
-        open(f"reused-{{r}}", "w").close()
-    if r == 1:
-        open("done-1", "w").close()
-    else:
-        wait_for("done-1")                  # alive while rank 1 reads (else: ESRCH)
-"""
-
-
-@pytest.mark.parametrize("n", [2, 3])
-@pytest.mark.parametrize("collective", ["reduce_scatter_block", "allgather", "bcast"])
-def test_a_rank_that_fails_withdraws_its_block_before_a_slow_peer_reads_it(
-        launched, collective, n):
-    # as the all-reduce's test above: rank 1 is descheduled before it reads anything; the
-    # others time out waiting for it, withdraw, and reuse their buffers at once; only then
-    # does rank 1 read them: it must not return what it read
-    proc = launched["withdrawal", collective, n]
-    out = proc.stdout + proc.stderr
-    results = {}
-    for ln in proc.stdout.splitlines():
-        words = ln.split()
-        if "RESULT" in words:
-            i = words.index("RESULT")
-            results[words[i + 1]] = words[i + 2:]
-    assert sorted(results) == [str(k) for k in range(n)], out
-    # rank 1 raises (a peer's withdrawn buffer), or returns the right result: never the
-    # -1.0 of a reused buffer, or a mix
-    one = results["1"]
-    assert one[0] == "CollectiveError" or one[:2] == ["ok", "True"], one
-    for k in range(n):
-        if k != 1:      # failed (a timeout, or a peer's withdrawal) and withdrew
-            assert results[str(k)][0] in ("CommTimeoutError", "CollectiveError"), out
-            assert results[str(k)][1] == "True", out
 
 
 def _twins():

@@ -1,0 +1,226 @@
+"""pycomm.MPI on real worlds: communicators, groups and topologies.
+
+Dup/Compare/Free, Split (and UNDEFINED), Cartesian grids, group operations and the errors
+MPI names (test_communicators_groups_topologies); neighbourhood collectives on a periodic
+ring, a non-periodic grid and a distributed graph with a repeated edge; Isendrecv(_replace),
+Split_type, Idup, Create_from_group, None buffers, Ireduce_scatter, Alltoallw and
+persistent PROC_NULL requests. As in test_mpi_compat.py, each ``_rank_*`` function returns
+a list of mismatches (empty when right).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import cloudpickle
+import numpy as np
+
+from pycomm import MPI
+from test_mpi_compat import _check
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+# -- communicators, groups, topologies, errors -------------------------------------------
+
+def _rank_comms() -> list:
+    comm = MPI.COMM_WORLD
+    rank, size = comm.rank, comm.size
+    bad: list = []
+    if not (isinstance(comm, MPI.Intracomm) and isinstance(comm, MPI.Comm)):
+        bad.append("COMM_WORLD is not an Intracomm")
+    me = MPI.COMM_SELF
+    if (me.Get_size(), me.Get_rank()) != (1, 0) or me.allreduce(rank) != rank:
+        bad.append(f"rank {rank}: COMM_SELF")
+    dup = comm.Dup()
+    if dup == comm or dup.Compare(comm) != MPI.CONGRUENT or comm.Compare(comm) != MPI.IDENT:
+        bad.append(f"rank {rank}: Dup/Compare")
+    dup.Free()
+    if dup != MPI.COMM_NULL:
+        bad.append(f"rank {rank}: a freed communicator is not COMM_NULL")
+    half = comm.Split(rank % 2, -rank)
+    members = [r for r in range(size) if r % 2 == rank % 2]
+    if half.size != len(members) or half.allgather(rank) != members[::-1]:
+        bad.append(f"rank {rank}: Split gave {half.allgather(rank)}")
+    none = comm.Split(MPI.UNDEFINED if rank == 0 else 1)
+    if (rank == 0) != (none == MPI.COMM_NULL):
+        bad.append(f"rank {rank}: Split(UNDEFINED) did not give COMM_NULL")
+    # Cartesian grid over all ranks: a periodic ring of rows
+    dims = MPI.Compute_dims(size, 2)
+    cart = comm.Create_cart(dims, periods=[True, False])
+    coords = cart.Get_coords(cart.rank)
+    if cart.Get_cart_rank(coords) != cart.rank or cart.Get_topo()[0] != dims:
+        bad.append(f"rank {rank}: cart coords {coords}")
+    src, dst = cart.Shift(0, 1)
+    got = np.zeros(1)
+    cart.Sendrecv(np.array([float(cart.rank)]), dst, 0, got, src, 0)
+    _check(bad, "cart shift", got, [float(src)])
+    _, d1 = cart.Shift(1, 1)
+    if coords[1] == dims[1] - 1 and d1 != MPI.PROC_NULL:
+        bad.append(f"rank {rank}: non-periodic edge is not PROC_NULL")
+    row = cart.Sub([False, True])
+    if row.Get_size() != dims[1] or row.Get_topo()[0] != [dims[1]]:
+        bad.append(f"rank {rank}: Sub gave size {row.Get_size()}")
+    # groups
+    g = comm.Get_group()
+    evens = g.Range_incl([(0, size - 1, 2)])
+    if evens.Get_size() != (size + 1) // 2 or g.Union(MPI.GROUP_EMPTY).Compare(g) != MPI.IDENT:
+        bad.append(f"rank {rank}: group ops")
+    if g.Difference(g).Get_size() != 0 or evens.Translate_ranks([0], g) != [0]:
+        bad.append(f"rank {rank}: Difference/Translate_ranks")
+    # errors: MPI.Exception with the right class, also the pycomm class, before any byte
+    try:
+        comm.Bcast(np.zeros(1), root=size)
+    except MPI.Exception as exc:
+        if exc.Get_error_class() != MPI.ERR_ROOT or not isinstance(exc, ValueError):
+            bad.append(f"rank {rank}: bad root gave class {exc.Get_error_class()}")
+    else:
+        bad.append(f"rank {rank}: Bcast(root=size) did not raise")
+    try:
+        comm.Recv([np.zeros(2), MPI.DOUBLE], source=size)
+    except MPI.Exception as exc:
+        if exc.Get_error_class() != MPI.ERR_RANK or f"source={size}" not in str(exc):
+            bad.append(f"rank {rank}: bad source gave {exc.Get_error_class()}: {exc}")
+    else:
+        bad.append(f"rank {rank}: Recv(source=size) did not raise")
+    try:
+        comm.Send(np.zeros(1), 0.5)
+    except TypeError as exc:
+        if "dest=0.5" not in str(exc):
+            bad.append(f"rank {rank}: non-integral dest message: {exc}")
+    else:
+        bad.append(f"rank {rank}: Send(dest=0.5) did not raise")
+    try:
+        comm.Recv([np.zeros(1), MPI.DOUBLE], MPI.PROC_NULL, 0)
+    except MPI.Exception as exc:
+        bad.append(f"rank {rank}: Recv from PROC_NULL raised {exc}")
+    if comm.Get_attr(MPI.TAG_UB) < 32767 or MPI.Query_thread() not in (
+            MPI.THREAD_SINGLE, MPI.THREAD_FUNNELED, MPI.THREAD_SERIALIZED,
+            MPI.THREAD_MULTIPLE):
+        bad.append(f"rank {rank}: attributes")
+    names = comm.allgather(MPI.Get_processor_name())
+    if len(set(names)) != 1 or not names[0]:
+        bad.append(f"rank {rank}: processor names {names}")
+    return bad
+
+
+def test_communicators_groups_topologies(world_small):
+    assert world_small.run(_rank_comms) == [[]] * world_small.size
+
+
+def _rank_neighbors() -> list:
+    comm = MPI.COMM_WORLD
+    rank, size = comm.rank, comm.size
+    bad: list = []
+    # a periodic ring: both neighbours' blocks, in MPI's order (source of Shift, then dest)
+    ring = comm.Create_cart([size], periods=[True])
+    left, right = ring.Shift(0, 1)
+    got = np.full(4, -1, np.int32)
+    ring.Neighbor_allgather([np.array([rank, 10 * rank], np.int32), MPI.INT], [got, MPI.INT])
+    _check(bad, "ring allgather", got, [left, 10 * left, right, 10 * right])
+    out = np.array([100 + rank, 200 + rank], np.float64)      # to left, to right
+    got = np.zeros(2)
+    ring.Neighbor_alltoall([out, 1, MPI.DOUBLE], [got, 1, MPI.DOUBLE])
+    # from my left neighbour comes what it sent to ITS right (200 + left), and vice versa
+    _check(bad, "ring alltoall", got, [200 + left, 100 + right])
+    # a 2-D halo exchange on a non-periodic grid: edges are PROC_NULL and stay untouched
+    dims = MPI.Compute_dims(size, 2)
+    grid = comm.Create_cart(dims, periods=[False, False])
+    nbrs = grid.inedges
+    got = np.full(4, -7.0)
+    grid.Neighbor_allgather(np.array([float(rank)]), got)
+    _check(bad, "grid allgather", got,
+           [float(n) if n != MPI.PROC_NULL else -7.0 for n in nbrs])
+    if grid.neighbor_allgather(rank) != [n if n != MPI.PROC_NULL else None for n in nbrs]:
+        bad.append(f"rank {rank}: neighbor_allgather objects")
+    # a distributed graph with a repeated edge: i -> i+1 twice, i -> i+2 once
+    dst = [(rank + 1) % size, (rank + 1) % size, (rank + 2) % size]
+    src = [(rank - 1) % size, (rank - 1) % size, (rank - 2) % size]
+    g = comm.Create_dist_graph_adjacent(src, dst)
+    if g.Get_dist_neighbors()[:2] != (src, dst) or g.Get_dist_neighbors_count() != \
+            (3, 3, False):
+        bad.append(f"rank {rank}: dist graph neighbours {g.Get_dist_neighbors()}")
+    sendv = np.arange(6, dtype=np.int64) + 1000 * rank
+    recvv = np.zeros(6, np.int64)
+    g.Neighbor_alltoallv([sendv, [1, 2, 3], [0, 1, 3], MPI.INT64_T],
+                         [recvv, [1, 2, 3], [0, 1, 3], MPI.INT64_T])
+    want = np.r_[1000 * src[0] + 0, 1000 * src[1] + np.arange(1, 3),
+                 1000 * src[2] + np.arange(3, 6)]
+    _check(bad, "dist graph alltoallv", recvv, want)
+    agv = np.zeros(3, np.int64)
+    g.Neighbor_allgatherv(np.array([rank], np.int64), [agv, [1, 1, 1], None, MPI.INT64_T])
+    _check(bad, "dist graph allgatherv", agv, src)
+    return bad
+
+
+def test_neighbourhood_collectives(world_small):
+    assert world_small.run(_rank_neighbors) == [[]] * world_small.size
+
+
+def _rank_more_comm_surface() -> list:
+    comm = MPI.COMM_WORLD
+    rank, size = comm.rank, comm.size
+    right, left = (rank + 1) % size, (rank - 1) % size
+    bad: list = []
+    got = np.zeros(3, np.int32)
+    req = comm.Isendrecv([np.full(3, rank, np.int32), MPI.INT], right, 31, [got, MPI.INT],
+                         left, 31)
+    req.Wait()
+    _check(bad, "Isendrecv", got, [left] * 3)
+    x = np.full(2, float(rank))
+    comm.Isendrecv_replace(x, right, 32, left, 32).Wait()
+    _check(bad, "Isendrecv_replace", x, [float(left)] * 2)
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    if node.Get_size() != size:          # one host in these tests
+        bad.append(f"rank {rank}: Split_type gave {node.Get_size()} ranks")
+    if comm.Split_type(MPI.UNDEFINED) != MPI.COMM_NULL:
+        bad.append(f"rank {rank}: Split_type(UNDEFINED) is not COMM_NULL")
+    dup, req = comm.Idup()
+    req.Wait()
+    if dup.Compare(comm) != MPI.CONGRUENT:
+        bad.append(f"rank {rank}: Idup")
+    group = comm.Get_group()
+    made = MPI.Intracomm.Create_from_group(group)
+    if made.Get_size() != size or made.allreduce(1) != size:
+        bad.append(f"rank {rank}: Create_from_group")
+    # None where MPI would pass a zero count: the root's / every rank's own block stays
+    blocks = np.full(2 * size, -1, np.int32)
+    blocks[2 * rank:2 * rank + 2] = rank
+    comm.Allgather(None, [blocks, MPI.INT])
+    _check(bad, "Allgather(None)", blocks[2 * rank:2 * rank + 2], [rank, rank])
+    gathered = np.full(size, -1, np.int32)
+    gathered[0] = 0
+    comm.Gather(None if rank == 0 else np.array([rank], np.int32),
+                gathered if rank == 0 else None, root=0)
+    if rank == 0:
+        _check(bad, "Gather(None at root)", gathered, np.arange(size))
+    rs = np.zeros(1, np.int64)
+    comm.Ireduce_scatter(np.ones(size, np.int64), rs, [1] * size, MPI.SUM).Wait()
+    _check(bad, "Ireduce_scatter", rs, [size])
+    # Alltoallw: block j is 2 ints at byte 8*j on the send side; on the receive side the
+    # block from rank i lands in column i of a 2 x size matrix (a vector type per peer)
+    sendw = np.array([[100 * rank + j, -(100 * rank + j)] for j in range(size)], np.int32)
+    recvw = np.zeros((2, size), np.int32)
+    colw = MPI.INT.Create_vector(2, 1, size).Commit()
+    comm.Alltoallw([sendw, ([2] * size, [8 * j for j in range(size)]), [MPI.INT] * size],
+                   [recvw, [1] * size, [4 * i for i in range(size)], [colw] * size])
+    _check(bad, "Alltoallw", recvw, [[100 * i + rank for i in range(size)],
+                                     [-(100 * i + rank) for i in range(size)]])
+    preq = comm.Send_init(b"", MPI.PROC_NULL, 0)
+    if MPI.Prequest(preq) != preq or type(MPI.Prequest(preq)) is not MPI.Prequest:
+        bad.append(f"rank {rank}: a Prequest copy is not the same request")
+    preq.Start()
+    if not MPI.Request.Get_status_all([preq]) or not preq:
+        bad.append(f"rank {rank}: Get_status_all of a PROC_NULL send")
+    preq.Wait()
+    preq.Free()
+    if group.Translate_ranks([0, 0], group) != [0, 0]:
+        bad.append(f"rank {rank}: Translate_ranks with a repeated rank")
+    out = np.zeros(size, np.int64)
+    comm.Allgatherv(np.array([rank], np.int64), [out, [1] * size])
+    _check(bad, "Allgatherv", out, np.arange(size))
+    return bad
+
+
+def test_more_communicator_surface(world_small):
+    assert world_small.run(_rank_more_comm_surface) == [[]] * world_small.size
