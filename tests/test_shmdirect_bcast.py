@@ -14,7 +14,7 @@
   data everywhere; ranks that disagree on the root fail as a mismatch, never hang, and
   the communicator is usable after;
 * (a rank whose call fails withdraws its buffer, and a descheduled peer that reads it
-  after it was reused raises: test_shmdirect.py's withdrawal test, for bcast too.)
+  after it was reused raises: test_shmdirect_withdrawal.py's test, for bcast too.)
 """
 
 from __future__ import annotations

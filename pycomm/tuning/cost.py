@@ -3,7 +3,7 @@
 Each schedule in :data:`SCHEDULES` is priced as the sum of its steps in Hockney's α-β
 model with a reduction term γ, as Thakur, Rabenseifner & Gropp use it ("Optimization of
 collective communication operations in MPICH", IJHPCA 19(1), 2005): with a core per rank
-and one protocol each sum is that paper's closed form (tests/test_tune.py checks them).
+and one protocol each sum is that paper's closed form (tests/test_tune_model.py checks them).
 NCCL's tuner prices each (collective, algorithm, protocol) the same way, a latency per
 step plus bytes over a bandwidth (``src/graph/tuning.cc``); our protocols are eager and
 rendezvous. A step in which ``m`` ranks each send ``b`` bytes and reduce ``r`` costs::
