@@ -1,9 +1,11 @@
 """Turning user buffers into flat numpy views, with the checks MPI users expect.
 
-Accepted: any C-contiguous numpy array of a numeric or boolean dtype, any object exposing
-the buffer protocol (bytes, bytearray, array.array, memoryview), and mpi4py's buffer
-specifications ``[buf, datatype]`` / ``[buf, count, datatype]`` (the datatype is checked
-against the array's dtype when it is a numpy dtype or type, ignored when it is None).
+Accepted: any C-contiguous numpy array of a numeric or boolean dtype (or of records of
+numeric fields, or of opaque fixed-size items: a plain void dtype such as
+``np.dtype("V16")``, which only user ops can reduce), any object exposing the buffer
+protocol (bytes, bytearray, array.array, memoryview), and mpi4py's buffer specifications
+``[buf, datatype]`` / ``[buf, count, datatype]`` (the datatype is checked against the
+array's dtype when it is a numpy dtype or type, ignored when it is None).
 Every check runs before any byte moves and names the rank, the argument and the value.
 """
 
@@ -51,12 +53,14 @@ def as_array(obj, rank: int, arg: str, *, writable: bool = False) -> np.ndarray:
 
     Raises:
         InvalidBufferError: not a buffer, non-contiguous, read-only when written, a
-            non-numeric dtype, or a count larger than the buffer.
+            dtype other than numeric, bool, a record of numeric fields or a plain void
+            dtype, or a count larger than the buffer.
     """
     if type(obj) is np.ndarray:                     # the common case, fast
         flags = obj.flags
         if flags.c_contiguous and (flags.writeable or not writable) and \
-                (obj.dtype in _NATIVE_NUMERIC or obj.dtype.kind in _NUMERIC):
+                (obj.dtype in _NATIVE_NUMERIC or obj.dtype.kind in _NUMERIC or
+                 _opaque(obj.dtype)):
             return obj if obj.ndim == 1 else obj.reshape(-1)
     count = None
     dtype = None
@@ -87,11 +91,12 @@ def as_array(obj, rank: int, arg: str, *, writable: bool = False) -> np.ndarray:
         raise InvalidBufferError(
             f"rank {rank}: {arg} is not C-contiguous (shape {arr.shape}, strides "
             f"{arr.strides}); pass np.ascontiguousarray(...) or a contiguous slice")
-    if arr.dtype.kind not in _NUMERIC and not _numeric_record(arr.dtype):
+    if arr.dtype.kind not in _NUMERIC and not _numeric_record(arr.dtype) and \
+            not _opaque(arr.dtype):
         raise InvalidBufferError(f"rank {rank}: {arg} has dtype {arr.dtype}; only numeric "
-                                 "and bool dtypes (and records of them, for MAXLOC/MINLOC) "
-                                 "can be communicated (use the lowercase object methods for "
-                                 "Python objects)")
+                                 "and bool dtypes (and records of them, for MAXLOC/MINLOC, "
+                                 "or opaque items of a plain void dtype) can be communicated "
+                                 "(use the lowercase object methods for Python objects)")
     if writable and not arr.flags.writeable:
         raise InvalidBufferError(f"rank {rank}: {arg} is read-only but is written by this "
                                  "call")
@@ -116,6 +121,15 @@ def _numeric_record(dtype: np.dtype) -> bool:
     """A structured dtype whose fields are all numeric (MAXLOC/MINLOC value/index pairs)."""
     return dtype.fields is not None and all(
         f[0].kind in _NUMERIC and f[0].shape == () for f in dtype.fields.values())
+
+
+def _opaque(dtype: np.dtype) -> bool:
+    """A plain void dtype of fixed-size items (``V16``: no fields, no subarray). It moves
+    as raw bytes and numpy copies it as such, where a record is copied field by field,
+    several times slower: pycomm.MPI views a derived datatype's items this way so that
+    the schedules split buffers only between whole items (``pycomm.MPI.coll._items``)."""
+    return dtype.kind == "V" and dtype.fields is None and dtype.subdtype is None and \
+        dtype.itemsize > 0
 
 
 _CASTABLE = frozenset("bBhHiIlLqQnNefd?")   # buffer formats memoryview.cast understands

@@ -10,8 +10,6 @@ non-root Gather, the send buffer of a non-root Scatter) are not parsed and may b
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
 from pycomm.buffers import IN_PLACE
@@ -21,7 +19,7 @@ from .comm import Comm
 from .comm import fin as _fin
 from .exceptions import mpi_error, translate_methods
 from .msgspec import BOTTOM, Msg, as_int, message, vector_message
-from .ops import ITEM_FIELD, SUM, whole_items, with_datatype
+from .ops import SUM, whole_items, with_datatype
 from .request import Request
 
 __all__ = ["Intracomm"]
@@ -102,29 +100,35 @@ def _reducible(where: str, op, *msgs):
     op = with_datatype(op, named)
     pers = {m.per for m in msgs if isinstance(m, Msg)}
     per = pers.pop() if len(pers) == 1 and op.__dict__.get("_function") is not None else 1
-    return (whole_items(op) if per > 1 else op), per
+    basics = {m.array.dtype for m in msgs if isinstance(m, Msg)}
+    if per == 1 or len(basics) != 1:    # differing dtypes: the Communicator refuses them
+        return op, 1
+    return whole_items(op, basics.pop()), per
 
 
 def _items(m, per: int):
     """The Communicator's array of ``m``: for a user op on a derived datatype of ``per``
-    basic elements an item (``per`` > 1), viewed as one record per item, so that the
-    schedules, which split a buffer between ranks and into segments anywhere, never hand
-    the op part of an item (MPI calls it on whole items; a user op on a contiguous pair
-    of doubles got pairs cut in two, and failed or combined the wrong elements).
-    :func:`pycomm.MPI.ops.whole_items` gives the op the flat elements back."""
+    basic elements an item (``per`` > 1), viewed as one opaque item (a plain void dtype
+    of the item's size) per datatype item, so that the schedules, which split a buffer
+    between ranks and into segments anywhere, never hand the op part of an item (MPI
+    calls it on whole items). A void dtype rather than a record of ``per`` fields: numpy
+    copies records field by field, and the schedules copy buffers whole (the send buffer
+    into the receive buffer, a partial result after the op), which then cost several
+    times the flat copy. :func:`pycomm.MPI.ops.whole_items` gives the op the flat
+    elements back."""
     if m is IN_PLACE or m is None:
         return m
     a = m.array
     if per == 1:
         return a
-    return a.view(_item_dtype(a.dtype, per))
+    size = per * a.dtype.itemsize
+    item = _VOID.get(size)
+    if item is None:
+        item = _VOID[size] = np.dtype((np.void, size))
+    return a.view(item)
 
 
-@functools.lru_cache(maxsize=64)
-def _item_dtype(basic: np.dtype, per: int) -> np.dtype:
-    """A record of ``per`` scalar fields of ``basic`` (the Communicator takes records of
-    numeric scalars, not subarrays)."""
-    return np.dtype([(f"{ITEM_FIELD}{i}", basic) for i in range(per)])
+_VOID: dict = {}        # item size in bytes -> its void dtype (one per size, made once)
 
 
 @translate_methods

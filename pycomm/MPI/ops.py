@@ -51,7 +51,6 @@ __all__ = [
     "Op",
     "with_datatype",
     "whole_items",
-    "ITEM_FIELD",
 ]
 
 
@@ -172,30 +171,42 @@ def with_datatype(op: _Op, datatype) -> _Op:
     return hit
 
 
-# the fields (ITEM_FIELD0, ITEM_FIELD1, ...) of the record views that keep a derived
-# datatype's items whole (MPI/coll.py)
-ITEM_FIELD = "_mpi_item"
+def whole_items(op: _Op, basic: np.dtype) -> _Op:
+    """A copy of the user op ``op`` for buffers viewed as one opaque item per datatype
+    item (:func:`pycomm.MPI.coll._items`), of basic elements of dtype ``basic``.
 
+    The Communicator's schedules then split buffers only between items, and the copy's
+    function gets the flat ``basic`` elements of whole items, as without the view (a 1-D
+    view of the same memory: no per-item work). One copy per basic dtype, kept on the op
+    (calls are signed by the op's name, so each call must not make a new op); the copy
+    holds the function, not the op (no cycle: a dropped op is freed at once).
 
-def whole_items(op: _Op) -> _Op:
-    """A copy of the user op ``op`` for buffers viewed as one record per datatype item
-    (:func:`pycomm.MPI.coll._items`): its function gets the flat basic elements of whole
-    items, as without the view. Kept on the op (calls are signed by the op's name); the
-    copy holds the function, not the op (no cycle: a dropped op is freed at once)."""
-    hit = op.__dict__.get("_whole")
+    Args:
+        op: a user op (one with a Python function, from ``Op.Create`` or
+            :func:`with_datatype`).
+        basic: the numpy dtype of the datatype's basic elements.
+
+    Returns:
+        The op to hand the Communicator, named as ``op``.
+
+    Raises:
+        Nothing here; a call of the copy raises what ``op``'s function raises, and
+        ValueError (numpy's) for buffers whose bytes are not whole ``basic`` elements.
+    """
+    cache = op.__dict__.setdefault("_whole", {})
+    hit = cache.get(basic)
     if hit is None:
         function, nargs = op._function, op._nargs
 
         def call(invec, inoutvec):
-            basic = inoutvec.dtype.fields[ITEM_FIELD + "0"][0]
             a, b = invec.view(basic).reshape(-1), inoutvec.view(basic).reshape(-1)
-            result = function(a, b, b.dtype) if nargs == 3 else function(a, b)
+            result = function(a, b, basic) if nargs == 3 else function(a, b)
             if result is not None and result is not b:
                 b[...] = result
         call.__name__ = getattr(function, "__name__", "user")
         hit = _Op.Create(call, op.commutative)
         hit.name = op.name
-        op.__dict__["_whole"] = hit
+        cache[basic] = hit
     return hit
 
 
