@@ -271,10 +271,9 @@ class Communicator(PointToPointMethods, CollectiveMethods, ObjectMethods, GroupM
 
     # -- misc -----------------------------------------------------------------------------
     def Abort(self, errorcode: int = 1) -> None:
-        """End the whole job (MPI_Abort): every rank stops and the launcher exits with
-        ``errorcode``, as under ``mpiexec``.
+        """End the whole job (MPI_Abort): every rank stops, the job exits with ``errorcode``.
 
-        Under ``launch.py`` (and a :class:`pycomm.Pool`) this rank publishes an abort note
+        As under ``mpiexec``. Under ``launch.py`` (and a :class:`pycomm.Pool`) this rank publishes an abort note
         in the job's store (:func:`pycomm.stall.read_abort`) and stays alive, its
         connections open, while the launcher stops every rank. So no peer sees it vanish
         and reports a failure of its own: the other ranks end silently. If nothing stops
