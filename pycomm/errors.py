@@ -5,7 +5,7 @@ from __future__ import annotations
 __all__ = [
     "CommError", "ArgumentError", "InvalidBufferError", "TruncationError", "PeerError",
     "CommTimeoutError", "RemoteError", "ProtocolError", "CollectiveError",
-    "CollectiveMismatchError",
+    "CollectiveMismatchError", "ThreadLevelError",
 ]
 
 
@@ -55,6 +55,18 @@ class CollectiveMismatchError(CollectiveError):
     arguments MPI requires to agree (root, op, datatype, count); the message names both
     calls, e.g. ``rank 0 is in Bcast(root=0, float64x1000), rank 1 in Allreduce(SUM,
     float64x1000)``."""
+
+
+class ThreadLevelError(CommError):
+    """A second thread called pycomm while another thread of the same rank was waiting in a
+    blocking call: pycomm provides ``THREAD_SERIALIZED``, not ``THREAD_MULTIPLE``.
+
+    Raised in the second thread before its call changes anything; the waiting thread's
+    call goes on, and the communicator stays usable (the refused call may be made again
+    once the other thread has returned). ``pycomm.MPI`` raises it as ``MPI.Exception`` of
+    class ``MPI.ERR_OTHER``. Attributes: ``rank`` (world rank), ``holder`` and ``caller``
+    (the two threads' names).
+    """
 
 
 class ProtocolError(CommError):

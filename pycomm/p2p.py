@@ -47,6 +47,7 @@ arrived) the same steps run at once.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from transports import TransportError
@@ -103,6 +104,12 @@ class Engine(Matching, CallAborts, Waiting):
         # whole frame itself (the transport's ``direct_p2p``: send_now with ``repeats``,
         # recv_now with ``alone``); None for this rank and for other transports
         self.direct: list[Any] = [None] * size
+        # while a thread waits (pycomm.waiting, "Threads"), ``direct`` is this empty table
+        # and the filled one is kept here
+        self._direct_all = self.direct
+        self._no_direct: list[Any] = [None] * size
+        self._waiter: int | None = None   # threading.get_ident() of the thread that waits
+        self._hold_lock = threading.Lock()  # taken by that thread for its wait
         self.transports: list[Any] = []
         self.posted: list[Request] = []
         self.unexpected: list[_Unexpected] = []
@@ -146,7 +153,7 @@ class Engine(Matching, CallAborts, Waiting):
         direct = transport if getattr(transport, "direct_p2p", False) else None
         for p in peers:
             self.route[p] = transport
-            self.direct[p] = direct if p != self.rank else None
+            self._direct_all[p] = direct if p != self.rank else None
 
     def close(self) -> None:
         for t in self.transports:
@@ -165,7 +172,13 @@ class Engine(Matching, CallAborts, Waiting):
         point-to-point traffic. ``sync``: MPI's synchronous mode, rendezvous at any size,
         so the request completes only once a receive has matched (CTS or FIN came back);
         a send to this rank itself completes when a receive takes the message.
+
+        Raises:
+            ThreadLevelError: another thread of this rank is waiting in pycomm.
+            PeerError: the link to ``dest`` has failed.
         """
+        if self._waiter is not None:
+            self._check_thread()
         req = Request(self, view, ctx, dest, tag)
         req.expect = -2                 # marks a send
         if self.aborted and (ctx, tag) in self.aborted:
@@ -201,7 +214,14 @@ class Engine(Matching, CallAborts, Waiting):
         """Send a point-to-point message of at most ``eager_limit`` bytes to world rank
         ``dest`` if its transport takes the whole frame at once (True); False when nothing
         was sent and :meth:`isend` must be used (a full ring, this rank itself, a transport
-        without the capability, an abandoned call's tag)."""
+        without the capability, an abandoned call's tag).
+
+        Raises:
+            ThreadLevelError: another thread of this rank is waiting in pycomm.
+            PeerError: the link to ``dest`` has failed.
+        """
+        if self._waiter is not None:
+            self._check_thread()
         if dest == self.rank or (self.aborted and (ctx, tag) in self.aborted):
             return False
         hdr = _EAGER_HEADERS.get((ctx, tag))
@@ -222,7 +242,10 @@ class Engine(Matching, CallAborts, Waiting):
 
         Raises:
             PeerError: the link to ``source`` failed.
+            ThreadLevelError: another thread of this rank is waiting in pycomm.
         """
+        if self._waiter is not None:
+            self._check_thread()
         if self.posted or self.unexpected or self._incoming or self.outbox or \
                 source == self.rank:
             return -2
@@ -248,7 +271,13 @@ class Engine(Matching, CallAborts, Waiting):
 
         ``sig``: the collective call's signature; a message whose signature differs fails
         the receive with :class:`~pycomm.errors.CollectiveMismatchError`.
+
+        Raises:
+            ThreadLevelError: another thread of this rank is waiting in pycomm.
+            PeerError: the sender of a message already announced has died.
         """
+        if self._waiter is not None:
+            self._check_thread()
         req = Request(self, view, ctx, source, tag)
         req.sig = sig
         if self.aborted and (ctx, tag) in self.aborted:
@@ -276,7 +305,12 @@ class Engine(Matching, CallAborts, Waiting):
         return req
 
     def iprobe(self, source: int, ctx: int, tag: int) -> _Unexpected | None:
-        """The earliest arrived message that a receive (source, tag) would match, or None."""
+        """The earliest arrived message that a receive (source, tag) would match, or None.
+
+        Raises:
+            ThreadLevelError: another thread of this rank is waiting in pycomm.
+            PeerError: a link failed while making progress.
+        """
         self.progress()
         for u in self.unexpected:
             if _matches(u.ctx, u.src, u.tag, ctx, source, tag):
@@ -293,7 +327,12 @@ class Engine(Matching, CallAborts, Waiting):
 
         Returns:
             True when ``req`` was cancelled (it is then complete, ``cancelled`` set).
+
+        Raises:
+            ThreadLevelError: another thread of this rank is waiting in pycomm.
         """
+        if self._waiter is not None:
+            self._check_thread()
         if req in self.posted:
             self.posted.remove(req)
             req.cancelled = True
@@ -323,8 +362,9 @@ class Engine(Matching, CallAborts, Waiting):
     def _emit(self, peer: int, header: bytes, payload=None, req=None, quiet=False) -> None:
         """Send a frame now, or, inside a transport's delivery, once it has returned.
         ``req``: completed when the transport has taken the payload; ``quiet``: a dead
-        peer is ignored (an ABORT to a rank that died learns it nothing)."""
-        if self._polling:
+        peer is ignored (an ABORT to a rank that died learns it nothing). A thread refused
+        while another waits (an ABORT of the call it abandons) leaves it to the waiter."""
+        if self._polling or (self._waiter is not None and self._refused()):
             self.outbox.append((_SEND, peer, header, payload, req, quiet))
         else:
             self._send_frame(peer, header, payload, req, quiet)

@@ -2,7 +2,9 @@
 
 A request is created by the p2p engine (:mod:`pycomm.p2p`) or by a nonblocking
 collective (:mod:`pycomm.nbc`) and completed by whoever finishes the operation; waiting
-drives the engine's progress.
+drives the engine's progress. Waiting, testing and cancelling are calls into the engine
+like any other: while another thread of the rank waits in pycomm they raise
+:class:`pycomm.errors.ThreadLevelError` (pycomm provides ``THREAD_SERIALIZED``).
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ class Request:
             CollectiveMismatchError, CollectiveError: a nonblocking collective failed (see
                 :class:`~pycomm.comm.Communicator`).
             CommError: the sender withdrew a large message this receive had matched.
+            ThreadLevelError: another thread of this rank is waiting in pycomm.
         """
         _trace.traced("Wait", self.comm, self.tag, self.nbytes, self.peer, self.engine.wait,
                       self, timeout)
@@ -87,6 +90,7 @@ class Request:
             PeerError: a link failed while making progress.
             TruncationError, CollectiveMismatchError, CollectiveError, CommError: the completed
                 operation failed, as in :meth:`Wait`.
+            ThreadLevelError: another thread of this rank is waiting in pycomm.
         """
         if not self.done:
             self.engine.progress()
@@ -141,6 +145,7 @@ class Request:
             CollectiveMismatchError, CollectiveError: a nonblocking collective failed (see
                 :class:`~pycomm.comm.Communicator`).
             CommError: the sender withdrew a large message this receive had matched.
+            ThreadLevelError: another thread of this rank is waiting in pycomm.
         """
         self.Wait(status, timeout=timeout)
         return self.post(self.obj) if self.post is not None and not self.cancelled else None
@@ -186,6 +191,7 @@ class Request:
             CollectiveMismatchError, CollectiveError: a nonblocking collective failed (see
                 :class:`~pycomm.comm.Communicator`).
             CommError: the sender withdrew a large message this receive had matched.
+            ThreadLevelError: another thread of this rank is waiting in pycomm.
         """
         reqs = list(requests)
         if reqs:
@@ -264,6 +270,7 @@ class Request:
             CollectiveMismatchError, CollectiveError: a nonblocking collective failed (see
                 :class:`~pycomm.comm.Communicator`).
             CommError: the sender withdrew a large message this receive had matched.
+            ThreadLevelError: another thread of this rank is waiting in pycomm.
         """
         reqs = list(requests)
         if not reqs:

@@ -17,6 +17,22 @@ needs no trip through the scheduler's wake-up path, which is what a step costs w
 sleep (the measured ``wake`` of :mod:`pycomm.tuning.tune`). Only single-threaded engines yield:
 once a nonblocking collective has started the progress thread, waiting threads share the
 GIL and one sleeper slot in the transport (below), and yielding was not measured there.
+
+Threads. pycomm provides ``THREAD_SERIALIZED``: one thread of a rank at a time may be in a
+pycomm call (its own progress thread, :mod:`pycomm.nbc`, is internal). A thread that waits
+(:meth:`Waiting.wait`, ``wait_all``, ``wait_until``, in the spin as in the sleep) holds the
+engine for the wait; a second thread that then enters the engine (posting, probing,
+cancelling, driving progress, waiting) gets :class:`~pycomm.errors.ThreadLevelError` at
+once, before it changes anything, naming the rank, both threads and both calls, and the
+first thread's call goes on. Taking the engine costs only waits that wait; the engine's
+entries test one attribute. While it is held, the engine's ``direct`` table is emptied, so
+that the request-free paths of :mod:`pycomm.pt2pt`, which write to and read from a
+transport themselves, go through the engine's checked entries instead. A frame the refused
+thread must still send (the ABORT of a collective call it abandons, so that the peers do
+not wait for it) waits in ``outbox`` for the holder. Not seen: a second thread that enters
+while the first is inside pycomm but not waiting (the check is at the engine's entries, and
+a small call that needs no wait never takes the engine), nor a collective through shared-
+memory slots that completes without waiting or driving progress.
 """
 
 from __future__ import annotations
@@ -30,7 +46,7 @@ from typing import TYPE_CHECKING
 from transports import PeerLostError, TransportError
 
 from . import trace
-from .errors import CommTimeoutError, PeerError
+from .errors import CommTimeoutError, PeerError, ThreadLevelError
 
 if TYPE_CHECKING:
     from .request import Request
@@ -46,6 +62,13 @@ OFFLOADED = -3
 # in a timeout's message
 SHARED_WAIT = -4
 
+_get_ident = threading.get_ident
+_PKG_DIRS = tuple(os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep + d
+                  + os.sep for d in ("pycomm", "transports"))
+# frames of pycomm's own wrappers, which name no call (the collective wrapper's code is
+# compiled from text: its call's name is in its globals)
+_WRAPPER_FRAMES = {"call", "wrapper", "run", "traced", "generic", "guarded", "<lambda>"}
+
 
 class Waiting:
     """Progress, waits with timeouts, flush, and the switch to thread safety."""
@@ -56,7 +79,14 @@ class Waiting:
 
     # -- progress and waiting -------------------------------------------------------------
     def progress(self) -> bool:
-        """Drive every transport once; True when anything moved."""
+        """Drive every transport once; True when anything moved.
+
+        Raises:
+            PeerError: a peer died or a link failed.
+            ThreadLevelError: another thread of this rank is waiting in pycomm.
+        """
+        if self._waiter is not None:
+            self._check_thread()
         busy = False
         try:
             self._polling = True
@@ -89,59 +119,80 @@ class Waiting:
             CommTimeoutError: not complete within ``timeout`` seconds (default: engine's).
             PeerError: a peer died or a link failed while waiting.
             TruncationError: the message was larger than the receive buffer.
+            ThreadLevelError: another thread of this rank is waiting in pycomm.
         """
         if not req.done:
-            if req.expect == OFFLOADED and self._threaded:
-                self._wait_offloaded(lambda: req.done, timeout, req)
-            elif len(self.transports) == 1 and not self._threaded and not self._yield_gil:
-                # Spin on the one transport directly: a small message's latency is
-                # mostly the period of this loop.
-                poll = self.transports[0].progress
-                outbox = self.outbox
-                spin_end = _perf() + self.spin_s
-                try:
-                    if outbox:                  # left by a progress() that raised
-                        self.act()
-                    self._polling = True
-                    try:
-                        while not req.done:
-                            if poll():
-                                if outbox:
-                                    self._polling = False
-                                    self.act()
-                                    self._polling = True
-                            elif _perf() >= spin_end:
-                                break
-                    finally:
-                        self._polling = False
-                except TransportError as exc:
-                    raise self._peer_error(exc) from None
-                if not req.done:
-                    self._wait_slow(lambda: req.done, timeout, req, spin=False)
-            else:
-                self.progress()
-                if not req.done:
-                    self._wait_slow(lambda: req.done, timeout, req)
+            held = self._hold()
+            try:
+                self._wait(req, timeout)
+            finally:
+                if held:
+                    self._release()
         if req.error is not None:
             raise req.error
 
+    def _wait(self, req: "Request", timeout: float | None) -> None:
+        if req.expect == OFFLOADED and self._threaded:
+            self._wait_offloaded(lambda: req.done, timeout, req)
+        elif len(self.transports) == 1 and not self._threaded and not self._yield_gil:
+            # Spin on the one transport directly: a small message's latency is
+            # mostly the period of this loop.
+            poll = self.transports[0].progress
+            outbox = self.outbox
+            spin_end = _perf() + self.spin_s
+            try:
+                if outbox:                  # left by a progress() that raised
+                    self.act()
+                self._polling = True
+                try:
+                    while not req.done:
+                        if poll():
+                            if outbox:
+                                self._polling = False
+                                self.act()
+                                self._polling = True
+                        elif _perf() >= spin_end:
+                            break
+                finally:
+                    self._polling = False
+            except TransportError as exc:
+                raise self._peer_error(exc) from None
+            if not req.done:
+                self._wait_slow(lambda: req.done, timeout, req, spin=False)
+        else:
+            self.progress()
+            if not req.done:
+                self._wait_slow(lambda: req.done, timeout, req)
+
     def wait_all(self, reqs, timeout: float | None = None) -> None:
-        """Drive progress until every request in ``reqs`` completes (errors raised after)."""
+        """Drive progress until every request in ``reqs`` completes (errors raised after).
+
+        Raises:
+            ThreadLevelError: another thread of this rank is waiting in pycomm.
+            CommTimeoutError, PeerError, TruncationError: as :meth:`wait`.
+        """
         for r in reqs:
             if not r.done:
-                pending = [x for x in reqs if not x.done]
-                if self._threaded and all(x.expect == OFFLOADED for x in pending):
-                    self._wait_offloaded(lambda: all(x.done for x in pending), timeout,
-                                         pending[0])
-                    break
-                self.progress()
-                pending = [x for x in pending if not x.done]
-                if pending:
-                    self._wait_slow(lambda: all(x.done for x in pending), timeout, pending[0])
+                held = self._hold()
+                try:
+                    self._wait_all(reqs, timeout)
+                finally:
+                    if held:
+                        self._release()
                 break
         for r in reqs:
             if r.error is not None:
                 raise r.error
+
+    def _wait_all(self, reqs, timeout: float | None) -> None:
+        pending = [x for x in reqs if not x.done]
+        if self._threaded and all(x.expect == OFFLOADED for x in pending):
+            self._wait_offloaded(lambda: all(x.done for x in pending), timeout, pending[0])
+            return
+        self.progress()
+        pending = [x for x in pending if not x.done]
+        if pending:
+            self._wait_slow(lambda: all(x.done for x in pending), timeout, pending[0])
 
     def wait_until(self, cond, timeout: float | None = None, what: str = "operation",
                    req=None, awaits: int | None = None) -> None:
@@ -149,10 +200,20 @@ class Waiting:
         shared-memory collectives). ``req``: what a timeout or stall warning names as
         awaited (anything with ``peer``, ``tag`` and ``expect``), or None. ``awaits``: the
         world rank the wait depends on when ``req`` names none (a Probe's source), for the
-        stopped-peer check."""
+        stopped-peer check.
+
+        Raises:
+            ThreadLevelError: another thread of this rank is waiting in pycomm.
+            CommTimeoutError, PeerError: as :meth:`wait`.
+        """
         if not cond():
-            self.progress()
-            self._wait_slow(cond, timeout, req, what, awaits=awaits)
+            held = self._hold()
+            try:
+                self.progress()
+                self._wait_slow(cond, timeout, req, what, awaits=awaits)
+            finally:
+                if held:
+                    self._release()
 
     def _wait_offloaded(self, cond, timeout, req) -> None:
         """Wait for requests only the progress thread completes (nonblocking collectives).
@@ -472,6 +533,105 @@ class Waiting:
         with self._cv:
             if not cond():
                 self._cv.wait(min(slice_, 0.05))
+
+
+    # -- one thread at a time (THREAD_SERIALIZED; see the module docstring) --------------
+    def _hold(self) -> bool:
+        """Mark the engine as held by this thread for a wait; True when this call took the
+        mark (the caller then calls :meth:`_release`), False when it held it already or is
+        the progress thread, whose waits are internal.
+
+        Raises:
+            ThreadLevelError: another thread holds it.
+        """
+        me = _get_ident()
+        if me == self.offload_ident:
+            return False
+        lock = self._hold_lock
+        if not lock.acquire(False):
+            holder = self._waiter
+            if holder == me:
+                return False            # a wait inside this thread's own wait
+            # the lock is held but names no thread: its holder is taking or giving it
+            # up; wait that out
+            if holder is not None or not lock.acquire(timeout=0.05):
+                raise self._second_thread(me)
+        self._waiter = me
+        self.direct = self._no_direct   # pt2pt's request-free paths: through the checks
+        return True
+
+    def _release(self) -> None:
+        if self.outbox and not self._polling:
+            # what a refused thread left to send (an ABORT), sent now rather than at this
+            # thread's next progress, which may be long in coming
+            try:
+                self.act()
+            except TransportError:
+                pass                    # the next progress reports the dead peer
+        self._waiter = None
+        self.direct = self._direct_all
+        self._hold_lock.release()
+
+    def _check_thread(self) -> None:
+        """Raise if another thread holds the engine (an entry point's check, made only
+        while some thread holds it)."""
+        if self._refused():
+            raise self._second_thread(_get_ident())
+
+    def _refused(self) -> bool:
+        """Whether this thread is one that :meth:`_check_thread` refuses now."""
+        holder = self._waiter
+        me = _get_ident()
+        return holder is not None and holder != me and me != self.offload_ident
+
+    def _second_thread(self, me: int) -> "ThreadLevelError":
+        """The error for thread ``me``, which entered the engine while another waits."""
+        holder = self._waiter
+        threads = {t.ident: t.name for t in threading.enumerate()}
+        mine = threads.get(me, f"#{me}")
+        theirs = threads.get(holder, f"#{holder}") if holder is not None else "another"
+        frame = sys._current_frames().get(holder) if holder is not None else None
+        held_in = _api_call(frame) if frame is not None else None
+        if held_in is None:
+            call = trace.current(False)
+            held_in = trace.describe_call(call) if call is not None else "a blocking call"
+        calling = _api_call(sys._getframe(1)) or "pycomm"
+        err = ThreadLevelError(
+            f"rank {self.rank}: thread {mine!r} called {calling} while thread {theirs!r} "
+            f"is waiting in {held_in}: pycomm provides THREAD_SERIALIZED (MPI."
+            "Query_thread()), one thread of a rank in pycomm at a time, not "
+            "THREAD_MULTIPLE; nothing of this call was done here, the waiting call goes "
+            "on, and this one may be made again once it has returned")
+        err.rank, err.holder, err.caller = self.rank, theirs, mine
+        return err
+
+
+def _api_call(frame) -> str | None:
+    """The pycomm call (as the program made it) that ``frame``'s thread is in, e.g.
+    ``Recv(source=1, tag=7) on pycomm.COMM_WORLD``: the outermost frame of pycomm's code
+    that names a call, with its rank and tag arguments; None outside pycomm."""
+    frames = []
+    while frame is not None:
+        code = frame.f_code
+        if code.co_filename.startswith(_PKG_DIRS) or \
+                code.co_filename == "<pycomm collective wrapper>":
+            frames.append(frame)
+        elif frames:
+            break                       # the program's code that called pycomm
+        frame = frame.f_back
+    for f in reversed(frames):
+        name = f.f_code.co_name
+        if name == "wrapper" and "blocking_name" in f.f_globals:
+            name = f.f_globals["blocking_name"]
+        elif name in _WRAPPER_FRAMES or name.startswith("_"):
+            continue
+        loc = f.f_locals
+        args = ", ".join(f"{k}={loc[k]!r}" for k in ("dest", "source", "root", "tag")
+                         if isinstance(loc.get(k), int))
+        comm = getattr(loc.get("self"), "name", None)
+        where = f" on {comm}" if isinstance(comm, str) else ""
+        return f"{name}({args}){where}"
+    return None
 
 
 def _locked(lock, fn):

@@ -245,8 +245,22 @@ def Init() -> None:
 
 
 def Init_thread(required: int = THREAD_MULTIPLE) -> int:
-    """Init, and return the thread level provided: ``THREAD_SERIALIZED`` at most (one
-    thread at a time may call pycomm; its own progress thread is internal)."""
+    """Init, and return the thread level provided: ``THREAD_SERIALIZED`` at most.
+
+    One thread of a rank at a time may call pycomm (its own progress thread is internal).
+    A thread that calls it while another thread of the rank waits in a blocking call gets
+    ``MPI.Exception`` (class ``ERR_OTHER``, a :class:`pycomm.errors.ThreadLevelError`)
+    at once, naming both threads and both calls; the waiting call goes on.
+
+    Args:
+        required: the thread level asked for (``THREAD_MULTIPLE``, mpi4py's default).
+
+    Returns:
+        int: ``min(required, THREAD_SERIALIZED)``.
+
+    Raises:
+        CommError: the world cannot be created (see ``pycomm.init``).
+    """
     _pycomm.init()
     _exitnote.arm()
     _state["thread_level"] = min(int(required), THREAD_SERIALIZED)
@@ -254,7 +268,12 @@ def Init_thread(required: int = THREAD_MULTIPLE) -> int:
 
 
 def Query_thread() -> int:
-    """The thread level provided (``THREAD_SERIALIZED`` unless ``Init_thread`` asked less)."""
+    """The thread level provided (``THREAD_SERIALIZED`` unless ``Init_thread`` asked less;
+    see :func:`Init_thread` for what a second thread gets).
+
+    Returns:
+        int: ``THREAD_SINGLE`` .. ``THREAD_SERIALIZED``.
+    """
     return _state["thread_level"]
 
 
