@@ -22,7 +22,7 @@ from .comm import TAG_UB, Communicator, Status
 from .groups import COMM_NULL, CONGRUENT, IDENT, SIMILAR, UNDEFINED, UNEQUAL, Group
 from .errors import (ArgumentError, CollectiveError, CollectiveMismatchError, CommError,
                      CommTimeoutError, InvalidBufferError, PeerError, ProtocolError,
-                     RemoteError, TruncationError)
+                     RemoteError, ThreadLevelError, TruncationError)
 from .ops import (BAND, BOR, BXOR, DOUBLE_INT, FLOAT_INT, INT_INT, LAND, LONG_INT, LOR, LXOR,
                   MAX, MAXLOC, MIN, MINLOC, PROD, SUM, Op)
 from .p2p import ANY_SOURCE, ANY_TAG, PROC_NULL, Request
@@ -38,7 +38,7 @@ __all__ = [
     "ANY_SOURCE", "ANY_TAG", "PROC_NULL", "TAG_UB", "algorithms", "CommError",
     "ArgumentError", "InvalidBufferError", "TruncationError", "PeerError",
     "CommTimeoutError", "ProtocolError", "RemoteError", "CollectiveError",
-    "CollectiveMismatchError", "__version__", "Group", "COMM_NULL",
+    "CollectiveMismatchError", "ThreadLevelError", "__version__", "Group", "COMM_NULL",
     "UNDEFINED", "IDENT", "CONGRUENT", "SIMILAR", "UNEQUAL",
 ]
 
