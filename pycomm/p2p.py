@@ -58,6 +58,7 @@ from .matching import ANY_SOURCE, ANY_TAG, Matching, _matches, _Unexpected
 from .rendezvous import Rendezvous
 from .signature import empty_match
 from .request import Request
+from .threadlevel import SerializedThreads
 from .waiting import SHARED_WAIT, Waiting, default_spin_seconds, default_yield_seconds
 from .wire import _EAGER_HEADERS, EAGER, RTS, _eager_header, _pack
 
@@ -78,7 +79,7 @@ def null_request(engine: "Engine") -> Request:
     return req
 
 
-class Engine(Matching, CallAborts, Waiting):
+class Engine(Matching, CallAborts, Waiting, SerializedThreads):
     """Matching and protocol engine for one process (one per world).
 
     Args:
