@@ -55,6 +55,7 @@ __all__ = ["NodeAgent", "global_rank"]
 
 _POLL_S = 0.1           # seconds between checks of the local ranks and the abort key
 _DONE_WAIT_S = 3600.0   # longest node 0 keeps the store for the others without --timeout
+_READ_WAIT_S = 5.0      # longest node 0 keeps the store for the others to read an abort
 
 
 def global_rank(node: int, local: int, nnodes: int, nproc: int, placement: str) -> int:
@@ -233,7 +234,9 @@ class NodeAgent:
                 if aborted is not None:
                     log(f"rank {aborted[0]} called Abort({aborted[1]}); stopping the "
                         f"{len(self._running())} running ranks of this node")
+                    self._client.add(self._key + "aborted#", 1)
                     self.stop()
+                    self._keep_store_until_all_read("aborted#")
                     return aborted[1]
                 if not self._running():
                     return self._finish(log)
@@ -243,6 +246,17 @@ class NodeAgent:
                 "stopping this node's ranks")
             self.stop()
             return 1
+
+    def _keep_store_until_all_read(self, counter: str) -> None:
+        """Node 0 hosts the store: it waits (at most ``_READ_WAIT_S``) until every agent has
+        counted itself under ``counter``, so that none loses the store before it has read
+        why the job ends (it would then say so and exit 1, not with the job's code)."""
+        if self.node_rank != 0:
+            return
+        deadline = time.monotonic() + _READ_WAIT_S
+        while self._client.add(self._key + counter, 0) < self.nnodes and \
+                time.monotonic() < deadline:
+            time.sleep(_POLL_S / 2)
 
     def _finish(self, log: Callable[[str], None]) -> int:
         """This node's ranks all exited 0: say so; node 0 waits for the others to finish."""
