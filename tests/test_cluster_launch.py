@@ -141,3 +141,35 @@ def test_multi_node_shape_errors_are_usage_errors(opts, message, capsys):
     assert exc.value.code == 2
     assert message in capsys.readouterr().err
 
+
+
+# -- a failure on the node that hosts the store --------------------------------------------
+FAILING_APP = """\
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+comm.Barrier()
+if comm.rank == 0:
+    raise RuntimeError("rank 0 fails")
+comm.Barrier()
+"""
+
+
+@pytest.mark.usefixtures("no_shared_world")
+def test_every_agent_names_a_failure_on_the_node_that_hosts_the_store(tmp_path):
+    """Node 0 keeps the store up until node 1 has read why the job ends: without that,
+    node 1 lost the store first in about half the runs and said only that."""
+    app = tmp_path / "app.py"
+    app.write_text(FAILING_APP)
+    for _ in range(3):
+        port = _free_port()
+        nodes = [subprocess.Popen(_node_argv(k, port, (), [str(app)]), cwd=str(ROOT),
+                                  env=clean_env(PYCOMM_JOB_TOKEN="failing-node"),
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for k in (0, 1)]
+        outs = [node.communicate(timeout=90)[1] for node in nodes]
+        for node, err in zip(nodes, outs):
+            assert node.returncode == 1, err
+            assert re.search(r"^pycomm.launch\[.+\]: job failed: rank 0 on host .+ \(node 0\) "
+                             r"failed: rank 0 \(pid \d+\) exited with code 1; stopping the",
+                             err, re.M), err
+            assert "lost the job's store" not in err

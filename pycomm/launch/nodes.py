@@ -16,6 +16,7 @@ prefixed output, /dev/shm swept at the end) and meets the others through the sto
   rank, how it ended — under ``nodes/<job>/abort``; every agent polls that key every
   :data:`_POLL_S` seconds, so every node prints the same line naming the failing host and
   rank and stops its ranks (SIGTERM, SIGKILL after ``PYCOMM_KILL_GRACE``) within a second;
+  node 0 keeps the store up until every agent has read why the job ends (at most 5 s);
 * an agent whose ranks all exited 0 says so; node 0 keeps the store up until every node has
   (or a failure, or ``--timeout``), so no rank loses the store while it still needs it;
 * a rank that calls ``Comm.Abort(code)`` publishes an abort note (:mod:`pycomm.stall`) and
@@ -55,7 +56,7 @@ __all__ = ["NodeAgent", "global_rank"]
 
 _POLL_S = 0.1           # seconds between checks of the local ranks and the abort key
 _DONE_WAIT_S = 3600.0   # longest node 0 keeps the store for the others without --timeout
-_READ_WAIT_S = 5.0      # longest node 0 keeps the store for the others to read an abort
+_READ_WAIT_S = 5.0      # longest node 0 keeps the store for the others to read a failure
 
 
 def global_rank(node: int, local: int, nnodes: int, nproc: int, placement: str) -> int:
@@ -215,28 +216,26 @@ class NodeAgent:
                 if sig is not None:
                     log(f"got {signal.Signals(sig).name}; stopping this node's ranks")
                     self._publish_failure(RankExit(self.ranks[0], os.getpid(), 128 + sig))
-                    self.stop(sig)
+                    self._ending(lambda: self.stop(sig))
                     return 128 + sig
                 failure = self._failed()
                 if failure is not None:
                     verdict = self._publish_failure(failure)
                     log(f"job failed: {verdict}; stopping the {len(self._running())} "
                         "running ranks of this node")
-                    self.stop()
+                    self._ending(self.stop)
                     return failure.exit_code
                 said = self._abort_said()
                 if said is not None:
                     log(f"job failed: {said}; stopping the {len(self._running())} running "
                         "ranks of this node")
-                    self.stop()
+                    self._ending(self.stop)
                     return 1
                 aborted = stall.read_abort(self._client, self.job_id)
                 if aborted is not None:
                     log(f"rank {aborted[0]} called Abort({aborted[1]}); stopping the "
                         f"{len(self._running())} running ranks of this node")
-                    self._client.add(self._key + "aborted#", 1)
-                    self.stop()
-                    self._keep_store_until_all_read("aborted#")
+                    self._ending(self.stop)
                     return aborted[1]
                 if not self._running():
                     return self._finish(log)
@@ -247,14 +246,17 @@ class NodeAgent:
             self.stop()
             return 1
 
-    def _keep_store_until_all_read(self, counter: str) -> None:
-        """Node 0 hosts the store: it waits (at most ``_READ_WAIT_S``) until every agent has
-        counted itself under ``counter``, so that none loses the store before it has read
-        why the job ends (it would then say so and exit 1, not with the job's code)."""
+    def _ending(self, stop: Callable[[], None]) -> None:
+        """This agent knows why the job ends: count it under ``ending#``, stop this node's
+        ranks, and on node 0, which hosts the store, keep it up (at most ``_READ_WAIT_S``)
+        until every agent has counted itself, so that none loses the store before it has
+        read why (it would then say it lost the store and exit 1, whatever the reason)."""
+        self._client.add(self._key + "ending#", 1)
+        stop()
         if self.node_rank != 0:
             return
         deadline = time.monotonic() + _READ_WAIT_S
-        while self._client.add(self._key + counter, 0) < self.nnodes and \
+        while self._client.add(self._key + "ending#", 0) < self.nnodes and \
                 time.monotonic() < deadline:
             time.sleep(_POLL_S / 2)
 
