@@ -27,91 +27,16 @@ import weakref as _weakref
 
 from .. import MPI
 from ..MPI import ANY_SOURCE, ANY_TAG, PROC_NULL, ROOT, Pickle, Status, _comm_lock
+# Pickle, _BigMPI and _bigmpi: mpi4py's names, which its own tests use through this module
+from ._pkl5parts import (_alloc, _BigMPI, _bigmpi, _complete, _complete_all, _dumps, _HEADER,
+                          _header, _HEADER_ITEM, _loads, _mrecv, _mrecv_parts, _plain_recv,
+                          _recv, _recv_parts, _send, _send_parts, _unpack, pickle)
 
 __all__ = ["Comm", "Intercomm", "Intracomm", "Message", "Request", "pickle"]
 
-pickle = Pickle()
-
-_HEADER = MPI.INT64_T                               # the header's element type
-_HEADER_ITEM = _struct.calcsize("q")
-_MAX_COUNT = (1 << 63) - 1 if MPI.Get_version() >= (4, 0) else (1 << 31) - 1
-
-
-# -- parts and headers ------------------------------------------------------------------
-
-def _dumps(obj):
-    data, bufs = pickle.dumps_oob(obj)
-    return data, list(bufs)
-
-
-def _loads(data, bufs):
-    return pickle.loads_oob(data, bufs)
-
-
-class _BigMPI:
-    """Buffer specs of the parts of one object. A part over ``blocksize`` bytes is sent
-    as one element of a contiguous type of its size (made once per size and freed on
-    leaving the ``with`` block). ``pkl5._bigmpi`` is the instance in use."""
-
-    blocksize = _MAX_COUNT
-
-    def __init__(self):
-        self.cache = {}
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        for datatype in self.cache.values():
-            datatype.Free()
-        self.cache.clear()
-
-    def __call__(self, buf):
-        view = memoryview(buf)
-        nbytes = view.nbytes
-        if nbytes <= self.blocksize:
-            return (view, nbytes, MPI.BYTE)
-        whole = self.cache.get(nbytes)
-        if whole is None:
-            whole = self.cache[nbytes] = MPI.BYTE.Create_contiguous(nbytes).Commit()
-        return (view, 1, whole)
-
-
-_bigmpi = _BigMPI()
-
-
-def _header(data, bufs):
-    lengths = [len(memoryview(data).cast("B"))]
-    lengths += [memoryview(buf).nbytes for buf in bufs]
-    return bytearray(_struct.pack(f"{len(lengths)}q", *lengths))
-
-
-def _unpack(header):
-    return list(_struct.unpack(f"{len(header) // _HEADER_ITEM}q", header))
-
-
-def _alloc(nbytes):
-    return MPI.buffer.allocate(nbytes)
 
 
 # -- point to point ---------------------------------------------------------------------
-
-def _send_parts(comm, send, data, bufs, dest, tag):
-    """Send the header and the parts with ``send(comm, spec, dest, tag)``."""
-    send(comm, (_header(data, bufs), _HEADER), dest, tag)
-    with _bigmpi as part:
-        send(comm, part(data), dest, tag)
-        for buf in bufs:
-            send(comm, part(buf), dest, tag)
-
-
-def _send(comm, send, obj, dest, tag):
-    if dest == PROC_NULL:
-        send(comm, (None, 0, MPI.BYTE), dest, tag)
-        return
-    data, bufs = _dumps(obj)
-    with _comm_lock(comm, "send"):
-        _send_parts(comm, send, data, bufs, dest, tag)
 
 
 def _isend(comm, isend, obj, dest, tag):
@@ -119,44 +44,6 @@ def _isend(comm, isend, obj, dest, tag):
     _send(comm, lambda c, spec, d, t: requests.append(isend(c, spec, d, t)),
           obj, dest, tag)
     return Request(requests)
-
-
-def _recv_parts(comm, recv, buf, source, tag, status=None):
-    """Probe and receive one object's header and parts; return ``(data, bufs)``."""
-    if status is None:
-        status = Status()
-    MPI.Comm.Probe(comm, source, tag, status)
-    source, tag = status.Get_source(), status.Get_tag()
-    header = bytearray(status.Get_elements(_HEADER) * _HEADER_ITEM)
-    MPI.Comm.Recv(comm, (header, _HEADER), source, tag, status)
-    lengths = _unpack(header)
-    data = None
-    if buf is not None:                             # the caller's buffer, if large enough
-        view = memoryview(buf).cast("B")
-        if len(view) >= lengths[0]:
-            data = view[:lengths[0]]
-    if data is None:
-        data = _alloc(lengths[0])
-    bufs = [_alloc(n) for n in lengths[1:]]
-    with _bigmpi as part:
-        recv(comm, part(data), source, tag)
-        for rbuf in bufs:
-            recv(comm, part(rbuf), source, tag)
-    status.Set_elements(MPI.BYTE, sum(lengths))
-    return data, bufs
-
-
-def _recv(comm, recv, buf, source, tag, status):
-    if source == PROC_NULL:
-        recv(comm, (None, 0, MPI.BYTE), source, tag, status)
-        return None
-    with _comm_lock(comm, "recv"):
-        data, bufs = _recv_parts(comm, recv, buf, source, tag, status)
-    return _loads(data, bufs)
-
-
-def _plain_recv(comm, spec, source, tag):
-    MPI.Comm.Recv(comm, spec, source, tag)
 
 
 # -- matched probe ----------------------------------------------------------------------
@@ -180,31 +67,6 @@ def _mprobe(comm, mprobe, source, tag, status):
         return Message(messages)
 
 
-def _mrecv_parts(message, mrecv, status=None):
-    """Receive the parts of a matched message with ``mrecv(msg, spec)``."""
-    if message[0] == MPI.MESSAGE_NO_PROC:
-        MPI.Message.Recv(message[0], (bytearray(0), _HEADER), status)
-        mrecv(MPI.MESSAGE_NO_PROC, (None, 0, MPI.BYTE))
-        data, bufs = _dumps(None)
-        return bytearray(data), bufs
-    header = bytearray((len(message) - 1) * _HEADER_ITEM)
-    MPI.Message.Recv(message[0], (header, _HEADER), status)
-    lengths = _unpack(header)
-    data = _alloc(lengths[0])
-    bufs = [_alloc(n) for n in lengths[1:]]
-    with _bigmpi as part:
-        for msg, buf in zip(message[1:], [data, *bufs]):
-            mrecv(msg, part(buf))
-    if status is not None:
-        status.Set_elements(MPI.BYTE, sum(lengths))
-    return data, bufs
-
-
-def _mrecv(message, status):
-    data, bufs = _mrecv_parts(message, MPI.Message.Recv, status)
-    return _loads(data, bufs)
-
-
 def _imrecv(message):
     requests = []
     data, bufs = _mrecv_parts(
@@ -215,34 +77,6 @@ def _imrecv(message):
 
 
 # -- requests ---------------------------------------------------------------------------
-
-def _load(request):
-    """The object a completed :class:`Request` of ``Message.irecv`` received, else None."""
-    parts = request.__dict__.pop("_parts", None)
-    if parts is None:
-        return None
-    if request != MPI.REQUEST_NULL:                 # pragma: no cover (not completed)
-        request._parts = parts
-        return None
-    return _loads(*parts)
-
-
-def _complete(request, test, status):
-    done = test(list(request), None if status is None else [status] * len(request))
-    return (True, _load(request)) if done else (False, None)
-
-
-def _complete_all(requests, test, statuses):
-    if isinstance(statuses, list):
-        statuses.extend(Status() for _ in range(len(requests) - len(statuses)))
-    flat = [req for request in requests for req in request]
-    flat_statuses = None
-    if statuses is not None:
-        flat_statuses = [sts for request, sts in zip(requests, statuses)
-                         for _ in request]
-    if test(flat, flat_statuses):
-        return True, [_load(request) for request in requests]
-    return False, None
 
 
 # -- collectives ------------------------------------------------------------------------
