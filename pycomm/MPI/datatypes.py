@@ -354,7 +354,8 @@ class Datatype:
     @classmethod
     def Create_struct(cls, blocklengths, displacements, datatypes) -> Datatype:
         """Blocks of ``blocklengths[i]`` items of ``datatypes[i]`` at ``displacements[i]``
-        bytes (mixed types: such a type packs to bytes and supports no reduction)."""
+        bytes (mixed types: such a type packs to bytes and supports no reduction); the
+        extent is padded to the strictest alignment of its basic types, as in MPICH."""
         blens = _ints(blocklengths, "blocklengths", "Create_struct")
         disps = _ints(displacements, "displacements", "Create_struct")
         from .predefined import to_datatype
@@ -365,7 +366,16 @@ class Datatype:
         if (blens < 0).any():
             raise _err(f"Create_struct: blocklengths must be >= 0, got {blens.tolist()}")
         parts = [(Offsets([d], [b], t.extent), t) for b, d, t in zip(blens, disps, types)]
-        return cls._compose(parts, COMBINER_STRUCT)
+        out = cls._compose(parts, COMBINER_STRUCT)
+        # The standard's epsilon: the extent rounds up to the strictest alignment of the
+        # basic types, so that items lie as a C compiler lays out an array of the struct
+        # (MPICH and Open MPI do, a part made by Create_resized included; mpi4py's dtlib
+        # relies on it).
+        align = max((d.alignment for d in out._dtypes), default=1)
+        extent = out._ub - out._lb
+        if extent % align:
+            out = out._resized(out._lb, extent + (-extent) % align, COMBINER_STRUCT)
+        return out
 
     def Create_subarray(self, sizes, subsizes, starts, order: int = ORDER_C) -> Datatype:
         """The ``subsizes`` block at ``starts`` of a ``sizes`` array of this type, in C
