@@ -89,7 +89,8 @@ def _assert_one_world(done: subprocess.CompletedProcess) -> None:
         [[str(r), "3", "True", "1", f"{r}/3", "shm"] for r in range(3)], done.stdout
     job = {g[6] for g in got}
     assert len(job) == 1, got               # one world, not three worlds of one
-    left = [f for f in os.listdir("/dev/shm") if f.startswith(f"pycomm-{job.pop()}-")]
+    prefix = f"pycomm-{job.pop()}-"
+    left = [f for f in os.listdir("/dev/shm") if f.startswith(prefix)]
     assert not left, f"/dev/shm still holds {left}"
 
 
