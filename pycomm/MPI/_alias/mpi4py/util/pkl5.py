@@ -279,24 +279,25 @@ def _alltoall(comm, objs):
 
 # -- public classes ---------------------------------------------------------------------
 
-class Request(tuple):
-    """The requests of one object's parts, completed together."""
+class _Parts(tuple):
+    """The handles of one object's parts (``_handle``: their MPI class, ``_null``: the
+    null handle); equal to the same handles, or to a handle all of them match."""
 
-    def __new__(cls, request=None):
-        """A request of the given ``MPI.Request`` (or sequence of them); REQUEST_NULL
-        by default."""
-        if request is None:
-            request = (MPI.REQUEST_NULL,)
-        elif isinstance(request, MPI.Request):
-            request = (request,)
-        return super().__new__(cls, request)
+    _handle = _null = None
+
+    def __new__(cls, handles=None):
+        if handles is None:
+            handles = (cls._null,)
+        elif isinstance(handles, cls._handle):
+            handles = (handles,)
+        return super().__new__(cls, handles)
 
     def __eq__(self, other):
-        """Equal to a Request of the same requests, or to an MPI.Request all match."""
-        if isinstance(other, Request):
+        """Equal to a group of the same handles, or to a handle all of them match."""
+        if isinstance(other, type(self)):
             return tuple(self) == tuple(other)
-        if isinstance(other, MPI.Request):
-            return all(req == other for req in self)
+        if isinstance(other, self._handle):
+            return all(h == other for h in self)
         return NotImplemented
 
     def __ne__(self, other):
@@ -307,8 +308,18 @@ class Request(tuple):
     __hash__ = tuple.__hash__
 
     def __bool__(self):
-        """True while any of the requests is not null."""
-        return any(bool(req) for req in self)
+        """True while any of the handles is not null."""
+        return any(bool(h) for h in self)
+
+
+class Request(_Parts):
+    """The requests of one object's parts, completed together: ``Request(request=None)``
+    takes an ``MPI.Request`` or a sequence of them (REQUEST_NULL by default)."""
+
+    _handle, _null = MPI.Request, MPI.REQUEST_NULL
+
+    def __new__(cls, request=None):
+        return super().__new__(cls, request)
 
     def Free(self) -> None:  # noqa: N802
         """Free the requests."""
@@ -357,36 +368,15 @@ class Request(tuple):
         return _complete_all(requests, MPI.Request.Waitall, statuses)[1]
 
 
-class Message(tuple):
-    """The matched messages of one object's parts (from ``mprobe``/``improbe``)."""
+class Message(_Parts):
+    """The matched messages of one object's parts (from ``mprobe``/``improbe``):
+    ``Message(message=None)`` takes an ``MPI.Message`` or a sequence of them
+    (MESSAGE_NULL by default)."""
+
+    _handle, _null = MPI.Message, MPI.MESSAGE_NULL
 
     def __new__(cls, message=None):
-        """A message of the given ``MPI.Message`` (or sequence of them); MESSAGE_NULL
-        by default."""
-        if message is None:
-            message = (MPI.MESSAGE_NULL,)
-        elif isinstance(message, MPI.Message):
-            message = (message,)
         return super().__new__(cls, message)
-
-    def __eq__(self, other):
-        """Equal to a Message of the same messages, or to an MPI.Message all match."""
-        if isinstance(other, Message):
-            return tuple(self) == tuple(other)
-        if isinstance(other, MPI.Message):
-            return all(msg == other for msg in self)
-        return NotImplemented
-
-    def __ne__(self, other):
-        """Negation of ``==``."""
-        result = self.__eq__(other)
-        return result if result is NotImplemented else not result
-
-    __hash__ = tuple.__hash__
-
-    def __bool__(self):
-        """True while any of the messages is not null."""
-        return any(bool(msg) for msg in self)
 
     def free(self) -> None:
         """Free the messages (nothing to do for matched messages)."""
