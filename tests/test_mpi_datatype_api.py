@@ -2,7 +2,7 @@
 and Unpack, Reduce_local and user ops (mpi4py's limit of live user ops, the named datatype
 they are told), Op handles and their pickling, vector specs with integer counts and bare
 buffers, envelopes, contents, decode and pickled derived types, MPI 4.1's types and
-queries, and the cached plan of strided specs against the general path.
+queries, ``MPI._typealign``, and the cached plan of strided specs against the general path.
 """
 
 from __future__ import annotations
@@ -119,6 +119,26 @@ def test_envelope_contents_decode_and_pickle_rebuild_derived_types():
     assert err.value.Get_error_class() == MPI.ERR_ARG
     with pytest.raises(NotImplementedError, match="external32"):
         MPI.INT.Pack_external("external32", np.zeros(1, np.int32), bytearray(4), 0)
+
+
+# MPI._typealign as mpi4py 4.1.2 on MPICH 5.0.2 (x86-64) answers it
+_ALIGNMENTS = {
+    "SHORT_INT": 4, "TWOINT": 4, "LONG_INT": 8, "FLOAT_INT": 4, "DOUBLE_INT": 8,
+    "LONG_DOUBLE_INT": 16, "C_BOOL": 1, "CHAR": 1, "SHORT": 2, "INT": 4, "LONG": 8,
+    "FLOAT": 4, "DOUBLE": 8, "LONG_DOUBLE": 16, "C_FLOAT_COMPLEX": 4, "C_DOUBLE_COMPLEX": 8,
+    "C_LONG_DOUBLE_COMPLEX": 16, "BYTE": 1, "PACKED": 1, "AINT": 8, "OFFSET": 8, "COUNT": 8,
+    "WCHAR": 4, "INT8_T": 1, "UINT64_T": 8, "DATATYPE_NULL": None}
+
+
+def test_typealign_answers_as_mpi4py_on_mpich():
+    assert {name: MPI._typealign(getattr(MPI, name)) for name in _ALIGNMENTS} == _ALIGNMENTS
+    # derived types have none, except a Dup of a basic type; F90 REAL(6, 30) is REAL4
+    assert MPI._typealign(MPI.INT.Create_contiguous(2)) is None
+    assert MPI._typealign(MPI.Datatype.Create_struct([1], [0], [MPI.DOUBLE])) is None
+    assert MPI._typealign(MPI.DOUBLE.Create_resized(0, 16)) is None
+    assert MPI._typealign(MPI.DOUBLE_INT.Dup()) is None
+    assert MPI._typealign(MPI.DOUBLE.Dup().Dup()) == 8
+    assert MPI._typealign(MPI.Datatype.Create_f90_real(6, 30)) == 4
 
 
 def test_mpi41_types_queries_and_handles():

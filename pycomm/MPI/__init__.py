@@ -100,6 +100,7 @@ from .ops import (
     Op,
 )
 from .predefined import PREDEFINED
+from .typequery import typealign as _typealign
 from .request import REQUEST_NULL, Prequest, Request, Status
 from .win import WIN_NULL, Win
 from . import surface as _surface

@@ -20,12 +20,24 @@ from .datatypes import (DATATYPE_NULL, TYPECLASS_COMPLEX, TYPECLASS_INTEGER, TYP
                         TYPECLASS_REAL, Datatype)
 from .exceptions import mpi_error
 
-__all__ = ["create_f90_complex", "create_f90_integer", "create_f90_real",
+__all__ = ["create_f90_complex", "typealign", "create_f90_integer", "create_f90_real",
            "get_value_index", "match_size"]
 
 _KINDS = {TYPECLASS_INTEGER: "INTEGER", TYPECLASS_REAL: "REAL", TYPECLASS_COMPLEX: "COMPLEX",
           TYPECLASS_LOGICAL: "LOGICAL"}
 _PAIRS = ("SHORT", "INT", "LONG", "FLOAT", "DOUBLE", "LONG_DOUBLE")
+
+
+def typealign(datatype: Datatype) -> int | None:
+    """The alignment in bytes of a predefined datatype as the C compiler lays it out (the
+    strictest member's for a value/index pair such as ``DOUBLE_INT``), or None for a
+    derived type, ``DATATYPE_NULL`` or a predefined type with no numpy equivalent
+    (mpi4py's private ``MPI._typealign``, which ``mpi4py.util.dtlib`` calls). A ``Dup``
+    of a basic type has the basic type's alignment, as in mpi4py on MPICH."""
+    basic = datatype.typechar not in ("", "V")
+    if not (basic or datatype.is_predefined) or len(datatype._dtypes) != 1:
+        return None
+    return datatype._dtypes[0].alignment
 
 
 def match_size(typeclass: int, size: int) -> Datatype:

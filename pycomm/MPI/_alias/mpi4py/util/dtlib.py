@@ -19,8 +19,7 @@ try:
 except ImportError:                                 # pragma: no cover
     _np_dtype = None
 # ``_np_dtype`` (the converter of the results, None: plain specs) may be replaced, as in
-# mpi4py; the alignments are read from NumPy's dtypes when NumPy is installed at all
-_numpy_dtype = _np_dtype
+# mpi4py
 
 __all__ = ["from_numpy_dtype", "to_numpy_dtype"]
 
@@ -48,44 +47,7 @@ def _pair_of(datatype):
 
 def _alignment(datatype):
     """The alignment of a predefined datatype in bytes (None when unknown)."""
-    code = _code(datatype)
-    if code is not None:
-        return _code_alignment(code, datatype.extent)
-    first = _pair_of(datatype)
-    if first is not None:
-        member = getattr(MPI, first)
-        return max(_code_alignment(_code(member), member.extent),
-                   _code_alignment("i", MPI.INT.extent))
-    return None
-
-
-def _code_alignment(code, extent):
-    if _numpy_dtype is not None:
-        return _numpy_dtype(code).alignment
-    if code in "FDG" or code.startswith("c"):       # pragma: no cover  (no NumPy)
-        extent //= 2
-    return min(extent, 16) or 1                     # pragma: no cover
-
-
-def _type_alignment(datatype):
-    """The largest alignment of the predefined types that make up ``datatype``."""
-    if datatype.is_predefined:
-        return _alignment(datatype) or 1
-    combiner = datatype.combiner
-    if combiner in (MPI.COMBINER_F90_INTEGER, MPI.COMBINER_F90_REAL,
-                    MPI.COMBINER_F90_COMPLEX):
-        return _code_alignment(_code(datatype), datatype.extent)
-    base, _, info = datatype.decode()
-    members = info["datatypes"] if combiner == MPI.COMBINER_STRUCT else [base]
-    return max(map(_type_alignment, members), default=1)
-
-
-def _struct_extent(datatype):
-    """The extent of a struct type as MPI pads it: rounded up to its largest alignment
-    (pycomm's ``Create_struct`` leaves the padding out)."""
-    extent = datatype.extent
-    align = _type_alignment(datatype)
-    return -(-extent // align) * align
+    return MPI._typealign(datatype)                 # noqa: SLF001  (as mpi4py's dtlib)
 
 
 def _aligned(datatype, offset=0):
@@ -209,8 +171,6 @@ def to_numpy_dtype(datatype):
 
     aligned = True
     itemsize = datatype.extent
-    if combiner == MPI.COMBINER_STRUCT:
-        itemsize = _struct_extent(datatype)
     if combiner == MPI.COMBINER_RESIZED and base.combiner == MPI.COMBINER_STRUCT:
         aligned = _aligned(base, info["extent"])
         combiner = MPI.COMBINER_STRUCT
