@@ -273,12 +273,12 @@ class Communicator(PointToPointMethods, CollectiveMethods, ObjectMethods, GroupM
     def Abort(self, errorcode: int = 1) -> None:
         """End the whole job (MPI_Abort): every rank stops, the job exits with ``errorcode``.
 
-        As under ``mpiexec``. Under ``launch.py`` (and a :class:`pycomm.Pool`) this rank publishes an abort note
-        in the job's store (:func:`pycomm.stall.read_abort`) and stays alive, its
-        connections open, while the launcher stops every rank. So no peer sees it vanish
-        and reports a failure of its own: the other ranks end silently. If nothing stops
-        it within ``_ABORT_WAIT_S`` seconds (no launcher reads the note), or there is no
-        store (a world of one, ``mpiexec``), it exits by itself with ``errorcode``.
+        As under ``mpiexec``. Under ``launch.py`` (and a :class:`pycomm.Pool`) this rank
+        publishes an abort note in the job's store (:func:`pycomm.stall.read_abort`) and
+        stays alive, its connections open, while the launcher stops every rank. So no peer
+        sees it vanish and reports a failure of its own: the other ranks end silently. If
+        nothing stops it within ``_ABORT_WAIT_S`` seconds (no launcher reads the note), or
+        there is no store (a world of one, ``mpiexec``), it exits by itself.
 
         Args:
             errorcode: the job's exit status (default 1; taken modulo 256).
@@ -293,6 +293,6 @@ class Communicator(PointToPointMethods, CollectiveMethods, ObjectMethods, GroupM
         sys.stderr.write(f"pycomm: rank {self.rank} called Abort({errorcode})\n")
         sys.stderr.flush()
         inspector = getattr(self._engine, "_inspector", None)
-        if inspector is not None and inspector.report_abort(int(errorcode) & 0xFF):
+        if inspector is not None and inspector.report_abort(int(errorcode)):
             time.sleep(_ABORT_WAIT_S)
-        os._exit(errorcode)
+        os._exit(int(errorcode) & 0xFF)

@@ -9,10 +9,10 @@ condition (:meth:`SerializedThreads.notify`).
 pycomm provides ``THREAD_SERIALIZED``: one thread of a rank at a time may be in a pycomm
 call (its own progress thread, :mod:`pycomm.nbc`, is internal). A thread that waits
 (:meth:`pycomm.waiting.Waiting.wait`, ``wait_all``, ``wait_until``, in the spin as in the
-sleep) holds the engine for the wait; a second thread that then enters the engine (posting, probing,
-cancelling, driving progress, waiting) gets :class:`~pycomm.errors.ThreadLevelError` at
-once, before it changes anything, naming the rank, both threads and both calls, and the
-first thread's call goes on. Taking the engine costs only waits that wait; the engine's
+sleep) holds the engine for the wait; a second thread that then enters the engine (posting,
+probing, cancelling, driving progress, waiting) gets
+:class:`~pycomm.errors.ThreadLevelError` at once, before it changes anything, naming the
+rank, both threads and both calls, and the first thread's call goes on. Taking the engine costs only waits that wait; the engine's
 entries test one attribute. While it is held, the engine's ``direct`` table is emptied, so
 that the request-free paths of :mod:`pycomm.pt2pt`, which write to and read from a
 transport themselves, go through the engine's checked entries instead. A frame the refused

@@ -42,6 +42,9 @@ __all__ = ["Waiting", "OFFLOADED", "available_cores", "default_spin_seconds",
 
 _perf = time.perf_counter
 _LIVENESS_S = 0.25
+# How long a timed-out wait on a nonblocking collective waits for the progress thread that
+# has just left the collective to post its outcome (an error that names the call).
+_ENDING_GRACE_S = 0.5
 # Request.expect of a nonblocking collective: only the progress thread completes it.
 OFFLOADED = -3
 # Request.expect of a wait on a peer's shared-memory word (pycomm.shmcoll's slots): named so
@@ -208,7 +211,8 @@ class Waiting:
         collective's request with the error.
 
         Raises:
-            CommTimeoutError: not complete within ``timeout`` seconds (default: engine's).
+            CommTimeoutError: not complete within ``timeout`` seconds (default: engine's),
+                or ``_ENDING_GRACE_S`` later when the progress thread had just left the call.
         """
         limit = self.timeout if timeout is None else timeout
         deadline = _perf() + limit
@@ -216,6 +220,11 @@ class Waiting:
             while not cond():
                 left = deadline - _perf()
                 if left <= 0:
+                    if trace.current(True) is None and self._done_cv.wait_for(
+                            cond, _ENDING_GRACE_S):
+                        # the progress thread had just left its call, and its outcome (an
+                        # error naming the call, from the same limit) was on its way
+                        return
                     raise self._offloaded_timeout(limit)
                 self._done_cv.wait(min(left, _LIVENESS_S))
 

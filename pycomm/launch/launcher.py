@@ -303,15 +303,16 @@ class RankGroup:
                 log(f"got {signal.Signals(sig).name}; forwarding it to {others} running ranks")
                 self.stop(sig)
                 return 128 + sig
-            aborted = stall.parse_abort(self.store.peek(stall.key(self.job_id, "abort")))
+            aborted = self.abort_note()
             if aborted is not None:
                 # Comm.Abort: the rank waits, alive, until it is stopped with the others,
-                # so no peer reports it gone; the job ends with its code (mpiexec's rule).
+                # so no peer reports it gone; the job ends with its code (mpiexec's rule),
+                # modulo 256 as a process's exit status is.
                 rank, code = aborted
                 log(f"rank {rank} called Abort({code}); stopping all {len(self.running())} "
                     "running ranks")
                 self.stop()
-                return code
+                return code & 0xFF
             failure = self.poll()
             if failure is not None:
                 why = self._blame(failure)
@@ -324,6 +325,11 @@ class RankGroup:
             time.sleep(_POLL_S)
 
     # -- after a failure: who caused it, and the survivors' last words ---------------------
+    def abort_note(self) -> tuple[int, int] | None:
+        """The ``(rank, code)`` of a rank's ``Comm.Abort``, or None: read from the store's
+        own table, with no round trip (:func:`pycomm.stall.parse_abort`)."""
+        return stall.parse_abort(self.store.peek(stall.key(self.job_id, "abort")))
+
     def _store_client(self) -> StoreClient | None:
         if self._client is None:
             try:

@@ -236,7 +236,7 @@ class NodeAgent:
                     log(f"rank {aborted[0]} called Abort({aborted[1]}); stopping the "
                         f"{len(self._running())} running ranks of this node")
                     self._ending(self.stop)
-                    return aborted[1]
+                    return aborted[1] & 0xFF
                 if not self._running():
                     return self._finish(log)
                 time.sleep(_POLL_S)

@@ -54,8 +54,7 @@ import msgpack
 from pycomm import config
 from pycomm.errors import CommError, CommTimeoutError, PeerError, RemoteError
 from pycomm.launch.launcher import RankGroup
-from pycomm.stall import ask_positions, parse_abort, summarize
-from pycomm.stall import key as stall_key
+from pycomm.stall import ask_positions, summarize
 from pycomm.launch.store_client import StoreClient
 
 __all__ = ["Pool", "spawn"]
@@ -208,7 +207,7 @@ class Pool:
             raise PeerError(message, peer=dead.rank)
 
     def _check_aborted(self, what: str) -> None:
-        aborted = parse_abort(self._group.store.peek(stall_key(self._group.job_id, "abort")))
+        aborted = self._group.abort_note()
         if aborted is not None:
             message = f"rank {aborted[0]} called Abort({aborted[1]}) during {what}; the " \
                       "pool is stopped"
