@@ -103,6 +103,7 @@ from .predefined import PREDEFINED
 from .typequery import typealign as _typealign
 from .request import REQUEST_NULL, Prequest, Request, Status
 from .win import WIN_NULL, Win
+from . import keyvals as _keyvals
 from . import surface as _surface
 from .session import SESSION_NULL, Session
 from .handles import install as _install_handles
@@ -412,6 +413,7 @@ def Get_abi_version() -> tuple[int, int]:
     return -1, -1
 
 
+_keyvals.install({"Comm": Comm, "Datatype": Datatype, "Win": Win})
 _surface.install(globals())
 
 

@@ -19,6 +19,7 @@ from pycomm.groups import UNDEFINED
 from pycomm.p2p import ANY_SOURCE, ANY_TAG
 
 from .exceptions import last_used_code, mpi_error, translate_methods
+from .keyvals import check_keyval, copy_attrs, delete_attr, free_attrs, set_attr, user_attr
 from .membuf import BSEND
 from .msgspec import Msg, as_int, message
 from .objects import ObjectMethods
@@ -153,8 +154,6 @@ class Comm(ObjectMethods):
         """Predefined attributes: ``TAG_UB``, ``HOST``, ``IO``, ``WTIME_IS_GLOBAL``,
         ``UNIVERSE_SIZE``, ``APPNUM``, ``LASTUSEDCODE``; user keys set by Set_attr."""
         from pycomm.comm import TAG_UB
-
-        from .info import check_keyval
         self._inner("Get_attr")
         check_keyval(keyval, "Comm.Get_attr")
         fixed = {KEYVAL_TAG_UB: TAG_UB, KEYVAL_HOST: -1, KEYVAL_IO: ANY_SOURCE,
@@ -164,17 +163,28 @@ class Comm(ObjectMethods):
             return self.Get_size()
         if keyval in fixed:
             return fixed[keyval]
-        return self._attrs.get(keyval)
+        return user_attr("Comm", self._attrs, keyval, "Comm.Get_attr")
 
     def Set_attr(self, keyval: int, attrval) -> None:
-        from .info import check_keyval
+        """Cache ``attrval`` under ``keyval``, a key of ``Comm.Create_keyval`` (a value
+        already there is deleted first: :mod:`pycomm.MPI.keyvals`).
+
+        Raises:
+            MPI.Exception: ERR_COMM (COMM_NULL), ERR_KEYVAL (a predefined, unknown or
+                freed key), ERR_OTHER (the delete callback raised).
+        """
         self._inner("Set_attr")
-        self._attrs[check_keyval(keyval, "Comm.Set_attr")] = attrval
+        set_attr("Comm", self, self._attrs, keyval, attrval, "Comm.Set_attr")
 
     def Delete_attr(self, keyval: int) -> None:
-        from .info import check_keyval
+        """Remove the value cached under ``keyval`` (its key's delete callback runs).
+
+        Raises:
+            MPI.Exception: ERR_COMM (COMM_NULL), ERR_KEYVAL (a predefined or unknown key),
+                ERR_OTHER (the delete callback raised).
+        """
         self._inner("Delete_attr")
-        self._attrs.pop(check_keyval(keyval, "Comm.Delete_attr"), None)
+        delete_attr("Comm", self, self._attrs, keyval, "Comm.Delete_attr")
 
     def Get_errhandler(self):
         from . import default_errhandler
@@ -202,9 +212,17 @@ class Comm(ObjectMethods):
 
     # -- communicator management ----------------------------------------------------------
     def Dup(self, info=None) -> Comm:
-        """A new communicator with the same group and a fresh context (collective)."""
-        out = type(self)._wrap(self._inner("Dup").Dup())
+        """A new communicator with the same group and a fresh context (collective), with
+        the error handler and the attributes the keys' copy callbacks give it.
+
+        Raises:
+            MPI.Exception: ERR_COMM (COMM_NULL), ERR_OTHER (a copy callback raised).
+        """
+        inner = self._inner("Dup")
+        attrs = copy_attrs(self, self._attrs, "Comm.Dup")
+        out = type(self)._wrap(inner.Dup())
         out._errhandler = self._errhandler          # MPI_Comm_dup keeps the handler
+        out._attrs.update(attrs)
         return out
 
     Clone = Dup
@@ -282,13 +300,20 @@ class Comm(ObjectMethods):
     def Free(self) -> None:
         """Release the communicator; the handle becomes ``COMM_NULL``.
 
+        Its attributes are deleted first (their keys' delete callbacks run).
+
         Raises:
-            MPI.Exception (ERR_COMM): COMM_NULL, COMM_WORLD or COMM_SELF.
+            MPI.Exception: ERR_COMM (COMM_NULL, COMM_WORLD or COMM_SELF), ERR_OTHER (an
+                attribute callback raised; the communicator is freed all the same).
         """
         if self._name in ("MPI_COMM_WORLD", "MPI_COMM_SELF"):
             raise mpi_error(CommError, "ERR_COMM", f"Free: {self._name} cannot be freed")
-        self._inner("Free").Free()
-        self._c = None
+        inner = self._inner("Free")
+        try:
+            free_attrs(self, self._attrs, "Comm.Free")
+        finally:
+            inner.Free()
+            self._c = None
 
     def Split(self, color: int = 0, key: int = 0) -> Comm:
         """Partition by ``color`` (``UNDEFINED``: get COMM_NULL), order by ``key``."""

@@ -32,6 +32,7 @@ import numpy as np
 from pycomm.errors import ArgumentError
 
 from .exceptions import mpi_error, translate_methods
+from .keyvals import copy_attrs, free_attrs, type_attrs
 from .plans import _int, _ints, _nonneg
 from .typemap import Offsets, TypeMap, data_size
 
@@ -245,32 +246,47 @@ class Datatype:
         return self
 
     def Free(self) -> None:
-        """Release a derived type; using it afterwards raises. Predefined types cannot be
-        freed (ArgumentError, as MPI_ERR_TYPE)."""
+        """Release a derived type; using it afterwards raises. Its attributes are deleted
+        first (their keys' delete callbacks run: :mod:`pycomm.MPI.keyvals`).
+
+        Raises:
+            MPI.Exception: ERR_TYPE (a predefined type cannot be freed), ERR_OTHER (an
+                attribute callback raised; the type is freed all the same).
+        """
         if self._predefined:
             raise _err(f"Datatype.Free: {self._name} is predefined and cannot be "
                                 "freed")
-        self._freed = True
+        try:                            # the callbacks see the type still alive
+            free_attrs(self, type_attrs(self), "Datatype.Free")
+        finally:
+            self._freed = True
 
     def Dup(self) -> Datatype:
-        """A committed copy with the same typemap (``MPI_Type_dup``)."""
+        """A committed copy with the same typemap (``MPI_Type_dup``), with the attributes
+        the keys' copy callbacks give it.
+
+        Raises:
+            MPI.Exception: ERR_TYPE (freed or null), ERR_OTHER (a copy callback raised).
+        """
         self._check_usable("Dup")
+        attrs = copy_attrs(self, type_attrs(self), "Datatype.Dup")
         out = Datatype._make(self._data.alias(), self._lb, self._ub, combiner=COMBINER_DUP,
                              code=self._code, size=self._size)
         out._committed, out._name = self._committed, self._name
+        type_attrs(out).update(attrs)
         return out
 
     Create_dup = Dup
 
     def __eq__(self, other) -> bool:
         """Same handle: the same object or a ``Datatype(other)`` copy of it (``Dup``
-        makes a new handle)."""
+        makes a new handle); a freed handle is ``DATATYPE_NULL``, as in mpi4py."""
         if not isinstance(other, Datatype):
             return NotImplemented
-        return self is other or self._data is other._data
+        return self is other or self._data is other._data or (not self and not other)
 
     def __hash__(self) -> int:
-        return id(self._data)
+        return id(self._data if self else DATATYPE_NULL._data)
 
     def __bool__(self) -> bool:
         return self._data is not DATATYPE_NULL._data and not self._freed
@@ -491,7 +507,5 @@ DATATYPE_NULL = Datatype._make(TypeMap.leaf([], [], []), 0, 0, name="MPI_DATATYP
                                predefined=True)
 
 from .decode import install as _install
-from .info import install_type_attrs as _install_attrs
 
 _install(Datatype)
-_install_attrs(Datatype)

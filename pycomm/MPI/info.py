@@ -1,37 +1,21 @@
-"""``MPI.Info`` (key/value hints) and attribute caching on datatypes.
+"""``MPI.Info`` (key/value hints).
 
 An :class:`Info` is a handle to a dict of string keys and values: ``Info.Create()`` makes
 one, ``Info(other)`` is a second handle to the same dict, ``INFO_NULL`` is the null
 handle (false; every call on it is ``ERR_INFO``) and ``INFO_ENV`` the predefined one.
 It is also a mapping (``info[key]``, ``len``, ``in``, ``items()``...), as in mpi4py.
-pycomm reads no hints. ``KEYVAL_INVALID`` in ``Get_attr``/``Set_attr``/``Delete_attr``
-is ``ERR_KEYVAL``.
+pycomm reads no hints. (Attribute caching, with ``KEYVAL_INVALID``, is
+:mod:`pycomm.MPI.keyvals`.)
 """
 
 from __future__ import annotations
 
-import weakref
-
 from pycomm.errors import ArgumentError
 
 from .exceptions import mpi_error, translate_methods
+from .keyvals import KEYVAL_INVALID
 
-__all__ = ["INFO_ENV", "INFO_NULL", "KEYVAL_INVALID", "Info", "check_keyval",
-           "install_type_attrs"]
-
-KEYVAL_INVALID = -1
-
-
-def check_keyval(keyval, call: str) -> int:
-    """``keyval`` as an int.
-
-    Raises:
-        MPI.Exception (ERR_KEYVAL): ``KEYVAL_INVALID``.
-    """
-    if keyval == KEYVAL_INVALID:
-        raise mpi_error(ArgumentError, "ERR_KEYVAL", f"{call}: KEYVAL_INVALID is not a key")
-    return int(keyval)
-
+__all__ = ["INFO_ENV", "INFO_NULL", "KEYVAL_INVALID", "Info"]
 
 @translate_methods
 class Info:
@@ -183,31 +167,3 @@ class Info:
 
 INFO_NULL = Info()
 INFO_ENV = Info.Create()
-
-# datatype -> its attributes; keyed by identity (equal datatypes are distinct handles)
-_TYPE_ATTRS: dict[int, dict] = {}
-
-
-def _type_attrs(dt) -> dict:
-    key = id(dt)
-    if key not in _TYPE_ATTRS:
-        _TYPE_ATTRS[key] = {}
-        weakref.finalize(dt, _TYPE_ATTRS.pop, key, None)
-    return _TYPE_ATTRS[key]
-
-
-def install_type_attrs(Datatype: type) -> None:
-    """Give ``Datatype`` ``Get_attr``/``Set_attr``/``Delete_attr`` (user attributes; no
-    predefined keys apply to datatypes)."""
-    def Get_attr(self, keyval: int):
-        """The attribute stored under ``keyval``, or None."""
-        return _type_attrs(self).get(check_keyval(keyval, "Datatype.Get_attr"))
-
-    def Set_attr(self, keyval: int, attrval) -> None:
-        _type_attrs(self)[check_keyval(keyval, "Datatype.Set_attr")] = attrval
-
-    def Delete_attr(self, keyval: int) -> None:
-        _type_attrs(self).pop(check_keyval(keyval, "Datatype.Delete_attr"), None)
-
-    for fn in (Get_attr, Set_attr, Delete_attr):
-        setattr(Datatype, fn.__name__, fn)

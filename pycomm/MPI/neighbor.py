@@ -28,6 +28,7 @@ from pycomm.p2p import PROC_NULL
 
 from .coll import Intracomm
 from .exceptions import mpi_error, translate_methods
+from .keyvals import copy_attrs
 from .msgspec import as_int, message, vector_message
 
 __all__ = ["CART", "DIST_GRAPH", "GRAPH", "TOPOLOGIES", "UNWEIGHTED", "Distgraphcomm",
@@ -95,8 +96,12 @@ class Topocomm(Intracomm):
     def Dup(self, info=None) -> Topocomm:
         """A duplicate with the same topology (collective)."""
         t = self._topo()
-        out = type(self)._wrap(self._inner("Dup").Dup())
+        inner = self._inner("Dup")
+        attrs = copy_attrs(self, self._attrs, "Comm.Dup")
+        out = type(self)._wrap(inner.Dup())
         TOPOLOGIES[out._c] = t.copy()
+        out._errhandler = self._errhandler
+        out._attrs.update(attrs)
         return out
 
     Clone = Dup

@@ -6,7 +6,7 @@ Installed by :mod:`pycomm.MPI` once every class exists:
   collective again);
 * what pycomm does not offer raises ``NotImplementedError`` naming the feature
   (persistent and nonblocking neighbourhood collectives, fault tolerance, partitioned
-  communication, ``Join``, ``Spawn_multiple``, user error handlers and keyvals);
+  communication, ``Join``, ``Spawn_multiple``, user error handlers);
 * ``MPI.Comm`` has the collectives of ``MPI.Intracomm``, as mpi4py's base class does
   (a ``Comm`` handle of an intra-communicator, ``Comm.fromhandle(...)``, can call them);
 * small aliases and conveniences: ``free()`` on every handle (frees a non-null one),
@@ -40,7 +40,6 @@ _NOT_OFFERED = {
     "MPI_Comm_join": ["Join"],
     "dynamic process management (MPI_Comm_spawn_multiple)": ["Spawn_multiple"],
     "user-defined error handlers": ["Create_errhandler"],
-    "attribute keyvals (Create_keyval)": ["Create_keyval", "Free_keyval"],
 }
 _PARTITIONED = ["Pready", "Pready_list", "Pready_range", "Parrived"]
 
@@ -104,8 +103,6 @@ def install(ns: dict) -> None:
                 if name == "Create_errhandler" or cls is not ns["Session"]:
                     if not hasattr(cls, name):
                         setattr(cls, name, _stub(cls.__name__, name, what))
-    ns["Datatype"].Free_keyval = classmethod(_stub("Datatype", "Free_keyval",
-                                                   "attribute keyvals (Create_keyval)"))
     ns["Intercomm"].Create_from_groups = classmethod(_stub(
         "Intercomm", "Create_from_groups", "inter-communicators"))
     ns["Status"].py2f = _stub("Status", "py2f", "Fortran handles")

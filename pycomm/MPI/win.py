@@ -39,7 +39,7 @@ import numpy as np
 from pycomm.errors import ArgumentError
 
 from .exceptions import ErrhandlerMethods, mpi_error, translate_methods
-from .info import check_keyval
+from .keyvals import check_keyval, delete_attr, free_attrs, set_attr, user_attr
 from .msgspec import BOTTOM, _raw, as_int
 from .winops import FLAVOR_CREATE, FLAVOR_SHARED, SEPARATE, UNIFIED, RMA
 
@@ -173,15 +173,19 @@ class Win(RMA, ErrhandlerMethods):
 
     def Free(self) -> None:
         """Free the window (collective); a ``Create`` window's buffer gets the last
-        updates of the public copy first."""
+        updates of the public copy first, and its attributes are deleted (their keys'
+        delete callbacks run)."""
         s = self._state("Free")
-        self._reconcile(s)
-        s["comm"].Barrier()             # nobody accesses the memory any more
-        self._reconcile(s)
-        for t in s["targets"]:
-            t.close()
-        s["comm"].Free()
-        self._s = None
+        try:
+            free_attrs(self, s["attrs"], "Win.Free")
+        finally:                        # collective: the other ranks free it regardless
+            self._reconcile(s)
+            s["comm"].Barrier()         # nobody accesses the memory any more
+            self._reconcile(s)
+            for t in s["targets"]:
+                t.close()
+            s["comm"].Free()
+            self._s = None
 
     def __eq__(self, other) -> bool:
         return isinstance(other, Win) and self._s is other._s
@@ -234,13 +238,28 @@ class Win(RMA, ErrhandlerMethods):
         builtin = {WIN_SIZE: me.size, WIN_DISP_UNIT: me.disp_unit,
                    WIN_CREATE_FLAVOR: s["flavor"],
                    WIN_MODEL: UNIFIED if s["flavor"] == FLAVOR_SHARED else SEPARATE}
-        return builtin[keyval] if keyval in builtin else s["attrs"].get(keyval)
+        if keyval in builtin:
+            return builtin[keyval]
+        return user_attr("Win", s["attrs"], keyval, "Win.Get_attr")
 
     def Set_attr(self, keyval: int, attrval) -> None:
-        self._state("Set_attr")["attrs"][check_keyval(keyval, "Win.Set_attr")] = attrval
+        """Cache ``attrval`` under ``keyval``, a key of ``Win.Create_keyval``.
+
+        Raises:
+            MPI.Exception: ERR_WIN (WIN_NULL), ERR_KEYVAL (a predefined, unknown or freed
+                key), ERR_OTHER (the delete callback of a replaced value raised).
+        """
+        s = self._state("Set_attr")
+        set_attr("Win", self, s["attrs"], keyval, attrval, "Win.Set_attr")
 
     def Delete_attr(self, keyval: int) -> None:
-        self._state("Delete_attr")["attrs"].pop(check_keyval(keyval, "Win.Delete_attr"), None)
+        """Remove the value cached under ``keyval`` (its key's delete callback runs).
+
+        Raises:
+            MPI.Exception: ERR_WIN, ERR_KEYVAL, ERR_OTHER (as :meth:`Set_attr`).
+        """
+        s = self._state("Delete_attr")
+        delete_attr("Win", self, s["attrs"], keyval, "Win.Delete_attr")
 
     @property
     def attrs(self) -> tuple[int, int, int]:
