@@ -20,7 +20,6 @@ the feature. One-sided windows (``MPI.Win``) are shared memory, for ranks on one
 from __future__ import annotations
 
 import os as _os
-import pickle as _pickle
 import socket as _socket
 import threading as _threading
 
@@ -28,8 +27,6 @@ import pycomm as _pycomm
 from pycomm.buffers import IN_PLACE
 from pycomm.errors import ArgumentError
 from pycomm.groups import UNDEFINED
-from pycomm.objects import dumps as _dumps
-from pycomm.objects import loads as _loads
 from pycomm.p2p import ANY_SOURCE, ANY_TAG, PROC_NULL
 
 from . import datatypes as _datatypes
@@ -81,6 +78,8 @@ from .graph import Graphcomm
 from .neighbor import UNWEIGHTED, WEIGHTS_EMPTY, Distgraphcomm, Topocomm
 from .objects import comm_lock as _comm_lock
 from .objects import comm_lock_table as _comm_lock_table
+from . import pickler as _pickler
+from .pickler import Pickle, pickle
 from .ops import (
     BAND,
     BOR,
@@ -186,20 +185,6 @@ ERRORS_ABORT = Errhandler("MPI_ERRORS_ABORT")
 
 
 
-class Pickle:
-    """``MPI.pickle``: the serializer of the object methods (``dumps``/``loads``,
-    ``PROTOCOL``). pycomm's object methods use :func:`pycomm.objects.dumps` (pickle,
-    cloudpickle as fallback); replacing these attributes does not change them."""
-
-    PROTOCOL = 5
-    THRESHOLD = 262144
-
-    def __init__(self, dumps=_dumps, loads=_loads, protocol: int | None = None):
-        self.dumps, self.loads = dumps, loads
-        self.PROTOCOL = _pickle.HIGHEST_PROTOCOL if protocol is None else protocol
-
-
-pickle = Pickle()
 
 # -- environment ------------------------------------------------------------------------
 _install_handles(Comm, Group, Datatype, Op, Request, Message, Info, Session, Errhandler,
@@ -214,10 +199,8 @@ def _configure(options: dict) -> None:
     """Take ``mpi4py.rc``'s options (:func:`pycomm.MPI.rcopts.read`) and the pickle
     environment (``MPI4PY_PICKLE_PROTOCOL``/``_THRESHOLD``) as ``import mpi4py.MPI`` does."""
     _state["errors"] = options["errors"]
-    for name in ("PROTOCOL", "THRESHOLD"):
-        value = _os.environ.get(f"MPI4PY_PICKLE_{name}")
-        if value is not None:
-            setattr(pickle, name, int(value))
+    _pickler.configure(*(int(v) if v is not None else None for v in (
+        _os.environ.get("MPI4PY_PICKLE_PROTOCOL"), _os.environ.get("MPI4PY_PICKLE_THRESHOLD"))))
 
 
 def _set_abort_status(status: int) -> None:

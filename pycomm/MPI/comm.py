@@ -23,7 +23,7 @@ from .keyvals import check_keyval, copy_attrs, delete_attr, free_attrs, set_attr
 from .membuf import BSEND
 from .msgspec import Msg, as_int, message
 from .objects import ObjectMethods
-from .request import Prequest, Request, Status
+from .request import Prequest, Request, Status, completed
 
 __all__ = ["BSEND", "Comm", "fin"]
 
@@ -383,13 +383,14 @@ class Comm(ObjectMethods):
     Irsend = Isend
 
     def Ibsend(self, buf, dest: int, tag: int = 0) -> Request:
-        """Buffered nonblocking send of a private copy (complete at once for the caller)."""
+        """Buffered nonblocking send of a private copy: a live request, complete at once
+        (``buf`` is free again), to ``PROC_NULL`` too, as MPICH's."""
         c = self._inner("Ibsend")
         m = message(buf, f"rank {c.rank}: Ibsend", "buf", writable=False)
         inner = c.Isend(m.array.copy(), as_int(dest, "dest", "Ibsend"),
                         as_int(tag, "tag", "Ibsend"))
         BSEND.add(inner)
-        return Request()
+        return completed(c._engine)
 
     def Irecv(self, buf, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
         """Post a receive into ``buf``; valid after the request completes."""

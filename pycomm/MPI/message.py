@@ -10,30 +10,40 @@ overtake each other, so the earliest message from that source with that tag is t
 probed (for a single thread; under ``THREAD_SERIALIZED`` no other thread receives in
 between). ``Message.Recv`` then copies the bytes into the user's buffer (one extra copy;
 a buffer too small is ``ERR_TRUNCATE``).
+
+As in MPI (and mpi4py over MPICH), receiving a message makes it ``MESSAGE_NULL``, a
+message of a probe of ``PROC_NULL`` (``MESSAGE_NO_PROC``) included; the predefined
+``MESSAGE_NO_PROC`` itself stays as it is. ``Irecv``/``irecv`` return a live request,
+complete at once (the bytes are here), whose ``Wait`` fills the status with the message's
+source, tag and count (``PROC_NULL``, ``ANY_TAG`` and 0 for ``MESSAGE_NO_PROC``) and
+raises ``ERR_TRUNCATE`` when the buffer was too small, as ``MPI_Imrecv`` does.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+import pycomm as _pycomm
 from pycomm.errors import ArgumentError, TruncationError
 from pycomm.objects import loads
 from pycomm.p2p import ANY_TAG, PROC_NULL
 
 from .exceptions import mpi_error, translate_methods
 from .msgspec import message
-from .request import Request, Status
+from .request import Request, Status, completed
 
 __all__ = ["MESSAGE_NO_PROC", "MESSAGE_NULL", "Message", "matched_probe"]
+
+_NOTHING = np.empty(0, np.uint8)
 
 
 @translate_methods
 class Message:
     """A message taken by a matched probe (mpi4py's ``MPI.Message``); receive it once with
     ``Recv``/``Irecv`` (buffers) or ``recv``/``irecv`` (objects). ``Message()`` is
-    ``MESSAGE_NULL``."""
+    ``MESSAGE_NULL``; ``Message(message)`` is another handle of ``message``."""
 
-    __slots__ = ("_data", "_noproc", "_source", "_tag")
+    __slots__ = ("_data", "_engine", "_noproc", "_source", "_tag")
 
     def __init__(self, message: Message | None = None):
         src = message if isinstance(message, Message) else None
@@ -41,6 +51,7 @@ class Message:
         self._source = PROC_NULL if src is None else src._source
         self._tag = ANY_TAG if src is None else src._tag
         self._noproc = False if src is None else src._noproc
+        self._engine = None if src is None else src._engine
 
     def __bool__(self) -> bool:
         return self._data is not None or self._noproc
@@ -53,46 +64,86 @@ class Message:
     def __hash__(self) -> int:
         return id(self._data)
 
-    def _take(self, status) -> np.ndarray:
+    def _take(self, status) -> tuple[np.ndarray, int, int]:
+        """The message's bytes, source and tag (fills ``status``); the message becomes
+        ``MESSAGE_NULL`` unless it is the predefined ``MESSAGE_NO_PROC``."""
         if not self:
             raise mpi_error(ArgumentError, "ERR_REQUEST",
                             "Message: MESSAGE_NULL cannot be received")
-        data = self._data if self._data is not None else np.empty(0, np.uint8)
+        data = self._data if self._data is not None else _NOTHING
+        source, tag = (PROC_NULL, ANY_TAG) if self._noproc else (self._source, self._tag)
         if status is not None:
-            status.source, status.tag, status.count = self._source, self._tag, data.nbytes
+            status.source, status.tag, status.count = source, tag, data.nbytes
             status.error, status.cancelled = 0, False
-        self._data = None         # received: MESSAGE_NULL (MESSAGE_NO_PROC stays itself)
-        return data
+        if self is not MESSAGE_NO_PROC:
+            self._data, self._noproc = None, False
+        return data, source, tag
+
+    def _done(self, data: np.ndarray, source: int, tag: int, error=None,
+              post=None) -> Request:
+        """A live request, complete already, reporting ``source``, ``tag``, the count of
+        ``data`` and ``error`` on Wait/Test (``post(bytes)``: what ``wait`` returns)."""
+        engine = self._engine if self._engine is not None else _pycomm.init()._engine
+        return completed(engine, source, tag, data.nbytes, error,
+                         None if post is None else data.tobytes(), post)
 
     def Recv(self, buf, status: Status | None = None) -> None:
         """Receive the message into the message spec ``buf``.
 
+        Args:
+            buf: a writable message spec (``[array, count, datatype]``...; ``None`` or an
+                empty buffer for ``MESSAGE_NO_PROC``).
+            status: filled with the message's source, tag and count, or None.
+
         Raises:
+            MPI.Exception (ERR_REQUEST): the message is MESSAGE_NULL.
             MPI.Exception (ERR_TRUNCATE, a TruncationError): ``buf`` is too small.
         """
         m = message(buf, "Message.Recv", "buf", writable=True)
-        data = self._take(status)
-        target = m.array.view(np.uint8) if m.array.size else np.empty(0, np.uint8)
-        if data.nbytes > target.nbytes:
-            raise mpi_error(TruncationError, "ERR_TRUNCATE", f"Message.Recv: the message "
-                            f"has {data.nbytes} bytes, the buffer {target.nbytes}")
-        target[:data.nbytes] = data
-        m.finish()
+        data, _, _ = self._take(status)
+        error = _copy_into(m, data, "Message.Recv")
+        if error is not None:
+            raise error
 
     def Irecv(self, buf) -> Request:
-        """Receive into ``buf`` (complete at once: the bytes are here)."""
-        self.Recv(buf)
-        return Request()
+        """Receive the message into ``buf``; a live request that is complete at once (the
+        bytes are here). Its Wait fills the status and raises ERR_TRUNCATE if ``buf`` was
+        too small (what fits is written), as ``MPI_Imrecv`` does.
+
+        Args:
+            buf: a writable message spec, as for :meth:`Recv`.
+
+        Returns:
+            Request: not null; complete.
+
+        Raises:
+            MPI.Exception (ERR_REQUEST): the message is MESSAGE_NULL.
+        """
+        m = message(buf, "Message.Irecv", "buf", writable=True)
+        data, source, tag = self._take(None)
+        return self._done(data, source, tag, _copy_into(m, data, "Message.Irecv"))
 
     def recv(self, status: Status | None = None):
-        """Receive the message as a Python object (sent with ``send``/``isend``)."""
-        data = self._take(status)
+        """Receive the message as a Python object (sent with ``send``/``isend``).
+
+        Returns:
+            The object (None for ``MESSAGE_NO_PROC``).
+
+        Raises:
+            MPI.Exception (ERR_REQUEST): the message is MESSAGE_NULL.
+        """
+        data, _, _ = self._take(status)
         return loads(data.tobytes()) if data.nbytes else None
 
-    def irecv(self):
-        """Object form of Irecv; ``wait()`` returns the object."""
-        obj = self.recv()
-        return _Done(obj)
+    def irecv(self) -> Request:
+        """Object form of Irecv: a live request, complete at once, whose ``wait()`` fills
+        the status and returns the object (None for ``MESSAGE_NO_PROC``).
+
+        Raises:
+            MPI.Exception (ERR_REQUEST): the message is MESSAGE_NULL.
+        """
+        data, source, tag = self._take(None)
+        return self._done(data, source, tag, post=loads)
 
     @classmethod
     def Probe(cls, comm, source: int, tag: int, status=None) -> Message:
@@ -103,20 +154,17 @@ class Message:
         return comm.Improbe(source, tag, status)
 
 
-class _Done(Request):
-    """An object receive that already completed: ``wait()``/``test()`` return its object."""
-
-    __slots__ = ("_obj",)
-
-    def __init__(self, obj):
-        super().__init__()
-        self._obj = obj
-
-    def wait(self, status=None):
-        return self._obj
-
-    def test(self, status=None):
-        return True, self._obj
+def _copy_into(m, data: np.ndarray, where: str):
+    """Copy ``data`` into the message ``m`` (what fits); the truncation error if it does
+    not all fit, else None."""
+    target = m.array.view(np.uint8).reshape(-1) if m.array.size else _NOTHING
+    n = min(data.nbytes, target.nbytes)
+    target[:n] = data[:n]
+    m.finish()
+    if data.nbytes > target.nbytes:
+        return mpi_error(TruncationError, "ERR_TRUNCATE", f"{where}: the message has "
+                         f"{data.nbytes} bytes, the buffer {target.nbytes}")
+    return None
 
 
 def matched_probe(comm, source: int, tag: int, status, block: bool) -> Message | None:
@@ -128,6 +176,7 @@ def matched_probe(comm, source: int, tag: int, status, block: bool) -> Message |
     elif not comm.Iprobe(source, tag, st):
         return None
     out = Message()
+    out._engine = comm._engine
     if st.source == PROC_NULL:
         out._noproc = True
     else:

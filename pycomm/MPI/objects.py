@@ -120,16 +120,24 @@ class ObjectMethods:
             return self._inner("gather").gather(sendobj, as_int(root, "root", "gather"))
 
     def scatter(self, sendobj=None, root: int = 0):
+        """Scatter the items of ``sendobj`` (a sequence of ``size`` objects, or None:
+        ``size`` Nones, as in mpi4py) from ``root``; returns this rank's item."""
+        c, root = self._inner("scatter"), as_int(root, "root", "scatter")
+        if sendobj is None and c.rank == root:
+            sendobj = [None] * c.size
         with comm_lock(self, "scatter"):
-            return self._inner("scatter").scatter(sendobj, as_int(root, "root", "scatter"))
+            return c.scatter(sendobj, root)
 
     def allgather(self, sendobj):
         with comm_lock(self, "allgather"):
             return self._inner("allgather").allgather(sendobj)
 
     def alltoall(self, sendobj):
+        """Send item i of ``sendobj`` (``size`` objects, or None: ``size`` Nones, as in
+        mpi4py) to rank i; returns the list of the items received."""
+        c = self._inner("alltoall")
         with comm_lock(self, "alltoall"):
-            return self._inner("alltoall").alltoall(sendobj)
+            return c.alltoall([None] * c.size if sendobj is None else sendobj)
 
     def reduce(self, sendobj, op=SUM, root: int = 0):
         return self._inner("reduce").reduce(sendobj, op, as_int(root, "root", "reduce"))

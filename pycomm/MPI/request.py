@@ -19,7 +19,7 @@ from pycomm.request import Request as _Inner
 from .exceptions import translate_methods
 from .status import UNDEFINED, Status
 
-__all__ = ["REQUEST_NULL", "UNDEFINED", "Prequest", "Request", "Status"]
+__all__ = ["REQUEST_NULL", "UNDEFINED", "Prequest", "Request", "Status", "completed"]
 
 
 def _null(call: str):
@@ -34,6 +34,12 @@ def _clear(status) -> None:
     if status is not None:
         status.source, status.tag, status.count = ANY_SOURCE, ANY_TAG, 0
         status.error, status.cancelled = 0, False
+
+
+def _nth(statuses, i: int):
+    """``statuses[i]``, or None past the end of ``statuses`` (a tuple shorter than the
+    requests: mpi4py fills what there is) or when there are none."""
+    return statuses[i] if statuses is not None and i < len(statuses) else None
 
 
 def _extend(statuses, n: int) -> None:
@@ -178,7 +184,7 @@ class Request:
         if active:
             _Inner.Waitall(active)
         for i, r in enumerate(reqs):
-            st = statuses[i] if statuses is not None and i < len(statuses) else None
+            st = _nth(statuses, i)
             if r._r is None:
                 _clear(st)
             else:
@@ -191,8 +197,7 @@ class Request:
         """Object form of Waitall: the received objects (None for sends)."""
         reqs = list(requests)
         _extend(statuses, len(reqs))
-        return [r.wait(statuses[i] if statuses is not None else None)
-                for i, r in enumerate(reqs)]
+        return [r.wait(_nth(statuses, i)) for i, r in enumerate(reqs)]
 
     @classmethod
     def Testall(cls, requests, statuses=None) -> bool:
@@ -278,7 +283,7 @@ class Request:
         ready = cls._ready(reqs)
         _extend(statuses, len(ready))
         for k, i in enumerate(ready):
-            reqs[i].Wait(statuses[k] if statuses is not None and k < len(statuses) else None)
+            reqs[i].Wait(_nth(statuses, k))
         return ready
 
     @classmethod
@@ -311,17 +316,31 @@ class Request:
             return None, None
         ready = cls._ready(reqs)
         _extend(statuses, len(ready))
-        objs = [reqs[i].wait(statuses[k] if statuses is not None and k < len(statuses)
-                             else None) for k, i in enumerate(ready)]
+        objs = [reqs[i].wait(_nth(statuses, k)) for k, i in enumerate(ready)]
         return ready, objs
 
     @classmethod
     def Get_status_all(cls, requests, statuses=None) -> bool:
-        """Whether every request is complete, without completing them."""
+        """Whether every request is complete, without completing them.
+
+        Args:
+            requests: a sequence of requests.
+            statuses: None, or statuses to fill: a list shorter than ``requests`` is
+                extended with new Status objects, as in mpi4py. When all are complete
+                each gets its request's status, else each is left empty (source
+                ``ANY_SOURCE``, tag ``ANY_TAG``), as mpi4py over MPICH gives.
+
+        Returns:
+            bool: True when every request is complete (or null).
+        """
         reqs = list(requests)
-        flags = [r.Get_status(statuses[i] if statuses is not None and i < len(statuses)
-                              else None) for i, r in enumerate(reqs)]
-        return all(flags)
+        _extend(statuses, len(reqs))
+        sts = [_nth(statuses, i) for i in range(len(reqs))]
+        flag = all([r.Get_status(st) for r, st in zip(reqs, sts)])
+        if not flag:
+            for st in sts:
+                _clear(st)
+        return flag
 
     @classmethod
     def Get_status_any(cls, requests, status=None) -> tuple[int, bool]:
@@ -426,3 +445,27 @@ class Prequest(Request):
 
 
 REQUEST_NULL = Request()
+
+
+def completed(engine, source: int = ANY_SOURCE, tag: int = ANY_TAG, count: int = 0,
+              error: BaseException | None = None, data: bytes | None = None,
+              post=None) -> Request:
+    """A live request whose operation is already complete (a buffered send, whose data
+    was copied; the receive of a message already here): not null until a Wait or Test,
+    which fills the status with ``source``, ``tag`` and ``count`` (bytes) and raises
+    ``error`` if given, as MPI's requests do.
+
+    Args:
+        engine: the pycomm engine that Waitall/Waitany drive along with it.
+        source, tag, count: what the status reports (ranks of the communicator).
+        error: an exception the completion raises (``ERR_TRUNCATE``...), or None.
+        data, post: the object form: ``wait()`` returns ``post(data)``.
+
+    Returns:
+        Request: not null; its Test is True at once.
+    """
+    inner = _Inner(engine, None, -1, source, tag)
+    inner.source, inner.count, inner.error = source, count, error
+    inner.obj, inner.post = data, post
+    inner._complete()
+    return Request._wrap(inner)

@@ -11,12 +11,10 @@ Installed by :mod:`pycomm.MPI` once every class exists:
   (a ``Comm`` handle of an intra-communicator, ``Comm.fromhandle(...)``, can call them);
 * small aliases and conveniences: ``free()`` on every handle (frees a non-null one),
   ``Topocomm.degrees``, ``Group.Intersect``, ``Datatype.Resized``, ``Call_errhandler``,
-  ``Message.probe``/``iprobe``, ``MPI.pickle.dumps_oob``/``loads_oob``.
+  ``Message.probe``/``iprobe``.
 """
 
 from __future__ import annotations
-
-import pickle as _pickle
 
 from pycomm.p2p import ANY_SOURCE, ANY_TAG
 
@@ -75,17 +73,6 @@ def _free(self) -> None:
     self.Free()
 
 
-def _dumps_oob(self, obj) -> tuple:
-    """``(data, buffers)``: ``obj`` pickled with protocol 5, its large buffers apart."""
-    buffers: list = []
-    data = _pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
-    return data, [b.raw() for b in buffers]
-
-
-def _loads_oob(self, data, buffers):
-    return _pickle.loads(data, buffers=buffers)
-
-
 def install(ns: dict) -> None:
     """Add the names above to the classes of the ``pycomm.MPI`` namespace ``ns``."""
     comm, intra, topo = ns["Comm"], ns["Intracomm"], ns["Topocomm"]
@@ -126,5 +113,3 @@ def install(ns: dict) -> None:
                                 status=None: comm.mprobe(source, tag, status))
     message.iprobe = classmethod(lambda cls, comm, source=ANY_SOURCE, tag=ANY_TAG,
                                  status=None: comm.improbe(source, tag, status))
-    pickle_cls = type(ns["pickle"])
-    pickle_cls.dumps_oob, pickle_cls.loads_oob = _dumps_oob, _loads_oob
