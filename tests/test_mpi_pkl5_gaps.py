@@ -6,6 +6,8 @@ recorded with the real mpi4py, ``mpiexec -n 1`` and ``-n 2``):
   message of a probe of ``PROC_NULL``) included, while the predefined constant stays;
 * ``Message.Irecv``/``irecv`` give a live request whose completion fills the status
   (source, tag, count) and reports a truncation (ERR_TRUNCATE) when waited on;
+* a request whose operation ended with an error (a truncated receive) is complete all
+  the same: Wait/Test fill the status and null the request before raising;
 * ``Comm.Ibsend`` gives a live request, complete at once, ``PROC_NULL`` included;
 * ``Request.Get_status_all`` extends a list of statuses; ``waitall`` fills a shorter
   tuple of statuses as far as it goes;
@@ -107,16 +109,36 @@ def _rank_message_irecv() -> None:
     assert comm.mprobe(source, 9).irecv().wait(st) == {"from": source}
     sreq.wait()
     assert (st.source, st.tag) == (source, 9) and st.Get_count() > 0
-    # too small a buffer: Irecv returns (a live request), its Wait raises ERR_TRUNCATE
-    sreq = comm.Isend(out, dest, 11)
-    req = comm.Mprobe(source, 11).Irecv(np.zeros(2, "i"))
-    assert req
+    # too small a buffer: Irecv returns a live request, its Wait raises ERR_TRUNCATE and
+    # completes it all the same (mpi4py + MPICH: status (source, 11, 8 bytes), the
+    # request REQUEST_NULL, the 8 bytes that fit written); Recv raises so too
+    for form in ("Irecv", "Recv"):
+        sreq = comm.Isend(out, dest, 11)
+        msg, small, st = comm.Mprobe(source, 11), np.zeros(2, "i"), MPI.Status()
+        try:
+            if form == "Irecv":
+                req = msg.Irecv(small)
+                assert req
+                req.Wait(st)
+            else:
+                msg.Recv(small, st)
+            raise AssertionError(f"a truncated Message.{form} completed without error")
+        except MPI.Exception as exc:
+            assert exc.Get_error_class() == MPI.ERR_TRUNCATE, exc
+        sreq.Wait()
+        assert _status(st) == (source, 11, 8) and small.tolist() == [0, 1], \
+            (form, _status(st))
+        assert form == "Recv" or req == MPI.REQUEST_NULL
+    # a truncated Comm.Irecv: Wait fills source and tag and nulls the request
+    sreq = comm.Isend(out, dest, 12)
+    req, st = comm.Irecv(np.zeros(2, "i"), source, 12), MPI.Status()
     try:
-        req.Wait()
-        raise AssertionError("a truncated Message.Irecv completed without error")
+        req.Wait(st)
+        raise AssertionError("a truncated Irecv completed without error")
     except MPI.Exception as exc:
         assert exc.Get_error_class() == MPI.ERR_TRUNCATE, exc
     sreq.Wait()
+    assert (st.source, st.tag, bool(req)) == (source, 12, False), (_status(st), req)
 
 
 @PAIR

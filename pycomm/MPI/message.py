@@ -64,16 +64,18 @@ class Message:
     def __hash__(self) -> int:
         return id(self._data)
 
-    def _take(self, status) -> tuple[np.ndarray, int, int]:
-        """The message's bytes, source and tag (fills ``status``); the message becomes
-        ``MESSAGE_NULL`` unless it is the predefined ``MESSAGE_NO_PROC``."""
+    def _take(self, status, count: int | None = None) -> tuple[np.ndarray, int, int]:
+        """The message's bytes, source and tag (fills ``status``, with ``count`` bytes if
+        given); the message becomes ``MESSAGE_NULL`` unless it is the predefined
+        ``MESSAGE_NO_PROC``."""
         if not self:
             raise mpi_error(ArgumentError, "ERR_REQUEST",
                             "Message: MESSAGE_NULL cannot be received")
         data = self._data if self._data is not None else _NOTHING
         source, tag = (PROC_NULL, ANY_TAG) if self._noproc else (self._source, self._tag)
         if status is not None:
-            status.source, status.tag, status.count = source, tag, data.nbytes
+            status.source, status.tag = source, tag
+            status.count = data.nbytes if count is None else count
             status.error, status.cancelled = 0, False
         if self is not MESSAGE_NO_PROC:
             self._data, self._noproc = None, False
@@ -100,8 +102,11 @@ class Message:
             MPI.Exception (ERR_TRUNCATE, a TruncationError): ``buf`` is too small.
         """
         m = message(buf, "Message.Recv", "buf", writable=True)
-        data, _, _ = self._take(status)
-        error = _copy_into(m, data, "Message.Recv")
+        if not self:
+            self._take(status)                      # raises ERR_REQUEST
+        count, error = _copy_into(m, self._data if self._data is not None else _NOTHING,
+                                  "Message.Recv")
+        self._take(status, count)
         if error is not None:
             raise error
 
@@ -121,7 +126,8 @@ class Message:
         """
         m = message(buf, "Message.Irecv", "buf", writable=True)
         data, source, tag = self._take(None)
-        return self._done(data, source, tag, _copy_into(m, data, "Message.Irecv"))
+        count, error = _copy_into(m, data, "Message.Irecv")
+        return self._done(data[:count], source, tag, error)
 
     def recv(self, status: Status | None = None):
         """Receive the message as a Python object (sent with ``send``/``isend``).
@@ -154,17 +160,18 @@ class Message:
         return comm.Improbe(source, tag, status)
 
 
-def _copy_into(m, data: np.ndarray, where: str):
-    """Copy ``data`` into the message ``m`` (what fits); the truncation error if it does
-    not all fit, else None."""
+def _copy_into(m, data: np.ndarray, where: str) -> tuple[int, Exception | None]:
+    """Copy ``data`` into the message ``m`` (what fits); the bytes copied and the
+    truncation error if it did not all fit (MPICH's status then counts the bytes
+    received: 8 of a 20-byte message, with ERR_TRUNCATE), else None."""
     target = m.array.view(np.uint8).reshape(-1) if m.array.size else _NOTHING
     n = min(data.nbytes, target.nbytes)
     target[:n] = data[:n]
     m.finish()
     if data.nbytes > target.nbytes:
-        return mpi_error(TruncationError, "ERR_TRUNCATE", f"{where}: the message has "
-                         f"{data.nbytes} bytes, the buffer {target.nbytes}")
-    return None
+        return n, mpi_error(TruncationError, "ERR_TRUNCATE", f"{where}: the message "
+                            f"has {data.nbytes} bytes, the buffer {target.nbytes}")
+    return n, None
 
 
 def matched_probe(comm, source: int, tag: int, status, block: bool) -> Message | None:
