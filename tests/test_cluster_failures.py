@@ -5,7 +5,8 @@ process watch, transports/procwatch.py, for a stopped process); what is not a fa
 peer busy in user code or in C calls holding the GIL, a job suspended and resumed host by
 host, stops shorter than half the timeout) is waited for. The jobs are torchrun-style
 (benchmarks/cluster/stopped.py's host2_job: ranks 0-1 on host1, 2-3 on host2,
-PYCOMM_PEER_TIMEOUT 3 s). Like tests/test_cluster.py, these need root and iproute2 and FAIL
+PYCOMM_PEER_TIMEOUT 3 s); the three jobs that are waited for run at once, each on hosts
+of its own (they spend their seconds waiting). Like tests/test_cluster.py, these need root and iproute2 and FAIL
 where namespaces cannot be made.
 """
 
@@ -15,6 +16,7 @@ import os
 import signal
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -118,81 +120,127 @@ def test_stopping_a_hosts_ranks_is_a_peer_error_naming_them_within_the_peer_time
             "a watch outlived its rank"
 
 
-def _all_complete(procs) -> None:
-    """Every rank of a check_app.py job exits 0 with its OK line (60 s at most each)."""
-    for r, p in enumerate(procs):
-        text, _ = p.communicate(timeout=60)
-        assert p.returncode == 0, f"rank {r}: {text}"
-        assert f"OK rank {r}/{len(procs)}" in text, text
+# -- what is waited for ---------------------------------------------------------------------
+# These three jobs spend their seconds waiting (a rank asleep in user code, the test's own
+# pauses between SIGSTOP and SIGCONT), each in a cluster of its own: a module fixture runs
+# them at once, and each test checks its own job.
+
+def _busy_peer(c) -> list[subprocess.Popen]:
+    """Rank 2 is 6 s late in user code (twice PYCOMM_PEER_TIMEOUT)."""
+    return host2_job(c, CHECK_SLEEP_RANK="2", CHECK_SLEEP_S="6")
 
 
-def test_a_peer_busy_in_user_code_past_the_peer_timeout_is_waited_for():
+def _suspended_host_by_host(c) -> list[subprocess.Popen]:
+    """The whole job stopped 4 s, continued host1 then host2 1 s apart, then host2's ranks
+    stopped twice for 1 s."""
+    procs = host2_job(c, CHECK_LOOP_S="12")
+    try:
+        time.sleep(0.5)
+        for p in procs:
+            os.kill(p.pid, signal.SIGSTOP)
+        time.sleep(4.0)
+        for p in procs[:2]:
+            os.kill(p.pid, signal.SIGCONT)
+        time.sleep(1.0)
+        for p in procs[2:]:
+            os.kill(p.pid, signal.SIGCONT)
+        for _ in range(2):
+            time.sleep(1.5)
+            for p in procs[2:]:
+                os.kill(p.pid, signal.SIGSTOP)
+            time.sleep(1.0)
+            for p in procs[2:]:
+                os.kill(p.pid, signal.SIGCONT)
+    finally:
+        for p in procs:
+            os.kill(p.pid, signal.SIGCONT)
+    return procs
+
+
+def _suspended_slurm_style(c) -> list[subprocess.Popen]:
+    """Every process stopped, host2 first and host1 0.6 s later, while host1's ranks wait
+    for rank 2 (6 s late); after 5 s host1 resumed (ranks, then watches), host2 1 s later."""
+    procs = host2_job(c, CHECK_SLEEP_RANK="2", CHECK_SLEEP_S="6")
+    try:
+        assert procs[2].stdout.readline().startswith("SLEEPING rank 2")
+        time.sleep(2.0)
+        ranks = [[p.pid for p in procs[:2]], [p.pid for p in procs[2:]]]
+        watches = [watch_pids(h) for h in ranks]
+        assert [len(w) for w in watches] == [2, 2], watches
+        for pid in ranks[1] + watches[1]:
+            os.kill(pid, signal.SIGSTOP)
+        time.sleep(0.6)
+        for pid in ranks[0] + watches[0]:
+            os.kill(pid, signal.SIGSTOP)
+        time.sleep(5.0)
+        for group in (ranks[0], watches[0]):
+            for pid in group:
+                os.kill(pid, signal.SIGCONT)
+            time.sleep(0.05)
+        time.sleep(1.0)
+        for pid in watches[1] + ranks[1]:
+            os.kill(pid, signal.SIGCONT)
+    finally:
+        for p in procs:
+            os.kill(p.pid, signal.SIGCONT)
+    return procs
+
+
+# scenario -> (cluster tag, function that starts and drives the job)
+WAITED_FOR = {"busy": ("pcw", _busy_peer), "host by host": ("pcz", _suspended_host_by_host),
+              "slurm": ("pcl", _suspended_slurm_style)}
+
+
+def _run_waited_for(tag: str, scenario) -> list[tuple[int, str]]:
+    """``scenario``'s job on 2 emulated hosts of its own; each rank's (exit code, output),
+    60 s at most each."""
+    with emulated_hosts(2, tag, pytest.fail, "cannot build the emulated cluster") as c:
+        procs = scenario(c)
+        ranks = []
+        for p in procs:
+            text, _ = p.communicate(timeout=60)
+            ranks.append((p.returncode, text))
+            if p.returncode != 0:
+                break           # the test fails on this rank; the cluster ends the others
+        return ranks
+
+
+@pytest.fixture(scope="module")
+def waited_for() -> dict:
+    """Every job of WAITED_FOR, run at once: scenario -> a Future of its ranks' (exit code,
+    output); ``result()`` raises what the scenario raised."""
+    with ThreadPoolExecutor(len(WAITED_FOR)) as pool:
+        return {key: pool.submit(_run_waited_for, tag, fn)
+                for key, (tag, fn) in WAITED_FOR.items()}
+
+
+def _all_complete(ranks: list[tuple[int, str]]) -> None:
+    """Every rank of a 4-rank check_app.py job exits 0 with its OK line."""
+    assert len(ranks) == 4 or ranks[-1][0] != 0, ranks
+    for r, (rc, text) in enumerate(ranks):
+        assert rc == 0, f"rank {r}: {text}"
+        assert f"OK rank {r}/4" in text, text
+
+
+def test_a_peer_busy_in_user_code_past_the_peer_timeout_is_waited_for(waited_for):
     """Rank 2 is 6 s late in user code (twice PYCOMM_PEER_TIMEOUT; half asleep, half in C
     calls that hold the GIL): a slow peer, not a lost one (its link answers, its watch
     says it runs), so the others wait for it and every rank completes its checks."""
-    with emulated_hosts(2, "pcw", pytest.fail, "cannot build the emulated cluster") as c:
-        procs = host2_job(c, CHECK_SLEEP_RANK="2", CHECK_SLEEP_S="6")
-        _all_complete(procs)
+    _all_complete(waited_for["busy"].result())
 
 
-def test_a_job_suspended_host_by_host_and_brief_stops_are_waited_for():
+def test_a_job_suspended_host_by_host_and_brief_stops_are_waited_for(waited_for):
     """What is no failure: the whole job stopped for longer than PYCOMM_PEER_TIMEOUT (3 s)
     and continued one host after the other, 1 s apart (as Slurm's suspend and resume reach
     the nodes), then host2's ranks stopped twice for 1 s (under half the timeout). Every
     rank runs on and completes its checks."""
-    with emulated_hosts(2, "pcz", pytest.fail, "cannot build the emulated cluster") as c:
-        procs = host2_job(c, CHECK_LOOP_S="12")
-        try:
-            time.sleep(0.5)
-            for p in procs:
-                os.kill(p.pid, signal.SIGSTOP)
-            time.sleep(4.0)
-            for p in procs[:2]:
-                os.kill(p.pid, signal.SIGCONT)
-            time.sleep(1.0)
-            for p in procs[2:]:
-                os.kill(p.pid, signal.SIGCONT)
-            for _ in range(2):
-                time.sleep(1.5)
-                for p in procs[2:]:
-                    os.kill(p.pid, signal.SIGSTOP)
-                time.sleep(1.0)
-                for p in procs[2:]:
-                    os.kill(p.pid, signal.SIGCONT)
-        finally:
-            for p in procs:
-                os.kill(p.pid, signal.SIGCONT)
-        _all_complete(procs)
+    _all_complete(waited_for["host by host"].result())
 
 
-def test_a_job_suspended_slurm_style_while_waiting_for_a_slow_peer_is_waited_for():
+def test_a_job_suspended_slurm_style_while_waiting_for_a_slow_peer_is_waited_for(waited_for):
     """Slurm's suspend: every process of the job stopped, watches included, host2 first and
     host1 0.6 s later, while host1's ranks wait for rank 2 (6 s late in user code) and ask
     its watch; after 5 s, host1 resumed ranks first (their watches a moment later, as a
     loaded host may schedule them), host2 1 s after. An answer left unanswered across the
     suspend is no verdict: every rank completes its checks."""
-    with emulated_hosts(2, "pcl", pytest.fail, "cannot build the emulated cluster") as c:
-        procs = host2_job(c, CHECK_SLEEP_RANK="2", CHECK_SLEEP_S="6")
-        try:
-            assert procs[2].stdout.readline().startswith("SLEEPING rank 2")
-            time.sleep(2.0)
-            ranks = [[p.pid for p in procs[:2]], [p.pid for p in procs[2:]]]
-            watches = [watch_pids(h) for h in ranks]
-            assert [len(w) for w in watches] == [2, 2], watches
-            for pid in ranks[1] + watches[1]:
-                os.kill(pid, signal.SIGSTOP)
-            time.sleep(0.6)
-            for pid in ranks[0] + watches[0]:
-                os.kill(pid, signal.SIGSTOP)
-            time.sleep(5.0)
-            for group in (ranks[0], watches[0]):
-                for pid in group:
-                    os.kill(pid, signal.SIGCONT)
-                time.sleep(0.05)
-            time.sleep(1.0)
-            for pid in watches[1] + ranks[1]:
-                os.kill(pid, signal.SIGCONT)
-        finally:
-            for p in procs:
-                os.kill(p.pid, signal.SIGCONT)
-        _all_complete(procs)
+    _all_complete(waited_for["slurm"].result())
