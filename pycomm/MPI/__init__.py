@@ -10,9 +10,10 @@ constructors, message specs (``[buf, count, MPI.FLOAT]``...), ops, ``Status``,
 
 Every collective runs in :class:`pycomm.comm.Communicator`; this package only maps names,
 signatures and message specs onto it (see :mod:`pycomm.MPI.comm`). What MPI has and pycomm
-does not offer (dynamic processes, MPI-IO, ports) raises ``NotImplementedError`` naming
+does not offer (dynamic processes, ports) raises ``NotImplementedError`` naming
 the feature. One-sided windows (``MPI.Win``) are shared memory, for ranks on one host
-(:mod:`pycomm.MPI.win`).
+(:mod:`pycomm.MPI.win`); files (``MPI.File``, MPI-IO) need a shared POSIX file system
+(:mod:`pycomm.MPI.file`).
 """
 
 # ruff: noqa: F401  (this module re-exports the names of its submodules, as mpi4py.MPI)
@@ -102,6 +103,10 @@ from .predefined import PREDEFINED
 from .typequery import typealign as _typealign
 from .request import REQUEST_NULL, Prequest, Request, Status
 from .win import WIN_NULL, Win
+from .file import (DISPLACEMENT_CURRENT, FILE_NULL, MODE_APPEND, MODE_CREATE,
+                   MODE_DELETE_ON_CLOSE, MODE_EXCL, MODE_RDONLY, MODE_RDWR, MODE_SEQUENTIAL,
+                   MODE_UNIQUE_OPEN, MODE_WRONLY, SEEK_CUR, SEEK_END, SEEK_SET, File,
+                   Register_datarep)
 from . import keyvals as _keyvals
 from . import surface as _surface
 from .session import SESSION_NULL, Session
@@ -131,15 +136,11 @@ BSEND_OVERHEAD = 96          # bytes per message MPI says to add when sizing Att
 VERSION, SUBVERSION = 4, 1
 DISTRIBUTE_BLOCK, DISTRIBUTE_CYCLIC, DISTRIBUTE_NONE = 121, 122, 123
 DISTRIBUTE_DFLT_DARG = -49767
-# one-sided, I/O and Fortran constants (MPICH's values): named by programs that test for
-# features, though pycomm offers no windows or files
+# one-sided and Fortran constants (MPICH's values; the I/O ones are pycomm.MPI.file's)
 LOCK_EXCLUSIVE, LOCK_SHARED = 234, 235
-MODE_CREATE, MODE_RDONLY, MODE_WRONLY, MODE_RDWR, MODE_DELETE_ON_CLOSE = 1, 2, 4, 8, 16
-MODE_UNIQUE_OPEN, MODE_EXCL, MODE_APPEND, MODE_SEQUENTIAL = 32, 64, 128, 256
 MODE_NOCHECK, MODE_NOSTORE, MODE_NOPUT, MODE_NOPRECEDE, MODE_NOSUCCEED = \
     1024, 2048, 4096, 8192, 16384
-SEEK_SET, SEEK_CUR, SEEK_END = 600, 602, 604
-DISPLACEMENT_CURRENT = DISP_CUR = -54278278
+DISP_CUR = DISPLACEMENT_CURRENT
 WIN_BASE, WIN_SIZE, WIN_DISP_UNIT, WIN_CREATE_FLAVOR, WIN_MODEL = \
     1711276033, 1711276035, 1711276037, 1711276039, 1711276041
 WIN_FLAVOR = WIN_CREATE_FLAVOR
@@ -377,11 +378,9 @@ def _self() -> Intracomm:
 
 _LAZY = {"COMM_WORLD": _world, "COMM_SELF": _self}
 _NOT_OFFERED = {
-    "File": "MPI-IO (MPI.File)",
     "Open_port": "ports (MPI_Open_port)", "Close_port": "ports (MPI_Close_port)",
     "Publish_name": "name publishing", "Lookup_name": "name publishing",
     "Unpublish_name": "name publishing",
-    "FILE_NULL": "MPI-IO", "Register_datarep": "MPI-IO data representations",
     "Get_abi_info": "MPI ABI queries", "Get_abi_fortran_info": "MPI ABI queries",
 }
 
