@@ -95,6 +95,44 @@ def test_view_refuses_what_mpi_calls_erroneous():
     assert info.value.Get_error_class() == MPI.ERR_ARG and "disp=-4" in str(info.value)
 
 
+@pytest.mark.parametrize("kind", ["strided", "irregular", "large"])
+def test_segment_moves_match_slicing_and_stop_at_eof(kind, tmp_path):
+    from pycomm.MPI.fileio import read_segments, write_segments
+    rng = np.random.default_rng({"strided": 1, "irregular": 2, "large": 3}[kind])
+    if kind == "strided":                           # one strided view (sieved)
+        offs, lens = np.arange(3, 3000, 10), np.full(300, 4)
+    elif kind == "irregular":                       # one index (sieved)
+        lens = rng.integers(1, 9, 200)
+        offs = 5 + np.cumsum(lens + rng.integers(1, 6, 200)) - lens
+    else:                                           # segment by segment
+        lens = rng.integers(5000, 9000, 20)
+        offs = np.cumsum(lens + rng.integers(1, 60000, 20)) - lens
+    path = str(tmp_path / "segs")
+    base = rng.integers(0, 256, int(offs[-1] + lens[-1]) + 7, dtype=np.uint8)
+    base.tofile(path)
+    data = rng.integers(0, 256, int(lens.sum()), dtype=np.uint8)
+    want = base.copy()
+    for o, n, start in zip(offs, lens, np.cumsum(lens) - lens):
+        want[o:o + n] = data[start:start + n]
+    fd = os.open(path, os.O_RDWR)
+    try:
+        for sieve in (True, False):
+            base.tofile(path)
+            assert write_segments(fd, offs, lens, data, sieve=sieve) == data.size
+            assert np.fromfile(path, np.uint8).tolist() == want.tolist()
+        out = np.zeros(data.size, np.uint8)
+        assert read_segments(fd, offs, lens, out) == data.size
+        assert out.tolist() == data.tolist()
+        cut = int(offs[len(offs) // 2] + 1)         # the end of file inside a segment
+        os.ftruncate(fd, cut)
+        out = np.zeros(data.size, np.uint8)
+        n = read_segments(fd, offs, lens, out)
+        assert n == int(np.clip(cut - offs, 0, lens).sum())
+        assert out[:n].tolist() == data[:n].tolist()
+    finally:
+        os.close(fd)
+
+
 # -- on ranks -----------------------------------------------------------------------------
 
 def _open(path: str, amode: int):
@@ -143,6 +181,36 @@ def test_subarray_view_collective_write_gives_the_global_array(world, tmp_path):
         assert out["read"] == (np.arange(2 * cols) + 100 * r).tolist()
         assert out["count"] == 2 * cols and out["pos"] == 2 * cols
         assert out["column"] == glob[:, 1].tolist()
+
+
+def _rank_interleaved(path: str):
+    """Every rank writes int32 items cyclically interleaved with the others' (a sieved
+    read-modify-write per rank, all at once), then reads them back, and one tile past
+    the end of file."""
+    comm = MPI.COMM_WORLD
+    rank, size = comm.rank, comm.size
+    fh = _open(path, MPI.MODE_RDWR | MPI.MODE_CREATE)
+    ft = MPI.INT32_T.Create_resized(0, 4 * size).Commit()
+    fh.Set_view(4 * rank, MPI.INT32_T, ft)
+    mine = np.arange(20000, dtype=np.int32) * size + rank
+    ok = []
+    for _ in range(6):          # every rank at once: a stale hole put back shows as a 0
+        fh.Set_size(0)
+        fh.Write_at_all(0, mine)
+        comm.Barrier()
+        back = np.zeros(20001, np.int32)
+        st = MPI.Status()
+        fh.Read_at_all(0, back, st)
+        ok.append(back[:20000].tolist() == mine.tolist())
+        comm.Barrier()
+    fh.Close()
+    return all(ok), st.Get_count(MPI.INT32_T)
+
+
+def test_interleaved_items_written_at_once_by_every_rank(world, tmp_path):
+    path = str(tmp_path / "cyclic")
+    assert world.run(_rank_interleaved, path) == [(True, 20000)] * world.size
+    assert np.fromfile(path, np.int32).tolist() == list(range(20000 * world.size))
 
 
 def _rank_independent(path: str):

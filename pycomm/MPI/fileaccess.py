@@ -128,9 +128,13 @@ class DataAccess:
             offset = self._ordered_offset(s, where, n)
         offs, lens = view.segments(offset * view.esize, data.size)
         try:
-            with locked(s.fd, offs, lens, write, s.atomic):
+            # a write of a file of several ranks locks its span when it can: sieved
+            # writes (read-modify-write of a span) are then safe against the others'
+            with locked(s.fd, offs, lens, write, s.atomic or (write and s.comm.size > 1),
+                        required=s.atomic) as held:
                 if write:
-                    done = write_segments(s.fd, offs, lens, data)
+                    done = write_segments(s.fd, offs, lens, data, sieve=not s.amode &
+                                          _MODE_WRONLY and (held or s.comm.size == 1))
                 else:
                     done = read_segments(s.fd, offs, lens, data)
         except OSError as exc:

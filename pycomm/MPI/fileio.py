@@ -9,13 +9,21 @@ agreement around them.
   ``ERR_NO_SPACE``, ``EDQUOT`` -> ``ERR_QUOTA``, a bad name -> ``ERR_BAD_FILE``, the rest
   ``ERR_IO``, the message naming the call, the file and the system's words.
 * :func:`read_segments` / :func:`write_segments` move the bytes of a view's segments
-  (:meth:`pycomm.MPI.fileview.View.segments`) with ``pread``/``pwrite``. Reads of many
-  small segments close together read their whole span once and gather (ROMIO's "data
-  sieving"); writes never do, since writing a span would overwrite the holes other ranks
-  fill at the same time. A read stops at the end of file: the bytes before it count.
-* In atomic mode (``File.Set_atomicity(True)``, 14.6.1) an access holds a POSIX record
-  lock (``fcntl``) over its span: shared for reads, exclusive for writes, so that
-  overlapping accesses of different ranks are serialized.
+  (:meth:`pycomm.MPI.fileview.View.segments`) with ``pread``/``pwrite``. Many small
+  segments close together (under 4 KiB on average, their span at most 4x their data or
+  64 KiB) move as their whole span (ROMIO's "data sieving"): a read reads the span once
+  and gathers, a write reads the span, scatters its bytes in and writes the span back.
+  Equal segments at a constant stride (a vector filetype) are one strided numpy view,
+  others one index. A read stops at the end of file: the bytes before it count.
+* Locks (POSIX record locks, ``fcntl``, over an access's span): in atomic mode
+  (``File.Set_atomicity(True)``, 14.6.1) reads take a shared one and writes an exclusive
+  one, so overlapping accesses of different ranks are serialized; in any mode a write to
+  a file of several ranks takes an exclusive one when the file system grants it, so
+  that a sieved write never puts back stale bytes of a hole another rank is writing
+  (without a lock, writes go segment by segment).
+  Measured (2 ranks, 64 MiB each, page cache, 2-core VM): contiguous 156 MiB/s write,
+  235 read; 8 KiB blocks interleaved 541 / 2153; 8-byte items interleaved 29 / 97 (one
+  ``pwrite``/``pread`` per segment: 0.5 / 5.7).
 * The shared file pointer (14.4.4) is an 8-byte counter in a small file every rank of
   the file opened (:class:`FilePointer`); each shared access locks it, reads it and
   advances it: a rank takes its place without waiting for any other to enter pycomm (a
@@ -49,6 +57,7 @@ _CLASS_OF_ERRNO = {
 }
 _SIEVE_MIN = 1 << 16        # a read span this small is read whole whatever the holes
 _SIEVE_RATIO = 4            # ... or a span at most this many times the data it holds
+_BIG_SEGMENT = 4096         # segments this long on average move one by one
 
 
 def os_error(exc: OSError, where: str, path: str | None = None):
@@ -81,6 +90,48 @@ def _pread_into(fd: int, out: memoryview, offset: int) -> int:
     return done
 
 
+def _span_view(whole: np.ndarray, offs: np.ndarray, lens: np.ndarray, first: int):
+    """The segments' bytes inside ``whole`` (the span read from ``first``) as one array
+    view when they are equal runs at a constant stride (a vector filetype), else None."""
+    rel = offs - first
+    if lens.size < 2 or (lens != lens[0]).any() or \
+            (np.diff(rel) != rel[1] - rel[0]).any():
+        return None
+    k, ln, step = lens.size, int(lens[0]), int(rel[1] - rel[0])
+    return np.lib.stride_tricks.as_strided(whole[int(rel[0]):], shape=(k, ln),
+                                           strides=(step, 1), writeable=True)
+
+
+def _valid(offs: np.ndarray, lens: np.ndarray, end: int) -> int:
+    """Data bytes of the segments (increasing offsets) that lie before file byte ``end``."""
+    return int(np.clip(end - offs, 0, lens).sum())
+
+
+def _sieve(offs: np.ndarray, lens: np.ndarray, total: int) -> bool:
+    """Whether to move the segments' whole span at once: many small segments, few holes."""
+    span = int(offs[-1] + lens[-1] - offs[0])
+    return offs.size > 1 and total < _BIG_SEGMENT * offs.size and \
+        span <= max(_SIEVE_MIN, _SIEVE_RATIO * total)
+
+
+def _gather(whole: np.ndarray, offs: np.ndarray, lens: np.ndarray, first: int,
+            out: np.ndarray, scatter: bool) -> None:
+    """Copy the segments' bytes of ``whole`` into ``out`` (or back, ``scatter``)."""
+    view = _span_view(whole, offs, lens, first)
+    if view is not None:
+        if scatter:
+            view[...] = out.reshape(view.shape)
+        else:
+            out.reshape(view.shape)[...] = view
+        return
+    starts = np.concatenate([[0], np.cumsum(lens)[:-1]])
+    index = np.arange(out.size, dtype=np.int64) + np.repeat(offs - first - starts, lens)
+    if scatter:
+        whole[index] = out
+    else:
+        out[...] = whole[index]
+
+
 def read_segments(fd: int, offs: np.ndarray, lens: np.ndarray, out: np.ndarray) -> int:
     """Read the segments, in order, into the first bytes of ``out`` (uint8).
 
@@ -101,15 +152,12 @@ def read_segments(fd: int, offs: np.ndarray, lens: np.ndarray, out: np.ndarray) 
     mv = memoryview(out)
     if offs.size == 1:
         return _pread_into(fd, mv[:total], int(offs[0]))
-    first, span = int(offs[0]), int(offs[-1] + lens[-1] - offs[0])
-    if span <= max(_SIEVE_MIN, _SIEVE_RATIO * total):
-        whole = np.empty(span, np.uint8)
+    if _sieve(offs, lens, total):
+        first, span = int(offs[0]), int(offs[-1] + lens[-1] - offs[0])
+        whole = np.zeros(span, np.uint8)            # past EOF: zeros, counted out below
         got = _pread_into(fd, memoryview(whole), first)
-        starts = np.concatenate([[0], np.cumsum(lens)[:-1]])
-        index = np.arange(total, dtype=np.int64) + np.repeat(offs - first - starts, lens)
-        n = int(np.searchsorted(index, got))        # data bytes that lie before EOF
-        out[:n] = whole[index[:n]]
-        return n
+        _gather(whole, offs, lens, first, out[:total], False)
+        return _valid(offs, lens, first + got)
     done = 0
     for off, ln in zip(offs.tolist(), lens.tolist()):
         n = _pread_into(fd, mv[done:done + ln], off)
@@ -119,13 +167,17 @@ def read_segments(fd: int, offs: np.ndarray, lens: np.ndarray, out: np.ndarray) 
     return done
 
 
-def write_segments(fd: int, offs: np.ndarray, lens: np.ndarray, data: np.ndarray) -> int:
+def write_segments(fd: int, offs: np.ndarray, lens: np.ndarray, data: np.ndarray,
+                   sieve: bool = False) -> int:
     """Write the bytes of ``data`` (uint8) to the segments, in order.
 
     Args:
         fd: an open file descriptor (writable).
         offs, lens: the segments' file offsets and lengths (``lens.sum() == data.size``).
         data: the bytes to write.
+        sieve: the caller holds an exclusive lock over the span and the descriptor can
+            read: many small segments may then be written as one read-modify-write of
+            their span.
 
     Returns:
         int: bytes written (all of them).
@@ -133,37 +185,54 @@ def write_segments(fd: int, offs: np.ndarray, lens: np.ndarray, data: np.ndarray
     Raises:
         OSError: the system refused a write (no space, quota...).
     """
+    nbytes = int(data.size)
+    if sieve and _sieve(offs, lens, nbytes):
+        first, span = int(offs[0]), int(offs[-1] + lens[-1] - offs[0])
+        whole = np.zeros(span, np.uint8)
+        _pread_into(fd, memoryview(whole), first)   # the holes keep their bytes
+        _gather(whole, offs, lens, first, data, True)
+        offs, lens, data = np.array([first]), np.array([span]), whole
     mv, done = memoryview(data), 0
     for off, ln in zip(offs.tolist(), lens.tolist()):
         end = done + ln
         while done < end:
             done += os.pwrite(fd, mv[done:end], off + ln - (end - done))
-    return done
+    return nbytes
 
 
 @contextlib.contextmanager
-def locked(fd: int, offs: np.ndarray, lens: np.ndarray, exclusive: bool, on: bool = True):
-    """Hold a POSIX record lock over the span of the segments (atomic mode, 14.6.1).
+def locked(fd: int, offs: np.ndarray, lens: np.ndarray, exclusive: bool, on: bool = True,
+           required: bool = True):
+    """Hold a POSIX record lock over the span of the segments (atomic mode, 14.6.1, and
+    the read-modify-write of a sieved write).
 
     Args:
         fd: the file's descriptor.
         offs, lens: the segments (the lock covers first offset .. last end).
         exclusive: a write lock (else a read lock).
-        on: False to lock nothing (non-atomic mode).
+        on: False to lock nothing.
+        required: False when the file system may refuse locks (the caller then does
+            without what needs one).
 
     Returns:
-        A context manager.
+        A context manager giving True when the lock is held.
 
     Raises:
-        OSError: the lock could not be taken.
+        OSError: the lock could not be taken and ``required``.
     """
     if not on or offs.size == 0:
-        yield
+        yield False
         return
     start, length = int(offs[0]), int(offs[-1] + lens[-1] - offs[0])
-    fcntl.lockf(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH, length, start)
     try:
-        yield
+        fcntl.lockf(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH, length, start)
+    except OSError:
+        if required:
+            raise
+        yield False
+        return
+    try:
+        yield True
     finally:
         fcntl.lockf(fd, fcntl.LOCK_UN, length, start)
 
