@@ -107,6 +107,7 @@ from .file import (DISPLACEMENT_CURRENT, FILE_NULL, MODE_APPEND, MODE_CREATE,
                    MODE_DELETE_ON_CLOSE, MODE_EXCL, MODE_RDONLY, MODE_RDWR, MODE_SEQUENTIAL,
                    MODE_UNIQUE_OPEN, MODE_WRONLY, SEEK_CUR, SEEK_END, SEEK_SET, File,
                    Register_datarep)
+from . import errhandlers as _errhandlers
 from . import keyvals as _keyvals
 from . import surface as _surface
 from .session import SESSION_NULL, Session
@@ -151,37 +152,8 @@ MAX_PORT_NAME, MAX_DATAREP_STRING, MAX_PSET_NAME_LEN, MAX_STRINGTAG_LEN = 1024, 
 
 
 
-class Errhandler:
-    """An error handler (pycomm always raises: ``ERRORS_RETURN`` behaves as mpi4py's
-    default, raising ``MPI.Exception``)."""
-
-    def __init__(self, name: str = "MPI_ERRHANDLER_NULL"):
-        self.name = name.name if isinstance(name, Errhandler) else name   # a copy
-
-    def __eq__(self, other) -> bool:
-        return isinstance(other, Errhandler) and self.name == other.name
-
-    def __hash__(self) -> int:
-        return hash(self.name)
-
-    def __bool__(self) -> bool:
-        return self.name != "MPI_ERRHANDLER_NULL"
-
-    def Free(self) -> None:
-        """Predefined handlers hold nothing; freeing ``ERRHANDLER_NULL`` is
-        ``ERR_ERRHANDLER``."""
-        if self.name == "MPI_ERRHANDLER_NULL":
-            raise mpi_error(ArgumentError, "ERR_ERRHANDLER",
-                            "Errhandler.Free: ERRHANDLER_NULL cannot be freed")
-
-    def __repr__(self) -> str:
-        return f"<MPI.Errhandler {self.name}>"
-
-
-ERRHANDLER_NULL = Errhandler()
-ERRORS_RETURN = Errhandler("MPI_ERRORS_RETURN")
-ERRORS_ARE_FATAL = Errhandler("MPI_ERRORS_ARE_FATAL")
-ERRORS_ABORT = Errhandler("MPI_ERRORS_ABORT")
+from .errhandlers import (ERRHANDLER_NULL, ERRORS_ABORT, ERRORS_ARE_FATAL, ERRORS_RETURN,
+                          Errhandler)
 
 
 
@@ -396,6 +368,7 @@ def Get_abi_version() -> tuple[int, int]:
 
 
 _keyvals.install({"Comm": Comm, "Datatype": Datatype, "Win": Win})
+_errhandlers.install({"Comm": Comm, "Win": Win, "Session": Session, "File": File})
 _surface.install(globals())
 
 

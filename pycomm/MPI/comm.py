@@ -7,23 +7,24 @@ no collective logic lives here. A receive into a non-contiguous datatype is unpa
 the call (or its request) completes. Errors leave as ``MPI.Exception`` subclasses that
 keep their pycomm class (:mod:`pycomm.MPI.exceptions`).
 
-The collectives (:class:`~pycomm.MPI.coll.Intracomm`) live in :mod:`pycomm.MPI.coll`,
-topologies (``Create_cart``, :class:`Cartcomm`) in :mod:`pycomm.MPI.topo`.
+The point-to-point buffer methods live in :mod:`pycomm.MPI.commp2p`, the collectives
+(:class:`~pycomm.MPI.coll.Intracomm`) in :mod:`pycomm.MPI.coll`, topologies (``Create_cart``, :class:`Cartcomm`) in :mod:`pycomm.MPI.topo`.
 """
 
 from __future__ import annotations
 
-from pycomm.errors import ArgumentError, CommError
+from pycomm.errors import CommError
 from pycomm.groups import COMM_NULL as _COMM_NULL
 from pycomm.groups import UNDEFINED
-from pycomm.p2p import ANY_SOURCE, ANY_TAG
+from pycomm.p2p import ANY_SOURCE
 
+from .commp2p import BufferPointToPoint, fin
 from .exceptions import last_used_code, mpi_error, translate_methods
 from .keyvals import check_keyval, copy_attrs, delete_attr, free_attrs, set_attr, user_attr
 from .membuf import BSEND
-from .msgspec import Msg, as_int, message
+from .msgspec import as_int
 from .objects import ObjectMethods
-from .request import Prequest, Request, Status, completed
+from .request import Request
 
 __all__ = ["BSEND", "Comm", "fin"]
 
@@ -32,16 +33,8 @@ KEYVAL_TAG_UB, KEYVAL_HOST, KEYVAL_IO, KEYVAL_WTIME_IS_GLOBAL = 0, 1, 2, 3
 KEYVAL_UNIVERSE_SIZE, KEYVAL_APPNUM, KEYVAL_LASTUSEDCODE = 4, 5, 6
 
 
-def fin(*msgs: Msg):
-    """The completion action of a call whose receive side was packed (None if none)."""
-    todo = [m for m in msgs if m is not None and m._unpack is not None]
-    if not todo:
-        return None
-    return lambda: [m.finish() for m in todo] and None
-
-
 @translate_methods
-class Comm(ObjectMethods):
+class Comm(ObjectMethods, BufferPointToPoint):
     """A communicator (mpi4py's ``MPI.Comm``), wrapping a :class:`pycomm.Communicator`.
 
     ``Comm()`` is ``COMM_NULL``. Uppercase methods move buffers, lowercase ones objects,
@@ -186,19 +179,39 @@ class Comm(ObjectMethods):
         self._inner("Delete_attr")
         delete_attr("Comm", self, self._attrs, keyval, "Comm.Delete_attr")
 
+    def _current_errhandler(self):
+        """The handler set (its shared part), or None: read by failing calls."""
+        eh = self._errhandler
+        return eh._handle if eh is not None else None
+
     def Get_errhandler(self):
-        from . import default_errhandler
+        """A new handle to the error handler (``ERRORS_RETURN`` unless one was set)."""
+        from . import Errhandler, default_errhandler
         self._inner("Get_errhandler")
-        return self._errhandler or default_errhandler()
+        return Errhandler(self._errhandler or default_errhandler())
 
     def Set_errhandler(self, errhandler) -> None:
-        """Errors are always raised as ``MPI.Exception`` (mpi4py's default handler);
-        ``ERRHANDLER_NULL`` is ``ERR_ERRHANDLER``."""
+        """Set the error handler: a user-defined one (``Comm.Create_errhandler``) gets
+        the errors of this communicator's calls instead of an exception
+        (:mod:`pycomm.MPI.errhandlers`); the predefined ones raise ``MPI.Exception``.
+
+        Raises:
+            TypeError: not an Errhandler.
+            MPI.Exception: ERR_COMM (COMM_NULL), ERR_ERRHANDLER (ERRHANDLER_NULL),
+                ERR_ARG (a user-defined handler of another kind).
+        """
+        from .errhandlers import checked
         self._inner("Set_errhandler")
-        if getattr(errhandler, "name", None) == "MPI_ERRHANDLER_NULL":
-            raise mpi_error(ArgumentError, "ERR_ERRHANDLER",
-                            "Set_errhandler: ERRHANDLER_NULL is not an error handler")
-        self._errhandler = errhandler
+        self._errhandler = checked("Comm", errhandler, "Comm.Set_errhandler")
+
+    def Call_errhandler(self, errorcode: int) -> None:
+        """Run the error handler on ``errorcode``: a user-defined one is called,
+        ``ERRORS_RETURN`` does nothing, ``ERRORS_ARE_FATAL``/``ERRORS_ABORT`` end the job
+        with the code."""
+        from . import default_errhandler
+        from .errhandlers import call_errhandler
+        self._inner("Call_errhandler")
+        call_errhandler(self, self._errhandler or default_errhandler(), int(errorcode))
 
     def Abort(self, errorcode: int = 0) -> None:
         """Terminate this process with ``errorcode``; the launcher stops the others.
@@ -332,184 +345,6 @@ class Comm(ObjectMethods):
         from .coll import Intracomm
         return Intracomm._wrap(self._inner("Create_group").Create_group(
             group._g, as_int(tag, "tag", "Create_group")))
-
-    # -- point-to-point, buffers ----------------------------------------------------------
-    def _where(self, call: str) -> str:
-        return f"rank {self.rank}: {call}"
-
-    def Send(self, buf, dest: int, tag: int = 0) -> None:
-        """Blocking standard send of the message ``buf`` (any mpi4py message spec)."""
-        c = self._inner("Send")
-        m = message(buf, f"rank {c.rank}: Send", "buf", writable=False)
-        c.Send(m.array, as_int(dest, "dest", "Send"), as_int(tag, "tag", "Send"))
-
-    def Ssend(self, buf, dest: int, tag: int = 0) -> None:
-        """Blocking synchronous send: returns once ``dest`` has started the matching
-        receive (rendezvous at every size)."""
-        c = self._inner("Ssend")
-        m = message(buf, f"rank {c.rank}: Ssend", "buf", writable=False)
-        c.Ssend(m.array, as_int(dest, "dest", "Ssend"), as_int(tag, "tag", "Ssend"))
-
-    Rsend = Send
-
-    def Bsend(self, buf, dest: int, tag: int = 0) -> None:
-        """Buffered send: returns at once; a private copy of the data travels."""
-        self.Ibsend(buf, dest, tag)
-
-    def Recv(self, buf, source: int = ANY_SOURCE, tag: int = ANY_TAG,
-             status: Status | None = None) -> None:
-        """Blocking receive into the message ``buf``; fills ``status``."""
-        c = self._inner("Recv")
-        m = message(buf, f"rank {c.rank}: Recv", "buf", writable=True)
-        c.Recv(m.array, as_int(source, "source", "Recv"), as_int(tag, "tag", "Recv"),
-               status)
-        m.finish()
-
-    def Isend(self, buf, dest: int, tag: int = 0) -> Request:
-        """Start a standard send; ``buf`` must stay untouched until the request completes."""
-        c = self._inner("Isend")
-        m = message(buf, f"rank {c.rank}: Isend", "buf", writable=False)
-        return Request._wrap(c.Isend(m.array, as_int(dest, "dest", "Isend"),
-                                     as_int(tag, "tag", "Isend")))
-
-    def Issend(self, buf, dest: int, tag: int = 0) -> Request:
-        """Start a synchronous send: the request completes once ``dest`` has started the
-        matching receive."""
-        c = self._inner("Issend")
-        m = message(buf, f"rank {c.rank}: Issend", "buf", writable=False)
-        return Request._wrap(c.Issend(m.array, as_int(dest, "dest", "Issend"),
-                                      as_int(tag, "tag", "Issend")))
-
-    Irsend = Isend
-
-    def Ibsend(self, buf, dest: int, tag: int = 0) -> Request:
-        """Buffered nonblocking send of a private copy: a live request, complete at once
-        (``buf`` is free again), to ``PROC_NULL`` too, as MPICH's."""
-        c = self._inner("Ibsend")
-        m = message(buf, f"rank {c.rank}: Ibsend", "buf", writable=False)
-        inner = c.Isend(m.array.copy(), as_int(dest, "dest", "Ibsend"),
-                        as_int(tag, "tag", "Ibsend"))
-        BSEND.add(inner)
-        return completed(c._engine)
-
-    def Irecv(self, buf, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
-        """Post a receive into ``buf``; valid after the request completes."""
-        c = self._inner("Irecv")
-        m = message(buf, f"rank {c.rank}: Irecv", "buf", writable=True)
-        return Request._wrap(c.Irecv(m.array, as_int(source, "source", "Irecv"),
-                                     as_int(tag, "tag", "Irecv")), fin(m))
-
-    def Sendrecv(self, sendbuf, dest: int, sendtag: int = 0, recvbuf=None,
-                 source: int = ANY_SOURCE, recvtag: int = ANY_TAG,
-                 status: Status | None = None) -> None:
-        """Send ``sendbuf`` to ``dest`` while receiving into ``recvbuf`` from ``source``."""
-        c = self._inner("Sendrecv")
-        w = f"rank {c.rank}: Sendrecv"
-        s = message(sendbuf, w, "sendbuf", writable=False)
-        r = message(recvbuf, w, "recvbuf", writable=True)
-        c.Sendrecv(s.array, as_int(dest, "dest", w), as_int(sendtag, "sendtag", w),
-                   r.array, as_int(source, "source", w), as_int(recvtag, "recvtag", w),
-                   status)
-        r.finish()
-
-    def Isendrecv(self, sendbuf, dest: int, sendtag: int = 0, recvbuf=None,
-                  source: int = ANY_SOURCE, recvtag: int = ANY_TAG) -> Request:
-        """Nonblocking :meth:`Sendrecv`: one request completing both halves."""
-        c = self._inner("Isendrecv")
-        w = f"rank {c.rank}: Isendrecv"
-        s = message(sendbuf, w, "sendbuf", writable=False)
-        r = message(recvbuf, w, "recvbuf", writable=True)
-        return self._pair(c, w, s.array, dest, sendtag, r, source, recvtag)
-
-    def Isendrecv_replace(self, buf, dest: int, sendtag: int = 0,
-                          source: int = ANY_SOURCE, recvtag: int = ANY_TAG) -> Request:
-        """Nonblocking :meth:`Sendrecv_replace` (the outgoing data is copied first)."""
-        c = self._inner("Isendrecv_replace")
-        w = f"rank {c.rank}: Isendrecv_replace"
-        r = message(buf, w, "buf", writable=True)
-        return self._pair(c, w, r.array.copy(), dest, sendtag, r, source, recvtag)
-
-    def _pair(self, c, w, out, dest, sendtag, r, source, recvtag) -> Request:
-        """Post a receive and a send; the request completes when the receive has and then
-        waits for the send (its receiver posted it already, so that wait is short)."""
-        rr = c.Irecv(r.array, as_int(source, "source", w), as_int(recvtag, "recvtag", w))
-        sr = c.Isend(out, as_int(dest, "dest", w), as_int(sendtag, "sendtag", w))
-
-        def finish() -> None:
-            sr.Wait()
-            r.finish()
-        return Request._wrap(rr, finish)
-
-    def Sendrecv_replace(self, buf, dest: int, sendtag: int = 0,
-                         source: int = ANY_SOURCE, recvtag: int = ANY_TAG,
-                         status: Status | None = None) -> None:
-        """Send ``buf`` and receive into it (the outgoing data is copied first)."""
-        c = self._inner("Sendrecv_replace")
-        w = f"rank {c.rank}: Sendrecv_replace"
-        r = message(buf, w, "buf", writable=True)
-        c.Sendrecv(r.array.copy(), as_int(dest, "dest", w), as_int(sendtag, "sendtag", w),
-                   r.array, as_int(source, "source", w), as_int(recvtag, "recvtag", w),
-                   status)
-        r.finish()
-
-    def Send_init(self, buf, dest: int, tag: int = 0) -> Prequest:
-        """A persistent send: each ``Start()`` sends ``buf``'s current contents."""
-        return self._persistent("Send_init", self.Isend, buf, dest, tag)
-
-    def Ssend_init(self, buf, dest: int, tag: int = 0) -> Prequest:
-        """A persistent synchronous send: each ``Start()`` is an :meth:`Issend`."""
-        return self._persistent("Ssend_init", self.Issend, buf, dest, tag)
-
-    Bsend_init = Send_init
-    Rsend_init = Send_init
-
-    def Recv_init(self, buf, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Prequest:
-        """A persistent receive into ``buf``."""
-        return self._persistent("Recv_init", self.Irecv, buf, source, tag)
-
-    def _persistent(self, call, post, buf, peer, tag) -> Prequest:
-        w = f"rank {self._inner(call).rank}: {call}"
-        message(buf, w, "buf", writable=post == self.Irecv)     # checked now, once
-        peer, tag = as_int(peer, "peer", w), as_int(tag, "tag", w)
-
-        def start():
-            r = post(buf, peer, tag)
-            return r._r, r._finish
-        return Prequest._persistent(start)
-
-    def Probe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG,
-              status: Status | None = None) -> bool:
-        """Block until a matching message is there; fills ``status``. Returns True."""
-        return self._inner("Probe").Probe(as_int(source, "source", "Probe"),
-                                          as_int(tag, "tag", "Probe"), status)
-
-    def Iprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG,
-               status: Status | None = None) -> bool:
-        """Whether a matching message is there (fills ``status`` if so)."""
-        return self._inner("Iprobe").Iprobe(as_int(source, "source", "Iprobe"),
-                                            as_int(tag, "tag", "Iprobe"), status)
-
-    def Mprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG,
-               status: Status | None = None):
-        """Block until a matching message is there and take it: an ``MPI.Message``
-        (``MESSAGE_NO_PROC`` for ``PROC_NULL``). See :mod:`pycomm.MPI.message`."""
-        from .message import matched_probe
-        return matched_probe(self._inner("Mprobe"), as_int(source, "source", "Mprobe"),
-                             as_int(tag, "tag", "Mprobe"), status, True)
-
-    def Improbe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG,
-                status: Status | None = None):
-        """Take a matching message if one is there: an ``MPI.Message``, else None."""
-        from .message import matched_probe
-        return matched_probe(self._inner("Improbe"), as_int(source, "source", "Improbe"),
-                             as_int(tag, "tag", "Improbe"), status, False)
-
-    def mprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status=None):
-        """Object form of Mprobe (the message's ``recv()`` returns the object)."""
-        return self.Mprobe(source, tag, status)
-
-    def improbe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status=None):
-        return self.Improbe(source, tag, status)
 
     @classmethod
     def Get_parent(cls) -> Comm:

@@ -286,22 +286,32 @@ def mpi_error(cls: type, code: str, message: str) -> Exception:
 
 
 def translating(fn):
-    """Decorate a façade method so that pycomm errors leave it as ``MPI.Exception``."""
+    """Decorate a façade method so that pycomm errors leave it as ``MPI.Exception``, or go
+    to the user-defined error handler of the object it was called on (which then
+    returns None: :mod:`pycomm.MPI.errhandlers`)."""
     @functools.wraps(fn)
     def call(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
         except CommError as exc:
-            if isinstance(exc, Exception):
+            error = exc if isinstance(exc, Exception) else translate(exc)
+            if args and not isinstance(args[0], type):
+                from .errhandlers import user_handled
+                if user_handled(args[0], error):
+                    return None
+            if error is exc:
                 raise
-            raise translate(exc).with_traceback(exc.__traceback__) from None
+            raise error.with_traceback(exc.__traceback__) from None
     return call
 
 
 def translate_methods(cls: type) -> type:
     """Class decorator: wrap every public method of ``cls`` with :func:`translating`."""
     for name, value in list(vars(cls).items()):
-        if name.startswith("_") or not callable(value) or isinstance(value, type):
+        # (a classmethod object is not callable itself: Request.Waitall and the like)
+        wrapped = isinstance(value, (staticmethod, classmethod))
+        if name.startswith("_") or not (callable(value) or wrapped) or \
+                isinstance(value, type):
             continue
         if isinstance(value, (staticmethod, classmethod)):
             setattr(cls, name, type(value)(translating(value.__func__)))
@@ -313,17 +323,42 @@ def translate_methods(cls: type) -> type:
 @translate_methods
 class ErrhandlerMethods:
     """The error-handler calls of a handle (a session, a window) whose ``_state(call)``
-    returns its state, a dict with an ``"errhandler"`` entry. pycomm always raises
-    :class:`Exception`; a handler that is set is kept to be read back."""
+    returns its state, a dict with an ``"errhandler"`` entry; ``_ERRH_KIND`` names the
+    kind of user-defined handler it takes (see :mod:`pycomm.MPI.errhandlers`)."""
+
+    _ERRH_KIND = ""
+
+    def _current_errhandler(self):
+        """The handler set (its shared part), or None: read by failing calls."""
+        try:
+            eh = self._state("Get_errhandler")["errhandler"]
+        except CommError:
+            return None
+        return eh._handle if eh is not None else None
 
     def Get_errhandler(self):
-        from . import default_errhandler
-        return self._state("Get_errhandler")["errhandler"] or default_errhandler()
+        """A new handle to the error handler (the default unless one was set)."""
+        from . import Errhandler, default_errhandler
+        return Errhandler(self._state("Get_errhandler")["errhandler"] or
+                          default_errhandler())
 
     def Set_errhandler(self, errhandler) -> None:
-        self._state("Set_errhandler")["errhandler"] = errhandler
+        """Set the error handler of this object.
+
+        Raises:
+            TypeError: not an Errhandler.
+            MPI.Exception: ERR_ERRHANDLER (ERRHANDLER_NULL), ERR_ARG (a user-defined
+                handler of another kind).
+        """
+        from .errhandlers import checked
+        kind = self._ERRH_KIND
+        state = self._state("Set_errhandler")
+        state["errhandler"] = checked(kind, errhandler, f"{kind}.Set_errhandler")
 
     def Call_errhandler(self, errorcode: int) -> None:
-        """Raise ``MPI.Exception(errorcode)`` (what every pycomm handler does)."""
-        self._state("Call_errhandler")
-        raise Exception(int(errorcode))
+        """Run the error handler on ``errorcode`` (see
+        :func:`pycomm.MPI.errhandlers.call_errhandler`)."""
+        from . import default_errhandler
+        from .errhandlers import call_errhandler
+        eh = self._state("Call_errhandler")["errhandler"] or default_errhandler()
+        call_errhandler(self, eh, int(errorcode))

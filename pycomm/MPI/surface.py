@@ -10,7 +10,7 @@ Installed by :mod:`pycomm.MPI` once every class exists:
 * ``MPI.Comm`` has the collectives of ``MPI.Intracomm``, as mpi4py's base class does
   (a ``Comm`` handle of an intra-communicator, ``Comm.fromhandle(...)``, can call them);
 * small aliases and conveniences: ``free()`` on every handle (frees a non-null one),
-  ``Topocomm.degrees``, ``Group.Intersect``, ``Datatype.Resized``, ``Call_errhandler``,
+  ``Topocomm.degrees``, ``Group.Intersect``, ``Datatype.Resized``,
   ``Message.probe``/``iprobe``.
 """
 
@@ -37,7 +37,6 @@ _NOT_OFFERED = {
     "partitioned communication (MPI 4.0)": ["Psend_init", "Precv_init"],
     "MPI_Comm_join": ["Join"],
     "dynamic process management (MPI_Comm_spawn_multiple)": ["Spawn_multiple"],
-    "user-defined error handlers": ["Create_errhandler"],
 }
 _PARTITIONED = ["Pready", "Pready_list", "Pready_range", "Parrived"]
 
@@ -86,10 +85,9 @@ def install(ns: dict) -> None:
             setattr(comm, name, value)                  # with their helpers (_send_recv...)
     for what, names in _NOT_OFFERED.items():
         for name in names:
-            for cls in (comm, topo, ns["Session"]):
-                if name == "Create_errhandler" or cls is not ns["Session"]:
-                    if not hasattr(cls, name):
-                        setattr(cls, name, _stub(cls.__name__, name, what))
+            for cls in (comm, topo):
+                if not hasattr(cls, name):
+                    setattr(cls, name, _stub(cls.__name__, name, what))
     ns["Intercomm"].Create_from_groups = classmethod(_stub(
         "Intercomm", "Create_from_groups", "inter-communicators"))
     ns["Status"].py2f = _stub("Status", "py2f", "Fortran handles")
@@ -103,11 +101,6 @@ def install(ns: dict) -> None:
     topo.degrees = property(lambda self: (self.indegree, self.outdegree))
     ns["Group"].Intersect = ns["Group"].Intersection
     ns["Datatype"].Resized = ns["Datatype"].Create_resized
-
-    def call_errhandler(self, errorcode: int) -> None:
-        """Raise ``MPI.Exception(errorcode)``: pycomm's handlers all raise."""
-        raise ns["Exception"](int(errorcode))
-    comm.Call_errhandler = call_errhandler
     message = ns["Message"]
     message.probe = classmethod(lambda cls, comm, source=ANY_SOURCE, tag=ANY_TAG,
                                 status=None: comm.mprobe(source, tag, status))
