@@ -114,6 +114,24 @@ def test_window_and_session_handlers():
     eh.Free()
 
 
+def test_file_handlers(tmp_path):
+    seen = []
+    path = tmp_path / "f"
+    path.write_bytes(b"")
+    f = MPI.File.Open(MPI.COMM_SELF, str(path), MPI.MODE_RDONLY)
+    eh = MPI.File.Create_errhandler(lambda obj, code: seen.append((obj == f, code)))
+    f.Set_errhandler(eh)
+    assert f.Get_errhandler() == eh
+    assert f.Write(b"x") is None                            # read-only: handled
+    f.Call_errhandler(MPI.ERR_OTHER)
+    assert seen == [(True, MPI.ERR_READ_ONLY), (True, MPI.ERR_OTHER)]
+    f.Close()
+    with pytest.raises(MPI.Exception) as err:
+        MPI.FILE_NULL.Set_errhandler(MPI.Comm.Create_errhandler(lambda obj, code: None))
+    assert err.value.Get_error_class() == MPI.ERR_ARG
+    eh.Free()
+
+
 @pytest.mark.parametrize("handler", ["ERRORS_ARE_FATAL", "ERRORS_ABORT"])
 def test_calling_a_fatal_handler_ends_the_job_with_the_code(handler):
     program = ("from pycomm import MPI\n"

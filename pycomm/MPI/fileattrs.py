@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import os
 
-from pycomm.errors import ArgumentError
+from pycomm.errors import ArgumentError, CommError
 
-from .exceptions import Exception as MPIException
 from .exceptions import mpi_error, translate_methods
 from .fileio import os_error
 from .info import Info
@@ -141,28 +140,24 @@ class FileAttributes:
         except OSError as exc:
             raise os_error(exc, "File.Sync", s.path) from None
 
-    # -- error handlers (14.7) ----------------------------------------------------------
-    @classmethod
-    def Create_errhandler(cls, errhandler_fn):
-        """User error handlers are not offered: pycomm always raises MPI.Exception.
-
-        Args:
-            errhandler_fn: the handler function.
-
-        Returns:
-            Nothing; it raises.
-
-        Raises:
-            NotImplementedError: always.
-        """
-        raise NotImplementedError("File.Create_errhandler: pycomm does not offer "
-                                  "user-defined error handlers")
-
+    # -- error handlers (14.7; File.Create_errhandler: pycomm.MPI.errhandlers) ----------
     def _eh_state(self):
         return NULL_STATE if self._s is None else self._state("errhandler")
 
+    def _eh(self):
+        st = self._eh_state()
+        return st["errhandler"] if st is NULL_STATE else st.errhandler
+
+    def _current_errhandler(self):
+        """The handler set (its shared part), or None: read by failing calls."""
+        try:
+            eh = self._eh()
+        except CommError:
+            return None
+        return eh._handle if eh is not None else None
+
     def Get_errhandler(self):
-        """The file's error handler (a new file gets ``FILE_NULL``'s).
+        """A new handle to the file's error handler (a new file gets ``FILE_NULL``'s).
 
         Returns:
             Errhandler: ``ERRORS_RETURN`` unless another was set.
@@ -170,13 +165,13 @@ class FileAttributes:
         Raises:
             ArgumentError: MPI.Exception ERR_FILE (a closed file).
         """
-        from . import default_errhandler
-        st = self._eh_state()
-        eh = st["errhandler"] if st is NULL_STATE else st.errhandler
-        return eh or default_errhandler()
+        from . import Errhandler, default_errhandler
+        return Errhandler(self._eh() or default_errhandler())
 
     def Set_errhandler(self, errhandler) -> None:
-        """Keep ``errhandler`` to be read back (pycomm always raises MPI.Exception).
+        """Set the file's error handler (``FILE_NULL``'s: the one new files get). A
+        user-defined one (``File.Create_errhandler``) gets the errors of this file's
+        calls instead of an exception (:mod:`pycomm.MPI.errhandlers`).
 
         Args:
             errhandler: an Errhandler.
@@ -185,28 +180,34 @@ class FileAttributes:
             None.
 
         Raises:
-            ArgumentError: MPI.Exception ERR_FILE (a closed file).
+            TypeError: not an Errhandler.
+            ArgumentError: MPI.Exception ERR_FILE (a closed file), ERR_ERRHANDLER
+                (ERRHANDLER_NULL), ERR_ARG (another kind's user-defined handler).
         """
+        from .errhandlers import checked
         st = self._eh_state()
+        eh = checked("File", errhandler, "File.Set_errhandler")
         if st is NULL_STATE:
-            st["errhandler"] = errhandler
+            st["errhandler"] = eh
         else:
-            st.errhandler = errhandler
+            st.errhandler = eh
 
     def Call_errhandler(self, errorcode: int) -> None:
-        """Raise ``MPI.Exception(errorcode)``, what every pycomm handler does.
+        """Run the file's error handler on ``errorcode`` (a user-defined one is called,
+        ``ERRORS_RETURN`` does nothing, ``ERRORS_ARE_FATAL``/``ERRORS_ABORT`` end the job).
 
         Args:
             errorcode: an MPI error code.
 
         Returns:
-            Nothing; it raises.
+            None.
 
         Raises:
-            CommError: the MPI.Exception of ``errorcode``.
+            ArgumentError: MPI.Exception ERR_FILE (a closed file).
         """
-        self._eh_state()
-        raise MPIException(int(errorcode))
+        from . import default_errhandler
+        from .errhandlers import call_errhandler
+        call_errhandler(self, self._eh() or default_errhandler(), int(errorcode))
 
 
 def Register_datarep(datarep: str, read_fn, write_fn, extent_fn) -> None:
