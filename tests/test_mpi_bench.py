@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -147,7 +148,7 @@ def _ours(text: str) -> str:
     return text.replace("python -m mpi4py.bench", PROG)
 
 
-def _bench(n: int, *args: str, via_run: bool = False, timeout: float = 60.0):
+def _launch(n: int, *args: str, via_run: bool = False, timeout: float = 60.0):
     """``launch.py --mpi4py -n N python -m mpi4py.bench ARGS`` (``-m mpi4py.run -rc
     threads=False -m mpi4py.bench`` with ``via_run``, as mpi4py's test_run.py runs it):
     ``(status, stdout, stderr without the launcher's lines, seconds)``."""
@@ -162,6 +163,57 @@ def _bench(n: int, *args: str, via_run: bool = False, timeout: float = 60.0):
     err = "".join(line for line in proc.stderr.splitlines(keepends=True)
                   if not line.startswith("pycomm.launch: "))
     return proc.returncode, proc.stdout, err, seconds
+
+
+# Every job the tests below launch, as (n, args, via_run). Each is a short job of its own
+# whose seconds go mostly to starting processes one after another (the launcher, then its
+# ranks), so a module fixture runs them AT_ONCE at a time and each test takes its job's
+# result (_bench); a job not listed here runs when its test asks.
+PING = ("pingpong", "-n", "8", "-l", "10", "-s", "1")
+PINGPONG_OPTIONS = [("--no-stats",), ("-p",), ("-o", "--threshold", "2"),
+                    ("-p", "--protocol", "4"), ("-o", "-a", "none", "--protocol", "3")]
+JOBS = [(n, ("helloworld",), False) for n in (1, 2, 3)] + [
+    (2, ("--threads", "--thread-level", "single", "helloworld", "-q"), False)] + [
+    (n, ("--no-threads", "helloworld"), True) for n in (1, 2)] + [
+    (n, ("ringtest", "-n", "1024", "-l", "10", "-s", "2"), False) for n in (1, 2, 3)] + [
+    (3, ("ringtest",), False), (2, ("ringtest", "-q", "-l", "5"), False)] + [
+    (n, ("pingpong", "-n", "64", "-l", "20", "-s", "2"), False) for n in (1, 2, 3)] + [
+    (3 if a == ("--no-stats",) else 2, PING + a, False) for a in PINGPONG_OPTIONS] + [
+    (1, ("pingpong", "-m", "1024", "-n", "4096", "-l", "5", "-o", "--threshold", "2048"),
+     False),
+    (2, ("pingpong", "-m", "16", "-n", "64", "-l", "20", "-s", "2", "--large-size", "16",
+         "--loop-large", "5", "--huge-size", "32", "--loop-huge", "3"), False),
+    (2, ("pingpong", "-n", "4", "-l", "5", "--no-header"), False),
+    (1, ("pingpong", "-n", "4", "-l", "5", "-q"), False),
+    (2, ("pingpong", "-m", "4", "-n", "2"), False)] + [
+    (n, ("futures", "-e", e, "-w", "2", "-n", "4", "-l", "2"), False)
+    for n, e in [(1, "thread"), (2, "thread"), (1, "process")]] + [
+    (1, ("futures", "-e", "thread", "-w", "2", "-n", "2", "-l", "2", "--no-stats", "-a",
+         "array"), False),
+    (2, ("futures",), False)] + [
+    (2, tuple(args), False) for args, _, _ in MPICH_ERRORS] + [
+    (2, ("foo",), True)] + [
+    (1, ("-h",) if c is None else (c, "-h"), False) for c in (None, "ringtest", "pingpong")]
+AT_ONCE = 3
+_LAUNCHED: dict = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _launched_at_once():
+    """Every job of JOBS, AT_ONCE at a time: (n, args, via_run) -> a Future of its result."""
+    from conftest import _CACHE
+    _CACHE.close()              # no shared world beside them
+    with ThreadPoolExecutor(AT_ONCE) as pool:
+        _LAUNCHED.update({key: pool.submit(_launch, key[0], *key[1], via_run=key[2])
+                          for key in JOBS})
+    yield
+    _LAUNCHED.clear()
+
+
+def _bench(n: int, *args: str, via_run: bool = False):
+    """The result of :func:`_launch` for this job: the module fixture's, or a run now."""
+    done = _LAUNCHED.get((n, args, via_run))
+    return done.result() if done is not None else _launch(n, *args, via_run=via_run)
 
 
 def _hello(n: int, host: str = HOST) -> str:
@@ -281,13 +333,10 @@ def test_pingpong(n):
     assert all(r[2] < wall for r in rows)
 
 
-@pytest.mark.parametrize("args", [
-    ("--no-stats",), ("-p",), ("-o", "--threshold", "2"), ("-p", "--protocol", "4"),
-    ("-o", "-a", "none", "--protocol", "3"),
-], ids=" ".join)
+@pytest.mark.parametrize("args", PINGPONG_OPTIONS, ids=" ".join)
 def test_pingpong_options(args):
     n = 3 if args == ("--no-stats",) else 2
-    status, out, err, _ = _bench(n, "pingpong", "-n", "8", "-l", "10", "-s", "1", *args)
+    status, out, err, _ = _bench(n, *PING, *args)
     assert (status, err) == (0, ""), err
     stats = "--no-stats" not in args
     header = (MPICH_PINGPONG if stats else MPICH_PINGPONG_NO_STATS).splitlines()[:2]
