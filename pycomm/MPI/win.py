@@ -207,12 +207,33 @@ class Win(RMA, ErrhandlerMethods):
         return mem if isinstance(mem, buffer) else buffer(mem)
 
     def Shared_query(self, rank: int):
-        """``(memory, disp_unit)`` of ``rank``'s window (``Allocate_shared`` windows)."""
+        """The memory of ``rank``'s window, if this process can read it directly.
+
+        Args:
+            rank: a rank of the window's group, or ``PROC_NULL`` for the lowest rank
+                whose window is not empty (MPI 4.1).
+
+        Returns:
+            ``(memory, disp_unit)``: an ``Allocate_shared`` window gives the rank's
+            memory itself; the other flavors, whose memory is each process's own
+            (MPI 4.1 allows any flavor here), an empty buffer and the rank's disp unit.
+
+        Raises:
+            MPI.Exception: ``ERR_RANK`` for a rank outside the group.
+        """
+        from . import PROC_NULL
         from .membuf import buffer
         s = self._state("Shared_query")
+        targets = s["targets"]
+        rank = as_int(rank, "rank", "Win.Shared_query")
+        if rank == PROC_NULL:
+            rank = next((r for r, t in enumerate(targets) if t.size), 0)
+        elif not 0 <= rank < len(targets):
+            raise _error("ERR_RANK", f"Win.Shared_query: rank {rank} is not in 0.."
+                         f"{len(targets) - 1} (or PROC_NULL)")
+        t = targets[rank]
         if s["flavor"] != FLAVOR_SHARED:
-            raise _error("ERR_RMA_FLAVOR", "Win.Shared_query: not an Allocate_shared window")
-        t = s["targets"][as_int(rank, "rank", "Win.Shared_query")]
+            return buffer(np.empty(0, np.uint8)), t.disp_unit
         return buffer(t.bytes), t.disp_unit
 
     def Get_group(self):

@@ -11,10 +11,12 @@ the target's epoch lock file.
 from __future__ import annotations
 
 import fcntl
+import time
 
 import numpy as np
 
-from pycomm.errors import ArgumentError
+from pycomm import config
+from pycomm.errors import ArgumentError, CommTimeoutError
 
 from .exceptions import mpi_error, translate_methods
 from .msgspec import _typed, as_int, message
@@ -48,6 +50,31 @@ class _OpLock:
 
     def __exit__(self, *exc):
         fcntl.flock(self.fd, fcntl.LOCK_UN)
+
+
+def _flock_bounded(fd: int, exclusive: bool, where: str) -> None:
+    """Take an ``flock`` of ``fd``, waiting at most ``PYCOMM_TIMEOUT`` seconds.
+
+    Tries without blocking first, then polls with a backoff of 50 us doubling to 5 ms
+    (the holder is another rank's epoch, which may last as long as its program likes).
+
+    Raises:
+        CommTimeoutError: the lock was not free within ``PYCOMM_TIMEOUT``.
+    """
+    mode = (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB
+    limit = config.get("PYCOMM_TIMEOUT")
+    deadline, delay = time.monotonic() + limit, 5e-5
+    while True:
+        try:
+            fcntl.flock(fd, mode)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise mpi_error(CommTimeoutError, "ERR_PENDING", f"{where}: the lock was "
+                                f"held by another rank for over {limit} s "
+                                "(PYCOMM_TIMEOUT)") from None
+            time.sleep(delay)
+            delay = min(delay * 2, 5e-3)
 
 
 @translate_methods
@@ -157,30 +184,84 @@ class RMA:
                 self._combine("Get_accumulate", src, dst, SUM if op is None else op, res)
             res.finish()
 
+    @staticmethod
+    def _single(call: str, spec, msg, arg: str):
+        """The predefined datatype of a one-item message, as mpi4py checks it.
+
+        Raises:
+            ArgumentError (a ValueError): not exactly one item, or a derived datatype.
+        """
+        count = msg.array.size // max(msg.per, 1)
+        if count != 1:
+            raise _error("ERR_COUNT", f"Win.{call}: {arg}: expecting a single element, "
+                         f"got {count}")
+        if msg.datatype is not None:
+            return msg.datatype
+        if type(spec) is np.ndarray:            # message()'s fast path: its own dtype
+            return from_numpy(msg.array.dtype)
+        raise _error("ERR_TYPE", f"Win.{call}: {arg}: a derived datatype (MPI allows "
+                     "only predefined ones here)")
+
     def Fetch_and_op(self, origin, result, target_rank: int, target_disp: int = 0,
                      op=None) -> None:
-        """:meth:`Get_accumulate` of one item at ``target_disp``."""
+        """:meth:`Get_accumulate` of one item at ``target_disp``.
+
+        Args:
+            origin: one item (its datatype is the target's too).
+            result: one item of the same datatype, written with the target's old value.
+            target_rank: the target's rank in the window's group (``PROC_NULL``: nothing).
+            target_disp: displacement in the target's disp units.
+            op: the reduction (default ``SUM``; ``REPLACE``, ``NO_OP``...).
+
+        Raises:
+            ValueError: origin or result is not one item, or their datatypes differ
+                (before the target is touched).
+        """
+        from . import PROC_NULL
+        src = message(origin, "Win.Fetch_and_op", "origin", writable=False)
         res = message(result, "Win.Fetch_and_op", "result", writable=True)
-        dt = res.datatype or from_numpy(res.array.dtype)
+        if as_int(target_rank, "target_rank", "Win.Fetch_and_op") == PROC_NULL:
+            return
+        dt = self._single("Fetch_and_op", origin, src, "origin")
+        if self._single("Fetch_and_op", result, res, "result") != dt:
+            raise _error("ERR_TYPE", "Win.Fetch_and_op: mismatch in origin and result "
+                         "MPI datatypes")
         self.Get_accumulate(origin, result, target_rank, [target_disp, 1, dt], op)
 
     def Compare_and_swap(self, origin, compare, result, target_rank: int,
                          target_disp: int = 0) -> None:
-        """``result = target; if target == compare: target = origin``, atomically."""
-        src = message(origin, "Win.Compare_and_swap", "origin", writable=False)
-        cmp = message(compare, "Win.Compare_and_swap", "compare", writable=False)
-        res = message(result, "Win.Compare_and_swap", "result", writable=True)
-        dt = res.datatype or from_numpy(res.array.dtype)
+        """``result = target; if target == compare: target = origin``, atomically.
+
+        Args:
+            origin, compare, result: one item each, all of one predefined datatype.
+            target_rank: the target's rank in the window's group (``PROC_NULL``: nothing).
+            target_disp: displacement in the target's disp units.
+
+        Raises:
+            ValueError: an argument is not one item, or the datatypes differ (before the
+                target is touched).
+        """
+        from . import PROC_NULL
+        where = "Win.Compare_and_swap"
+        src = message(origin, where, "origin", writable=False)
+        cmp = message(compare, where, "compare", writable=False)
+        res = message(result, where, "result", writable=True)
+        if as_int(target_rank, "target_rank", where) == PROC_NULL:
+            return
+        dt = self._single("Compare_and_swap", origin, src, "origin")
+        for spec, msg, arg in ((compare, cmp, "compare"), (result, res, "result")):
+            if self._single("Compare_and_swap", spec, msg, arg) != dt:
+                raise _error("ERR_TYPE", f"{where}: mismatch in origin and {arg} MPI "
+                             "datatypes")
         t, dst = self._region("Compare_and_swap", target_rank, [target_disp, 1, dt],
-                              res, True)
-        if t is not None:
-            with self._locked(t):
-                old = dst.array.copy()
-                res.array[...] = old
-                if np.array_equal(old, cmp.array.view(old.dtype)):
-                    dst.array[...] = src.array.view(old.dtype)
-                    dst.finish()
-            res.finish()
+                              src, True)
+        with self._locked(t):
+            old = dst.array.copy()
+            res.array[...] = old.view(res.array.dtype)
+            if np.array_equal(old, cmp.array.view(old.dtype)):
+                dst.array[...] = src.array.view(old.dtype)
+                dst.finish()
+        res.finish()
 
     def _done(self):
         from .request import Request
@@ -274,23 +355,43 @@ class RMA:
                                           s["comm"].Get_group()))
 
     def Lock(self, rank: int, lock_type: int = LOCK_EXCLUSIVE, assertion: int = 0) -> None:
-        """Begin a passive-target epoch on ``rank``'s window."""
+        """Begin a passive-target epoch on ``rank``'s window (``PROC_NULL``: nothing).
+
+        Args:
+            rank: the target's rank in the window's group.
+            lock_type: ``LOCK_EXCLUSIVE`` or ``LOCK_SHARED``.
+            assertion: ignored (``MODE_NOCHECK``...: a hint).
+
+        Raises:
+            MPI.Exception: ``ERR_RMA_SYNC`` if this rank locked ``rank`` already,
+                ``ERR_LOCKTYPE``, ``ERR_RANK``; ``ERR_PENDING`` (a ``TimeoutError``) if
+                another rank held a conflicting lock for over ``PYCOMM_TIMEOUT``.
+        """
+        from . import PROC_NULL
         s = self._state("Lock")
         rank = as_int(rank, "rank", "Win.Lock")
+        if rank == PROC_NULL:           # as MPICH: a valid target, nothing to lock
+            return
         if rank in s["locks"]:
             raise _error("ERR_RMA_SYNC", f"Win.Lock: rank {rank} is locked already")
         if lock_type not in (LOCK_EXCLUSIVE, LOCK_SHARED):
             raise _error("ERR_LOCKTYPE", f"Win.Lock: lock_type {lock_type}")
-        fcntl.flock(s["targets"][rank].epoch_fd,
-                    fcntl.LOCK_EX if lock_type == LOCK_EXCLUSIVE else fcntl.LOCK_SH)
+        if not 0 <= rank < len(s["targets"]):
+            raise _error("ERR_RANK", f"Win.Lock: rank {rank} is not in 0.."
+                         f"{len(s['targets']) - 1}")
+        _flock_bounded(s["targets"][rank].epoch_fd, lock_type == LOCK_EXCLUSIVE,
+                       f"Win.Lock(rank={rank})")
         s["locks"][rank] = lock_type
         if rank == s["comm"].rank:
             self._reconcile(s)
 
     def Unlock(self, rank: int) -> None:
         """End the passive-target epoch on ``rank``'s window."""
+        from . import PROC_NULL
         s = self._state("Unlock")
         rank = as_int(rank, "rank", "Win.Unlock")
+        if rank == PROC_NULL:
+            return
         if s["locks"].pop(rank, None) is None:
             raise _error("ERR_RMA_SYNC", f"Win.Unlock: rank {rank} is not locked")
         if rank == s["comm"].rank:
