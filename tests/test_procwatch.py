@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import psutil
 import pytest
@@ -111,13 +112,64 @@ def test_a_stopped_process_is_reported_after_the_patience_and_not_before(sleeper
     assert sleeper.verdict_within(1.5) is None          # resumed: runs again
 
 
-def test_a_process_busy_on_its_cpu_holding_its_gil_runs():
+# -- quiet windows: nothing may be reported for a few seconds --------------------------------
+# Each of these watches (or asks) for a while and expects no verdict, with no bound on when
+# something happens; each has its own process, watch, fake watch and asker. A module
+# fixture runs them at once (their seconds are waiting) and each test checks its own.
+
+def _busy_verdict():
     # sum() over a range is one C call: the GIL is held for its whole length
     w = _Watched("while True: sum(range(10**8))")
     try:
-        assert w.verdict_within(2.5) is None
+        return w.verdict_within(2.5)
     finally:
         w.close()
+
+
+def _no_watch_verdicts() -> list:
+    """Every non-None poll of 1.5 s of asking peers 3 (refused: its watch is gone) and 4
+    (no watch at all)."""
+    lst = _listener()
+    addr = lst.getsockname()
+    lst.close()                                         # refused from now on
+    asker = procwatch.Asker({3: addr}, PATIENCE, KEY)
+    t0 = time.monotonic()
+    end = t0 + 1.5
+    found = []
+    while time.monotonic() < end:
+        got = asker.poll([3, 4], t0)                    # 4 has no watch at all
+        if got is not None:
+            found.append(got)
+        time.sleep(0.05)
+    asker.close()
+    return found
+
+
+def _forged_verdict(forgery: str):
+    """What an asker concludes from a watch's port that answers with ``forgery``."""
+    def reply(nonce):
+        if forgery == "no key":
+            return b"4242 T 999.000 " + b"0" * 64 + b"\n"
+        if forgery == "another question's answer":
+            return procwatch.answer(KEY, bytes(procwatch.NONCE_BYTES), 4242, "T", 999.0)
+        return procwatch.answer(KEY, nonce, 4242, "T", 999.0)
+    return _FakeWatch(reply).verdict_within(4 * PATIENCE)
+
+
+FORGERIES = ["no key", "another question's answer", "the key"]
+
+
+@pytest.fixture(scope="module")
+def quiet_windows() -> dict:
+    """Every quiet window at once: key -> a Future of its outcome."""
+    jobs = {"busy": (_busy_verdict,), "no watch": (_no_watch_verdicts,),
+            **{f: (_forged_verdict, f) for f in FORGERIES}}
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        return {key: pool.submit(*job) for key, job in jobs.items()}
+
+
+def test_a_process_busy_on_its_cpu_holding_its_gil_runs(quiet_windows):
+    assert quiet_windows["busy"].result() is None
 
 
 def test_a_watch_that_accepts_but_never_answers_means_nothing_on_the_host_runs(sleeper):
@@ -130,17 +182,8 @@ def test_a_watch_that_accepts_but_never_answers_means_nothing_on_the_host_runs(s
     assert time.monotonic() - t0 >= PATIENCE
 
 
-def test_no_watch_listening_is_no_verdict_and_no_error():
-    lst = _listener()
-    addr = lst.getsockname()
-    lst.close()                                         # refused from now on
-    asker = procwatch.Asker({3: addr}, PATIENCE, KEY)
-    t0 = end = time.monotonic()
-    end = t0 + 1.5
-    while time.monotonic() < end:
-        assert asker.poll([3, 4], t0) is None           # 4 has no watch at all
-        time.sleep(0.05)
-    asker.close()
+def test_no_watch_listening_is_no_verdict_and_no_error(quiet_windows):
+    assert quiet_windows["no watch"].result() == []     # every poll None, none raised
 
 
 class _FakeWatch:
@@ -183,17 +226,11 @@ class _FakeWatch:
             self.lst.close()
 
 
-@pytest.mark.parametrize("forgery", ["no key", "another question's answer", "the key"])
-def test_an_answer_counts_only_with_its_mac_for_this_question(forgery):
+@pytest.mark.parametrize("forgery", FORGERIES)
+def test_an_answer_counts_only_with_its_mac_for_this_question(quiet_windows, forgery):
     """A stranger on a watch's port (or a recorded answer replayed) cannot make a rank
     report its peer stopped; the same answer with the right MAC does (the control)."""
-    def reply(nonce):
-        if forgery == "no key":
-            return b"4242 T 999.000 " + b"0" * 64 + b"\n"
-        if forgery == "another question's answer":
-            return procwatch.answer(KEY, bytes(procwatch.NONCE_BYTES), 4242, "T", 999.0)
-        return procwatch.answer(KEY, nonce, 4242, "T", 999.0)
-    found = _FakeWatch(reply).verdict_within(4 * PATIENCE)
+    found = quiet_windows[forgery].result()
     if forgery == "the key":
         assert found is not None and "pid 4242" in found[1], found
     else:
