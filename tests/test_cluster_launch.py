@@ -160,12 +160,19 @@ def test_every_agent_names_a_failure_on_the_node_that_hosts_the_store(tmp_path):
     node 1 lost the store first in about half the runs and said only that."""
     app = tmp_path / "app.py"
     app.write_text(FAILING_APP)
+    # three jobs (each its own port), started together: each is a short run of starting
+    # processes, and the race it looks for is between the two agents of one job
+    jobs, ports = [], set()
     for _ in range(3):
-        port = _free_port()
-        nodes = [subprocess.Popen(_node_argv(k, port, (), [str(app)]), cwd=str(ROOT),
-                                  env=clean_env(PYCOMM_JOB_TOKEN="failing-node"),
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                 for k in (0, 1)]
+        while (port := _free_port()) in ports:     # three different stores (and job ids)
+            pass
+        ports.add(port)
+        jobs.append([subprocess.Popen(_node_argv(k, port, (), [str(app)]), cwd=str(ROOT),
+                                      env=clean_env(PYCOMM_JOB_TOKEN="failing-node"),
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True)
+                     for k in (0, 1)])
+    for nodes in jobs:
         outs = [node.communicate(timeout=90)[1] for node in nodes]
         for node, err in zip(nodes, outs):
             assert node.returncode == 1, err
