@@ -6,8 +6,8 @@ peer busy in user code or in C calls holding the GIL, a job suspended and resume
 host, stops shorter than half the timeout) is waited for. The jobs are torchrun-style
 (benchmarks/cluster/stopped.py's host2_job: ranks 0-1 on host1, 2-3 on host2,
 PYCOMM_PEER_TIMEOUT 3 s); the three jobs that are waited for run at once, each on hosts
-of its own (they spend their seconds waiting). Like tests/test_cluster.py, these need root and iproute2 and FAIL
-where namespaces cannot be made.
+of its own (they spend their seconds waiting). Like tests/test_cluster.py, these need root
+and iproute2 and FAIL where namespaces cannot be made.
 """
 
 from __future__ import annotations
