@@ -239,7 +239,7 @@ def test_huge_types_are_made_queried_and_freed_without_their_map(make):
         assert isinstance(dt.homogeneous, bool) and isinstance(dt._contig, bool)
         dup = dt.Dup()
         copy = MPI.Datatype(dup)
-        assert dup != dt and dup == copy and hash(dup) == hash(copy)
+        assert dup != dt and dup == copy            # handles are unhashable (mpi4py's)
         assert (dup.size, dup.Get_extent()) == (size, (lb, extent))
         old, name, kw = dt.decode()
         assert dt.Get_envelope()[-1] != MPI.COMBINER_NAMED and name and kw

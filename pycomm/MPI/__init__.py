@@ -111,8 +111,9 @@ from . import errhandlers as _errhandlers
 from . import keyvals as _keyvals
 from . import surface as _surface
 from .session import SESSION_NULL, Session
-from .handles import install as _install_handles
-from .pickling import install as _install_pickling
+from . import handles as _handles
+from . import objmodel as _objmodel
+from . import pickling as _pickling
 from .topo import CART, DIST_GRAPH, GRAPH, Cartcomm, Compute_dims
 
 # -- datatypes (MPI.DOUBLE ...) and error classes (MPI.ERR_TRUNCATE ...) ----------------
@@ -160,9 +161,6 @@ from .errhandlers import (ERRHANDLER_NULL, ERRORS_ABORT, ERRORS_ARE_FATAL, ERROR
 
 
 # -- environment ------------------------------------------------------------------------
-_install_handles(Comm, Group, Datatype, Op, Request, Message, Info, Session, Errhandler,
-                 Win)
-_install_pickling(Comm, Group)
 _state = {"thread_level": THREAD_SERIALIZED, "finalized": False, "errors": "exception"}
 _main_thread = _threading.main_thread()
 COMM_NULL = Comm()
@@ -317,9 +315,10 @@ COMM_TYPE_SHARED, COMM_TYPE_HW_GUIDED, COMM_TYPE_HW_UNGUIDED, COMM_TYPE_RESOURCE
 
 
 def Get_address(location) -> int:
-    """The memory address of a buffer (its first byte)."""
+    """The memory address of a buffer (its first byte); 0 for ``BOTTOM`` and None (as
+    mpi4py on MPICH)."""
     import numpy as np
-    if location is BOTTOM:
+    if location is BOTTOM or location is None:
         return 0
     return int(np.frombuffer(memoryview(location).cast("B"), np.uint8)
                .__array_interface__["data"][0])
@@ -370,6 +369,10 @@ def Get_abi_version() -> tuple[int, int]:
 _keyvals.install({"Comm": Comm, "Datatype": Datatype, "Win": Win})
 _errhandlers.install({"Comm": Comm, "Win": Win, "Session": Session, "File": File})
 _surface.install(globals())
+_objmodel.install(globals())
+_handles.install(globals())
+_pickling.install(globals())
+_sizeof, _addressof, _handleof = _objmodel.sizeof, _objmodel.addressof, _objmodel.handleof
 
 
 def __getattr__(name: str):
@@ -377,6 +380,7 @@ def __getattr__(name: str):
     if make is not None:
         value = make()
         globals()[name] = value      # later lookups are plain attribute reads
+        _objmodel.add_constant(value)
         return value
     if name in _NOT_OFFERED:
         raise NotImplementedError(f"MPI.{name}: pycomm does not offer "

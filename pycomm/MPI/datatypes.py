@@ -301,8 +301,8 @@ class Datatype:
         if self._predefined and self._ctor is None:
             from .predefined import _KEY_OF, _copy_of, _predefined
             key = _KEY_OF[id(self._disps)]
-            # the named handle unpickles to itself, a Datatype(named) copy to a new copy
-            return (_predefined if self is _predefined(key) else _copy_of), (key,)
+            return (_predefined, (key,)) if self is _predefined(key) else \
+                (_copy_of, (key, type(self)))       # a copy: a new one of its class
         if self._ctor is not None:            # made by a constructor: made again by it
             from .decode import recreate
             return recreate, (*self._ctor, self._committed)

@@ -44,7 +44,6 @@ from .fileaccess import DataAccess
 from .fileattrs import DATAREPS, NATIVE, NULL_STATE, FileAttributes, Register_datarep
 from .fileio import FilePointer, LocalPointer, os_error
 from .fileview import View
-from .handles import install as install_handles
 from .info import Info
 from .msgspec import as_int
 from .predefined import PREDEFINED
@@ -473,4 +472,3 @@ def _file_null() -> File:
 
 
 FILE_NULL = File()
-install_handles(File)

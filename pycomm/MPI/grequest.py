@@ -78,6 +78,9 @@ class Grequest(Request):
     __slots__ = ("_g",)
 
     def __init__(self, request: Request | None = None):
+        if isinstance(request, Request) and not isinstance(request, Grequest) and \
+                not request:
+            request = None                  # Grequest(REQUEST_NULL) (mpi4py + MPICH)
         if request is not None and not isinstance(request, Grequest):
             raise TypeError(f"Grequest({request!r}): expected a generalized request")
         super().__init__(request)

@@ -15,10 +15,12 @@ __all__ = ["GROUP_EMPTY", "GROUP_NULL", "Group"]
 class Group:
     """An ordered set of processes (mpi4py's ``MPI.Group``); ``Group()`` is GROUP_NULL."""
 
-    __slots__ = ("_g",)
+    __slots__ = ("__weakref__", "_g")
 
     def __init__(self, group: Group | None = None):
-        self._g = group._g if isinstance(group, Group) else None
+        if group is not None and not isinstance(group, Group):
+            raise TypeError(f"Group({group!r}): expected an MPI.Group or nothing")
+        self._g = None if group is None else group._g
 
     @classmethod
     def _of(cls, inner: _Group) -> Group:

@@ -10,6 +10,8 @@ pycomm reads no hints. (Attribute caching, with ``KEYVAL_INVALID``, is
 
 from __future__ import annotations
 
+import copyreg
+
 from pycomm.errors import ArgumentError
 
 from .exceptions import mpi_error, translate_methods
@@ -21,7 +23,7 @@ __all__ = ["INFO_ENV", "INFO_NULL", "KEYVAL_INVALID", "Info"]
 class Info:
     """Key/value hints (mpi4py's ``MPI.Info``); ``Info()`` is ``INFO_NULL``."""
 
-    __slots__ = ("_d",)
+    __slots__ = ("__weakref__", "_d")
 
     def __init__(self, info: Info | None = None):
         if info is not None and not isinstance(info, Info):
@@ -30,8 +32,9 @@ class Info:
 
     @classmethod
     def Create(cls, items=None) -> Info:
-        """A new info object, filled from a mapping or (key, value) pairs if given."""
-        out = cls()
+        """A new info object of class ``cls``, filled from a mapping or (key, value) pairs
+        if given."""
+        out = cls.__new__(cls)
         out._d = {}
         if items is not None:
             out.update(items)
@@ -52,7 +55,8 @@ class Info:
         self._d = None
 
     def Dup(self) -> Info:
-        return Info.Create(self._dict("Dup"))
+        """A new info object (of this one's class) with the same items."""
+        return type(self).Create(self._dict("Dup"))
 
     def Get(self, key: str, default=None):
         """The value of ``key`` (a str), or None when absent."""
@@ -137,14 +141,14 @@ class Info:
         if self is INFO_NULL or self is INFO_ENV:
             return "INFO_NULL" if self is INFO_NULL else "INFO_ENV"
         if self._d is None:
-            return Info, ()
+            return copyreg.__newobj__, (type(self),)
         if self._d is INFO_ENV._d:
-            return Info, (INFO_ENV,)
-        return Info.Create, (dict(self._d),)
+            return copyreg.__newobj__, (type(self), INFO_ENV)
+        return type(self).Create, (list(self._d.items()),)
 
     def copy(self) -> Info:
         """A new info object with the same items (INFO_NULL copies to a null one)."""
-        return Info() if self._d is None else self.Dup()
+        return type(self).__new__(type(self)) if self._d is None else self.Dup()
 
     def clear(self) -> None:
         if self._d is not None:

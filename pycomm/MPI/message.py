@@ -43,10 +43,12 @@ class Message:
     ``Recv``/``Irecv`` (buffers) or ``recv``/``irecv`` (objects). ``Message()`` is
     ``MESSAGE_NULL``; ``Message(message)`` is another handle of ``message``."""
 
-    __slots__ = ("_data", "_engine", "_noproc", "_source", "_tag")
+    __slots__ = ("__weakref__", "_data", "_engine", "_noproc", "_source", "_tag")
 
     def __init__(self, message: Message | None = None):
-        src = message if isinstance(message, Message) else None
+        if message is not None and not isinstance(message, Message):
+            raise TypeError(f"Message({message!r}): expected an MPI.Message or nothing")
+        src = message
         self._data = None if src is None else src._data
         self._source = PROC_NULL if src is None else src._source
         self._tag = ANY_TAG if src is None else src._tag

@@ -66,6 +66,23 @@ class _Bottom:
     def __repr__(self) -> str:
         return "MPI.BOTTOM"
 
+    def __index__(self) -> int:
+        """0: ``int(MPI.BOTTOM)`` and ``MPI.Aint_add(MPI.BOTTOM, d)`` as in mpi4py."""
+        return 0
+
+    __int__ = __index__
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, _Bottom):
+            return True
+        return other == 0 if isinstance(other, (int, np.integer)) else NotImplemented
+
+    def __hash__(self) -> int:
+        return 0
+
+    def __reduce__(self) -> str:
+        return "BOTTOM"
+
 
 BOTTOM = _Bottom()
 _BYTE_FORMATS = frozenset("Bc")     # bytes-like buffers: MPI.BYTE ("b" is SIGNED_CHAR)

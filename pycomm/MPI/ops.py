@@ -18,6 +18,7 @@ against it (mpi4py's test_op does) must see it. ``pycomm.Op.Create`` has no limi
 
 from __future__ import annotations
 
+import copyreg
 import threading
 import weakref
 
@@ -102,11 +103,12 @@ class Op(_Op, metaclass=_OpType):
     def __reduce__(self):
         if self.name in _PREDEFINED and self is _PREDEFINED[self.name]:
             return _predefined, (self.name,)
-        if self.name in _PREDEFINED:
-            return Op, (_PREDEFINED[self.name],)
+        if self.name in _PREDEFINED:                # a copy: of the same class
+            return copyreg.__newobj__, (type(self), _PREDEFINED[self.name])
         user = self.__dict__.get("_user")
         if user is None:
-            raise TypeError(f"cannot pickle {self!r}")
+            raise ValueError(f"cannot pickle {self!r}: a user-defined op made from an "
+                             "integer handle has no function to send (as in mpi4py)")
         return Op.Create, user
 
     @classmethod
@@ -128,7 +130,8 @@ class Op(_Op, metaclass=_OpType):
         return out
 
     def Free(self) -> None:
-        """Release a user op (nothing to release); predefined ops cannot be freed.
+        """Release a user op: this handle becomes ``OP_NULL`` (as mpi4py's on MPICH);
+        predefined ops cannot be freed.
 
         Raises:
             MPI.Exception (ERR_OP): a predefined op.
@@ -144,6 +147,8 @@ class Op(_Op, metaclass=_OpType):
                 held = _user_slots[slot]() if _user_slots[slot] is not None else None
                 if held is not None and held == self:   # this op or a copy (one handle)
                     _user_slots[slot] = None
+        self.__dict__.clear()
+        self.__dict__.update(OP_NULL.__dict__)
 
     def Reduce_local(self, inbuf, inoutbuf) -> None:
         """``inoutbuf = inbuf ∘ inoutbuf`` on this process (message specs of one type)."""
@@ -165,9 +170,10 @@ def with_datatype(op: _Op, datatype) -> _Op:
     # one copy per datatype, kept on the op: calls are signed by op (a new op per call
     # would fill the signature cache)
     bound = op.__dict__.setdefault("_bound", {})
-    hit = bound.get(datatype)
+    key = id(datatype._data)            # handles are unhashable; the bound op keeps it
+    hit = bound.get(key)
     if hit is None:
-        hit = bound[datatype] = _bind(op, user, datatype)
+        hit = bound[key] = _bind(op, user, datatype)
     return hit
 
 

@@ -1,17 +1,21 @@
-"""Pickling of communicators and groups as mpi4py does it.
+"""Pickling of handles as mpi4py does it (its ``reduce_default``).
 
-The predefined handles unpickle to themselves (``COMM_NULL``, ``COMM_SELF``,
-``COMM_WORLD``, ``GROUP_NULL``, ``GROUP_EMPTY``), a copy of one (``MPI.Comm(COMM_WORLD)``)
-to a new equal copy; any other communicator or group names processes of this job only,
-and pickling it raises ``ValueError``.
+A module constant (``COMM_NULL``, ``COMM_WORLD``, ``GROUP_EMPTY``, ``REQUEST_NULL``,
+``WIN_NULL``, ``FILE_NULL``, ``MESSAGE_NO_PROC``, ``ERRORS_RETURN``...) unpickles to
+itself; a copy of one (``MPI.Comm(COMM_WORLD)``, or a subclass's ``MyComm(COMM_NULL)``)
+to a new copy of the same class. Any other communicator, group, request, message, error
+handler, session, window or file names something of this process only, and pickling it
+raises ``ValueError``. (Datatypes, ops and info objects pickle by their own
+``__reduce__``.)
 """
 
 from __future__ import annotations
 
+from .objmodel import CONSTANTS, constants, kind_of
+
 __all__ = ["install"]
 
-_COMMS = ("COMM_NULL", "COMM_SELF", "COMM_WORLD")
-_GROUPS = ("GROUP_NULL", "GROUP_EMPTY")
+_KINDS = ("Comm", "Group", "Request", "Message", "Errhandler", "Session", "Win", "File")
 
 
 def _named(name: str):
@@ -20,25 +24,26 @@ def _named(name: str):
 
 
 def _copy(cls, name: str):
-    return cls(_named(name))
+    return cls.__new__(cls, _named(name))
 
 
-def _reduce(self, names: tuple[str, ...]):
+def _name_of(obj) -> str:
     import pycomm.MPI as mpi
-    for name in names:
-        # COMM_WORLD and COMM_SELF are made on first use: one not made yet is not this one
-        named = getattr(mpi, name) if name in vars(mpi) else None
-        if named is None:
-            continue
-        if self is named:
-            return _named, (name,)
-        if self == named:
-            return _copy, (type(self), name)
-    raise ValueError(f"cannot pickle {self!r}: only {', '.join(names)} and their copies "
-                     "mean the same thing in another process")
+    return next(n for n, v in sorted(vars(mpi).items()) if v is obj and n.isupper())
 
 
-def install(comm_cls, group_cls) -> None:
-    """Give ``Comm`` and ``Group`` mpi4py's ``__reduce__``."""
-    comm_cls.__reduce__ = lambda self: _reduce(self, _COMMS)
-    group_cls.__reduce__ = lambda self: _reduce(self, _GROUPS)
+def _reduce(self):
+    if id(self) in CONSTANTS:
+        return _named, (_name_of(self),)
+    for c in constants(kind_of(self)):
+        if c == self:
+            return _copy, (type(self), _name_of(c))
+    raise ValueError(f"cannot pickle {self!r}: only the predefined handles and their "
+                     "copies mean the same thing in another process")
+
+
+def install(ns: dict) -> None:
+    """Give the handle classes above (of the ``pycomm.MPI`` namespace ``ns``) mpi4py's
+    ``__reduce__``."""
+    for kind in _KINDS:
+        ns[kind].__reduce__ = _reduce

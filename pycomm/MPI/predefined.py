@@ -29,9 +29,10 @@ def _predefined(name: str) -> Datatype:
     return PREDEFINED[name]
 
 
-def _copy_of(name: str) -> Datatype:
-    """A new handle equal to predefined type ``name`` (how ``Datatype(MPI.INT)`` unpickles)."""
-    return Datatype(PREDEFINED[name])
+def _copy_of(name: str, cls: type = Datatype) -> Datatype:
+    """A new handle of class ``cls`` equal to predefined type ``name`` (how
+    ``Datatype(MPI.INT)``, or a subclass's ``MyDatatype(MPI.INT)``, unpickles)."""
+    return cls.__new__(cls, PREDEFINED[name])
 
 
 

@@ -53,7 +53,7 @@ def _extend(statuses, n: int) -> None:
 class Request:
     """A pending operation (mpi4py's ``MPI.Request``); ``Request()`` is a null request."""
 
-    __slots__ = ("_finish", "_p", "_r")
+    __slots__ = ("__weakref__", "_finish", "_p", "_r")
 
     def __init__(self, request: Request | None = None):
         if isinstance(request, Request):
@@ -72,7 +72,7 @@ class Request:
 
     @classmethod
     def _wrap(cls, inner: _Inner, finish=None) -> Request:
-        out = cls.__new__(cls)
+        out = object.__new__(cls)       # the hot path: no copy made first
         out._r, out._finish = inner, finish
         return out
 
@@ -424,6 +424,15 @@ class Prequest(Request):
     __slots__ = ("_freed", "_start")
 
     def __init__(self, request: Request | None = None):
+        """``Prequest(other)``: another handle of the persistent request ``other`` (a
+        null request of any class gives a null one, as mpi4py's).
+
+        Raises:
+            TypeError: ``other`` is an active non-persistent request, or no request.
+        """
+        if isinstance(request, Request) and not isinstance(request, Prequest) and \
+                not request:
+            request = None                  # Prequest(REQUEST_NULL) (mpi4py + MPICH)
         if request is not None and not isinstance(request, Prequest):
             raise TypeError(f"Prequest({request!r}): expected a persistent request")
         super().__init__(request)
@@ -432,7 +441,7 @@ class Prequest(Request):
 
     @classmethod
     def _persistent(cls, start) -> Prequest:
-        out = cls.__new__(cls)
+        out = object.__new__(cls)
         out._r, out._finish, out._start, out._freed = None, None, start, False
         return out
 

@@ -8,6 +8,7 @@ is a writable view of them, as mpi4py's.
 from __future__ import annotations
 
 import array
+import copyreg
 
 from pycomm.status import Status as _Status
 
@@ -36,12 +37,6 @@ def _signed32(v: int) -> int:
     return v - (1 << 32) if v >= 1 << 31 else v
 
 
-def _status_from(fields) -> Status:
-    out = Status()
-    out._mem[:] = array.array("i", fields)
-    return out
-
-
 @translate_methods
 class Status(_Status):
     """Where a received message came from (mpi4py's ``MPI.Status``).
@@ -52,7 +47,7 @@ class Status(_Status):
     source, tag, error); :meth:`tomemory` is a writable view of them.
     """
 
-    __slots__ = ("_mem",)
+    __slots__ = ("__weakref__", "_mem")
 
     source = _field(2, "The sender's rank.")
     tag = _field(3, "The message's tag.")
@@ -82,11 +77,17 @@ class Status(_Status):
         return memoryview(self._mem)
 
     def __reduce__(self):
-        return _status_from, (list(self._mem),)
+        """mpi4py's: a new status of the same class (a subclass's too) with the same
+        fields."""
+        return copyreg.__newobj__, (type(self),), self.__getstate__()
 
-    def __new__(cls, *args, **kwargs):
-        """mpi4py's ``Status.__new__(cls, status)``: ``__init__`` copies ``status``."""
-        return super().__new__(cls)
+    def __getstate__(self) -> dict:
+        return {"source": self.source, "tag": self.tag, "error": self.error,
+                "count": self.count, "cancelled": self.cancelled}
+
+    def __setstate__(self, state: dict) -> None:
+        self.source, self.tag, self.error = state["source"], state["tag"], state["error"]
+        self.count, self.cancelled = state.get("count", 0), state.get("cancelled", False)
 
     def __init__(self, status: _Status | None = None):
         self._mem = array.array("i", bytes(20))

@@ -9,8 +9,8 @@ Installed by :mod:`pycomm.MPI` once every class exists:
   communication, ``Join``, ``Spawn_multiple``, user error handlers);
 * ``MPI.Comm`` has the collectives of ``MPI.Intracomm``, as mpi4py's base class does
   (a ``Comm`` handle of an intra-communicator, ``Comm.fromhandle(...)``, can call them);
-* small aliases and conveniences: ``free()`` on every handle (frees a non-null one),
-  ``Topocomm.degrees``, ``Group.Intersect``, ``Datatype.Resized``,
+* small aliases and conveniences: ``Topocomm.degrees``, ``Group.Intersect``,
+  ``Datatype.Resized``,
   ``Message.probe``/``iprobe``.
 """
 
@@ -64,14 +64,6 @@ def _persistent_collective(name: str, prequest: type):
     return init
 
 
-def _free(self) -> None:
-    """Free the handle unless it is null or predefined (mpi4py's ``free()``)."""
-    if not self or getattr(self, "is_predefined", False) or \
-            getattr(self, "_name", None) in ("MPI_COMM_WORLD", "MPI_COMM_SELF"):
-        return
-    self.Free()
-
-
 def install(ns: dict) -> None:
     """Add the names above to the classes of the ``pycomm.MPI`` namespace ``ns``."""
     comm, intra, topo = ns["Comm"], ns["Intracomm"], ns["Topocomm"]
@@ -95,9 +87,6 @@ def install(ns: dict) -> None:
     for name in _PARTITIONED:
         setattr(ns["Prequest"], name, _stub("Prequest", name,
                                             "partitioned communication (MPI 4.0)"))
-    for cls in ("Comm", "Datatype", "Errhandler", "Group", "Info", "Message", "Op",
-                "Request", "Session"):
-        ns[cls].free = _free
     topo.degrees = property(lambda self: (self.indegree, self.outdegree))
     ns["Group"].Intersect = ns["Group"].Intersection
     ns["Datatype"].Resized = ns["Datatype"].Create_resized
