@@ -23,13 +23,16 @@ import weakref
 
 import numpy as np
 
+from pycomm.buffers import IN_PLACE
 from pycomm.errors import ArgumentError
 from pycomm.p2p import PROC_NULL
 
-from .coll import Intracomm
+from .coll import Intracomm, _wblocks
 from .exceptions import mpi_error, translate_methods
+from .joined import Joined
 from .keyvals import copy_attrs
 from .msgspec import as_int, message, vector_message
+from .request import Prequest, Request
 
 __all__ = ["CART", "DIST_GRAPH", "GRAPH", "TOPOLOGIES", "UNWEIGHTED", "Distgraphcomm",
            "Topocomm", "Topology", "create_dist_graph_adjacent", "with_topology"]
@@ -138,16 +141,30 @@ class Topocomm(Intracomm):
             t.private = self._inner("neighbour collective").Dup()
         return t.private
 
-    def _exchange(self, sends, recvs) -> None:
-        """Post every receive and send (lists of wire arrays, per neighbour) and wait."""
+    def _exchange(self, call: str, sends, recvs, finish=None, check=False):
+        """Post every receive and send (lists of wire arrays, per neighbour).
+
+        A blocking ``call`` waits for all and runs ``finish`` (the unpacking of
+        receives of non-contiguous datatypes); an ``I...`` call returns one request
+        (:class:`~pycomm.MPI.joined.Joined`) complete when every part is, whose
+        completion runs ``finish``. ``check``: only make the private communicator (a
+        persistent collective's initialization, which is collective) and post nothing.
+        """
         comm = self._private()
+        if check:
+            return None
         stags, rtags = self._tags()
         reqs = [comm.Irecv(buf, src, tag) for buf, src, tag in
                 zip(recvs, self._sources(), rtags)]
         reqs += [comm.Isend(buf, dst, tag) for buf, dst, tag in
                  zip(sends, self._destinations(), stags)]
+        if call[0] == "I":
+            return Request._wrap(Joined(comm._engine, reqs), finish)
         if reqs:
             reqs[0].Waitall(reqs)
+        if finish is not None:
+            finish()
+        return None
 
     @staticmethod
     def _split(array: np.ndarray, parts: int, what: str) -> list[np.ndarray]:
@@ -159,45 +176,242 @@ class Topocomm(Intracomm):
         n = array.size // parts
         return [array[i * n:(i + 1) * n] for i in range(parts)]
 
-    def Neighbor_allgather(self, sendbuf, recvbuf) -> None:
-        """Send ``sendbuf`` to every out-neighbour; block i of ``recvbuf`` comes from the
-        i-th in-neighbour."""
-        w = f"rank {self.rank}: Neighbor_allgather"
+    def _w(self, call: str) -> str:
+        self._inner(call)               # a null or freed communicator raises here
+        return f"rank {self.rank}: {call}"
+
+    def _ngh_allgather(self, call, sendbuf, recvbuf, check=False):
+        w = self._w(call)
         s = message(sendbuf, w, "sendbuf", writable=False)
         r = message(recvbuf, w, "recvbuf", writable=True, blocks=max(self.indegree, 1))
-        self._exchange([s.array] * self.outdegree, self._split(r.array, self.indegree, w))
-        r.finish()
+        return self._exchange(call, [s.array] * self.outdegree,
+                              self._split(r.array, self.indegree, w), r.finish, check)
 
-    def Neighbor_alltoall(self, sendbuf, recvbuf) -> None:
-        """Block j of ``sendbuf`` to the j-th out-neighbour; block i of ``recvbuf`` from
-        the i-th in-neighbour."""
-        w = f"rank {self.rank}: Neighbor_alltoall"
+    def _ngh_alltoall(self, call, sendbuf, recvbuf, check=False):
+        w = self._w(call)
         s = message(sendbuf, w, "sendbuf", writable=False, blocks=max(self.outdegree, 1))
         r = message(recvbuf, w, "recvbuf", writable=True, blocks=max(self.indegree, 1))
-        self._exchange(self._split(s.array, self.outdegree, w),
-                       self._split(r.array, self.indegree, w))
-        r.finish()
+        return self._exchange(call, self._split(s.array, self.outdegree, w),
+                              self._split(r.array, self.indegree, w), r.finish, check)
 
     def _blocks(self, spec, n, w, arg, writable):
         m, counts, displs = vector_message(spec, n, w, arg, writable=writable)
         return m, [m.array[d:d + c] for c, d in zip(counts, displs)]
 
-    def Neighbor_allgatherv(self, sendbuf, recvbuf) -> None:
-        """As :meth:`Neighbor_allgather` into the vector spec ``recvbuf`` (one block per
-        in-neighbour)."""
-        w = f"rank {self.rank}: Neighbor_allgatherv"
+    def _ngh_allgatherv(self, call, sendbuf, recvbuf, check=False):
+        w = self._w(call)
         s = message(sendbuf, w, "sendbuf", writable=False)
         r, rblocks = self._blocks(recvbuf, self.indegree, w, "recvbuf", True)
-        self._exchange([s.array] * self.outdegree, rblocks)
-        r.finish()
+        return self._exchange(call, [s.array] * self.outdegree, rblocks, r.finish, check)
 
-    def Neighbor_alltoallv(self, sendbuf, recvbuf) -> None:
-        """As :meth:`Neighbor_alltoall` with vector specs (one block per neighbour)."""
-        w = f"rank {self.rank}: Neighbor_alltoallv"
+    def _ngh_alltoallv(self, call, sendbuf, recvbuf, check=False):
+        w = self._w(call)
         _, sblocks = self._blocks(sendbuf, self.outdegree, w, "sendbuf", False)
         r, rblocks = self._blocks(recvbuf, self.indegree, w, "recvbuf", True)
-        self._exchange(sblocks, rblocks)
-        r.finish()
+        return self._exchange(call, sblocks, rblocks, r.finish, check)
+
+    def _ngh_alltoallw(self, call, sendbuf, recvbuf, check=False):
+        w = self._w(call)
+        for spec, arg in ((sendbuf, "sendbuf"), (recvbuf, "recvbuf")):
+            if spec is IN_PLACE or spec is None:
+                raise mpi_error(ArgumentError, "ERR_BUFFER", f"{w}: {arg} must be a "
+                                "[buf, (counts, displs), datatypes] spec")
+        sblocks = _wblocks(sendbuf, self.outdegree, w, "sendbuf", False)
+        rblocks = _wblocks(recvbuf, self.indegree, w, "recvbuf", True)
+
+        def finish() -> None:
+            for b in rblocks:
+                b.finish()
+        return self._exchange(call, [b.array for b in sblocks],
+                              [b.array for b in rblocks], finish, check)
+
+    # -- blocking (MPI-4.1 section 7.6), nonblocking (7.7) and persistent (7.8) ---------
+    def Neighbor_allgather(self, sendbuf, recvbuf) -> None:
+        """Send ``sendbuf`` to every out-neighbour; block i of ``recvbuf`` comes from the
+        i-th in-neighbour (MPI-4.1 section 7.6.1).
+
+        Args:
+            sendbuf: a message spec (``buf``, ``[buf, datatype]``...).
+            recvbuf: a message spec of ``indegree`` equal blocks (a count is per block).
+
+        Raises:
+            MPI.Exception (ERR_COUNT, ERR_BUFFER...): a receive buffer that does not
+                split into ``indegree`` blocks, a read-only or non-buffer argument;
+                raised before any byte moves.
+        """
+        return self._ngh_allgather("Neighbor_allgather", sendbuf, recvbuf)
+
+    def Neighbor_alltoall(self, sendbuf, recvbuf) -> None:
+        """Block j of ``sendbuf`` to the j-th out-neighbour; block i of ``recvbuf`` from
+        the i-th in-neighbour (MPI-4.1 section 7.6.2).
+
+        Raises:
+            MPI.Exception (ERR_COUNT, ERR_BUFFER...): as :meth:`Neighbor_allgather`.
+        """
+        return self._ngh_alltoall("Neighbor_alltoall", sendbuf, recvbuf)
+
+    def Neighbor_allgatherv(self, sendbuf, recvbuf) -> None:
+        """As :meth:`Neighbor_allgather` into the vector spec ``recvbuf`` (one block per
+        in-neighbour; MPI-4.1 section 7.6.1).
+
+        Raises:
+            MPI.Exception (ERR_ARG, ERR_BUFFER...): counts or displacements that are not
+                one per in-neighbour or reach past the buffer.
+        """
+        return self._ngh_allgatherv("Neighbor_allgatherv", sendbuf, recvbuf)
+
+    def Neighbor_alltoallv(self, sendbuf, recvbuf) -> None:
+        """As :meth:`Neighbor_alltoall` with vector specs (one block per neighbour;
+        MPI-4.1 section 7.6.2).
+
+        Raises:
+            MPI.Exception: as :meth:`Neighbor_allgatherv`, for both buffers.
+        """
+        return self._ngh_alltoallv("Neighbor_alltoallv", sendbuf, recvbuf)
+
+    def Neighbor_alltoallw(self, sendbuf, recvbuf) -> None:
+        """All-to-all with a count, byte displacement and datatype per neighbour
+        (MPI-4.1 section 7.6.2): specs ``[buf, (counts, displs), datatypes]`` or
+        ``[buf, counts, displs, datatypes]``, ``buf`` may be ``MPI.BOTTOM`` (the
+        displacements are then addresses).
+
+        Raises:
+            MPI.Exception (ERR_ARG, ERR_BUFFER, ERR_TYPE): lists that are not one per
+                neighbour, a block past the buffer, an uncommitted datatype.
+        """
+        return self._ngh_alltoallw("Neighbor_alltoallw", sendbuf, recvbuf)
+
+    def Ineighbor_allgather(self, sendbuf, recvbuf) -> Request:
+        """Nonblocking :meth:`Neighbor_allgather` (MPI-4.1 section 7.7.1).
+
+        Every receive and send is posted now as point-to-point requests on the
+        topology's private communicator; they progress on ``Wait``/``Test`` of the
+        returned request (and on any other call that drives the engine).
+
+        Returns:
+            Request: complete when every block has moved; ``recvbuf`` must not be read
+            (nor ``sendbuf`` written) before.
+
+        Raises:
+            MPI.Exception: as :meth:`Neighbor_allgather`, before anything is posted.
+        """
+        return self._ngh_allgather("Ineighbor_allgather", sendbuf, recvbuf)
+
+    def Ineighbor_allgatherv(self, sendbuf, recvbuf) -> Request:
+        """Nonblocking :meth:`Neighbor_allgatherv` (MPI-4.1 section 7.7.1).
+
+        Returns:
+            Request: as :meth:`Ineighbor_allgather`.
+
+        Raises:
+            MPI.Exception: as :meth:`Neighbor_allgatherv`.
+        """
+        return self._ngh_allgatherv("Ineighbor_allgatherv", sendbuf, recvbuf)
+
+    def Ineighbor_alltoall(self, sendbuf, recvbuf) -> Request:
+        """Nonblocking :meth:`Neighbor_alltoall` (MPI-4.1 section 7.7.2).
+
+        Returns:
+            Request: as :meth:`Ineighbor_allgather`.
+
+        Raises:
+            MPI.Exception: as :meth:`Neighbor_alltoall`.
+        """
+        return self._ngh_alltoall("Ineighbor_alltoall", sendbuf, recvbuf)
+
+    def Ineighbor_alltoallv(self, sendbuf, recvbuf) -> Request:
+        """Nonblocking :meth:`Neighbor_alltoallv` (MPI-4.1 section 7.7.2).
+
+        Returns:
+            Request: as :meth:`Ineighbor_allgather`.
+
+        Raises:
+            MPI.Exception: as :meth:`Neighbor_alltoallv`.
+        """
+        return self._ngh_alltoallv("Ineighbor_alltoallv", sendbuf, recvbuf)
+
+    def Ineighbor_alltoallw(self, sendbuf, recvbuf) -> Request:
+        """Nonblocking :meth:`Neighbor_alltoallw` (MPI-4.1 section 7.7.2): non-contiguous
+        send blocks are packed now, received ones unpacked at completion.
+
+        Returns:
+            Request: as :meth:`Ineighbor_allgather`.
+
+        Raises:
+            MPI.Exception: as :meth:`Neighbor_alltoallw`.
+        """
+        return self._ngh_alltoallw("Ineighbor_alltoallw", sendbuf, recvbuf)
+
+    def _ngh_persistent(self, name: str, sendbuf, recvbuf) -> Prequest:
+        """``<name>_init``: the arguments are checked now (a parse that moves nothing);
+        each ``Start`` posts ``I<name>`` on the buffers' contents at that moment."""
+        post = getattr(self, "_ngh_" + name[len("Neighbor_"):])
+        post("I" + name[0].lower() + name[1:], sendbuf, recvbuf, check=True)
+
+        def start():
+            r = post("I" + name[0].lower() + name[1:], sendbuf, recvbuf)
+            return r._r, r._finish
+        return Prequest._persistent(start)
+
+    def Neighbor_allgather_init(self, sendbuf, recvbuf, info=None) -> Prequest:
+        """Persistent :meth:`Neighbor_allgather` (MPI-4.1 section 7.8; collective).
+
+        Args:
+            sendbuf, recvbuf: as :meth:`Neighbor_allgather`, bound to the request.
+            info: ignored (``INFO_NULL`` or an ``MPI.Info``).
+
+        Returns:
+            Prequest: inactive; each ``Start`` posts the exchange of the buffers'
+            contents at that moment, ``Wait`` completes it, ``Free`` ends it.
+
+        Raises:
+            MPI.Exception: as :meth:`Neighbor_allgather`, here rather than at ``Start``.
+        """
+        return self._ngh_persistent("Neighbor_allgather", sendbuf, recvbuf)
+
+    def Neighbor_allgatherv_init(self, sendbuf, recvbuf, info=None) -> Prequest:
+        """Persistent :meth:`Neighbor_allgatherv` (MPI-4.1 section 7.8; collective).
+
+        Returns:
+            Prequest: as :meth:`Neighbor_allgather_init`.
+
+        Raises:
+            MPI.Exception: as :meth:`Neighbor_allgatherv`, at initialization.
+        """
+        return self._ngh_persistent("Neighbor_allgatherv", sendbuf, recvbuf)
+
+    def Neighbor_alltoall_init(self, sendbuf, recvbuf, info=None) -> Prequest:
+        """Persistent :meth:`Neighbor_alltoall` (MPI-4.1 section 7.8; collective).
+
+        Returns:
+            Prequest: as :meth:`Neighbor_allgather_init`.
+
+        Raises:
+            MPI.Exception: as :meth:`Neighbor_alltoall`, at initialization.
+        """
+        return self._ngh_persistent("Neighbor_alltoall", sendbuf, recvbuf)
+
+    def Neighbor_alltoallv_init(self, sendbuf, recvbuf, info=None) -> Prequest:
+        """Persistent :meth:`Neighbor_alltoallv` (MPI-4.1 section 7.8; collective).
+
+        Returns:
+            Prequest: as :meth:`Neighbor_allgather_init`.
+
+        Raises:
+            MPI.Exception: as :meth:`Neighbor_alltoallv`, at initialization.
+        """
+        return self._ngh_persistent("Neighbor_alltoallv", sendbuf, recvbuf)
+
+    def Neighbor_alltoallw_init(self, sendbuf, recvbuf, info=None) -> Prequest:
+        """Persistent :meth:`Neighbor_alltoallw` (MPI-4.1 section 7.8; collective).
+
+        Returns:
+            Prequest: as :meth:`Neighbor_allgather_init`.
+
+        Raises:
+            MPI.Exception: as :meth:`Neighbor_alltoallw`, at initialization.
+        """
+        return self._ngh_persistent("Neighbor_alltoallw", sendbuf, recvbuf)
 
     def neighbor_allgather(self, sendobj) -> list:
         """Object form: the list of the in-neighbours' objects (None for PROC_NULL)."""

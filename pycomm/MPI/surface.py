@@ -3,10 +3,12 @@
 Installed by :mod:`pycomm.MPI` once every class exists:
 
 * persistent collectives (``Allreduce_init``...: each ``Start`` posts the nonblocking
-  collective again);
+  collective again; the neighbourhood ones are ``Topocomm``'s own,
+  :mod:`pycomm.MPI.neighbor`);
+* partitioned communication (``Psend_init``, ``Precv_init``, ``Prequest.Pready``...:
+  :mod:`pycomm.MPI.partitioned`);
 * what pycomm does not offer raises ``NotImplementedError`` naming the feature
-  (persistent and nonblocking neighbourhood collectives, fault tolerance, partitioned
-  communication, ``Join``, ``Spawn_multiple``, user error handlers);
+  (fault tolerance, ``Join``, ``Spawn_multiple``);
 * ``MPI.Comm`` has the collectives of ``MPI.Intracomm``, as mpi4py's base class does
   (a ``Comm`` handle of an intra-communicator, ``Comm.fromhandle(...)``, can call them);
 * small aliases and conveniences: ``Topocomm.degrees``, ``Group.Intersect``,
@@ -18,27 +20,20 @@ from __future__ import annotations
 
 from pycomm.p2p import ANY_SOURCE, ANY_TAG
 
+from . import partitioned
+
 __all__ = ["install"]
 
 _PERSISTENT = [f"{c}_init" for c in (
     "Allgather", "Allgatherv", "Allreduce", "Alltoall", "Alltoallv", "Alltoallw",
     "Barrier", "Bcast", "Exscan", "Gather", "Gatherv", "Reduce", "Reduce_scatter_block",
-    "Reduce_scatter", "Scan", "Scatter", "Scatterv", "Neighbor_allgather",
-    "Neighbor_allgatherv", "Neighbor_alltoall", "Neighbor_alltoallv",
-    "Neighbor_alltoallw")]
+    "Reduce_scatter", "Scan", "Scatter", "Scatterv")]
 _NOT_OFFERED = {
-    "persistent neighbourhood collectives": [n for n in _PERSISTENT if "eighbor" in n],
-    "nonblocking neighbourhood collectives": [
-        "Ineighbor_allgather", "Ineighbor_allgatherv", "Ineighbor_alltoall",
-        "Ineighbor_alltoallv", "Ineighbor_alltoallw"],
-    "Neighbor_alltoallw (per-neighbour datatypes)": ["Neighbor_alltoallw"],
     "fault tolerance (ULFM)": ["Ack_failed", "Agree", "Iagree", "Get_failed",
                                "Is_revoked", "Revoke", "Shrink", "Ishrink"],
-    "partitioned communication (MPI 4.0)": ["Psend_init", "Precv_init"],
     "MPI_Comm_join": ["Join"],
     "dynamic process management (MPI_Comm_spawn_multiple)": ["Spawn_multiple"],
 }
-_PARTITIONED = ["Pready", "Pready_list", "Pready_range", "Parrived"]
 
 
 def _stub(cls_name: str, name: str, what: str):
@@ -68,9 +63,7 @@ def install(ns: dict) -> None:
     """Add the names above to the classes of the ``pycomm.MPI`` namespace ``ns``."""
     comm, intra, topo = ns["Comm"], ns["Intracomm"], ns["Topocomm"]
     for name in _PERSISTENT:
-        coll = name[:-len("_init")]
-        if "eighbor" not in coll:
-            setattr(intra, name, _persistent_collective(coll, ns["Prequest"]))
+        setattr(intra, name, _persistent_collective(name[:-len("_init")], ns["Prequest"]))
     for name, value in list(vars(intra).items()):     # mpi4py's Comm has them all
         if not name.startswith(("__", "Create_", "Cart_map", "Graph_map")) and \
                 name not in vars(comm) and isinstance(value, (staticmethod, type(install))):
@@ -84,9 +77,7 @@ def install(ns: dict) -> None:
         "Intercomm", "Create_from_groups", "inter-communicators"))
     ns["Status"].py2f = _stub("Status", "py2f", "Fortran handles")
     ns["Status"].f2py = classmethod(_stub("Status", "f2py", "Fortran handles"))
-    for name in _PARTITIONED:
-        setattr(ns["Prequest"], name, _stub("Prequest", name,
-                                            "partitioned communication (MPI 4.0)"))
+    partitioned.install(ns)
     topo.degrees = property(lambda self: (self.indegree, self.outdegree))
     ns["Group"].Intersect = ns["Group"].Intersection
     ns["Datatype"].Resized = ns["Datatype"].Create_resized
