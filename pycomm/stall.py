@@ -437,6 +437,19 @@ class Inspector:
         finally:
             self._lock.release()
 
+    def left_on_purpose(self, rank: int) -> bool:
+        """Whether world rank ``rank`` published that it left with no uncaught exception
+        (:meth:`report_exit`: a return or ``sys.exit``); False when the store cannot say.
+        """
+        if not self._lock.acquire(timeout=2.0):
+            return False
+        try:
+            return bool(read_exits(self._get_client(), self.job_id, [rank]))
+        except CommError:
+            return False
+        finally:
+            self._lock.release()
+
     def report_exit(self) -> None:
         """Publish that this rank is leaving with no uncaught exception (a return, or
         ``sys.exit``/``SystemExit``): with a non-zero exit code the launcher then stops

@@ -45,6 +45,9 @@ _LIVENESS_S = 0.25
 # How long a timed-out wait on a nonblocking collective waits for the progress thread that
 # has just left the collective to post its outcome (an error that names the call).
 _ENDING_GRACE_S = 0.5
+# How long a rank waits to be stopped by the launcher before it reports a peer that left
+# on purpose (see Waiting.await_stop_after).
+_STOP_WAIT_S = 5.0
 # Request.expect of a nonblocking collective: only the progress thread completes it.
 OFFLOADED = -3
 # Request.expect of a wait on a peer's shared-memory word (pycomm.shmcoll's slots): named so
@@ -337,6 +340,22 @@ class Waiting:
                 self._failed = err
                 raise err
 
+    def await_stop_after(self, peer: int) -> None:
+        """Before reporting that world rank ``peer`` has left: if it left on purpose
+        (``sys.exit`` under pycomm.MPI, :mod:`pycomm.MPI.exitnote`), wait up to
+        ``_STOP_WAIT_S`` for the launcher, which ends the job on a non-zero exit, to stop
+        this rank, so that it ends silently as under ``mpiexec`` (the departing rank's
+        teardown after its goodbye may outlast the departure delay). A departure with
+        code 0 while this rank still waits on it is reported after the wait. Progress
+        goes on meanwhile: the departing rank's close may wait for this rank's answers."""
+        inspector = self._inspector
+        if inspector is None or not inspector.left_on_purpose(peer):
+            return
+        end = _perf() + _STOP_WAIT_S
+        while _perf() < end:
+            if not self.progress():
+                time.sleep(0.01)
+
     def _fail_departed(self) -> None:
         """Fail the requests that wait for a peer which has closed cleanly.
 
@@ -364,6 +383,9 @@ class Waiting:
         reads = [(rid, r) for rid, r in rndv.recvs.items() if r.peer in gone and not r.done]
         if not (posted or sends or reads):
             return
+        for peer in sorted({r.peer for r in posted} | {r.peer for _, r in sends} |
+                           {r.peer for _, r in reads}):
+            self.await_stop_after(peer)
         call = self._my_call()
         where = f"{trace.describe_call(call)}: " if call is not None else ""
         for r in posted:

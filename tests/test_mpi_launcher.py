@@ -183,6 +183,33 @@ def test_system_exit_on_one_rank_ends_the_job_with_its_message(tmp_path, arg, co
     assert "flight recorder" not in proc.stderr and proc.stdout == ""
 
 
+SLOW_EXIT_PROGRAM = """\
+import atexit, sys, time
+atexit.register(time.sleep, 1.5)  # runs after MPI's finalize (LIFO): a slow teardown
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+if comm.rank == 1:
+    sys.exit(7)
+comm.Barrier()          # never completes: rank 1 left
+"""
+
+
+@pytest.mark.usefixtures("no_shared_world")
+def test_a_deliberate_exit_with_a_slow_teardown_still_ends_the_others_silently(tmp_path):
+    """Rank 1 says goodbye at finalize but its process ends 1.5 s later: its peers notice
+    the departure after 0.25 s and, seeing its exit note, wait for the launcher to stop
+    them instead of reporting it (they printed a PeerError and their flight recorders,
+    where MPICH's ``mpiexec python -m mpi4py`` ends them silently with the code)."""
+    prog = tmp_path / "prog.py"
+    prog.write_text(SLOW_EXIT_PROGRAM)
+    proc = _run([LAUNCH, "-n", "3", "--mpi4py", "--timeout", "60", str(prog)], timeout=60)
+    assert proc.returncode == 7, proc.stderr
+    assert re.search(r"^pycomm.launch: rank 1 \(pid \d+\) exited with code 7 "
+                     r"\(SystemExit\); stopping the other 2 ranks$", proc.stderr, re.M)
+    for word in ("Traceback", "PeerError", "flight recorder"):
+        assert word not in proc.stderr, proc.stderr
+
+
 def _run_bytes(args, env=None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, *args], capture_output=True, timeout=120,
                           check=False, cwd=str(ROOT), env={**os.environ, **(env or {})})
