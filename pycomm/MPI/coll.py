@@ -137,6 +137,12 @@ class Intracomm(Comm):
 
     __slots__ = ()
 
+    def __init__(self, comm: Comm | None = None):
+        super().__init__(comm)
+        from .interlink import is_inter
+        if is_inter(self._c):
+            raise TypeError("MPI.Intracomm(comm): expecting an intracommunicator")
+
     def _send_recv(self, call, sendbuf, recvbuf, *, send=True, recv=True, sblocks=1,
                    rblocks=1):
         """(inner, where, send Msg or IN_PLACE/None, recv Msg or None); ``*blocks``: the
@@ -466,9 +472,12 @@ class Intracomm(Comm):
         from .graph import create_dist_graph
         return create_dist_graph(self, sources, degrees, destinations, weights)
 
-    def Create_intercomm(self, *args, **kwargs):
-        raise NotImplementedError("Intracomm.Create_intercomm: pycomm offers no "
-                                  "inter-communicators")
+    def Create_intercomm(self, local_leader: int, peer_comm, remote_leader: int,
+                         tag: int = 0):
+        """MPI_Intercomm_create: the inter-communicator joining this group with the group
+        of ``remote_leader`` (a rank of ``peer_comm``); see :mod:`pycomm.MPI.intercomm`."""
+        from .intercomm import create_intercomm
+        return create_intercomm(self, local_leader, peer_comm, remote_leader, tag)
 
     def Spawn(self, *args, **kwargs):
         raise NotImplementedError("Intracomm.Spawn: pycomm offers no dynamic process "

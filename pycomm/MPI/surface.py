@@ -73,8 +73,6 @@ def install(ns: dict) -> None:
             for cls in (comm, topo):
                 if not hasattr(cls, name):
                     setattr(cls, name, _stub(cls.__name__, name, what))
-    ns["Intercomm"].Create_from_groups = classmethod(_stub(
-        "Intercomm", "Create_from_groups", "inter-communicators"))
     ns["Status"].py2f = _stub("Status", "py2f", "Fortran handles")
     ns["Status"].f2py = classmethod(_stub("Status", "f2py", "Fortran handles"))
     partitioned.install(ns)
