@@ -90,6 +90,21 @@ def _rank_queries_p2p() -> list:
         _expect(bad, "Isend/Recv ANY_SOURCE", sorted(got), list(range(len(theirs))))
         for j, buf in got.items():
             _expect(bad, f"from {j}", buf, _block(theirs[j], 3))
+        # matched probes: every process sends to remote rank 0, which takes them all
+        req = ic.isend(("m", rank), 0, 8)
+        if rank == 0:
+            senders = set()
+            for _ in range(len(theirs)):
+                st = MPI.Status()
+                msg = ic.mprobe(MPI.ANY_SOURCE, 8, st)
+                obj = msg.recv()
+                _expect(bad, "mprobe source", (obj, st.source), (("m", st.source),
+                                                                st.source))
+                senders.add(st.source)
+            _expect(bad, "mprobe senders", sorted(senders), list(range(len(theirs))))
+        req.wait()
+        _expect(bad, "Comm handle", (MPI.Comm(ic).Is_inter(), MPI.Comm(ic).size),
+                (True, len(mine)))
         peer = rank % len(theirs)
         if rank < len(theirs):          # pairs (i, i) for i < min(sizes)
             st = MPI.Status()

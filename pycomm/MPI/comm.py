@@ -116,12 +116,11 @@ class Comm(ObjectMethods, BufferPointToPoint):
     group = property(Get_group)
 
     def Is_inter(self) -> bool:
-        self._inner("Is_inter")
-        return False
+        """Whether this is an inter-communicator (a ``Comm`` handle of one included)."""
+        return getattr(self._inner("Is_inter"), "is_inter", False)
 
     def Is_intra(self) -> bool:
-        self._inner("Is_intra")
-        return True
+        return not getattr(self._inner("Is_intra"), "is_inter", False)
 
     is_inter = property(Is_inter)
     is_intra = property(Is_intra)

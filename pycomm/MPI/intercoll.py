@@ -107,7 +107,16 @@ def _no_in_place(w: str, *bufs) -> None:
 @translate_methods
 class InterCollectives(InterObjects):
     """Mixin of ``MPI.Intercomm``: the buffer collectives (see the module docstring);
-    ``self._inner(call)`` gives the :class:`~pycomm.MPI.interlink.InterLink`."""
+    ``self._inner(call)`` gives the :class:`~pycomm.MPI.interlink.InterLink`.
+
+    Arguments are mpi4py's (message specs as ``Intracomm``'s; a buffer holding one block
+    per process holds one per *remote* process). Every call returns None and raises
+    ``MPI.Exception``: ERR_ROOT (a root neither ``ROOT``, ``PROC_NULL`` nor a remote
+    rank), ERR_ARG (``IN_PLACE``), ERR_COMM (COMM_NULL, a freed communicator),
+    ERR_TRUNCATE (a receive buffer smaller than what the other group sends), ERR_COUNT
+    (reduce-scatter counts), besides what the Communicator's calls raise (a dead peer,
+    ``PYCOMM_TIMEOUT``); the argument errors before any byte moves.
+    """
 
     __slots__ = ()
 

@@ -179,12 +179,24 @@ class Intercomm(InterCollectives, Comm):
     is_intra = property(Is_intra)
 
     def Get_remote_group(self):
-        """The remote group (``MPI.Group``; this process's rank in it is UNDEFINED)."""
+        """The remote group (MPI_Comm_remote_group).
+
+        Returns:
+            MPI.Group: the remote processes in their rank order (this process's rank in
+            it is UNDEFINED).
+
+        Raises:
+            MPI.Exception: ERR_COMM (COMM_NULL).
+        """
         from .groups import Group
         return Group._of(self._inner("Get_remote_group").Get_remote_group())
 
     def Get_remote_size(self) -> int:
-        """The number of processes of the remote group."""
+        """The number of processes of the remote group (MPI_Comm_remote_size).
+
+        Raises:
+            MPI.Exception: ERR_COMM (COMM_NULL).
+        """
         return self._inner("Get_remote_size").remote_size
 
     remote_group = property(Get_remote_group)
@@ -234,7 +246,15 @@ class Intercomm(InterCollectives, Comm):
         ordered by ``key``, joined with the remote processes of that color; COMM_NULL for
         ``UNDEFINED`` or a color the other group does not have.
 
-        Collective over both groups (an allgather and a Split over the union)."""
+        Collective over both groups (an allgather and a Split over the union).
+
+        Returns:
+            Intercomm, or COMM_NULL.
+
+        Raises:
+            MPI.Exception: ERR_ARG (a negative color other than UNDEFINED), ERR_COMM
+                (COMM_NULL).
+        """
         link = self._inner("Split")
         w = f"rank {link.rank}: Split"
         color, key = as_int(color, "color", w), as_int(key, "key", w)
@@ -248,7 +268,15 @@ class Intercomm(InterCollectives, Comm):
     def Create(self, group) -> Intercomm:
         """MPI_Comm_create of an inter-communicator: each group passes a subgroup of its
         own; the result joins the two subgroups (COMM_NULL outside them, or everywhere
-        when either is empty). Collective over both groups."""
+        when either is empty). Collective over both groups.
+
+        Returns:
+            Intercomm, or COMM_NULL.
+
+        Raises:
+            MPI.Exception: ERR_GROUP (``group`` holds processes outside the local group),
+                ERR_COMM (COMM_NULL).
+        """
         link = self._inner("Create")
         g = group._inner()._world
         if set(g) - set(link.world_ranks()):
@@ -279,7 +307,11 @@ class Intercomm(InterCollectives, Comm):
 
     def Split_type(self, split_type: int, key: int = 0, info=None) -> Intercomm:
         """``COMM_TYPE_SHARED``: :meth:`Split` by host (pycomm's one hardware domain);
-        any other kind (``UNDEFINED`` included): COMM_NULL. Collective over both groups."""
+        any other kind (``UNDEFINED`` included): COMM_NULL. Collective over both groups.
+
+        Returns:
+            Intercomm, or COMM_NULL.
+        """
         from . import Get_processor_name
         link = self._inner("Split_type")
         names = sorted(set(link.union.allgather(Get_processor_name())))
@@ -293,7 +325,10 @@ class Intercomm(InterCollectives, Comm):
         Collective over both groups.
 
         Returns:
-            Intracomm.
+            Intracomm: ``size + remote_size`` processes.
+
+        Raises:
+            MPI.Exception: ERR_COMM (COMM_NULL).
         """
         from .coll import Intracomm
         link = self._inner("Merge")

@@ -169,6 +169,6 @@ class InterObjects:
         raise mpi_error(CommError, "ERR_COMM", "exscan is not defined on an "
                         "inter-communicator")
 
-    for _name in _NONBLOCKING + _PERSISTENT:
-        locals()[_name] = _not_offered(_name)
-    del _name
+
+for _name in _NONBLOCKING + _PERSISTENT:        # set after translate_methods: they raise
+    setattr(InterObjects, _name, _not_offered(_name))   # NotImplementedError only
