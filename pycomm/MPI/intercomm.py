@@ -20,7 +20,8 @@ Construction:
 * ``Dup``, ``Split``, ``Create``, ``Split_type`` of an inter-communicator give
   inter-communicators (MPI-4.1 7.4.2, 7.4.4); ``Merge(high)`` gives the intra-communicator
   of both groups (MPI_Intercomm_merge: the ``high=False`` group first; equal flags put
-  the low group first, as MPICH's ``is_low_group``).
+  the low group, the one holding the lower world rank, first; MPICH's ``is_low_group``
+  plays that part).
 
 ``Intercomm()`` is a null inter-communicator (equal to ``COMM_NULL``), which is also what
 ``Comm.Get_parent()`` gives (no pycomm process is spawned). ``Intercomm(intracomm)`` and
@@ -56,15 +57,20 @@ def _check_leader(leader, size: int, what: str, w: str) -> int:
     return leader
 
 
-def _order(mine: list[int], theirs: list[int], my_leader: int, their_leader: int,
-           w: str) -> tuple[list[int], list[int], bool]:
-    """``(low group, high group, whether mine is low)``: the group whose leader has the
-    lower world rank is low (every process of both groups decides the same way)."""
+def _order(mine: list[int], theirs: list[int], w: str) -> tuple[list[int], list[int], bool]:
+    """``(low group, high group, whether mine is low)``: the group holding the lower world
+    rank is low. Every process of both groups decides the same way from the groups
+    alone, so even leaders named inconsistently cannot make the two sides build the union
+    in different orders (a hang until ``PYCOMM_TIMEOUT``).
+
+    Raises:
+        MPI.Exception: ERR_GROUP (the groups share a process).
+    """
     both = set(mine) & set(theirs)
     if both:
         raise mpi_error(ArgumentError, "ERR_GROUP", f"{w}: the local and remote groups "
                         f"share world ranks {sorted(both)} (they must be disjoint)")
-    low = mine[my_leader] < theirs[their_leader]
+    low = min(mine) < min(theirs)
     return (mine, theirs, True) if low else (theirs, mine, False)
 
 
@@ -131,14 +137,14 @@ def create_intercomm(local, local_leader, peer_comm, remote_leader, tag) -> Inte
                 raise mpi_error(ArgumentError, "ERR_RANK", f"{w}: remote_leader="
                                 f"{remote_leader} of peer_comm is in the local group")
             theirs = _leaders_meet(tag, mine, peer_world, w)
-            verdict = ("ok", theirs, theirs.index(peer_world), tag)
+            verdict = ("ok", theirs, tag)
         except CommError as exc:        # every MPI.Exception is a CommError
             verdict = ("error", translate(exc).Get_error_class(), str(exc))
     verdict = c.bcast(verdict, local_leader)
     if verdict[0] == "error":
         raise _reraise(verdict, c.rank)
-    _, theirs, their_leader, tag = verdict
-    low_g, high_g, low = _order(mine, theirs, local_leader, their_leader, w)
+    _, theirs, tag = verdict
+    low_g, high_g, low = _order(mine, theirs, w)
     link = link_over_world(low_g, high_g, low, setup_tag("intercomm", low_g, high_g, tag),
                            f"{c.name}.Create_intercomm")
     return Intercomm._wrap(link)
@@ -230,9 +236,9 @@ class Intercomm(InterCollectives, Comm):
         if _world_rank() not in mine:
             raise mpi_error(ArgumentError, "ERR_GROUP", f"{w}: the calling process is "
                             "not in local_group")
-        ll = _check_leader(local_leader, len(mine), "local_leader", w)
-        rl = _check_leader(remote_leader, len(theirs), "remote_leader", w)
-        low_g, high_g, low = _order(mine, theirs, ll, rl, w)
+        _check_leader(local_leader, len(mine), "local_leader", w)
+        _check_leader(remote_leader, len(theirs), "remote_leader", w)
+        low_g, high_g, low = _order(mine, theirs, w)
         link = link_over_world(low_g, high_g, low,
                                setup_tag("from_groups", low_g, high_g, str(stringtag)),
                                "Intercomm.Create_from_groups")

@@ -6,8 +6,8 @@ the other group's processes, and point-to-point messages only cross between the 
 pycomm's Communicator is an intra-communicator, so the link is built from intra ones over
 the union, ordered so that each side's ranks already are what MPI promises:
 
-* ``union``: A and B in the *canonical* order, the low group first (the group whose
-  leader has the lower world rank; MPICH's ``is_low_group`` plays the same part);
+* ``union``: A and B in the *canonical* order, the low group first (the group holding
+  the lower world rank; MPICH's ``is_low_group`` plays the same part);
 * ``flipped``: the same processes, the high group first (a Split of ``union``);
 * ``local``: the local group alone (a Split of ``union``), for the local halves of the
   collectives;
