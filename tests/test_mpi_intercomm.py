@@ -293,6 +293,9 @@ def _rank_errors() -> list:
     _expect(bad, "IN_PLACE", _code(lambda: ic.Allreduce(MPI.IN_PLACE, np.zeros(1))),
             MPI.ERR_ARG)
     _expect(bad, "Scan", _code(lambda: ic.Scan(np.zeros(1), np.zeros(1))), MPI.ERR_COMM)
+    _expect(bad, "Comm handle Bcast", _code(lambda: MPI.Comm(ic).Bcast(np.zeros(1), 0)),
+            MPI.ERR_COMM)
+    _expect(bad, "Create_group", _code(lambda: ic.Create_group(ic.group)), MPI.ERR_COMM)
     ic.Barrier()                    # every rank still matches after the refusals
     ic.Free()
     nlow = max(1, (size - 1) // 2)

@@ -38,6 +38,11 @@ from .exceptions import mpi_error
 __all__ = ["InterLink", "is_inter", "link_over_world", "setup_tag"]
 
 
+# the Communicator's object collectives (a plain Comm handle would call them here)
+_INTRA_OBJECT_CALLS = frozenset(["barrier", "bcast", "gather", "scatter", "allgather",
+                                 "alltoall", "reduce", "allreduce", "scan", "exscan"])
+
+
 def is_inter(inner) -> bool:
     """Whether ``inner`` (what a façade communicator wraps) is an inter-communicator."""
     return isinstance(inner, InterLink)
@@ -145,6 +150,16 @@ class InterLink:
 
     def Abort(self, errorcode: int = 1) -> None:
         self.union.Abort(errorcode)
+
+    def __getattr__(self, name: str):
+        """A Communicator call the link does not offer (an intra-communicator's, reached
+        through a plain ``Comm`` handle: ``MPI.Comm(intercomm).Bcast``...): ERR_COMM
+        naming it, rather than an AttributeError from inside the façade."""
+        if name[:1].isupper() or name in _INTRA_OBJECT_CALLS:
+            raise mpi_error(CommError, "ERR_COMM", f"{name}: not offered on an "
+                            "inter-communicator (a plain MPI.Comm handle of one reaches "
+                            "only the point-to-point calls and queries)")
+        raise AttributeError(name)
 
     # -- rank checks ------------------------------------------------------------------
     def _check_alive(self, call: str) -> None:
