@@ -62,9 +62,11 @@ def test_handles_copies_free_and_pickling():
         copy = pickle.loads(pickle.dumps(MPI.Errhandler(eh)))
         assert copy == eh and copy is not eh
     user = MPI.Comm.Create_errhandler(lambda obj, code: None)
-    with pytest.raises(ValueError, match="cannot serialize"):
-        pickle.dumps(user)
-    user.Free()
+    try:
+        with pytest.raises(ValueError, match="user-defined"):     # mpi4py: ValueError
+            pickle.dumps(user)
+    finally:
+        user.Free()
     comm.Free()
 
 
@@ -87,7 +89,9 @@ def test_bad_handlers_are_refused_before_anything_changes():
 
 
 def test_at_most_32_user_handlers_of_a_kind_are_alive():
-    made = [MPI.Comm.Create_errhandler(lambda obj, code: None) for _ in range(32)]
+    from pycomm.MPI import errhandlers
+    alive = errhandlers._LIVE.get("Comm", 0)         # this process's others, if any
+    made = [MPI.Comm.Create_errhandler(lambda obj, code: None) for _ in range(32 - alive)]
     with pytest.raises(RuntimeError, match="too many user-defined error handlers"):
         MPI.Comm.Create_errhandler(lambda obj, code: None)
     session_eh = MPI.Session.Create_errhandler(lambda obj, code: None)   # another kind

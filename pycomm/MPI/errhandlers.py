@@ -4,7 +4,8 @@ user-defined ones (``Comm.Create_errhandler(fn)``, and ``Win``'s, ``File``'s and
 
 An :class:`Errhandler` is a handle: ``Errhandler(other)`` and ``Get_errhandler()`` give a
 new handle equal to the handler (``Free`` makes that handle ``ERRHANDLER_NULL``, not the
-handler the object keeps; freeing a predefined constant leaves it valid), as in mpi4py.
+handler the object keeps; freeing a predefined constant leaves it valid), as in mpi4py;
+pickling is :mod:`pycomm.MPI.pickling`'s, as for every handle.
 
 What the handler of an object does with an error of a call on that object:
 
@@ -96,19 +97,6 @@ class Errhandler:
             h.freed = True
             _LIVE[h.kind] -= 1
         self._handle = None
-
-    def __reduce__(self):
-        """The predefined handlers unpickle to themselves, a copy of one to an equal
-        handle; a user-defined handler cannot be pickled (ValueError, as in mpi4py)."""
-        for name, p in _PREDEFINED.items():
-            if self is p:
-                return name
-        h = self._handle
-        if h is None:
-            return Errhandler, ()
-        if h.kind is not None:
-            raise ValueError(f"cannot serialize a user-defined {h.kind} error handler")
-        return Errhandler, (next(p for p in _PREDEFINED.values() if p._handle is h),)
 
     def __repr__(self) -> str:
         h = self._handle

@@ -12,8 +12,7 @@ Installed by :mod:`pycomm.MPI` once every class exists:
 * ``MPI.Comm`` has the collectives of ``MPI.Intracomm``, as mpi4py's base class does
   (a ``Comm`` handle of an intra-communicator, ``Comm.fromhandle(...)``, can call them);
 * small aliases and conveniences: ``Topocomm.degrees``, ``Group.Intersect``,
-  ``Datatype.Resized``,
-  ``Message.probe``/``iprobe``.
+  ``Datatype.Resized``, ``Message.probe``/``iprobe``.
 """
 
 from __future__ import annotations
