@@ -246,3 +246,18 @@ def test_pickle_dumps_oob_protocol_and_readonly():
     assert [b.nbytes for b in bufs] == [0]
     with pytest.raises(pickle.UnpicklingError):
         p.loads_oob(p.dumps_oob(np.arange(3))[0], None)
+
+
+def test_message_probe_class_methods_default_to_any_source_and_tag():
+    """mpi4py's test_p2p_buf_matched calls ``MPI.Message.Iprobe(comm)`` with no source or
+    tag (mpi4py's defaults: ANY_SOURCE, ANY_TAG); it was a TypeError."""
+    comm = MPI.COMM_SELF
+    assert MPI.Message.Iprobe(comm) is None
+    comm.Send(np.arange(3, dtype="i"), 0, tag=5)
+    m = MPI.Message.Iprobe(comm)
+    got = np.empty(3, dtype="i")
+    m.Recv(got)
+    comm.Send(np.arange(3, dtype="i"), 0, tag=6)
+    status = MPI.Status()
+    MPI.Message.Probe(comm, status=status).Recv(got)
+    assert got.tolist() == [0, 1, 2] and status.Get_tag() == 6

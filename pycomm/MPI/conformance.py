@@ -105,7 +105,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mpiexec", help="reference: run the modules with this mpiexec "
                         "(e.g. venv/bin/mpiexec of pip install mpi4py mpich) instead")
     args = parser.parse_args(argv)
-    work = tempfile.mkdtemp(prefix="pycomm-mpi4py-")
+    # the unpacked suite goes when the run ends (it was left in /tmp, one per run)
+    with tempfile.TemporaryDirectory(prefix="pycomm-mpi4py-") as work:
+        _run_suite(args, work)
+    return 0
+
+
+def _run_suite(args, work: str) -> None:
+    """Unpack the suite into ``work``, disable its device array backends, run and print."""
     sdist = args.sdist or fetch(args.version, work)
     with tarfile.open(sdist) as tar:
         tar.extractall(work, filter="data")
@@ -140,7 +147,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{module:<18} {n:>2} {r['ran']:>5} {passed:>5} {r['failed_tests']:>5} "
                   f"{r['skipped']:>5} {r['failures']:>5} {r['errors']:>5}  {r['status']} "
                   f"{r.get('why', '')}", flush=True)
-    return 0
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ import numpy as np
 import pycomm as _pycomm
 from pycomm.errors import ArgumentError, TruncationError
 from pycomm.objects import loads
-from pycomm.p2p import ANY_TAG, PROC_NULL
+from pycomm.p2p import ANY_SOURCE, ANY_TAG, PROC_NULL
 
 from .exceptions import mpi_error, translate_methods
 from .msgspec import message
@@ -154,11 +154,16 @@ class Message:
         return self._done(data, source, tag, post=loads)
 
     @classmethod
-    def Probe(cls, comm, source: int, tag: int, status=None) -> Message:
+    def Probe(cls, comm, source: int = ANY_SOURCE, tag: int = ANY_TAG,
+              status=None) -> Message:
+        """``comm.Mprobe(source, tag, status)`` (mpi4py's defaults: any source, any tag)."""
         return comm.Mprobe(source, tag, status)
 
     @classmethod
-    def Iprobe(cls, comm, source: int, tag: int, status=None) -> Message | None:
+    def Iprobe(cls, comm, source: int = ANY_SOURCE, tag: int = ANY_TAG,
+               status=None) -> Message | None:
+        """``comm.Improbe(source, tag, status)`` (mpi4py's defaults: any source, any
+        tag)."""
         return comm.Improbe(source, tag, status)
 
 
