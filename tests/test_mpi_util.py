@@ -13,16 +13,9 @@ checks it ran and the failed ones with their error.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-LAUNCH = str(ROOT / "launch.py")
+from mpi_checks import HARNESS, REPORT, run_checks
 
 pytestmark = pytest.mark.usefixtures("no_shared_world")
 
@@ -31,21 +24,7 @@ import json, pickle, sys, traceback
 import numpy as np
 from mpi4py import MPI
 from mpi4py.util import dtlib, pkl5
-
-world = MPI.COMM_WORLD
-rank, size = world.Get_rank(), world.Get_size()
-ran, failed = [], {}
-
-
-def check(name):
-    def run(fn):
-        ran.append(name)
-        try:
-            fn()
-        except Exception:
-            failed[name] = traceback.format_exc(limit=3)
-    return run
-
+''' + HARNESS + r'''
 
 # -- dtlib ------------------------------------------------------------------------------
 BASIC = ["?", "b", "B", "h", "H", "i", "I", "l", "L", "q", "Q", "f", "d", "g", "F", "D",
@@ -307,11 +286,7 @@ def _():
         assert same(got, big_of(0)[:3000])
     finally:
         pkl5._bigmpi = saved
-
-
-world.Barrier()
-print(json.dumps({"rank": rank, "ran": ran, "failed": failed}), flush=True)
-'''
+''' + REPORT
 
 CHECKS = ["dtlib basic", "dtlib compound", "dtlib from MPI types", "dtlib typed message",
           "pkl5 out of band", "pkl5 send recv", "pkl5 isend ssend sendrecv",
@@ -321,15 +296,4 @@ CHECKS = ["dtlib basic", "dtlib compound", "dtlib from MPI types", "dtlib typed 
 @pytest.mark.parametrize("n", [2, 3])
 def test_dtlib_and_pkl5(n, tmp_path):
     pytest.importorskip("numpy")
-    prog = tmp_path / "util_checks.py"
-    prog.write_text(PROGRAM)
-    proc = subprocess.run([sys.executable, LAUNCH, "--mpi4py", "-n", str(n), str(prog)],
-                          capture_output=True, text=True, timeout=60, check=False,
-                          cwd=str(tmp_path), env=dict(os.environ))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    reports = [json.loads(line) for line in proc.stdout.splitlines()
-               if line.startswith('{"rank"')]
-    assert sorted(r["rank"] for r in reports) == list(range(n)), proc.stdout[-2000:]
-    for report in reports:
-        assert report["ran"] == CHECKS
-        assert report["failed"] == {}, report["failed"]
+    run_checks(tmp_path, PROGRAM, n, CHECKS, timeout=60)

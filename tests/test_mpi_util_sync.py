@@ -12,16 +12,9 @@ prints one JSON line: the checks it ran and the failed ones with their traceback
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-LAUNCH = str(ROOT / "launch.py")
+from mpi_checks import HARNESS, REPORT, run_checks
 
 pytestmark = pytest.mark.usefixtures("no_shared_world")
 
@@ -30,30 +23,7 @@ import json, time, traceback
 import numpy as np
 from mpi4py import MPI
 from mpi4py.util import sync
-
-world = MPI.COMM_WORLD
-rank, size = world.Get_rank(), world.Get_size()
-ran, failed = [], {}
-
-
-def check(name):
-    def run(fn):
-        ran.append(name)
-        try:
-            fn()
-        except Exception:
-            failed[name] = traceback.format_exc(limit=4)
-        world.Barrier()
-    return run
-
-
-def raises(exc_class, fn):
-    try:
-        fn()
-    except exc_class as exc:
-        return exc
-    raise AssertionError(f"{fn} did not raise {exc_class.__name__}")
-
+''' + HARNESS + r'''
 
 def unsafe_increments(lock, times):
     """Read rank 0's int, wait, write it + 1: updates are lost unless ``lock`` excludes."""
@@ -266,10 +236,7 @@ def _():
     one = sync.Semaphore(1, comm=world)
     assert unsafe_increments(one, 5) == 5 * size
     one.free()
-
-
-print(json.dumps({"rank": rank, "ran": ran, "failed": failed}), flush=True)
-'''
+''' + REPORT
 
 CHECKS = ["Sequential order", "Counter values", "Mutex exclusion", "Mutex states and errors",
           "Mutex recursive", "Mutex wait is bounded", "Condition notify and wait",
@@ -278,15 +245,4 @@ CHECKS = ["Sequential order", "Counter values", "Mutex exclusion", "Mutex states
 
 @pytest.mark.parametrize("n", [2, 3])
 def test_util_sync(n, tmp_path):
-    prog = tmp_path / "sync_checks.py"
-    prog.write_text(PROGRAM)
-    proc = subprocess.run([sys.executable, LAUNCH, "--mpi4py", "-n", str(n), str(prog)],
-                          capture_output=True, text=True, timeout=90, check=False,
-                          cwd=str(tmp_path), env=dict(os.environ))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    reports = [json.loads(line[line.index('{"rank"'):]) for line in proc.stdout.splitlines()
-               if '{"rank"' in line]             # (each line may carry a "[r] " prefix)
-    assert sorted(r["rank"] for r in reports) == list(range(n)), proc.stdout[-2000:]
-    for report in reports:
-        assert report["ran"] == CHECKS
-        assert report["failed"] == {}, report["failed"]
+    run_checks(tmp_path, PROGRAM, n, CHECKS)

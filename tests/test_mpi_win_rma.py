@@ -9,16 +9,9 @@ rank prints one JSON line: the checks it ran and the failed ones with their trac
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-LAUNCH = str(ROOT / "launch.py")
+from mpi_checks import HARNESS, REPORT, run_checks
 
 pytestmark = pytest.mark.usefixtures("no_shared_world")
 
@@ -26,30 +19,7 @@ PROGRAM = r'''
 import json, os, time, traceback
 import numpy as np
 from pycomm import MPI
-
-world = MPI.COMM_WORLD
-rank, size = world.Get_rank(), world.Get_size()
-ran, failed = [], {}
-
-
-def check(name):
-    def run(fn):
-        ran.append(name)
-        try:
-            fn()
-        except Exception:
-            failed[name] = traceback.format_exc(limit=4)
-        world.Barrier()
-    return run
-
-
-def raises(exc_class, fn):
-    try:
-        fn()
-    except exc_class as exc:
-        return exc
-    raise AssertionError(f"{fn} did not raise {exc_class.__name__}")
-
+''' + HARNESS + r'''
 
 @check("Fetch_and_op one item")
 def _():
@@ -160,10 +130,7 @@ def _():
     win.Lock(0, MPI.LOCK_SHARED)                           # free again for everyone
     win.Unlock(0)
     win.Free()
-
-
-print(json.dumps({"rank": rank, "ran": ran, "failed": failed}), flush=True)
-'''
+''' + REPORT
 
 CHECKS = ["Fetch_and_op one item", "Compare_and_swap one item", "Shared_query of every flavor",
           "Lock PROC_NULL, bad rank, timeout"]
@@ -171,15 +138,4 @@ CHECKS = ["Fetch_and_op one item", "Compare_and_swap one item", "Shared_query of
 
 @pytest.mark.parametrize("n", [2, 3])
 def test_window_behaviours_of_mpi4py_and_mpich(n, tmp_path):
-    prog = tmp_path / "win_checks.py"
-    prog.write_text(PROGRAM)
-    proc = subprocess.run([sys.executable, LAUNCH, "-n", str(n), str(prog)],
-                          capture_output=True, text=True, timeout=60, check=False,
-                          cwd=str(tmp_path), env=dict(os.environ))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    reports = [json.loads(line[line.index('{"rank"'):]) for line in proc.stdout.splitlines()
-               if '{"rank"' in line]             # (each line may carry a "[r] " prefix)
-    assert sorted(r["rank"] for r in reports) == list(range(n)), proc.stdout[-2000:]
-    for report in reports:
-        assert report["ran"] == CHECKS
-        assert report["failed"] == {}, report["failed"]
+    run_checks(tmp_path, PROGRAM, n, CHECKS, mpi4py=False, timeout=60)
