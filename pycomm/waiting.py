@@ -342,12 +342,10 @@ class Waiting:
 
     def await_stop_after(self, peer: int) -> None:
         """Before reporting that world rank ``peer`` has left: if it left on purpose
-        (``sys.exit`` under pycomm.MPI, :mod:`pycomm.MPI.exitnote`), wait up to
-        ``_STOP_WAIT_S`` for the launcher, which ends the job on a non-zero exit, to stop
-        this rank, so that it ends silently as under ``mpiexec`` (the departing rank's
-        teardown after its goodbye may outlast the departure delay). A departure with
-        code 0 while this rank still waits on it is reported after the wait. Progress
-        goes on meanwhile: the departing rank's close may wait for this rank's answers."""
+        (``sys.exit`` under pycomm.MPI: :mod:`pycomm.MPI.exitnote`), drive progress up to
+        ``_STOP_WAIT_S`` while the launcher, which ends the job on a non-zero exit, stops
+        this rank: it then ends silently, as under ``mpiexec``, however long the peer's
+        teardown after its goodbye. An exit with code 0 is reported after the wait."""
         inspector = self._inspector
         if inspector is None or not inspector.left_on_purpose(peer):
             return

@@ -34,7 +34,7 @@ from pycomm.errors import ArgumentError
 from .exceptions import mpi_error, translate_methods
 from .keyvals import copy_attrs, free_attrs, type_attrs
 from .plans import _int, _ints, _nonneg
-from .typemap import Offsets, TypeMap, data_size
+from .typemap import Offsets, TypeMap, data_size, struct_bounds
 
 __all__ = ["COMBINER_NAMED", "DATATYPE_NULL", "ORDER_C", "ORDER_F", "ORDER_FORTRAN",
            "Datatype"]
@@ -383,22 +383,9 @@ class Datatype:
             raise _err(f"Create_struct: blocklengths must be >= 0, got {blens.tolist()}")
         parts = [(Offsets([d], [b], t.extent), t) for b, d, t in zip(blens, disps, types)]
         out = cls._compose(parts, COMBINER_STRUCT)
-        if not out._data.parts:
-            return out                      # no data at all: bounds (0, 0), as in MPICH
-        # Blocks of a type with no data but bounds (Create_resized of an empty type) widen
-        # the bounds of a struct that has data elsewhere, as in MPICH.
-        lb, ub = out._lb, out._ub
-        for b, d, t in zip(blens.tolist(), disps.tolist(), types):
-            if b and t._data.n == 0:
-                last = d + (b - 1) * t.extent
-                lb, ub = min(lb, d + t._lb, last + t._lb), max(ub, d + t._ub, last + t._ub)
-        # The standard's epsilon: the extent rounds up to the strictest alignment of the
-        # basic types, so that items lie as a C compiler lays out an array of the struct
-        # (MPICH and Open MPI do, a part made by Create_resized included; mpi4py's dtlib
-        # relies on it). Parts that lay out no data (no items, or items of no size) align
-        # nothing, as in MPICH.
-        align = max(d.alignment for _, child, _ in out._data.parts for d in child.dtypes)
-        ub += (lb - ub) % align
+        lb, ub = struct_bounds(out._data, out._lb, out._ub,
+                               [(b, d, t._data.n, t._lb, t._ub) for b, d, t in
+                                zip(blens.tolist(), disps.tolist(), types)])
         if (lb, ub) != (out._lb, out._ub):
             out = out._resized(lb, ub - lb, COMBINER_STRUCT)
         return out

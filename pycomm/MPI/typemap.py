@@ -24,7 +24,7 @@ from pycomm.errors import ArgumentError
 
 from .exceptions import mpi_error
 
-__all__ = ["MAX_ENTRIES", "Offsets", "TypeMap", "data_size"]
+__all__ = ["MAX_ENTRIES", "Offsets", "TypeMap", "data_size", "struct_bounds"]
 
 MAX_ENTRIES = 1 << 28   # basic items a flattened map may have (its arrays: 2.5 GiB)
 
@@ -235,3 +235,24 @@ def _index_of(dtypes: list, dt: np.dtype) -> int:
             return i
     dtypes.append(dt)
     return len(dtypes) - 1
+
+
+def struct_bounds(tmap: TypeMap, lb: int, ub: int, blocks) -> tuple[int, int]:
+    """The bounds of a struct type as MPICH computes them, from the composed map
+    ``tmap`` and its ``lb``/``ub`` and the ``(blocklength, displacement, old type's item
+    count, old lb, old ub)`` of each block (MPI-4.1 section 5.1.2 and 5.1.6).
+
+    With no data at all the bounds stay (0, 0). Otherwise blocks of a type with no data but
+    bounds (``Create_resized`` of an empty type) widen them, and the extent rounds up to the
+    strictest alignment of the basic types of the parts with data (the standard's epsilon:
+    items then lie as a C compiler lays out an array of the struct; MPICH and Open MPI do
+    so, and mpi4py's dtlib relies on it).
+    """
+    if not tmap.parts:
+        return lb, ub
+    for count, disp, n, old_lb, old_ub in blocks:
+        if count and n == 0:
+            last = disp + (count - 1) * (old_ub - old_lb)
+            lb, ub = min(lb, disp + old_lb, last + old_lb), max(ub, disp + old_ub, last + old_ub)
+    align = max(d.alignment for _, child, _ in tmap.parts for d in child.dtypes)
+    return lb, ub + (lb - ub) % align
