@@ -48,6 +48,9 @@ HANG = textwrap.dedent("""
     elif comm.rank == 0:
         comm.Recv(x, 2, tag=7)
     else:
+        # rank 0's Recv times out first, so its own report is in before rank 1's names it
+        # (the launcher stops the accused at once: both timeouts at 3 s raced)
+        time.sleep(0.5)
         comm.Barrier()
 """)
 
