@@ -321,7 +321,7 @@ class SharedSlots:
                 if err is not None:
                     raise err
                 if not ready() and shm.said_goodbye(peer) and _perf() >= departed_from:
-                    eng.await_stop_after(peer)
+                    eng.await_stop_after([peer])
                     raise PeerError(f"rank {self.rank}: rank {r} has left: it closed pycomm "
                                     "(its program ended) while this rank waits for it",
                                     peer)

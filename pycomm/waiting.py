@@ -340,14 +340,14 @@ class Waiting:
                 self._failed = err
                 raise err
 
-    def await_stop_after(self, peer: int) -> None:
-        """Before reporting that world rank ``peer`` has left: if it left on purpose
+    def await_stop_after(self, peers) -> None:
+        """Before reporting that world ranks ``peers`` have left: if one left on purpose
         (``sys.exit`` under pycomm.MPI: :mod:`pycomm.MPI.exitnote`), drive progress up to
         ``_STOP_WAIT_S`` while the launcher, which ends the job on a non-zero exit, stops
         this rank: it then ends silently, as under ``mpiexec``, however long the peer's
         teardown after its goodbye. An exit with code 0 is reported after the wait."""
         inspector = self._inspector
-        if inspector is None or not inspector.left_on_purpose(peer):
+        if inspector is None or not any(inspector.left_on_purpose(p) for p in peers):
             return
         end = _perf() + _STOP_WAIT_S
         while _perf() < end:
@@ -381,9 +381,8 @@ class Waiting:
         reads = [(rid, r) for rid, r in rndv.recvs.items() if r.peer in gone and not r.done]
         if not (posted or sends or reads):
             return
-        for peer in sorted({r.peer for r in posted} | {r.peer for _, r in sends} |
-                           {r.peer for _, r in reads}):
-            self.await_stop_after(peer)
+        self.await_stop_after(sorted({r.peer for r in posted} | {r.peer for _, r in sends} |
+                                     {r.peer for _, r in reads}))
         call = self._my_call()
         where = f"{trace.describe_call(call)}: " if call is not None else ""
         for r in posted:

@@ -13,6 +13,7 @@ import re
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -208,6 +209,32 @@ def test_a_deliberate_exit_with_a_slow_teardown_still_ends_the_others_silently(t
                      r"\(SystemExit\); stopping the other 2 ranks$", proc.stderr, re.M)
     for word in ("Traceback", "PeerError", "flight recorder"):
         assert word not in proc.stderr, proc.stderr
+
+
+EARLY_RETURN_PROGRAM = """\
+from mpi4py import MPI
+import numpy as np
+comm = MPI.COMM_WORLD
+if comm.rank == 0:
+    comm.Recv(np.empty(1), source=1, tag=3)     # rank 1 returns without sending
+"""
+
+
+@pytest.mark.usefixtures("no_shared_world")
+def test_a_peer_that_returned_while_waited_on_is_reported_after_the_stop_wait(tmp_path):
+    """Rank 1 leaves on purpose with code 0 (its exit note is in the store), so the
+    launcher does not end the job: rank 0 waits out its 5 s for a stop, then reports that
+    rank 1 has left, well before its receive's timeout (60 s)."""
+    from pycomm.waiting import _STOP_WAIT_S
+    prog = tmp_path / "prog.py"
+    prog.write_text(EARLY_RETURN_PROGRAM)
+    t0 = time.monotonic()
+    proc = _run([LAUNCH, "-n", "2", "--mpi4py", "--timeout", "60", str(prog)], timeout=60)
+    took = time.monotonic() - t0
+    assert proc.returncode == 1, proc.stderr
+    assert "rank 0: Recv from rank 1 (tag 3) on pycomm.COMM_WORLD: rank 1 has left" in \
+        proc.stderr, proc.stderr
+    assert _STOP_WAIT_S < took < _STOP_WAIT_S + 30, took
 
 
 def _run_bytes(args, env=None) -> subprocess.CompletedProcess:
