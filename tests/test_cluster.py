@@ -315,17 +315,24 @@ def test_port_range_pins_every_listening_port_two_per_rank():
     with emulated_hosts(2, "pcp", pytest.fail, "cannot build the emulated cluster") as c:
         procs = host2_job(c, CHECK_LOOP_S="4", PYCOMM_PORT_RANGE="29600-29603")
         try:
-            pids = {p.pid for p in procs} | set(watch_pids([p.pid for p in procs]))
-            assert len(pids) == 8, pids
             store_port = str(29200 + os.getpid() % 90 + 1)     # MASTER_PORT + 1
-            seen = []
-            for host in (1, 2):
-                out = c.run(host, ["ss", "-ltnpH"]).stdout
-                for line in out.splitlines():
-                    if any(f"pid={pid}," in line for pid in pids):
-                        port = line.split()[3].rsplit(":", 1)[1]
-                        if port != store_port:
-                            seen.append((host, int(port)))
+            # rank 0 loops once its world is up; the other ranks' watches may still be
+            # starting (one was missing in a CI run): look again until all are there
+            deadline = time.monotonic() + 10
+            while True:
+                pids = {p.pid for p in procs} | set(watch_pids([p.pid for p in procs]))
+                seen = []
+                for host in (1, 2):
+                    out = c.run(host, ["ss", "-ltnpH"]).stdout
+                    for line in out.splitlines():
+                        if any(f"pid={pid}," in line for pid in pids):
+                            port = line.split()[3].rsplit(":", 1)[1]
+                            if port != store_port:
+                                seen.append((host, int(port)))
+                if (len(pids), len(seen)) == (8, 4) or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
+            assert len(pids) == 8, pids
             # the transports' own listeners close once every peer has connected: what
             # is left is one watch per rank
             assert len(seen) == 4, seen
