@@ -136,9 +136,16 @@ class SerializedThreads:
     def _release(self) -> None:
         if self.outbox and not self._polling:
             # what a refused thread left to send (an ABORT), sent now rather than at this
-            # thread's next progress, which may be long in coming
+            # thread's next progress, which may be long in coming; under the engine's lock,
+            # as the progress thread may be acting on the same outbox (two one-sided reads
+            # at once would share the transport's validity-word scratch)
             try:
-                self.act()
+                if self._threaded:
+                    with self.lock:
+                        if not self._polling:
+                            self.act()
+                else:
+                    self.act()
             except TransportError:
                 pass                    # the next progress reports the dead peer
         self._waiter = None
