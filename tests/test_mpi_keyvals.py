@@ -105,6 +105,32 @@ def test_a_freed_key_keeps_its_values_but_takes_no_new_one():
     assert log.calls == [("delete", type(comm).__name__, True, "v")]
 
 
+def test_a_freed_key_is_forgotten_once_its_last_value_is_deleted():
+    from pycomm.MPI import keyvals
+    before = len(keyvals._KEYVALS)
+    for _ in range(50):                                     # no values: gone at once
+        MPI.Comm.Free_keyval(MPI.Comm.Create_keyval())
+        MPI.Datatype.Free_keyval(MPI.Datatype.Create_keyval())
+    assert len(keyvals._KEYVALS) == before
+    key = MPI.Comm.Create_keyval(copy_fn=True)
+    comm = MPI.COMM_WORLD.Dup()
+    comm.Set_attr(key, 1)
+    comm.Set_attr(key, 2)                                   # a replaced value: still one
+    dup = comm.Dup()                                        # the copy is a second value
+    MPI.Comm.Free_keyval(key)
+    comm.Delete_attr(key)
+    assert dup.Get_attr(key) == 2 and key in keyvals._KEYVALS
+    dup.Free()                                              # the last value
+    assert key not in keyvals._KEYVALS
+    comm.Free()
+    dtkey = MPI.Datatype.Create_keyval()
+    dt = MPI.DOUBLE.Dup()
+    dt.Set_attr(dtkey, "x")
+    MPI.Datatype.Free_keyval(dtkey)
+    dt.Free()
+    assert dtkey not in keyvals._KEYVALS and len(keyvals._KEYVALS) == before
+
+
 def test_a_raising_callback_is_printed_and_err_other(capfd):
     def boom(obj, keyval, value):
         raise ValueError("from the callback")

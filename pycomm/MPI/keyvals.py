@@ -16,7 +16,8 @@ An exception in a callback is printed to stderr and the call raises ``MPI.Except
 (``ERR_OTHER``), as mpi4py does. A key of another kind, a predefined key in ``Set_attr``
 or ``Delete_attr``, an unknown key and ``KEYVAL_INVALID`` are ``ERR_KEYVAL`` (MPICH's
 answers). ``Free_keyval`` returns ``KEYVAL_INVALID``; values cached under a freed key stay
-readable and are deleted (with the callback) as usual, but no new value can be set.
+readable and are deleted (with the callback) as usual, but no new value can be set; the key
+itself is forgotten once its last value is deleted (each key counts the values it holds).
 ``nopython=True`` is accepted for mpi4py's sake: values are Python objects either way.
 """
 
@@ -39,15 +40,27 @@ KEYVAL_INVALID = -1
 
 
 class _Keyval:
-    __slots__ = ("copy_fn", "delete_fn", "freed", "kind")
+    __slots__ = ("copy_fn", "delete_fn", "freed", "kind", "values")
 
     def __init__(self, kind: str, copy_fn, delete_fn):
         self.kind, self.copy_fn, self.delete_fn, self.freed = kind, copy_fn, delete_fn, False
+        self.values = 0                 # values cached under this key, on all objects
 
 
 _KEYVALS: dict[int, _Keyval] = {}
 # above every predefined key (TAG_UB... are small; the WIN_* keys are 1711276033 and up)
 _NEXT = itertools.count(1 << 31)
+
+
+def _held(keyval: int, change: int) -> None:
+    """Count ``change`` more values cached under ``keyval``; forget a freed key that holds
+    none (so creating and freeing keys in a loop does not grow the table)."""
+    key = _KEYVALS.get(keyval)
+    if key is None:
+        return
+    key.values += change
+    if key.freed and key.values <= 0:
+        del _KEYVALS[keyval]
 
 
 def _keyval_error(call: str, text: str) -> Exception:
@@ -96,6 +109,7 @@ def free_keyval(kind: str, keyval) -> int:
         MPI.Exception (ERR_KEYVAL): not a live key of ``kind``.
     """
     _user_keyval(kind, keyval, f"{kind}.Free_keyval", setting=True).freed = True
+    _held(int(keyval), 0)
     return KEYVAL_INVALID
 
 
@@ -138,8 +152,11 @@ def set_attr(kind: str, obj, attrs: dict, keyval, value, call: str) -> None:
     """
     key = _user_keyval(kind, keyval, call, setting=True)
     keyval = int(keyval)
-    if keyval in attrs and key.delete_fn is not None:
-        _run(key.delete_fn, call, obj, keyval, attrs[keyval])
+    if keyval in attrs:
+        if key.delete_fn is not None:
+            _run(key.delete_fn, call, obj, keyval, attrs[keyval])
+    else:
+        key.values += 1
     attrs[keyval] = value
 
 
@@ -155,8 +172,11 @@ def delete_attr(kind: str, obj, attrs: dict, keyval, call: str) -> None:
     keyval = int(keyval)
     if keyval in attrs:
         value = attrs.pop(keyval)
-        if key.delete_fn is not None:
-            _run(key.delete_fn, call, obj, keyval, value)
+        try:
+            if key.delete_fn is not None:
+                _run(key.delete_fn, call, obj, keyval, value)
+        finally:
+            _held(keyval, -1)
 
 
 def copy_attrs(obj, attrs: dict, call: str) -> dict:
@@ -173,6 +193,8 @@ def copy_attrs(obj, attrs: dict, call: str) -> dict:
         new = value if key.copy_fn is True else _run(key.copy_fn, call, obj, keyval, value)
         if new is not NotImplemented:
             out[keyval] = new
+    for keyval in out:                  # counted once every callback has run
+        _held(keyval, 1)
     return out
 
 
@@ -186,11 +208,13 @@ def free_attrs(obj, attrs: dict, call: str) -> None:
     for keyval in [k for k in attrs if isinstance(k, int) and k in _KEYVALS]:
         value = attrs.pop(keyval)
         fn = _KEYVALS[keyval].delete_fn
-        if fn is not None:
-            try:
+        try:
+            if fn is not None:
                 _run(fn, call, obj, keyval, value)
-            except Exception as exc:    # noqa: BLE001  (raised once all are deleted)
-                failed = failed or exc
+        except Exception as exc:        # noqa: BLE001  (raised once all are deleted)
+            failed = failed or exc
+        finally:
+            _held(keyval, -1)
     if failed is not None:
         raise failed
 
@@ -204,8 +228,15 @@ def type_attrs(dt) -> dict:
     key = id(dt)
     if key not in _TYPE_ATTRS:
         _TYPE_ATTRS[key] = {}
-        weakref.finalize(dt, _TYPE_ATTRS.pop, key, None)
+        weakref.finalize(dt, _forget_type, key)
     return _TYPE_ATTRS[key]
+
+
+def _forget_type(key: int) -> None:
+    """A datatype handle was collected unfreed: its values go (no callbacks, as its
+    object is gone) and their keys count them no more."""
+    for keyval in _TYPE_ATTRS.pop(key, {}):
+        _held(keyval, -1)
 
 
 def install(classes: dict) -> None:
