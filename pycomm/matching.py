@@ -74,11 +74,29 @@ class Matching:
             req.obj = bytearray(nbytes)
             return memoryview(req.obj)
         if nbytes > req.nbytes:
-            req.error = TruncationError(
-                f"rank {self.rank}: message of {nbytes} bytes from rank {src} (tag {tag}) "
-                f"is larger than the receive buffer of {req.nbytes} bytes")
-            return memoryview(bytearray(nbytes))
+            self._truncate(req, src, tag, nbytes)
+            # the whole message lands in a scratch buffer; its head goes into the receive
+            # buffer when the receive completes
+            scratch = memoryview(bytearray(nbytes))
+            view, error, chained = req.view, req.error, req.on_done
+
+            def keep_head(r):
+                if r.error is error:    # (a withdrawn message's bytes are not kept)
+                    view[:] = scratch[:len(view)]
+                if chained is not None:
+                    chained(r)
+            req.on_done = keep_head
+            return scratch
         return req.view[:nbytes] if nbytes != req.nbytes else req.view
+
+    def _truncate(self, req: Request, src: int, tag: int, nbytes: int) -> None:
+        """Fail receive ``req`` of a message of ``nbytes``, more than its buffer holds. As
+        in MPI, what fits is received: the caller puts the message's head in the buffer,
+        and the status counts those bytes (MPICH's and Open MPI's answer)."""
+        req.error = TruncationError(
+            f"rank {self.rank}: message of {nbytes} bytes from rank {src} (tag {tag}) "
+            f"is larger than the receive buffer of {req.nbytes} bytes")
+        req.count = req.nbytes
 
     def _queue(self, u: _Unexpected) -> None:
         """Keep an arrived message no receive has matched yet (see :attr:`coll_tags`)."""

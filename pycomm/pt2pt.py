@@ -24,7 +24,7 @@ from transports import TransportError
 
 from . import trace as _trace
 from .buffers import _CASTABLE, as_array, byte_view
-from .errors import ArgumentError, CommError, CommTimeoutError
+from .errors import ArgumentError, CommError, CommTimeoutError, TruncationError
 from .p2p import ANY_SOURCE, ANY_TAG, PROC_NULL, Request, null_request
 from .status import Status, fill as _fill
 from .wire import EAGER, _pack
@@ -266,7 +266,9 @@ class PointToPointMethods:
 
         Raises:
             ArgumentError, InvalidBufferError: as :meth:`Irecv`, before anything is posted.
-            TruncationError: the message is larger than ``buf``.
+            TruncationError: the message is larger than ``buf`` (as in MPI, what fits is
+                received: ``buf`` holds the message's head, ``status`` its source, tag and
+                the bytes received).
             CommTimeoutError: nothing matched within ``timeout`` seconds (the receive is then
                 withdrawn).
             PeerError: ``source`` died or its connection dropped.
@@ -322,12 +324,23 @@ class PointToPointMethods:
                     _trace.fail(n, exc)
                     if isinstance(exc, CommTimeoutError):
                         eng.cancel(req)     # unmatched: it must not swallow a later message
+                    self._status_of_truncated(req, exc, status)
                     raise
                 _trace.end(n)
         else:
             req = self.Irecv(buf, source, tag)
-            self._wait_posted([req], timeout)
+            try:
+                self._wait_posted([req], timeout)
+            except TruncationError as exc:
+                self._status_of_truncated(req, exc, status)
+                raise
         if status is not None:
+            self._status_of(req, status)
+
+    def _status_of_truncated(self, req: Request, exc: BaseException, status) -> None:
+        """A truncated receive still received what fits: ``status`` says from whom and how
+        many bytes, as MPI's does (MPICH, Open MPI)."""
+        if status is not None and isinstance(exc, TruncationError) and req.error is exc:
             self._status_of(req, status)
 
     def Sendrecv(self, sendbuf, dest: int, sendtag: int = 0, recvbuf=None,
@@ -352,7 +365,8 @@ class PointToPointMethods:
             ArgumentError: ``recvbuf`` is None, or a rank or tag is invalid (the send side is
                 checked before the receive is posted).
             InvalidBufferError: a buffer is unusable (``recvbuf`` read-only).
-            TruncationError: the message received is larger than ``recvbuf``.
+            TruncationError: the message received is larger than ``recvbuf`` (its head
+                is received and ``status`` filled, as :meth:`Recv`).
             CommTimeoutError: not complete within ``timeout`` seconds (both are withdrawn).
             PeerError: a peer died or its connection dropped.
             CommError: the communicator has been freed.
@@ -366,7 +380,11 @@ class PointToPointMethods:
         self._check_tag(sendtag, "sendtag")
         r = self.Irecv(recvbuf, source, recvtag)
         s = self.Isend(sendbuf, dest, sendtag)
-        self._wait_posted([s, r], timeout)
+        try:
+            self._wait_posted([s, r], timeout)
+        except TruncationError as exc:
+            self._status_of_truncated(r, exc, status)
+            raise
         self._status_of(r, status)
 
     def Iprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG,

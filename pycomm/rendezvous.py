@@ -140,11 +140,18 @@ class Rendezvous:
         sender's buffer one-sidedly (``desc``) where the transport can, else answer CTS."""
         eng = self.engine
         t = eng.route[src]
-        dest = eng._dest_for(req, src, tag, nbytes)
-        if req.error is not None:        # truncated: release the sender, fail the receive
-            eng._emit(src, _pack((FIN, sid)))
-            req._complete()
-            return
+        if desc is not None and t.can_read(src) and req.view is not None and \
+                nbytes > req.nbytes:
+            # truncated: read only the head that fits, straight into the buffer
+            req.source, req.tag = src, tag
+            eng._truncate(req, src, tag, nbytes)
+            if not req.nbytes:           # nothing fits: release the sender unread
+                eng._emit(src, _pack((FIN, sid)))
+                req._complete()
+                return
+            nbytes, dest = req.nbytes, req.view
+        else:                            # (truncated otherwise: the whole, then the head)
+            dest = eng._dest_for(req, src, tag, nbytes)
         if desc is not None and t.can_read(src):
             if eng._polling:
                 eng.outbox.append((READ, src, desc, nbytes, dest, req, sid, tag))
