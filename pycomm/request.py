@@ -45,6 +45,10 @@ class Request:
     # -- mpi4py's Request API -------------------------------------------------------------
     def _status(self, status) -> None:
         if status is not None:
+            if self.expect == -2:       # a send's status says nothing but cancelled (MPICH)
+                status.source, status.tag, status.count = -2, -1, 0   # ANY_SOURCE, ANY_TAG
+                status.cancelled = self.cancelled
+                return
             src = self.source
             if self.comm is not None:
                 src = self.comm._from_world.get(src, src)

@@ -101,7 +101,7 @@ from .ops import (
 )
 from .predefined import PREDEFINED
 from .typequery import typealign as _typealign
-from .request import REQUEST_NULL, Prequest, Request, Status
+from .request import REQUEST_NULL, Prequest, Request, Status, completed
 from .win import WIN_NULL, Win
 from .file import (DISPLACEMENT_CURRENT, FILE_NULL, MODE_APPEND, MODE_CREATE,
                    MODE_DELETE_ON_CLOSE, MODE_EXCL, MODE_RDONLY, MODE_RDWR, MODE_SEQUENTIAL,
@@ -307,7 +307,7 @@ def Flush_buffer() -> None:
 def Iflush_buffer() -> Request:
     """:func:`Flush_buffer`, complete when it returns."""
     BSEND.drain()
-    return Request()
+    return completed(COMM_WORLD._inner("Iflush_buffer")._engine)
 
 
 COMM_TYPE_SHARED, COMM_TYPE_HW_GUIDED, COMM_TYPE_HW_UNGUIDED, COMM_TYPE_RESOURCE_GUIDED = \

@@ -24,7 +24,7 @@ from .keyvals import check_keyval, copy_attrs, delete_attr, free_attrs, set_attr
 from .membuf import BSEND
 from .msgspec import as_int
 from .objects import ObjectMethods
-from .request import Request
+from .request import Request, completed
 
 __all__ = ["BSEND", "Comm", "fin"]
 
@@ -243,8 +243,10 @@ class Comm(ObjectMethods, BufferPointToPoint):
         return self.Dup()
 
     def Idup(self, info=None) -> tuple[Comm, Request]:
-        """``(Dup(), a completed request)``: pycomm duplicates at once (collective)."""
-        return self.Dup(), Request()
+        """``(Dup(), a completed request)``: pycomm duplicates at once (collective); the
+        request is live until waited on, as MPICH's."""
+        dup = self.Dup()
+        return dup, completed(self._inner("Idup")._engine)
 
     Idup_with_info = Idup
 
@@ -297,7 +299,7 @@ class Comm(ObjectMethods, BufferPointToPoint):
     def Iflush_buffer(self) -> Request:
         """:meth:`Flush_buffer`, complete when it returns."""
         BSEND.drain()
-        return Request()
+        return completed(self._inner("Iflush_buffer")._engine)
 
     @classmethod
     def Create_from_group(cls, group, stringtag: str = "org.mpi4py", info=None,
