@@ -307,7 +307,7 @@ def Flush_buffer() -> None:
 def Iflush_buffer() -> Request:
     """:func:`Flush_buffer`, complete when it returns."""
     BSEND.drain()
-    return completed(__getattr__("COMM_WORLD")._inner("Iflush_buffer")._engine)   # made on first use
+    return completed(__getattr__("COMM_WORLD")._inner("Iflush_buffer")._engine)
 
 
 COMM_TYPE_SHARED, COMM_TYPE_HW_GUIDED, COMM_TYPE_HW_UNGUIDED, COMM_TYPE_RESOURCE_GUIDED = \
