@@ -10,8 +10,8 @@ cost on an 8 B all-reduce: benchmarks/README.md, "Flight recorder").
 
 The ring is printed (human-readable, to stderr):
 
-* when a :class:`~pycomm.errors.CommError` leaves a recorded call (its last
-  :data:`ERROR_DUMP_CALLS` calls; once per exception);
+* when a :class:`~pycomm.errors.CommError` other than a truncation leaves a recorded call
+  (its last :data:`ERROR_DUMP_CALLS` calls; once per exception);
 * on ``SIGUSR1`` (the whole ring; the handler is installed at ``pycomm.init()`` unless the
   program has its own), which is how the launcher gets a hung rank's last words;
 * at exit when ``PYCOMM_TRACE=path`` is set. Each rank then also writes
@@ -40,7 +40,7 @@ import threading
 import time
 
 from . import config
-from .errors import CommError
+from .errors import CommError, TruncationError
 
 __all__ = ["ERROR_DUMP_CALLS", "begin", "chrome_events", "collective_progress", "current",
            "describe_call", "display_name", "dump", "end", "fail", "format_calls", "install",
@@ -119,7 +119,11 @@ def fail(n: int, exc: BaseException) -> None:
             for old in [k for k in _errors if k < n - _cap]:
                 del _errors[old]
         _errors[n] = f"{type(exc).__name__}: {exc}"
-    if not isinstance(exc, CommError) or getattr(exc, "_pycomm_reported", False):
+    # A truncation is the caller's own buffer, named in the error: the calls before it
+    # tell nothing more, and a program that expects it (mpi4py's ERR_TRUNCATE) gets no
+    # report on stderr, as under MPI
+    if not isinstance(exc, CommError) or isinstance(exc, TruncationError) or \
+            getattr(exc, "_pycomm_reported", False):
         return
     try:
         exc._pycomm_reported = True

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from pycomm import trace
-from pycomm.errors import CommTimeoutError
+from pycomm.errors import CommTimeoutError, TruncationError
 
 ROOT = Path(__file__).resolve().parents[1]
 LAUNCH = str(ROOT / "launch.py")
@@ -78,6 +78,11 @@ def test_ring_keeps_the_last_calls_and_their_states(ring, capsys):
     assert rows[-1].endswith("error: CommTimeoutError: rank 0: late")
     ring.dump(file=(out := io.StringIO()))
     assert out.getvalue().splitlines()[-2].endswith("running")
+    # a truncation is recorded but not printed: the caller's buffer, named in the error
+    n = ring.begin("Recv", comm, 8, 16, None, 1)
+    ring.fail(n, TruncationError("rank 0: message of 40 bytes is larger than 16"))
+    assert capsys.readouterr().err == ""
+    assert ring._snapshot()[-1][3].startswith("TruncationError: rank 0: message of 40")
 
 
 def test_a_late_end_does_not_touch_a_reused_slot(ring):
