@@ -32,6 +32,7 @@ from pycomm.p2p import ANY_SOURCE, ANY_TAG, PROC_NULL
 
 from . import datatypes as _datatypes
 from . import exitnote as _exitnote
+from . import external32 as _external32
 from .coll import Intracomm
 from .comm import (
     CONGRUENT,
@@ -367,6 +368,7 @@ def Get_abi_version() -> tuple[int, int]:
 
 
 _keyvals.install({"Comm": Comm, "Datatype": Datatype, "Win": Win})
+_external32.install(Datatype)
 _errhandlers.install({"Comm": Comm, "Win": Win, "Session": Session, "File": File})
 _surface.install(globals())
 _objmodel.install(globals())

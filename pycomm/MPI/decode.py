@@ -91,8 +91,6 @@ def install(cls) -> None:
         else:
             setattr(cls, method, _recording(value, name))
     cls.Create_dup = cls.Dup
-    for name, what in _NOT_OFFERED.items():
-        setattr(cls, name, classmethod(_not_offered(name, what)))
 
 
 def record_ctors(cls, functions: dict) -> None:
@@ -105,20 +103,6 @@ def record_ctors(cls, functions: dict) -> None:
         first = next(iter(inspect.signature(fn).parameters))
         wrapped = _recording(fn, name)
         setattr(cls, method, classmethod(wrapped) if first == "cls" else wrapped)
-
-
-# constructors MPI has and pycomm does not offer: NotImplementedError naming them
-_NOT_OFFERED = {
-    "Pack_external": "external32 packing",
-    "Unpack_external": "external32 packing", "Pack_external_size": "external32 packing",
-}
-
-
-def _not_offered(name: str, what: str):
-    def method(cls, *args, **kwargs):
-        raise NotImplementedError(f"Datatype.{name}: pycomm does not offer {what}")
-    method.__name__ = name
-    return method
 
 
 def envelope(dt) -> tuple[int, int, int, int, int]:

@@ -454,6 +454,15 @@ def _packed_region(buf, position, nbytes: int, where: str, writable: bool) -> np
     return raw[position:position + nbytes]
 
 
+def whole_items(dt: Datatype, buf, writable: bool, where: str, arg: str) -> list:
+    """``[buf, count, dt]``: as many whole items of ``dt`` as ``buf``'s bytes hold (its
+    bytes // the type's extent: mpi4py's count for Pack and Unpack; bytes past them are
+    not touched)."""
+    raw, _ = _raw(buf, writable, where, arg)
+    extent = dt.Get_extent()[1]
+    return [buf, raw.size // extent if extent > 0 else 0, dt]
+
+
 def pack(dt: Datatype, inbuf, outbuf, position) -> int:
     """``Datatype.Pack``: the items of ``inbuf`` (its bytes // extent of them), read through
     ``dt``, written contiguously into ``outbuf`` from byte ``position``.
@@ -464,7 +473,8 @@ def pack(dt: Datatype, inbuf, outbuf, position) -> int:
     Raises:
         MPI.Exception (ERR_BUFFER): ``outbuf`` is too small.
     """
-    m = message([inbuf, dt], "Datatype.Pack", "inbuf", writable=False)
+    m = message(whole_items(dt, inbuf, False, "Datatype.Pack", "inbuf"), "Datatype.Pack",
+                "inbuf", writable=False)
     data = m.array.view(np.uint8)
     _packed_region(outbuf, position, data.size, "Datatype.Pack", True)[:] = data
     return as_int(position, "position", "Datatype.Pack") + data.size
@@ -473,7 +483,8 @@ def pack(dt: Datatype, inbuf, outbuf, position) -> int:
 def unpack(dt: Datatype, inbuf, position, outbuf) -> int:
     """``Datatype.Unpack``: fill ``outbuf`` (its bytes // extent items of ``dt``) from the
     packed bytes of ``inbuf`` at byte ``position``; return the position after them."""
-    m = message([outbuf, dt], "Datatype.Unpack", "outbuf", writable=True)
+    m = message(whole_items(dt, outbuf, True, "Datatype.Unpack", "outbuf"),
+                "Datatype.Unpack", "outbuf", writable=True)
     data = m.array.view(np.uint8)
     data[:] = _packed_region(inbuf, position, data.size, "Datatype.Unpack", False)
     m.finish()

@@ -36,6 +36,12 @@ def _copy_of(name: str, cls: type = Datatype) -> Datatype:
 
 
 
+def _long(code: str) -> np.dtype:
+    """C ``long``'s dtype, marked with its external32 size (4 bytes, where LONG_LONG's
+    dtype, equal to it here, has 8: :mod:`pycomm.MPI.external32`)."""
+    return np.dtype(np.dtype(code).str, metadata={"external32": 4})
+
+
 def _pair(value) -> np.dtype:
     """C layout of MPI's value/int pair types (``struct {T val; int idx;}``: padded)."""
     return np.dtype([("val", np.dtype(value)), ("idx", np.int32)], align=True)
@@ -46,7 +52,7 @@ _TABLE = {
     "BYTE": ("u1", "B"), "PACKED": ("u1", "B"), "CHAR": ("S1", "c"), "WCHAR": ("U1", "U"),
     "SIGNED_CHAR": ("i1", "b"), "UNSIGNED_CHAR": ("u1", "B"), "SHORT": ("i2", "h"),
     "UNSIGNED_SHORT": ("u2", "H"), "INT": ("i4", "i"), "UNSIGNED": ("u4", "I"),
-    "LONG": (np.dtype("l").str, "l"), "UNSIGNED_LONG": (np.dtype("L").str, "L"),
+    "LONG": (_long("l"), "l"), "UNSIGNED_LONG": (_long("L"), "L"),
     "LONG_LONG": ("i8", "q"), "UNSIGNED_LONG_LONG": ("u8", "Q"), "FLOAT": ("f4", "f"),
     "DOUBLE": ("f8", "d"), "LONG_DOUBLE": ("g", "g"), "C_BOOL": ("?", "?"),
     "INT8_T": ("i1", "i1"), "INT16_T": ("i2", "i2"), "INT32_T": ("i4", "i4"),

@@ -231,7 +231,8 @@ class TypeMap:
 
 def _index_of(dtypes: list, dt: np.dtype) -> int:
     for i, d in enumerate(dtypes):
-        if d == dt and d.fields == dt.fields and d.itemsize == dt.itemsize:
+        if d == dt and d.fields == dt.fields and d.itemsize == dt.itemsize and \
+                d.metadata == dt.metadata:      # (LONG and LONG_LONG: see _long)
             return i
     dtypes.append(dt)
     return len(dtypes) - 1
