@@ -5,6 +5,13 @@ on the ranks' ``PYTHONPATH`` (and ``python -m pycomm.MPI.alias`` on ``sys.path``
 give :mod:`pycomm.MPI`. A real mpi4py installed in the environment is not shadowed unless
 ``PYCOMM_MPI4PY=1`` asks for it: without that variable this package loads the real one in
 its place when there is one.
+
+When it is asked for and a real mpi4py is installed too (``pip install mpi4py``: a wheel,
+no MPI needed until its own ``mpi4py.MPI`` is imported), the submodules this package does
+not have come from that installation, on pycomm's ``MPI``: ``mpi4py.futures``
+(``MPIPoolExecutor`` under ``python -m mpi4py.futures``, ``MPICommExecutor``) and
+``mpi4py.util.pool``. They are mpi4py's pure-Python code, searched after this package's
+own modules (``__path__``).
 """
 
 import importlib.machinery as _machinery
@@ -31,6 +38,11 @@ if _spec is not None:                           # not asked for: the real mpi4py
     _sys.modules[__name__] = _real
     _spec.loader.exec_module(_real)
 else:
+    # the real installation's directory after this one: its pure-Python submodules
+    # (futures, util.pool) load on pycomm's MPI; this package's own modules come first
+    _installed = _real_mpi4py()
+    if _installed is not None and _installed.submodule_search_locations:
+        __path__ = [*__path__, *_installed.submodule_search_locations]
     __version__ = "4.0.0+pycomm"
     __author__ = "pycomm (mpi4py-compatible façade)"
 
