@@ -13,20 +13,42 @@ Run N ranks with ``python launch.py -n N script.py`` or ``pycomm.spawn(fn, N)``.
 from __future__ import annotations
 
 import atexit
+import importlib
 import threading
 import time
+from typing import TYPE_CHECKING
 
-from .collectives import algorithms
-from .buffers import IN_PLACE
-from .comm import TAG_UB, Communicator, Status
-from .groups import COMM_NULL, CONGRUENT, IDENT, SIMILAR, UNDEFINED, UNEQUAL, Group
 from .errors import (ArgumentError, CollectiveError, CollectiveMismatchError, CommError,
                      CommTimeoutError, InvalidBufferError, PeerError, ProtocolError,
                      RemoteError, ThreadLevelError, TruncationError)
-from .ops import (BAND, BOR, BXOR, DOUBLE_INT, FLOAT_INT, INT_INT, LAND, LONG_INT, LOR, LXOR,
-                  MAX, MAXLOC, MIN, MINLOC, PROD, SUM, Op)
-from .p2p import ANY_SOURCE, ANY_TAG, PROC_NULL, Request
-from .launch.spawning import Pool, spawn
+
+if TYPE_CHECKING:
+    from .buffers import IN_PLACE
+    from .collectives import algorithms
+    from .comm import TAG_UB, Communicator, Status
+    from .groups import COMM_NULL, CONGRUENT, IDENT, SIMILAR, UNDEFINED, UNEQUAL, Group
+    from .launch.spawning import Pool, spawn
+    from .ops import (BAND, BOR, BXOR, DOUBLE_INT, FLOAT_INT, INT_INT, LAND, LONG_INT, LOR,
+                      LXOR, MAX, MAXLOC, MIN, MINLOC, PROD, SUM, Op)
+    from .p2p import ANY_SOURCE, ANY_TAG, PROC_NULL, Request
+
+# The rest of the API is imported on first use (__getattr__ below): the launcher process
+# (launch.py, pycomm-launch, a node agent) imports only pycomm.launch's modules, and with
+# these eager it also paid numpy and the communication core (about 0.2 s of CPU per
+# launched job) for nothing. A rank imports them when it creates its world.
+_LAZY = {
+    ".collectives": ("algorithms",),
+    ".buffers": ("IN_PLACE",),
+    ".comm": ("TAG_UB", "Communicator", "Status"),
+    ".groups": ("COMM_NULL", "CONGRUENT", "IDENT", "SIMILAR", "UNDEFINED", "UNEQUAL",
+                "Group"),
+    ".ops": ("BAND", "BOR", "BXOR", "DOUBLE_INT", "FLOAT_INT", "INT_INT", "LAND",
+             "LONG_INT", "LOR", "LXOR", "MAX", "MAXLOC", "MIN", "MINLOC", "PROD", "SUM",
+             "Op"),
+    ".p2p": ("ANY_SOURCE", "ANY_TAG", "PROC_NULL", "Request"),
+    ".launch.spawning": ("Pool", "spawn"),
+}
+_LAZY_FROM = {name: module for module, names in _LAZY.items() for name in names}
 
 __version__ = "0.1.0"
 
@@ -94,7 +116,21 @@ def Wtick() -> float:  # noqa: N802 (MPI name)
 def __getattr__(name: str):
     if name == "COMM_WORLD":
         return init()
-    if name == "MPI":           # the mpi4py-shaped façade, imported on first use
-        import importlib
-        return importlib.import_module(".MPI", __name__)
+    module = _LAZY_FROM.get(name)
+    if module is not None:      # the API above, imported on first use
+        value = getattr(importlib.import_module(module, __name__), name)
+        globals()[name] = value
+        return value
+    if not name.startswith("__"):
+        # a submodule (pycomm.MPI, the mpi4py-shaped façade, among them), as if the
+        # package had imported it: pycomm.comm, pycomm.collectives.REGISTRY, ...
+        try:
+            return importlib.import_module(f".{name}", __name__)
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__name__}.{name}":
+                raise
     raise AttributeError(f"module 'pycomm' has no attribute {name!r}")
+
+
+def __dir__() -> list:
+    return sorted(set(globals()) | set(__all__))
