@@ -399,12 +399,12 @@ def test_futures_no_stats():
 
 
 def test_futures_mpi_executor_is_not_offered():
-    """pycomm's one difference: no mpi4py.futures, so ``-e mpi`` (the default) is a
-    usage error, said once."""
+    """pycomm's one difference: MPIPoolExecutor cannot spawn its workers, so ``-e mpi``
+    (the default) is a usage error, said once."""
     status, out, err, _ = _bench(2, "futures")
     assert (status, out) == (2, "")
     assert err == _ours(USAGE["futures"]) + "\n" + PROG + " futures: error: executor " \
-        "'mpi': pycomm has no mpi4py.futures (MPIPoolExecutor needs MPI_Comm_spawn); " \
+        "'mpi': pycomm cannot spawn MPIPoolExecutor's workers (MPI_Comm_spawn); " \
         "use -e process or -e thread\n"
 
 

@@ -70,3 +70,13 @@ def test_comm_executor_as_under_mpich(n):
     proc = _launch(n, str(DATA / "comm_executor.py"))
     assert proc.returncode == 0, proc.stderr
     assert sorted(proc.stdout.splitlines()) == MPICH_COMM[n]
+
+
+def test_a_pool_that_would_spawn_raises_in_the_callers_thread():
+    # mpi4py's pool thread died on Spawn's NotImplementedError and its futures never
+    # completed (the job hung); the alias makes mpi4py's SpawnPool raise at the first submit
+    proc = _launch(1, str(DATA / "spawn_pool.py"))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("NotImplementedError: MPIPoolExecutor: pycomm cannot "
+                                  "spawn its workers (MPI_Comm_spawn); run the program as "
+                                  "`launch.py -n N --mpi4py -m mpi4py.futures")

@@ -43,6 +43,37 @@ else:
     _installed = _real_mpi4py()
     if _installed is not None and _installed.submodule_search_locations:
         __path__ = [*__path__, *_installed.submodule_search_locations]
+
+    class _NoSpawnPool:
+        """Meta path finder for ``mpi4py.futures._core``: once mpi4py's module has run,
+        its ``SpawnPool`` (what an ``MPIPoolExecutor`` outside ``python -m
+        mpi4py.futures`` uses) raises NotImplementedError in the caller's thread. Left as
+        it is, the pool's own thread died on ``Spawn``'s error and the executor's futures
+        never completed."""
+
+        @staticmethod
+        def find_spec(name, path=None, target=None):
+            if name != __name__ + ".futures._core":
+                return None
+            spec = _machinery.PathFinder.find_spec(name, path)
+            if spec is None or not hasattr(spec.loader, "exec_module"):
+                return spec
+            run = spec.loader.exec_module
+
+            def exec_module(module):
+                run(module)
+
+                def SpawnPool(executor):    # noqa: N802 (mpi4py's name)
+                    raise NotImplementedError(
+                        "MPIPoolExecutor: pycomm cannot spawn its workers (MPI_Comm_spawn); "
+                        "run the program as `launch.py -n N --mpi4py -m mpi4py.futures "
+                        "program.py` (rank 0 runs it, the others serve), or use "
+                        "MPICommExecutor")
+                module.SpawnPool = SpawnPool
+            spec.loader.exec_module = exec_module
+            return spec
+
+    _sys.meta_path.insert(0, _NoSpawnPool)
     __version__ = "4.0.0+pycomm"
     __author__ = "pycomm (mpi4py-compatible façade)"
 

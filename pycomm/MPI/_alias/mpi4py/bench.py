@@ -20,7 +20,7 @@ the alias package (``launch.py --mpi4py``; ``from mpi4py import MPI`` is
     ``pkl5`` does, above ``--threshold`` bytes).
 ``futures``
     the task throughput of an executor mapping an identity function over payloads of
-    each power-of-two size. pycomm has no ``mpi4py.futures`` (it has no
+    each power-of-two size. pycomm cannot spawn ``MPIPoolExecutor``'s workers (it has no
     ``MPI_Comm_spawn``): ``-e mpi``, the default, stops with a usage error naming the
     executors that run here (``-e process``, ``-e thread``; ``-e interpreter`` on
     Python 3.14+).
@@ -364,11 +364,13 @@ def futures(comm, args=None, verbose=True):
     workers = options.workers
     if options.executor == "mpi":
         try:
-            from .futures import MPIPoolExecutor
+            from .futures import MPIPoolExecutor, _core
         except ImportError:
-            _fail_once(parser, comm, "executor 'mpi': pycomm has no mpi4py.futures "
-                       "(MPIPoolExecutor needs MPI_Comm_spawn); "
-                       "use -e process or -e thread")
+            _core = None
+        if getattr(_core, "SharedPool", None) is None:     # not under -m mpi4py.futures
+            _fail_once(parser, comm, "executor 'mpi': pycomm cannot spawn "
+                       "MPIPoolExecutor's workers (MPI_Comm_spawn); use -e process or "
+                       "-e thread")
         executor = MPIPoolExecutor(max_workers=workers, backoff=options.backoff,
                                    use_pkl5=options.outband)
     elif options.executor == "process":
