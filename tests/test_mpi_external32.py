@@ -150,3 +150,21 @@ def test_bad_arguments_are_mpi_errors_before_anything_is_written():
     with pytest.raises(MPI.Exception) as err:
         MPI.INT.Pack_external_size(EXT32, -1)
     assert err.value.Get_error_class() == MPI.ERR_COUNT
+
+
+def test_long_doubles_inside_a_struct_round_trip():
+    st = MPI.Datatype.Create_struct([2, 1], [0, 32], [MPI.LONG_DOUBLE, MPI.INT]).Commit()
+    sd = np.dtype({"names": ["a", "b"], "formats": [("g", (2,)), "i4"], "offsets": [0, 32],
+                   "itemsize": st.Get_extent()[1]})
+    items = np.zeros(3, sd)
+    items["a"] = [[1.5, -2.25], [3.0, 4.0], [5.5, 6.5]]
+    items["b"] = [7, 8, 9]
+    assert st.Pack_external_size(EXT32, 3) == 3 * (16 + 16 + 4)
+    buf = bytearray(108)
+    st.Pack_external(EXT32, items, buf, 0)
+    assert buf[:36].hex() == "3fff8000000000000000000000000000" \
+        "c0002000000000000000000000000000" "00000007"
+    back = np.zeros_like(items)
+    st.Unpack_external(EXT32, buf, 0, back)
+    assert back["a"].tolist() == items["a"].tolist() and back["b"].tolist() == [7, 8, 9]
+    st.Free()
