@@ -15,21 +15,10 @@ import os
 import runpy
 import sys
 
-__all__ = ["ALIAS_PATH", "environment", "install", "main"]
+# (kept in pycomm.launch: the launcher needs them without importing pycomm.MPI)
+from pycomm.launch.mpi4pyenv import ALIAS_PATH, PYCOMM_ROOT, environment
 
-ALIAS_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_alias")
-# the directory holding the pycomm package, so that the alias can import it
-PYCOMM_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def environment(base: dict[str, str] | None = None) -> dict[str, str]:
-    """The variables that make ``import mpi4py`` resolve to pycomm in a child process:
-    ``PYCOMM_MPI4PY=1`` and the alias directory, then pycomm's own, first on
-    ``PYTHONPATH`` (``base``: the environment to extend, default ``os.environ``)."""
-    env = dict(os.environ if base is None else base)
-    parts = [ALIAS_PATH, PYCOMM_ROOT] + [p for p in env.get("PYTHONPATH", "").split(
-        os.pathsep) if p and p not in (ALIAS_PATH, PYCOMM_ROOT)]
-    return {"PYCOMM_MPI4PY": "1", "PYTHONPATH": os.pathsep.join(parts)}
+__all__ = ["ALIAS_PATH", "PYCOMM_ROOT", "environment", "install", "main"]
 
 
 def install() -> None:

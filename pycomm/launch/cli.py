@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         from pycomm.launch.nodes import run_nodes
         extra = None
         if args.mpi4py:
-            from pycomm.MPI.alias import environment
+            from pycomm.launch.mpi4pyenv import environment
             extra = environment()
         return run_nodes(args, program, extra, stdin_rank)
 
@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         extra = None
         if args.mpi4py:     # ``import mpi4py`` in the ranks gives pycomm.MPI
-            from pycomm.MPI.alias import environment
+            from pycomm.launch.mpi4pyenv import environment
             extra = environment()
         group.start(program, extra_env=extra)
         return group.supervise(lambda: got_signal[0] if got_signal else None)
