@@ -149,6 +149,31 @@ def _convert(src: np.ndarray, dst: np.ndarray, to_external: bool) -> None:
         dst[...] = src                      # numpy's cast: byte order, size (wraps)
 
 
+def _transfer(dt, datarep, items, packed, position, to_external: bool, where: str) -> int:
+    """Convert between ``items`` (whole items of ``dt``: its bytes // extent of them) and
+    the external32 bytes of ``packed`` from byte ``position``, in the direction
+    ``to_external``; return the position after them."""
+    _check_datarep(datarep, where)
+    native, external = item_dtypes(dt)
+    arg = "outbuf" if not to_external else "inbuf"
+    m = message(whole_items(dt, items, not to_external, where, arg), where, arg,
+                writable=not to_external)
+    data = m.array.view(np.uint8)
+    count = data.size // native.itemsize if native.itemsize else 0
+    region = _packed_region(packed, position, count * external.itemsize, where,
+                            to_external)
+    mine = data[:count * native.itemsize].view(native)
+    theirs = region.view(external)
+    for name in native.names:
+        if to_external:
+            _convert(mine[name], theirs[name], True)
+        else:
+            _convert(theirs[name], mine[name], False)
+    if not to_external:
+        m.finish()
+    return as_int(position, "position", where) + region.size
+
+
 def pack_external(dt, datarep, inbuf, outbuf, position) -> int:
     """``Datatype.Pack_external``: the items of ``inbuf`` (its bytes // extent of them),
     read through ``dt``, written in external32 into ``outbuf`` from byte ``position``.
@@ -160,19 +185,7 @@ def pack_external(dt, datarep, inbuf, outbuf, position) -> int:
         MPI.Exception: ERR_ARG (``datarep`` is not ``"external32"``), ERR_BUFFER
             (``outbuf`` is too small).
     """
-    where = "Datatype.Pack_external"
-    _check_datarep(datarep, where)
-    native, external = item_dtypes(dt)
-    m = message(whole_items(dt, inbuf, False, where, "inbuf"), where, "inbuf",
-                writable=False)
-    data = m.array.view(np.uint8)
-    count = data.size // native.itemsize if native.itemsize else 0
-    region = _packed_region(outbuf, position, count * external.itemsize, where, True)
-    src = data[:count * native.itemsize].view(native)
-    out = region.view(external)
-    for name in native.names:
-        _convert(src[name], out[name], True)
-    return as_int(position, "position", where) + region.size
+    return _transfer(dt, datarep, inbuf, outbuf, position, True, "Datatype.Pack_external")
 
 
 def unpack_external(dt, datarep, inbuf, position, outbuf) -> int:
@@ -183,20 +196,8 @@ def unpack_external(dt, datarep, inbuf, position, outbuf) -> int:
     Raises:
         MPI.Exception: ERR_ARG (``datarep``), ERR_BUFFER (``inbuf`` holds too few bytes).
     """
-    where = "Datatype.Unpack_external"
-    _check_datarep(datarep, where)
-    native, external = item_dtypes(dt)
-    m = message(whole_items(dt, outbuf, True, where, "outbuf"), where, "outbuf",
-                writable=True)
-    data = m.array.view(np.uint8)
-    count = data.size // native.itemsize if native.itemsize else 0
-    region = _packed_region(inbuf, position, count * external.itemsize, where, False)
-    dst = data[:count * native.itemsize].view(native)
-    src = region.view(external)
-    for name in native.names:
-        _convert(src[name], dst[name], False)
-    m.finish()
-    return as_int(position, "position", where) + region.size
+    return _transfer(dt, datarep, outbuf, inbuf, position, False,
+                     "Datatype.Unpack_external")
 
 
 def pack_external_size(dt, datarep, count) -> int:
