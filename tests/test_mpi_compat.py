@@ -284,12 +284,24 @@ def _rank_truncated_receives_keep_the_head() -> list:
             if req is not None:
                 req.Wait()
             comm.Barrier()          # (the Sendrecv's own send completes with its receive)
+    # a large message into an empty buffer: nothing fits, the sender is released unread
+    # (MPICH, recorded: ERR_TRUNCATE, count 0, tag 30)
+    req = comm.Isend(np.arange(100_000, dtype="i"), right, 30)
+    st = MPI.Status()
+    try:
+        comm.Recv(np.zeros(0, "i"), left, 30, st)
+        seen.append(("empty", "no error"))
+    except MPI.Exception as exc:
+        seen.append(("empty", exc.Get_error_class() == MPI.ERR_TRUNCATE,
+                     st.Get_count(MPI.INT), st.tag))
+    req.Wait()
     return seen
 
 
 def test_truncated_receives_keep_the_head_and_fill_the_status(world):
     want = [(how, n, True, [0, 1, 2, 3], 4, True, tag) for n in (10, 100_000)
-            for tag, how in enumerate(("Recv", "Irecv", "Sendrecv"), start=20)]
+            for tag, how in enumerate(("Recv", "Irecv", "Sendrecv"), start=20)] + \
+        [("empty", True, 0, 30)]
     assert world.run(_rank_truncated_receives_keep_the_head) == [want] * world.size
 
 

@@ -129,6 +129,16 @@ def test_a_freed_key_is_forgotten_once_its_last_value_is_deleted():
     MPI.Datatype.Free_keyval(dtkey)
     dt.Free()
     assert dtkey not in keyvals._KEYVALS and len(keyvals._KEYVALS) == before
+    # a datatype handle collected unfreed: its values go (no callback), and their key
+    import gc
+    dtkey = MPI.Datatype.Create_keyval()
+    dt = MPI.INT.Dup()
+    dt.Set_attr(dtkey, "y")
+    MPI.Datatype.Free_keyval(dtkey)
+    assert dtkey in keyvals._KEYVALS
+    del dt
+    gc.collect()
+    assert dtkey not in keyvals._KEYVALS and len(keyvals._KEYVALS) == before
 
 
 def test_a_raising_callback_is_printed_and_err_other(capfd):
