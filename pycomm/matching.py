@@ -93,6 +93,7 @@ class Matching:
         """Fail receive ``req`` of a message of ``nbytes``, more than its buffer holds. As
         in MPI, what fits is received: the caller puts the message's head in the buffer,
         and the status counts those bytes (MPICH's and Open MPI's answer)."""
+        req.source, req.tag = src, tag
         req.error = TruncationError(
             f"rank {self.rank}: message of {nbytes} bytes from rank {src} (tag {tag}) "
             f"is larger than the receive buffer of {req.nbytes} bytes")

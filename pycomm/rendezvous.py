@@ -143,7 +143,6 @@ class Rendezvous:
         if desc is not None and t.can_read(src) and req.view is not None and \
                 nbytes > req.nbytes:
             # truncated: read only the head that fits, straight into the buffer
-            req.source, req.tag = src, tag
             eng._truncate(req, src, tag, nbytes)
             if not req.nbytes:           # nothing fits: release the sender unread
                 eng._emit(src, _pack((FIN, sid)))

@@ -137,8 +137,9 @@ class SerializedThreads:
         if self.outbox and not self._polling:
             # what a refused thread left to send (an ABORT), sent now rather than at this
             # thread's next progress, which may be long in coming; under the engine's lock,
-            # as the progress thread may be acting on the same outbox (two one-sided reads
-            # at once would share the transport's validity-word scratch)
+            # as the progress thread may be acting on the same outbox: a transport is
+            # driven by one thread at a time (two one-sided reads at once shared the
+            # transport's validity-word scratch: a false "withdrawn by its sender")
             try:
                 if self._threaded:
                     with self.lock:

@@ -40,6 +40,7 @@ class CrossMemory:
         self._ok: dict[int, bool] = {}
         self._probe = ctypes.create_string_buffer(os.urandom(16), 16)
         self._flags = ExposureFlags()
+        self._words = ctypes.create_string_buffer(16)   # the two copies of a validity word
 
     def published(self) -> dict:
         """What peers need to probe this rank (merged into its connect record)."""
@@ -91,10 +92,7 @@ class CrossMemory:
         """
         pid = self._check(peer)
         address, word, token = desc
-        # the two copies of the validity word: this call's own, as a rank's progress thread
-        # and its caller's thread may each read a peer's buffer
-        copies = ctypes.create_string_buffer(16)
-        words = ctypes.addressof(copies)
+        words = ctypes.addressof(self._words)
         err = copy_remote(False, pid, [(words, 8), (address_of(dest), nbytes), (words + 8, 8)],
                           [(word, 8), (address, nbytes), (word, 8)])
         if err == errno.ESRCH:
@@ -102,7 +100,7 @@ class CrossMemory:
         if err:
             raise RemoteAccessError(f"rank {peer}'s buffer of {nbytes} bytes could not be "
                                     f"read ({os.strerror(err)}): withdrawn or freed")
-        first, second = struct.unpack("<qq", copies.raw)
+        first, second = struct.unpack("<qq", self._words.raw)
         if first != token or second != token:
             raise RemoteAccessError(f"rank {peer} withdrew its buffer of {nbytes} bytes "
                                     "before or while it was read")

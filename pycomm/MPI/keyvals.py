@@ -156,7 +156,7 @@ def set_attr(kind: str, obj, attrs: dict, keyval, value, call: str) -> None:
         if key.delete_fn is not None:
             _run(key.delete_fn, call, obj, keyval, attrs[keyval])
     else:
-        key.values += 1
+        _held(keyval, 1)
     attrs[keyval] = value
 
 
