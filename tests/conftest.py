@@ -276,26 +276,66 @@ def no_shared_world():
 
 _ORDER = WORLDS + [w for w in SMALL_WORLDS if w not in WORLDS] + TINY_WORLDS
 
+# Test files that make emulated hosts (network namespaces and a bridge named by one prefix,
+# each removed by name when the next cluster starts) or a Ray cluster: never two at once,
+# so one xdist worker runs them all, one after another (see pytest_collection_modifyitems).
+_HOST_FILES = frozenset({
+    "test_cluster.py", "test_cluster_failures.py", "test_cluster_hier.py",
+    "test_hydra_hosts.py", "test_ompi_hosts.py", "test_ompi5_hosts.py", "test_ray.py",
+    "test_ray_hosts.py", "test_slurm.py"})
 
-def _world_order(item) -> tuple:
+
+def _world_of(item) -> tuple | None:
+    """The world parameter of ``item`` (a shared world's or a module's own), or None."""
     callspec = getattr(item, "callspec", None)
     if callspec is not None:
         for name in ("world", "world_small", "world_tiny"):
             if name in callspec.params:
-                param = tuple(callspec.params[name])
-                if param in _ORDER:
-                    return (1 + _ORDER.index(param), ())
-                # a world of a module's own fixture (test_integrity.py): after the shared
-                # ones, still one block per world
-                return (1 + len(_ORDER), tuple(map(str, param)))
-    return (0, ())
+                return tuple(callspec.params[name])
+    return None
 
 
-@pytest.hookimpl(trylast=True)
-def pytest_collection_modifyitems(items) -> None:
-    # Tests without a shared world first, then one block per world (stable otherwise), so
-    # each pool is started once even though two fixtures share it.
+def _world_order(item) -> tuple:
+    if os.path.basename(item.path) in _HOST_FILES:
+        return (0, ())
+    param = _world_of(item)
+    if param is None:
+        return (1, ())
+    if param in _ORDER:
+        return (2 + _ORDER.index(param), ())
+    # a world of a module's own fixture (test_integrity.py): after the shared ones, still
+    # one block per world
+    return (2 + len(_ORDER), tuple(map(str, param)))
+
+
+def _xdist_group(item) -> str:
+    """The work unit of ``item`` when xdist runs the suite (``--dist loadgroup``)."""
+    name = os.path.basename(item.path)
+    if name in _HOST_FILES:
+        return "emulated-hosts"
+    param = _world_of(item)
+    if param is None:
+        return name                     # its module's fixtures are made once
+    if param in _ORDER:
+        return "world-" + _world_id(param)
+    return f"{name}-{_world_id(param)}"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items) -> None:
+    # Tests of emulated hosts first, then the other tests without a shared world, then one
+    # block per world (stable otherwise), so each pool is started once even though two
+    # fixtures share it.
     items.sort(key=_world_order)
+    # Under xdist (pyproject's addopts: two workers, --dist loadgroup), a worker takes one
+    # group at a time and runs its tests in this order: every test of one world in one
+    # group (its pool started by one worker, once), every other test with its file (its
+    # module's fixtures made once), the emulated hosts together (they share names). The
+    # groups are handed out in this order, the longest (the hosts, about a quarter of the
+    # suite) first. xdist reads the marks in its own hook, which runs after this one.
+    if config.pluginmanager.hasplugin("xdist"):
+        for item in items:
+            item.add_marker(pytest.mark.xdist_group(_xdist_group(item)))
 
 
 @contextlib.contextmanager

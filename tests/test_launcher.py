@@ -425,3 +425,64 @@ def test_the_verdict_follows_a_cascade_to_the_rank_that_failed_first():
     loop = {0: {"culprits": [1], "error": "x"}, 1: {"culprits": [0], "error": "y"},
             2: {"culprits": [0], "error": "z"}}
     assert _culprit_line(exits[0], loop, {}, exits).startswith("rank 0 caused the failure")
+
+
+# Each rank polls its siblings' state as fast as it can and says when it sees one gone.
+WATCHER_PROGRAM = """
+import os, sys, time
+pids_file = sys.argv[1]
+while not os.path.exists(pids_file):
+    time.sleep(0.001)
+pids = [int(p) for p in open(pids_file).read().split()]
+others = [p for p in pids if p != os.getpid()]
+print("watching", flush=True)
+while True:
+    for p in others:
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            state = "X"
+        if state in "ZX":
+            print(f"saw {p} gone", flush=True)
+            sys.exit(0)
+"""
+
+
+@pytest.mark.parametrize("freeze", [True, False])
+def test_a_freezing_stop_lets_no_rank_see_another_gone(tmp_path, monkeypatch, freeze):
+    """``stop(freeze=True)`` (the launcher's answer to Abort) stops every rank before any
+    gets SIGTERM, so none runs again to see a peer gone, even when the launcher is held up
+    between two signals (as on a loaded machine, where a rank ran between them, saw the
+    aborting rank's connection close and printed a PeerError). Here each rank polls its
+    peers' state as fast as it can and exits 0 once it sees one gone, and the launcher
+    sleeps 50 ms after each SIGTERM: without the freeze, the later ranks see the first
+    gone (the False case shows that the test can tell)."""
+    from pycomm.launch import launcher
+    real_killpg = os.killpg
+
+    def slow_killpg(pid, sig):
+        real_killpg(pid, sig)
+        if sig == signal.SIGTERM:
+            time.sleep(0.05)
+    monkeypatch.setattr(launcher.os, "killpg", slow_killpg)
+    prog = tmp_path / "watch.py"
+    prog.write_text(WATCHER_PROGRAM)
+    pids_file = tmp_path / "pids"
+    group = launcher.RankGroup(3, prefix=False)
+    try:
+        group.start([str(prog), str(pids_file)])
+        tmp = tmp_path / "pids.tmp"
+        tmp.write_text(" ".join(str(p.pid) for p in group.procs))
+        tmp.rename(pids_file)
+        time.sleep(0.3)                 # every rank is polling
+        assert group.running() == [0, 1, 2]
+        group.stop(freeze=freeze)
+        assert group.running() == []
+        codes = [p.returncode for p in group.procs]
+    finally:
+        group.close()
+    if freeze:
+        assert codes == [-signal.SIGTERM] * 3, codes
+    else:
+        assert codes[0] == -signal.SIGTERM and 0 in codes[1:], codes

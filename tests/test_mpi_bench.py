@@ -417,13 +417,15 @@ def test_option_errors(args, lines, who):
     got = Counter(err.splitlines())
     one = Counter(_ours(line) for line in lines)
     copies = got[_ours(lines[-1])]
+    if who == "some":
+        # a rank the launcher stops once the first has exited may be stopped between two
+        # of its lines: each rank printed the first lines of one copy, in order
+        assert set(got) <= set(one), err
+        counts = [got[_ours(line)] for line in lines]
+        assert counts == sorted(counts, reverse=True) and 1 <= copies <= counts[0] <= n, err
+        return
     assert got == Counter({k: v * copies for k, v in one.items()}), err
-    if who == "all":
-        assert copies == n
-    elif who == "one":
-        assert copies == 1
-    else:
-        assert 1 <= copies <= n
+    assert copies == (n if who == "all" else 1)
 
 
 def test_unknown_command_under_mpi4py_run_aborts_with_2():

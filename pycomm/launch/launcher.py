@@ -260,11 +260,18 @@ class RankGroup:
             time.sleep(_POLL_S)
         return True
 
-    def stop(self, sig: int = signal.SIGTERM, grace: float | None = None) -> None:
+    def stop(self, sig: int = signal.SIGTERM, grace: float | None = None, *,
+             freeze: bool = False) -> None:
         """Send ``sig`` to the running ranks, then SIGKILL those left after ``grace`` seconds.
 
         A stopped rank (SIGSTOP, a debugger) is continued after ``sig``, so that it acts on
-        it now rather than being killed after the grace."""
+        it now rather than being killed after the grace. ``freeze``: SIGSTOP every rank
+        first, so that all of them get ``sig`` before any runs again: with the default
+        SIGTERM none then lives to see a peer's connection close (ranks are signalled one
+        after another, and on a loaded machine a rank ran between two signals, saw the
+        first rank gone and printed a PeerError after an ``Abort``)."""
+        if freeze:
+            self.signal_all(signal.SIGSTOP)
         self.signal_all(sig)
         self.signal_all(signal.SIGCONT)
         if not self.wait_exit(self.grace if grace is None else grace):
@@ -311,7 +318,7 @@ class RankGroup:
                 rank, code = aborted
                 log(f"rank {rank} called Abort({code}); stopping all {len(self.running())} "
                     "running ranks")
-                self.stop()
+                self.stop(freeze=True)
                 return code & 0xFF
             failure = self.poll()
             if failure is not None:

@@ -177,9 +177,12 @@ class NodeAgent:
             return None
         return self._client.get(self._key + "abort", timeout=5.0).decode(errors="replace")
 
-    def stop(self, sig: int = signal.SIGTERM) -> None:
-        """SIGTERM (and SIGCONT) the running ranks' groups, SIGKILL them after the grace."""
-        for s in (sig, signal.SIGCONT):
+    def stop(self, sig: int = signal.SIGTERM, *, freeze: bool = False) -> None:
+        """SIGTERM (and SIGCONT) the running ranks' groups, SIGKILL them after the grace.
+
+        ``freeze``: SIGSTOP them first, so that none runs between two signals and sees
+        another gone (:meth:`pycomm.launch.launcher.RankGroup.stop`)."""
+        for s in ((signal.SIGSTOP,) if freeze else ()) + (sig, signal.SIGCONT):
             for p in self._running():
                 try:
                     os.killpg(p.pid, s)
@@ -235,7 +238,7 @@ class NodeAgent:
                 if aborted is not None:
                     log(f"rank {aborted[0]} called Abort({aborted[1]}); stopping the "
                         f"{len(self._running())} running ranks of this node")
-                    self._ending(self.stop)
+                    self._ending(lambda: self.stop(freeze=True))
                     return aborted[1] & 0xFF
                 if not self._running():
                     return self._finish(log)
