@@ -260,30 +260,43 @@ def _rank_truncated_receives_keep_the_head() -> list:
     rendezvous (100,000 ints): each raises ERR_TRUNCATE, and, as under mpi4py 4.1.2 +
     MPICH 5.0.2 (recorded on this machine: ``[0, 1, 2, 3]``, count 4, source and tag of
     the message, for all eight), the buffer holds the message's head and the status its
-    source, tag and the elements received."""
+    source, tag and the elements received. Through a vector datatype (4 blocks of one INT,
+    stride 2, in 8 INTs; and a persistent receive too) the head lands in the blocks:
+    ``[0, -1, 1, -1, 2, -1, 3, -1]``, as MPICH left it (recorded)."""
     comm = MPI.COMM_WORLD
     right, left = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
+    vec = MPI.INT.Create_vector(4, 1, 2).Commit()
     seen = []
     for n in (10, 100_000):
-        for tag, how in enumerate(("Recv", "Irecv", "Sendrecv"), start=20):
-            out = np.arange(n, dtype="i")
-            req = comm.Isend(out, right, tag) if how != "Sendrecv" else None
-            buf, st = np.full(4, -1, "i"), MPI.Status()
-            try:
-                if how == "Recv":
-                    comm.Recv(buf, left, tag, st)
-                elif how == "Irecv":
-                    comm.Irecv(buf, left, tag).Wait(st)
-                else:
-                    comm.Sendrecv(out, right, tag, buf, left, tag, st)
-                seen.append((how, n, "no error"))
-            except MPI.Exception as exc:
-                seen.append((how, n, exc.Get_error_class() == MPI.ERR_TRUNCATE,
-                             buf.tolist(), st.Get_count(MPI.INT), st.source == left,
-                             st.tag))
-            if req is not None:
-                req.Wait()
-            comm.Barrier()          # (the Sendrecv's own send completes with its receive)
+        for tag, how in enumerate(("Recv", "Irecv", "Sendrecv", "Recv_init"), start=20):
+            for typed in (False, True):
+                if how == "Recv_init" and not typed:
+                    continue
+                out = np.arange(n, dtype="i")
+                req = comm.Isend(out, right, tag) if how != "Sendrecv" else None
+                buf, st = np.full(8 if typed else 4, -1, "i"), MPI.Status()
+                spec = [buf, 1, vec] if typed else buf
+                try:
+                    if how == "Recv":
+                        comm.Recv(spec, left, tag, st)
+                    elif how == "Irecv":
+                        comm.Irecv(spec, left, tag).Wait(st)
+                    elif how == "Recv_init":
+                        p = comm.Recv_init(spec, left, tag)
+                        p.Start()
+                        p.Wait(st)
+                        p.Free()
+                    else:
+                        comm.Sendrecv(out, right, tag, spec, left, tag, st)
+                    seen.append((how, n, typed, "no error"))
+                except MPI.Exception as exc:
+                    seen.append((how, n, typed, exc.Get_error_class() == MPI.ERR_TRUNCATE,
+                                 buf.tolist(), st.Get_count(MPI.INT), st.source == left,
+                                 st.tag))
+                if req is not None:
+                    req.Wait()
+                comm.Barrier()      # (the Sendrecv's own send completes with its receive)
+    vec.Free()
     # a large message into an empty buffer: nothing fits, the sender is released unread
     # (MPICH, recorded: ERR_TRUNCATE, count 0, tag 30)
     req = comm.Isend(np.arange(100_000, dtype="i"), right, 30)
@@ -299,8 +312,10 @@ def _rank_truncated_receives_keep_the_head() -> list:
 
 
 def test_truncated_receives_keep_the_head_and_fill_the_status(world):
-    want = [(how, n, True, [0, 1, 2, 3], 4, True, tag) for n in (10, 100_000)
-            for tag, how in enumerate(("Recv", "Irecv", "Sendrecv"), start=20)] + \
+    head = {False: [0, 1, 2, 3], True: [0, -1, 1, -1, 2, -1, 3, -1]}
+    want = [(how, n, typed, True, head[typed], 4, True, tag) for n in (10, 100_000)
+            for tag, how in enumerate(("Recv", "Irecv", "Sendrecv", "Recv_init"), start=20)
+            for typed in (False, True) if typed or how != "Recv_init"] + \
         [("empty", True, 0, 30)]
     assert world.run(_rank_truncated_receives_keep_the_head) == [want] * world.size
 

@@ -12,7 +12,7 @@ engine on ``Wait``/``Test`` (nonblocking collectives run on its progress thread,
 
 from __future__ import annotations
 
-from pycomm.errors import ArgumentError, CommError
+from pycomm.errors import ArgumentError, CommError, TruncationError
 from pycomm.p2p import ANY_SOURCE, ANY_TAG
 from pycomm.request import Request as _Inner
 
@@ -89,14 +89,18 @@ class Request:
         truncated receive) is over all the same: the status gets the source, tag and
         count it reports and the request becomes null before the error leaves, as
         MPI_Wait and MPI_Test do (mpi4py + MPICH 5.0.2: a truncated receive fills source
-        and tag, and the request is REQUEST_NULL after ERR_TRUNCATE)."""
+        and tag, and the request is REQUEST_NULL after ERR_TRUNCATE). A truncated receive
+        into a packed datatype still runs its completion: what fit is unpacked into the
+        buffer, as MPICH leaves it."""
         r = self._r
         try:
             return call(status)
-        except CommError:
+        except CommError as exc:
             if r.done and r.error is not None:
                 r._status(status)
-                self._r, self._finish = None, None
+                fin, self._r, self._finish = self._finish, None, None
+                if fin is not None and isinstance(exc, TruncationError):
+                    fin()
             raise
 
     def __bool__(self) -> bool:
