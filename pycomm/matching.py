@@ -75,8 +75,9 @@ class Matching:
             return memoryview(req.obj)
         if nbytes > req.nbytes:
             self._truncate(req, src, tag, nbytes)
-            # the whole message lands in a scratch buffer; its head goes into the receive
-            # buffer when the receive completes
+            # the whole message (an eager one, at most the eager limit: a large one is
+            # asked for its head only, Rendezvous.start) lands in a scratch buffer; its
+            # head goes into the receive buffer when the receive completes
             scratch = memoryview(bytearray(nbytes))
             view, error, chained = req.view, req.error, req.on_done
 
@@ -244,7 +245,7 @@ class Matching:
             self._queue(u)
             return None
         if kind == CTS:
-            self.rndv.on_cts(peer, h[1], h[2])
+            self.rndv.on_cts(peer, h[1], h[2], h[3])
             return None
         if kind == DATA:
             req = self.rndv.on_data(h[1])

@@ -84,16 +84,19 @@ class Rendezvous:
                            (RTS, ctx, tag, n, sid, desc, sig[0], sig[1])),
                None, None)
 
-    def on_cts(self, peer: int, sid: int, rid: int) -> None:
-        """CTS: stream the payload of send ``sid`` into ``peer``'s receive ``rid`` (NAK
-        if the send was withdrawn)."""
+    def on_cts(self, peer: int, sid: int, rid: int, nbytes: int) -> None:
+        """CTS: stream the first ``nbytes`` of send ``sid`` (the whole message, or the head
+        that fits a truncating receive) into ``peer``'s receive ``rid`` (NAK if the send
+        was withdrawn)."""
         if sid in self.withdrawn:
             self.withdrawn.discard(sid)
             self.engine._emit(peer, _pack((NAK, rid)))
             return
         req = self.sends.pop(sid)
         self.release(sid)
-        self.engine._emit(peer, _pack((DATA, rid)), req.view, req)
+        view = req.view
+        self.engine._emit(peer, _pack((DATA, rid)),
+                          view if nbytes >= view.nbytes else view[:nbytes], req)
 
     def on_fin(self, sid: int) -> None:
         """FIN: the receiver has copied send ``sid`` (or dropped it): the send is done."""
@@ -140,16 +143,16 @@ class Rendezvous:
         sender's buffer one-sidedly (``desc``) where the transport can, else answer CTS."""
         eng = self.engine
         t = eng.route[src]
-        if desc is not None and t.can_read(src) and req.view is not None and \
-                nbytes > req.nbytes:
-            # truncated: read only the head that fits, straight into the buffer
+        if req.view is not None and nbytes > req.nbytes:
+            # truncated: read (or have streamed, CTS) only the head that fits, straight
+            # into the buffer
             eng._truncate(req, src, tag, nbytes)
             if not req.nbytes:           # nothing fits: release the sender unread
                 eng._emit(src, _pack((FIN, sid)))
                 req._complete()
                 return
             nbytes, dest = req.nbytes, req.view
-        else:                            # (truncated otherwise: the whole, then the head)
+        else:
             dest = eng._dest_for(req, src, tag, nbytes)
         if desc is not None and t.can_read(src):
             if eng._polling:
@@ -161,7 +164,7 @@ class Rendezvous:
         self.next_id += 1
         self.recvs[rid] = req
         req.view = dest
-        eng._emit(src, _pack((CTS, sid, rid)))
+        eng._emit(src, _pack((CTS, sid, rid, nbytes)))
 
     def read(self, src, desc, nbytes, dest, req, sid, tag) -> None:
         """Copy a large message straight from the sender's buffer; FIN releases it."""

@@ -9,7 +9,8 @@ kind      header                                 meaning
 EAGER    [0, ctx, tag(, code, count)] + payload  the whole message (<= eager limit)
 RTS      [1, ctx, tag, nbytes, sid, desc(,       request to send a large message
          code, count)]
-CTS      [2, sid, rid]                           receiver matched it: stream into rid
+CTS      [2, sid, rid, nbytes]                   receiver matched it: stream the first
+                                                 nbytes (all, or what fits) into rid
 DATA     [3, rid]               + payload        the large message, landing in place
 FIN      [4, sid]                                receiver copied it one-sidedly: sender done
 CANCEL   [5, sid]                                sender withdraws its RTS (a Send that timed

@@ -33,10 +33,12 @@ class FakeLink:
         self.released: list = []
         self.current = None
         self.delivering = False          # inside progress(): the engine must not do I/O
+        self.carried: list[int] = []     # payload bytes of each frame sent
 
     def send(self, peer, header, payload, token):
         assert not self.delivering, "the engine sent a frame from inside a delivery"
         data = bytes(payload) if payload is not None else b""
+        self.carried.append(len(data))
         self.world.links[peer].inbox.append((self.rank, header, data))
         return True
 
@@ -177,12 +179,19 @@ def test_tags_and_contexts_do_not_mix():
 @pytest.mark.parametrize("one_sided", [False, True])
 def test_truncation_is_an_error_naming_both_sizes_and_releases_sender(n, one_sided):
     w = FakeWorld(2, one_sided=one_sided)
-    s = w.isend(0, np.ones(n, np.uint8), 1, 1)
-    r = w.irecv(1, np.zeros(n - 1, np.uint8), 0, 1)
+    s = w.isend(0, np.arange(n, dtype=np.uint8), 1, 1)
+    head = np.zeros(n - 1, np.uint8)
+    r = w.irecv(1, head, 0, 1)
     w.run_all()
     with pytest.raises(TruncationError, match=f"{n} bytes.*{n - 1} bytes"):
         w.engines[1].wait(r)
     w.engines[0].wait(s)                       # the sender is not left hanging
+    assert head.tolist() == np.arange(n - 1, dtype=np.uint8).tolist()   # what fit
+    assert r.count == n - 1
+    if n > 64:
+        # rendezvous: only the head travels, whether read one-sidedly or streamed after
+        # a CTS (which asks for the bytes that fit: no scratch of the whole message)
+        assert max(w.links[0].carried) <= n - 1
     # the link still works afterwards
     buf = np.zeros(3, np.uint8)
     r2 = w.irecv(1, buf, 0, 2)
