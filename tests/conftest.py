@@ -295,47 +295,47 @@ def _world_of(item) -> tuple | None:
     return None
 
 
-def _world_order(item) -> tuple:
-    if os.path.basename(item.path) in _HOST_FILES:
-        return (0, ())
-    param = _world_of(item)
-    if param is None:
-        return (1, ())
-    if param in _ORDER:
-        return (2 + _ORDER.index(param), ())
-    # a world of a module's own fixture (test_integrity.py): after the shared ones, still
-    # one block per world
-    return (2 + len(_ORDER), tuple(map(str, param)))
-
-
-def _xdist_group(item) -> str:
-    """The work unit of ``item`` when xdist runs the suite (``--dist loadgroup``)."""
+def _place(item) -> tuple[tuple, str]:
+    """Where ``item`` runs: its sort key (the emulated hosts first, then the other tests
+    without a shared world, then one block per world; :class:`_WorldOrder`) and its xdist
+    group (:func:`pytest_itemcollected`)."""
     name = os.path.basename(item.path)
     if name in _HOST_FILES:
-        return "emulated-hosts"
+        return (0, ()), "emulated-hosts"
     param = _world_of(item)
     if param is None:
-        return name                     # its module's fixtures are made once
+        return (1, ()), name            # with its file: its module's fixtures made once
     if param in _ORDER:
-        return "world-" + _world_id(param)
-    return f"{name}-{_world_id(param)}"
+        return (2 + _ORDER.index(param), ()), "world-" + _world_id(param)
+    # a world of a module's own fixture (test_integrity.py): after the shared ones, still
+    # one block per world
+    return (2 + len(_ORDER), tuple(map(str, param))), f"{name}-{_world_id(param)}"
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config, items) -> None:
-    # Tests of emulated hosts first, then the other tests without a shared world, then one
-    # block per world (stable otherwise), so each pool is started once even though two
-    # fixtures share it.
-    items.sort(key=_world_order)
+def pytest_itemcollected(item) -> None:
     # Under xdist (pyproject's addopts: two workers, --dist loadgroup), a worker takes one
-    # group at a time and runs its tests in this order: every test of one world in one
-    # group (its pool started by one worker, once), every other test with its file (its
-    # module's fixtures made once), the emulated hosts together (they share names). The
-    # groups are handed out in this order, the longest (the hosts, about a quarter of the
-    # suite) first. xdist reads the marks in its own hook, which runs after this one.
-    if config.pluginmanager.hasplugin("xdist"):
-        for item in items:
-            item.add_marker(pytest.mark.xdist_group(_xdist_group(item)))
+    # group at a time and runs its tests in the order _WorldOrder sorts them: every test of
+    # one world in one group (its pool started by one worker, once), every other test with
+    # its file, the emulated hosts together (they share names). The groups are handed out
+    # in that order, the longest (the hosts, about a quarter of the suite) first. The mark
+    # is made as each item is collected, before any collection_modifyitems hook: xdist
+    # reads it in its own (tests/test_suite_groups.py checks that the groups hold).
+    if item.config.pluginmanager.hasplugin("xdist"):
+        item.add_marker(pytest.mark.xdist_group(_place(item)[1]))
+
+
+class _WorldOrder:
+    """Sorts the items by :func:`_place` after every other plugin's reordering (pytest's
+    own by fixture included), so that each pool is started once even though two fixtures
+    share it."""
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, items) -> None:
+        items.sort(key=lambda item: _place(item)[0])
+
+
+def pytest_configure(config) -> None:
+    config.pluginmanager.register(_WorldOrder(), "pycomm-world-order")
 
 
 @contextlib.contextmanager
