@@ -79,7 +79,7 @@ def test_stopping_a_hosts_ranks_is_a_peer_error_naming_them_within_the_peer_time
         procs = host2_job(c, CHECK_LOOP_S="40", **(GIL_HOG if "GIL" in what else {}))
         watches = []
         try:
-            watches = watch_pids([p.pid for p in procs])
+            watches = watch_pids([p.pid for p in procs], expect=4)
             assert len(watches) == 4, f"one watch per rank of a 2-host job: {watches}"
             host2 = [procs[2].pid, procs[3].pid]
             if what == "every process":
@@ -165,7 +165,7 @@ def _suspended_slurm_style(c) -> list[subprocess.Popen]:
         assert procs[2].stdout.readline().startswith("SLEEPING rank 2")
         time.sleep(2.0)
         ranks = [[p.pid for p in procs[:2]], [p.pid for p in procs[2:]]]
-        watches = [watch_pids(h) for h in ranks]
+        watches = [watch_pids(h, expect=2) for h in ranks]
         assert [len(w) for w in watches] == [2, 2], watches
         for pid in ranks[1] + watches[1]:
             os.kill(pid, signal.SIGSTOP)

@@ -51,8 +51,20 @@ def host2_job(c, **extra: str) -> list[subprocess.Popen]:
     return procs
 
 
-def watch_pids(rank_pids: list[int]) -> list[int]:
-    """The process watches (transports/procwatch.py) that the given ranks started."""
+def watch_pids(rank_pids: list[int], expect: int = 0, timeout: float = 10.0) -> list[int]:
+    """The process watches (transports/procwatch.py) that the given ranks started; with
+    ``expect``, looked for again until that many are there or ``timeout`` seconds have
+    passed (a rank starts its watch once its world is up, and a watch shows as one only
+    once it has exec'd: on a loaded machine one can still be starting)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = _watches_of(rank_pids)
+        if len(found) >= expect or time.monotonic() >= deadline:
+            return found
+        time.sleep(0.05)
+
+
+def _watches_of(rank_pids: list[int]) -> list[int]:
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
