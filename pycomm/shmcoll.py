@@ -56,6 +56,7 @@ differ, fails with the message path's own mismatch checks.
 
 from __future__ import annotations
 
+import os
 import time
 from types import SimpleNamespace
 
@@ -76,6 +77,7 @@ _SEQ_MASK = 0x7FFFFFFF  # the communicator's sequence numbers wrap at 2**31
 _HALF = 1 << 30
 _SPIN = 64              # polls of a peer's header between clock reads
 _perf = time.perf_counter
+_sched_yield = getattr(os, "sched_yield", lambda: None)
 _DEPARTED_S = 0.25      # a departed peer is reported after this (the engine's liveness tick)
 SPLIT_MIN_BYTES, SPLIT_MIN_RANKS = 16 << 10, 4   # from here a split all-reduce (_allreduce)
 SPLIT_MAX_OVERSUBSCRIPTION = 1.0    # ranks per core: past it, its second wait costs more
@@ -159,6 +161,28 @@ class SharedSlots:
         # rank waits for may need this very core: poll a few times, then yield at once
         # (benchmarks/README.md, "Measurements behind design choices in the code").
         self._polls = 4 if self.engine.yield_s > 0 else _SPIN
+        self._yielding = self.engine.yield_s > 0
+
+    def _yield_for(self, h, s1: int) -> bool:
+        """Where ranks outnumber cores: give the core away (``sched_yield``) until the
+        peer's header ``h`` shows call ``s1``, for at most the engine's ``yield_s``; True
+        once it does. The full wait (:meth:`_wait_slot`: the engine's progress, aborts, a
+        peer gone or by messages, the timeout) follows when it does not, so this loop only
+        delays what it would find, by ``yield_s`` at most. Its point is the CPU a wait
+        costs: the scheduler gives a yielding rank's core only to a peer that has had less
+        than its share, so every microsecond a waiting rank spends is taken from a peer
+        that has work (benchmarks/README.md, "4 ranks on 2 cores")."""
+        eng = self.engine
+        if eng._threaded:               # (waiting threads share the GIL: the full wait)
+            return False
+        sched_yield = _sched_yield
+        end = _perf() + eng.yield_s
+        while True:
+            sched_yield()
+            if h[0] == s1:
+                return True
+            if _perf() >= end:
+                return False
 
     # -- arrival ------------------------------------------------------------------------
     def enter(self, seq: int, slow: bool) -> None:
@@ -234,7 +258,8 @@ class SharedSlots:
                     if h[0] == s1:
                         break
                 else:
-                    self._wait_slot(cc, r, h, s1)
+                    if not (self._yielding and self._yield_for(h, s1)):
+                        self._wait_slot(cc, r, h, s1)
             if h[1] != code or h[2] != count:
                 theirs = (h[1], h[2])
                 if not empty_match(sig, theirs, h[3]):
