@@ -164,14 +164,10 @@ class SharedSlots:
         self._yielding = self.engine.yield_s > 0
 
     def _yield_for(self, h, s1: int) -> bool:
-        """Where ranks outnumber cores: give the core away (``sched_yield``) until the
-        peer's header ``h`` shows call ``s1``, for at most the engine's ``yield_s``; True
-        once it does. The full wait (:meth:`_wait_slot`: the engine's progress, aborts, a
-        peer gone or by messages, the timeout) follows when it does not, so this loop only
-        delays what it would find, by ``yield_s`` at most. Its point is the CPU a wait
-        costs: the scheduler gives a yielding rank's core only to a peer that has had less
-        than its share, so every microsecond a waiting rank spends is taken from a peer
-        that has work (benchmarks/README.md, "4 ranks on 2 cores")."""
+        """Where ranks outnumber cores: ``sched_yield`` until peer header ``h`` shows call
+        ``s1``, for at most ``yield_s``; True once it does. Else the full wait follows
+        (:meth:`_wait_slot`), which this only delays. It spends little CPU, and a waiting
+        rank's CPU is taken from the peers with work (benchmarks/README.md, 2026-11-27)."""
         eng = self.engine
         if eng._threaded:               # (waiting threads share the GIL: the full wait)
             return False
