@@ -161,24 +161,6 @@ class SharedSlots:
         # rank waits for may need this very core: poll a few times, then yield at once
         # (benchmarks/README.md, "Measurements behind design choices in the code").
         self._polls = 4 if self.engine.yield_s > 0 else _SPIN
-        self._yielding = self.engine.yield_s > 0
-
-    def _yield_for(self, h, s1: int) -> bool:
-        """Where ranks outnumber cores: ``sched_yield`` until peer header ``h`` shows call
-        ``s1``, for at most ``yield_s``; True once it does. Else the full wait follows
-        (:meth:`_wait_slot`), which this only delays. It spends little CPU, and a waiting
-        rank's CPU is taken from the peers with work (benchmarks/README.md, 2026-11-27)."""
-        eng = self.engine
-        if eng._threaded:               # (waiting threads share the GIL: the full wait)
-            return False
-        sched_yield = _sched_yield
-        end = _perf() + eng.yield_s
-        while True:
-            sched_yield()
-            if h[0] == s1:
-                return True
-            if _perf() >= end:
-                return False
 
     # -- arrival ------------------------------------------------------------------------
     def enter(self, seq: int, slow: bool) -> None:
@@ -254,8 +236,7 @@ class SharedSlots:
                     if h[0] == s1:
                         break
                 else:
-                    if not (self._yielding and self._yield_for(h, s1)):
-                        self._wait_slot(cc, r, h, s1)
+                    self._wait_slot(cc, r, h, s1)
             if h[1] != code or h[2] != count:
                 theirs = (h[1], h[2])
                 if not empty_match(sig, theirs, h[3]):
@@ -310,13 +291,26 @@ class SharedSlots:
             raise err
         # Spin a while first (the peer is usually only just behind, and a spin answers
         # without a sleep and a wake-up), then let the engine wait: progress, liveness,
-        # yielding, the kernel sleep, the timeout.
+        # yielding, the kernel sleep, the timeout. Where ranks outnumber cores, yield the
+        # core instead of spinning, with bare sched_yield calls for up to yield_s before
+        # the engine's wait: under EEVDF a yielding rank's core goes only to a peer that
+        # has had less than its share, so the CPU a waiting rank spends is taken from the
+        # peers with work, and the engine's wait costs much of it (benchmarks/README.md,
+        # 2026-11-27, "4 ranks on 2 cores").
         if not eng.yield_s:
             end = _perf() + eng.spin_s
             while _perf() < end:
                 for _ in range(_SPIN):
                     if ready():
                         return
+        elif not eng._threaded:         # (threads share the GIL: the engine's wait)
+            end = _perf() + eng.yield_s
+            while True:
+                _sched_yield()
+                if ready():
+                    return
+                if _perf() >= end:
+                    break
 
         # A peer that closed pycomm is noticed after _DEPARTED_S, as the engine's liveness
         # check notices it for a message wait (a launcher that saw that rank exit is
