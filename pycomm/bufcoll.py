@@ -35,7 +35,7 @@ class CollectiveMethods:
     def _slots_call(self, plan, collective: str, nbytes: int, *args) -> None:
         """Run a blocking call through shared-memory slots or direct reads (``plan``: its
         plan there, see :func:`pycomm.plan.plan_call`; ``args``: its kernel's, see
-        :meth:`pycomm.shmcoll.SharedSlots.kernel`), recorded like any call."""
+        :func:`pycomm.slotkernels.kernel`), recorded like any call."""
         cc = self._calls.begin(plan[0], True)
         if self._debug:
             return self._selection.run(collective, nbytes, None, plan[3],

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import config, shmcoll, shmdirect
+from . import config, shmcoll, shmdirect, slotkernels
 from .signature import signature
 
 __all__ = ["DIRECT_FROM", "MAX_PLANS", "SHARED_SLOTS", "UNDECIDED", "direct_threshold",
@@ -158,7 +158,7 @@ def _fast_plan(comm, collective, dtype, count, root, nbytes, algorithm, sig, fn,
     if path is None:
         return None
     if path == SHARED_SLOTS:
-        kernel = comm._slots.kernel(collective, dtype, count, root, op, fn)
+        kernel = slotkernels.kernel(comm._slots, collective, dtype, count, root, op, fn)
     elif collective == "allgather":
         kernel = shmdirect.direct_allgather(comm._slots, dtype, count, fn)
     elif collective == "bcast":

@@ -30,8 +30,9 @@ the communicator (``slow``: by messages); a slot header is ``[seq + 1, signature
 signature count, nbytes, path, reduced]`` (``path``: 0 for these slots, 1 for
 :mod:`pycomm.shmdirect`, which publishes addresses, not data, in the slot; ``reduced``:
 ``seq + 1`` once a split all-reduce has written its slice of the result, see
-:meth:`SharedSlots._allreduce`), the sequence number stored last. Call ``seq`` uses slot
-``(seq + 1) & 1``.
+:mod:`pycomm.slotkernels`), the sequence number stored last. Call ``seq`` uses slot
+``(seq + 1) & 1``. The collectives' kernels on this protocol are
+:mod:`pycomm.slotkernels`.
 
 Safety. A rank overwrites its slot ``p`` only once every peer has entered call
 ``seq - 1`` or later (their ``arrival``): by then each has finished the earlier call that
@@ -349,116 +350,7 @@ class SharedSlots:
             f"rank {self.rank}: collective mismatch in call #{cc.tag} on {comm.name}: rank "
             f"{r} is in {theirs}, rank {self.rank} in {describe(cc.sig)}")
 
-    # -- the collectives ----------------------------------------------------------------
-    def kernel(self, collective: str, dtype, count: int, root: int, op, by_messages):
-        """The function that runs one call shape through the slots, with the algorithm
-        function's arguments (:mod:`pycomm.collectives`); views of every slot made once.
-
-        Args:
-            collective: ``barrier``, ``bcast``, ``allreduce``, ``reduce``, ``allgather``
-                or ``reduce_scatter_block``.
-            dtype, count, root, op: the call's shape as :func:`pycomm.plan.plan_call`
-                has it (``count``: the elements of one rank's block for allgather and
-                reduce_scatter_block).
-            by_messages: the message algorithm's function, run instead when a peer takes
-                messages (:class:`ByMessages`).
-        """
-        return getattr(self, "_" + collective)(dtype, count, root, op, by_messages)
-
-    def _views(self, dtype, lo: int, n: int) -> list[list[np.ndarray]]:
-        """``[slot][rank]`` arrays of ``n`` ``dtype`` elements from element ``lo``."""
-        b0, b1 = lo * dtype.itemsize, (lo + n) * dtype.itemsize
-        return [[d[p][b0:b1].view(dtype) for d in self.data] for p in (0, 1)]
-
-    def _reducer(self, op):
-        """``fold(views, out)``: ``out = x_0 op x_1 op ... op x_{n-1}`` in rank order, in
-        the same steps on every rank (so every rank's result has the same bits). A numpy
-        ufunc reads the peers' slots in place; other ops get copies (they may write their
-        input)."""
-        ufunc = op._ufunc
-
-        if ufunc is not None and self.size == 2:
-            def fold(v, out):
-                ufunc(v[0], v[1], out=out)
-        elif ufunc is not None:
-            def fold(v, out):
-                ufunc(v[0], v[1], out=out)
-                for i in range(2, len(v)):
-                    ufunc(out, v[i], out=out)
-        else:
-            def fold(v, out):
-                out[...] = v[0]
-                for x in v[1:]:
-                    op.apply_left(out, x.copy())
-        return fold
-
-    def _barrier(self, dtype, count, root, op, by_messages):
-        def run(cc):
-            try:
-                self.exchange(cc, 0)
-            except ByMessages:
-                by_messages(cc)
-        return run
-
-    def _bcast(self, dtype, count, root, op, by_messages):
-        views = [v[root] for v in self._views(dtype, 0, count)]
-        nb, me = count * dtype.itemsize, self.rank
-
-        def run(cc, buf, _root):
-            try:
-                p = self.exchange(cc, nb, views, buf if me == root else None)
-            except ByMessages:
-                return by_messages(cc, buf, root)
-            if me != root:
-                buf[...] = views[p]
-        return run
-
-    def _allreduce(self, dtype, count, root, op, by_messages, to_all=True):
-        """Flat: every rank folds every slot in rank order. Split (an all-reduce of
-        :data:`SPLIT_MIN_BYTES` or more on :data:`SPLIT_MIN_RANKS` or more, a core each):
-        rank ``i`` folds slice ``i`` of every slot, writes it over slice ``i`` of its own
-        slot (read by no other rank in this call), flags it (``reduced``), then copies
-        every slice from its owner: Rabenseifner's reduce-scatter + all-gather (Thakur,
-        Rabenseifner & Gropp 2005) over shared memory. Same bits everywhere, either way."""
-        views = self._views(dtype, 0, count)
-        mine_all = [v[self.rank] for v in views]                # [slot]: this rank's
-        nb, me, fold = count * dtype.itemsize, self.rank, self._reducer(op)
-        split = to_all and self.size >= SPLIT_MIN_RANKS and nb >= SPLIT_MIN_BYTES and \
-            count >= self.size and \
-            self.comm._selection.oversubscription() <= SPLIT_MAX_OVERSUBSCRIPTION
-        if split:
-            q, rem = divmod(count, self.size)
-            bounds = [r * q + min(r, rem) for r in range(self.size + 1)]
-            lo, hi = bounds[me], bounds[me + 1]
-            mine = [[x[lo:hi] for x in v] for v in views]       # [slot][rank]: slice me
-            theirs = [[(bounds[r], bounds[r + 1], v[r][bounds[r]:bounds[r + 1]]) for r in
-                       self.peers] for v in views]     # [slot]: every owner's slice
-
-        def run(cc, buf, *rest):
-            # (cc, recv, op, send) for allreduce, (cc, work, root, op, send) for reduce;
-            # send None: IN_PLACE (recv holds the contribution)
-            src = rest[-1]
-            try:
-                p = self.exchange(cc, nb, mine_all, buf if src is None else src)
-            except ByMessages:
-                if src is not None:
-                    buf[...] = src
-                elif not to_all and me != root:
-                    buf = buf.copy()    # a non-root's sendbuf: the algorithms reduce into it
-                return by_messages(cc, buf, *rest[:-1])
-            v = views[p]
-            if split:
-                out = buf[lo:hi]
-                fold(mine[p], out)
-                v[me][lo:hi] = out      # only this rank reads slice me of its slot
-                self._await_reduced(cc, p)
-                for a, b, part in theirs[p]:
-                    buf[a:b] = part
-            elif to_all or me == root:
-                fold(v, buf)
-        return run
-
-    def _await_reduced(self, cc, p: int) -> None:
+    def await_reduced(self, cc, p: int) -> None:
         """Flag this rank's reduced slice (slot ``p``); wait for every peer's flag."""
         s1, headers = cc.tag + 1, self.headers
         headers[self.rank][p][5] = s1
@@ -471,41 +363,3 @@ class SharedSlots:
                         break
                 else:
                     self._wait(cc, r, lambda h=h: h[5] == s1)
-
-    def _reduce(self, dtype, count, root, op, by_messages):
-        return self._allreduce(dtype, count, root, op, by_messages, to_all=False)
-
-    def _allgather(self, dtype, count, root, op, by_messages):
-        views = self._views(dtype, 0, count)
-        nb, me, peers = count * dtype.itemsize, self.rank, self.peers
-        mine = [v[me] for v in views]
-        lo, hi = me * count, (me + 1) * count
-
-        def run(cc, recv, _count, src):
-            try:
-                p = self.exchange(cc, nb, mine, recv[lo:hi] if src is None else src)
-            except ByMessages:
-                if src is not None:
-                    recv[lo:hi] = src
-                return by_messages(cc, recv, count)
-            if src is not None:
-                recv[lo:hi] = src
-            v = views[p]
-            for r in peers:
-                recv[r * count:(r + 1) * count] = v[r]
-        return run
-
-    def _reduce_scatter_block(self, dtype, count, root, op, by_messages):
-        me, n = self.rank, self.size
-        whole = [v[me] for v in self._views(dtype, 0, count * n)]
-        blocks = self._views(dtype, me * count, count)
-        nb, fold = count * n * dtype.itemsize, self._reducer(op)
-
-        def run(cc, src, out, _op):
-            try:
-                p = self.exchange(cc, nb, whole, src)
-            except ByMessages:              # IN_PLACE: the result lands on the input
-                return by_messages(cc, src.copy() if np.shares_memory(src, out) else src,
-                                   out, op)
-            fold(blocks[p], out)
-        return run

@@ -48,7 +48,7 @@ class _split:
         self.forced, self.count = forced, 0
 
     def __enter__(self):
-        self.saved = (shmcoll.SPLIT_MAX_OVERSUBSCRIPTION, shmcoll.SharedSlots._await_reduced)
+        self.saved = (shmcoll.SPLIT_MAX_OVERSUBSCRIPTION, shmcoll.SharedSlots.await_reduced)
         if self.forced:
             shmcoll.SPLIT_MAX_OVERSUBSCRIPTION = float("inf")
         wait = self.saved[1]
@@ -56,12 +56,12 @@ class _split:
         def counted(slots, cc, p):
             self.count += 1
             return wait(slots, cc, p)
-        shmcoll.SharedSlots._await_reduced = counted
+        shmcoll.SharedSlots.await_reduced = counted
         pycomm.config.reload()
         return self
 
     def __exit__(self, *exc):
-        shmcoll.SPLIT_MAX_OVERSUBSCRIPTION, shmcoll.SharedSlots._await_reduced = self.saved
+        shmcoll.SPLIT_MAX_OVERSUBSCRIPTION, shmcoll.SharedSlots.await_reduced = self.saved
         pycomm.config.reload()
 
 
