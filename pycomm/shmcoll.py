@@ -30,9 +30,8 @@ the communicator (``slow``: by messages); a slot header is ``[seq + 1, signature
 signature count, nbytes, path, reduced]`` (``path``: 0 for these slots, 1 for
 :mod:`pycomm.shmdirect`, which publishes addresses, not data, in the slot; ``reduced``:
 ``seq + 1`` once a split all-reduce has written its slice of the result, see
-:mod:`pycomm.slotkernels`), the sequence number stored last. Call ``seq`` uses slot
-``(seq + 1) & 1``. The collectives' kernels on this protocol are
-:mod:`pycomm.slotkernels`.
+:mod:`pycomm.slotkernels`, where each collective's kernel on these slots is), the
+sequence number stored last. Call ``seq`` uses slot ``(seq + 1) & 1``.
 
 Safety. A rank overwrites its slot ``p`` only once every peer has entered call
 ``seq - 1`` or later (their ``arrival``): by then each has finished the earlier call that

@@ -278,7 +278,7 @@ _ORDER = WORLDS + [w for w in SMALL_WORLDS if w not in WORLDS] + TINY_WORLDS
 
 # Test files that make emulated hosts (network namespaces and a bridge named by one prefix,
 # each removed by name when the next cluster starts) or a Ray cluster: never two at once,
-# so one xdist worker runs them all, one after another (see pytest_collection_modifyitems).
+# so one xdist worker runs them all, one after another (see pytest_itemcollected).
 _HOST_FILES = frozenset({
     "test_cluster.py", "test_cluster_failures.py", "test_cluster_hier.py",
     "test_hydra_hosts.py", "test_ompi_hosts.py", "test_ompi5_hosts.py", "test_ray.py",

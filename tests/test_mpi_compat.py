@@ -255,25 +255,30 @@ def test_truncation_is_err_truncate(world):
         * world.size
 
 
+HOWS = ("Recv", "Irecv", "Sendrecv", "Recv_init", "Sendrecv_replace")
+TYPED_ONLY = ("Recv_init", "Sendrecv_replace")
+
+
 def _rank_truncated_receives_keep_the_head() -> list:
     """Recv, Irecv and Sendrecv of a message larger than the buffer, eager (10 ints) and
     rendezvous (100,000 ints): each raises ERR_TRUNCATE, and, as under mpi4py 4.1.2 +
     MPICH 5.0.2 (recorded on this machine: ``[0, 1, 2, 3]``, count 4, source and tag of
     the message, for all eight), the buffer holds the message's head and the status its
     source, tag and the elements received. Through a vector datatype (4 blocks of one INT,
-    stride 2, in 8 INTs; and a persistent receive too) the head lands in the blocks:
-    ``[0, -1, 1, -1, 2, -1, 3, -1]``, as MPICH left it (recorded)."""
+    stride 2, in 8 INTs; and a persistent receive and Sendrecv_replace too) the head
+    lands in the blocks: ``[0, -1, 1, -1, 2, -1, 3, -1]``, as MPICH left it (recorded)."""
     comm = MPI.COMM_WORLD
     right, left = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
     vec = MPI.INT.Create_vector(4, 1, 2).Commit()
     seen = []
     for n in (10, 100_000):
-        for tag, how in enumerate(("Recv", "Irecv", "Sendrecv", "Recv_init"), start=20):
+        for tag, how in enumerate(HOWS, start=20):
             for typed in (False, True):
-                if how == "Recv_init" and not typed:
+                if how in TYPED_ONLY and not typed:
                     continue
                 out = np.arange(n, dtype="i")
                 req = comm.Isend(out, right, tag) if how != "Sendrecv" else None
+                back = None
                 buf, st = np.full(8 if typed else 4, -1, "i"), MPI.Status()
                 spec = [buf, 1, vec] if typed else buf
                 try:
@@ -281,6 +286,11 @@ def _rank_truncated_receives_keep_the_head() -> list:
                         comm.Recv(spec, left, tag, st)
                     elif how == "Irecv":
                         comm.Irecv(spec, left, tag).Wait(st)
+                    elif how == "Sendrecv_replace":
+                        # its own send (the 4 INTs the spec holds) goes out on tag + 50;
+                        # the message it receives is the Isend's, of n INTs
+                        back = comm.Irecv(np.empty(8, "i"), left, tag + 50)
+                        comm.Sendrecv_replace(spec, right, tag + 50, left, tag, st)
                     elif how == "Recv_init":
                         p = comm.Recv_init(spec, left, tag)
                         p.Start()
@@ -295,6 +305,8 @@ def _rank_truncated_receives_keep_the_head() -> list:
                                  st.tag))
                 if req is not None:
                     req.Wait()
+                if back is not None:
+                    back.Wait()
                 comm.Barrier()      # (the Sendrecv's own send completes with its receive)
     vec.Free()
     # a large message into an empty buffer: nothing fits, the sender is released unread
@@ -314,8 +326,8 @@ def _rank_truncated_receives_keep_the_head() -> list:
 def test_truncated_receives_keep_the_head_and_fill_the_status(world):
     head = {False: [0, 1, 2, 3], True: [0, -1, 1, -1, 2, -1, 3, -1]}
     want = [(how, n, typed, True, head[typed], 4, True, tag) for n in (10, 100_000)
-            for tag, how in enumerate(("Recv", "Irecv", "Sendrecv", "Recv_init"), start=20)
-            for typed in (False, True) if typed or how != "Recv_init"] + \
+            for tag, how in enumerate(HOWS, start=20)
+            for typed in (False, True) if typed or how not in TYPED_ONLY] + \
         [("empty", True, 0, 30)]
     assert world.run(_rank_truncated_receives_keep_the_head) == [want] * world.size
 

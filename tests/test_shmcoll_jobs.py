@@ -34,8 +34,14 @@ def _launch(tmp_path, program: str, n: int = 2, env: dict | None = None):
     return subprocess.run(argv, capture_output=True, text=True, timeout=120, **options)
 
 
+# PYCOMM_YIELD_US: ranks that yield their core while they wait (the default where ranks
+# outnumber cores), whose slot waits first poll with bare sched_yield (SharedSlots._wait)
+YIELDING = {"PYCOMM_YIELD_US": "300"}
+
+
+@pytest.mark.parametrize("yielding", [False, True])
 @pytest.mark.parametrize("count,path", [(4, "shared_slots"), (1 << 18, "shm_direct")])
-def test_a_peer_that_dies_during_a_slot_wait_is_named(tmp_path, count, path):
+def test_a_peer_that_dies_during_a_slot_wait_is_named(tmp_path, count, path, yielding):
     # (1 << 18 doubles: an all-reduce by direct reads of the peers' buffers, which waits
     # in the slots too: pycomm.shmdirect)
     proc = _launch(tmp_path, f"""
@@ -53,14 +59,15 @@ def test_a_peer_that_dies_during_a_slot_wait_is_named(tmp_path, count, path):
         except pycomm.PeerError as exc:
             print("PEER-ERROR", round(time.monotonic() - t, 1), exc, flush=True)
             raise SystemExit(3)
-        """)
+        """, env=YIELDING if yielding else None)
     out = proc.stdout + proc.stderr
     assert "PEER-ERROR" in out and "rank 1" in out, out
     seconds = float(out.split("PEER-ERROR", 1)[1].split()[0])
     assert seconds < 10, out                        # not PYCOMM_TIMEOUT (60 s)
 
 
-def test_a_peer_that_left_during_a_slot_wait_is_named(tmp_path):
+@pytest.mark.parametrize("yielding", [False, True])
+def test_a_peer_that_left_during_a_slot_wait_is_named(tmp_path, yielding):
     proc = _launch(tmp_path, """
         import numpy as np, pycomm
         comm = pycomm.init()
@@ -70,7 +77,7 @@ def test_a_peer_that_left_during_a_slot_wait_is_named(tmp_path):
                 comm.Barrier()
             except pycomm.PeerError as exc:
                 print("LEFT", exc, flush=True)
-        """)
+        """, env=YIELDING if yielding else None)
     out = proc.stdout + proc.stderr
     assert "LEFT" in out and "rank 1 has left" in out, out
 
