@@ -1,5 +1,5 @@
 """Large all-reduces, reduce-scatters, all-gathers and broadcasts of one host's ranks by
-direct reads of each other's buffers.
+direct reads of (and, for a two-rank broadcast, writes into) each other's buffers.
 
 On a communicator whose ranks all share one host's shared-memory transport, and where
 every rank can read every peer's memory by cross-memory attach (Linux
@@ -39,7 +39,8 @@ sums depend on their order). Non-commutative ops therefore take the message algo
 
 ``Reduce_scatter_block`` is step 2 alone (rank ``i`` reduces block ``i`` of every peer's
 input), ``Allgather`` step 3 alone (every rank reads every peer's block), each followed
-by step 4; ``Bcast`` reads the root's slices, then every peer's (:func:`direct_bcast`);
+by step 4; ``Bcast`` reads the root's slices, then every peer's, and on two ranks splits
+its one copy between the two (the root writes the tail into its peer, :func:`direct_bcast`);
 all under the same threshold, on the whole buffer's bytes, and the
 all-gather only up to :data:`ALLGATHER_MAX_BYTES` (it moves what recursive doubling
 moves, by the same single copies, so only the saved steps tell: from a few MiB on 8
@@ -49,7 +50,10 @@ A rank whose call fails after it published its addresses (a timeout, a dead peer
 interrupt) withdraws them before it returns (its progress word says so), and every read
 is checked against that word after it completes: a peer that read a buffer its owner
 may already have reused raises instead of returning what it read (as the rendezvous
-protocol's validity words do, :meth:`transports.shm.ShmTransport.read_remote`).
+protocol's validity words do, :meth:`transports.shm.ShmTransport.read_remote`). A write
+cannot be checked after the fact, so the broadcast's root checks the word before each
+chunk it writes, and a peer whose call fails waits out a write in flight before it gives
+its buffer back (:meth:`_Reads.withdraw`).
 
 Failures: a peer whose process is gone makes the read fail (``ESRCH``), a
 :class:`~pycomm.errors.PeerError` naming it; every wait is the engine's, so an abandoned
@@ -59,6 +63,8 @@ is read or written, and every rank then runs the message algorithm instead.
 """
 
 from __future__ import annotations
+
+import time
 
 import numpy as np
 
@@ -77,6 +83,9 @@ _WITHDRAWN = 1                  # the progress word's step of a rank whose call 
 # bytes read from one peer before they are reduced: fewer, longer reads and ufunc calls
 # beat cache-sized ones here (benchmarks/README.md, "Large collectives by direct reads")
 CHUNK_BYTES = 4 << 20
+# how long a rank whose call failed waits for a peer's write into its buffer to end
+WRITER_GRACE_S = 1.0
+_perf, _sleep = time.perf_counter, time.sleep
 
 
 def usable(slots) -> bool:
@@ -111,6 +120,7 @@ class _Reads:
         self.words = [[d[p][:24].view(np.int64) for d in slots.data] for p in (0, 1)]
         self._mine = [w[self.me] for w in self.words]     # [slot]: this rank's words
         self._spare = np.empty(0, np.uint8)
+        self.kept: list = []        # buffers a peer may still write (see withdraw)
 
     def scratch(self, dtype, elements: int) -> np.ndarray:
         """The reads' scratch buffer, as ``elements`` (at most a chunk) of ``dtype``; one
@@ -132,10 +142,53 @@ class _Reads:
                                 np.array([send_at, recv_at, cc.tag << 2], np.int64), _PATH)
         return self.words[p]
 
-    def withdraw(self, cc, w) -> None:
-        """Say that this rank's call failed: its buffers may be reused from now on."""
+    def withdraw(self, cc, w, writer: int | None = None, buf=None) -> bool:
+        """Say that this rank's call failed: its buffers may be reused from now on.
+
+        ``writer``: a peer that may be writing into ``buf`` (:meth:`write`, which checks
+        before each chunk that this rank has not withdrawn). A write in flight is waited
+        out (a chunk takes milliseconds) for at most :data:`WRITER_GRACE_S` while the
+        writer's process lives. Returns False when the writer may still write a chunk
+        (it was stopped or descheduled for longer): ``buf`` is then kept referenced for
+        the rest of the process, so that such a write never lands in memory given to
+        another object, and the caller tells the user.
+        """
         w[self.me][2] = cc.tag << 2 | _WITHDRAWN
         self.slots.ring_peers()
+        if writer is None:
+            return True
+        # the writer's word stays at step 0 while it may write; 3 or withdrawn after
+        busy, peer = cc.tag << 2, self.world[writer]
+        end = _perf() + WRITER_GRACE_S
+        while w[writer][2] == busy and self.shm.peer_alive(peer):
+            if _perf() >= end:
+                self.kept.append(buf)
+                return False
+            _sleep(1e-4)
+        return True
+
+    def write(self, cc, w, r: int, local: int, remote: int, n: int) -> None:
+        """Copy ``n`` bytes at ``local`` in this rank's memory to ``remote`` in rank ``r``'s
+        (its receive buffer, published for this call), a chunk at a time, stopping at the
+        first chunk after ``r`` has withdrawn its buffers (see :meth:`withdraw`).
+
+        Raises:
+            PeerError: rank ``r``'s process is gone.
+            CollectiveError: ``r``'s call failed.
+            CommError: the write failed otherwise.
+        """
+        for start in range(0, n, CHUNK_BYTES):
+            self._check_withdrawn(cc, w, r)
+            m = min(CHUNK_BYTES, n - start)
+            try:
+                self.shm.write_live(self.world[r], local + start, remote + start, m)
+            except PeerLostError as exc:
+                raise PeerError(f"rank {self.me}: rank {r}'s process is gone while this "
+                                f"rank writes its buffer ({exc})", self.world[r]) from None
+            except TransportError as exc:
+                self._check_withdrawn(cc, w, r)
+                raise CommError(f"rank {self.me}: writing {m} bytes into rank {r}'s "
+                                f"buffer failed: {exc}") from None
 
     def read(self, cc, w, r: int, local: int, remote: int, n: int) -> None:
         """Copy ``n`` bytes at ``remote`` in rank ``r``'s memory to ``local`` in this one's,
@@ -345,18 +398,21 @@ def direct_allgather(slots, dtype, count: int, by_messages):
 
 
 def direct_bcast(slots, dtype, count: int, root: int, by_messages):
-    """The kernel of one ``Bcast`` shape by direct reads of the root's buffer.
+    """The kernel of one ``Bcast`` shape by direct copies between the ranks' buffers.
 
-    On two ranks the other rank reads the whole buffer from the root in one copy. On more,
-    van de Geijn's scatter + all-gather broadcast (Barnett et al., "Interprocessor
-    collective communication library (InterCom)", SHPCC 1994; MPICH's
+    On two ranks both copy at once: the other rank reads the head of the root's buffer
+    while the root writes the tail into the other's (``process_vm_writev``), so the two
+    cores each copy half where one rank's read of the whole left the root's core idle.
+    On more, van de Geijn's scatter + all-gather broadcast (Barnett et al.,
+    "Interprocessor collective communication library (InterCom)", SHPCC 1994; MPICH's
     ``MPIR_Bcast_intra_scatter_ring_allgather``, Thakur, Rabenseifner & Gropp 2005) with
     every message replaced by a direct read: non-root rank ``i`` first reads slice ``i``
     of the root's buffer (``p`` near-equal slices of whole elements), then, once every
     slice has landed, slice ``j`` from rank ``j`` for every other ``j`` (the root's slice
     from the root). The root serves about ``2 (p - 1) / p`` of its buffer, not ``p - 1``
     copies of it: ranks reading one process at once contend on its memory map's lock
-    (see :class:`_Reads`). No rank returns before every peer has finished reading it.
+    (see :class:`_Reads`). No rank returns before every peer has finished with it (read
+    its buffer, or written into it).
 
     Args:
         count: elements of the buffer.
@@ -375,6 +431,8 @@ def direct_bcast(slots, dtype, count: int, root: int, by_messages):
     # owner, from the next rank on (so that the ranks do not all read one peer at once)
     a, b = bounds[me] * item, bounds[me + 1] * item
     others = [(me + k) % size for k in range(1, size)]
+    head = (count // 2) * item      # two ranks: read by the other rank; the rest written
+    other = 1 - me
 
     def run(cc, buf, _root):
         at = buf.ctypes.data
@@ -385,7 +443,10 @@ def direct_bcast(slots, dtype, count: int, root: int, by_messages):
         try:
             if size == 2:
                 if me != root:
-                    reads.read(cc, w, root, at, int(w[root][0]), nbytes)
+                    reads.read(cc, w, root, at, int(w[root][0]), head)
+                elif nbytes > head:
+                    reads.write(cc, w, other, at + head, int(w[other][0]) + head,
+                                nbytes - head)
             elif me != root:        # (the root reads nothing: its step 3 counts as 2)
                 if b > a:
                     reads.read(cc, w, root, at + a, int(w[root][0]) + a, b - a)
@@ -394,8 +455,16 @@ def direct_bcast(slots, dtype, count: int, root: int, by_messages):
                     lo, hi = bounds[r] * item, bounds[r + 1] * item
                     if hi > lo:
                         reads.read(cc, w, r, at + lo, int(w[r][0]) + lo, hi - lo)
-            reads.step(cc, w, 3)      # no peer reads this rank's buffer any more
-        except BaseException:
-            reads.withdraw(cc, w)
+            reads.step(cc, w, 3)      # no peer reads (or writes) this rank's buffer now
+        except BaseException as exc:
+            if size == 2 and me != root:
+                if not reads.withdraw(cc, w, root, buf):
+                    exc.add_note(f"rank {me}: rank {root} (the root) was still writing into "
+                                 f"this Bcast's buffer of {nbytes} bytes {WRITER_GRACE_S} s "
+                                 "after the call failed, and may write one more chunk of "
+                                 f"it (at most {CHUNK_BYTES} bytes) when it runs again: do "
+                                 "not reuse this buffer")
+            else:
+                reads.withdraw(cc, w)
             raise
     return run

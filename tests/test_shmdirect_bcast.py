@@ -1,4 +1,5 @@
-"""Large broadcasts by direct reads of the root's (and, past two ranks, the peers') buffers
+"""Large broadcasts by direct copies between the ranks' buffers (on two ranks the root writes
+half into its peer's; past two, reads of the root's and the peers' buffers)
 (pycomm.shmdirect.direct_bcast).
 
 * every rank ends with the root's bytes, for every root, several dtypes, counts that do
@@ -34,7 +35,8 @@ from pycomm.shmdirect import SHM_DIRECT
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
-# 2 ranks: one read of the whole buffer; 3 and 5: scatter + all-gather by reads
+# 2 ranks: the other rank reads the head while the root writes the tail; 3 and 5: scatter
+# + all-gather by reads
 BCAST_WORLDS = [(2, "shm"), (3, "shm"), (5, "shm")]
 
 

@@ -4,7 +4,11 @@ test_shmdirect.py's shared worlds:
 * without cross-memory attach (PYCOMM_CMA=0) the call sends messages, with the right sum;
 * a rank whose call fails withdraws its buffers, and a descheduled peer that reads them
   after they were reused raises (or returns the right result, never the reused bytes), in
-  an all-reduce, a reduce-scatter, an all-gather and a broadcast, on 2 and 3 ranks.
+  an all-reduce, a reduce-scatter, an all-gather and a broadcast, on 2 and 3 ranks;
+* on two ranks the broadcast's root writes into its peer's buffer: a peer whose call fails
+  while that write is in flight returns only after it, so the buffer it then reuses keeps
+  its new bytes; a root held up past the grace writes nothing once the peer has withdrawn,
+  and the peer's error says the buffer may still be written.
 
 Every job of this module is started at once (the ``launched`` fixture).
 """
@@ -27,6 +31,9 @@ def _launched_jobs() -> dict:
         for n in (2, 3):
             jobs["withdrawal", collective, n] = (_WITHDRAWAL.format(collective=collective),
                                                  n, {"PYCOMM_TIMEOUT": "1.5"})
+    for case in ("in-flight", "late"):
+        jobs["root writes", case] = (_ROOT_WRITES.format(case=case), 2,
+                                     {"PYCOMM_TIMEOUT": "1.5"})
     return jobs
 
 
@@ -196,3 +203,87 @@ def test_a_rank_that_fails_withdraws_its_block_before_a_slow_peer_reads_it(
         if k != 1:      # failed (a timeout, or a peer's withdrawal) and withdrew
             assert results[str(k)][0] in ("CommTimeoutError", "CollectiveError"), out
             assert results[str(k)][1] == "True", out
+
+
+_ROOT_WRITES = """
+    import os, time, numpy as np, pycomm
+    from pycomm import shmdirect
+    from transports.shm import ShmTransport
+    comm = pycomm.init()
+    r = comm.rank
+    buf = np.full(1 << 16, 3.0 if r == 0 else 0.0)      # 512 KiB: one chunk, direct
+    assert comm.chosen_algorithm("bcast", buf.nbytes) == "shm_direct"
+    comm.Barrier()
+
+    def wait_for(name):
+        t = time.monotonic()
+        while not os.path.exists(name) and time.monotonic() - t < 30:
+            time.sleep(0.01)
+
+    if r == 0 and "{case}" == "in-flight":
+        # past the check for a withdrawal, the write starts after rank 1's timeout (1.5 s)
+        # and ends within its grace (1 s)
+        write = ShmTransport.write_live
+        def slow_write(self, *args):
+            time.sleep(1.9)
+            return write(self, *args)
+        ShmTransport.write_live = slow_write
+    elif r == 0:
+        # held up before it checks, until rank 1 has returned, past its grace
+        write = shmdirect._Reads.write
+        def late_write(self, *args):
+            wait_for("returned-1")
+            return write(self, *args)
+        shmdirect._Reads.write = late_write
+    try:
+        comm.Bcast(buf, root=0)
+        print("RESULT", r, "ok", flush=True)
+    except pycomm.CommError as exc:
+        note = "may write one more chunk" in "".join(getattr(exc, "__notes__", []))
+        kept = len(comm._slots.direct_reads.kept)
+        print("RESULT", r, type(exc).__name__, buf.min(), buf.max(), note, kept, flush=True)
+        if r == 1:
+            buf[...] = -1.0                 # the user reuses its buffer at once
+            open("returned-1", "w").close()
+    if r == 0:
+        open("done-0", "w").close()
+    else:
+        wait_for("done-0")                  # the root's call has ended
+        print("AFTER", r, bool((buf == -1.0).all()), flush=True)
+"""
+
+
+def _results(proc) -> dict:
+    out = {}
+    for ln in proc.stdout.splitlines():
+        words = ln.split()
+        for key in ("RESULT", "AFTER"):
+            if key in words:
+                i = words.index(key)
+                out[key, words[i + 1]] = words[i + 2:]
+    return out
+
+
+def test_a_peer_that_fails_while_the_root_writes_returns_after_the_write(launched):
+    # rank 1 times out at 1.5 s waiting for the root, which writes its half at 1.9 s:
+    # rank 1 returns only once it has (its whole buffer holds the root's 3.0), so the -1
+    # it then writes stays; without the wait the root's 3.0 landed in the reused buffer
+    proc = launched["root writes", "in-flight"]
+    got = _results(proc)
+    assert got.get(("RESULT", "1"), [""])[:5] == ["CommTimeoutError", "3.0", "3.0", "False",
+                                                  "0"], proc.stdout + proc.stderr
+    assert got.get(("RESULT", "0"), [""])[0] == "CollectiveError", proc.stdout + proc.stderr
+    assert got.get(("AFTER", "1")) == ["True"], proc.stdout + proc.stderr
+
+
+def test_a_root_held_up_past_the_grace_writes_nothing_and_the_peer_is_told(launched):
+    # the root is held up before its write until rank 1 has returned (after its 1 s grace):
+    # rank 1's error says the buffer may still be written, and keeps it referenced; the
+    # root, seeing rank 1 withdrawn, writes nothing
+    proc = launched["root writes", "late"]
+    got = _results(proc)
+    one = got.get(("RESULT", "1"), [""])
+    assert one[0] == "CommTimeoutError" and one[3:5] == ["True", "1"], proc.stdout + proc.stderr
+    assert one[1] == "0.0" and one[2] == "3.0", one     # the head read, the tail not written
+    assert got.get(("RESULT", "0"), [""])[0] == "CollectiveError", proc.stdout + proc.stderr
+    assert got.get(("AFTER", "1")) == ["True"], proc.stdout + proc.stderr

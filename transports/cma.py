@@ -1,4 +1,5 @@
-"""Single-copy reads of a peer's memory on the same host: Linux cross-memory attach.
+"""Single-copy reads (and writes) of a peer's memory on the same host: Linux cross-memory
+attach.
 
 The shared-memory transport's rendezvous and :mod:`pycomm.shmdirect`'s collectives read a
 peer's buffer with one ``process_vm_readv`` instead of streaming it through a ring (two
@@ -38,6 +39,7 @@ class CrossMemory:
         self.enabled = enabled
         self._pids: dict[int, int] = {}
         self._ok: dict[int, bool] = {}
+        self._probes: dict[int, int] = {}     # peer -> address of its probe bytes
         self._probe = ctypes.create_string_buffer(os.urandom(16), 16)
         self._flags = ExposureFlags()
         self._words = ctypes.create_string_buffer(16)   # the two copies of a validity word
@@ -58,6 +60,7 @@ class CrossMemory:
                               [(info["probe"], 16)])
             ok = not err and buf.raw == info["probe_value"]
         self._ok[peer] = ok
+        self._probes[peer] = info["probe"]
         return ok
 
     def can_read(self, peer: int) -> bool:
@@ -122,3 +125,30 @@ class CrossMemory:
         if err:
             raise RemoteAccessError(f"{nbytes} bytes at {address:#x} in rank {peer} could "
                                     f"not be read ({os.strerror(err)})")
+
+
+    def write_live(self, peer: int, src: int, address: int, nbytes: int) -> None:
+        """Copy ``nbytes`` at ``src`` in this process's memory to ``address`` in ``peer``'s,
+        for a caller that knows the peer's buffer stays in place and is its to write until
+        the peer is told the write is done (:func:`pycomm.shmdirect.direct_bcast`: the peer
+        waits, and waits out a write in flight before it gives its buffer back).
+
+        Raises:
+            PeerLostError: the peer's process is gone.
+            RemoteAccessError: the range is not mapped writable in the peer.
+            TransportError: cross-memory attach is not available towards ``peer``.
+        """
+        err = copy_remote(True, self._check(peer), [(src, nbytes)], [(address, nbytes)])
+        if err == errno.ESRCH:
+            raise PeerLostError(peer, "process is gone (process_vm_writev: ESRCH)")
+        if err:
+            raise RemoteAccessError(f"{nbytes} bytes at {address:#x} in rank {peer} could "
+                                    f"not be written ({os.strerror(err)})")
+
+    def alive(self, peer: int) -> bool:
+        """Whether ``peer``'s process still has its memory (a read of its probe bytes does
+        not fail with ``ESRCH``): one that has none can no longer read or write another's."""
+        buf = ctypes.create_string_buffer(16)
+        err = copy_remote(False, self._check(peer), [(ctypes.addressof(buf), 16)],
+                          [(self._probes[peer], 16)])
+        return err != errno.ESRCH

@@ -476,6 +476,17 @@ class ShmTransport(Transport):
         :meth:`transports.cma.CrossMemory.read_live`, which lists what it raises)."""
         self._cma.read_live(peer, address, dest, nbytes)
 
+    def write_live(self, peer: int, src: int, address: int, nbytes: int) -> None:
+        """One copy of ``nbytes`` at ``src`` into ``peer``'s memory at ``address``, for a
+        caller whose peer waits for it (:mod:`pycomm.shmdirect`;
+        :meth:`transports.cma.CrossMemory.write_live`, which lists what it raises)."""
+        self._cma.write_live(peer, src, address, nbytes)
+
+    def peer_alive(self, peer: int) -> bool:
+        """Whether ``peer``'s process still has its memory
+        (:meth:`transports.cma.CrossMemory.alive`)."""
+        return self._cma.alive(peer)
+
     def close(self) -> None:
         if self._closed:
             return
