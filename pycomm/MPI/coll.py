@@ -18,7 +18,7 @@ from pycomm.errors import ArgumentError
 from .comm import Comm
 from .comm import fin as _fin
 from .exceptions import mpi_error, translate_methods
-from .msgspec import BOTTOM, Msg, as_int, message, vector_message
+from .msgspec import BOTTOM, Msg, as_int, message, plain, vector_message
 from .ops import SUM, whole_items, with_datatype
 from .request import Request
 
@@ -70,6 +70,21 @@ def _wblocks(spec, size: int, w: str, arg: str, writable: bool) -> list[Msg]:
                 for i, (n, d, t) in enumerate(zip(counts, displs, types))]
     return [_typed(raw, t, n, d, w, f"{arg} block {i}")
             for i, (n, d, t) in enumerate(zip(counts, displs, types))]
+
+
+def _plain_pair(sendbuf, recvbuf):
+    """``(send, recv)``: the arrays of a call whose buffers are plain arrays
+    (:func:`pycomm.MPI.msgspec.plain`) of one dtype, the send one possibly ``IN_PLACE``;
+    None otherwise. Such a call needs nothing of the general way (no counts, no unpack,
+    no empty message to retype, no datatype to name to a user op): the façade's small
+    calls hand them straight to the Communicator."""
+    r = plain(recvbuf, True)
+    if r is None:
+        return None
+    if sendbuf is IN_PLACE:
+        return IN_PLACE, r
+    s = plain(sendbuf, False)
+    return None if s is None or s.dtype != r.dtype else (s, r)
 
 
 def _match_empty(*msgs) -> None:
@@ -166,6 +181,11 @@ class Intracomm(Comm):
 
     def Bcast(self, buf, root: int = 0) -> None:
         """Broadcast root's message ``buf`` to every rank's ``buf``."""
+        c = self._c
+        if c is not None and type(root) is int:
+            array = plain(buf, c.rank != root)
+            if array is not None:               # nothing to parse, nothing to unpack
+                return c.Bcast(array, root)
         self._bcast(buf, root, False)
 
     def Ibcast(self, buf, root: int = 0) -> Request:
@@ -195,6 +215,15 @@ class Intracomm(Comm):
     # reductions
     def Reduce(self, sendbuf, recvbuf, op=SUM, root: int = 0) -> None:
         """Combine every rank's ``sendbuf`` with ``op`` into root's ``recvbuf``."""
+        c = self._c
+        if c is not None and type(root) is int and getattr(op, "name", None) != "OP_NULL":
+            if c.rank == root:
+                pair = _plain_pair(sendbuf, recvbuf)
+            else:                   # (the receive buffer is not used: not parsed)
+                s = plain(sendbuf, False)
+                pair = None if s is None else (s, None)
+            if pair is not None:
+                return c.Reduce(*pair, op, root)
         return self._reduce("Reduce", sendbuf, recvbuf, op, root)
 
     def Ireduce(self, sendbuf, recvbuf, op=SUM, root: int = 0) -> Request:
@@ -211,6 +240,11 @@ class Intracomm(Comm):
 
     def Allreduce(self, sendbuf, recvbuf, op=SUM) -> None:
         """Combine every rank's ``sendbuf`` with ``op``; every ``recvbuf`` gets it."""
+        c = self._c
+        if c is not None and getattr(op, "name", None) != "OP_NULL":
+            pair = _plain_pair(sendbuf, recvbuf)
+            if pair is not None:
+                return c.Allreduce(*pair, op)
         return self._reduce_all("Allreduce", sendbuf, recvbuf, op)
 
     def Iallreduce(self, sendbuf, recvbuf, op=SUM) -> Request:
@@ -218,6 +252,11 @@ class Intracomm(Comm):
 
     def Reduce_scatter_block(self, sendbuf, recvbuf, op=SUM) -> None:
         """Reduce ``size*n`` items; rank i gets block i (``n`` items)."""
+        c = self._c
+        if c is not None and getattr(op, "name", None) != "OP_NULL":
+            pair = _plain_pair(sendbuf, recvbuf)
+            if pair is not None:
+                return c.Reduce_scatter_block(*pair, op)
         return self._reduce_all("Reduce_scatter_block", sendbuf, recvbuf, op)
 
     def Ireduce_scatter_block(self, sendbuf, recvbuf, op=SUM) -> Request:
@@ -292,6 +331,11 @@ class Intracomm(Comm):
 
     def Allgather(self, sendbuf, recvbuf) -> None:
         """Every rank gets every rank's message, in rank order."""
+        c = self._c
+        if c is not None:
+            pair = _plain_pair(sendbuf, recvbuf)
+            if pair is not None:
+                return c.Allgather(*pair)
         return self._all("Allgather", sendbuf, recvbuf)
 
     def Iallgather(self, sendbuf, recvbuf) -> Request:

@@ -16,7 +16,7 @@ from pycomm.p2p import ANY_SOURCE, ANY_TAG
 
 from .exceptions import translate_methods
 from .membuf import BSEND
-from .msgspec import Msg, as_int, message
+from .msgspec import Msg, as_int, message, plain
 from .request import Prequest, Request, Status, completed
 
 __all__ = ["BufferPointToPoint", "fin", "received"]
@@ -51,6 +51,11 @@ class BufferPointToPoint:
 
     def Send(self, buf, dest: int, tag: int = 0) -> None:
         """Blocking standard send of the message ``buf`` (any mpi4py message spec)."""
+        c = self._c
+        if c is not None and type(dest) is int and type(tag) is int:
+            array = plain(buf, False)
+            if array is not None:               # nothing to parse
+                return c.Send(array, dest, tag)
         c = self._inner("Send")
         m = message(buf, f"rank {c.rank}: Send", "buf", writable=False)
         c.Send(m.array, as_int(dest, "dest", "Send"), as_int(tag, "tag", "Send"))
@@ -71,6 +76,11 @@ class BufferPointToPoint:
     def Recv(self, buf, source: int = ANY_SOURCE, tag: int = ANY_TAG,
              status: Status | None = None) -> None:
         """Blocking receive into the message ``buf``; fills ``status``."""
+        c = self._c
+        if c is not None and type(source) is int and type(tag) is int:
+            array = plain(buf, True)
+            if array is not None:               # nothing to parse, nothing to unpack
+                return c.Recv(array, source, tag, status)
         c = self._inner("Recv")
         m = message(buf, f"rank {c.rank}: Recv", "buf", writable=True)
         received(m, c.Recv, m.array, as_int(source, "source", "Recv"),

@@ -42,7 +42,7 @@ from .membuf import buffer
 from .msg import Msg, block_view, strided
 from .predefined import from_numpy, to_datatype
 
-__all__ = ["BOTTOM", "Msg", "as_int", "bottom", "message", "vector_message"]
+__all__ = ["BOTTOM", "Msg", "as_int", "bottom", "message", "plain", "vector_message"]
 
 
 def _buf_error(message: str):
@@ -109,7 +109,9 @@ def _raw(buf, writable: bool, where: str, arg: str) -> tuple[np.ndarray, np.dtyp
     """The buffer's bytes as a flat uint8 array (no copy) and its own numpy dtype."""
     if isinstance(buf, np.ndarray) and not isinstance(buf, buffer):
         arr = buf
-    elif isinstance(buf, (bytes, bytearray, memoryview, buffer)) or \
+    # (a numpy scalar by its buffer: read-only, as mpi4py takes it; np.asarray would
+    # make a writable copy, and a receive into it would be lost)
+    elif isinstance(buf, (bytes, bytearray, memoryview, buffer, np.generic)) or \
             hasattr(buf, "__buffer__") \
             or not (hasattr(buf, "__array_interface__") or hasattr(buf, "__dlpack__")):
         try:
@@ -211,6 +213,33 @@ def _split(spec, where: str, arg: str):
                         f"{type(spec).__name__}")
 
 
+# numpy dtype (no fields) -> whether a C-contiguous array of it is its own message
+_PLAIN: dict = {}
+
+
+def plain(spec, writable: bool):
+    """``spec`` as the 1-D array the Communicator moves, when it is the common case: a
+    C-contiguous numpy array of a numeric dtype that has a predefined datatype (and
+    writable where the call writes it); None for every other spec, which
+    :func:`message` parses. The façade's small calls take this way first: it decides in
+    a few attribute reads what the whole parse would (a spec's parse costs as much as an
+    8-byte collective's own work)."""
+    if type(spec) is not np.ndarray:
+        return None
+    dtype = spec.dtype
+    ok = _PLAIN.get(dtype)
+    if ok is None:
+        if dtype.fields is not None:        # (structured dtypes are not kept: unbounded)
+            return None
+        dt = from_numpy(dtype)
+        ok = _PLAIN[dtype] = bool(dt._contig and dt._dtypes[0] == dtype
+                                  and dtype.kind in "biufc")
+    flags = spec.flags
+    if not ok or not flags.c_contiguous or (writable and not flags.writeable):
+        return None
+    return spec if spec.ndim == 1 else spec.reshape(-1)
+
+
 def message(spec, where: str, arg: str, *, writable: bool, blocks: int = 1) -> Msg:
     """Turn a one-buffer message spec into a :class:`Msg` (see the module docstring).
 
@@ -228,11 +257,9 @@ def message(spec, where: str, arg: str, *, writable: bool, blocks: int = 1) -> M
             small for ``count`` items at ``displ``, or not a whole number of items.
         TypeError: a non-integral count/displacement or something that is not a datatype.
     """
-    if type(spec) is np.ndarray and spec.flags.c_contiguous and \
-            (spec.flags.writeable or not writable) and spec.dtype.fields is None:
-        dt = from_numpy(spec.dtype)
-        if dt._contig and dt._dtypes[0] == spec.dtype and spec.dtype.kind in "biufc":
-            return Msg(spec.reshape(-1))        # the common case: zero-copy, no parsing
+    array = plain(spec, writable)
+    if array is not None:
+        return Msg(array)                       # the common case: zero-copy, no parsing
     if type(spec) in (list, tuple) and len(spec) == 3:
         fast = strided(spec, writable, blocks, where)
         if fast is not None:

@@ -1,0 +1,147 @@
+"""The façade's plain-array way (pycomm.MPI.msgspec.plain): the common call of an mpi4py
+program, a C-contiguous numpy array of a predefined numeric dtype, goes straight to the
+Communicator (Send, Recv, Bcast, Reduce, Allreduce, Reduce_scatter_block, Allgather);
+every other spec takes the general parse.
+
+* which specs are plain: C-contiguous arrays of numeric dtypes with a predefined
+  datatype, of any shape (viewed 1-D, no copy), writable where written; not a
+  non-contiguous, read-only-when-written, byte-swapped, structured or object array, nor a
+  list spec or another buffer type;
+* on real worlds (2 and 3 ranks, shm and tcp), each of the seven calls gives numpy's
+  result for plain arrays of several shapes and dtypes, IN_PLACE, every root, and for the
+  specs beside them that go the general way (a [buf, count, datatype] list, a column of a
+  2-D array, a numpy integer root), and raises what the general way raises for a
+  read-only receive buffer and OP_NULL.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import cloudpickle
+import numpy as np
+import pytest
+
+from conftest import World
+from pycomm import MPI
+from pycomm.MPI.msgspec import plain
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+def test_which_specs_are_plain():
+    a = np.arange(12.0)
+    assert plain(a, True) is a                       # 1-D: the array itself
+    grid = a.reshape(3, 4)
+    flat = plain(grid, True)
+    assert flat.shape == (12,) and np.shares_memory(flat, grid)    # a view, no copy
+    assert plain(np.ones((), np.float32), False).shape == (1,)       # 0-d
+    assert plain(np.float64(3.0), False) is None                      # a numpy scalar
+    for dtype in (np.int8, np.uint16, np.int32, np.int64, np.float32, np.complex128,
+                  np.bool_):
+        assert plain(np.zeros(3, dtype), True) is not None, dtype
+    ro = np.zeros(4)
+    ro.flags.writeable = False
+    assert plain(ro, False) is ro and plain(ro, True) is None       # written: general way
+    assert plain(grid[:, 1], False) is None                          # non-contiguous
+    assert plain(np.zeros(3, ">f8" if sys.byteorder == "little" else "<f8"), False) is None
+    assert plain(np.zeros(3, [("x", "f8"), ("y", "i4")]), False) is None
+    assert plain(np.zeros(3, object), False) is None
+    assert plain([a, MPI.DOUBLE], False) is None
+    assert plain(bytearray(8), True) is None
+    assert plain(memoryview(a), False) is None
+
+
+def _rank_calls() -> list:
+    comm = MPI.COMM_WORLD
+    r, n = comm.rank, comm.size
+    bad = []
+
+    def check(label, got, want):
+        if not np.array_equal(np.asarray(got), np.asarray(want)):
+            bad.append(f"rank {r}: {label}: got {np.asarray(got).ravel()[:6].tolist()} want "
+                       f"{np.asarray(want).ravel()[:6].tolist()}")
+
+    for shape in ((5,), (2, 3), ()):
+        for dtype in (np.float64, np.int32, np.uint8):
+            base = np.arange(int(np.prod(shape)), dtype=dtype).reshape(shape)
+            tag = f"{shape} {np.dtype(dtype).name}"
+            for root in range(n):
+                buf = base + root if r == root else np.zeros_like(base)
+                comm.Bcast(buf, root)
+                check(f"Bcast {tag} root {root}", buf, base + root)
+                out = np.full_like(base, 7)
+                comm.Reduce(base + r, out if r == root else None, MPI.SUM, root)
+                check(f"Reduce {tag} root {root}", out,
+                      sum(base + k for k in range(n)) if r == root else np.full_like(base, 7))
+            out = np.zeros_like(base)
+            comm.Allreduce(base + r, out, MPI.MAX)
+            check(f"Allreduce {tag}", out, base + n - 1)
+            inplace = np.asarray(base + r)      # (0-d: base + r is a numpy scalar)
+            comm.Allreduce(MPI.IN_PLACE, inplace, MPI.SUM)
+            check(f"Allreduce IN_PLACE {tag}", inplace, sum(base + k for k in range(n)))
+            gathered = np.zeros((n,) + shape, dtype)
+            comm.Allgather(base + r, gathered)
+            check(f"Allgather {tag}", gathered, np.stack([base + k for k in range(n)]))
+            block = np.zeros_like(base)
+            comm.Reduce_scatter_block(np.stack([base + r] * n), block, MPI.SUM)
+            check(f"Reduce_scatter_block {tag}", block, sum(base + k for k in range(n)))
+            # p2p around the ring
+            got = np.zeros_like(base)
+            if r % 2 == 0:
+                comm.Send(base + r, (r + 1) % n, 3)
+                comm.Recv(got, (r - 1) % n, 3)
+            else:
+                comm.Recv(got, (r - 1) % n, 3)
+                comm.Send(base + r, (r + 1) % n, 3)
+            check(f"Send/Recv {tag}", got, base + (r - 1) % n)
+
+    # beside them, the general way: a count and a datatype, a column, a numpy root
+    x = np.arange(6.0) if r == 0 else np.zeros(6)
+    comm.Bcast([x, 4, MPI.DOUBLE], np.int64(0))
+    check("Bcast [buf, 4, DOUBLE]", x, np.r_[np.arange(4.0), [0.0] * 2 if r else [4, 5]])
+    grid = np.arange(12.0).reshape(3, 4) + 10 * r
+    column = MPI.DOUBLE.Create_vector(3, 1, 4).Commit()
+    out = np.zeros(3)
+    comm.Allreduce([grid, 1, column], out, MPI.SUM)
+    check("Allreduce column", out, sum(np.arange(0, 12.0, 4) + 10 * k for k in range(n)))
+    column.Free()
+    st = MPI.Status()
+    if n > 1 and r < 2:
+        if r == 0:
+            comm.Send(np.arange(3, dtype=np.int32), 1, 5)
+        else:
+            got = np.zeros(3, np.int32)
+            comm.Recv(got, 0, 5, st)
+            check("Recv status", [st.Get_source(), st.Get_tag(), st.Get_count(MPI.INT)],
+                  [0, 5, 3])
+
+    # errors as the general way raises them: a read-only receive buffer (a numpy scalar
+    # too, as mpi4py refuses it: a receive into a copy of it would be lost), OP_NULL
+    ro = np.zeros(4)
+    ro.flags.writeable = False
+    for label, call in (("Allreduce", lambda: comm.Allreduce(np.ones(4), ro, MPI.SUM)),
+                        ("Allreduce", lambda: comm.Allreduce(MPI.IN_PLACE, np.float64(3),
+                                                             MPI.SUM)),
+                        ("Allreduce OP_NULL",
+                         lambda: comm.Allreduce(np.ones(4), np.zeros(4), MPI.OP_NULL))):
+        try:
+            call()
+            bad.append(f"rank {r}: {label}: no error")
+        except MPI.Exception as exc:
+            want = MPI.ERR_BUFFER if label == "Allreduce" else MPI.ERR_OP
+            if exc.Get_error_class() != want:
+                bad.append(f"rank {r}: {label}: error class {exc.Get_error_class()}")
+    comm.Barrier()
+    return bad
+
+
+@pytest.fixture(scope="session", params=[(2, "shm"), (3, "shm"), (3, "tcp")],
+                ids=lambda p: f"n{p[0]}-{p[1]}")
+def world(request) -> World:
+    return World(*request.param)
+
+
+def test_plain_calls_match_numpy_and_the_general_way(world):
+    for bad in world.run(_rank_calls):
+        assert bad == [], bad[:5]
