@@ -1,13 +1,14 @@
 """The façade's plain-array way (pycomm.MPI.msgspec.plain): the common call of an mpi4py
 program, a C-contiguous numpy array of a predefined numeric dtype, goes straight to the
-Communicator (Send, Recv, Bcast, Reduce, Allreduce, Reduce_scatter_block, Allgather);
+Communicator (Send, Recv, Isend, Irecv, Sendrecv, Bcast, Reduce, Allreduce,
+Reduce_scatter_block, Allgather);
 every other spec takes the general parse.
 
 * which specs are plain: C-contiguous arrays of numeric dtypes with a predefined
   datatype, of any shape (viewed 1-D, no copy), writable where written; not a
   non-contiguous, read-only-when-written, byte-swapped, structured or object array, nor a
   list spec or another buffer type;
-* on real worlds (2 and 3 ranks, shm and tcp), each of the seven calls gives numpy's
+* on real worlds (2 and 3 ranks, shm and tcp), each of the ten calls gives numpy's
   result for plain arrays of several shapes and dtypes, IN_PLACE, every root, and for the
   specs beside them that go the general way (a [buf, count, datatype] list, a column of a
   2-D array, a numpy integer root), and raises what the general way raises for a
@@ -95,6 +96,13 @@ def _rank_calls() -> list:
                 comm.Recv(got, (r - 1) % n, 3)
                 comm.Send(base + r, (r + 1) % n, 3)
             check(f"Send/Recv {tag}", got, base + (r - 1) % n)
+            got = np.zeros_like(base)
+            reqs = [comm.Irecv(got, (r + 1) % n, 4), comm.Isend(base + r, (r - 1) % n, 4)]
+            MPI.Request.Waitall(reqs)
+            check(f"Isend/Irecv {tag}", got, base + (r + 1) % n)
+            got = np.zeros_like(base)
+            comm.Sendrecv(base + r, (r + 1) % n, 5, got, (r - 1) % n, 5)
+            check(f"Sendrecv {tag}", got, base + (r - 1) % n)
 
     # beside them, the general way: a count and a datatype, a column, a numpy root
     x = np.arange(6.0) if r == 0 else np.zeros(6)

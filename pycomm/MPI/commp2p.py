@@ -88,6 +88,11 @@ class BufferPointToPoint:
 
     def Isend(self, buf, dest: int, tag: int = 0) -> Request:
         """Start a standard send; ``buf`` must stay untouched until the request completes."""
+        c = self._c
+        if c is not None and type(dest) is int and type(tag) is int:
+            array = plain(buf, False)
+            if array is not None:               # nothing to parse
+                return Request._wrap(c.Isend(array, dest, tag))
         c = self._inner("Isend")
         m = message(buf, f"rank {c.rank}: Isend", "buf", writable=False)
         return Request._wrap(c.Isend(m.array, as_int(dest, "dest", "Isend"),
@@ -115,6 +120,11 @@ class BufferPointToPoint:
 
     def Irecv(self, buf, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
         """Post a receive into ``buf``; valid after the request completes."""
+        c = self._c
+        if c is not None and type(source) is int and type(tag) is int:
+            array = plain(buf, True)
+            if array is not None:               # nothing to parse, nothing to unpack
+                return Request._wrap(c.Irecv(array, source, tag))
         c = self._inner("Irecv")
         m = message(buf, f"rank {c.rank}: Irecv", "buf", writable=True)
         return Request._wrap(c.Irecv(m.array, as_int(source, "source", "Irecv"),
@@ -124,6 +134,12 @@ class BufferPointToPoint:
                  source: int = ANY_SOURCE, recvtag: int = ANY_TAG,
                  status: Status | None = None) -> None:
         """Send ``sendbuf`` to ``dest`` while receiving into ``recvbuf`` from ``source``."""
+        c = self._c
+        if c is not None and type(dest) is int and type(sendtag) is int and \
+                type(source) is int and type(recvtag) is int:
+            s, r = plain(sendbuf, False), plain(recvbuf, True)
+            if s is not None and r is not None:     # nothing to parse, nothing to unpack
+                return c.Sendrecv(s, dest, sendtag, r, source, recvtag, status)
         c = self._inner("Sendrecv")
         w = f"rank {c.rank}: Sendrecv"
         s = message(sendbuf, w, "sendbuf", writable=False)
