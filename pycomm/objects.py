@@ -23,6 +23,7 @@ from typing import Any
 import cloudpickle
 import numpy as np
 
+from . import objslots
 from .errors import ArgumentError, CollectiveError
 from .p2p import ANY_SOURCE, ANY_TAG, PROC_NULL
 from .signature import collective, signature
@@ -55,10 +56,15 @@ def loads(data) -> Any:
 
 
 class _OpFailed:
-    """What rank 0 broadcasts in place of an object allreduce's result when its op raised."""
+    """What rank 0 broadcasts in place of an object allreduce's result when its op raised:
+    the exception itself where it pickles (the other ranks raise it too), and its text."""
 
-    def __init__(self, text: str):
-        self.text = text
+    def __init__(self, exc: Exception):
+        self.text = f"{type(exc).__name__}: {exc}"
+        try:
+            self.exc = pickle.loads(pickle.dumps(exc))     # (sent only if it round-trips)
+        except Exception:       # noqa: BLE001  (an exception that does not pickle)
+            self.exc = None
 
 
 class ObjectMethods:
@@ -262,11 +268,18 @@ class ObjectMethods:
         """
         root = self._check_root(root)
         data = dumps(obj, self.rank, "bcast") if self.rank == root else b""
+        cc, pickles = objslots.exchange(self, "bcast", signature("bcast (objects)", root=root),
+                                        data)
+        if pickles is not None:
+            return obj if self.rank == root else pickles.load(root)
+        # By messages, within this call (a peer's abort of it reaches every rank): the
+        # pickle's size, then the pickle, each by the broadcast algorithm chosen for it
+        run = self._selection.run
         n = np.array([len(data)], dtype=np.int64)
-        self.Bcast(n, root)
+        run("bcast", n.nbytes, None, None, lambda fn: fn(cc, n, root))
         buf = np.frombuffer(data, dtype=np.uint8).copy() if self.rank == root else \
             np.empty(int(n[0]), dtype=np.uint8)
-        self.Bcast(buf, root)
+        run("bcast", buf.nbytes, None, None, lambda fn: fn(cc, buf, root))
         return obj if self.rank == root else loads(buf.data)
 
     @collective
@@ -287,7 +300,17 @@ class ObjectMethods:
         """
         root = self._check_root(root)
         data = dumps(sendobj, self.rank, "gather") if self.rank != root else b""
-        cc = self._calls.begin(signature("gather (objects)", root=root))
+        cc, pickles = objslots.exchange(self, "gather",
+                                        signature("gather (objects)", root=root), data)
+        if pickles is not None:
+            if self.rank != root:
+                return None
+            return [sendobj if r == root else pickles.load(r) for r in range(self.size)]
+        return self._gather_on(cc, data, sendobj, root)
+
+    def _gather_on(self, cc, data: bytes, sendobj: Any, root: int) -> list | None:
+        """An object gather's message algorithm on the begun call ``cc`` (``data``: this
+        rank's pickle, unused at the root): the list at the root, None elsewhere."""
         if self.rank != root:
             cc.waitall([cc.isend_bytes(data, root)])
             return None
@@ -328,8 +351,12 @@ class ObjectMethods:
         cc.waitall([req])
         return loads(req.obj)
 
+    @collective
     def allgather(self, sendobj: Any) -> list:
-        """Every rank gets every rank's object (a gather at rank 0, then a broadcast).
+        """Every rank gets every rank's object.
+
+        Through the slots on one host (:mod:`pycomm.objslots`); else a gather at rank 0,
+        then a broadcast.
 
         Args:
             sendobj: this rank's picklable object.
@@ -342,7 +369,12 @@ class ObjectMethods:
             CollectiveMismatchError, CollectiveError, PeerError, CommTimeoutError, CommError:
                 as every collective call (see :class:`~pycomm.comm.Communicator`).
         """
-        return self.bcast(self.gather(sendobj, 0), 0)
+        data = dumps(sendobj, self.rank, "allgather")
+        cc, pickles = objslots.exchange(self, "allgather", signature("allgather (objects)"),
+                                        data)
+        if pickles is not None:     # copies of every object, this rank's too (as mpi4py)
+            return [pickles.load(r) for r in range(self.size)]
+        return self.bcast(self._gather_on(cc, data, sendobj, 0), 0)
 
     @collective
     def alltoall(self, sendobj) -> list:
@@ -402,7 +434,9 @@ class ObjectMethods:
     def allreduce(self, sendobj: Any, op=None) -> Any:
         """Combine one object per rank with ``op``; every rank returns the result.
 
-        A :meth:`reduce` at rank 0, then a :meth:`bcast`.
+        Every rank's object in one exchange through the slots where the pickles fit (each
+        rank then folds them in rank order); else a gather at rank 0, which folds them,
+        then a :meth:`bcast` of the result.
 
         Args:
             sendobj: this rank's picklable object.
@@ -414,14 +448,21 @@ class ObjectMethods:
         Raises:
             ArgumentError: ``sendobj`` or the result cannot be pickled.
             Exception: whatever ``op`` raises when it cannot combine two objects (e.g.
-                TypeError), on rank 0, which does the reduction; the other ranks then raise
-                CollectiveError naming it.
+                TypeError), on every rank: each combines the objects itself where they
+                went through the slots (:mod:`pycomm.objslots`); else rank 0 combines, and
+                the others raise the same exception (a note names rank 0), or
+                CollectiveError naming it if the exception does not pickle.
             CollectiveMismatchError, CollectiveError, PeerError, CommTimeoutError, CommError:
                 as every collective call (see :class:`~pycomm.comm.Communicator`).
         """
         from .ops import SUM
         op = SUM if op is None else op
-        values = self.gather(sendobj, 0)        # a failure here fails it on every rank
+        values, everywhere = self._allreduce_inputs(sendobj)
+        if everywhere:          # every rank holds every object: each folds them itself
+            acc = values[0]
+            for v in values[1:]:
+                acc = op.reduce_objects(acc, v)
+            return acc
         acc = None
         if values is not None:
             try:
@@ -429,10 +470,28 @@ class ObjectMethods:
                 for v in values[1:]:
                     acc = op.reduce_objects(acc, v)
             except Exception as exc:    # the op failed on rank 0, which combines: say so
-                self.bcast(_OpFailed(f"{type(exc).__name__}: {exc}"), 0)
+                self.bcast(_OpFailed(exc), 0)
                 raise
         out = self.bcast(acc, 0)
         if type(out) is _OpFailed:
+            if out.exc is not None:     # the op's own exception, as rank 0 raised it
+                out.exc.add_note(f"rank {self.rank}: allreduce on {self.name}: raised by "
+                                 "the op on rank 0, which combines the objects")
+                raise out.exc
             raise CollectiveError(f"rank {self.rank}: allreduce on {self.name}: the op "
                                   f"raised on rank 0, which combines the objects: {out.text}")
         return out
+
+    def _allreduce_inputs(self, sendobj: Any) -> tuple[list | None, bool]:
+        """The objects an all-reduce combines: ``(every rank's object, True)`` on every
+        rank when the pickles went through the slots (:mod:`pycomm.objslots`), else
+        ``(the list at rank 0, None elsewhere; False)``, gathered by messages."""
+        data = dumps(sendobj, self.rank, "allreduce")
+        cc, pickles = objslots.exchange(self, "allreduce", signature("allreduce (objects)"),
+                                        data)
+        if pickles is not None:
+            return [pickles.load(r) for r in range(self.size)], True
+        return self._gather_on(cc, data, sendobj, 0), False
+
+    _allreduce_inputs.__name__ = "allreduce"        # errors name the user's call
+    _allreduce_inputs = collective(_allreduce_inputs)

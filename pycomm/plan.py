@@ -35,7 +35,7 @@ from .signature import signature
 
 __all__ = ["DIRECT_FROM", "MAX_PLANS", "SHARED_SLOTS", "UNDECIDED", "direct_threshold",
            "fast_path", "plan_call", "slots_of",
-           "takes_slots"]
+           "takes_slots", "unforced"]
 
 SHARED_SLOTS = "shared_slots"   # the algorithm name of a call through pycomm.shmcoll
 UNDECIDED = object()            # Communicator._slots before its first plan
@@ -88,7 +88,7 @@ def slots_of(comm):
     return slots
 
 
-def _unforced(collective: str, algorithm) -> bool:
+def unforced(collective: str, algorithm) -> bool:
     """Neither ``algorithm=`` nor ``PYCOMM_ALGORITHM_<COLLECTIVE>`` names an algorithm."""
     if algorithm not in (None, "auto"):
         return False
@@ -102,7 +102,7 @@ def _unforced(collective: str, algorithm) -> bool:
 def takes_slots(comm, collective: str, nbytes: int, algorithm) -> bool:
     """Whether a blocking call of ``collective`` on ``nbytes`` (as :mod:`pycomm.collectives`
     counts them) with ``algorithm=`` goes through shared-memory slots on ``comm``."""
-    if collective not in _SLOT_BYTES or not _unforced(collective, algorithm):
+    if collective not in _SLOT_BYTES or not unforced(collective, algorithm):
         return False
     slots = slots_of(comm)
     return slots is not None and _SLOT_BYTES[collective](nbytes, comm.size) <= min(
@@ -135,7 +135,7 @@ def takes_direct(comm, collective: str, nbytes: int, algorithm, op) -> bool:
     if collective == "allgather" and nbytes > shmdirect.ALLGATHER_MAX_BYTES:
         return False
     slots = slots_of(comm)
-    if slots is None or not _unforced(collective, algorithm):
+    if slots is None or not unforced(collective, algorithm):
         return False
     limit = direct_threshold(comm, collective)
     return 0 < limit <= nbytes and shmdirect.usable(slots)

@@ -38,7 +38,8 @@ __all__ = ["COLLECTIVES", "collective", "signature", "describe", "dtype_code", "
 COLLECTIVES = ("", "Barrier", "Bcast", "Reduce", "Allreduce", "Gather", "Scatter",
                "Allgather", "Alltoall", "Reduce_scatter_block", "Gatherv", "Scatterv",
                "Allgatherv", "Alltoallv", "Reduce_scatter", "Scan", "Exscan",
-               "gather (objects)", "scatter (objects)", "alltoall (objects)")
+               "gather (objects)", "scatter (objects)", "alltoall (objects)",
+               "bcast (objects)", "allgather (objects)", "allreduce (objects)")
 _IDS = {name: i for i, name in enumerate(COLLECTIVES)}
 _OPS = ("", "SUM", "PROD", "MIN", "MAX", "LAND", "LOR", "LXOR", "BAND", "BOR", "BXOR",
         "MAXLOC", "MINLOC", "REPLACE", "NO_OP")

@@ -109,6 +109,15 @@ def end(n: int) -> None:
         _ends[i] = _now()
 
 
+def reroute(n: int, algorithm: str) -> None:
+    """Record that call ``n`` runs by ``algorithm`` after all (a call through the
+    shared-memory slots whose peer runs it by messages)."""
+    i = n % _cap
+    call = _calls[i]
+    if call is not None and call[7] == n:
+        _calls[i] = call[:4] + (algorithm,) + call[5:]
+
+
 def fail(n: int, exc: BaseException) -> None:
     """Record that call ``n`` raised ``exc``; print the ring for a CommError (once per
     exception) and tell the stall inspector, which publishes whom the error blames."""

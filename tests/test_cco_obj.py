@@ -155,36 +155,60 @@ def test_barrier_and_bcast_of_large_object(world, nbytes):
     assert world.run(body, nbytes) == [b"z" * nbytes] * world.size
 
 
+class _Unpicklable(Exception):
+    """An exception that does not survive pickling (its constructor takes two arguments)."""
+
+    def __init__(self, a, b):
+        super().__init__(f"{a} and {b}")
+
+
 def _rank_allreduce_op_fails():
-    """Rank 0 combines: objects its op cannot combine make it raise there, and every
-    other rank must learn it at once (not wait out the timeout in the broadcast)."""
+    """Objects the op cannot combine make it raise: every rank must raise at once (not wait
+    out the timeout), the op's own exception where it pickles, and the communicator must
+    stay usable."""
     import time
     comm = pycomm.COMM_WORLD
-    t0 = time.perf_counter()
-    try:
-        comm.allreduce({"rank": comm.rank} if comm.rank == comm.size - 1 else comm.rank)
-        got = "no error"
-    except pycomm.CollectiveError as exc:
-        got = f"CollectiveError: {exc}"
-    except TypeError as exc:
-        got = f"TypeError: {exc}"
-    took = time.perf_counter() - t0
+
+    def refuse(a, b):
+        raise _Unpicklable(1, 2)
+
+    out = {}
+    for label, obj, op in (("type", {"rank": comm.rank} if comm.rank == comm.size - 1
+                            else comm.rank, None),
+                           ("unpicklable", comm.rank, pycomm.Op.Create(refuse))):
+        t0 = time.perf_counter()
+        try:
+            comm.allreduce(obj, op=op)
+            got = "no error"
+        except pycomm.CollectiveError as exc:
+            got = f"CollectiveError: {exc}"
+        except (TypeError, _Unpicklable) as exc:
+            got = f"{type(exc).__name__}: {exc} | " + " ".join(getattr(exc, "__notes__", []))
+        out[label] = (got, time.perf_counter() - t0)
+    slots = comm.chosen_algorithm("allreduce", 8) == "shared_slots"
     after = comm.allreduce(comm.rank + 1)          # the communicator still works
-    return got, took, after
+    return out, slots, after
 
 
-def test_allreduce_whose_op_fails_on_rank_0_fails_on_every_rank(world):
+def test_allreduce_whose_op_fails_fails_on_every_rank(world):
+    # through the slots every rank folds the objects and raises the op's exception itself;
+    # by messages rank 0 folds, raises, and the others raise the same exception (noted as
+    # rank 0's), or CollectiveError naming it when it does not pickle
     n = world.size
-    for rank, (got, took, after) in enumerate(world.run(_rank_allreduce_op_fails)):
-        assert took < 5, (rank, took)
+    for rank, (out, slots, after) in enumerate(world.run(_rank_allreduce_op_fails)):
         assert after == n * (n + 1) // 2
-        if n == 1:
-            assert got == "no error"        # one object: the op never runs
-        elif rank == 0:
-            assert got.startswith("TypeError:"), got
-        else:
-            assert got.startswith("CollectiveError:") and "raised on rank 0" in got and \
-                "TypeError" in got, got
+        for label, (got, took) in out.items():
+            assert took < 5, (rank, label, took)
+            want = "TypeError" if label == "type" else "_Unpicklable"
+            if n == 1:
+                assert got == "no error"        # one object: the op never runs
+            elif rank == 0 or slots:
+                assert got.startswith(f"{want}:") and "rank 0" not in got, (label, got)
+            elif label == "type":
+                assert got.startswith("TypeError:") and "raised by the op on rank 0" in got, got
+            else:
+                assert got.startswith("CollectiveError:") and "raised on rank 0" in got and \
+                    "_Unpicklable" in got, got
 
 
 def _rank_test_cancelled_object_receive():

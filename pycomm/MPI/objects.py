@@ -31,21 +31,21 @@ def comm_lock_table(comm) -> dict:
     """The communicator's lock table: call name -> ``threading.Lock`` (made on first
     use of each call). Raises ``MPI.Exception`` (ERR_COMM) for COMM_NULL."""
     inner = comm._inner("_comm_lock_table")
-    with _LOCKS_LOCK:
-        table = _LOCKS.get(inner)
-        if table is None:
-            table = _LOCKS[inner] = {}
-        return table
+    table = _LOCKS.get(inner)       # (a get is atomic: the lock only guards making one)
+    if table is None:
+        with _LOCKS_LOCK:
+            table = _LOCKS.setdefault(inner, {})
+    return table
 
 
 def comm_lock(comm, key=None) -> threading.Lock:
     """The lock named ``key`` of the communicator (made on first use)."""
     table = comm_lock_table(comm)
-    with _LOCKS_LOCK:
-        lock = table.get(key)
-        if lock is None:
-            lock = table[key] = threading.Lock()
-        return lock
+    lock = table.get(key)
+    if lock is None:
+        with _LOCKS_LOCK:
+            lock = table.setdefault(key, threading.Lock())
+    return lock
 
 
 @translate_methods
