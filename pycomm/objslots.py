@@ -36,8 +36,8 @@ __all__ = ["exchange"]
 
 def _limit(slots, collective: str) -> int:
     """The largest pickle ``collective`` takes through the slots: the slot, or
-    ``PYCOMM_SHM_COLL_BYTES``; 0 where ``PYCOMM_ALGORITHM_<COLLECTIVE>`` names an
-    algorithm. Read once per configuration generation (:func:`pycomm.config.reload`):
+    ``PYCOMM_SHM_COLL_BYTES``; -1 (not even an empty one) where
+    ``PYCOMM_ALGORITHM_<COLLECTIVE>`` names an algorithm. Read once per configuration generation (:func:`pycomm.config.reload`):
     reading the environment costs about what a small call's exchange does."""
     cached = slots.object_limits
     if cached is None or cached[0] != config.generation:

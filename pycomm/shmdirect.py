@@ -180,15 +180,8 @@ class _Reads:
         for start in range(0, n, CHUNK_BYTES):
             self._check_withdrawn(cc, w, r)
             m = min(CHUNK_BYTES, n - start)
-            try:
-                self.shm.write_live(self.world[r], local + start, remote + start, m)
-            except PeerLostError as exc:
-                raise PeerError(f"rank {self.me}: rank {r}'s process is gone while this "
-                                f"rank writes its buffer ({exc})", self.world[r]) from None
-            except TransportError as exc:
-                self._check_withdrawn(cc, w, r)
-                raise CommError(f"rank {self.me}: writing {m} bytes into rank {r}'s "
-                                f"buffer failed: {exc}") from None
+            self._copy(cc, w, r, "writes", m, self.shm.write_live, local + start,
+                       remote + start)
 
     def read(self, cc, w, r: int, local: int, remote: int, n: int) -> None:
         """Copy ``n`` bytes at ``remote`` in rank ``r``'s memory to ``local`` in this one's,
@@ -199,16 +192,21 @@ class _Reads:
             CollectiveError: ``r``'s call failed (what was read may be stale).
             CommError: the read failed otherwise.
         """
+        self._copy(cc, w, r, "reads", n, self.shm.read_live, remote, local)
+        self._check_withdrawn(cc, w, r)
+
+    def _copy(self, cc, w, r: int, verb: str, n: int, copy, first: int, second: int) -> None:
+        """``copy(rank r, first, second, n)`` (a read or a write of rank ``r``'s buffer),
+        its failures as the errors :meth:`read` and :meth:`write` list."""
         try:
-            self.shm.read_live(self.world[r], remote, local, n)
+            copy(self.world[r], first, second, n)
         except PeerLostError as exc:
             raise PeerError(f"rank {self.me}: rank {r}'s process is gone while this rank "
-                            f"reads its buffer ({exc})", self.world[r]) from None
+                            f"{verb} its buffer ({exc})", self.world[r]) from None
         except TransportError as exc:
             self._check_withdrawn(cc, w, r)
-            raise CommError(f"rank {self.me}: reading {n} bytes of rank {r}'s buffer "
-                            f"failed: {exc}") from None
-        self._check_withdrawn(cc, w, r)
+            raise CommError(f"rank {self.me}: {n} bytes of rank {r}'s buffer: this rank's "
+                            f"{verb[:-1]} failed: {exc}") from None
 
     def _check_withdrawn(self, cc, w, r: int) -> None:
         if w[r][2] == cc.tag << 2 | _WITHDRAWN:
