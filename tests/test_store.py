@@ -73,6 +73,20 @@ def test_get_waits_for_a_later_set(server, client):
     thread.join(5)
 
 
+def test_a_store_that_ends_during_a_call_is_a_comm_error_saying_so():
+    # a rank waiting on the store when its host (a launcher, or rank 0 under torchrun)
+    # ends gets a CommError that says the store is gone, not the connect-time retry's
+    # private error
+    srv = StoreServer(TOKEN)
+    cli = connect(srv, timeout=10.0)
+    threading.Timer(0.3, srv.close).start()
+    t0 = time.monotonic()
+    with pytest.raises(CommError, match="the job's store is gone") as err:
+        cli.get("never-set", timeout=8.0)
+    assert type(err.value) is CommError and time.monotonic() - t0 < 5
+    cli.close()
+
+
 def test_get_times_out_naming_the_key(client):
     start = time.monotonic()
     with pytest.raises(CommTimeoutError, match="missing-key"):

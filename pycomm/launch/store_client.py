@@ -183,7 +183,12 @@ class StoreClient:
             return None
         deadline = time.monotonic() + wait + REPLY_GRACE
         while True:
-            raw = self._recv_raw(deadline, f"{op} of {what}")
+            try:
+                raw = self._recv_raw(deadline, f"{op} of {what}")
+            except _ClosedEarly as exc:     # (public from here: the retry is connect's)
+                raise CommError(f"{exc}: the job's store is gone (the process that hosts "
+                                "it, a launcher or the rank that runs it, has ended)"
+                                ) from None
             reply = msgpack.unpackb(raw, raw=False)
             if reply.get("id") != rid:
                 continue  # a late answer to a request that already timed out here
