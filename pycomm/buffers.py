@@ -127,7 +127,7 @@ def _opaque(dtype: np.dtype) -> bool:
     """A plain void dtype of fixed-size items (``V16``: no fields, no subarray). It moves
     as raw bytes and numpy copies it as such, where a record is copied field by field,
     several times slower: pycomm.MPI views a derived datatype's items this way so that
-    the schedules split buffers only between whole items (``pycomm.MPI.coll._items``)."""
+    the schedules split buffers only between whole items (``pycomm.MPI.collspec.item_array``)."""
     return dtype.kind == "V" and dtype.fields is None and dtype.subdtype is None and \
         dtype.itemsize > 0
 

@@ -160,7 +160,7 @@ class _Reads:
         # the writer's word stays at step 0 while it may write; 3 or withdrawn after
         busy, peer = cc.tag << 2, self.world[writer]
         end = _perf() + WRITER_GRACE_S
-        while w[writer][2] == busy and self.shm.peer_alive(peer):
+        while w[writer][2] == busy and self.shm.cma.alive(peer):
             if _perf() >= end:
                 self.kept.append(buf)
                 return False
@@ -180,7 +180,7 @@ class _Reads:
         for start in range(0, n, CHUNK_BYTES):
             self._check_withdrawn(cc, w, r)
             m = min(CHUNK_BYTES, n - start)
-            self._copy(cc, w, r, "writes", m, self.shm.write_live, local + start,
+            self._copy(cc, w, r, "writes", m, self.shm.cma.write_live, local + start,
                        remote + start)
 
     def read(self, cc, w, r: int, local: int, remote: int, n: int) -> None:
@@ -192,7 +192,7 @@ class _Reads:
             CollectiveError: ``r``'s call failed (what was read may be stale).
             CommError: the read failed otherwise.
         """
-        self._copy(cc, w, r, "reads", n, self.shm.read_live, remote, local)
+        self._copy(cc, w, r, "reads", n, self.shm.cma.read_live, remote, local)
         self._check_withdrawn(cc, w, r)
 
     def _copy(self, cc, w, r: int, verb: str, n: int, copy, first: int, second: int) -> None:

@@ -1,4 +1,4 @@
-"""The façade's plain-array way (pycomm.MPI.msgspec.plain): the common call of an mpi4py
+"""The façade's plain-array way (pycomm.MPI.msg.plain): the common call of an mpi4py
 program, a C-contiguous numpy array of a predefined numeric dtype, goes straight to the
 Communicator (Send, Recv, Isend, Irecv, Sendrecv, Bcast, Reduce, Allreduce,
 Reduce_scatter_block, Allgather);
@@ -25,7 +25,7 @@ import pytest
 
 from conftest import World
 from pycomm import MPI
-from pycomm.MPI.msgspec import plain
+from pycomm.MPI.msg import plain
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 

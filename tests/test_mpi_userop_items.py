@@ -2,7 +2,7 @@
 
 MPI calls a user op on whole items of the call's datatype. The Communicator's schedules
 split a buffer between ranks and into segments, and pycomm.MPI views a derived datatype's
-items as opaque items so that those splits fall between items (``pycomm.MPI.coll._items``,
+items as opaque items so that those splits fall between items (``pycomm.MPI.collspec.item_array``,
 ``pycomm.MPI.ops.whole_items``). Each test runs one collective on one datatype, with a
 commutative and a non-commutative user op whose result depends on which elements form
 an item (a complex product, a lexicographic maximum, affine maps, 2x2 matrix products),

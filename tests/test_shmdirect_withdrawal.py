@@ -208,7 +208,7 @@ def test_a_rank_that_fails_withdraws_its_block_before_a_slow_peer_reads_it(
 _ROOT_WRITES = """
     import os, time, numpy as np, pycomm
     from pycomm import shmdirect
-    from transports.shm import ShmTransport
+    from transports.cma import CrossMemory
     comm = pycomm.init()
     r = comm.rank
     buf = np.full(1 << 16, 3.0 if r == 0 else 0.0)      # 512 KiB: one chunk, direct
@@ -223,11 +223,11 @@ _ROOT_WRITES = """
     if r == 0 and "{case}" == "in-flight":
         # past the check for a withdrawal, the write starts after rank 1's timeout (1.5 s)
         # and ends within its grace (1 s)
-        write = ShmTransport.write_live
+        write = CrossMemory.write_live
         def slow_write(self, *args):
             time.sleep(1.9)
             return write(self, *args)
-        ShmTransport.write_live = slow_write
+        CrossMemory.write_live = slow_write
     elif r == 0:
         # held up before it checks, until rank 1 has returned, past its grace
         write = shmdirect._Reads.write

@@ -83,7 +83,7 @@ class ShmTransport(Transport):
         self._in_from: dict[int, InRing] = {}
         self._pending: list[OutRing] = []   # out rings with a non-empty queue
         self._pids: dict[int, int] = {}
-        self._cma = CrossMemory(cma)
+        self.cma = CrossMemory(cma)   # single copies to and from same-host peers (shmdirect too)
         # header -> (payload length, prefix + header) of the last frame sent with it
         self._heads: dict[bytes, tuple[int, bytes]] = {}
         self._closed = False
@@ -105,7 +105,7 @@ class ShmTransport(Transport):
         key = f"shm/{self.job_id}/"
         store.set(key + str(self.rank), msgpack.packb({
             "name": name, "nbytes": nbytes, "peers": self.peers, "ring": self.ring_bytes,
-            "coll": self.coll_bytes, "coll_at": rings, **self._cma.published()}))
+            "coll": self.coll_bytes, "coll_at": rings, **self.cma.published()}))
         for slot, peer in enumerate(self.peers):
             info = msgpack.unpackb(store.get(key + str(peer), timeout=timeout))
             if info["ring"] != self.ring_bytes:
@@ -125,7 +125,7 @@ class ShmTransport(Transport):
             self._in.append(InRing(peer, ctl, data, seg,
                                     FrameDecoder(peer, self.sink, self._on_frame)))
             self._in_from[peer] = self._in[-1]
-            self._cma.admit(peer, info)
+            self.cma.admit(peer, info)
         # Unlink our segment once every peer has mapped it: from here on a crash leaks nothing.
         store.set(key + f"{self.rank}/mapped", b"1")
         for peer in self.peers:
@@ -456,36 +456,19 @@ class ShmTransport(Transport):
     # -- one-sided reads: cross-memory attach (transports.cma) --------------------------
     def expose(self, view: memoryview) -> list | None:
         """What a peer reads ``view`` by (:meth:`transports.cma.CrossMemory.expose`)."""
-        return self._cma.expose(view)
+        return self.cma.expose(view)
 
     def release(self, desc: list, revoke: bool = False) -> None:
-        self._cma.release(desc)
+        self.cma.release(desc)
 
     def can_read(self, peer: int) -> bool:
         """Whether cross-memory attach towards ``peer`` worked when probed at connect."""
-        return self._cma.can_read(peer)
+        return self.cma.can_read(peer)
 
     def read_remote(self, peer: int, desc: list, nbytes: int, dest: memoryview) -> None:
         """One copy of ``peer``'s exposed buffer into ``dest``
         (:meth:`transports.cma.CrossMemory.read`, which lists what it raises)."""
-        self._cma.read(peer, desc, nbytes, dest)
-
-    def read_live(self, peer: int, address: int, dest: int, nbytes: int) -> None:
-        """One copy of ``nbytes`` at ``address`` in ``peer``'s memory to ``dest``, for a
-        caller that knows the buffer stays in place (:mod:`pycomm.shmdirect`;
-        :meth:`transports.cma.CrossMemory.read_live`, which lists what it raises)."""
-        self._cma.read_live(peer, address, dest, nbytes)
-
-    def write_live(self, peer: int, src: int, address: int, nbytes: int) -> None:
-        """One copy of ``nbytes`` at ``src`` into ``peer``'s memory at ``address``, for a
-        caller whose peer waits for it (:mod:`pycomm.shmdirect`;
-        :meth:`transports.cma.CrossMemory.write_live`, which lists what it raises)."""
-        self._cma.write_live(peer, src, address, nbytes)
-
-    def peer_alive(self, peer: int) -> bool:
-        """Whether ``peer``'s process still has its memory
-        (:meth:`transports.cma.CrossMemory.alive`)."""
-        return self._cma.alive(peer)
+        self.cma.read(peer, desc, nbytes, dest)
 
     def close(self) -> None:
         if self._closed:

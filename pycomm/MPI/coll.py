@@ -13,137 +13,17 @@ from __future__ import annotations
 import numpy as np
 
 from pycomm.buffers import IN_PLACE
-from pycomm.errors import ArgumentError
 
+from .collspec import (item_array, match_empty, plain_pair, reducible, root_none,
+                       starts, wblocks)
 from .comm import Comm
 from .comm import fin as _fin
-from .exceptions import mpi_error, translate_methods
-from .msgspec import BOTTOM, Msg, as_int, message, plain, vector_message
-from .ops import SUM, whole_items, with_datatype
+from .exceptions import translate_methods
+from .msgspec import Msg, as_int, message, plain, vector_message
+from .ops import SUM
 from .request import Request
 
 __all__ = ["Intracomm"]
-
-
-def _root_none(at_root: bool, gather: bool, sendbuf, recvbuf):
-    """At the root of a gather (scatter), a None send (receive) buffer moves nothing and
-    leaves the root's own block as it is (MPI: a zero count), which is IN_PLACE here."""
-    if at_root and gather and sendbuf is None:
-        return IN_PLACE, recvbuf
-    if at_root and not gather and recvbuf is None:
-        return sendbuf, IN_PLACE
-    return sendbuf, recvbuf
-
-
-def _starts(counts: list[int]) -> list[int]:
-    return [int(x) for x in np.concatenate([[0], np.cumsum(counts)[:-1]])] if counts else []
-
-
-def _wblocks(spec, size: int, w: str, arg: str, writable: bool) -> list[Msg]:
-    """The per-peer messages of an Alltoallw spec (byte displacements, one type each)."""
-    from .msgspec import _raw, _typed, bottom
-    from .predefined import to_datatype
-    if not isinstance(spec, (list, tuple)) or len(spec) not in (2, 3, 4):
-        raise mpi_error(ArgumentError, "ERR_ARG", f"{w}: {arg} must be [buf, datatypes], "
-                        "[buf, (counts, displs), datatypes] or [buf, counts, displs, "
-                        "datatypes]")
-    if len(spec) == 2:
-        (buf, types), counts, displs = spec, None, None
-    elif len(spec) == 3:
-        buf, (counts, displs), types = spec
-    else:
-        buf, counts, displs, types = spec
-    if buf is BOTTOM and (counts is None or displs is None):
-        raise mpi_error(ArgumentError, "ERR_ARG", f"{w}: {arg}: MPI.BOTTOM needs counts "
-                        "and displacements (absolute addresses)")
-    if counts is None and displs is None:   # mpi4py: one item of each type at byte 0
-        counts, displs = [1] * size, [0] * size
-    raw = None if buf is BOTTOM else _raw(buf, writable, w, arg)[0]
-    counts = [as_int(x, "counts", w) for x in counts]
-    displs = [as_int(x, "displs", w) for x in displs]
-    types = [to_datatype(t, w) for t in types]
-    if not len(counts) == len(displs) == len(types) == size:
-        raise mpi_error(ArgumentError, "ERR_ARG", f"{w}: {arg} needs {size} counts, "
-                        f"displacements and datatypes")
-    if raw is None:         # MPI.BOTTOM: each type's displacements are addresses
-        return [bottom(t, n, d, w, f"{arg} block {i}")
-                for i, (n, d, t) in enumerate(zip(counts, displs, types))]
-    return [_typed(raw, t, n, d, w, f"{arg} block {i}")
-            for i, (n, d, t) in enumerate(zip(counts, displs, types))]
-
-
-def _plain_pair(sendbuf, recvbuf):
-    """``(send, recv)``: the arrays of a call whose buffers are plain arrays
-    (:func:`pycomm.MPI.msgspec.plain`) of one dtype, the send one possibly ``IN_PLACE``;
-    None otherwise. Such a call needs nothing of the general way (no counts, no unpack,
-    no empty message to retype, no datatype to name to a user op): the façade's small
-    calls hand them straight to the Communicator."""
-    r = plain(recvbuf, True)
-    if r is None:
-        return None
-    if sendbuf is IN_PLACE:
-        return IN_PLACE, r
-    s = plain(sendbuf, False)
-    return None if s is None or s.dtype != r.dtype else (s, r)
-
-
-def _match_empty(*msgs) -> None:
-    """An empty message (None, or zero items) takes the dtype of the other side's (of the
-    first one when all are empty), so that the Communicator's dtype checks do not refuse
-    a rank that passes nothing: a zero count matches any datatype in MPI."""
-    given = [m for m in msgs if isinstance(m, Msg)]
-    typed = [m for m in given if m.array.size] or given[:1]
-    for m in given:
-        if not m.array.size and typed and m.array.dtype != typed[0].array.dtype:
-            m.array = np.empty(0, typed[0].array.dtype)
-
-
-def _reducible(where: str, op, *msgs):
-    """Reject OP_NULL and a reduction over a mixed-type datatype (it travels as bytes);
-    return ``(op, per)``: the op to run (a user op told the messages' named datatype, see
-    :func:`pycomm.MPI.ops.with_datatype`) and the basic elements per datatype item that
-    the schedules must keep together (see :func:`_items`)."""
-    if getattr(op, "name", None) == "OP_NULL":
-        raise mpi_error(ArgumentError, "ERR_OP", f"{where}: OP_NULL is not an operation")
-    named = None
-    for m in msgs:
-        if isinstance(m, Msg):
-            if not m.reducible:
-                raise mpi_error(ArgumentError, "ERR_TYPE", f"{where}: a datatype of mixed "
-                                f"basic types cannot be reduced with {op}")
-            named = named or m.datatype
-    op = with_datatype(op, named)
-    pers = {m.per for m in msgs if isinstance(m, Msg)}
-    per = pers.pop() if len(pers) == 1 and op.__dict__.get("_function") is not None else 1
-    basics = {m.array.dtype for m in msgs if isinstance(m, Msg)}
-    if per == 1 or len(basics) != 1:    # differing dtypes: the Communicator refuses them
-        return op, 1
-    return whole_items(op, basics.pop()), per
-
-
-def _items(m, per: int):
-    """The Communicator's array of ``m``: for a user op on a derived datatype of ``per``
-    basic elements an item (``per`` > 1), viewed as one opaque item (a plain void dtype
-    of the item's size) per datatype item, so that the schedules, which split a buffer
-    between ranks and into segments anywhere, never hand the op part of an item (MPI
-    calls it on whole items). A void dtype rather than a record of ``per`` fields: numpy
-    copies records field by field, and the schedules copy buffers whole (the send buffer
-    into the receive buffer, a partial result after the op), which then cost several
-    times the flat copy. :func:`pycomm.MPI.ops.whole_items` gives the op the flat
-    elements back."""
-    if m is IN_PLACE or m is None:
-        return m
-    a = m.array
-    if per == 1:
-        return a
-    size = per * a.dtype.itemsize
-    item = _VOID.get(size)
-    if item is None:
-        item = _VOID[size] = np.dtype((np.void, size))
-    return a.view(item)
-
-
-_VOID: dict = {}        # item size in bytes -> its void dtype (one per size, made once)
 
 
 @translate_methods
@@ -168,7 +48,7 @@ class Intracomm(Comm):
             message(sendbuf, w, "sendbuf", writable=False, blocks=sblocks) if send else None)
         r = IN_PLACE if recvbuf is IN_PLACE else (
             message(recvbuf, w, "recvbuf", writable=True, blocks=rblocks) if recv else None)
-        _match_empty(s, r)
+        match_empty(s, r)
         return c, w, s, r
 
     @staticmethod
@@ -218,7 +98,7 @@ class Intracomm(Comm):
         c = self._c
         if c is not None and type(root) is int and getattr(op, "name", None) != "OP_NULL":
             if c.rank == root:
-                pair = _plain_pair(sendbuf, recvbuf)
+                pair = plain_pair(sendbuf, recvbuf)
             else:                   # (the receive buffer is not used: not parsed)
                 s = plain(sendbuf, False)
                 pair = None if s is None else (s, None)
@@ -234,15 +114,16 @@ class Intracomm(Comm):
         root = as_int(root, "root", f"rank {c.rank}: {call}")
         at_root = c.rank == root
         c, w, s, r = self._send_recv(call, sendbuf, recvbuf, recv=at_root)
-        op, per = _reducible(w, op, s, r)
+        op, per = reducible(w, op, s, r)
         fn = c.Ireduce if call[0] == "I" else c.Reduce
-        return self._done(call[0] == "I", fn(_items(s, per), _items(r, per), op, root), r)
+        return self._done(call[0] == "I",
+                          fn(item_array(s, per), item_array(r, per), op, root), r)
 
     def Allreduce(self, sendbuf, recvbuf, op=SUM) -> None:
         """Combine every rank's ``sendbuf`` with ``op``; every ``recvbuf`` gets it."""
         c = self._c
         if c is not None and getattr(op, "name", None) != "OP_NULL":
-            pair = _plain_pair(sendbuf, recvbuf)
+            pair = plain_pair(sendbuf, recvbuf)
             if pair is not None:
                 return c.Allreduce(*pair, op)
         return self._reduce_all("Allreduce", sendbuf, recvbuf, op)
@@ -254,7 +135,7 @@ class Intracomm(Comm):
         """Reduce ``size*n`` items; rank i gets block i (``n`` items)."""
         c = self._c
         if c is not None and getattr(op, "name", None) != "OP_NULL":
-            pair = _plain_pair(sendbuf, recvbuf)
+            pair = plain_pair(sendbuf, recvbuf)
             if pair is not None:
                 return c.Reduce_scatter_block(*pair, op)
         return self._reduce_all("Reduce_scatter_block", sendbuf, recvbuf, op)
@@ -278,8 +159,8 @@ class Intracomm(Comm):
 
     def _reduce_all(self, call, sendbuf, recvbuf, op):
         c, w, s, r = self._send_recv(call, sendbuf, recvbuf)
-        op, per = _reducible(w, op, s, r)
-        out = getattr(c, call)(_items(s, per), _items(r, per), op)
+        op, per = reducible(w, op, s, r)
+        out = getattr(c, call)(item_array(s, per), item_array(r, per), op)
         return self._done(call[0] == "I", out, r)
 
     def Reduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=SUM) -> None:
@@ -295,12 +176,12 @@ class Intracomm(Comm):
 
     def _reduce_scatter(self, call, sendbuf, recvbuf, recvcounts, op):
         c, w, s, r = self._send_recv(call, sendbuf, recvbuf)
-        op, items = _reducible(w, op, s, r)
+        op, items = reducible(w, op, s, r)
         counts = recvcounts
         if recvcounts is not None:      # in elements, or in items where they stay whole
             per = r.per if isinstance(r, Msg) and items == 1 else 1
             counts = [as_int(x, "recvcounts", w) * per for x in recvcounts]
-        out = getattr(c, call)(_items(s, items), _items(r, items), counts, op)
+        out = getattr(c, call)(item_array(s, items), item_array(r, items), counts, op)
         return self._done(call[0] == "I", out, r)
 
     # gathers and scatters
@@ -323,7 +204,7 @@ class Intracomm(Comm):
         root = as_int(root, "root", f"rank {c.rank}: {call}")
         at_root = c.rank == root
         n = c.size
-        sendbuf, recvbuf = _root_none(at_root, root_recv, sendbuf, recvbuf)
+        sendbuf, recvbuf = root_none(at_root, root_recv, sendbuf, recvbuf)
         c, _w, s, r = self._send_recv(call, sendbuf, recvbuf,
                                      send=at_root or root_recv, recv=at_root or not root_recv,
                                      sblocks=1 if root_recv else n, rblocks=n if root_recv else 1)
@@ -333,7 +214,7 @@ class Intracomm(Comm):
         """Every rank gets every rank's message, in rank order."""
         c = self._c
         if c is not None:
-            pair = _plain_pair(sendbuf, recvbuf)
+            pair = plain_pair(sendbuf, recvbuf)
             if pair is not None:
                 return c.Allgather(*pair)
         return self._all("Allgather", sendbuf, recvbuf)
@@ -383,12 +264,12 @@ class Intracomm(Comm):
         root = as_int(root, "root", w)
         gather = "atherv" in call
         at_root = c.rank == root
-        sendbuf, recvbuf = _root_none(at_root, gather, sendbuf, recvbuf)
+        sendbuf, recvbuf = root_none(at_root, gather, sendbuf, recvbuf)
         if gather:
             s = IN_PLACE if sendbuf is IN_PLACE else message(sendbuf, w, "sendbuf",
                                                               writable=False)
             r, rspec = self._v(c, w, recvbuf, "recvbuf", True) if at_root else (None, None)
-            _match_empty(s, r)
+            match_empty(s, r)
             if isinstance(r, Msg):
                 rspec[0] = r.array
             out = getattr(c, call)(self._a(s), rspec, root)
@@ -396,7 +277,7 @@ class Intracomm(Comm):
             s, sspec = self._v(c, w, sendbuf, "sendbuf", False) if at_root else (None, None)
             r = IN_PLACE if recvbuf is IN_PLACE else message(recvbuf, w, "recvbuf",
                                                               writable=True)
-            _match_empty(r, s)
+            match_empty(r, s)
             if at_root and isinstance(s, Msg):
                 sspec[0] = s.array
             out = getattr(c, call)(sspec if at_root else None, self._a(r), root)
@@ -425,13 +306,13 @@ class Intracomm(Comm):
         if "gather" in call:
             s = IN_PLACE if sendbuf is IN_PLACE else message(sendbuf, w, "sendbuf",
                                                               writable=False)
-            _match_empty(s, r)
+            match_empty(s, r)
             if isinstance(r, Msg):
                 rspec[0] = r.array
             out = getattr(c, call)(self._a(s), rspec)
         else:
             s, sspec = self._v(c, w, sendbuf, "sendbuf", False)
-            _match_empty(s, r)
+            match_empty(s, r)
             if isinstance(s, Msg):
                 sspec[0] = s.array
             if isinstance(r, Msg):
@@ -459,9 +340,9 @@ class Intracomm(Comm):
     def _alltoallw(self, call, sendbuf, recvbuf):
         c = self._inner(call)
         w = f"rank {c.rank}: {call}"
-        rblocks = _wblocks(recvbuf, c.size, w, "recvbuf", True)
+        rblocks = wblocks(recvbuf, c.size, w, "recvbuf", True)
         sblocks = rblocks if sendbuf is IN_PLACE else \
-            _wblocks(sendbuf, c.size, w, "sendbuf", False)
+            wblocks(sendbuf, c.size, w, "sendbuf", False)
         out = np.concatenate([b.array.view(np.uint8) for b in sblocks] or
                              [np.empty(0, np.uint8)])
         got = np.empty(sum(b.array.nbytes for b in rblocks), np.uint8)
@@ -469,11 +350,11 @@ class Intracomm(Comm):
         rcounts = [b.array.nbytes for b in rblocks]
 
         def unpack() -> None:
-            for b, start, n in zip(rblocks, _starts(rcounts), rcounts):
+            for b, start, n in zip(rblocks, starts(rcounts), rcounts):
                 b.array.view(np.uint8)[...] = got[start:start + n]
                 b.finish()
         fn = c.Ialltoallv if call[0] == "I" else c.Alltoallv
-        inner = fn([out, scounts, _starts(scounts)], [got, rcounts, _starts(rcounts)])
+        inner = fn([out, scounts, starts(scounts)], [got, rcounts, starts(rcounts)])
         if call[0] == "I":
             return Request._wrap(inner, unpack)
         unpack()

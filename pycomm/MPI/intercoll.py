@@ -54,7 +54,7 @@ from pycomm.buffers import IN_PLACE
 from pycomm.errors import ArgumentError, CommError
 from pycomm.p2p import PROC_NULL
 
-from .coll import _items, _match_empty, _reducible, _wblocks
+from .collspec import item_array, match_empty, reducible, wblocks
 from .exceptions import mpi_error, translate_methods
 from .interobj import InterObjects
 from .msg import Msg
@@ -242,7 +242,7 @@ class InterCollectives(InterObjects):
         n = link.remote_size
         s = message(sendbuf, w, "sendbuf", writable=False, blocks=n if "s" in blocks else 1)
         r = message(recvbuf, w, "recvbuf", writable=True, blocks=n if "r" in blocks else 1)
-        _match_empty(s, r)
+        match_empty(s, r)
         return link, w, s, r
 
     def Allgather(self, sendbuf, recvbuf) -> None:
@@ -308,8 +308,8 @@ class InterCollectives(InterObjects):
         link = self._inner("Alltoallw")
         w = f"rank {link.rank}: Alltoallw"
         _no_in_place(w, sendbuf, recvbuf)
-        rblocks = _wblocks(recvbuf, link.remote_size, w, "recvbuf", True)
-        sblocks = _wblocks(sendbuf, link.remote_size, w, "sendbuf", False)
+        rblocks = wblocks(recvbuf, link.remote_size, w, "recvbuf", True)
+        sblocks = wblocks(sendbuf, link.remote_size, w, "sendbuf", False)
         _pairwise(link, [b.array.view(np.uint8) for b in sblocks],
                   [b.array.view(np.uint8) for b in rblocks], T_ALLTOALL)
         for b in rblocks:
@@ -323,7 +323,7 @@ class InterCollectives(InterObjects):
             return
         if role == "root":
             r = message(recvbuf, w, "recvbuf", writable=True)
-            _reducible(w, op, r)
+            reducible(w, op, r)
             link.coll.Recv(r.array, link.remote_in_union(0), T_REDUCE)
             r.finish()
             return
@@ -336,10 +336,10 @@ class InterCollectives(InterObjects):
     @staticmethod
     def _reduce_local(link, w, s: Msg, op, r: Msg | None = None) -> np.ndarray | None:
         """Reduce the local group's ``s`` to local rank 0: the result there, else None."""
-        op, per = _reducible(w, op, s, *([r] if r is not None else []))
+        op, per = reducible(w, op, s, *([r] if r is not None else []))
         tmp = np.empty_like(s.array) if link.rank == 0 else None
         out = Msg(tmp) if tmp is not None else None
-        link.local.Reduce(_items(s, per), _items(out, per), op, 0)
+        link.local.Reduce(item_array(s, per), item_array(out, per), op, 0)
         return tmp
 
     def Allreduce(self, sendbuf, recvbuf, op=SUM) -> None:

@@ -1,5 +1,6 @@
-"""A message ready for the communicator (:class:`Msg`), and the strided plan: the halo
-idiom's message without the general parse of :mod:`pycomm.MPI.msgspec`."""
+"""A message ready for the communicator (:class:`Msg`), and the specs taken without the
+general parse of :mod:`pycomm.MPI.msgspec`: a plain array (:func:`plain`) and the strided
+plan, the halo idiom's message (:func:`strided`)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from .datatypes import Datatype
+from .predefined import from_numpy
 
-__all__ = ["Msg", "block_view", "strided"]
+__all__ = ["Msg", "block_view", "plain", "strided"]
 
 
 class Msg:
@@ -30,6 +32,33 @@ class Msg:
         """Copy a packed receive into the user's buffer (no-op when zero-copy)."""
         if self._unpack is not None:
             self._unpack()
+
+
+# numpy dtype (no fields) -> whether a C-contiguous array of it is its own message
+_PLAIN: dict = {}
+
+
+def plain(spec, writable: bool):
+    """``spec`` as the 1-D array the Communicator moves, when it is the common case: a
+    C-contiguous numpy array of a numeric dtype that has a predefined datatype (and
+    writable where the call writes it); None for every other spec, which
+    :func:`pycomm.MPI.msgspec.message` parses. The façade's small calls take this way first: it decides in
+    a few attribute reads what the whole parse would (a spec's parse costs as much as an
+    8-byte collective's own work)."""
+    if type(spec) is not np.ndarray:
+        return None
+    dtype = spec.dtype
+    ok = _PLAIN.get(dtype)
+    if ok is None:
+        if dtype.fields is not None:        # (structured dtypes are not kept: unbounded)
+            return None
+        dt = from_numpy(dtype)
+        ok = _PLAIN[dtype] = bool(dt._contig and dt._dtypes[0] == dtype
+                                  and dtype.kind in "biufc")
+    flags = spec.flags
+    if not ok or not flags.c_contiguous or (writable and not flags.writeable):
+        return None
+    return spec if spec.ndim == 1 else spec.reshape(-1)
 
 
 _PLAN = "strided"           # key prefix of the plans in a datatype's own cache

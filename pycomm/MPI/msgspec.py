@@ -39,7 +39,7 @@ from pycomm.errors import ArgumentError, InvalidBufferError
 from .datatypes import Datatype
 from .exceptions import mpi_error
 from .membuf import buffer
-from .msg import Msg, block_view, strided
+from .msg import Msg, block_view, plain, strided
 from .predefined import from_numpy, to_datatype
 
 __all__ = ["BOTTOM", "Msg", "as_int", "bottom", "message", "plain", "vector_message"]
@@ -211,33 +211,6 @@ def _split(spec, where: str, arg: str):
     raise _arg_error(f"{where}: {arg}: a message is buf, [buf, datatype], [buf, count, "
                         f"datatype] or [buf, count, displ, datatype]; got a {n}-item "
                         f"{type(spec).__name__}")
-
-
-# numpy dtype (no fields) -> whether a C-contiguous array of it is its own message
-_PLAIN: dict = {}
-
-
-def plain(spec, writable: bool):
-    """``spec`` as the 1-D array the Communicator moves, when it is the common case: a
-    C-contiguous numpy array of a numeric dtype that has a predefined datatype (and
-    writable where the call writes it); None for every other spec, which
-    :func:`message` parses. The façade's small calls take this way first: it decides in
-    a few attribute reads what the whole parse would (a spec's parse costs as much as an
-    8-byte collective's own work)."""
-    if type(spec) is not np.ndarray:
-        return None
-    dtype = spec.dtype
-    ok = _PLAIN.get(dtype)
-    if ok is None:
-        if dtype.fields is not None:        # (structured dtypes are not kept: unbounded)
-            return None
-        dt = from_numpy(dtype)
-        ok = _PLAIN[dtype] = bool(dt._contig and dt._dtypes[0] == dtype
-                                  and dtype.kind in "biufc")
-    flags = spec.flags
-    if not ok or not flags.c_contiguous or (writable and not flags.writeable):
-        return None
-    return spec if spec.ndim == 1 else spec.reshape(-1)
 
 
 def message(spec, where: str, arg: str, *, writable: bool, blocks: int = 1) -> Msg:

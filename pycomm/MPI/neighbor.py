@@ -27,7 +27,8 @@ from pycomm.buffers import IN_PLACE
 from pycomm.errors import ArgumentError
 from pycomm.p2p import PROC_NULL
 
-from .coll import Intracomm, _wblocks
+from .coll import Intracomm
+from .collspec import wblocks
 from .exceptions import mpi_error, translate_methods
 from .joined import Joined
 from .keyvals import copy_attrs
@@ -216,8 +217,8 @@ class Topocomm(Intracomm):
             if spec is IN_PLACE or spec is None:
                 raise mpi_error(ArgumentError, "ERR_BUFFER", f"{w}: {arg} must be a "
                                 "[buf, (counts, displs), datatypes] spec")
-        sblocks = _wblocks(sendbuf, self.outdegree, w, "sendbuf", False)
-        rblocks = _wblocks(recvbuf, self.indegree, w, "recvbuf", True)
+        sblocks = wblocks(sendbuf, self.outdegree, w, "sendbuf", False)
+        rblocks = wblocks(recvbuf, self.indegree, w, "recvbuf", True)
 
         def finish() -> None:
             for b in rblocks:

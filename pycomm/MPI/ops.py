@@ -179,7 +179,7 @@ def with_datatype(op: _Op, datatype) -> _Op:
 
 def whole_items(op: _Op, basic: np.dtype) -> _Op:
     """A copy of the user op ``op`` for buffers viewed as one opaque item per datatype
-    item (:func:`pycomm.MPI.coll._items`), of basic elements of dtype ``basic``.
+    item (:func:`pycomm.MPI.collspec.item_array`), of basic elements of dtype ``basic``.
 
     The Communicator's schedules then split buffers only between items, and the copy's
     function gets the flat ``basic`` elements of whole items, as without the view (a 1-D

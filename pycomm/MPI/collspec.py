@@ -1,0 +1,141 @@
+"""The message specs of the buffer collectives, between :mod:`pycomm.MPI.msgspec` (one
+buffer's spec) and :class:`pycomm.MPI.coll.Intracomm` (the calls): a root's unused
+buffer, per-peer blocks of ``Alltoallw``, the plain-array pair of the common call, empty
+messages that take their peer's dtype, and reductions over derived datatypes (whole items
+kept together, a user op told the named datatype).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pycomm.buffers import IN_PLACE
+from pycomm.errors import ArgumentError
+
+from .exceptions import mpi_error
+from .msgspec import BOTTOM, Msg, as_int, plain
+from .ops import whole_items, with_datatype
+
+__all__ = ["item_array", "match_empty", "plain_pair", "reducible", "root_none",
+           "starts", "wblocks"]
+
+
+def root_none(at_root: bool, gather: bool, sendbuf, recvbuf):
+    """At the root of a gather (scatter), a None send (receive) buffer moves nothing and
+    leaves the root's own block as it is (MPI: a zero count), which is IN_PLACE here."""
+    if at_root and gather and sendbuf is None:
+        return IN_PLACE, recvbuf
+    if at_root and not gather and recvbuf is None:
+        return sendbuf, IN_PLACE
+    return sendbuf, recvbuf
+
+
+def starts(counts: list[int]) -> list[int]:
+    return [int(x) for x in np.concatenate([[0], np.cumsum(counts)[:-1]])] if counts else []
+
+
+def wblocks(spec, size: int, w: str, arg: str, writable: bool) -> list[Msg]:
+    """The per-peer messages of an Alltoallw spec (byte displacements, one type each)."""
+    from .msgspec import _raw, _typed, bottom
+    from .predefined import to_datatype
+    if not isinstance(spec, (list, tuple)) or len(spec) not in (2, 3, 4):
+        raise mpi_error(ArgumentError, "ERR_ARG", f"{w}: {arg} must be [buf, datatypes], "
+                        "[buf, (counts, displs), datatypes] or [buf, counts, displs, "
+                        "datatypes]")
+    if len(spec) == 2:
+        (buf, types), counts, displs = spec, None, None
+    elif len(spec) == 3:
+        buf, (counts, displs), types = spec
+    else:
+        buf, counts, displs, types = spec
+    if buf is BOTTOM and (counts is None or displs is None):
+        raise mpi_error(ArgumentError, "ERR_ARG", f"{w}: {arg}: MPI.BOTTOM needs counts "
+                        "and displacements (absolute addresses)")
+    if counts is None and displs is None:   # mpi4py: one item of each type at byte 0
+        counts, displs = [1] * size, [0] * size
+    raw = None if buf is BOTTOM else _raw(buf, writable, w, arg)[0]
+    counts = [as_int(x, "counts", w) for x in counts]
+    displs = [as_int(x, "displs", w) for x in displs]
+    types = [to_datatype(t, w) for t in types]
+    if not len(counts) == len(displs) == len(types) == size:
+        raise mpi_error(ArgumentError, "ERR_ARG", f"{w}: {arg} needs {size} counts, "
+                        f"displacements and datatypes")
+    if raw is None:         # MPI.BOTTOM: each type's displacements are addresses
+        return [bottom(t, n, d, w, f"{arg} block {i}")
+                for i, (n, d, t) in enumerate(zip(counts, displs, types))]
+    return [_typed(raw, t, n, d, w, f"{arg} block {i}")
+            for i, (n, d, t) in enumerate(zip(counts, displs, types))]
+
+
+def plain_pair(sendbuf, recvbuf):
+    """``(send, recv)``: the arrays of a call whose buffers are plain arrays
+    (:func:`pycomm.MPI.msg.plain`) of one dtype, the send one possibly ``IN_PLACE``;
+    None otherwise. Such a call needs nothing of the general way (no counts, no unpack,
+    no empty message to retype, no datatype to name to a user op): the façade's small
+    calls hand them straight to the Communicator."""
+    r = plain(recvbuf, True)
+    if r is None:
+        return None
+    if sendbuf is IN_PLACE:
+        return IN_PLACE, r
+    s = plain(sendbuf, False)
+    return None if s is None or s.dtype != r.dtype else (s, r)
+
+
+def match_empty(*msgs) -> None:
+    """An empty message (None, or zero items) takes the dtype of the other side's (of the
+    first one when all are empty), so that the Communicator's dtype checks do not refuse
+    a rank that passes nothing: a zero count matches any datatype in MPI."""
+    given = [m for m in msgs if isinstance(m, Msg)]
+    typed = [m for m in given if m.array.size] or given[:1]
+    for m in given:
+        if not m.array.size and typed and m.array.dtype != typed[0].array.dtype:
+            m.array = np.empty(0, typed[0].array.dtype)
+
+
+def reducible(where: str, op, *msgs):
+    """Reject OP_NULL and a reduction over a mixed-type datatype (it travels as bytes);
+    return ``(op, per)``: the op to run (a user op told the messages' named datatype, see
+    :func:`pycomm.MPI.ops.with_datatype`) and the basic elements per datatype item that
+    the schedules must keep together (see :func:`item_array`)."""
+    if getattr(op, "name", None) == "OP_NULL":
+        raise mpi_error(ArgumentError, "ERR_OP", f"{where}: OP_NULL is not an operation")
+    named = None
+    for m in msgs:
+        if isinstance(m, Msg):
+            if not m.reducible:
+                raise mpi_error(ArgumentError, "ERR_TYPE", f"{where}: a datatype of mixed "
+                                f"basic types cannot be reduced with {op}")
+            named = named or m.datatype
+    op = with_datatype(op, named)
+    pers = {m.per for m in msgs if isinstance(m, Msg)}
+    per = pers.pop() if len(pers) == 1 and op.__dict__.get("_function") is not None else 1
+    basics = {m.array.dtype for m in msgs if isinstance(m, Msg)}
+    if per == 1 or len(basics) != 1:    # differing dtypes: the Communicator refuses them
+        return op, 1
+    return whole_items(op, basics.pop()), per
+
+
+def item_array(m, per: int):
+    """The Communicator's array of ``m``: for a user op on a derived datatype of ``per``
+    basic elements an item (``per`` > 1), viewed as one opaque item (a plain void dtype
+    of the item's size) per datatype item, so that the schedules, which split a buffer
+    between ranks and into segments anywhere, never hand the op part of an item (MPI
+    calls it on whole items). A void dtype rather than a record of ``per`` fields: numpy
+    copies records field by field, and the schedules copy buffers whole (the send buffer
+    into the receive buffer, a partial result after the op), which then cost several
+    times the flat copy. :func:`pycomm.MPI.ops.whole_items` gives the op the flat
+    elements back."""
+    if m is IN_PLACE or m is None:
+        return m
+    a = m.array
+    if per == 1:
+        return a
+    size = per * a.dtype.itemsize
+    item = VOID.get(size)
+    if item is None:
+        item = VOID[size] = np.dtype((np.void, size))
+    return a.view(item)
+
+
+VOID: dict = {}        # item size in bytes -> its void dtype (one per size, made once)
