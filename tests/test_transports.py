@@ -294,3 +294,41 @@ def test_a_frame_the_layer_above_cannot_take_in_breaks_the_link_once_not_twice()
         for t in ts:
             t.close()
     assert not glob.glob(f"/dev/shm/pycomm-{job}-*")
+
+
+def test_cross_memory_writes_into_a_live_peer_and_tells_when_it_is_gone():
+    # what the two-rank direct broadcast's root uses (pycomm.shmdirect): write_live copies
+    # into a peer's memory; alive() is True while the peer's process has its memory and
+    # False once it has exited (its grace wait then ends at once); a write into a gone
+    # peer raises PeerLostError
+    import multiprocessing as mp
+
+    from transports import PeerLostError
+    from transports.cma import CrossMemory
+
+    ctx = mp.get_context("fork")
+    parent, child = ctx.Pipe()
+
+    def peer(conn):
+        me = CrossMemory()
+        buf = np.zeros(64, np.uint8)
+        conn.send((me.published(), buf.ctypes.data))
+        conn.recv()                                 # written: send what landed back
+        conn.send(bytes(buf))
+        conn.recv()                                 # then exit
+
+    proc = ctx.Process(target=peer, args=(child,))
+    proc.start()
+    info, address = parent.recv()
+    cma = CrossMemory()
+    assert cma.admit(1, info) and cma.alive(1)
+    src = np.arange(64, dtype=np.uint8)
+    cma.write_live(1, src.ctypes.data + 8, address + 8, 48)
+    parent.send("look")
+    got = np.frombuffer(parent.recv(), np.uint8)
+    assert np.array_equal(got[8:56], src[8:56]) and not got[:8].any() and not got[56:].any()
+    parent.send("exit")
+    proc.join(10)
+    assert not cma.alive(1)
+    with pytest.raises(PeerLostError):
+        cma.write_live(1, src.ctypes.data, address, 8)
