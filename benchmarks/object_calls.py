@@ -1,8 +1,8 @@
 """Latency of mpi4py's lowercase (object) collectives on small Python objects.
 
 What mpi4py programs call every step for a loss, a count or a few settings:
-``allreduce`` of a float and of an int, ``bcast`` of a small dict, ``gather`` and
-``allgather`` of an int, and ``barrier``. Each call is timed alone (``perf_counter``
+``allreduce`` of a float and of an int, ``bcast`` of a small dict, ``gather``,
+``allgather``, ``scatter`` and ``alltoall`` of ints, and ``barrier``. Each call is timed alone (``perf_counter``
 around it, an untimed ``Barrier`` after it, as the OSU loops do), averaged over
 ``--iterations`` after ``--warmup``, and rank 0 prints one line per call (µs), each call
 measured ``--passes`` times in turn. The same script runs on pycomm and on MPI::
@@ -32,6 +32,9 @@ def main() -> None:
              ("bcast dict", lambda: comm.bcast(settings, root=0)),
              ("gather int", lambda: comm.gather(comm.rank, root=0)),
              ("allgather int", lambda: comm.allgather(comm.rank)),
+             ("scatter int", lambda: comm.scatter(list(range(comm.size)) if comm.rank == 0
+                                                  else None, root=0)),
+             ("alltoall int", lambda: comm.alltoall(list(range(comm.size)))),
              ("barrier", comm.barrier)]
 
     def timed(call) -> float:

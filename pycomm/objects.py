@@ -1,17 +1,17 @@
 """The object API (mpi4py's lowercase methods), built on the buffer API and one collective
 call's byte messages.
 
-Objects are serialised with :mod:`pickle` (protocol 5), falling back to
-:mod:`cloudpickle` for what pickle refuses (lambdas, closures, interactively defined
-classes). A message's size is not known to its receiver in advance, so object receives
+Objects are serialised by :mod:`pycomm.serial` (pickle, cloudpickle for what pickle
+refuses). A message's size is not known to its receiver in advance, so object receives
 post a receive that allocates a buffer of the arriving message's size
 (:meth:`pycomm.Communicator.Irecv_alloc`), as mpi4py's ``pkl5`` does with matched probes.
 
-Collective object operations move pickled bytes with the byte sends and receives of the
-call's view (:class:`pycomm.calls.CallView` ``isend_bytes``/``irecv_bytes``: point-to-point
-on the communicator's collective context, never matching user messages, the receive
-allocating at the message's size), not with ``Gatherv``/``Scatterv``/``Alltoallv``, which
-would first need every size exchanged: a step more per call. Reductions apply the op in
+A collective object call whose pickles fit the shared-memory slots of a one-host
+communicator is one slot exchange (:mod:`pycomm.objslots`). Otherwise it moves pickled
+bytes with the byte sends and receives of the call's view (:class:`pycomm.calls.CallView`
+``isend_bytes``/``irecv_bytes``: point-to-point on the communicator's collective context,
+never matching user messages, the receive allocating at the message's size), not with
+``Gatherv``/``Scatterv``/``Alltoallv``, which would first need every size exchanged. Reductions apply the op in
 rank order, so a non-commutative user op gets r0 ∘ r1 ∘ … ∘ r(n-1).
 """
 
@@ -20,39 +20,15 @@ from __future__ import annotations
 import pickle
 from typing import Any
 
-import cloudpickle
 import numpy as np
 
 from . import objslots
 from .errors import ArgumentError, CollectiveError
 from .p2p import ANY_SOURCE, ANY_TAG, PROC_NULL
+from .serial import dumps, loads
 from .signature import collective, signature
 
 __all__ = ["ObjectMethods", "dumps", "loads"]
-
-
-def dumps(obj: Any, rank: int | None = None, call: str = "") -> bytes:
-    """Serialise ``obj`` with pickle, or cloudpickle when pickle cannot.
-
-    Raises:
-        ArgumentError: neither can (the message names ``rank`` and ``call``).
-    """
-    try:
-        return pickle.dumps(obj, protocol=5)
-    except (pickle.PicklingError, AttributeError, TypeError):
-        try:
-            return cloudpickle.dumps(obj, protocol=5)
-        except Exception as exc:
-            where = f"rank {rank}: {call}: " if rank is not None else ""
-            raise ArgumentError(f"{where}cannot pickle the object "
-                                f"({type(obj).__name__}): {type(exc).__name__}: {exc}"
-                                ) from None
-
-
-def loads(data) -> Any:
-    """Inverse of :func:`dumps`; a message of no bytes (a buffer send of nothing) is None,
-    as in mpi4py."""
-    return pickle.loads(data) if len(data) else None
 
 
 class _OpFailed:
@@ -343,10 +319,14 @@ class ObjectMethods:
                 raise ArgumentError(f"rank {self.rank}: scatter at the root needs a sequence "
                                     f"of {self.size} objects, got {got}")
             data = [dumps(items[r], self.rank, "scatter") for r in range(self.size)]
-        cc = self._calls.begin(signature("scatter (objects)", root=root))
+        cc, pickles = objslots.exchange(self, "scatter", signature("scatter (objects)", root=root),
+                                        objslots.pack(data) if self.rank == root else b"")
         if self.rank == root:
-            cc.waitall([cc.isend_bytes(data[r], r) for r in range(self.size) if r != root])
+            if pickles is None:
+                cc.waitall([cc.isend_bytes(data[r], r) for r in range(self.size) if r != root])
             return items[root]
+        if pickles is not None:
+            return pickles.load_part(root, self.rank, self.size)
         req = cc.irecv_bytes(root)
         cc.waitall([req])
         return loads(req.obj)
@@ -396,7 +376,11 @@ class ObjectMethods:
             raise ArgumentError(f"rank {self.rank}: alltoall needs a sequence of {self.size} "
                                 f"objects, got {len(items)}")
         data = [dumps(items[r], self.rank, "alltoall") for r in range(self.size)]
-        cc = self._calls.begin(signature("alltoall (objects)"))
+        cc, pickles = objslots.exchange(self, "alltoall", signature("alltoall (objects)"),
+                                        objslots.pack(data))
+        if pickles is not None:
+            return [items[r] if r == self.rank else pickles.load_part(r, self.rank, self.size)
+                    for r in range(self.size)]
         recvs = {r: cc.irecv_bytes(r) for r in range(self.size) if r != self.rank}
         sends = [cc.isend_bytes(data[r], r) for r in range(self.size) if r != self.rank]
         cc.waitall(sends + list(recvs.values()))

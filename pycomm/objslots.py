@@ -11,7 +11,8 @@ peer's header (and checks its signature, as every slot call does), and each read
 needs straight out of the peers' slots: the root's pickle (``bcast``), every pickle at
 the root (``gather``) or everywhere (``allgather``; ``allreduce``, which then combines the
 objects itself, in rank order, as mpi4py's ``allreduce`` does without its fast-reduce
-option: every rank holds the same objects and folds them in the same order).
+option: every rank holds the same objects and folds them in the same order), or its own
+part of the root's (``scatter``) or of every rank's (``alltoall``) packed pickles.
 
 A rank whose pickle does not fit (or that cannot use the slots) runs the call by
 messages; its peers see that in its arrival word and run the message algorithm too, from
@@ -31,14 +32,15 @@ from . import trace as _trace
 from .plan import SHARED_SLOTS, slots_of, unforced
 from .shmcoll import ByMessages
 
-__all__ = ["exchange"]
+__all__ = ["Pickles", "exchange", "pack"]
 
 
 def _limit(slots, collective: str) -> int:
     """The largest pickle ``collective`` takes through the slots: the slot, or
     ``PYCOMM_SHM_COLL_BYTES``; -1 (not even an empty one) where
-    ``PYCOMM_ALGORITHM_<COLLECTIVE>`` names an algorithm. Read once per configuration generation (:func:`pycomm.config.reload`):
-    reading the environment costs about what a small call's exchange does."""
+    ``PYCOMM_ALGORITHM_<COLLECTIVE>`` names an algorithm. Read once per configuration
+    generation (:func:`pycomm.config.reload`): reading the environment costs about what a
+    small call's exchange does."""
     cached = slots.object_limits
     if cached is None or cached[0] != config.generation:
         cached = slots.object_limits = (config.generation, {})
@@ -62,11 +64,26 @@ class Pickles:
         n = int(self.headers[r][self.p][3])
         return pickle.loads(self.data[r][self.p][:n]) if n else None
 
+    def load_part(self, r: int, k: int, parts: int):
+        """Unpickle part ``k`` of the ``parts`` that rank ``r`` packed (:func:`pack`)."""
+        slot = self.data[r][self.p]
+        base = 8 * (parts + 1)
+        ends = slot[:base].view(np.int64)
+        return pickle.loads(slot[base + int(ends[k]):base + int(ends[k + 1])])
+
+
+def pack(pickles: list) -> bytes:
+    """Several pickles as one rank's contribution (``scatter``'s root, every rank of an
+    ``alltoall``): their ``len + 1`` offsets (int64), then the pickles end to end."""
+    ends = np.cumsum([0] + [len(p) for p in pickles], dtype=np.int64)
+    return ends.tobytes() + b"".join(pickles)
+
 
 def exchange(comm, collective: str, sig, data: bytes):
-    """Begin object call ``collective`` (``bcast``, ``gather``, ``allgather`` or
-    ``allreduce``) with signature ``sig``, contributing the pickle ``data`` (``b""``: this
-    rank contributes nothing), and run its exchange through the slots where it can.
+    """Begin object call ``collective`` (``bcast``, ``gather``, ``scatter``,
+    ``allgather``, ``alltoall`` or ``allreduce``) with signature ``sig``, contributing the
+    pickle ``data`` (``b""``: this rank contributes nothing), and run its exchange through
+    the slots where it can.
 
     Returns:
         ``(cc, pickles)``: the call's view and, when the exchange went through the slots,

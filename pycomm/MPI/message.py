@@ -25,7 +25,7 @@ import numpy as np
 
 import pycomm as _pycomm
 from pycomm.errors import ArgumentError, TruncationError
-from pycomm.objects import loads
+from pycomm.serial import loads
 from pycomm.p2p import ANY_SOURCE, ANY_TAG, PROC_NULL
 
 from .exceptions import mpi_error, translate_methods
