@@ -272,7 +272,10 @@ def test_a_peer_that_fails_while_the_root_writes_returns_after_the_write(launche
     got = _results(proc)
     assert got.get(("RESULT", "1"), [""])[:5] == ["CommTimeoutError", "3.0", "3.0", "False",
                                                   "0"], proc.stdout + proc.stderr
-    assert got.get(("RESULT", "0"), [""])[0] == "CollectiveError", proc.stdout + proc.stderr
+    # the root fails on rank 1's withdrawal, or (rank 1 descheduled past its own deadline
+    # after it had marked its reads done) completes: its buffer is no longer read
+    assert got.get(("RESULT", "0"), [""])[0] in ("CollectiveError", "ok"), \
+        proc.stdout + proc.stderr
     assert got.get(("AFTER", "1")) == ["True"], proc.stdout + proc.stderr
 
 
