@@ -11,8 +11,10 @@ peer's header (and checks its signature, as every slot call does), and each read
 needs straight out of the peers' slots: the root's pickle (``bcast``), every pickle at
 the root (``gather``) or everywhere (``allgather``; ``allreduce``, which then combines the
 objects itself, in rank order, as mpi4py's ``allreduce`` does without its fast-reduce
-option: every rank holds the same objects and folds them in the same order), or its own
-part of the root's (``scatter``) or of every rank's (``alltoall``) packed pickles.
+option: every rank holds the same objects and folds them in the same order).
+``scatter`` and ``alltoall`` stay with messages: through the slots the scatter's root
+waits for every peer's header where its eager sends return at once, and neither measured
+faster (benchmarks/README.md, 2026-11-27).
 
 A rank whose pickle does not fit (or that cannot use the slots) runs the call by
 messages; its peers see that in its arrival word and run the message algorithm too, from
@@ -32,7 +34,7 @@ from . import trace as _trace
 from .plan import SHARED_SLOTS, slots_of, unforced
 from .shmcoll import ByMessages
 
-__all__ = ["Pickles", "exchange", "pack"]
+__all__ = ["Pickles", "exchange"]
 
 
 def _limit(slots, collective: str) -> int:
@@ -64,26 +66,11 @@ class Pickles:
         n = int(self.headers[r][self.p][3])
         return pickle.loads(self.data[r][self.p][:n]) if n else None
 
-    def load_part(self, r: int, k: int, parts: int):
-        """Unpickle part ``k`` of the ``parts`` that rank ``r`` packed (:func:`pack`)."""
-        slot = self.data[r][self.p]
-        base = 8 * (parts + 1)
-        ends = slot[:base].view(np.int64)
-        return pickle.loads(slot[base + int(ends[k]):base + int(ends[k + 1])])
-
-
-def pack(pickles: list) -> bytes:
-    """Several pickles as one rank's contribution (``scatter``'s root, every rank of an
-    ``alltoall``): their ``len + 1`` offsets (int64), then the pickles end to end."""
-    ends = np.cumsum([0] + [len(p) for p in pickles], dtype=np.int64)
-    return ends.tobytes() + b"".join(pickles)
-
 
 def exchange(comm, collective: str, sig, data: bytes):
-    """Begin object call ``collective`` (``bcast``, ``gather``, ``scatter``,
-    ``allgather``, ``alltoall`` or ``allreduce``) with signature ``sig``, contributing the
-    pickle ``data`` (``b""``: this rank contributes nothing), and run its exchange through
-    the slots where it can.
+    """Begin object call ``collective`` (``bcast``, ``gather``, ``allgather`` or
+    ``allreduce``) with signature ``sig``, contributing the pickle ``data`` (``b""``: this
+    rank contributes nothing), and run its exchange through the slots where it can.
 
     Returns:
         ``(cc, pickles)``: the call's view and, when the exchange went through the slots,

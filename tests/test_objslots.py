@@ -1,8 +1,8 @@
 """Small object collectives through the shared-memory slots (pycomm.objslots).
 
-* bcast, gather, scatter, allgather, alltoall, allreduce and reduce of small objects take
-  one slot exchange on a one-host shm communicator (one call counted, none by messages)
-  and give what the message path gives, on 2 and 3 ranks, every root;
+* bcast, gather, allgather, allreduce and reduce of small objects take one slot exchange
+  on a one-host shm communicator (one call counted, none by messages) and give what the
+  message path gives, on 2 and 3 ranks, every root;
 * a pickle past the slots on one rank only (a large object, or a smaller
   ``PYCOMM_SHM_COLL_BYTES`` on that rank) sends that rank's call by messages, and its peers,
   already in the slots, follow it: the results stay right;
@@ -53,11 +53,6 @@ def _rank_small_calls(big_on: int, big: int) -> dict:
         out["bcast", root] = _counted(lambda: comm.bcast(mine if r == root else None, root))
         out["gather", root] = _counted(lambda: comm.gather(mine, root))
         out["reduce", root] = _counted(lambda: comm.reduce(r + 1, root=root))
-        parts = [{"to": k, "tag": "x" * (big if r == big_on else 3)} for k in range(n)]
-        out["scatter", root] = _counted(lambda: comm.scatter(parts if r == root else None,
-                                                             root))
-    out["alltoall", -1] = _counted(lambda: comm.alltoall(
-        [{"from": r, "to": k, "tag": "x" * (big if r == big_on else 3)} for k in range(n)]))
     out["allgather", -1] = _counted(lambda: comm.allgather(mine))
     out["allreduce", -1] = _counted(lambda: comm.allreduce([r]))
     out["allreduce max", -1] = _counted(lambda: comm.allreduce(r * 1.5, op=pycomm.MAX))
@@ -72,8 +67,6 @@ def _want(n: int, big_on: int, big: int) -> dict:
         want["bcast", root] = objs[root]
         want["gather", root] = objs             # (at the root; None elsewhere)
         want["reduce", root] = n * (n + 1) // 2
-        want["scatter", root] = None            # (per rank: see _check)
-    want["alltoall", -1] = None
     want["allgather", -1] = objs
     want["allreduce", -1] = list(range(n))
     want["allreduce max", -1] = (n - 1) * 1.5
@@ -82,11 +75,6 @@ def _want(n: int, big_on: int, big: int) -> dict:
 
 def _expected(want: dict, key, r: int, n: int, big_on: int, big: int):
     """What rank ``r`` must get for call ``key``."""
-    if key[0] == "scatter":
-        return {"to": r, "tag": "x" * (big if key[1] == big_on else 3)}
-    if key[0] == "alltoall":
-        return [{"from": k, "to": r, "tag": "x" * (big if k == big_on else 3)}
-                for k in range(n)]
     if key[0] in ("gather", "reduce") and r != key[1]:
         return None
     return want[key]
@@ -121,8 +109,7 @@ def test_one_ranks_large_pickle_sends_every_rank_by_messages(world):
         for key, (got, _, slotted) in out.items():
             assert got == _expected(want, key, r, n, n - 1, 100_000), (r, key)
             # rank n-1's pickle travels (a gather at its own root does not send it)
-            if n > 1 and (key in (("allgather", -1), ("alltoall", -1), ("bcast", n - 1),
-                                  ("scatter", n - 1)) or
+            if n > 1 and (key in (("allgather", -1), ("bcast", n - 1)) or
                           key[0] == "gather" and key[1] != n - 1):
                 assert not slotted, (r, key)        # by messages, every rank
 
