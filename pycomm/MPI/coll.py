@@ -19,7 +19,8 @@ from .collspec import (item_array, match_empty, plain_pair, reducible, root_none
 from .comm import Comm
 from .comm import fin as _fin
 from .exceptions import translate_methods
-from .msgspec import Msg, as_int, message, plain, vector_message
+from .msg import plain
+from .msgspec import Msg, as_int, message, vector_message
 from .ops import SUM
 from .request import Request
 

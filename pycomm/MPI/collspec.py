@@ -13,7 +13,8 @@ from pycomm.buffers import IN_PLACE
 from pycomm.errors import ArgumentError
 
 from .exceptions import mpi_error
-from .msgspec import BOTTOM, Msg, as_int, plain
+from .msg import plain
+from .msgspec import BOTTOM, Msg, as_int
 from .ops import whole_items, with_datatype
 
 __all__ = ["item_array", "match_empty", "plain_pair", "reducible", "root_none",

@@ -16,7 +16,8 @@ from pycomm.p2p import ANY_SOURCE, ANY_TAG
 
 from .exceptions import translate_methods
 from .membuf import BSEND
-from .msgspec import Msg, as_int, message, plain
+from .msg import plain
+from .msgspec import Msg, as_int, message
 from .request import Prequest, Request, Status, completed
 
 __all__ = ["BufferPointToPoint", "fin", "received"]

@@ -42,7 +42,7 @@ from .membuf import buffer
 from .msg import Msg, block_view, plain, strided
 from .predefined import from_numpy, to_datatype
 
-__all__ = ["BOTTOM", "Msg", "as_int", "bottom", "message", "plain", "vector_message"]
+__all__ = ["BOTTOM", "Msg", "as_int", "bottom", "message", "vector_message"]
 
 
 def _buf_error(message: str):
