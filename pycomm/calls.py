@@ -18,7 +18,9 @@ The decorator :func:`pycomm.signature.collective` drives these around every call
 
 from __future__ import annotations
 
+import os
 import time
+import traceback
 
 import numpy as np
 
@@ -35,6 +37,16 @@ __all__ = ["CallView", "CollectiveCalls"]
 _SEQ_MASK = 0x7FFFFFFF  # sequence numbers wrap at 2**31
 _REASON_WAIT_S = 1.0    # how long a failed step waits for the abort that explains it
 _PAST = 1 << 30         # a tag this far behind the current call or less is in the past
+
+
+def _raised_at(exc: BaseException) -> str:
+    """Where an exception that is not pycomm's own was raised (``" at file:line in
+    function"``), for the peers' error: its traceback stays on the rank that raised it,
+    and a bug or a user op's error reported only by its message is hard to find."""
+    if isinstance(exc, CommError) or exc.__traceback__ is None:
+        return ""
+    last = traceback.extract_tb(exc.__traceback__)[-1]
+    return f" at {os.path.basename(last.filename)}:{last.lineno} in {last.name}"
 
 
 class CallView:
@@ -286,7 +298,7 @@ class CollectiveCalls:
         if not what.startswith(f"rank {comm.rank}:"):
             what = f"rank {comm.rank}: {what}"
         text = (f"{name} #{seq} on {comm.name} failed on rank {comm.rank} "
-                f"({type(exc).__name__}: {what})")
+                f"({type(exc).__name__}: {what}{_raised_at(exc)})")
         eng.abort_call(comm._cctx, seq, comm._world, cls(f"rank {comm.rank}: {text}"), text)
         if cls is CollectiveMismatchError:
             # a rank whose part of the mismatched call needed nothing from the others may

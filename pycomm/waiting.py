@@ -172,6 +172,8 @@ class Waiting:
 
     def _wait_all(self, reqs, timeout: float | None) -> None:
         pending = [x for x in reqs if not x.done]
+        if not pending:     # another thread's progress completed them since wait_all looked
+            return
         if self._threaded and all(x.expect == OFFLOADED for x in pending):
             self._wait_offloaded(lambda: all(x.done for x in pending), timeout, pending[0])
             return

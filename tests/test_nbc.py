@@ -214,6 +214,35 @@ def test_mixed_with_point_to_point_in_one_waitall(world_small):
         assert got == (left, left, [s * (s - 1) // 2] * 4, left, 3, BIG), f"rank {rank}"
 
 
+class _CompletedMeanwhile:
+    """A request that another thread's progress completes between Waitall's first look at
+    it and its wait (the progress thread and the caller's thread both drive the engine)."""
+    error = None
+
+    def __init__(self, expect):
+        self.expect, self.reads = expect, 0
+
+    @property
+    def done(self) -> bool:
+        self.reads += 1
+        return self.reads > 1
+
+
+def _rank_wait_all_completed_meanwhile():
+    from pycomm.waiting import OFFLOADED
+    comm = pycomm.COMM_WORLD
+    comm.Ibarrier().Wait()                  # the engine is threaded from here on
+    reqs = [_CompletedMeanwhile(OFFLOADED), _CompletedMeanwhile(OFFLOADED)]
+    comm._engine.wait_all(reqs, timeout=5)  # an IndexError once (pending[0] of none)
+    comm._engine.wait_all([_CompletedMeanwhile(None)], timeout=5)
+    comm.Barrier()
+    return True
+
+
+def test_waitall_whose_requests_complete_meanwhile_returns(world_small):
+    assert world_small.run(_rank_wait_all_completed_meanwhile) == [True] * world_small.size
+
+
 def _rank_test_polling():
     comm = pycomm.COMM_WORLD
     if comm.rank == 0:

@@ -201,6 +201,10 @@ def _failure_between_the_steps():
 
     def add(a, b, dt):
         if comm.rank == 1:
+            # Late enough that every peer has folded its own slice and waits in the second
+            # step (on a loaded machine a peer still in the exchange learns of the abort
+            # there, and the test would not show what it is for).
+            time.sleep(1.0)
             raise ValueError("rank 1's op refuses")
         np.add(a, b, out=b)
     op = pycomm.Op.Create(add, commute=True)
@@ -212,6 +216,9 @@ def _failure_between_the_steps():
             first = "completed"
         except Exception as exc:             # noqa: BLE001 (rank 1: ValueError)
             first = type(exc).__name__
+            if r != 1:      # the peers' error says where rank 1's op raised
+                assert "(ValueError: rank 1: rank 1's op refuses at " in str(exc) and \
+                    " in add)" in str(exc), str(exc)
     took = time.monotonic() - t
     if r != 1:
         assert split.count == 1             # the others waited in the split's second step
