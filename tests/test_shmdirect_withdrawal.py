@@ -15,6 +15,8 @@ Every job of this module is started at once (the ``launched`` fixture).
 
 from __future__ import annotations
 
+import textwrap
+
 import pytest
 
 from conftest import run_at_once
@@ -22,18 +24,34 @@ from test_shmcoll_jobs import _launch_job
 from pycomm.shmdirect import SHM_DIRECT
 
 
+# The jobs' ranks meet through files in the job's folder: wait_for(name, ...) waits (at
+# most 30 s) until every one exists.
+_WAIT_FOR = """\
+import os, time
+
+
+def wait_for(*names):
+    t = time.monotonic()
+    while not all(os.path.exists(f) for f in names) and time.monotonic() - t < 30:
+        time.sleep(0.01)
+
+"""
+
+
 def _launched_jobs() -> dict:
     """The launched jobs of this module: key -> (program, ranks, environment)."""
-    jobs = {"no-cma": (_NO_CMA, 2, {"PYCOMM_CMA": "0"}),
-            ("withdrawal", "allreduce", 2): (_WITHDRAWAL_ALLREDUCE, 2,
-                                             {"PYCOMM_TIMEOUT": "1.5"})}
+    def job(program, n, env):
+        return _WAIT_FOR + textwrap.dedent(program), n, env
+    jobs = {"no-cma": job(_NO_CMA, 2, {"PYCOMM_CMA": "0"}),
+            ("withdrawal", "allreduce", 2): job(_WITHDRAWAL_ALLREDUCE, 2,
+                                                {"PYCOMM_TIMEOUT": "1.5"})}
     for collective in ("reduce_scatter_block", "allgather", "bcast"):
         for n in (2, 3):
-            jobs["withdrawal", collective, n] = (_WITHDRAWAL.format(collective=collective),
-                                                 n, {"PYCOMM_TIMEOUT": "1.5"})
+            jobs["withdrawal", collective, n] = job(_WITHDRAWAL.format(collective=collective),
+                                                    n, {"PYCOMM_TIMEOUT": "1.5"})
     for case in ("in-flight", "late"):
-        jobs["root writes", case] = (_ROOT_WRITES.format(case=case), 2,
-                                     {"PYCOMM_TIMEOUT": "1.5"})
+        jobs["root writes", case] = job(_ROOT_WRITES.format(case=case), 2,
+                                        {"PYCOMM_TIMEOUT": "1.5"})
     return jobs
 
 
@@ -74,11 +92,6 @@ _WITHDRAWAL_ALLREDUCE = """
         x = np.full(1 << 16, r + 1.0)
         assert comm.chosen_algorithm("allreduce", x.nbytes) == "shm_direct"
         comm.Barrier()
-
-        def wait_for(name):
-            t = time.monotonic()
-            while not os.path.exists(name) and time.monotonic() - t < 30:
-                time.sleep(0.01)
 
         if r == 1:
             step, read = shmdirect._Reads.step, shmdirect._Reads.read
@@ -147,11 +160,6 @@ _WITHDRAWAL = """
     assert comm.chosen_algorithm("{collective}", count * n * 8) == "shm_direct"
     comm.Barrier()
 
-    def wait_for(*names):
-        t = time.monotonic()
-        while not all(os.path.exists(f) for f in names) and time.monotonic() - t < 30:
-            time.sleep(0.01)
-
     if r == 1:
         # descheduled before its first read, until every peer has failed and reused its
         # buffer
@@ -214,11 +222,6 @@ _ROOT_WRITES = """
     buf = np.full(1 << 16, 3.0 if r == 0 else 0.0)      # 512 KiB: one chunk, direct
     assert comm.chosen_algorithm("bcast", buf.nbytes) == "shm_direct"
     comm.Barrier()
-
-    def wait_for(name):
-        t = time.monotonic()
-        while not os.path.exists(name) and time.monotonic() - t < 30:
-            time.sleep(0.01)
 
     if r == 0 and "{case}" == "in-flight":
         # past the check for a withdrawal, the write starts after rank 1's timeout (1.5 s)
