@@ -157,15 +157,21 @@ def test_a_peer_listening_on_loopback_is_a_comm_error_naming_it_on_every_rank(cl
              for r in range(4)]
     results = finish_all(procs, 60)
     assert time.monotonic() - t0 < 10, "the ranks waited for connections until the timeout"
+    named = 0
     for r, (rc, text) in enumerate(results):
         assert rc != 0 and "pycomm.errors.CommError" in text, f"rank {r}: {text}"
         assert "ConnectionRefusedError" not in text.splitlines()[-1]
+        gone = "the job's store is gone" in text
         if r >= 2:          # the ranks that dialed name the peer, its host and address
-            assert "cannot reach rank 0 on host host1 at 127.0.0.1:" in text, text
+            # (a rank started late, under load, may find that the first one's report has
+            # already ended the job, rank 0 and the store it hosts with it)
+            dialed = "cannot reach rank 0 on host host1 at 127.0.0.1:" in text
+            named += dialed
+            assert dialed or gone, text
         else:               # the waiting ones hear it through the store, or lose the store
             # with rank 0 (it hosts it under torchrun): either way they stop at once.
-            assert "ranks [2, 3] cannot connect: " in text or \
-                "the job's store is gone" in text, f"rank {r}: {text}"
+            assert "ranks [2, 3] cannot connect: " in text or gone, f"rank {r}: {text}"
+    assert named >= 1, results
 
 
 def test_listen_address_is_the_interface_routing_to_the_store(cluster):
