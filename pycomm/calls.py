@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 import time
-import traceback
 
 import numpy as np
 
@@ -43,10 +42,13 @@ def _raised_at(exc: BaseException) -> str:
     """Where an exception that is not pycomm's own was raised (``" at file:line in
     function"``), for the peers' error: its traceback stays on the rank that raised it,
     and a bug or a user op's error reported only by its message is hard to find."""
-    if isinstance(exc, CommError) or exc.__traceback__ is None:
+    tb = exc.__traceback__
+    if isinstance(exc, CommError) or tb is None:
         return ""
-    last = traceback.extract_tb(exc.__traceback__)[-1]
-    return f" at {os.path.basename(last.filename)}:{last.lineno} in {last.name}"
+    while tb.tb_next is not None:   # (by hand: extract_tb obeys sys.tracebacklimit)
+        tb = tb.tb_next
+    code = tb.tb_frame.f_code
+    return f" at {os.path.basename(code.co_filename)}:{tb.tb_lineno} in {code.co_name}"
 
 
 class CallView:

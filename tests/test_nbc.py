@@ -219,8 +219,8 @@ class _CompletedMeanwhile:
     it and its wait (the progress thread and the caller's thread both drive the engine)."""
     error = None
 
-    def __init__(self, expect):
-        self.expect, self.reads = expect, 0
+    def __init__(self, expect, reads: int = 0):
+        self.expect, self.reads = expect, reads
 
     @property
     def done(self) -> bool:
@@ -232,7 +232,8 @@ def _rank_wait_all_completed_meanwhile():
     from pycomm.waiting import OFFLOADED
     comm = pycomm.COMM_WORLD
     comm.Ibarrier().Wait()                  # the engine is threaded from here on
-    reqs = [_CompletedMeanwhile(OFFLOADED), _CompletedMeanwhile(OFFLOADED)]
+    # wait_all looks at the first (pending), then lists the pending ones: none by then
+    reqs = [_CompletedMeanwhile(OFFLOADED), _CompletedMeanwhile(OFFLOADED, reads=1)]
     comm._engine.wait_all(reqs, timeout=5)  # an IndexError once (pending[0] of none)
     comm._engine.wait_all([_CompletedMeanwhile(None)], timeout=5)
     comm.Barrier()

@@ -17,6 +17,7 @@ force it where ranks outnumber cores (as on a 2-core machine) and count that it 
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -193,24 +194,34 @@ def test_random_schedule_with_delays_keeps_every_result_right(world):
         assert bad == [], (rank, bad[:3])
 
 
-def _failure_between_the_steps():
+def _failure_between_the_steps(folder: str):
     """Rank 1's user op raises while it reduces its slice: the others wait for its slice
-    in the second step and must learn that the call is abandoned."""
+    in the second step and must learn that the call is abandoned. Each peer leaves a file
+    in ``folder`` as it enters the second step; rank 1's op raises once all are there (on
+    a loaded machine a peer still in the exchange would learn of the abort there, and the
+    test would not show what it is for)."""
     comm = pycomm.COMM_WORLD
-    r = comm.rank
+    r, n = comm.rank, comm.size
+    files = [os.path.join(folder, f"second-step-{k}") for k in range(n) if k != 1]
 
     def add(a, b, dt):
         if comm.rank == 1:
-            # Late enough that every peer has folded its own slice and waits in the second
-            # step (on a loaded machine a peer still in the exchange learns of the abort
-            # there, and the test would not show what it is for).
-            time.sleep(1.0)
+            deadline = time.monotonic() + 8.0
+            while not all(map(os.path.exists, files)) and time.monotonic() < deadline:
+                time.sleep(0.005)
             raise ValueError("rank 1's op refuses")
         np.add(a, b, out=b)
+
+    def entered(slots, cc, p):      # (rank 1 never gets here: its op raised)
+        open(os.path.join(folder, f"second-step-{r}"), "w").close()
+        return counted(slots, cc, p)
+
     op = pycomm.Op.Create(add, commute=True)
     x = np.ones(8192)                        # 64 KiB: the split kernel on 4-5 ranks
     t = time.monotonic()
     with _split() as split:
+        counted = shmcoll.SharedSlots.await_reduced
+        shmcoll.SharedSlots.await_reduced = entered     # (_split's exit restores it)
         try:
             comm.Allreduce(pycomm.IN_PLACE, x, op=op)
             first = "completed"
@@ -234,9 +245,10 @@ def _failure_between_the_steps():
     return first, took, after
 
 
-def test_a_rank_that_fails_between_the_steps_never_leaves_a_peer_waiting(world):
+def test_a_rank_that_fails_between_the_steps_never_leaves_a_peer_waiting(world, tmp_path):
     n = world.size
-    for rank, (first, took, after) in enumerate(world.run(_failure_between_the_steps)):
+    results = world.run(_failure_between_the_steps, str(tmp_path))
+    for rank, (first, took, after) in enumerate(results):
         assert first == ("ValueError" if rank == 1 else "CollectiveError"), (rank, first)
         assert took < 10.0, (rank, took)                 # no rank waited for a timeout
         assert after[-1] == n * (n - 1) / 2, (rank, after)
