@@ -48,8 +48,8 @@ What is measured, per trial (the rules are exact; misses are printed with their 
   ``pycomm.launch: rank C `` (C the culprit). Recoverable kinds: the first error every rank
   caught contains ``rank C`` as words.
 * **names call** — fatal kinds: the name of the faulty call's collective (``Allreduce``,
-  ...; when it is a Bcast, the next call's name also counts, since ranks upstream of the
-  culprit can finish a Bcast; on rdma the call before it also counts, since a killed or
+  ...; when it is a Bcast, the name of the next call that is not a Bcast also counts,
+  since ranks upstream of the culprit can finish that Bcast and the Bcasts after it; on rdma the call before it also counts, since a killed or
   stopped rank's last sends may still sit in its own emulated NIC, so that the survivors
   never finish that call and rightly name it) appears as a word in one of: the
   launcher's verdict line, the last line of a surviving rank's traceback (``[r]
@@ -162,8 +162,11 @@ def make_trial(index: int, kind: str, transport: str, size: int, culprit: int, c
         variant = rankmod.mismatch_variant(c, rng)
     else:
         variant = kind
+    # the call the survivors may be in when the culprit was to enter a Bcast: ranks upstream
+    # of it finish that Bcast, and any Bcast after it, up to the next other collective
+    later = [x["coll"] for x in calls[call + 1:] if x["coll"] != "Bcast"]
     return Trial(index, kind, transport, size, culprit, call, seed, variant, coll=c["coll"],
-                 next_coll=calls[call + 1]["coll"], count=c["count"],
+                 next_coll=later[0] if later else "Bcast", count=c["count"],
                  prev_coll=calls[call - 1]["coll"] if call else "")
 
 
