@@ -6,13 +6,15 @@ refuses). A message's size is not known to its receiver in advance, so object re
 post a receive that allocates a buffer of the arriving message's size
 (:meth:`pycomm.Communicator.Irecv_alloc`), as mpi4py's ``pkl5`` does with matched probes.
 
-A collective object call whose pickles fit the shared-memory slots of a one-host
-communicator is one slot exchange (:mod:`pycomm.objslots`). Otherwise it moves pickled
-bytes with the byte sends and receives of the call's view (:class:`pycomm.calls.CallView`
-``isend_bytes``/``irecv_bytes``: point-to-point on the communicator's collective context,
-never matching user messages, the receive allocating at the message's size), not with
-``Gatherv``/``Scatterv``/``Alltoallv``, which would first need every size exchanged. Reductions apply the op in
-rank order, so a non-commutative user op gets r0 ∘ r1 ∘ … ∘ r(n-1).
+A collective object call is one collective call on every rank, whatever its steps, so a
+failure in any step fails it everywhere and the ranks stay in step. Where its pickles fit
+the shared-memory slots of a one-host communicator it is one slot exchange
+(:mod:`pycomm.objslots`); otherwise it moves pickled bytes with the byte sends and
+receives of the call's view (:class:`pycomm.calls.CallView` ``isend_bytes``/
+``irecv_bytes``: on the communicator's collective context, never matching user messages,
+the receive allocating at the message's size), not with ``Gatherv``/``Alltoallv``, which
+would first need every size exchanged. Reductions apply the op in rank order, so a
+non-commutative user op gets r0 ∘ r1 ∘ … ∘ r(n-1).
 """
 
 from __future__ import annotations
@@ -66,7 +68,13 @@ class ObjectMethods:
             PeerError: the connection to ``dest`` has already failed.
             CommError: the communicator has been freed.
         """
-        payload = dumps(obj, self.rank, f"isend(dest={dest}, tag={tag})")
+        return self._post_object(obj, dest, tag, synchronous, "issend" if synchronous
+                                 else "isend")
+
+    def _post_object(self, obj, dest: int, tag: int, synchronous: bool, call: str):
+        """Pickle ``obj`` and post its send; ``call``: the method the user called, for the
+        error when ``obj`` does not pickle."""
+        payload = dumps(obj, self.rank, f"{call}(dest={dest}, tag={tag})")
         return self.Isend(np.frombuffer(payload, dtype=np.uint8), dest, tag,
                           synchronous=synchronous)
 
@@ -106,7 +114,7 @@ class ObjectMethods:
             PeerError: ``dest`` died or its connection dropped.
             CommTimeoutError: not sent within ``timeout``.
         """
-        self._wait_posted([self.isend(obj, dest, tag)], timeout)
+        self._wait_posted([self._post_object(obj, dest, tag, False, "send")], timeout)
 
     def ssend(self, obj: Any, dest: int, tag: int = 0, *, timeout: float | None = None):
         """Send an object synchronously: return once ``dest`` has started the matching receive.
@@ -126,7 +134,7 @@ class ObjectMethods:
             PeerError: ``dest`` died or its connection dropped.
             CommTimeoutError: no matching receive started within ``timeout``.
         """
-        self._wait_posted([self.isend(obj, dest, tag, synchronous=True)], timeout)
+        self._wait_posted([self._post_object(obj, dest, tag, True, "ssend")], timeout)
 
     def irecv(self, buf=None, source: int = ANY_SOURCE, tag: int = ANY_TAG):
         """Post an object receive.
@@ -248,15 +256,25 @@ class ObjectMethods:
                                         data)
         if pickles is not None:
             return obj if self.rank == root else pickles.load(root)
-        # By messages, within this call (a peer's abort of it reaches every rank): the
-        # pickle's size, then the pickle, each by the broadcast algorithm chosen for it
+        got = self._bcast_on(cc, [data], root)
+        return obj if self.rank == root else loads(got[0])
+
+    def _bcast_on(self, cc, parts: list, root: int) -> list:
+        """Broadcast the root's pickles ``parts`` (as many on every rank) on the begun call
+        ``cc``: their sizes, then their bytes, each by the algorithm chosen for it.
+        Returns ``parts`` at the root, views of the bytes received elsewhere."""
         run = self._selection.run
-        n = np.array([len(data)], dtype=np.int64)
+        me = self.rank == root
+        n = np.array([len(p) for p in parts], dtype=np.int64)
         run("bcast", n.nbytes, None, None, lambda fn: fn(cc, n, root))
-        buf = np.frombuffer(data, dtype=np.uint8).copy() if self.rank == root else \
-            np.empty(int(n[0]), dtype=np.uint8)
+        buf = np.frombuffer(b"".join(parts), dtype=np.uint8).copy() if me else \
+            np.empty(int(n.sum()), dtype=np.uint8)
         run("bcast", buf.nbytes, None, None, lambda fn: fn(cc, buf, root))
-        return obj if self.rank == root else loads(buf.data)
+        if me:
+            return parts
+        ends = np.cumsum(n).tolist()
+        view = memoryview(buf)
+        return [view[e - k:e] for e, k in zip(ends, n.tolist())]
 
     @collective
     def gather(self, sendobj: Any, root: int = 0) -> list | None:
@@ -282,17 +300,19 @@ class ObjectMethods:
             if self.rank != root:
                 return None
             return [sendobj if r == root else pickles.load(r) for r in range(self.size)]
-        return self._gather_on(cc, data, sendobj, root)
+        got = self._gather_on(cc, data, root)
+        if got is None:
+            return None
+        return [sendobj if r == root else loads(got[r]) for r in range(self.size)]
 
-    def _gather_on(self, cc, data: bytes, sendobj: Any, root: int) -> list | None:
-        """An object gather's message algorithm on the begun call ``cc`` (``data``: this
-        rank's pickle, unused at the root): the list at the root, None elsewhere."""
+    def _gather_on(self, cc, data: bytes, root: int) -> list | None:
+        """Every rank's pickle (``data``: this rank's) at the root on the begun call ``cc``."""
         if self.rank != root:
             cc.waitall([cc.isend_bytes(data, root)])
             return None
         reqs = {r: cc.irecv_bytes(r) for r in range(self.size) if r != root}
         cc.waitall(list(reqs.values()))
-        return [sendobj if r == root else loads(reqs[r].obj) for r in range(self.size)]
+        return [data if r == root else reqs[r].obj for r in range(self.size)]
 
     @collective
     def scatter(self, sendobj=None, root: int = 0) -> Any:
@@ -334,7 +354,7 @@ class ObjectMethods:
         """Every rank gets every rank's object.
 
         Through the slots on one host (:mod:`pycomm.objslots`); else a gather at rank 0,
-        then a broadcast.
+        then a broadcast of the pickles, in the same call.
 
         Args:
             sendobj: this rank's picklable object.
@@ -352,7 +372,9 @@ class ObjectMethods:
                                         data)
         if pickles is not None:     # copies of every object, this rank's too (as mpi4py)
             return [pickles.load(r) for r in range(self.size)]
-        return self.bcast(self._gather_on(cc, data, sendobj, 0), 0)
+        # by messages, in this one call (a failure in either step fails it everywhere)
+        got = self._bcast_on(cc, self._gather_on(cc, data, 0) or [b""] * self.size, 0)
+        return [sendobj if r == self.rank == 0 else loads(got[r]) for r in range(self.size)]
 
     @collective
     def alltoall(self, sendobj) -> list:
@@ -414,7 +436,7 @@ class ObjectMethods:
 
         Every rank's object in one exchange through the slots where the pickles fit (each
         rank then folds them in rank order); else a gather at rank 0, which folds them,
-        then a :meth:`bcast` of the result.
+        then a broadcast of the result, in the same call.
 
         Args:
             sendobj: this rank's picklable object.
@@ -435,22 +457,14 @@ class ObjectMethods:
         """
         from .ops import SUM
         op = SUM if op is None else op
-        values, everywhere = self._allreduce_inputs(sendobj)
+        out, everywhere, raised = self._allreduce_call(sendobj, op)
         if everywhere:          # every rank holds every object: each folds them itself
-            acc = values[0]
-            for v in values[1:]:
+            acc = out[0]
+            for v in out[1:]:
                 acc = op.reduce_objects(acc, v)
             return acc
-        acc = None
-        if values is not None:
-            try:
-                acc = values[0]
-                for v in values[1:]:
-                    acc = op.reduce_objects(acc, v)
-            except Exception as exc:    # the op failed on rank 0, which combines: say so
-                self.bcast(_OpFailed(exc), 0)
-                raise
-        out = self.bcast(acc, 0)
+        if raised is not None:  # rank 0's op raised: the call is done, rank 0 says so
+            raise raised
         if type(out) is _OpFailed:
             if out.exc is not None:     # the op's own exception, as rank 0 raised it
                 out.exc.add_note(f"rank {self.rank}: allreduce on {self.name}: raised by "
@@ -460,16 +474,27 @@ class ObjectMethods:
                                   f"raised on rank 0, which combines the objects: {out.text}")
         return out
 
-    def _allreduce_inputs(self, sendobj: Any) -> tuple[list | None, bool]:
-        """The objects an all-reduce combines: ``(every rank's object, True)`` on every
-        rank when the pickles went through the slots (:mod:`pycomm.objslots`), else
-        ``(the list at rank 0, None elsewhere; False)``, gathered by messages."""
+    def _allreduce_call(self, sendobj: Any, op) -> tuple[Any, bool, Exception | None]:
+        """The call: ``(every object, True, None)`` through the slots; else the objects
+        folded at rank 0 and the result (or :class:`_OpFailed`) broadcast: ``(that, False,
+        the op's exception at rank 0, else None)``."""
         data = dumps(sendobj, self.rank, "allreduce")
         cc, pickles = objslots.exchange(self, "allreduce", signature("allreduce (objects)"),
                                         data)
         if pickles is not None:
-            return [pickles.load(r) for r in range(self.size)], True
-        return self._gather_on(cc, data, sendobj, 0), False
+            return [pickles.load(r) for r in range(self.size)], True, None
+        gathered = self._gather_on(cc, data, 0)
+        if gathered is None:
+            return loads(self._bcast_on(cc, [b""], 0)[0]), False, None
+        try:
+            acc = sendobj
+            for p in gathered[1:]:
+                acc = op.reduce_objects(acc, loads(p))
+        except Exception as exc:    # noqa: BLE001  (the others raise it too, after the call)
+            self._bcast_on(cc, [dumps(_OpFailed(exc), self.rank, "allreduce")], 0)
+            return None, False, exc
+        self._bcast_on(cc, [dumps(acc, self.rank, "allreduce")], 0)
+        return acc, False, None
 
-    _allreduce_inputs.__name__ = "allreduce"        # errors name the user's call
-    _allreduce_inputs = collective(_allreduce_inputs)
+    _allreduce_call.__name__ = "allreduce"        # errors name the user's call
+    _allreduce_call = collective(_allreduce_call)

@@ -19,7 +19,8 @@ def dumps(obj: Any, rank: int | None = None, call: str = "") -> bytes:
     """Serialise ``obj`` with pickle, or cloudpickle when pickle cannot.
 
     Raises:
-        ArgumentError: neither can (the message names ``rank`` and ``call``).
+        ArgumentError: neither can (the message names ``rank`` and ``call``); it is also
+            an instance of the exception cloudpickle raised (TypeError for a lock, say).
     """
     try:
         return pickle.dumps(obj, protocol=5)
@@ -28,9 +29,30 @@ def dumps(obj: Any, rank: int | None = None, call: str = "") -> bytes:
             return cloudpickle.dumps(obj, protocol=5)
         except Exception as exc:
             where = f"rank {rank}: {call}: " if rank is not None else ""
-            raise ArgumentError(f"{where}cannot pickle the object "
-                                f"({type(obj).__name__}): {type(exc).__name__}: {exc}"
-                                ) from None
+            raise _refusal(type(exc))(f"{where}cannot pickle the object "
+                                      f"({type(obj).__name__}): {type(exc).__name__}: {exc}"
+                                      ) from None
+
+
+_REFUSALS: dict[type, type] = {}
+
+
+def _refusal(cause: type) -> type:
+    """The error for an object pickling refused with ``cause``: an ArgumentError that is
+    also a ``cause`` (TypeError for a lock or a socket, pickle.PicklingError, ...), so that
+    an mpi4py program's ``except TypeError`` (what mpi4py raises there: pickle's own
+    error) still catches it; plain ArgumentError where the two cannot be combined. Its
+    ``mpi_error``: the MPI error class pycomm.MPI gives it (its message names the call's
+    ``tag=``, which is not what is wrong)."""
+    cls = _REFUSALS.get(cause)
+    if cls is None:
+        try:
+            cls = type("ArgumentError", (ArgumentError, cause),
+                       {"__module__": __name__, "mpi_error": "ERR_ARG"})
+        except TypeError:           # (incompatible layouts, e.g. an OSError subclass)
+            cls = ArgumentError
+        _REFUSALS[cause] = cls
+    return cls
 
 
 def loads(data) -> Any:

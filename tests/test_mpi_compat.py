@@ -431,3 +431,44 @@ def _rank_mprobe_and_user_ops() -> list:
 
 def test_matched_probe_and_user_ops(world):
     assert world.run(_rank_mprobe_and_user_ops) == [[]] * world.size
+
+
+# -- an object that does not pickle ---------------------------------------------------------
+
+def _rank_unpicklable() -> list:
+    """The last rank passes a lock: as under mpi4py, its call raises pickle's TypeError
+    (here also MPI.Exception, ERR_ARG), before anything is sent; its peers in the
+    collective get MPI.Exception (where MPICH's would wait for ever), and the communicator
+    is usable after."""
+    import threading
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    culprit = size - 1
+    bad: list = []
+    for call in ("allgather", "bcast", "send", "ssend", "isend"):
+        obj = threading.Lock() if rank == culprit else rank
+        try:
+            if call == "allgather":
+                comm.allgather(obj)
+            elif call == "bcast":
+                comm.bcast(obj, root=culprit)
+            elif rank == culprit:      # to itself: refused before anything is posted
+                getattr(comm, call)(obj, dest=rank, tag=5)
+            else:
+                continue
+            bad.append(f"rank {rank}: {call} returned")
+        except TypeError as exc:
+            if rank != culprit or not isinstance(exc, MPI.Exception) or \
+                    exc.Get_error_class() != MPI.ERR_ARG or \
+                    f"rank {rank}: {call}" not in str(exc) or "cannot pickle" not in str(exc):
+                bad.append(f"rank {rank}: {call}: {type(exc).__name__}: {exc}")
+        except MPI.Exception as exc:
+            if rank == culprit or f"failed on rank {culprit}" not in str(exc):
+                bad.append(f"rank {rank}: {call}: {exc}")
+    if comm.allreduce(1) != size:
+        bad.append(f"rank {rank}: the allreduce after is wrong")
+    return bad
+
+
+def test_an_object_that_does_not_pickle_is_a_type_error_as_under_mpi4py(world_small):
+    assert world_small.run(_rank_unpicklable) == [[]] * world_small.size

@@ -269,7 +269,9 @@ def translate(exc: CommError) -> Exception:
     if isinstance(exc, Exception):
         return exc
     code = next(ERRORS[name] for cls, name in _BASE_CODES if isinstance(exc, cls))
-    if isinstance(exc, ArgumentError) and not isinstance(exc, InvalidBufferError):
+    if getattr(exc, "mpi_error", None):
+        code = ERRORS[exc.mpi_error]
+    elif isinstance(exc, ArgumentError) and not isinstance(exc, InvalidBufferError):
         text = str(exc)
         code = next((ERRORS[name] for hint, name in _ARG_HINTS if hint in text), code)
     cls = _mixed(type(exc))
