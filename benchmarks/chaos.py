@@ -47,16 +47,15 @@ What is measured, per trial (the rules are exact; misses are printed with their 
 * **names culprit** — fatal kinds: the launcher's verdict line begins
   ``pycomm.launch: rank C `` (C the culprit). Recoverable kinds: the first error every rank
   caught contains ``rank C`` as words.
-* **names call** — fatal kinds: the name of the faulty call's collective (``Allreduce``,
-  ...; when it is a Bcast, the name of the next call that is not a Bcast also counts,
-  since ranks upstream of the culprit can finish that Bcast and the Bcasts after it; on rdma the call before it also counts, since a killed or
-  stopped rank's last sends may still sit in its own emulated NIC, so that the survivors
-  never finish that call and rightly name it) appears as a word in one of: the
+* **names call** — fatal kinds: the faulty call's collective (``Allreduce``, ...; for a
+  Bcast, the next call that is not a Bcast also counts: ranks upstream of the culprit can
+  finish that Bcast and the Bcasts after it; on rdma the call before it also counts: a
+  killed or stopped rank's last sends may still sit in its own emulated NIC, so that the
+  survivors never finish that call and rightly name it) appears as a word in the
   launcher's verdict line, the last line of a surviving rank's traceback (``[r]
   pycomm.errors.X: ...``), or a surviving rank's stall warning (``[r] pycomm: rank r:
-  warning: ...``). Traceback source lines and
-  flight-recorder tables do not count. Recoverable kinds: the first error every rank
-  caught contains the scheduled collective's name.
+  warning: ...``); traceback source lines and flight-recorder tables do not count.
+  Recoverable kinds: the first error every rank caught names the scheduled collective.
 
 Exits 1 when any trial had a wrong result or a leak (2 when a trial did not end within
 the hard limit of 45 s).
@@ -162,9 +161,7 @@ def make_trial(index: int, kind: str, transport: str, size: int, culprit: int, c
         variant = rankmod.mismatch_variant(c, rng)
     else:
         variant = kind
-    # the call the survivors may be in when the culprit was to enter a Bcast: ranks upstream
-    # of it finish that Bcast, and any Bcast after it, up to the next other collective
-    later = [x["coll"] for x in calls[call + 1:] if x["coll"] != "Bcast"]
+    later = [x["coll"] for x in calls[call + 1:] if x["coll"] != "Bcast"]   # (names call)
     return Trial(index, kind, transport, size, culprit, call, seed, variant, coll=c["coll"],
                  next_coll=later[0] if later else "Bcast", count=c["count"],
                  prev_coll=calls[call - 1]["coll"] if call else "")
