@@ -81,8 +81,9 @@ def _parser() -> argparse.ArgumentParser:
         prog="launch.py", usage="%(prog)s [options] (script.py | -m module) [args...]",
         description="Run N copies of a Python program as the ranks of one pycomm job.")
     parser.add_argument("-n", "--nprocs", type=int, default=1, help="number of ranks (1)")
-    parser.add_argument("--transport", choices=TRANSPORT_CHOICES, default="auto",
-                        help="PYCOMM_TRANSPORT for the ranks (auto)")
+    parser.add_argument("--transport", choices=TRANSPORT_CHOICES, default=None,
+                        help="PYCOMM_TRANSPORT for the ranks (default: PYCOMM_TRANSPORT "
+                             "of this environment, else auto)")
     parser.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
                         help="PYCOMM_TIMEOUT for the ranks: bound on every blocking wait")
     shown = parser.add_mutually_exclusive_group()
@@ -159,6 +160,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"-n must be at least 1, got {args.nprocs}")
     if args.timeout is not None and not args.timeout > 0:
         parser.error(f"--timeout must be positive, got {args.timeout}")
+    if args.transport is None:          # the environment's, as the ranks would read it
+        args.transport = os.environ.get("PYCOMM_TRANSPORT") or "auto"
+        if args.transport not in TRANSPORT_CHOICES:
+            parser.error(f"PYCOMM_TRANSPORT must be one of {', '.join(TRANSPORT_CHOICES)}, "
+                         f"got {args.transport!r}")
     if args.no_prefix is None:          # mpi4py programs print as under mpiexec
         args.no_prefix = args.mpi4py
     if args.nnodes is not None:
