@@ -68,11 +68,33 @@ def test_bind_listener_takes_a_port_of_the_range_and_reports_a_full_one():
     first = bind_listener("127.0.0.1", (port, port))
     try:
         assert first.getsockname()[1] == port
-        first.listen(1)
         with pytest.raises(TransportError, match=f"{port}-{port}"):
             bind_listener("127.0.0.1", (port, port))
     finally:
         first.close()
+
+
+def test_two_listeners_of_one_range_never_share_a_port():
+    # two ranks of a host starting at once: with SO_REUSEADDR both could bind the same
+    # port, neither listening yet, and the second's listen then failed (a CI run: "cannot
+    # start its process watch ([Errno 98] Address already in use)"). A port is claimed by
+    # listening on it; two calls from one process start at the same port of the range.
+    for _ in range(20):
+        with socket.socket() as a, socket.socket() as b:
+            a.bind(("127.0.0.1", 0))
+            port = a.getsockname()[1]
+            try:
+                b.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue                # the next port is taken: find another pair
+        break
+    first = bind_listener("127.0.0.1", (port, port + 1))
+    second = bind_listener("127.0.0.1", (port, port + 1))
+    try:
+        assert {first.getsockname()[1], second.getsockname()[1]} == {port, port + 1}
+    finally:
+        first.close()
+        second.close()
 
 
 @pytest.mark.parametrize("nnodes,nproc", [(1, 1), (2, 2), (3, 2), (2, 3), (4, 1)])

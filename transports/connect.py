@@ -96,40 +96,40 @@ def dial(host: str, port: int, connector: Callable[[], handshake.Connector], dea
 
 
 def bind_listener(host: str, port_range: tuple[int, int] | None = None) -> socket.socket:
-    """Return a TCP socket bound to ``host`` on a free port, within ``port_range`` if given.
+    """Return a TCP socket bound to ``host`` on a free port, within ``port_range`` if given,
+    and listening (a caller may call ``listen`` again for its own backlog).
 
     Ports of the range are tried in order from a point that depends on the pid, so ranks of
-    one host starting together seldom race for the same port.
+    one host starting together seldom race for the same port. A port is claimed by listening
+    on it: with SO_REUSEADDR two sockets may both bind a port that neither listens on yet,
+    and the second's ``listen`` then fails, so a port whose bind or listen finds it in use
+    is passed over.
 
     Raises:
         TransportError: every port of the range is taken, or ``host`` is no local address.
     """
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        if port_range is None:
-            sock.bind((host, 0))
-            return sock
+    if port_range is None:
+        ports = [0]
+    else:
         lo, hi = port_range
-        span = hi - lo + 1
-        start = os.getpid() % span
-        for i in range(span):
-            try:
-                sock.bind((host, lo + (start + i) % span))
-                return sock
-            except OSError as exc:
-                if exc.errno != errno.EADDRINUSE:
-                    raise
-        raise TransportError(f"no free port to listen on at {host} in {lo}-{hi} "
-                             f"(PYCOMM_PORT_RANGE): all {span} are in use")
-    except OSError as exc:
-        sock.close()
-        raise TransportError(f"cannot listen on {host}: {exc}") from exc
-    except BaseException:
-        sock.close()
-        raise
-
-
+        start = os.getpid() % (hi - lo + 1)
+        ports = [lo + (start + i) % (hi - lo + 1) for i in range(hi - lo + 1)]
+    for port in ports:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, port))
+            sock.listen(BACKLOG)
+            return sock
+        except OSError as exc:
+            sock.close()
+            if exc.errno != errno.EADDRINUSE or port_range is None:
+                raise TransportError(f"cannot listen on {host}: {exc}") from exc
+        except BaseException:
+            sock.close()
+            raise
+    raise TransportError(f"no free port to listen on at {host} in {lo}-{hi} "
+                         f"(PYCOMM_PORT_RANGE): all {hi - lo + 1} are in use")
 
 
 def tell_unreachable(store, key: str, message: str) -> None:
