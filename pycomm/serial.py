@@ -41,16 +41,18 @@ def _refusal(cause: type) -> type:
     """The error for an object pickling refused with ``cause``: an ArgumentError that is
     also a ``cause`` (TypeError for a lock or a socket, pickle.PicklingError, ...), so that
     an mpi4py program's ``except TypeError`` (what mpi4py raises there: pickle's own
-    error) still catches it; plain ArgumentError where the two cannot be combined. Its
+    error) still catches it; an ArgumentError alone where the two cannot be combined. Its
     ``mpi_error``: the MPI error class pycomm.MPI gives it (its message names the call's
     ``tag=``, which is not what is wrong)."""
     cls = _REFUSALS.get(cause)
     if cls is None:
-        try:
-            cls = type("ArgumentError", (ArgumentError, cause),
-                       {"__module__": __name__, "mpi_error": "ERR_ARG"})
-        except TypeError:           # (incompatible layouts, e.g. an OSError subclass)
-            cls = ArgumentError
+        attrs = {"__module__": __name__, "mpi_error": "ERR_ARG"}
+        # only an exception whose built-in base is laid out as BaseException is (TypeError,
+        # PicklingError) combines with it, and with MPI.Exception after (OSError does not)
+        builtin = next(c for c in cause.__mro__ if c.__module__ == "builtins")
+        same = builtin.__basicsize__ == BaseException.__basicsize__
+        cls = type("ArgumentError", (ArgumentError, cause) if same else (ArgumentError,),
+                   attrs)
         _REFUSALS[cause] = cls
     return cls
 

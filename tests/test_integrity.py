@@ -360,6 +360,33 @@ def _unpicklable_send():
     return None
 
 
+def test_a_refused_pickle_is_an_argument_error_and_pickle_s_own_error():
+    import pickle
+
+    from pycomm import MPI
+    from pycomm.MPI.exceptions import translate
+    from pycomm.serial import dumps
+
+    class Refuses:
+        """pickle's error first (which sends the object to cloudpickle), then ``error``."""
+
+        def __init__(self, error):
+            self.errors = [TypeError("pickle says no"), error]
+
+        def __reduce__(self):
+            raise self.errors.pop(0)
+
+    for error, also in ((pickle.PicklingError("no"), pickle.PicklingError),
+                        (TypeError("no"), TypeError),
+                        (BlockingIOError("no"), None)):    # (no common layout with it)
+        with pytest.raises(ArgumentError, match="rank 3: send.dest=1, tag=2.: cannot pickle "
+                           "the object .Refuses.") as info:
+            dumps(Refuses(error), 3, "send(dest=1, tag=2)")
+        assert also is None or isinstance(info.value, also), type(info.value).__mro__
+        # pycomm.MPI: ERR_ARG, though the message names tag= (its hints would say ERR_TAG)
+        assert translate(info.value).Get_error_class() == MPI.ERR_ARG
+
+
 def test_unpicklable_send_is_an_argument_error_naming_rank_and_call(world):
     out = world.run(_unpicklable_send)
     text, also_type_error = out[0]
