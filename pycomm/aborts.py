@@ -29,6 +29,7 @@ from .wire import ABORT, EAGER, _pack
 
 __all__ = ["CallAborts"]
 
+_SEQ_MASK = 0x7FFFFFFF          # collective sequence numbers wrap at 2**31 (pycomm.calls)
 _ABORTED_KEEP = 1024            # abandoned calls remembered (to drop their late messages)
 
 
@@ -43,29 +44,51 @@ class CallAborts:
     ``lock``, and fails large messages through its ``rndv``.
     """
 
-    def abort_call(self, ctx: int, tag: int, peers, error: CollectiveError,
-                   text: str) -> None:
+    def abort_call(self, ctx: int, tag: int, peers, mismatch: bool, text: str,
+                   next_text: str | None = None) -> None:
         """Abandon collective call ``(ctx, tag)`` here and tell ``peers`` (world ranks).
 
-        Fails this rank's pending requests of the call with ``error``, remembers the call
-        as abandoned, and sends every peer an ABORT frame carrying ``text`` (which names
-        this rank, the call and why). Peers that are gone are skipped. Idempotent.
+        Fails this rank's pending requests of the call with a
+        :class:`~pycomm.errors.CollectiveError` (a :class:`CollectiveMismatchError` if
+        ``mismatch``) of ``text`` (which names this rank, the call and why), remembers the
+        call as abandoned, and sends every peer an ABORT frame carrying ``text``. With ``next_text`` (a mismatch: a rank whose part
+        needed nothing from the others may already be in the next call) the call after it
+        is abandoned too, with that text, by the same frame: a peer then learns of both
+        at once, and cannot enter the next call knowing of the first only (it would find
+        the mismatch there afresh and abandon the call after that as well). Peers that
+        are gone are skipped. Idempotent.
         """
-        if (ctx, tag) in self.aborted:
+        nxt = (ctx, (tag + 1) & _SEQ_MASK)
+        if (ctx, tag) in self.aborted and (next_text is None or nxt in self.aborted):
             return
         if self.lock is not None:       # the progress thread may abandon a call too
             with self.lock:
-                return self._abort_call(ctx, tag, peers, error, text)
-        return self._abort_call(ctx, tag, peers, error, text)
+                return self._abort_call(ctx, tag, peers, mismatch, text, next_text)
+        return self._abort_call(ctx, tag, peers, mismatch, text, next_text)
 
-    def _abort_call(self, ctx, tag, peers, error, text) -> None:
+    def _abort_call(self, ctx, tag, peers, mismatch, text, next_text) -> None:
         # tell the peers first: a peer whose read of a withdrawn send fails (below) then
         # finds the reason already in its queue
-        frame = _pack((ABORT, ctx, tag, isinstance(error, CollectiveMismatchError), text))
+        frame = _pack((ABORT, ctx, tag, mismatch, text, next_text))
         for p in peers:
             if p != self.rank:          # (a dead peer learns nothing more from us)
                 self._emit(p, frame, quiet=True)
-        self._fail_call(ctx, tag, error)
+        self._abandon_here(ctx, tag, mismatch, f"rank {self.rank}: {text}", next_text)
+
+    def _abandon_here(self, ctx: int, tag: int, mismatch: bool, message: str,
+                      next_text: str | None, origin: int | None = None) -> None:
+        """Fail call ``(ctx, tag)`` (and, with ``next_text``, the next one) on this rank
+        with an error of ``message``; calls already abandoned keep their first error."""
+        cls = CollectiveMismatchError if mismatch else CollectiveError
+        calls = [(tag, message)]
+        if next_text is not None:
+            calls.append(((tag + 1) & _SEQ_MASK, f"rank {self.rank}: {next_text}"))
+        for t, msg in calls:
+            if (ctx, t) not in self.aborted:
+                err = cls(msg)
+                if origin is not None:
+                    err.origin = origin
+                self._fail_call(ctx, t, err)
 
     def aborted_error(self, ctx: int, tag: int) -> CollectiveError | None:
         """The error of call ``(ctx, tag)`` if a rank abandoned it, else None."""
@@ -94,13 +117,10 @@ class CallAborts:
         self.rndv.fail_call(ctx, tag, error)    # its large messages in flight
 
     def _on_abort(self, peer: int, h: list) -> None:
-        """An ABORT frame (header ``h``) from world rank ``peer``: abandon its call here."""
-        _, ctx, tag, mismatch, text = h
-        if (ctx, tag) not in self.aborted:
-            cls = CollectiveMismatchError if mismatch else CollectiveError
-            err = cls(f"rank {self.rank}: {text}")
-            err.origin = peer
-            self._fail_call(ctx, tag, err)
+        """An ABORT frame (header ``h``) from world rank ``peer``: abandon its call (and
+        the next one, if the frame says so) here."""
+        _, ctx, tag, mismatch, text, next_text = h
+        self._abandon_here(ctx, tag, mismatch, f"rank {self.rank}: {text}", next_text, peer)
 
     def foreign_message(self, ctx: int, tag: int, sig, peer: int, nbytes: int) -> bool:
         """Whether an unmatched collective message proves a mismatch; if so, abandon calls.
@@ -120,7 +140,7 @@ class CallAborts:
                 return False
             text = (f"collective mismatch in call #{tag}: world rank {peer} is in "
                     f"{describe(sig)}, world rank {self.rank} in {describe(mine)}")
-        elif 0 < (seq - tag) & 0x7FFFFFFF < 1 << 30 and ctx not in self.unordered and \
+        elif 0 < (seq - tag) & _SEQ_MASK < 1 << 30 and ctx not in self.unordered and \
                 self.offload_posted == self.offload_done and (ctx, tag) not in self.aborted:
             text = (f"collective mismatch in call #{tag}: world rank {peer} sent a message "
                     f"of {describe(sig)} for a call world rank {self.rank} has finished "
@@ -129,10 +149,11 @@ class CallAborts:
             return False
         # the message's call, the next one (as CollectiveCalls.abandon does for a mismatch:
         # a rank that needed nothing from the others may be in it), and this rank's own
-        for t in dict.fromkeys((tag, (tag + 1) & 0x7FFFFFFF, seq)):
-            note = text if t == tag else f"call #{t} is abandoned after a {text}"
-            self.abort_call(ctx, t, world, CollectiveMismatchError(f"rank {self.rank}: {note}"),
-                            note)
+        nxt = (tag + 1) & _SEQ_MASK
+        self.abort_call(ctx, tag, world, True, text, f"call #{nxt} is abandoned after a {text}")
+        if seq not in (tag, nxt):
+            note = f"call #{seq} is abandoned after a {text}"
+            self.abort_call(ctx, seq, world, True, note)
         return True
 
     def _mismatch(self, req: Request, src: int, tag: int, nbytes: int, theirs) -> None:

@@ -294,21 +294,19 @@ class CollectiveCalls:
             # survivor's liveness check finds by itself (and names, as a PeerError); or
             # the call completed everywhere and only reports an earlier abandoned one
             return
-        cls = CollectiveMismatchError if isinstance(exc, CollectiveMismatchError) else \
-            CollectiveError
+        mismatch = isinstance(exc, CollectiveMismatchError)
         what = str(exc)
         if not what.startswith(f"rank {comm.rank}:"):
             what = f"rank {comm.rank}: {what}"
         text = (f"{name} #{seq} on {comm.name} failed on rank {comm.rank} "
                 f"({type(exc).__name__}: {what}{_raised_at(exc)})")
-        eng.abort_call(comm._cctx, seq, comm._world, cls(f"rank {comm.rank}: {text}"), text)
-        if cls is CollectiveMismatchError:
+        note = None
+        if mismatch:
             # a rank whose part of the mismatched call needed nothing from the others may
             # have finished it already: the next call fails everywhere, so it learns too
             nxt = (seq + 1) & _SEQ_MASK
             note = f"call #{nxt} on {comm.name} is abandoned after an earlier mismatch: {text}"
-            eng.abort_call(comm._cctx, nxt, comm._world,
-                           cls(f"rank {comm.rank}: {note}"), note)
+        eng.abort_call(comm._cctx, seq, comm._world, mismatch, text, note)
 
     def check_stale(self, at_start: bool) -> None:
         """Raise if a message of a call this rank has finished is waiting unmatched.
@@ -333,10 +331,6 @@ class CollectiveCalls:
                     f"{describe(u.sig)}, which rank {comm.rank} ran as "
                     f"{describe(mine) if mine else 'another call'} and has finished")
             err = CollectiveMismatchError(f"rank {comm.rank}: {text}")
-            nxt = seq if at_start else (seq + 1) & _SEQ_MASK
-            for tag in dict.fromkeys((u.tag, nxt)):
-                note = text if tag == u.tag else \
-                    f"call #{tag} on {comm.name} is abandoned after an earlier {text}"
-                eng.abort_call(ctx, tag, comm._world,
-                               CollectiveMismatchError(f"rank {comm.rank}: {note}"), note)
+            nxt = (u.tag + 1) & _SEQ_MASK      # (this rank's current call if at_start)
+            eng.abort_call(ctx, u.tag, comm._world, True, text, f"call #{nxt} on {comm.name} is abandoned after an earlier {text}")
             raise err

@@ -16,7 +16,8 @@ FIN      [4, sid]                                receiver copied it one-sidedly:
 CANCEL   [5, sid]                                sender withdraws its RTS (a Send that timed
                                                  out, or Request.Cancel on a pending send)
 NAK      [6, rid]                                answer to a CTS for a withdrawn message
-ABORT    [7, ctx, tag, mismatch, text]           the sender abandoned collective call ``tag``
+ABORT    [7, ctx, tag, mismatch, text,           the sender abandoned collective call ``tag``
+         next_text]                              (and ``tag + 1`` too unless next_text is nil)
 ======== ====================================== ==========================================
 
 Collective messages carry the signature of the sender's call (``code, count``: see

@@ -432,6 +432,34 @@ def test_an_abandoned_call_tells_of_the_abort_before_it_withdraws_its_large_send
     assert isinstance(w.engines[2].aborted.get((0, 5)), CollectiveMismatchError)
 
 
+
+def test_a_mismatch_abandons_its_call_and_the_next_with_one_frame():
+    """A mismatched call is abandoned with the call after it (a rank whose part needed
+    nothing from the others may be in it). One ABORT frame carries both: a peer that had
+    learnt of the first only could enter the next call, find the mismatch there afresh
+    and abandon the call after it too, so that a correct call failed (seen in CI: the
+    3-rank test_different_object_calls_are_a_mismatch_everywhere)."""
+    import msgpack
+    w = FakeWorld(3)
+    w.engines[1].abort_call(0, 7, [0, 1, 2], True, "collective mismatch in call #7",
+                            "call #8 is abandoned after an earlier mismatch")
+    frames = [msgpack.unpackb(h) for src, h, _ in w.links[0].inbox if src == 1]
+    assert [f[0] for f in frames] == [7], frames            # one ABORT frame
+    w.engines[0].progress()
+    for r in (0, 1):
+        got = w.engines[r].aborted
+        assert isinstance(got.get((0, 7)), CollectiveMismatchError), (r, got)
+        assert isinstance(got.get((0, 8)), CollectiveMismatchError), (r, got)
+        assert str(got[(0, 8)]) == f"rank {r}: call #8 is abandoned after an earlier " \
+            "mismatch"
+    assert (0, 9) not in w.engines[0].aborted
+    # a plain abort (not a mismatch) abandons its own call only
+    w.engines[2].abort_call(0, 11, [0, 1, 2], False, "rank 2 rejected its count")
+    w.run_all()
+    got = w.engines[0].aborted
+    assert type(got[(0, 11)]).__name__ == "CollectiveError" and (0, 12) not in got
+
+
 def test_header_caches_stay_bounded_and_keep_serving_after_many_tags():
     """Point-to-point headers are parsed once and cached; after more distinct tags than
     the cache holds it starts again (bounded), and a tag in use is cached once more, so
