@@ -31,7 +31,8 @@ import numpy as np
 
 from .errors import ArgumentError
 
-__all__ = ["COLLECTIVES", "collective", "signature", "describe", "dtype_code", "empty_match"]
+__all__ = ["COLLECTIVES", "collective", "conflict", "signature", "describe", "dtype_code",
+           "empty_match"]
 
 # Index = the collective's id in a signature (never reorder: ranks of one job must agree,
 # and they run the same code).
@@ -94,6 +95,13 @@ def empty_match(mine, theirs, nbytes: int) -> bool:
     arrays default to float64 or bytes); collective, op, root and count must agree."""
     return (nbytes == 0 and mine is not None and theirs is not None and mine[1] == theirs[1]
             and not (mine[0] ^ theirs[0]) & ~_DTYPE_BITS)
+
+
+def conflict(mine, theirs) -> bool:
+    """Whether two signatures of one call number name different calls whatever bytes
+    move: they differ in collective, op, root or count (a datatype alone may differ where
+    no bytes move: :func:`empty_match`)."""
+    return mine[1] != theirs[1] or bool((mine[0] ^ theirs[0]) & ~_DTYPE_BITS)
 
 
 def describe(sig) -> str:

@@ -51,9 +51,10 @@ import time
 import msgpack
 
 from . import trace
-from .errors import CommError, CommTimeoutError, PeerError
+from .errors import CollectiveMismatchError, CommError, CommTimeoutError, PeerError
+from .signature import conflict, describe
 
-__all__ = ["Inspector", "ask_positions", "describe_position", "diagnose", "key",
+__all__ = ["Inspector", "ask_positions", "describe_position", "diagnose", "key", "mismatch",
            "read_diagnoses", "read_exits", "read_positions", "summarize"]
 
 _IDLE_S = 60.0      # seconds one responder wait in the store lasts before it re-parks
@@ -86,7 +87,8 @@ def position(rank: int, waiting_for: int | None, sigusr1: bool, round_: int = 0)
                   call[2], (now - t1) / 1e9, err.split(":", 1)[0]]
     return {"rank": rank, "pid": os.getpid(), "round": round_, "wall": time.time(),
             "running": running, "waiting_for": waiting_for, "last": last, "failed": failed,
-            "comms": trace.collective_progress(), "sigusr1": sigusr1}
+            "comms": trace.collective_progress(), "sigs": trace.collective_signatures(),
+            "sigusr1": sigusr1}
 
 
 def _call_text(op: str, comm_name: str | None, seq: int, peer: int = -1) -> str:
@@ -160,6 +162,30 @@ def diagnose(me: int, call, positions: dict) -> tuple[str, list[int]]:
     if peer is None or peer < 0:
         return "", []
     return describe_position(positions.get(peer), peer), [peer]
+
+
+def mismatch(me: int, call, positions: dict) -> str | None:
+    """Why the collective ``call`` (a flight-recorder entry) of rank ``me`` can never
+    complete, from the others' ``positions``: a member whose call of the same number on
+    the same communicator has a signature that conflicts with this rank's
+    (:func:`pycomm.signature.conflict`); None when no position proves it. (Such calls
+    need not exchange a message that would show it: Bcast against Allreduce where every
+    rank first receives, for one.)"""
+    op, comm, seq = call[:3]
+    eng, ctx = getattr(comm, "_engine", None), getattr(comm, "_cctx", None)
+    if not op[:1].islower() or eng is None or ctx is None or ctx in eng.unordered:
+        return None
+    cur = eng.current.get(ctx)
+    if cur is None or cur[0] != seq or cur[1] is None:
+        return None
+    mine = cur[1]
+    for m in comm._world:
+        theirs = (positions.get(m) or {}).get("sigs", {}).get(ctx) if m != me else None
+        if theirs and theirs[0] == seq and conflict(mine, theirs[1:]):
+            return (f"collective mismatch in call #{seq} on {comm.name}: rank "
+                    f"{comm._from_world.get(m, m)} is in {describe(tuple(theirs[1:]))}, rank "
+                    f"{comm.rank} in {describe(mine)} (found by asking the ranks)")
+    return None
 
 
 def summarize(positions: dict) -> tuple[str, list[int]]:
@@ -386,12 +412,17 @@ class Inspector:
         return self._client
 
     # -- the waiting side --------------------------------------------------------------------
-    def inspect(self, peer: int | None, call=None) -> tuple[str, list[int]]:
+    def inspect(self, peer: int | None, call=None, check: bool = False
+                ) -> tuple[str, list[int]]:
         """Ask every other rank where it is; explain the stall of ``call`` (a flight
         recorder entry; default: the call this rank is in).
 
         Returns (text, culprits); ("", []) when this rank is in no recorded call or the
         store cannot be reached.
+
+        Raises:
+            CollectiveMismatchError: ``check`` and the positions prove that ``call`` is
+                mismatched (:func:`mismatch`); its waits would last until the timeout.
         """
         call = trace.current() if call is None else call
         if call is None:
@@ -405,6 +436,10 @@ class Inspector:
                 positions = ask_positions(client, self.job_id, others)
         except CommError:
             return "", []
+        found = mismatch(self.rank, call, positions) if check else None
+        if found is not None:
+            self.waiting_for = None
+            raise CollectiveMismatchError(f"rank {self.rank}: {found}")
         return diagnose(self.rank, call, positions)
 
     def report_error(self, exc: BaseException, call: str = "") -> None:

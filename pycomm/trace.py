@@ -42,8 +42,8 @@ import time
 from . import config
 from .errors import CommError, TruncationError
 
-__all__ = ["ERROR_DUMP_CALLS", "begin", "chrome_events", "collective_progress", "current",
-           "describe_call", "display_name", "dump", "end", "fail", "format_calls", "install",
+__all__ = ["ERROR_DUMP_CALLS", "begin", "chrome_events", "collective_progress",
+           "collective_signatures", "current", "describe_call", "display_name", "dump", "end", "fail", "format_calls", "install",
            "last_completed", "last_failed", "merge_chrome_traces", "on_sigusr1",
            "record_wait", "traced", "write_chrome_trace"]
 
@@ -280,16 +280,38 @@ def last_failed():
     return None
 
 
-def collective_progress() -> dict:
-    """``{context id: sequence number of the last collective begun}`` for every
-    communicator seen in the ring (its call counter: authoritative, not limited to the
-    ring)."""
+def _collective_comms() -> dict:
+    """``{context id: communicator}`` of every communicator with a collective in the ring."""
     seen = {}
     for _n, call, _t1, _e in _snapshot():
         comm = call[1]
         if comm is not None and _is_collective(call[0]):
             seen[getattr(comm, "_cid", -1)] = comm
-    return {cid: int(c._calls.seq) for cid, c in seen.items()}
+    return seen
+
+
+def collective_progress() -> dict:
+    """``{context id: sequence number of the last collective begun}`` for every
+    communicator seen in the ring (its call counter: authoritative, not limited to the
+    ring)."""
+    return {cid: int(c._calls.seq) for cid, c in _collective_comms().items()}
+
+
+def collective_signatures() -> dict:
+    """``{collective context: [seq, code, count]}``: the signature
+    (:func:`pycomm.signature.signature`) of the last collective begun on every
+    communicator seen in the ring, keyed by the context its collective messages travel on
+    (unique among this rank's communicators); none for a context whose calls are not
+    numbered in order (``Create_group``'s)."""
+    out = {}
+    for c in _collective_comms().values():
+        eng, ctx = getattr(c, "_engine", None), getattr(c, "_cctx", None)
+        if eng is None or ctx is None or ctx in eng.unordered:
+            continue
+        cur = eng.current.get(ctx)      # (seq, sig, world): one tuple, written at once
+        if cur is not None and cur[1] is not None:
+            out[ctx] = [int(cur[0]), int(cur[1][0]), int(cur[1][1])]
+    return out
 
 
 def format_calls(calls: list, now_ns: int | None = None) -> list[str]:

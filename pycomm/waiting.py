@@ -411,7 +411,7 @@ class Waiting:
         Returns the suspects (as text) for the next call's ``previous``."""
         call = self._my_call()
         peer = req.peer if req is not None and req.peer >= 0 else None
-        text, culprits = self._inspector.inspect(peer, call)
+        text, culprits = self._inspector.inspect(peer, call, check=True)
         seen = f"{culprits}" if text else ""
         if text and seen != previous:       # warn again only when the suspects change
             name = trace.describe_call(call) if call is not None else what
@@ -450,7 +450,7 @@ class Waiting:
         culprits: list = []
         if self._inspector is not None:
             peer = req.peer if req is not None and req.peer >= 0 else None
-            why, culprits = self._inspector.inspect(peer, call)
+            why, culprits = self._inspector.inspect(peer, call, check=True)
             if why:
                 text += f"; {why}"
         exc = CommTimeoutError(text)

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import cloudpickle
+import numpy as np
 import pytest
 
 import pycomm
@@ -54,18 +55,34 @@ HANG = textwrap.dedent("""
         comm.Barrier()
 """)
 
+# Each rank takes another for the Bcast's root: every rank waits to receive, no message
+# crosses to show the mismatch, and only the ranks' positions prove it (pycomm.stall.mismatch).
+ROOTS = textwrap.dedent("""
+    import numpy as np
+    import pycomm
+    comm = pycomm.COMM_WORLD
+    x = np.zeros(100000)
+    for what, call in (("bcast", lambda: comm.Bcast(x, root=(comm.rank + 1) % comm.size)),
+                       ("next", lambda: comm.Allreduce(pycomm.IN_PLACE, x)),
+                       ("after", lambda: comm.allreduce(comm.rank))):
+        try:
+            print(f"{what}: {call()}", flush=True)
+        except pycomm.CommError as exc:
+            print(f"{what}: {type(exc).__name__}: {exc}", flush=True)
+""")
 
 # Every job of this module: (transport, mode, PYCOMM_STALL_WARN). Each spends its seconds
 # waiting (rank 2 asleep, the others until the warning and the 3 s timeout), so the
 # fixture below starts them all at once and the tests read their outcomes.
 JOBS = [("shm", "collective", "1"), ("tcp", "collective", "1"), ("rdma", "collective", "1"),
-        ("shm", "p2p", "1"), ("shm", "nonblocking", "1"), ("shm", "collective", "30")]
+        ("shm", "p2p", "1"), ("shm", "nonblocking", "1"), ("shm", "collective", "30"),
+        ("tcp", "roots", "1"), ("rdma", "roots", "1")]
 
 
 def _job(folder: Path, transport: str, mode: str, warn: str, timeout: str = "3"):
     """``launch.py -n 3`` of HANG written in ``folder``: (argv, Popen options)."""
     script = folder / "hang.py"
-    script.write_text(HANG)
+    script.write_text(ROOTS if mode == "roots" else HANG)
     env = {**os.environ, "PYCOMM_STALL_WARN": warn,
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT),
                                                        os.environ.get("PYTHONPATH")]))}
@@ -121,6 +138,26 @@ def test_hung_rank_is_named_everywhere(jobs, transport):
                      r"CommTimeoutError: rank \d: Allreduce #4", summary[0]), summary[0]
     assert re.search(r"^\[2\] pycomm flight recorder, rank 2 \(pid \d+\): SIGUSR1", err, re.MULTILINE)
     assert re.search(r"^\[2\] +\d+ +Bcast +pycomm.COMM_WORLD +3 +8 ", err, re.MULTILINE), err
+
+
+@pytest.mark.parametrize("transport", ["tcp", "rdma"])
+def test_a_mismatch_no_message_shows_is_found_by_asking_the_ranks(jobs, transport):
+    """Bcast with a different root on every rank: all wait to receive. At
+    PYCOMM_STALL_WARN (1 s, the timeout 3 s) the ranks' positions prove the mismatch;
+    the call and the next fail on every rank as any mismatch does, and the one after
+    works (MPI would hang)."""
+    proc, took = jobs[transport, "roots", "1"]
+    out, err = proc.stdout, proc.stderr
+    assert proc.returncode == 0, err
+    for r in range(3):
+        bcast = re.search(rf"^\[{r}\] bcast: (.*)$", out, re.MULTILINE)
+        assert bcast and bcast[1].startswith("CollectiveMismatchError: "), out
+        assert "collective mismatch in call #3 on pycomm.COMM_WORLD: rank " in bcast[1], out
+        assert "(found by asking the ranks)" in bcast[1] and "root=" in bcast[1], out
+        assert "did not complete within" not in bcast[1], out      # not the timeout's
+        assert re.search(rf"^\[{r}\] next: CollectiveMismatchError: .*call #4 .*abandoned",
+                         out, re.MULTILINE), out
+        assert re.search(rf"^\[{r}\] after: 3$", out, re.MULTILINE), out
 
 
 def test_point_to_point_stall_names_the_peer(jobs):
@@ -238,3 +275,37 @@ def test_summarize_from_outside():
     assert suspects == [2]
     assert text.startswith("ranks [0] are in and ranks [1] failed in Bcast #5 on "
                            "pycomm.COMM_WORLD, which ranks [2] have not called"), text
+
+
+def test_mismatch_is_proven_only_by_a_conflicting_signature_of_the_same_call():
+    """What :func:`pycomm.stall.mismatch` reads as proof: a member's call of the same
+    number on the same context whose collective, op, root or count differs. A datatype
+    alone may differ where no bytes move, another number is another call, a
+    ``Create_group`` context numbers its calls out of order: none is proof."""
+    from types import SimpleNamespace
+    from pycomm.signature import signature
+    f64, i64 = np.dtype(np.float64), np.dtype(np.int64)
+    mine = signature("Bcast", f64, 4, root=1)
+    eng = SimpleNamespace(current={5: (57, mine, [0, 1, 2])}, unordered=set())
+    comm = SimpleNamespace(name="pycomm.COMM_WORLD", _engine=eng, _cctx=5, _world=[0, 1, 2],
+                           _from_world={0: 0, 1: 1, 2: 2}, rank=0)
+    call = ("bcast", comm, 57, 32, "binomial", -1, 0)
+
+    def with_sig(seq, sig, ctx=5):
+        return {"sigs": {ctx: [seq, *sig]}}
+    same = {1: with_sig(57, mine), 2: None}
+    assert stall.mismatch(0, call, same) is None
+    other_root = signature("Bcast", f64, 4, root=2)
+    found = stall.mismatch(0, call, {1: with_sig(57, mine), 2: with_sig(57, other_root)})
+    assert found == ("collective mismatch in call #57 on pycomm.COMM_WORLD: rank 2 is in "
+                     "Bcast(root=2, float64x4), rank 0 in Bcast(root=1, float64x4) (found "
+                     "by asking the ranks)")
+    other_dtype = signature("Bcast", i64, 4, root=1)
+    assert other_dtype != mine and stall.mismatch(0, call, {1: with_sig(57, other_dtype)}) \
+        is None
+    assert stall.mismatch(0, call, {1: with_sig(58, other_root)}) is None      # its next call
+    assert stall.mismatch(0, call, {1: with_sig(57, other_root, ctx=8)}) is None
+    assert stall.mismatch(0, ("Recv", comm, 57, 32, None, 1, 0),
+                          {1: with_sig(57, other_root)}) is None               # not collective
+    eng.unordered.add(5)
+    assert stall.mismatch(0, call, {1: with_sig(57, other_root)}) is None
