@@ -493,7 +493,7 @@ class ObjectMethods:
         except Exception as exc:    # noqa: BLE001  (the others raise it too, after the call)
             self._bcast_on(cc, [dumps(_OpFailed(exc), self.rank, "allreduce")], 0)
             return None, False, exc
-        self._bcast_on(cc, [dumps(acc, self.rank, "allreduce")], 0)
+        self._bcast_on(cc, [dumps(acc, self.rank, "allreduce (the op's result)")], 0)
         return acc, False, None
 
     _allreduce_call.__name__ = "allreduce"        # errors name the user's call

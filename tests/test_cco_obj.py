@@ -211,6 +211,40 @@ def test_allreduce_whose_op_fails_fails_on_every_rank(world):
                     "_Unpicklable" in got, got
 
 
+def _rank_allreduce_result_does_not_pickle():
+    """An op whose result does not pickle, with objects too large for the slots (by
+    messages: rank 0 folds and must pickle the result to broadcast it)."""
+    import threading
+    comm = pycomm.COMM_WORLD
+    big = b"x" * (3 * EAGER_LIMIT + comm.rank)      # past PYCOMM_SHM_COLL_BYTES too
+    try:
+        comm.allreduce(big, op=pycomm.Op.Create(lambda a, b: threading.Lock()))
+        got = "no error"
+    except pycomm.CollectiveError as exc:
+        got = f"CollectiveError: {exc}"
+    except TypeError as exc:
+        got = f"{type(exc).__name__} (TypeError, {isinstance(exc, pycomm.ArgumentError)}):" \
+            f" {exc}"
+    return got, comm.allreduce(comm.rank + 1)
+
+
+def test_allreduce_whose_result_does_not_pickle_names_rank_0_everywhere(world_small):
+    # by messages rank 0 pickles the result to broadcast it: there pickle's refusal (an
+    # ArgumentError that is a TypeError, as mpi4py raises for an unpicklable object), on
+    # the others a CollectiveError naming rank 0; the communicator stays usable
+    n = world_small.size
+    for rank, (got, after) in enumerate(world_small.run(_rank_allreduce_result_does_not_pickle)):
+        assert after == n * (n + 1) // 2, (rank, after)
+        if n == 1:
+            assert got == "no error"            # one object: the op never runs
+        elif rank == 0:
+            assert got.startswith("ArgumentError (TypeError, True): rank 0: allreduce (the "
+                                  "op's result): cannot pickle the object (lock)"), got
+        else:
+            assert got.startswith(f"CollectiveError: rank {rank}: ") and \
+                "failed on rank 0" in got and "ArgumentError" in got, got
+
+
 def _rank_test_cancelled_object_receive():
     comm = pycomm.COMM_WORLD
     req = comm.irecv(source=comm.rank, tag=77)
