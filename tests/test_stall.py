@@ -58,11 +58,15 @@ HANG = textwrap.dedent("""
 # Each rank takes another for the Bcast's root: every rank waits to receive, no message
 # crosses to show the mismatch, and only the ranks' positions prove it (pycomm.stall.mismatch).
 ROOTS = textwrap.dedent("""
+    import sys
     import numpy as np
     import pycomm
     comm = pycomm.COMM_WORLD
     x = np.zeros(100000)
-    for what, call in (("bcast", lambda: comm.Bcast(x, root=(comm.rank + 1) % comm.size)),
+    root = (comm.rank + 1) % comm.size
+    bcast = (lambda: comm.Bcast(x, root=root)) if sys.argv[1] == "roots" else \\
+        (lambda: comm.Ibcast(x, root=root).Wait())
+    for what, call in (("bcast", bcast),
                        ("next", lambda: comm.Allreduce(pycomm.IN_PLACE, x)),
                        ("after", lambda: comm.allreduce(comm.rank))):
         try:
@@ -76,13 +80,13 @@ ROOTS = textwrap.dedent("""
 # fixture below starts them all at once and the tests read their outcomes.
 JOBS = [("shm", "collective", "1"), ("tcp", "collective", "1"), ("rdma", "collective", "1"),
         ("shm", "p2p", "1"), ("shm", "nonblocking", "1"), ("shm", "collective", "30"),
-        ("tcp", "roots", "1"), ("rdma", "roots", "1")]
+        ("tcp", "roots", "1"), ("rdma", "roots", "1"), ("tcp", "iroots", "1")]
 
 
 def _job(folder: Path, transport: str, mode: str, warn: str, timeout: str = "3"):
     """``launch.py -n 3`` of HANG written in ``folder``: (argv, Popen options)."""
     script = folder / "hang.py"
-    script.write_text(ROOTS if mode == "roots" else HANG)
+    script.write_text(ROOTS if mode.endswith("roots") else HANG)
     env = {**os.environ, "PYCOMM_STALL_WARN": warn,
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT),
                                                        os.environ.get("PYTHONPATH")]))}
@@ -140,13 +144,14 @@ def test_hung_rank_is_named_everywhere(jobs, transport):
     assert re.search(r"^\[2\] +\d+ +Bcast +pycomm.COMM_WORLD +3 +8 ", err, re.MULTILINE), err
 
 
-@pytest.mark.parametrize("transport", ["tcp", "rdma"])
-def test_a_mismatch_no_message_shows_is_found_by_asking_the_ranks(jobs, transport):
-    """Bcast with a different root on every rank: all wait to receive. At
-    PYCOMM_STALL_WARN (1 s, the timeout 3 s) the ranks' positions prove the mismatch;
-    the call and the next fail on every rank as any mismatch does, and the one after
-    works (MPI would hang)."""
-    proc, took = jobs[transport, "roots", "1"]
+@pytest.mark.parametrize("transport, mode", [("tcp", "roots"), ("rdma", "roots"),
+                                             ("tcp", "iroots")])
+def test_a_mismatch_no_message_shows_is_found_by_asking_the_ranks(jobs, transport, mode):
+    """Bcast (``iroots``: Ibcast and Wait) with a different root on every rank: all wait
+    to receive. At PYCOMM_STALL_WARN (1 s, the timeout 3 s) the ranks' positions prove
+    the mismatch; the call and the next fail on every rank as any mismatch does, and the
+    one after works (MPI would hang)."""
+    proc, took = jobs[transport, mode, "1"]
     out, err = proc.stdout, proc.stderr
     assert proc.returncode == 0, err
     for r in range(3):
