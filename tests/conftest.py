@@ -313,7 +313,7 @@ def _place(item) -> tuple[tuple, str]:
 
 
 def pytest_itemcollected(item) -> None:
-    # Under xdist (pyproject's addopts: two workers, --dist loadgroup), a worker takes one
+    # Under xdist (pyproject's addopts: three workers, --dist loadgroup), a worker takes one
     # group at a time and runs its tests in the order _WorldOrder sorts them: every test of
     # one world in one group (its pool started by one worker, once), every other test with
     # its file, the emulated hosts together (they share names). The groups are handed out

@@ -12,7 +12,7 @@ def _under_xdist() -> bool:
 
 def test_a_test_without_a_world_runs_with_its_file(request):
     """xdist appends the group to the node id. (Under pytest 9.2 it no longer can,
-    pytest-xdist issue 1386: the tests spread over both workers one by one, every pool
+    pytest-xdist issue 1386: the tests spread over the workers one by one, every pool
     was started again and again, and the suite took 7:55 instead of about 5:40; the test
     extra keeps pytest below 9.2.)"""
     if _under_xdist():
