@@ -51,12 +51,12 @@ class CallAborts:
         Fails this rank's pending requests of the call with a
         :class:`~pycomm.errors.CollectiveError` (a :class:`CollectiveMismatchError` if
         ``mismatch``) of ``text`` (which names this rank, the call and why), remembers the
-        call as abandoned, and sends every peer an ABORT frame carrying ``text``. With ``next_text`` (a mismatch: a rank whose part
-        needed nothing from the others may already be in the next call) the call after it
-        is abandoned too, with that text, by the same frame: a peer then learns of both
-        at once, and cannot enter the next call knowing of the first only (it would find
-        the mismatch there afresh and abandon the call after that as well). Peers that
-        are gone are skipped. Idempotent.
+        call as abandoned, and sends every peer an ABORT frame carrying ``text``. With
+        ``next_text`` (a mismatch: a rank whose part needed nothing from the others may
+        already be in the next call) the call after it is abandoned too, with that text,
+        by the same frame: a peer then learns of both at once, and cannot enter the next
+        call knowing of the first only (it would find the mismatch there afresh and
+        abandon the call after that as well). Peers that are gone are skipped. Idempotent.
         """
         nxt = (ctx, (tag + 1) & _SEQ_MASK)
         if (ctx, tag) in self.aborted and (next_text is None or nxt in self.aborted):

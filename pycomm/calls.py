@@ -332,5 +332,6 @@ class CollectiveCalls:
                     f"{describe(mine) if mine else 'another call'} and has finished")
             err = CollectiveMismatchError(f"rank {comm.rank}: {text}")
             nxt = (u.tag + 1) & _SEQ_MASK      # (this rank's current call if at_start)
-            eng.abort_call(ctx, u.tag, comm._world, True, text, f"call #{nxt} on {comm.name} is abandoned after an earlier {text}")
+            eng.abort_call(ctx, u.tag, comm._world, True, text,
+                           f"call #{nxt} on {comm.name} is abandoned after an earlier {text}")
             raise err

@@ -43,9 +43,9 @@ from . import config
 from .errors import CommError, TruncationError
 
 __all__ = ["ERROR_DUMP_CALLS", "begin", "chrome_events", "collective_progress",
-           "collective_signatures", "current", "describe_call", "display_name", "dump", "end", "fail", "format_calls", "install",
-           "last_completed", "last_failed", "merge_chrome_traces", "on_sigusr1",
-           "record_wait", "traced", "write_chrome_trace"]
+           "collective_signatures", "current", "describe_call", "display_name", "dump", "end",
+           "fail", "format_calls", "install", "last_completed", "last_failed",
+           "merge_chrome_traces", "on_sigusr1", "record_wait", "traced", "write_chrome_trace"]
 
 ERROR_DUMP_CALLS = 32  # calls printed when an error leaves a call (SIGUSR1: the whole ring)
 
