@@ -76,7 +76,7 @@ class CallAborts:
         self._abandon_here(ctx, tag, mismatch, f"rank {self.rank}: {text}", next_text)
 
     def _abandon_here(self, ctx: int, tag: int, mismatch: bool, message: str,
-                      next_text: str | None, origin: int | None = None) -> None:
+                      next_text: str | None) -> None:
         """Fail call ``(ctx, tag)`` (and, with ``next_text``, the next one) on this rank
         with an error of ``message``; calls already abandoned keep their first error."""
         cls = CollectiveMismatchError if mismatch else CollectiveError
@@ -85,10 +85,7 @@ class CallAborts:
             calls.append(((tag + 1) & _SEQ_MASK, f"rank {self.rank}: {next_text}"))
         for t, msg in calls:
             if (ctx, t) not in self.aborted:
-                err = cls(msg)
-                if origin is not None:
-                    err.origin = origin
-                self._fail_call(ctx, t, err)
+                self._fail_call(ctx, t, cls(msg))
 
     def aborted_error(self, ctx: int, tag: int) -> CollectiveError | None:
         """The error of call ``(ctx, tag)`` if a rank abandoned it, else None."""
@@ -120,7 +117,7 @@ class CallAborts:
         """An ABORT frame (header ``h``) from world rank ``peer``: abandon its call (and
         the next one, if the frame says so) here."""
         _, ctx, tag, mismatch, text, next_text = h
-        self._abandon_here(ctx, tag, mismatch, f"rank {self.rank}: {text}", next_text, peer)
+        self._abandon_here(ctx, tag, mismatch, f"rank {self.rank}: {text}", next_text)
 
     def foreign_message(self, ctx: int, tag: int, sig, peer: int, nbytes: int) -> bool:
         """Whether an unmatched collective message proves a mismatch; if so, abandon calls.
