@@ -31,6 +31,17 @@ __all__ = ["CallAborts"]
 
 _SEQ_MASK = 0x7FFFFFFF          # collective sequence numbers wrap at 2**31 (pycomm.calls)
 _ABORTED_KEEP = 1024            # abandoned calls remembered (to drop their late messages)
+# characters of an ABORT's texts sent to the peers: the frame's header holds at most
+# transports.frames.MAX_HEADER (64 KiB) bytes, and an error's message, which the text
+# quotes, has no bound (4 bytes a character at most in UTF-8: two texts stay under 40 KiB)
+_TEXT_SENT = 4000
+
+
+def _bounded(text: str) -> str:
+    """``text`` cut to :data:`_TEXT_SENT` characters, saying so where it is cut."""
+    if len(text) <= _TEXT_SENT:
+        return text
+    return f"{text[:_TEXT_SENT]}... (cut; {len(text)} characters in all)"
 
 
 class CallAborts:
@@ -69,7 +80,8 @@ class CallAborts:
     def _abort_call(self, ctx, tag, peers, mismatch, text, next_text) -> None:
         # tell the peers first: a peer whose read of a withdrawn send fails (below) then
         # finds the reason already in its queue
-        frame = _pack((ABORT, ctx, tag, mismatch, text, next_text))
+        frame = _pack((ABORT, ctx, tag, mismatch, _bounded(text),
+                       None if next_text is None else _bounded(next_text)))
         for p in peers:
             if p != self.rank:          # (a dead peer learns nothing more from us)
                 self._emit(p, frame, quiet=True)

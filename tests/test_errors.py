@@ -451,3 +451,33 @@ def test_error_hierarchy():
         assert issubclass(cls, pycomm.CommError)
     assert issubclass(pycomm.CommTimeoutError, TimeoutError)
     assert issubclass(pycomm.PeerError, ConnectionError)
+
+
+def _rank_long_error():
+    """Rank 0 calls Bcast with a root whose repr is 100 000 characters: its ArgumentError
+    quotes it, and so would the ABORT that tells the others."""
+    comm = pycomm.COMM_WORLD
+    buf = np.zeros(3)
+    try:
+        comm.Bcast(buf, root="x" * 100_000 if comm.rank == 0 else 0)
+        got = ("no error", "")
+    except pycomm.CommError as exc:
+        got = (type(exc).__name__, str(exc))
+    return got, comm.allreduce(comm.rank + 1)
+
+
+def test_an_error_with_a_long_message_reaches_the_others_cut(world_small):
+    # the ABORT frame's header is bounded (transports.frames.MAX_HEADER, 64 KiB): the
+    # texts it carries are cut, saying so; before, the peers' transports read the frame
+    # as a corrupt stream and raised PeerError
+    n = world_small.size
+    for rank, ((kind, message), after) in enumerate(world_small.run(_rank_long_error)):
+        assert after == n * (n + 1) // 2, (rank, after)
+        if rank == 0:
+            assert kind == "ArgumentError" and len(message) > 100_000, (kind, message[:200])
+        else:
+            assert kind == "CollectiveError", (rank, kind, message[:300])
+            assert message.startswith(f"rank {rank}: Bcast #") and "failed on rank 0 " \
+                "(ArgumentError: rank 0: root='xxx" in message, message[:300]
+            assert message.endswith(" characters in all)") and "... (cut; " in message \
+                and len(message) < 4200, message[-200:]
