@@ -80,7 +80,8 @@ ROOTS = textwrap.dedent("""
 # fixture below starts them all at once and the tests read their outcomes.
 JOBS = [("shm", "collective", "1"), ("tcp", "collective", "1"), ("rdma", "collective", "1"),
         ("shm", "p2p", "1"), ("shm", "nonblocking", "1"), ("shm", "collective", "30"),
-        ("tcp", "roots", "1"), ("rdma", "roots", "1"), ("tcp", "iroots", "1")]
+        ("tcp", "roots", "1"), ("rdma", "roots", "1"), ("tcp", "iroots", "1"),
+        ("tcp", "roots", "30")]
 
 
 def _job(folder: Path, transport: str, mode: str, warn: str, timeout: str = "3"):
@@ -144,14 +145,17 @@ def test_hung_rank_is_named_everywhere(jobs, transport):
     assert re.search(r"^\[2\] +\d+ +Bcast +pycomm.COMM_WORLD +3 +8 ", err, re.MULTILINE), err
 
 
-@pytest.mark.parametrize("transport, mode", [("tcp", "roots"), ("rdma", "roots"),
-                                             ("tcp", "iroots")])
-def test_a_mismatch_no_message_shows_is_found_by_asking_the_ranks(jobs, transport, mode):
+@pytest.mark.parametrize("transport, mode, warn", [
+    ("tcp", "roots", "1"), ("rdma", "roots", "1"), ("tcp", "iroots", "1"),
+    ("tcp", "roots", "30")])
+def test_a_mismatch_no_message_shows_is_found_by_asking_the_ranks(jobs, transport, mode,
+                                                                  warn):
     """Bcast (``iroots``: Ibcast and Wait) with a different root on every rank: all wait
-    to receive. At PYCOMM_STALL_WARN (1 s, the timeout 3 s) the ranks' positions prove
-    the mismatch; the call and the next fail on every rank as any mismatch does, and the
-    one after works (MPI would hang)."""
-    proc, took = jobs[transport, mode, "1"]
+    to receive. At PYCOMM_STALL_WARN (1 s; the timeout is 3 s) the ranks' positions prove
+    the mismatch, or at the timeout when the warning would come later (30 s); the call
+    and the next fail on every rank as any mismatch does, and the one after works (MPI
+    would hang)."""
+    proc, took = jobs[transport, mode, warn]
     out, err = proc.stdout, proc.stderr
     assert proc.returncode == 0, err
     for r in range(3):
