@@ -267,8 +267,8 @@ class ObjectMethods:
         me = self.rank == root
         n = np.array([len(p) for p in parts], dtype=np.int64)
         run("bcast", n.nbytes, None, None, lambda fn: fn(cc, n, root))
-        buf = np.frombuffer(b"".join(parts), dtype=np.uint8).copy() if me else \
-            np.empty(int(n.sum()), dtype=np.uint8)
+        buf = np.frombuffer(bytearray().join(parts), dtype=np.uint8) if me else \
+            np.empty(int(n.sum()), dtype=np.uint8)   # (root: one copy, and writable)
         run("bcast", buf.nbytes, None, None, lambda fn: fn(cc, buf, root))
         if me:
             return parts
