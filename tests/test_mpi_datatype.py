@@ -31,7 +31,7 @@ BASIC = {
     "UNSIGNED_SHORT": ("u2", "H"), "INT": ("i4", "i"), "UNSIGNED": ("u4", "I"),
     "LONG": ("i8", "l"), "UNSIGNED_LONG": ("u8", "L"), "LONG_LONG": ("i8", "q"),
     "UNSIGNED_LONG_LONG": ("u8", "Q"), "FLOAT": ("f4", "f"), "DOUBLE": ("f8", "d"),
-    "LONG_DOUBLE": ("g", "g"), "C_BOOL": ("?", "?"), "INT8_T": ("i1", "i1"),
+    "LONG_DOUBLE": ("g", "g"), "C_BOOL": ("?", "b1"), "INT8_T": ("i1", "i1"),
     "INT16_T": ("i2", "i2"), "INT32_T": ("i4", "i4"), "INT64_T": ("i8", "i8"),
     "UINT8_T": ("u1", "u1"), "UINT16_T": ("u2", "u2"), "UINT32_T": ("u4", "u4"),
     "UINT64_T": ("u8", "u8"), "C_FLOAT_COMPLEX": ("c8", "F"),
@@ -40,6 +40,35 @@ BASIC = {
     "CHAR": ("S1", "c"), "WCHAR": ("U1", "U"), "AINT": ("i8", "p"), "OFFSET": ("i8", "p"),
     "COUNT": ("i8", "p"),
 }
+# name -> (tocode(), typechar, typestr) as mpi4py 4.1.2 on MPICH 5.0.2 answers (LP64 Linux)
+MPI4PY_CODES = {
+    "SIGNED_CHAR": ("b", "b", "i1"), "UNSIGNED_CHAR": ("B", "B", "u1"),
+    "SHORT": ("h", "h", "i2"), "INT": ("i", "i", "i4"), "LONG": ("l", "l", "i8"),
+    "LONG_LONG": ("q", "q", "i8"), "FLOAT": ("f", "f", "f4"), "DOUBLE": ("d", "d", "f8"),
+    "LONG_DOUBLE": ("g", "g", "f16"), "C_BOOL": ("b1", "?", "b1"),
+    "CXX_BOOL": ("?", "?", "b1"), "INT8_T": ("i1", "b", "i1"),
+    "INT16_T": ("i2", "h", "i2"), "INT32_T": ("i4", "i", "i4"),
+    "INT64_T": ("i8", "l", "i8"), "UINT8_T": ("u1", "B", "u1"),
+    "UINT16_T": ("u2", "H", "u2"), "UINT32_T": ("u4", "I", "u4"),
+    "UINT64_T": ("u8", "L", "u8"), "FLOAT16_T": ("e", "e", "f2"),
+    "C_FLOAT_COMPLEX": ("F", "F", "c8"), "C_DOUBLE_COMPLEX": ("D", "D", "c16"),
+    "CHAR": ("c", "c", "S1"), "WCHAR": ("U", "U", "U1"), "BYTE": ("B", "B", "u1"),
+    "AINT": ("p", "p", "i8"), "COUNT": ("p", "p", "i8"), "INTEGER": ("i", "i", "i4"),
+    "REAL": ("f", "f", "f4"), "DOUBLE_PRECISION": ("d", "d", "f8"),
+    "COMPLEX": ("F", "F", "c8"), "DOUBLE_COMPLEX": ("D", "D", "c16"),
+    "LOGICAL": ("i", "i", "i4"), "INTEGER1": ("i1", "b", "i1"),
+    "INTEGER2": ("i2", "h", "i2"), "INTEGER4": ("i4", "i", "i4"),
+    "INTEGER8": ("i8", "l", "i8"), "REAL4": ("f4", "f", "f4"), "REAL8": ("f8", "d", "f8"),
+    "COMPLEX8": ("c8", "F", "c8"), "COMPLEX16": ("c16", "D", "c16"),
+}
+# the keys of mpi4py 4.1.2's MPI._typedict, _typedict_c and _typedict_f on MPICH 5.0.2
+# (MPICH has REAL16 and COMPLEX32 as 16-byte long double; pycomm has no such types)
+MPI4PY_TYPEDICT = set("1s 1u 1w ? B D F G H I L M M8 N P Q S S1 U U1 Zd Zf Zg a b b1 c c16 "
+                      "c32 c8 d e f f16 f2 f4 f8 g h i i1 i2 i4 i8 l m m8 n p q s u u1 u2 "
+                      "u4 u8 w".split())
+MPI4PY_TYPEDICT_C = set("? B D F G H I L Q b b1 c16 c32 c8 d f f16 f2 f4 f8 g h i i1 i2 i4 "
+                        "i8 l q u1 u2 u4 u8".split())
+MPI4PY_TYPEDICT_F = set("c c16 c32 c8 d i i1 i2 i4 i8 l r r16 r4 r8 s z".split())
 # pair type -> (C struct of value and int, size without padding)
 PAIRS = {"FLOAT_INT": (ctypes.c_float, 8), "DOUBLE_INT": (ctypes.c_double, 12),
          "LONG_INT": (ctypes.c_long, 12), "TWOINT": (ctypes.c_int, 8),
@@ -64,6 +93,49 @@ def test_predefined_matches_numpy(name):
     assert MPI.Datatype.fromcode(code).Get_size() == dt.Get_size()
     with pytest.raises(MPI.Exception):
         dt.Free()
+
+
+@pytest.mark.parametrize("name", sorted(MPI4PY_CODES))
+def test_codes_are_mpi4pys(name):
+    # typechar is numpy's character for the type's size ("l" for INT64_T, not "i"):
+    # mpi4py.util.sync makes its counters' arrays with it
+    dt = getattr(MPI, name)
+    code, char, typestr = MPI4PY_CODES[name]
+    assert (dt.tocode(), dt.typechar, dt.typestr) == (code, char, typestr)
+    assert (dt.Dup().tocode(), dt.Dup().typechar) == (code, char)
+    assert MPI._typecode(dt) == code
+    assert np.dtype(typestr).itemsize == dt.Get_size()
+    if char not in "cU":            # (numpy's "c" and "U" are strings of any length)
+        assert np.dtype(char).itemsize == dt.Get_size()
+
+
+def test_typedicts_have_mpi4pys_keys():
+    # the 16-byte real and complex are long double under MPICH; numpy has no quad type
+    assert set(MPI._typedict) == MPI4PY_TYPEDICT
+    assert set(MPI._typedict_c) == MPI4PY_TYPEDICT_C - {"f16", "c32"} | \
+        {f"f{np.dtype('g').itemsize}", f"c{2 * np.dtype('g').itemsize}"}
+    # mpi4py leaves out the Fortran kinds its MPI lacks; MPICH 5.0.2 lacks LOGICALn, REAL2
+    assert set(MPI._typedict_f) == MPI4PY_TYPEDICT_F - {"r16", "c32"} | \
+        {"l1", "l2", "l4", "l8", "r2"}
+    for table in (MPI._typedict, MPI._typedict_c, MPI._typedict_f):
+        for code, dt in table.items():
+            assert isinstance(dt, MPI.Datatype) and dt != MPI.DATATYPE_NULL, code
+    assert MPI._typedict["Zd"] == MPI.C_DOUBLE_COMPLEX and MPI._typedict["?"] == MPI.C_BOOL
+    assert MPI._typedict_f["z"] == MPI.DOUBLE_COMPLEX
+    assert MPI._typecode(MPI.DOUBLE_INT) is None
+    assert MPI._typecode(MPI.INT.Create_contiguous(2)) is None
+
+
+@pytest.mark.parametrize("value", [np.complex128(1 + 2j), np.complex64(3 - 1j),
+                                   np.clongdouble(2 + 5j), np.float32(1.5), np.int16(-7)])
+def test_a_numpy_scalar_is_one_item_of_its_type(value):
+    # a numpy complex scalar's buffer has the PEP 3118 format "Zd" (or "Zf", "Zg"), which
+    # mpi4py maps to C_DOUBLE_COMPLEX: pylops-mpi reduces np.vdot's result so
+    mv = memoryview(value)
+    arr = _send(value)
+    assert arr.dtype == np.dtype(type(value)) and arr.shape == (1,), mv.format
+    assert arr[0] == value
+    assert _send([value, MPI._typedict[mv.format.lstrip("<>@=")]])[0] == value
 
 
 @pytest.mark.parametrize("name", sorted(PAIRS))

@@ -67,7 +67,11 @@ def _():
     for kwargs, want in (({}, range(4 * size)), ({"start": 7}, range(7, 7 + 4 * size)),
                          ({"step": 3}, range(0, 12 * size, 3)),
                          ({"typecode": "d", "start": 0.5}, np.arange(4 * size) + 0.5),
-                         ({"typecode": "h", "root": size - 1}, range(4 * size))):
+                         ({"typecode": "h", "root": size - 1}, range(4 * size)),
+                         # fixed-size codes: the array's item is the type's size
+                         ({"typecode": "i8", "start": 1 << 40},
+                          range(1 << 40, (1 << 40) + 4 * size)),
+                         ({"typecode": "u2", "start": 60000}, range(60000, 60000 + 4 * size))):
         counter = sync.Counter(comm=world, **kwargs)
         mine = [next(counter) for _ in range(4)]
         got = sorted(sum(world.allgather(mine), []))

@@ -101,6 +101,8 @@ from .ops import (
     Op,
 )
 from .predefined import PREDEFINED
+from .predefined import TYPEDICT as _typedict, TYPEDICT_C as _typedict_c
+from .predefined import TYPEDICT_F as _typedict_f, typecode as _typecode
 from .typequery import typealign as _typealign
 from .request import REQUEST_NULL, Prequest, Request, Status, completed
 from .win import WIN_NULL, Win

@@ -191,21 +191,30 @@ class Datatype:
 
     @property
     def typechar(self) -> str:
-        """numpy character code of a predefined type; ``"V"`` (void) for pair and derived
-        types, ``""`` for DATATYPE_NULL."""
-        return self._code[0] if self._code else ("V" if self is not DATATYPE_NULL else "")
+        """numpy character code of a predefined type or its ``Dup`` (``"l"`` for
+        ``INT64_T``, ``"?"`` for ``LOGICAL1``, as mpi4py's ``DatatypeChar``); ``"V"``
+        (void) for pair and derived types, ``""`` for DATATYPE_NULL."""
+        code = self._code
+        if not code:
+            return "V" if self is not DATATYPE_NULL else ""
+        # a type string ("i8", "b1", "c16") names a size: numpy's character for it
+        return np.dtype(code).char if code[1:].isdigit() else code
 
     @property
     def typestr(self) -> str:
-        """numpy type string (``"f8"``...) of a basic type or its ``Dup``; ``"V<extent>"``
-        otherwise."""
+        """numpy type string (``"f8"``, ``"S1"``, ``"U1"``...) of a basic type or its
+        ``Dup``; ``"V<extent>"`` otherwise."""
         if self._code and len(self._dtypes) == 1 and self._dtypes[0].fields is None:
             dt = self._dtypes[0]
+            if dt.kind in "SU":         # one character, of any width
+                return f"{dt.kind}1"
             return f"{dt.kind}{dt.itemsize}" if dt.kind != "b" else "b1"
         return f"V{self.extent}" if self is not DATATYPE_NULL else ""
 
     def tocode(self) -> str:
-        """The numpy character code of a predefined type (``MPI.DOUBLE.tocode() == "d"``).
+        """The code of a predefined type: its numpy character code for C's named types
+        (``MPI.DOUBLE.tocode() == "d"``), its type string for the fixed-size ones
+        (``MPI.INT64_T.tocode() == "i8"``, ``MPI.REAL4.tocode() == "f4"``), as mpi4py's.
 
         Raises:
             ValueError: a derived or pair type (no code maps to it).

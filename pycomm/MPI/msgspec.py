@@ -86,6 +86,7 @@ class _Bottom:
 
 BOTTOM = _Bottom()
 _BYTE_FORMATS = frozenset("Bc")     # bytes-like buffers: MPI.BYTE ("b" is SIGNED_CHAR)
+_PEP3118_COMPLEX = {"Zf": "F", "Zd": "D", "Zg": "G"}
 
 
 def as_int(value, arg: str, where: str) -> int:
@@ -156,8 +157,11 @@ def _np_format(mv: memoryview) -> np.dtype | None:
     """The numpy dtype of a memoryview's items (None when numpy has none), keeping an
     explicit byte order ('<', '>', '!') so that a foreign one is caught."""
     fmt = mv.format
+    code = fmt.lstrip("@=<>!")
     try:
-        dt = np.dtype(fmt.lstrip("@=<>!"))
+        # PEP 3118 writes complex items "Zf", "Zd", "Zg" (a numpy complex scalar's buffer);
+        # numpy's own codes for them are "F", "D", "G"
+        dt = np.dtype(_PEP3118_COMPLEX.get(code, code))
     except TypeError:
         return None
     if fmt[:1] in ("<", ">", "!") and dt.itemsize == mv.itemsize:

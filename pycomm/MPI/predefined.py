@@ -4,7 +4,8 @@ of whatever mpi4py accepts as a datatype (a Datatype, a typecode, a numpy dtype)
 Sizes follow C on LP64 Linux (``long`` is 8 bytes); the pair types used by MAXLOC and
 MINLOC have the C struct layout (``DOUBLE_INT``: size 12, extent 16), numpy structured
 dtypes that :mod:`pycomm.ops` accepts. ``TYPEDICT`` is mpi4py's ``_typedict``: numpy and
-PEP 3118 codes to types, C names first.
+PEP 3118 codes to types, C names first (with ``TYPEDICT_C`` and ``TYPEDICT_F``, mpi4py's
+``_typedict_c`` and ``_typedict_f``).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from .typequery import (
     match_size,
 )
 
-__all__ = ["PREDEFINED", "TYPEDICT", "from_numpy", "to_datatype"]
+__all__ = ["PREDEFINED", "TYPEDICT", "TYPEDICT_C", "TYPEDICT_F", "from_numpy",
+           "to_datatype", "typecode"]
 
 
 def _predefined(name: str) -> Datatype:
@@ -47,14 +49,16 @@ def _pair(value) -> np.dtype:
     return np.dtype([("val", np.dtype(value)), ("idx", np.int32)], align=True)
 
 
-# name -> (numpy dtype, numpy character code or None, data size override or None)
+# name -> (numpy dtype, mpi4py's type code or None): the code ``tocode()`` returns, a
+# character code for C's named types and a type string for the fixed-size ones (mpi4py's
+# ``DatatypeCode``, typestr.pxi)
 _TABLE = {
     "BYTE": ("u1", "B"), "PACKED": ("u1", "B"), "CHAR": ("S1", "c"), "WCHAR": ("U1", "U"),
     "SIGNED_CHAR": ("i1", "b"), "UNSIGNED_CHAR": ("u1", "B"), "SHORT": ("i2", "h"),
     "UNSIGNED_SHORT": ("u2", "H"), "INT": ("i4", "i"), "UNSIGNED": ("u4", "I"),
     "LONG": (_long("l"), "l"), "UNSIGNED_LONG": (_long("L"), "L"),
     "LONG_LONG": ("i8", "q"), "UNSIGNED_LONG_LONG": ("u8", "Q"), "FLOAT": ("f4", "f"),
-    "DOUBLE": ("f8", "d"), "LONG_DOUBLE": ("g", "g"), "C_BOOL": ("?", "?"),
+    "DOUBLE": ("f8", "d"), "LONG_DOUBLE": ("g", "g"), "C_BOOL": ("?", "b1"),
     "INT8_T": ("i1", "i1"), "INT16_T": ("i2", "i2"), "INT32_T": ("i4", "i4"),
     "INT64_T": ("i8", "i8"), "UINT8_T": ("u1", "u1"), "UINT16_T": ("u2", "u2"),
     "UINT32_T": ("u4", "u4"), "UINT64_T": ("u8", "u8"),
@@ -68,11 +72,11 @@ _TABLE = {
     # Fortran's basic types, as gfortran lays them out on LP64 Linux
     "CHARACTER": ("S1", "c"), "LOGICAL": ("i4", "i"), "INTEGER": ("i4", "i"),
     "REAL": ("f4", "f"), "DOUBLE_PRECISION": ("f8", "d"), "COMPLEX": ("c8", "F"),
-    "DOUBLE_COMPLEX": ("c16", "D"), "INTEGER1": ("i1", "b"), "INTEGER2": ("i2", "h"),
-    "INTEGER4": ("i4", "i"), "INTEGER8": ("i8", "q"), "REAL4": ("f4", "f"),
-    "REAL8": ("f8", "d"), "COMPLEX8": ("c8", "F"), "COMPLEX16": ("c16", "D"),
-    "LOGICAL1": ("?", "?"), "LOGICAL2": ("i2", "h"), "LOGICAL4": ("i4", "i"),
-    "LOGICAL8": ("i8", "l"), "REAL2": ("f2", "e"),
+    "DOUBLE_COMPLEX": ("c16", "D"), "INTEGER1": ("i1", "i1"), "INTEGER2": ("i2", "i2"),
+    "INTEGER4": ("i4", "i4"), "INTEGER8": ("i8", "i8"), "REAL4": ("f4", "f4"),
+    "REAL8": ("f8", "f8"), "COMPLEX8": ("c8", "c8"), "COMPLEX16": ("c16", "c16"),
+    "LOGICAL1": ("?", "b1"), "LOGICAL2": ("i2", "i2"), "LOGICAL4": ("i4", "i4"),
+    "LOGICAL8": ("i8", "i8"), "REAL2": ("f2", "f2"),
     # value/index pairs for MAXLOC and MINLOC (C struct layout, size without padding)
     "FLOAT_INT": (_pair("f4"), None), "DOUBLE_INT": (_pair("f8"), None),
     "LONG_INT": (_pair("l"), None), "2INT": (_pair("i4"), None),
@@ -98,30 +102,44 @@ for _alias, _target in {"SIGNED_SHORT": "SHORT", "SIGNED_INT": "INT", "SIGNED_LO
                         "LONG_DOUBLE_COMPLEX": "C_LONG_DOUBLE_COMPLEX"}.items():
     PREDEFINED[_alias] = PREDEFINED[_target]
 
-# code -> predefined type (mpi4py's typedict: C names win over Fortran ones and aliases)
-TYPEDICT: dict[str, Datatype] = {}
-for _name in ("C_BOOL", "SIGNED_CHAR", "SHORT", "INT", "LONG", "LONG_LONG",
-              "UNSIGNED_CHAR", "UNSIGNED_SHORT", "UNSIGNED", "UNSIGNED_LONG",
-              "UNSIGNED_LONG_LONG", "FLOAT", "DOUBLE", "LONG_DOUBLE", "C_FLOAT_COMPLEX",
-              "C_DOUBLE_COMPLEX", "C_LONG_DOUBLE_COMPLEX", "CHAR", "WCHAR"):
-    TYPEDICT[PREDEFINED[_name]._code] = PREDEFINED[_name]
-for _name in ("INT8_T", "INT16_T", "INT32_T", "INT64_T", "UINT8_T", "UINT16_T", "UINT32_T",
-              "UINT64_T"):
-    TYPEDICT[PREDEFINED[_name]._code] = PREDEFINED[_name]
-TYPEDICT.update({"b1": PREDEFINED["C_BOOL"], "f4": PREDEFINED["FLOAT"],
-                 "f8": PREDEFINED["DOUBLE"], "c8": PREDEFINED["C_FLOAT_COMPLEX"],
-                 "c16": PREDEFINED["C_DOUBLE_COMPLEX"], "p": PREDEFINED["AINT"],
-                 "n": PREDEFINED["LONG"], "N": PREDEFINED["UNSIGNED_LONG"],
-                 "P": PREDEFINED["UNSIGNED_LONG"], "Zf": PREDEFINED["C_FLOAT_COMPLEX"],
-                 "Zd": PREDEFINED["C_DOUBLE_COMPLEX"], "Zg": PREDEFINED["C_LONG_DOUBLE_COMPLEX"],
-                 "S": PREDEFINED["CHAR"], "S1": PREDEFINED["CHAR"], "a": PREDEFINED["CHAR"],
-                 "U1": PREDEFINED["WCHAR"], "M": PREDEFINED["INT64_T"],
-                 "m": PREDEFINED["INT64_T"], "M8": PREDEFINED["INT64_T"],
-                 "m8": PREDEFINED["INT64_T"]})
-TYPEDICT.update({"e": PREDEFINED["FLOAT16_T"], "f2": PREDEFINED["FLOAT16_T"]})
+
+# code -> predefined type: mpi4py's three maps, with its entries (typemap.pxi).
+# ``TYPEDICT`` (``MPI._typedict``) takes numpy's and PEP 3118's codes, C names first;
+# ``TYPEDICT_C`` (``_typedict_c``) C's types alone, ``TYPEDICT_F`` (``_typedict_f``)
+# Fortran's by their ``Create_f90_*``-style letters.
+def _map(pairs: str) -> dict[str, Datatype]:
+    return {code: PREDEFINED[name] for code, name in (p.split("=") for p in pairs.split())}
+
+
 _gdt = np.dtype("g")
-TYPEDICT[f"f{_gdt.itemsize}"] = PREDEFINED["LONG_DOUBLE"]
-TYPEDICT[f"c{2 * _gdt.itemsize}"] = PREDEFINED["C_LONG_DOUBLE_COMPLEX"]
+TYPEDICT_C: dict[str, Datatype] = _map(
+    "?=C_BOOL b=SIGNED_CHAR h=SHORT i=INT l=LONG q=LONG_LONG B=UNSIGNED_CHAR "
+    "H=UNSIGNED_SHORT I=UNSIGNED L=UNSIGNED_LONG Q=UNSIGNED_LONG_LONG f=FLOAT d=DOUBLE "
+    "g=LONG_DOUBLE F=C_FLOAT_COMPLEX D=C_DOUBLE_COMPLEX G=C_LONG_DOUBLE_COMPLEX b1=C_BOOL "
+    "i1=INT8_T i2=INT16_T i4=INT32_T i8=INT64_T u1=UINT8_T u2=UINT16_T u4=UINT32_T "
+    "u8=UINT64_T f2=FLOAT16_T f4=FLOAT c8=C_FLOAT_COMPLEX f8=DOUBLE c16=C_DOUBLE_COMPLEX "
+    f"f{_gdt.itemsize}=LONG_DOUBLE c{2 * _gdt.itemsize}=C_LONG_DOUBLE_COMPLEX")
+TYPEDICT: dict[str, Datatype] = {
+    **TYPEDICT_C, **_map(
+        "e=FLOAT16_T Zf=C_FLOAT_COMPLEX Zd=C_DOUBLE_COMPLEX Zg=C_LONG_DOUBLE_COMPLEX "
+        "n=COUNT N=UNSIGNED_LONG p=AINT P=UNSIGNED_LONG c=CHAR a=CHAR S=CHAR S1=CHAR s=CHAR "
+        "1s=CHAR U=WCHAR U1=WCHAR u=UINT16_T 1u=UINT16_T w=WCHAR 1w=WCHAR M=INT64_T "
+        "M8=INT64_T m=INT64_T m8=INT64_T")}
+TYPEDICT_F: dict[str, Datatype] = _map(
+    "l=LOGICAL i=INTEGER r=REAL s=REAL d=DOUBLE_PRECISION c=COMPLEX z=DOUBLE_COMPLEX "
+    "l1=LOGICAL1 l2=LOGICAL2 l4=LOGICAL4 l8=LOGICAL8 i1=INTEGER1 i2=INTEGER2 i4=INTEGER4 "
+    "i8=INTEGER8 r2=REAL2 r4=REAL4 r8=REAL8 c8=COMPLEX8 c16=COMPLEX16")
+
+
+def typecode(datatype: Datatype) -> str | None:
+    """mpi4py's ``MPI._typecode``: :meth:`Datatype.tocode`'s code, or None where there
+    is none (a derived or pair type, ``DATATYPE_NULL``)."""
+    try:
+        return datatype.tocode()
+    except ValueError:
+        return None
+
+
 # the pair types report MPI's data size (no padding), e.g. DOUBLE_INT: size 12, extent 16
 for _name in ("FLOAT_INT", "DOUBLE_INT", "LONG_INT", "2INT", "SHORT_INT", "LONG_DOUBLE_INT"):
     PREDEFINED[_name]._size = _data_size(PREDEFINED[_name]._dtypes[0])
