@@ -157,6 +157,52 @@ def test_neighbourhood_collectives(world_small):
     assert world_small.run(_rank_neighbors) == [[]] * world_small.size
 
 
+def _rank_numpy_neighbour_lists() -> list:
+    """Neighbour lists as numpy arrays, as mpipartition passes them (np.unique's result):
+    one holding only rank 0 is falsy, one of two ranks has no truth value, and both must
+    read as the ranks they hold."""
+    import gc
+    comm = MPI.COMM_WORLD
+    rank, size = comm.rank, comm.size
+    bad: list = []
+    for ranks in (np.array([0], np.int32), np.unique([(rank + 1) % size, 0])):
+        g = comm.Create_dist_graph_adjacent(sources=ranks, destinations=ranks)
+        if g.Get_dist_neighbors()[:2] != (ranks.tolist(), ranks.tolist()):
+            bad.append(f"rank {rank}: neighbours {g.Get_dist_neighbors()} from {ranks!r}")
+        g.Free()
+    # the edges are symmetric only where every rank names the same ones: exchange over a
+    # graph in which every rank receives from and sends to rank 0 alone
+    src = np.array([0]) if rank else np.arange(1, size)
+    g = comm.Create_dist_graph_adjacent(sources=src, destinations=src)
+    got = np.full(len(src), -1, np.int64)
+    g.Neighbor_allgather(np.array([rank], np.int64), got)
+    _check(bad, "allgather over a graph given as numpy arrays", got, src)
+    g.Free()
+
+    # a topology freed by a finalizer while the garbage collector takes the communicator
+    # and its handle together (mpipartition's Partition.__del__): the weak entry of the
+    # topology is gone by then, and Free must still free
+    class Holder:
+        def __init__(self):
+            self.cart = comm.Create_cart([size], periods=[True])
+            self.graph = self.cart.Create_dist_graph_adjacent([0], [0])
+            self.me = self                      # a cycle: only the collector frees it
+
+        def __del__(self):
+            try:
+                self.graph.Free()
+                self.cart.Free()
+            except BaseException as exc:        # (a finalizer's error is only printed)
+                bad.append(f"rank {rank}: Free in a finalizer: {exc!r}")
+    Holder()
+    gc.collect()
+    return bad
+
+
+def test_neighbour_lists_as_numpy_arrays_and_free_in_a_finalizer(world_small):
+    assert world_small.run(_rank_numpy_neighbour_lists) == [[]] * world_small.size
+
+
 def _rank_more_comm_surface() -> list:
     comm = MPI.COMM_WORLD
     rank, size = comm.rank, comm.size
