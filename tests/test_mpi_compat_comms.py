@@ -203,6 +203,59 @@ def test_neighbour_lists_as_numpy_arrays_and_free_in_a_finalizer(world_small):
     assert world_small.run(_rank_numpy_neighbour_lists) == [[]] * world_small.size
 
 
+def _rank_alltoallw_subarrays() -> list:
+    """A pencil transpose as mpi4py-fft does it: Alltoallw of subarray datatypes turns
+    rows split over the ranks into columns split over them; then an indexed type (no
+    constant stride), IN_PLACE and Ialltoallw. Sizes reach past the scratch pool's 128 KiB
+    and are not divisible by every world size."""
+    comm = MPI.COMM_WORLD
+    rank, size = comm.rank, comm.size
+    bad: list = []
+    n0, n1, n2 = 2 * size + 1, 3 * size + 2, 40
+    full = np.arange(n0 * n1 * n2, dtype=np.complex128).reshape(n0, n1, n2) * (1 + 1j)
+
+    def cut(n, i):
+        return n * i // size, n * (i + 1) // size
+    a0, b0 = cut(n0, rank)
+    a1, b1 = cut(n1, rank)
+    rows = np.ascontiguousarray(full[a0:b0])            # my rows, all columns
+    cols = np.zeros((n0, b1 - a1, n2), np.complex128)   # all rows, my columns
+    ctype = MPI.DOUBLE_COMPLEX
+    stypes = [ctype.Create_subarray(rows.shape, [b0 - a0, cut(n1, j)[1] - cut(n1, j)[0], n2],
+                                    [0, cut(n1, j)[0], 0]).Commit() for j in range(size)]
+    rtypes = [ctype.Create_subarray(cols.shape, [cut(n0, i)[1] - cut(n0, i)[0], b1 - a1, n2],
+                                    [cut(n0, i)[0], 0, 0]).Commit() for i in range(size)]
+    one, zero = [1] * size, [0] * size
+    for rep in range(2):                                # (the second reuses the scratch)
+        cols[...] = 0
+        comm.Alltoallw([rows, (one, zero), stypes], [cols, (one, zero), rtypes])
+        _check(bad, f"subarray transpose {rep}", cols, full[:, a1:b1])
+    back = np.zeros_like(rows)
+    req = comm.Ialltoallw([cols, (one, zero), rtypes], [back, (one, zero), stypes])
+    req.Wait()
+    _check(bad, "Ialltoallw back", back, rows)
+    for t in stypes + rtypes:
+        t.Free()
+
+    # an indexed type without a constant stride (ints 0, 3 and 4 of each block of ten),
+    # sent IN_PLACE
+    itype = MPI.INT.Create_indexed_block(1, [0, 3, 4]).Commit()
+    buf = np.arange(10 * size, dtype=np.int32) + 1000 * rank
+    comm.Alltoallw(MPI.IN_PLACE, [buf, ([1] * size, [40 * j for j in range(size)]),
+                                  [itype] * size])
+    want = np.arange(10 * size, dtype=np.int32) + 1000 * rank
+    for j in range(size):
+        for k in (0, 3, 4):
+            want[10 * j + k] = 1000 * j + 10 * rank + k
+    _check(bad, "IN_PLACE indexed", buf, want)
+    itype.Free()
+    return bad
+
+
+def test_alltoallw_subarray_transpose(world_small):
+    assert world_small.run(_rank_alltoallw_subarrays) == [[]] * world_small.size
+
+
 def _rank_more_comm_surface() -> list:
     comm = MPI.COMM_WORLD
     rank, size = comm.rank, comm.size

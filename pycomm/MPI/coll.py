@@ -13,9 +13,10 @@ from __future__ import annotations
 import numpy as np
 
 from pycomm.buffers import IN_PLACE
+from pycomm.collectives.scratch import give, take
 
 from .collspec import (item_array, match_empty, plain_pair, reducible, root_none,
-                       starts, wblocks)
+                       starts, wregions)
 from .comm import Comm
 from .comm import fin as _fin
 from .exceptions import translate_methods
@@ -341,21 +342,25 @@ class Intracomm(Comm):
     def _alltoallw(self, call, sendbuf, recvbuf):
         c = self._inner(call)
         w = f"rank {c.rank}: {call}"
-        rblocks = wblocks(recvbuf, c.size, w, "recvbuf", True)
+        rblocks = wregions(recvbuf, c.size, w, "recvbuf", True)
         sblocks = rblocks if sendbuf is IN_PLACE else \
-            wblocks(sendbuf, c.size, w, "sendbuf", False)
-        out = np.concatenate([b.array.view(np.uint8) for b in sblocks] or
-                             [np.empty(0, np.uint8)])
-        got = np.empty(sum(b.array.nbytes for b in rblocks), np.uint8)
-        scounts = [b.array.nbytes for b in sblocks]
-        rcounts = [b.array.nbytes for b in rblocks]
+            wregions(sendbuf, c.size, w, "sendbuf", False)
+        scounts = [b.nbytes for b in sblocks]
+        rcounts = [b.nbytes for b in rblocks]
+        sdispls, rdispls = starts(scounts), starts(rcounts)
+        # each block packs straight into the outgoing bytes and unpacks straight from the
+        # incoming ones; both are pooled scratch (a fresh megabyte faults its pages in)
+        out, got = take(sum(scounts), np.uint8), take(sum(rcounts), np.uint8)
+        for b, d, n in zip(sblocks, sdispls, scounts):
+            b.pack_into(out[d:d + n])
 
         def unpack() -> None:
-            for b, start, n in zip(rblocks, starts(rcounts), rcounts):
-                b.array.view(np.uint8)[...] = got[start:start + n]
-                b.finish()
+            for b, d, n in zip(rblocks, rdispls, rcounts):
+                b.unpack_from(got[d:d + n])
+            give(out)
+            give(got)
         fn = c.Ialltoallv if call[0] == "I" else c.Alltoallv
-        inner = fn([out, scounts, starts(scounts)], [got, rcounts, starts(rcounts)])
+        inner = fn([out, scounts, sdispls], [got, rcounts, rdispls])
         if call[0] == "I":
             return Request._wrap(inner, unpack)
         unpack()

@@ -16,9 +16,10 @@ from .exceptions import mpi_error
 from .msg import plain
 from .msgspec import BOTTOM, Msg, as_int
 from .ops import whole_items, with_datatype
+from .regions import Region, bottom, bottom_region, region, typed
 
 __all__ = ["item_array", "match_empty", "plain_pair", "reducible", "root_none",
-           "starts", "wblocks"]
+           "starts", "wblocks", "wregions"]
 
 
 def root_none(at_root: bool, gather: bool, sendbuf, recvbuf):
@@ -35,9 +36,9 @@ def starts(counts: list[int]) -> list[int]:
     return [int(x) for x in np.concatenate([[0], np.cumsum(counts)[:-1]])] if counts else []
 
 
-def wblocks(spec, size: int, w: str, arg: str, writable: bool) -> list[Msg]:
-    """The per-peer messages of an Alltoallw spec (byte displacements, one type each)."""
-    from .msgspec import _raw, _typed, bottom
+def _wparts(spec, size: int, w: str, arg: str, writable: bool):
+    """``(raw or None for MPI.BOTTOM, counts, displs, datatypes)`` of an Alltoallw spec."""
+    from .msgspec import _raw
     from .predefined import to_datatype
     if not isinstance(spec, (list, tuple)) or len(spec) not in (2, 3, 4):
         raise mpi_error(ArgumentError, "ERR_ARG", f"{w}: {arg} must be [buf, datatypes], "
@@ -61,10 +62,27 @@ def wblocks(spec, size: int, w: str, arg: str, writable: bool) -> list[Msg]:
     if not len(counts) == len(displs) == len(types) == size:
         raise mpi_error(ArgumentError, "ERR_ARG", f"{w}: {arg} needs {size} counts, "
                         f"displacements and datatypes")
+    return raw, counts, displs, types
+
+
+def wblocks(spec, size: int, w: str, arg: str, writable: bool) -> list[Msg]:
+    """The per-peer messages of an Alltoallw spec (byte displacements, one type each)."""
+    raw, counts, displs, types = _wparts(spec, size, w, arg, writable)
     if raw is None:         # MPI.BOTTOM: each type's displacements are addresses
         return [bottom(t, n, d, w, f"{arg} block {i}")
                 for i, (n, d, t) in enumerate(zip(counts, displs, types))]
-    return [_typed(raw, t, n, d, w, f"{arg} block {i}")
+    return [typed(raw, t, n, d, w, f"{arg} block {i}")
+            for i, (n, d, t) in enumerate(zip(counts, displs, types))]
+
+
+def wregions(spec, size: int, w: str, arg: str, writable: bool) -> list[Region]:
+    """:func:`wblocks`'s blocks as :class:`~pycomm.MPI.regions.Region` s, which pack
+    into and unpack from the caller's buffer in place."""
+    raw, counts, displs, types = _wparts(spec, size, w, arg, writable)
+    if raw is None:
+        return [bottom_region(t, n, d, w, f"{arg} block {i}")
+                for i, (n, d, t) in enumerate(zip(counts, displs, types))]
+    return [region(raw, t, n, d, w, f"{arg} block {i}")
             for i, (n, d, t) in enumerate(zip(counts, displs, types))]
 
 

@@ -30,8 +30,6 @@ moves.
 
 from __future__ import annotations
 
-import ctypes
-
 import numpy as np
 
 from pycomm.errors import ArgumentError, InvalidBufferError
@@ -39,14 +37,12 @@ from pycomm.errors import ArgumentError, InvalidBufferError
 from .datatypes import Datatype
 from .exceptions import mpi_error
 from .membuf import buffer
-from .msg import Msg, block_view, plain, strided
+from .msg import Msg, plain, strided
 from .predefined import from_numpy, to_datatype
+from .regions import bottom, typed as _typed
+from .regions import buf_error as _buf_error
 
 __all__ = ["BOTTOM", "Msg", "as_int", "bottom", "message", "vector_message"]
-
-
-def _buf_error(message: str):
-    return mpi_error(InvalidBufferError, "ERR_BUFFER", message)
 
 
 class NotABufferError(InvalidBufferError, TypeError):
@@ -285,66 +281,6 @@ def message(spec, where: str, arg: str, *, writable: bool, blocks: int = 1) -> M
             raise _arg_error(f"{where}: {arg}: count={count_} is negative")
         count_ *= blocks
     return _typed(raw, dt, count_, d * extent, where, arg)
-
-
-def bottom(dt: Datatype, count: int, start: int, where: str, arg: str) -> Msg:
-    """``count`` items of ``dt`` at byte ``start`` from ``MPI.BOTTOM``: the datatype's
-    displacements are absolute addresses (``MPI.Get_address``), and the memory they cover
-    is read or written in place, as in MPI. The arrays must stay alive meanwhile; a wrong
-    address is the caller's, as in C.
-
-    Raises:
-        InvalidBufferError: the typemap reaches below address 1.
-    """
-    if count == 0 or dt._nitems == 0:
-        return _typed(np.empty(0, np.uint8), dt, 0, 0, where, arg)
-    tlb, text = dt.Get_true_extent()
-    lo = start + tlb
-    n = (count - 1) * dt.extent + text if dt.extent >= 0 else text
-    if lo <= 0 or n <= 0:
-        raise _buf_error(f"{where}: {arg}: MPI.BOTTOM with a datatype whose items start "
-                         f"at address {lo}: build it from MPI.Get_address of the arrays")
-    raw = np.frombuffer((ctypes.c_ubyte * n).from_address(lo), dtype=np.uint8)
-    return _typed(raw, dt, count, start - lo, where, arg)
-
-
-def _typed(raw: np.ndarray, dt: Datatype, count: int, start: int, where: str,
-           arg: str) -> Msg:
-    """``count`` items of ``dt`` at byte ``start`` of ``raw`` as a wire-dtype array."""
-    wire, per, ok = dt.wire_dtype(), dt.elements(), dt.homogeneous
-    if count == 0 or dt._nitems == 0:
-        return Msg(np.empty(0, dtype=wire), None, per, ok)
-    if dt._contig:
-        end = start + count * dt.extent
-        if start < 0 or end > raw.size:
-            raise _buf_error(f"{where}: {arg}: {count} x {dt.Get_name() or 'items'} "
-                                     f"at byte {start} need {end} bytes; the buffer has "
-                                     f"{raw.size}")
-        return Msg(raw[start:end].view(wire), None, per, ok,
-                   dt if dt.is_predefined else None)
-    index, by_element, lo, hi, blocks = dt.gather_index(count, start)
-    isz = dt._dtypes[0].itemsize if by_element else 1
-    if lo < 0 or hi * isz > raw.size:
-        raise _buf_error(f"{where}: {arg}: {count} item(s) of the datatype at byte "
-                         f"{start} reach bytes {lo * isz}..{hi * isz - 1}; the buffer has "
-                         f"{raw.size}")
-    src = raw[:raw.size - raw.size % isz].view(wire if by_element else np.uint8)
-    if blocks is not None:                  # equal runs at a constant stride: a view
-        first, nb, stride, bl = blocks
-        view = block_view(src, first, nb, stride, bl)
-        packed = np.ascontiguousarray(view).reshape(-1)
-
-        def unpack() -> None:
-            if not np.may_share_memory(view, packed):   # a copy was packed
-                view[...] = packed.reshape(nb, bl)
-    else:
-        packed = src[index]
-
-        def unpack() -> None:
-            src[index] = packed
-    # (the closures above copy ``packed`` in bytes when not by_element: a view of it in
-    # the wire dtype, not a rebinding, is what travels)
-    return Msg(packed if by_element else packed.view(wire), unpack, per, ok)
 
 
 def vector_message(spec, size: int, where: str, arg: str, *, writable: bool):

@@ -19,7 +19,8 @@ from pycomm import config
 from pycomm.errors import ArgumentError, CommTimeoutError
 
 from .exceptions import mpi_error, translate_methods
-from .msgspec import _typed, as_int, message
+from .msgspec import as_int, message
+from .regions import typed as _typed
 from .predefined import from_numpy, to_datatype
 
 __all__ = ["FLAVOR_CREATE", "FLAVOR_SHARED", "RMA", "SEPARATE", "UNIFIED"]
