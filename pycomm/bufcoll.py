@@ -352,15 +352,16 @@ class CollectiveMethods:
     def Alltoall(self, sendbuf, recvbuf, *, algorithm: str | None = None) -> None:
         """Send block j of ``sendbuf`` to rank j; block i of ``recvbuf`` comes from rank i.
 
-        Algorithms: see :mod:`pycomm.collectives.alltoall`.
+        Algorithms: see :mod:`pycomm.collectives.alltoall` (small calls on one host:
+        :mod:`pycomm.shmcoll`).
 
         Args:
             sendbuf: size blocks of n elements, or IN_PLACE (``recvbuf`` holds them; a copy is
                 taken first).
             recvbuf: size blocks of n elements of the same dtype (writable).
-            algorithm: keyword-only; a name of ``pycomm.algorithms("alltoall")``, ``"auto"``
-                (the cost model) or None (``PYCOMM_ALGORITHM_ALLTOALL`` if set, else
-                the cost model).
+            algorithm: keyword-only; a name of ``pycomm.algorithms("alltoall")`` (which
+                also turns off the shared-memory slots), ``"auto"`` (the cost model) or
+                None (``PYCOMM_ALGORITHM_ALLTOALL`` if set, else the cost model).
 
         Returns:
             None.
@@ -383,6 +384,8 @@ class CollectiveMethods:
                                      f"not a multiple of the communicator size {self.size}")
         count = recv.size // self.size
         plan = plan_call(self, "alltoall", recv.dtype, count, recv.nbytes, algorithm)
+        if plan[4] is not None and self._defer is None:
+            return plan[4][5](send, recv, count)
         cc = self._calls.begin(plan[0])
         self._selection.run("alltoall", recv.nbytes, algorithm, None,
                             lambda fn: fn(cc, send, recv, count), plan=plan)

@@ -15,7 +15,7 @@ kept only once a communicator's model inputs are final (its ``transport_name`` i
 the world's start-up collectives run before the ranks have agreed on them).
 
 A plan also says whether the call may skip the message layer: through shared-memory
-slots (:mod:`pycomm.shmcoll`) on a communicator of one host's ranks, for the six
+slots (:mod:`pycomm.shmcoll`) on a communicator of one host's ranks, for the seven
 collectives that module serves, when each rank's data fits a slot; or, for an all-reduce,
 reduce-scatter-block (with a commutative numpy op), all-gather (up to 1 MiB) or broadcast
 past the slots and from its :func:`direct_threshold`, by direct reads of the peers' buffers
@@ -55,7 +55,8 @@ _SLOT_BYTES = {"barrier": lambda nbytes, size: 0,
                "allreduce": lambda nbytes, size: nbytes,
                "reduce": lambda nbytes, size: nbytes,
                "allgather": lambda nbytes, size: nbytes // size,
-               "reduce_scatter_block": lambda nbytes, size: nbytes}
+               "reduce_scatter_block": lambda nbytes, size: nbytes,
+               "alltoall": lambda nbytes, size: nbytes}
 
 
 # the collectives pycomm.shmdirect serves: count is the buffer's elements for allreduce

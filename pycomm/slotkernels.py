@@ -25,11 +25,11 @@ def kernel(slots, collective: str, dtype, count: int, root: int, op, by_messages
     function's arguments (:mod:`pycomm.collectives`); views of every slot made once.
 
     Args:
-        collective: ``barrier``, ``bcast``, ``allreduce``, ``reduce``, ``allgather``
-            or ``reduce_scatter_block``.
+        collective: ``barrier``, ``bcast``, ``allreduce``, ``reduce``, ``allgather``,
+            ``reduce_scatter_block`` or ``alltoall``.
         dtype, count, root, op: the call's shape as :func:`pycomm.plan.plan_call`
-            has it (``count``: the elements of one rank's block for allgather and
-            reduce_scatter_block).
+            has it (``count``: the elements of one rank's block for allgather,
+            reduce_scatter_block and alltoall).
         by_messages: the message algorithm's function, run instead when a peer takes
             messages (:class:`pycomm.shmcoll.ByMessages`).
     """
@@ -160,6 +160,28 @@ def _allgather(slots, dtype, count, root, op, by_messages):
     return run
 
 
+def _alltoall(slots, dtype, count, root, op, by_messages):
+    """Every rank writes its whole send buffer; rank ``r`` then copies block ``r`` of
+    every peer's slot (MPICH's and Open MPI's shared-memory all-to-all read the same
+    way: the peers' blocks in place, one copy each)."""
+    size, me = slots.size, slots.rank
+    views = _views(slots, dtype, 0, count * size)           # [slot][rank]: whole buffers
+    mine = [v[me] for v in views]
+    nb, lo, hi = count * size * dtype.itemsize, me * count, (me + 1) * count
+    theirs = [[(r * count, (r + 1) * count, v[r][lo:hi]) for r in slots.peers]
+              for v in views]                               # [slot]: block me of each peer
+
+    def run(cc, send, recv, _count):
+        try:
+            p = slots.exchange(cc, nb, mine, send)
+        except shmcoll.ByMessages:
+            return by_messages(cc, send, recv, count)
+        recv[lo:hi] = send[lo:hi]
+        for a, b, block in theirs[p]:
+            recv[a:b] = block
+    return run
+
+
 def _reduce_scatter_block(slots, dtype, count, root, op, by_messages):
     me, n = slots.rank, slots.size
     whole = [v[me] for v in _views(slots, dtype, 0, count * n)]
@@ -178,4 +200,4 @@ def _reduce_scatter_block(slots, dtype, count, root, op, by_messages):
 
 _KERNELS = {"barrier": _barrier, "bcast": _bcast, "allreduce": _allreduce,
             "reduce": _reduce, "allgather": _allgather,
-            "reduce_scatter_block": _reduce_scatter_block}
+            "reduce_scatter_block": _reduce_scatter_block, "alltoall": _alltoall}

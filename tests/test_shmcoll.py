@@ -111,17 +111,30 @@ def _every_collective_calls(count, dtype, op_name):
     rs = np.empty(block, dt)
     comm.Reduce_scatter_block(np.tile(mine[:block], n), rs, op=op)
     out["reduce_scatter_block"] = rs
+    # alltoall: block j of rank r's buffer, for rank j, is the contribution of "rank"
+    # 1000 + r * n + j (a different one for every pair)
+    a2a_send = np.concatenate([_contribution(1000 + r * n + j, block, dtype) for j in range(n)])
+    a2a = np.empty(block * n, dt)
+    comm.Alltoall(a2a_send, a2a)
+    out["alltoall"] = a2a
+    a2a_in = a2a_send.copy()
+    comm.Alltoall(pycomm.IN_PLACE, a2a_in)
+    out["alltoall-in-place"] = a2a_in
     comm.Barrier()
     took = {
         "allreduce": _used_slots(comm, "allreduce", dt, count, mine.nbytes, op),
         "bcast": _used_slots(comm, "bcast", dt, count, mine.nbytes, root=root),
         "allgather": _used_slots(comm, "allgather", dt, block, block * n * dt.itemsize),
         "barrier": _used_slots(comm, "barrier", None, -1, 0),
+        "alltoall": _used_slots(comm, "alltoall", dt, block, block * n * dt.itemsize),
     }
     expect = {"allreduce": want, "allreduce-in-place": want, "reduce": want,
               "bcast": every[root],
               "allgather": np.concatenate([e[:block] for e in every]),
-              "reduce_scatter_block": _fold([e[:block] for e in every], op)}
+              "reduce_scatter_block": _fold([e[:block] for e in every], op),
+              "alltoall": np.concatenate([_contribution(1000 + k * n + r, block, dtype)
+                                          for k in range(n)])}
+    expect["alltoall-in-place"] = expect["alltoall"]
     wrong = [k for k in expect if not np.array_equal(out[k], expect[k])]
     return wrong, took, {k: v.tobytes() for k, v in out.items()}
 
@@ -227,7 +240,7 @@ def _schedule(seed, steps):
     jitter = np.random.default_rng(seed * 100 + r)
     wrong = []
     for step in range(steps):
-        kind = plan.integers(0, 5)
+        kind = plan.integers(0, 6)
         big = plan.random() < 0.2                   # a call past the limit: messages
         count = 2000 if big else int(plan.integers(1, 64))
         root = int(plan.integers(0, n))
@@ -250,6 +263,11 @@ def _schedule(seed, steps):
             comm.Reduce(mine, out, root=root)
             ok = r != root or np.array_equal(out, functools.reduce(np.add, vals[1:],
                                                                    vals[0].copy()))
+        elif kind == 4:
+            # alltoall: rank k's block for rank j is vals[k] + 1000 * j
+            out = np.empty(count * n)
+            comm.Alltoall(np.concatenate([mine + 1000 * j for j in range(n)]), out)
+            ok = np.array_equal(out, np.concatenate([v + 1000 * r for v in vals]))
         else:
             comm.Barrier()
             ok = True
@@ -338,15 +356,19 @@ def _blocking_against_nonblocking():
     else:
         comm.Bcast(y, root=n - 1)
     comm.Ibarrier().Wait() if r == 0 else comm.Barrier()
+    a = np.zeros(2 * n)
+    send = np.arange(2 * n, dtype=np.float64) + 100 * r     # block j: 2j, 2j+1 (+ 100 r)
+    comm.Ialltoall(send, a).Wait() if r == n - 1 else comm.Alltoall(send, a)
     z = np.ones(2)
     comm.Allreduce(pycomm.IN_PLACE, z)              # and the slots again afterwards
-    return x.tolist(), y.tolist(), z.tolist()
+    return x.tolist(), y.tolist(), z.tolist(), a.tolist(), r
 
 
 def test_a_blocking_call_matches_its_nonblocking_twin(world):
     n = world.size
-    for x, y, z in world.run(_blocking_against_nonblocking):
+    for x, y, z, a, r in world.run(_blocking_against_nonblocking):
         assert x == [n * (n + 1) / 2] * 8 and y == [5.0] * 4 and z == [float(n)] * 2
+        assert a == [v for k in range(n) for v in (2 * r + 100 * k, 2 * r + 1 + 100 * k)]
 
 
 def _beside_a_nonblocking_collective(rounds):
