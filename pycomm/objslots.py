@@ -29,28 +29,11 @@ import pickle
 
 import numpy as np
 
-from . import config
 from . import trace as _trace
-from .plan import SHARED_SLOTS, slots_of, unforced
+from .plan import SHARED_SLOTS, slot_limit, slots_of
 from .shmcoll import ByMessages
 
 __all__ = ["Pickles", "exchange"]
-
-
-def _limit(slots, collective: str) -> int:
-    """The largest pickle ``collective`` takes through the slots: the slot, or
-    ``PYCOMM_SHM_COLL_BYTES``; -1 (not even an empty one) where
-    ``PYCOMM_ALGORITHM_<COLLECTIVE>`` names an algorithm. Read once per configuration
-    generation (:func:`pycomm.config.reload`): reading the environment costs about what a
-    small call's exchange does."""
-    cached = slots.object_limits
-    if cached is None or cached[0] != config.generation:
-        cached = slots.object_limits = (config.generation, {})
-    limit = cached[1].get(collective)
-    if limit is None:
-        limit = cached[1][collective] = min(slots.limit, config.get(
-            "PYCOMM_SHM_COLL_BYTES")) if unforced(collective, None) else -1
-    return limit
 
 
 class Pickles:
@@ -83,7 +66,7 @@ def exchange(comm, collective: str, sig, data: bytes):
     """
     calls = comm._calls
     slots = slots_of(comm)
-    if slots is None or comm._defer is not None or len(data) > _limit(slots, collective):
+    if slots is None or comm._defer is not None or len(data) > slot_limit(slots, collective):
         cc = calls.begin(sig)
         if slots is not None:   # (a peer may wait in the slots: the recorder says why not)
             _trace.instant(f"{collective} (objects)", comm, cc.tag, len(data), -1)

@@ -34,7 +34,7 @@ from . import config, shmcoll, shmdirect, slotkernels
 from .signature import signature
 
 __all__ = ["DIRECT_FROM", "MAX_PLANS", "SHARED_SLOTS", "UNDECIDED", "direct_threshold",
-           "fast_path", "plan_call", "slots_of",
+           "fast_path", "plan_call", "slot_limit", "slots_of",
            "takes_slots", "unforced"]
 
 SHARED_SLOTS = "shared_slots"   # the algorithm name of a call through pycomm.shmcoll
@@ -98,6 +98,24 @@ def unforced(collective: str, algorithm) -> bool:
         if forced is not None and forced.lower() != "auto":
             return False
     return True
+
+
+def slot_limit(slots, collective: str, algorithm=None) -> int:
+    """The most bytes one rank may put in its slot in a call of ``collective`` whose
+    shape is not planned once (object calls, ``Alltoallv``) with ``algorithm=`` (None or
+    ``"auto"``): the slot, or ``PYCOMM_SHM_COLL_BYTES``; -1 (not even an empty one) where
+    an algorithm is named (:func:`unforced`). Read once per configuration generation
+    (:func:`pycomm.config.reload`): reading the environment costs about what a small
+    call's exchange does."""
+    cached = slots.limits
+    if cached is None or cached[0] != config.generation:
+        cached = slots.limits = (config.generation, {})
+    key = (collective, algorithm)
+    limit = cached[1].get(key)
+    if limit is None:
+        limit = cached[1][key] = min(slots.limit, config.get(
+            "PYCOMM_SHM_COLL_BYTES")) if unforced(collective, algorithm) else -1
+    return limit
 
 
 def takes_slots(comm, collective: str, nbytes: int, algorithm) -> bool:

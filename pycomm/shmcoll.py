@@ -156,8 +156,9 @@ class SharedSlots:
         self.peers = [r for r in range(self.size) if r != self.rank]
         self._bell_words = shm.doorbell_words([comm._world[r] for r in self.peers])
         self._written = [False, False]
-        # (config generation, {collective: bytes}): pycomm.objslots
-        self.object_limits = None
+        # (config generation, {collective: bytes}): pycomm.plan.slot_limit
+        self.limits = None
+        self.alltoallv = None           # its Alltoallv function (slotkernels.alltoallv)
         self._synced = -1               # the last call whose every header this rank saw
         # Where ranks outnumber cores (the engine then yields while it waits), the peer a
         # rank waits for may need this very core: poll a few times, then yield at once
@@ -186,12 +187,13 @@ class SharedSlots:
                 futex_wake(futex)
 
     # -- the steps of every call --------------------------------------------------------
-    def exchange(self, cc, nbytes: int, dst=None, src=None, path: int = 0) -> int:
+    def exchange(self, cc, nbytes: int, dst=None, src=None, path: int = 0,
+                 fill=None) -> int:
         """Run call ``cc.tag``'s turn through the slots: take its slot ``p``, copy ``src``
-        into ``dst[p]`` (when ``src`` is given), publish this rank's header and wait for
-        every peer's, checking their signatures; return ``p``. ``nbytes``: the call's bytes
-        in the header; ``path``: 0 for a slot call, 1 for a direct one (see the module
-        docstring).
+        into ``dst[p]`` (when ``src`` is given; else call ``fill(p)``, when given, to
+        write the slot), publish this rank's header and wait for every peer's, checking
+        their signatures; return ``p``. ``nbytes``: the call's bytes in the header;
+        ``path``: 0 for a slot call, 1 for a direct one (see the module docstring).
 
         Slot ``p`` is rewritten only once every peer has entered the previous call: each
         has then finished the earlier call that used it (the module docstring's Safety).
@@ -217,6 +219,8 @@ class SharedSlots:
         self._written[p] = True
         if src is not None:
             dst[p][...] = src
+        elif fill is not None:
+            fill(p)
         headers = self.headers
         h = headers[self.rank][p]
         sig = cc.sig

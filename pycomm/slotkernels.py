@@ -16,8 +16,9 @@ from __future__ import annotations
 import numpy as np
 
 from . import shmcoll
+from .errors import TruncationError
 
-__all__ = ["kernel"]
+__all__ = ["alltoallv", "kernel"]
 
 
 def kernel(slots, collective: str, dtype, count: int, root: int, op, by_messages):
@@ -195,6 +196,59 @@ def _reduce_scatter_block(slots, dtype, count, root, op, by_messages):
             return by_messages(cc, src.copy() if np.shares_memory(src, out) else src,
                                out, op)
         fold(blocks[p], out)
+    return run
+
+
+def alltoallv(slots):
+    """The function running an ``Alltoallv`` through the slots, whatever its counts:
+    ``run(cc, send, scounts, sdispls, recv, rcounts, rdispls, by_messages)`` (elements,
+    as :func:`pycomm.collectives.alltoall.alltoallv_pairwise` takes them, which
+    ``by_messages`` is).
+
+    Each rank writes a table of ``(byte offset, bytes)`` per destination, then its blocks
+    for the others back to back; rank ``r`` reads entry ``r`` of each peer's table and
+    copies that block. A block's size is checked against the receive count, as a message
+    receive checks it.
+
+    Raises (from ``run``):
+        TruncationError: a peer's block for this rank differs from ``rcounts``.
+    """
+    size, me, peers, data = slots.size, slots.rank, slots.peers, slots.data
+    head = 16 * size                        # the table: int64 offsets, then int64 sizes
+
+    def run(cc, send, scounts, sdispls, recv, rcounts, rdispls, by_messages):
+        isz = send.itemsize
+        sb, rb = send.view(np.uint8), recv.view(np.uint8)
+        own = scounts[me] * isz
+
+        def fill(p):
+            area = data[me][p]
+            table = area[:head].view(np.int64)
+            at = head
+            for j in range(size):
+                n = scounts[j] * isz if j != me else 0
+                table[j], table[size + j] = at, n
+                lo = sdispls[j] * isz
+                area[at:at + n] = sb[lo:lo + n]
+                at += n
+        try:
+            p = slots.exchange(cc, head + sum(scounts) * isz - own, fill=fill)
+        except shmcoll.ByMessages:
+            return by_messages(cc, send, scounts, sdispls, recv, rcounts, rdispls)
+        for s, area in [(me, None)] + [(s, data[s][p]) for s in peers]:
+            want = rcounts[s] * isz
+            if area is None:
+                at, n, src = sdispls[me] * isz, own, sb
+            else:
+                table = area[:head].view(np.int64)
+                at, n, src = int(table[me]), int(table[size + me]), area
+            if n != want:
+                raise TruncationError(
+                    f"rank {me}: Alltoallv #{cc.tag}: rank {s} sends this rank {n} bytes, "
+                    f"recvcounts[{s}] is {rcounts[s]} elements ({want} bytes); the ranks' "
+                    "counts disagree")
+            lo = rdispls[s] * isz
+            rb[lo:lo + n] = src[at:at + n]
     return run
 
 

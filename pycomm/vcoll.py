@@ -10,11 +10,15 @@ moves; the schedules live in :mod:`pycomm.collectives`.
 
 from __future__ import annotations
 
+from itertools import accumulate
+
 import numpy as np
 
+from . import slotkernels
 from .buffers import IN_PLACE, as_array
 from .errors import ArgumentError, InvalidBufferError
 from .ops import SUM
+from .plan import SHARED_SLOTS, slot_limit, slots_of
 from .signature import collective, signature
 
 __all__ = ["VectorMethods"]
@@ -41,7 +45,7 @@ class VectorMethods:
                        writable=writable)
         counts = self._counts(counts, f"{arg} counts")
         if displs is None:
-            displs = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(int).tolist()
+            displs = [0, *accumulate(counts[:-1])]
         else:
             displs = self._counts(displs, f"{arg} displs")
         for r, (c, d) in enumerate(zip(counts, displs)):
@@ -201,14 +205,16 @@ class VectorMethods:
     def Alltoallv(self, sendbuf, recvbuf, *, algorithm: str | None = None):
         """Rank i sends ``sendcounts[j]`` elements to rank j, described by both specs.
 
-        Algorithm: see :mod:`pycomm.collectives.alltoall`.
+        Algorithm: see :mod:`pycomm.collectives.alltoall` (on one host, a blocking call
+        whose blocks fit a shared-memory slot: :func:`pycomm.slotkernels.alltoallv`).
 
         Args:
             sendbuf: a vector spec whose block j goes to rank j, or IN_PLACE: ``recvbuf``'s
                 blocks are sent (a copy is taken first).
             recvbuf: a vector spec whose block j receives rank j's block for this rank (its
                 count must equal that rank's send count to this rank).
-            algorithm: keyword-only; a name of ``pycomm.algorithms("alltoallv")`` or None.
+            algorithm: keyword-only; a name of ``pycomm.algorithms("alltoallv")`` (which
+                also turns off the shared-memory slots) or None.
 
         Returns:
             None; block j of ``recvbuf`` holds what rank j sent this rank.
@@ -229,10 +235,24 @@ class VectorMethods:
             if send.dtype != recv.dtype:
                 raise InvalidBufferError(f"rank {self.rank}: Alltoallv: sendbuf dtype "
                                          f"{send.dtype} differs from recvbuf {recv.dtype}")
-        cc = self._calls.begin(signature("Alltoallv", recv.dtype))
+        sig = signature("Alltoallv", recv.dtype)
+        nbytes = sum(scounts) * send.itemsize
+        slots = slots_of(self) if self._defer is None and algorithm in (None, "auto") \
+            else None
+        # through the slots when this rank's blocks and their table fit one (a rank past
+        # it takes messages, and its peers see that and follow: pycomm.shmcoll)
+        if slots is not None and \
+                16 * self.size + nbytes <= slot_limit(slots, "alltoallv", algorithm):
+            if slots.alltoallv is None:
+                slots.alltoallv = slotkernels.alltoallv(slots)
+            fn = self._selection.choose("alltoallv", 0, algorithm, True)[1]
+            return self._slots_call((sig, SHARED_SLOTS, slots.alltoallv, None), "alltoallv",
+                                    nbytes, send, scounts, sdispls, recv, rcounts, rdispls,
+                                    fn)
+        cc = self._calls.begin(sig)
         self._selection.run("alltoallv", 0, algorithm, None,
                             lambda fn: fn(cc, send, scounts, sdispls, recv, rcounts, rdispls),
-                            log_bytes=sum(scounts) * send.itemsize)
+                            log_bytes=nbytes)
 
     @collective
     def Reduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=SUM, *,

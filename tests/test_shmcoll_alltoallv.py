@@ -1,0 +1,139 @@
+"""Alltoallv through shared-memory slots (pycomm.slotkernels.alltoallv): each rank writes a
+table of its blocks and the blocks; each reads its entry of every peer's table.
+
+* random counts (zeros included) and displacements with gaps, in a shuffled order, give
+  numpy's answer and leave the gaps alone, on 2..8 ranks; the call took the slots;
+* counts past the slot on some ranks only: those ranks take messages and the others
+  follow (pycomm.shmcoll's fallback), with the same results;
+* ranks whose counts disagree get a TruncationError on the rank that reads the short or
+  long block and a CollectiveError naming it elsewhere, and the communicator is usable;
+* ``algorithm=`` keeps the call on messages.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import cloudpickle
+import numpy as np
+import pytest
+
+import pycomm
+from conftest import World
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+WORLDS = [(2, "shm"), (3, "shm"), (5, "shm"), (8, "shm")]
+LIMIT = pycomm.config.VARS["PYCOMM_SHM_COLL_BYTES"].default
+
+
+@pytest.fixture(scope="session", params=WORLDS, ids=lambda p: f"n{p[0]}-{p[1]}")
+def world(request) -> World:
+    return World(*request.param)
+
+
+def _layout(counts, rng, gap: int):
+    """Displacements of blocks of ``counts`` in a shuffled order with ``gap`` elements
+    between them, and the buffer's length."""
+    displs, at = [0] * len(counts), 0
+    for j in rng.permutation(len(counts)):
+        displs[j] = at
+        at += counts[j] + gap
+    return displs, at
+
+
+def _exchange(seed: int, most: int, algorithm=None):
+    """One Alltoallv of random counts (rank i sends C[i, j] float64 to rank j, its values
+    1000 i + 100 j + k), checked here; returns (wrong blocks, whether the slots ran)."""
+    comm = pycomm.COMM_WORLD
+    r, n = comm.rank, comm.size
+    rng = np.random.default_rng(seed)
+    most = most or LIMIT // (4 * n)     # a rank's blocks then fill about a slot
+    counts = rng.integers(0, most + 1, size=(n, n))
+    counts[rng.random((n, n)) < 0.2] = 0
+    sc, rc = counts[r].tolist(), counts[:, r].tolist()
+    sd, slen = _layout(sc, rng, 2)
+    rd, rlen = _layout(rc, rng, 1)
+    send = np.full(slen, -1.0)
+    for j in range(n):
+        send[sd[j]:sd[j] + sc[j]] = 1000 * r + 100 * j + np.arange(sc[j])
+    recv = np.full(rlen, -7.0)
+    slots = comm._slots
+    before = getattr(slots, "alltoallv", None)
+    comm.Alltoallv([send, sc, sd], [recv, rc, rd], algorithm=algorithm)
+    wrong = [s for s in range(n) if not np.array_equal(
+        recv[rd[s]:rd[s] + rc[s]], 1000 * s + 100 * r + np.arange(rc[s]))]
+    gaps = np.ones(rlen, bool)
+    for s in range(n):
+        gaps[rd[s]:rd[s] + rc[s]] = False
+    if not (recv[gaps] == -7.0).all():
+        wrong.append("gaps")
+    fits = 16 * n + 8 * sum(sc) <= LIMIT
+    return wrong, fits, before is not None or comm._slots.alltoallv is not None
+
+
+def _many(seeds, most, algorithm=None):
+    return [_exchange(seed, most, algorithm) for seed in seeds]
+
+
+def test_random_counts_and_gaps_through_the_slots(world):
+    for rank, results in enumerate(world.run(_many, range(20), 40)):
+        for seed, (wrong, fits, made) in enumerate(results):
+            assert wrong == [], (rank, seed, wrong)
+            assert fits and made, (rank, seed)
+
+
+def test_ranks_past_the_slot_take_messages_and_the_others_follow(world):
+    # each rank's blocks about a slot's worth: some ranks fit, others not, per seed
+    by_rank = world.run(_many, range(100, 116), 0)
+    for rank, results in enumerate(by_rank):
+        for seed, (wrong, fits, _) in enumerate(results):
+            assert wrong == [], (rank, seed, wrong)
+    mixed = [seed for seed in range(16) if len({res[seed][1] for res in by_rank}) == 2]
+    assert mixed, "no seed had ranks of both kinds"
+
+
+def test_a_named_algorithm_keeps_messages(world):
+    for results in world.run(_many, [7], 10, "pairwise"):
+        assert results[0][0] == []
+
+
+def _disagree():
+    """Rank 1 expects one element more from rank 0 than rank 0 sends it."""
+    comm = pycomm.COMM_WORLD
+    r, n = comm.rank, comm.size
+    sc = [2] * n
+    rc = [2] * n
+    if r == 1:
+        rc[0] = 3
+    send = np.arange(2 * n, dtype=np.float64)
+    recv = np.zeros(sum(rc))
+    try:
+        comm.Alltoallv([send, sc], [recv, rc])
+        first = "ok"
+    except pycomm.CommError as exc:
+        first = f"{type(exc).__name__}: {exc}"
+    after = []
+    for _ in range(2):      # a rank that had finished hears of the failure at its next call
+        try:
+            x = np.ones(3)
+            comm.Allreduce(pycomm.IN_PLACE, x)
+            after.append(x[0])
+        except pycomm.CollectiveError as exc:
+            after.append(f"{type(exc).__name__}: {exc}")
+    return first, after
+
+
+def test_counts_that_disagree_fail_everywhere_and_the_communicator_stays_usable(world):
+    n = world.size
+    results = world.run(_disagree)
+    assert results[1][0].startswith("TruncationError: rank 1: Alltoallv"), results[1][0]
+    assert "rank 0 sends this rank 16 bytes" in results[1][0], results[1][0]
+    for rank, (first, after) in enumerate(results):
+        if rank != 1:
+            # the others learn of rank 1's failure in the call, or, having finished their
+            # part, at their next call, which completed but says so
+            late = after[0] if first == "ok" else first
+            assert late.startswith("CollectiveError") and "TruncationError: rank 1" in late, \
+                (rank, first, after)
+        assert after[-1] == n, (rank, after)      # usable again
