@@ -1,7 +1,8 @@
 """Alltoallv latency, after OSU's ``osu_alltoallv``: ``Alltoall`` with per-peer counts.
 
-``Alltoallv([sendbuf, counts, displs], [recvbuf, counts, displs])`` with every count equal
-to ``size`` bytes (as OSU does). algbw counts S = n x size; busbw uses alltoall's (n-1)/n.
+``Alltoallv([sendbuf, (counts, displs)], [recvbuf, (counts, displs)])`` (the spec mpi4py
+reads too) with every count equal to ``size`` bytes (as OSU does). algbw counts S = n x
+size; busbw uses alltoall's (n-1)/n.
 
 Run::
 
@@ -28,7 +29,7 @@ def setup(ctx: Ctx, count: int) -> Case:
         want = np.concatenate([ctx.pattern.data(i * n + me, it, count) for i in range(n)])
         return mismatch(recv, want, "recvbuf")
 
-    return Case(([send, counts, displs], [recv, counts, displs]), {}, fill, check)
+    return Case(([send, (counts, displs)], [recv, (counts, displs)]), {}, fill, check)
 
 
 SPEC = Collective("alltoallv", "Alltoallv", "OSU MPI All-to-Allv Personalized Exchange "

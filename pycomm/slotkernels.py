@@ -215,6 +215,7 @@ def alltoallv(slots):
     """
     size, me, peers, data = slots.size, slots.rank, slots.peers, slots.data
     head = 16 * size                        # the table: int64 offsets, then int64 sizes
+    tables = [[d[p][:head].view(np.int64) for d in data] for p in (0, 1)]
 
     def run(cc, send, scounts, sdispls, recv, rcounts, rdispls, by_messages):
         isz = send.itemsize
@@ -222,26 +223,27 @@ def alltoallv(slots):
         own = scounts[me] * isz
 
         def fill(p):
-            area = data[me][p]
-            table = area[:head].view(np.int64)
-            at = head
+            area, offsets, sizes, at = data[me][p], [], [], head
             for j in range(size):
                 n = scounts[j] * isz if j != me else 0
-                table[j], table[size + j] = at, n
-                lo = sdispls[j] * isz
-                area[at:at + n] = sb[lo:lo + n]
-                at += n
+                offsets.append(at)
+                sizes.append(n)
+                if n:
+                    lo = sdispls[j] * isz
+                    area[at:at + n] = sb[lo:lo + n]
+                    at += n
+            tables[p][me][:] = offsets + sizes
         try:
             p = slots.exchange(cc, head + sum(scounts) * isz - own, fill=fill)
         except shmcoll.ByMessages:
             return by_messages(cc, send, scounts, sdispls, recv, rcounts, rdispls)
-        for s, area in [(me, None)] + [(s, data[s][p]) for s in peers]:
+        for s in (me, *peers):
             want = rcounts[s] * isz
-            if area is None:
+            if s == me:
                 at, n, src = sdispls[me] * isz, own, sb
             else:
-                table = area[:head].view(np.int64)
-                at, n, src = int(table[me]), int(table[size + me]), area
+                entry = tables[p][s]
+                at, n, src = int(entry[me]), int(entry[size + me]), data[s][p]
             if n != want:
                 raise TruncationError(
                     f"rank {me}: Alltoallv #{cc.tag}: rank {s} sends this rank {n} bytes, "

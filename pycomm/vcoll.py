@@ -11,6 +11,7 @@ moves; the schedules live in :mod:`pycomm.collectives`.
 from __future__ import annotations
 
 from itertools import accumulate
+from operator import add
 
 import numpy as np
 
@@ -43,27 +44,30 @@ class VectorMethods:
         datatype = rest[0] if rest else None
         arr = as_array([buf, datatype] if datatype is not None else buf, self.rank, arg,
                        writable=writable)
-        counts = self._counts(counts, f"{arg} counts")
+        counts = self._counts(counts, arg, "counts")
         if displs is None:
             displs = [0, *accumulate(counts[:-1])]
         else:
-            displs = self._counts(displs, f"{arg} displs")
-        for r, (c, d) in enumerate(zip(counts, displs)):
-            if d + c > arr.size:
-                raise InvalidBufferError(f"rank {self.rank}: {arg}: block {r} (displacement "
-                                         f"{d}, count {c}) overruns the buffer of "
-                                         f"{arr.size} elements")
+            displs = self._counts(displs, arg, "displs")
+        if max(map(add, counts, displs)) > arr.size:    # (one pass; the loop names it)
+            for r, (c, d) in enumerate(zip(counts, displs)):
+                if d + c > arr.size:
+                    raise InvalidBufferError(f"rank {self.rank}: {arg}: block {r} "
+                                             f"(displacement {d}, count {c}) overruns the "
+                                             f"buffer of {arr.size} elements")
         return arr, counts, displs
 
-    def _counts(self, values, what: str) -> list[int]:
+    def _counts(self, values, arg: str, name: str = "") -> list[int]:
+        """``values`` as ``size`` non-negative ints (``arg`` and ``name`` label them in
+        the error, built only then)."""
         try:
-            out = [int(v) for v in values]
+            out = list(map(int, values))
         except (TypeError, ValueError):
-            raise ArgumentError(f"rank {self.rank}: {what} must be a sequence of ints, got "
-                                f"{values!r}") from None
-        if len(out) != self.size or any(v < 0 for v in out):
-            raise ArgumentError(f"rank {self.rank}: {what} must hold {self.size} "
-                                f"non-negative ints, got {out}")
+            raise ArgumentError(f"rank {self.rank}: {arg} {name}".rstrip() + " must be a "
+                                f"sequence of ints, got {values!r}") from None
+        if len(out) != self.size or min(out) < 0:
+            raise ArgumentError(f"rank {self.rank}: {arg} {name}".rstrip() + f" must hold "
+                                f"{self.size} non-negative ints, got {out}")
         return out
 
     @collective
