@@ -246,7 +246,7 @@ class SharedSlots:
             if h[1] != code or h[2] != count:
                 theirs = (h[1], h[2])
                 if not empty_match(sig, theirs, h[3]):
-                    self._mismatch(cc, r, describe(theirs))
+                    self.mismatch(cc, r, describe(theirs))
             if h[4] != path:            # each rank sees it in the other's header
                 raise ByMessages
         # A peer's ABORT of an earlier call, sent before it published this header, is in
@@ -349,7 +349,8 @@ class SharedSlots:
         finally:
             shm.watches.remove(cond)
 
-    def _mismatch(self, cc, r: int, theirs: str) -> None:
+    def mismatch(self, cc, r: int, theirs: str) -> None:
+        """Raise the CollectiveMismatchError of peer ``r`` in ``theirs`` (its call in words)."""
         comm = self.comm
         raise CollectiveMismatchError(
             f"rank {self.rank}: collective mismatch in call #{cc.tag} on {comm.name}: rank "

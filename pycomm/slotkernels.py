@@ -17,6 +17,7 @@ import numpy as np
 
 from . import shmcoll
 from .errors import TruncationError
+from .signature import describe
 
 __all__ = ["alltoallv", "kernel"]
 
@@ -208,12 +209,16 @@ def alltoallv(slots):
     Each rank writes a table of ``(byte offset, bytes)`` per destination, then its blocks
     for the others back to back; rank ``r`` reads entry ``r`` of each peer's table and
     copies that block. A block's size is checked against the receive count, as a message
-    receive checks it.
+    receive checks it, and its datatype against this rank's where bytes move: as for
+    messages, a pair that moves nothing may name different datatypes (MPI 4.1, section
+    3.3.1), so the headers' check leaves the datatype to this one (they carry 0 bytes).
 
     Raises (from ``run``):
         TruncationError: a peer's block for this rank differs from ``rcounts``.
+        CollectiveMismatchError: a peer's non-empty block is of another datatype.
     """
-    size, me, peers, data = slots.size, slots.rank, slots.peers, slots.data
+    size, me, peers, data, headers = slots.size, slots.rank, slots.peers, slots.data, \
+        slots.headers
     head = 16 * size                        # the table: int64 offsets, then int64 sizes
     tables = [[d[p][:head].view(np.int64) for d in data] for p in (0, 1)]
 
@@ -234,9 +239,10 @@ def alltoallv(slots):
                     at += n
             tables[p][me][:] = offsets + sizes
         try:
-            p = slots.exchange(cc, head + sum(scounts) * isz - own, fill=fill)
+            p = slots.exchange(cc, 0, fill=fill)
         except shmcoll.ByMessages:
             return by_messages(cc, send, scounts, sdispls, recv, rcounts, rdispls)
+        code = cc.sig[0]
         for s in (me, *peers):
             want = rcounts[s] * isz
             if s == me:
@@ -244,6 +250,9 @@ def alltoallv(slots):
             else:
                 entry = tables[p][s]
                 at, n, src = int(entry[me]), int(entry[size + me]), data[s][p]
+                if n and headers[s][p][1] != code:
+                    slots.mismatch(cc, s, describe((int(headers[s][p][1]),
+                                                     int(headers[s][p][2]))))
             if n != want:
                 raise TruncationError(
                     f"rank {me}: Alltoallv #{cc.tag}: rank {s} sends this rank {n} bytes, "

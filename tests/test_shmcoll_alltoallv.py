@@ -7,7 +7,9 @@ table of its blocks and the blocks; each reads its entry of every peer's table.
   follow (pycomm.shmcoll's fallback), with the same results;
 * ranks whose counts disagree get a TruncationError on the rank that reads the short or
   long block and a CollectiveError naming it elsewhere, and the communicator is usable;
-* ``algorithm=`` keeps the call on messages.
+* ``algorithm=`` keeps the call on messages;
+* a rank that moves no bytes may name another datatype; a non-empty block of another
+  datatype is a CollectiveMismatchError.
 """
 
 from __future__ import annotations
@@ -137,3 +139,39 @@ def test_counts_that_disagree_fail_everywhere_and_the_communicator_stays_usable(
             assert late.startswith("CollectiveError") and "TruncationError: rank 1" in late, \
                 (rank, first, after)
         assert after[-1] == n, (rank, after)      # usable again
+
+
+def _datatypes():
+    """Rank 0 sends and receives nothing, naming int16 (MPI lets a pair that moves no
+    bytes differ in datatype); then rank 0 sends int64 where the others expect float64."""
+    comm = pycomm.COMM_WORLD
+    r, n = comm.rank, comm.size
+    sc = [0 if 0 in (r, j) else 1 for j in range(n)]
+    dtype = np.int16 if r == 0 else np.float64
+    recv = np.full(sum(sc), -1, dtype)
+    comm.Alltoallv([np.full(sum(sc), r, dtype), sc], [recv, sc])
+    quiet = recv.tolist()
+    counts = [1] * n
+    try:
+        comm.Alltoallv([np.full(n, r, np.int64 if r == 0 else np.float64), counts],
+                       [np.zeros(n, np.int64 if r == 0 else np.float64), counts])
+        loud = "ok"
+    except pycomm.CommError as exc:
+        loud = f"{type(exc).__name__}: {exc}"
+    x = np.ones(1)
+    for _ in range(2):
+        try:
+            comm.Allreduce(pycomm.IN_PLACE, x)
+            break
+        except pycomm.CollectiveError:
+            x = np.ones(1)
+    return quiet, loud, x[0]
+
+
+def test_datatypes_may_differ_only_where_no_bytes_move(world):
+    n = world.size
+    for rank, (quiet, loud, after) in enumerate(world.run(_datatypes)):
+        assert quiet == ([] if rank == 0 else [float(k) for k in range(1, n)]), (rank, quiet)
+        if rank != 0:       # it reads rank 0's int64 block as float64: refused
+            assert loud.startswith("CollectiveMismatchError") and "int64" in loud, (rank, loud)
+        assert after == n, (rank, after)

@@ -7,6 +7,8 @@ kept together, a user op told the named datatype).
 
 from __future__ import annotations
 
+from itertools import accumulate
+
 import numpy as np
 
 from pycomm.buffers import IN_PLACE
@@ -33,7 +35,8 @@ def root_none(at_root: bool, gather: bool, sendbuf, recvbuf):
 
 
 def starts(counts: list[int]) -> list[int]:
-    return [int(x) for x in np.concatenate([[0], np.cumsum(counts)[:-1]])] if counts else []
+    """Where each of blocks of ``counts`` starts when they lie back to back."""
+    return [0, *accumulate(counts[:-1])] if counts else []
 
 
 def _wparts(spec, size: int, w: str, arg: str, writable: bool):
