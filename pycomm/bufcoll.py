@@ -9,9 +9,9 @@ shared-memory slots for small calls, :mod:`pycomm.shmcoll`; direct reads of the 
 buffers for large all-reduces, reduce-scatters and all-gathers, :mod:`pycomm.shmdirect`);
 otherwise the call is numbered (:meth:`pycomm.calls.CollectiveCalls.begin`) and the
 communicator's ``_selection`` runs the algorithm, from :mod:`pycomm.collectives` (each
-algorithm's source is named there). The nonblocking twins (:mod:`pycomm.nbc`) run these same methods with the schedule
-deferred (``_defer``), which always sends messages. The errors every collective call may
-raise are listed in :class:`pycomm.comm.Communicator`.
+algorithm's source is named there). The nonblocking twins (:mod:`pycomm.nbc`) run these
+same methods with the schedule deferred (``_defer``), which always sends messages. The
+errors every collective call may raise are listed in :class:`pycomm.comm.Communicator`.
 """
 
 from __future__ import annotations

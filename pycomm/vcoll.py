@@ -241,11 +241,13 @@ class VectorMethods:
                                          f"{send.dtype} differs from recvbuf {recv.dtype}")
         sig = signature("Alltoallv", recv.dtype)
         nbytes = sum(scounts) * send.itemsize
-        slots = slots_of(self) if self._defer is None and algorithm in (None, "auto") \
-            else None
+        # (decided on every rank's first call, this one's nonblocking twin included: a
+        # rank whose communicator has not decided its slots does not say that it entered
+        # a call by messages, and its peers in the slots would wait for it)
+        slots = slots_of(self)
         # through the slots when this rank's blocks and their table fit one (a rank past
         # it takes messages, and its peers see that and follow: pycomm.shmcoll)
-        if slots is not None and \
+        if slots is not None and self._defer is None and algorithm in (None, "auto") and \
                 16 * self.size + nbytes <= slot_limit(slots, "alltoallv", algorithm):
             if slots.alltoallv is None:
                 slots.alltoallv = slotkernels.alltoallv(slots)

@@ -175,3 +175,28 @@ def test_datatypes_may_differ_only_where_no_bytes_move(world):
         if rank != 0:       # it reads rank 0's int64 block as float64: refused
             assert loud.startswith("CollectiveMismatchError") and "int64" in loud, (rank, loud)
         assert after == n, (rank, after)
+
+
+def _nonblocking_first():
+    """On a new communicator whose first call is this one, the last rank runs the
+    nonblocking twin (messages) while the others run the blocking call (slots): they must
+    see its arrival and take messages too (found by tests/fuzzgen.py, seed 461: the
+    nonblocking rank had not decided its slots and never said it entered)."""
+    comm = pycomm.COMM_WORLD
+    r, n = comm.rank, comm.size
+    sub = comm.Split(0, r)
+    counts = [2] * n
+    send = np.arange(2 * n, dtype=np.float64) + 100 * r
+    recv = np.zeros(2 * n)
+    if r == n - 1:
+        sub.Ialltoallv([send, counts], [recv, counts]).Wait()
+    else:
+        sub.Alltoallv([send, counts], [recv, counts])
+    sub.Free()
+    return recv.tolist()
+
+
+def test_a_nonblocking_twin_first_on_a_new_communicator(world):
+    n = world.size
+    for r, got in enumerate(world.run(_nonblocking_first, timeout=60)):
+        assert got == [v for k in range(n) for v in (2 * r + 100 * k, 2 * r + 1 + 100 * k)]
