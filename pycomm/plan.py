@@ -121,9 +121,12 @@ def slot_limit(slots, collective: str, algorithm=None) -> int:
 def takes_slots(comm, collective: str, nbytes: int, algorithm) -> bool:
     """Whether a blocking call of ``collective`` on ``nbytes`` (as :mod:`pycomm.collectives`
     counts them) with ``algorithm=`` goes through shared-memory slots on ``comm``."""
+    # (decided at the first plan whatever it is: a rank whose communicator has not decided
+    # its slots does not say that it entered a call by messages, so peers in the slots of
+    # a later call would wait for it; pycomm.calls.CollectiveCalls.begin)
+    slots = slots_of(comm)
     if collective not in _SLOT_BYTES or not unforced(collective, algorithm):
         return False
-    slots = slots_of(comm)
     return slots is not None and _SLOT_BYTES[collective](nbytes, comm.size) <= min(
         slots.limit, config.get("PYCOMM_SHM_COLL_BYTES"))
 
