@@ -211,7 +211,7 @@ def _rank_alltoallw_subarrays() -> list:
     comm = MPI.COMM_WORLD
     rank, size = comm.rank, comm.size
     bad: list = []
-    n0, n1, n2 = 2 * size + 1, 3 * size + 2, 40
+    n0, n1, n2 = 2 * size + 1, 3 * size + 2, 600      # each rank: 144 KiB or more
     full = np.arange(n0 * n1 * n2, dtype=np.complex128).reshape(n0, n1, n2) * (1 + 1j)
 
     def cut(n, i):
