@@ -192,12 +192,11 @@ class Datatype:
     @property
     def typechar(self) -> str:
         """numpy character code of a predefined type or its ``Dup`` (``"l"`` for
-        ``INT64_T``, ``"?"`` for ``LOGICAL1``, as mpi4py's ``DatatypeChar``); ``"V"``
-        (void) for pair and derived types, ``""`` for DATATYPE_NULL."""
+        ``INT64_T``, as mpi4py's ``DatatypeChar``: a type string's size, numpy's character
+        for it); ``"V"`` for pair and derived types, ``""`` for DATATYPE_NULL."""
         code = self._code
         if not code:
             return "V" if self is not DATATYPE_NULL else ""
-        # a type string ("i8", "b1", "c16") names a size: numpy's character for it
         return np.dtype(code).char if code[1:].isdigit() else code
 
     @property
@@ -205,10 +204,9 @@ class Datatype:
         """numpy type string (``"f8"``, ``"S1"``, ``"U1"``...) of a basic type or its
         ``Dup``; ``"V<extent>"`` otherwise."""
         if self._code and len(self._dtypes) == 1 and self._dtypes[0].fields is None:
-            dt = self._dtypes[0]
-            if dt.kind in "SU":         # one character, of any width
-                return f"{dt.kind}1"
-            return f"{dt.kind}{dt.itemsize}" if dt.kind != "b" else "b1"
+            dt = self._dtypes[0]        # ("S1", "U1": one character, of any width)
+            return f"{dt.kind}{dt.itemsize if dt.kind not in 'SU' else 1}" \
+                if dt.kind != "b" else "b1"
         return f"V{self.extent}" if self is not DATATYPE_NULL else ""
 
     def tocode(self) -> str:
@@ -223,19 +221,6 @@ class Datatype:
             raise ValueError(f"cannot map {self._name or 'a derived datatype'} to a "
                              "character code or type string")
         return self._code
-
-    @classmethod
-    def fromcode(cls, code: str) -> Datatype:
-        """The predefined type of a numpy/PEP 3118 code (``"d"``, ``"i4"``, ``"F"``...).
-
-        Raises:
-            ValueError: no predefined type has that code.
-        """
-        from .predefined import TYPEDICT
-        try:
-            return TYPEDICT[code]
-        except (KeyError, TypeError):
-            raise ValueError(f"cannot map code {code!r} to an MPI datatype") from None
 
     def to_numpy(self) -> np.dtype:
         """The numpy dtype of one item: the basic dtype for a predefined type, otherwise a

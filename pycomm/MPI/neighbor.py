@@ -111,15 +111,11 @@ class Topocomm(Intracomm):
     Clone = Dup
 
     def Free(self) -> None:
-        """Free the communicator and the duplicate its neighbourhood collectives use."""
-        # (get, not _topo(): in a finalizer the garbage collector runs, a communicator
-        # collected together with its handle has already lost its weak entry, and with it
-        # the duplicate, which is being collected too)
+        """Free the communicator and the duplicate its neighbourhood collectives use (in a
+        finalizer the garbage collector runs, the topology may already be gone: no more)."""
         t = TOPOLOGIES.get(self._inner("Free"))
         super().Free()
-        if t is None:
-            return
-        if t.private is not None:
+        if t is not None and t.private is not None:
             t.private.Free()
             t.private = None
 
@@ -486,9 +482,9 @@ def create_dist_graph_adjacent(comm: Intracomm, sources, destinations, sourcewei
     """
     c = comm._inner("Create_dist_graph_adjacent")
     w = f"rank {c.rank}: Create_dist_graph_adjacent"
-    # None: no neighbours (not a truth test: a numpy array of one rank 0 is falsy)
-    src = [as_int(r, "sources", w) for r in (() if sources is None else sources)]
-    dst = [as_int(r, "destinations", w) for r in (() if destinations is None else destinations)]
+    # None: no neighbours (no truth test: a numpy array of one rank 0 is falsy)
+    src, dst = ([as_int(r, arg, w) for r in (() if v is None else v)]
+                for arg, v in (("sources", sources), ("destinations", destinations)))
     for r in src + dst:
         if not (0 <= r < c.size or r == PROC_NULL):
             raise mpi_error(ArgumentError, "ERR_RANK", f"{w}: neighbour {r} is not a rank "

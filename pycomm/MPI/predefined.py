@@ -131,6 +131,19 @@ TYPEDICT_F: dict[str, Datatype] = _map(
     "i8=INTEGER8 r2=REAL2 r4=REAL4 r8=REAL8 c8=COMPLEX8 c16=COMPLEX16")
 
 
+def fromcode(cls, code: str) -> Datatype:
+    """``Datatype.fromcode``: the predefined type of a numpy/PEP 3118 code (``"d"``,
+    ``"i4"``, ``"F"``...), from :data:`TYPEDICT` (a class method: ``cls`` is unused).
+
+    Raises:
+        ValueError: no predefined type has that code.
+    """
+    try:
+        return TYPEDICT[code]
+    except (KeyError, TypeError):
+        raise ValueError(f"cannot map code {code!r} to an MPI datatype") from None
+
+
 def typecode(datatype: Datatype) -> str | None:
     """mpi4py's ``MPI._typecode``: :meth:`Datatype.tocode`'s code, or None where there
     is none (a derived or pair type, ``DATATYPE_NULL``)."""
@@ -150,6 +163,7 @@ _BY_DTYPE: dict[np.dtype, Datatype] = {}
 
 
 Datatype.Match_size = staticmethod(match_size)
+Datatype.fromcode = classmethod(fromcode)
 Datatype.Get_value_index = staticmethod(get_value_index)
 _record_ctors(Datatype, {"Create_f90_integer": create_f90_integer,
                          "Create_f90_real": create_f90_real,
