@@ -7,13 +7,16 @@ table of its blocks and the blocks; each reads its entry of every peer's table.
   follow (pycomm.shmcoll's fallback), with the same results;
 * ranks whose counts disagree get a TruncationError on the rank that reads the short or
   long block and a CollectiveError naming it elsewhere, and the communicator is usable;
-* ``algorithm=`` keeps the call on messages;
+* ``algorithm=``, ``PYCOMM_ALGORITHM_ALLTOALLV`` or a smaller ``PYCOMM_SHM_COLL_BYTES``
+  keeps the call on messages (``"auto"`` ignores the variable; the flight recorder says
+  which path each call took);
 * a rank that moves no bytes may name another datatype; a non-empty block of another
   datatype is a CollectiveMismatchError.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
 import cloudpickle
@@ -22,6 +25,7 @@ import pytest
 
 import pycomm
 from conftest import World
+from pycomm import trace
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -60,9 +64,8 @@ def _exchange(seed: int, most: int, algorithm=None):
     for j in range(n):
         send[sd[j]:sd[j] + sc[j]] = 1000 * r + 100 * j + np.arange(sc[j])
     recv = np.full(rlen, -7.0)
-    slots = comm._slots
-    before = getattr(slots, "alltoallv", None)
     comm.Alltoallv([send, sc, sd], [recv, rc, rd], algorithm=algorithm)
+    path = trace.last_completed()[0][4]    # the flight recorder: the path the call took
     wrong = [s for s in range(n) if not np.array_equal(
         recv[rd[s]:rd[s] + rc[s]], 1000 * s + 100 * r + np.arange(rc[s]))]
     gaps = np.ones(rlen, bool)
@@ -71,18 +74,30 @@ def _exchange(seed: int, most: int, algorithm=None):
     if not (recv[gaps] == -7.0).all():
         wrong.append("gaps")
     fits = 16 * n + 8 * sum(sc) <= LIMIT
-    return wrong, fits, before is not None or comm._slots.alltoallv is not None
+    return wrong, fits, path
 
 
-def _many(seeds, most, algorithm=None):
-    return [_exchange(seed, most, algorithm) for seed in seeds]
+def _many(seeds, most, algorithm=None, env=None):
+    """``_exchange`` of each seed, with ``env`` set (and the configuration reloaded)."""
+    old = {k: os.environ.get(k) for k in env or {}}
+    os.environ.update(env or {})
+    pycomm.config.reload()
+    try:
+        return [_exchange(seed, most, algorithm) for seed in seeds]
+    finally:
+        for k, v in old.items():
+            if v is None:
+                del os.environ[k]
+            else:
+                os.environ[k] = v
+        pycomm.config.reload()
 
 
 def test_random_counts_and_gaps_through_the_slots(world):
     for rank, results in enumerate(world.run(_many, range(20), 40)):
-        for seed, (wrong, fits, made) in enumerate(results):
+        for seed, (wrong, fits, path) in enumerate(results):
             assert wrong == [], (rank, seed, wrong)
-            assert fits and made, (rank, seed)
+            assert fits and path == "shared_slots", (rank, seed, path)
 
 
 def test_ranks_past_the_slot_take_messages_and_the_others_follow(world):
@@ -95,9 +110,19 @@ def test_ranks_past_the_slot_take_messages_and_the_others_follow(world):
     assert mixed, "no seed had ranks of both kinds"
 
 
-def test_a_named_algorithm_keeps_messages(world):
-    for results in world.run(_many, [7], 10, "pairwise"):
-        assert results[0][0] == []
+@pytest.mark.parametrize("algorithm,env", [
+    ("pairwise", None), (None, {"PYCOMM_ALGORITHM_ALLTOALLV": "pairwise"}),
+    (None, {"PYCOMM_SHM_COLL_BYTES": "64"}), ("auto", {"PYCOMM_SHM_COLL_BYTES": "64"})])
+def test_a_named_algorithm_or_a_smaller_limit_keeps_messages(world, algorithm, env):
+    # (a table of 16 bytes a rank and blocks of up to 10 float64 a pair pass 64 bytes)
+    for results in world.run(_many, [7], 10, algorithm, env):
+        wrong, _, path = results[0]
+        assert wrong == [] and path == "pairwise", (wrong, path)
+
+
+def test_auto_ignores_a_named_algorithm_in_the_environment(world):
+    for results in world.run(_many, [7], 10, "auto", {"PYCOMM_ALGORITHM_ALLTOALLV": "pairwise"}):
+        assert results[0][0] == [] and results[0][2] == "shared_slots", results[0]
 
 
 def _disagree():
