@@ -180,3 +180,83 @@ def test_every_agent_names_a_failure_on_the_node_that_hosts_the_store(tmp_path):
                              r"failed: rank 0 \(pid \d+\) exited with code 1; stopping the",
                              err, re.M), err
             assert "lost the job's store" not in err
+
+
+# -- which rank the agents name when failures cascade across nodes (no processes) -----------
+class _Exited:
+    """A rank process that has ended with ``returncode`` (what the agent polls)."""
+
+    def __init__(self, pid: int, returncode: int | None):
+        self.pid, self.returncode = pid, returncode
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+
+def _two_agents(port: int, running: bool = False):
+    from pycomm.launch.nodes import NodeAgent
+    agents = [NodeAgent(2, k, 2, "127.0.0.1", port, timeout=20.0) for k in (0, 1)]
+    agents[1].hostname = "host2"
+    for agent in agents:
+        agent.connect()
+    # node 0: rank 0 failed (a PeerError naming rank 3), rank 1 still running;
+    # node 1: rank 2 running, rank 3 failed unless `running`
+    agents[0].procs = [_Exited(100, 1), _Exited(101, None)]
+    agents[1].procs = [_Exited(102, None), _Exited(103, None if running else 1)]
+    import msgpack
+    from pycomm import stall
+    agents[0]._client.set(stall.key(agents[0].job_id, "diag", 0), msgpack.packb(
+        {"culprits": [3], "call": "Allreduce #3 on pycomm.COMM_WORLD",
+         "error": "PeerError: rank 0: peer 3 left"}))
+    return agents
+
+
+@pytest.mark.parametrize("first", [0, 1], ids=["consequence-seen-first", "culprit-seen-first"])
+def test_every_agent_names_the_rank_that_failed_first_on_another_node(first):
+    """The race seen once in a CI run: rank 3 (node 1) fails; rank 0 (node 0) raises a
+    PeerError naming it and exits; node 0's agent sees its own rank's exit before node 1's
+    agent has looked at rank 3. Whichever agent looks first, both name rank 3 on host2."""
+    import threading
+    from pycomm.launch.launcher import RankExit
+    agents = _two_agents(_free_port())
+    try:
+        verdicts: dict[int, str] = {}
+        failing = {0: RankExit(0, 100, 1), 1: RankExit(3, 103, 1)}
+        def look(k: int) -> None:
+            verdicts[k] = agents[k]._publish_failure(failing[k])
+        judge = threading.Thread(target=look, args=(first,))
+        judge.start()
+        time.sleep(0.3)             # the other agent's poll comes later
+        look(1 - first)
+        judge.join(10)
+        assert verdicts[0] == verdicts[1], verdicts
+        assert verdicts[0].startswith(
+            "rank 3 on host host2 (node 1) failed: rank 3 (pid 103) exited with code 1"), \
+            verdicts
+        if first == 0:
+            assert "; ranks [0] name it in Allreduce #3 on pycomm.COMM_WORLD: PeerError: " \
+                   "rank 0: peer 3 left; first to exit: rank 0 on host " in verdicts[0]
+        else:
+            assert "name it" not in verdicts[0]     # the judge's own rank was the culprit
+    finally:
+        for agent in reversed(agents):
+            agent.procs = []        # no process behind them: nothing for close() to stop
+            agent.close()
+
+
+def test_a_blamed_rank_still_running_on_another_node_is_named_so():
+    """The blamed rank's agent records nothing (its rank is stuck, not dead): the judge
+    waits at most 2 s for it, then names it still running, with its host and node."""
+    from pycomm.launch.launcher import RankExit
+    agents = _two_agents(_free_port(), running=True)
+    try:
+        t0 = time.monotonic()
+        verdict = agents[0]._publish_failure(RankExit(0, 100, 1))
+        assert 1.9 < time.monotonic() - t0 < 5
+        assert verdict.startswith("rank 3 on host host2 (node 1) caused the failure and is "
+                                  "still running; ranks [0] name it"), verdict
+        assert agents[1]._abort_said() == verdict
+    finally:
+        for agent in reversed(agents):
+            agent.procs = []        # no process behind them: nothing for close() to stop
+            agent.close()

@@ -429,27 +429,12 @@ class RankGroup:
 
 def _culprit_line(failure: RankExit, diags: dict, positions: dict,
                   exits: dict[int, RankExit]) -> str:
-    """The launcher's verdict: the rank the diagnoses blame most (ties: the lowest), else
-    the first failed rank; with what it did and who blamed it.
-
-    Failures cascade: a rank that left after its own error is named by the ranks that
-    waited for it, and a rank that failed because of it is named by those that waited for
-    that one. An accused rank whose own diagnosis names another failed second; the votes
-    go to the ranks at the ends of these chains (all of them, when the chains loop).
-    """
-    votes: dict[int, int] = {}
-    accuses: dict[int, set] = {}
-    for rank, diag in diags.items():
-        accuses[rank] = set(diag.get("culprits", ())) - {rank}
-        for c in accuses[rank]:
-            votes[c] = votes.get(c, 0) + 1
-    if not votes:
+    """The launcher's verdict: the rank the diagnoses blame (:func:`pycomm.stall.blame`),
+    else the first failed rank; with what it did and who blamed it."""
+    blamed = stall.blame(diags)
+    if blamed is None:
         return failure.describe()
-    roots = {c: v for c, v in votes.items() if not accuses.get(c)}
-    if roots:
-        votes = roots
-    culprit = min(votes, key=lambda c: (-votes[c], c))
-    accusers = sorted(r for r, d in diags.items() if culprit in d.get("culprits", ()))
+    culprit, accusers = blamed
     if culprit in exits:
         state = exits[culprit].describe()
     else:

@@ -12,11 +12,17 @@ K*M .. K*M+M-1; ``cyclic`` gives node K the ranks K, K+N, K+2N, ... (srun's
 starts and supervises its node's ranks (own session, parent-death signal, ``[rank]``
 prefixed output, /dev/shm swept at the end) and meets the others through the store:
 
-* a rank that fails (non-zero exit or a signal) makes its agent publish the failure — host,
-  rank, how it ended — under ``nodes/<job>/abort``; every agent polls that key every
-  :data:`_POLL_S` seconds, so every node prints the same line naming the failing host and
-  rank and stops its ranks (SIGTERM, SIGKILL after ``PYCOMM_KILL_GRACE``) within a second;
-  node 0 keeps the store up until every agent has read why the job ends (at most 5 s);
+* a rank that fails (non-zero exit or a signal) makes its agent record it — host, rank,
+  how it ended — under ``nodes/<job>/failed/<rank>``. The first agent to record one is the
+  judge: the rank that failed first on one node may only have lost a peer that failed on
+  another, a moment earlier, whose agent has not looked yet. The judge reads the ranks'
+  diagnoses (:func:`pycomm.stall.blame`: a ``PeerError`` names the dead peer); when they
+  blame a rank other than its own, it waits (at most :data:`_CULPRIT_WAIT_S`) for that
+  rank's record, and publishes the verdict under ``nodes/<job>/abort``. Every agent polls
+  that key every :data:`_POLL_S` seconds, so every node prints the same line naming the
+  failing host and rank and stops its ranks (SIGTERM, SIGKILL after ``PYCOMM_KILL_GRACE``)
+  within a second or two; node 0 keeps the store up until every agent has read why the job
+  ends (at most 5 s);
 * an agent whose ranks all exited 0 says so; node 0 keeps the store up until every node has
   (or a failure, or ``--timeout``), so no rank loses the store while it still needs it;
 * a rank that calls ``Comm.Abort(code)`` publishes an abort note (:mod:`pycomm.stall`) and
@@ -47,7 +53,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from pycomm import config, stall
-from pycomm.errors import ArgumentError, CommError
+from pycomm.errors import ArgumentError, CommError, CommTimeoutError
 from pycomm.launch.launcher import RankExit, _Forwarder, _preexec, contract_env, sweep_shm
 from pycomm.launch.store import StoreServer
 from pycomm.launch.store_client import StoreClient
@@ -57,6 +63,8 @@ __all__ = ["NodeAgent", "global_rank"]
 _POLL_S = 0.1           # seconds between checks of the local ranks and the abort key
 _DONE_WAIT_S = 3600.0   # longest node 0 keeps the store for the others without --timeout
 _READ_WAIT_S = 5.0      # longest node 0 keeps the store for the others to read a failure
+_CULPRIT_WAIT_S = 2.0   # longest the judge waits for the blamed rank's agent to record it
+_VERDICT_WAIT_S = 10.0  # longest an agent waits for the judge's verdict
 
 
 def global_rank(node: int, local: int, nnodes: int, nproc: int, placement: str) -> int:
@@ -103,6 +111,7 @@ class NodeAgent:
             raise ArgumentError(f"--stdin {stdin_rank}: need a rank in 0..{self.size - 1} "
                                 f"(the world of {nnodes} x {nproc_per_node}) or none")
         self.stdin_rank = stdin_rank
+        self.placement = placement
         self.ranks = [global_rank(node_rank, i, nnodes, nproc_per_node, placement)
                       for i in range(nproc_per_node)]
         self.master_addr, self.master_port = master_addr, master_port
@@ -131,11 +140,16 @@ class NodeAgent:
                             self.master_port, self.token, self.job_id, self.transport,
                             self.timeout)
 
-    def start(self, argv: Sequence[str], extra_env: dict[str, str] | None = None) -> None:
-        """Connect to the store, then start this node's ranks as ``sys.executable *argv``."""
+    def connect(self) -> None:
+        """Connect to the job's store and record this node's hostname there."""
         wait = self.timeout or float(config.get("PYCOMM_TIMEOUT"))
         self._client = StoreClient(self.master_addr, self.master_port, self.token,
                                    timeout=wait)
+        self._client.set(self._key + f"host/{self.node_rank}", self.hostname.encode())
+
+    def start(self, argv: Sequence[str], extra_env: dict[str, str] | None = None) -> None:
+        """Connect to the store, then start this node's ranks as ``sys.executable *argv``."""
+        self.connect()
         pipe = subprocess.PIPE if self.prefix else None
         for local, rank in enumerate(self.ranks):
             env = {**os.environ, **(extra_env or {}), **self.env_for(local)}
@@ -151,31 +165,82 @@ class NodeAgent:
                     self._forwarders.append(fwd)
 
     # -- supervision ------------------------------------------------------------------------
+    def _failures(self) -> list[RankExit]:
+        """This node's ranks that have failed (a non-zero exit or a signal)."""
+        return [RankExit(self.ranks[local], proc.pid, proc.returncode)
+                for local, proc in enumerate(self.procs) if proc.poll()]
+
     def _failed(self) -> RankExit | None:
-        for local, proc in enumerate(self.procs):
-            code = proc.poll()
-            if code is not None and code != 0:
-                return RankExit(self.ranks[local], proc.pid, code)
-        return None
+        failures = self._failures()
+        return failures[0] if failures else None
 
     def _running(self) -> list[subprocess.Popen]:
         return [p for p in self.procs if p.poll() is None]
 
     def _publish_failure(self, failure: RankExit) -> str:
-        """Publish this node's failure unless another was first; return the job's verdict."""
-        mine = f"rank {failure.rank} on host {self.hostname} (node {self.node_rank}) failed: " \
-               f"{failure.describe()}"
+        """Record this node's failure; the first agent to record one judges (see the module
+        docstring). Return the job's verdict.
+
+        Raises:
+            CommError: the store failed, or the judge gave no verdict in time.
+        """
         assert self._client is not None
+        mine = self._failure_line(failure)
+        # every failed rank of this node, recorded before the count: a judge that blames
+        # one of them finds it
+        for exited in [failure] + [f for f in self._failures() if f.rank != failure.rank]:
+            self._client.set(self._key + f"failed/{exited.rank}",
+                             self._failure_line(exited).encode())
         if self._client.add(self._key + "abort#", 1) == 1:
-            self._client.set(self._key + "abort", mine.encode())
+            verdict = self._judge(failure.rank, mine)
+            self._client.set(self._key + "abort", verdict.encode())
+            return verdict
+        return self._client.get(self._key + "abort",
+                                timeout=_VERDICT_WAIT_S).decode(errors="replace")
+
+    def _failure_line(self, failure: RankExit) -> str:
+        return (f"rank {failure.rank} on host {self.hostname} (node {self.node_rank}) "
+                f"failed: {failure.describe()}")
+
+    def node_of(self, rank: int) -> int:
+        """The node rank that runs world rank ``rank`` (the inverse of :func:`global_rank`)."""
+        return rank // self.nproc if self.placement == "block" else rank % self.nnodes
+
+    def _judge(self, first: int, mine: str) -> str:
+        """The verdict of the first agent to see a failure, its own rank ``first``'s
+        (recorded as ``mine``): the rank the ranks' diagnoses blame, as its agent recorded
+        it, else ``first``."""
+        assert self._client is not None
+        diags = stall.read_diagnoses(self._client, self.job_id, range(self.size))
+        blamed = stall.blame(diags)
+        if blamed is None or blamed[0] == first:
             return mine
-        return self._client.get(self._key + "abort", timeout=5.0).decode(errors="replace")
+        culprit, accusers = blamed
+        node = self.node_of(culprit)
+        # this node's failed ranks are recorded already; another's agent may not have looked
+        wait = 0.0 if node == self.node_rank else _CULPRIT_WAIT_S
+        try:
+            line = self._client.get(self._key + f"failed/{culprit}",
+                                    timeout=wait).decode(errors="replace")
+        except CommTimeoutError:        # still running (stuck, or stopped by a signal)
+            try:
+                host = self._client.get(self._key + f"host/{node}", timeout=0.0).decode()
+            except CommTimeoutError:
+                host = "?"
+            line = (f"rank {culprit} on host {host} (node {node}) caused the failure and "
+                    "is still running")
+        diag = diags[accusers[0]]
+        call = diag.get("call")
+        error = (diag.get("error") or "").splitlines()[:1]
+        return (f"{line}; ranks {accusers} name it{' in ' + call if call else ''}"
+                f"{': ' + error[0][:600] if error else ''}; first to exit: {mine}")
 
     def _abort_said(self) -> str | None:
         assert self._client is not None
         if self._client.add(self._key + "abort#", 0) == 0:
             return None
-        return self._client.get(self._key + "abort", timeout=5.0).decode(errors="replace")
+        return self._client.get(self._key + "abort",
+                                timeout=_VERDICT_WAIT_S).decode(errors="replace")
 
     def stop(self, sig: int = signal.SIGTERM, *, freeze: bool = False) -> None:
         """SIGTERM (and SIGCONT) the running ranks' groups, SIGKILL them after the grace.
