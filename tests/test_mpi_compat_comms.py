@@ -256,6 +256,77 @@ def test_alltoallw_subarray_transpose(world_small):
     assert world_small.run(_rank_alltoallw_subarrays) == [[]] * world_small.size
 
 
+def _rank_alltoallw_kept_layouts() -> list:
+    """Alltoallw keeps each spec's block layouts (pycomm.MPI.collspec.wregions), never
+    the buffer: the same spec on another array moves that array's data, a changed count
+    or buffer size is parsed again, a freed datatype is refused as before, and nothing
+    keeps a buffer alive."""
+    import weakref
+    comm = MPI.COMM_WORLD
+    rank, size = comm.rank, comm.size
+    bad: list = []
+    col = MPI.DOUBLE.Create_vector(3, 1, size).Commit()     # column j of a 3 x size matrix
+    spec = ([1] * size, [8 * j for j in range(size)])
+    for rep in range(3):                    # the first call parses, the others hit
+        src = np.arange(3.0 * size).reshape(3, size) + 100 * rank + 1000 * rep
+        dst = np.zeros((3, size))
+        comm.Alltoallw([src, spec, [col] * size], [dst, spec, [col] * size])
+        want = np.array([[100 * i + 1000 * rep + k * size + rank for i in range(size)]
+                         for k in range(3)])
+        _check(bad, f"kept layout, array {rep}", dst, want)
+    # elements without a constant stride (ints 0, 3 and 4 of each block of ten): the
+    # layout keeps an index
+    itype = MPI.INT.Create_indexed_block(1, [0, 3, 4]).Commit()
+    ispec = ([1] * size, [40 * j for j in range(size)])
+    for rep in range(2):
+        src = np.arange(10 * size, dtype=np.int32) + 1000 * rank + 100000 * rep
+        dst = np.full(10 * size, -1, np.int32)
+        comm.Alltoallw([src, ispec, [itype] * size], [dst, ispec, [itype] * size])
+        want = np.full(10 * size, -1, np.int32)
+        for j in range(size):
+            for k in (0, 3, 4):
+                want[10 * j + k] = 1000 * j + 100000 * rep + 10 * rank + k
+        _check(bad, f"kept indexed layout, array {rep}", dst, want)
+    itype.Free()
+    # a count changed: block j carries 0 columns to every peer but the next one
+    counts = [1 if j == (rank + 1) % size else 0 for j in range(size)]
+    rcounts = [1 if i == (rank - 1) % size else 0 for i in range(size)]
+    dst = np.full((3, size), -1.0)
+    src = np.arange(3.0 * size).reshape(3, size) + 100 * rank
+    comm.Alltoallw([src, (counts, spec[1]), [col] * size],
+                   [dst, (rcounts, spec[1]), [col] * size])
+    left = (rank - 1) % size
+    want = np.full((3, size), -1.0)
+    want[:, left] = [100 * left + k * size + rank for k in range(3)]
+    _check(bad, "a changed count", dst, want)
+    # a larger buffer (other bounds): parsed again, same blocks
+    big, out = np.zeros((4, size)), np.zeros((4, size))
+    big[:3] = np.arange(3.0 * size).reshape(3, size) + 100 * rank
+    comm.Alltoallw([big, spec, [col] * size], [out, spec, [col] * size])
+    _check(bad, "a larger buffer", out[:3], [[100 * i + k * size + rank for i in range(size)]
+                                              for k in range(3)])
+    gone = np.zeros((3, size))
+    ref = weakref.ref(gone)
+    comm.Alltoallw([np.ones((3, size)), spec, [col] * size], [gone, spec, [col] * size])
+    del gone
+    if ref() is not None:
+        bad.append(f"rank {rank}: a receive buffer outlived the call")
+    col.Free()
+    try:
+        comm.Alltoallw([np.ones((3, size)), spec, [col] * size],
+                       [np.zeros((3, size)), spec, [col] * size])
+        bad.append(f"rank {rank}: a freed datatype was taken")
+    except MPI.Exception:
+        pass
+    if comm.allreduce(1) != size:
+        bad.append(f"rank {rank}: the communicator after the refused call")
+    return bad
+
+
+def test_alltoallw_keeps_layouts_not_buffers(world_small):
+    assert world_small.run(_rank_alltoallw_kept_layouts) == [[]] * world_small.size
+
+
 def _rank_more_comm_surface() -> list:
     comm = MPI.COMM_WORLD
     rank, size = comm.rank, comm.size

@@ -16,7 +16,8 @@ from pycomm.errors import ArgumentError
 
 from .exceptions import mpi_error
 from .msg import plain
-from .msgspec import BOTTOM, Msg, as_int
+from .datatypes import Datatype
+from .msgspec import BOTTOM, Msg, _raw, as_int
 from .ops import whole_items, with_datatype
 from .regions import Region, bottom, bottom_region, region, typed
 
@@ -41,7 +42,6 @@ def starts(counts: list[int]) -> list[int]:
 
 def _wparts(spec, size: int, w: str, arg: str, writable: bool):
     """``(raw or None for MPI.BOTTOM, counts, displs, datatypes)`` of an Alltoallw spec."""
-    from .msgspec import _raw
     from .predefined import to_datatype
     if not isinstance(spec, (list, tuple)) or len(spec) not in (2, 3, 4):
         raise mpi_error(ArgumentError, "ERR_ARG", f"{w}: {arg} must be [buf, datatypes], "
@@ -78,15 +78,63 @@ def wblocks(spec, size: int, w: str, arg: str, writable: bool) -> list[Msg]:
             for i, (n, d, t) in enumerate(zip(counts, displs, types))]
 
 
+_LAYOUTS: dict = {}     # an Alltoallw spec's shape -> its blocks' layouts (wregions)
+_LAYOUTS_MAX = 16
+
+
 def wregions(spec, size: int, w: str, arg: str, writable: bool) -> list[Region]:
     """:func:`wblocks`'s blocks as :class:`~pycomm.MPI.regions.Region` s, which pack
-    into and unpack from the caller's buffer in place."""
+    into and unpack from the caller's buffer in place.
+
+    A spec's parse and its blocks' bounds are found once per (buffer size, counts,
+    displacements, datatype handles), and kept as layouts that hold no reference to the
+    buffer
+    (:meth:`~pycomm.MPI.regions.Region.layout`): a transpose that runs every step with the
+    same arrays and types costs one view per block, not a parse.
+    """
+    key = _layout_key(spec, size, writable)
+    if key is not None:
+        raw = _raw(spec[0], writable, w, arg)[0]
+        hit = _LAYOUTS.get((raw.size, key))
+        # (the entry holds its datatypes, so their ids in the key are theirs; one freed
+        # since takes the parse, which refuses it)
+        if hit is not None and not any(t._freed for t in hit[0]):
+            return [Region.at(raw, layout) for layout in hit[1]]
     raw, counts, displs, types = _wparts(spec, size, w, arg, writable)
     if raw is None:
         return [bottom_region(t, n, d, w, f"{arg} block {i}")
                 for i, (n, d, t) in enumerate(zip(counts, displs, types))]
-    return [region(raw, t, n, d, w, f"{arg} block {i}")
-            for i, (n, d, t) in enumerate(zip(counts, displs, types))]
+    regions = [region(raw, t, n, d, w, f"{arg} block {i}")
+               for i, (n, d, t) in enumerate(zip(counts, displs, types))]
+    if key is not None:
+        if len(_LAYOUTS) >= _LAYOUTS_MAX:
+            _LAYOUTS.pop(next(iter(_LAYOUTS)))
+        _LAYOUTS[(raw.size, key)] = (types, [r.layout(raw) for r in regions])
+    return regions
+
+
+def _layout_key(spec, size: int, writable: bool):
+    """The hashable shape of ``[buf, (counts, displs), datatypes]`` (or ``[buf, counts,
+    displs, datatypes]``) with lists or tuples of ints and datatypes, the buffer a numpy
+    array; None for any other spec (it takes the parse)."""
+    if type(spec) not in (list, tuple) or type(spec[0]) is not np.ndarray:
+        return None
+    if len(spec) == 3 and type(spec[1]) in (list, tuple) and len(spec[1]) == 2:
+        (counts, displs), types = spec[1], spec[2]
+    elif len(spec) == 4:
+        counts, displs, types = spec[1], spec[2], spec[3]
+    else:
+        return None
+    if not (type(counts) in (list, tuple) and type(displs) in (list, tuple)
+            and type(types) in (list, tuple)):
+        return None
+    if not all(type(t) is Datatype for t in types):
+        return None
+    key = (writable, tuple(counts), tuple(displs), tuple(map(id, types)))
+    if not all(type(x) is int for x in key[1]) or not all(type(x) is int for x in key[2]) \
+            or len(types) != size:
+        return None
+    return key
 
 
 def plain_pair(sendbuf, recvbuf):

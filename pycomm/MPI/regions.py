@@ -56,6 +56,31 @@ class Region:
         elif self.index is not None:
             np.take(self.src, self.index, out=out.view(self.src.dtype))
 
+    def layout(self, raw: np.ndarray) -> tuple:
+        """Where these items lie relative to ``raw``, the buffer they were found in, as a
+        tuple that holds no reference to it: :meth:`at` finds them again in another
+        buffer of ``raw``'s size (so within its bounds)."""
+        if self.flat is not None:
+            return self.nbytes, _address(self.flat) - _address(raw)
+        if self.view is not None:
+            v = self.view
+            return self.nbytes, _address(v) - _address(raw), v.shape, v.strides, v.dtype
+        return self.nbytes, None, self.src.dtype, self.index
+
+    @classmethod
+    def at(cls, raw: np.ndarray, layout: tuple) -> Region:
+        """The items of ``layout`` (:meth:`layout`) in ``raw``, a buffer of the size of
+        the one it was taken from."""
+        if len(layout) == 2:
+            nbytes, start = layout
+            return cls(nbytes, flat=raw[start:start + nbytes])
+        if layout[1] is None:
+            nbytes, _, dtype, index = layout
+            return cls(nbytes, src=raw[:raw.size - raw.size % dtype.itemsize].view(dtype),
+                       index=index)
+        nbytes, start, shape, strides, dtype = layout
+        return cls(nbytes, view=np.ndarray(shape, dtype, raw, start, strides))
+
     def unpack_from(self, data: np.ndarray) -> None:
         """Copy ``data`` (``nbytes`` uint8, in typemap order) into the items' places."""
         if self.flat is not None:
@@ -64,6 +89,10 @@ class Region:
             self.view[...] = data.view(self.view.dtype).reshape(self.view.shape)
         elif self.index is not None:
             self.src[self.index] = data.view(self.src.dtype)
+
+
+def _address(a: np.ndarray) -> int:
+    return a.__array_interface__["data"][0]
 
 
 def region(raw: np.ndarray, dt: Datatype, count: int, start: int, where: str,
