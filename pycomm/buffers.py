@@ -15,7 +15,7 @@ import numpy as np
 
 from .errors import InvalidBufferError
 
-__all__ = ["as_array", "byte_view", "InPlace", "IN_PLACE"]
+__all__ = ["as_array", "byte_view", "CheckedVector", "InPlace", "IN_PLACE"]
 
 
 class InPlace:
@@ -37,6 +37,16 @@ IN_PLACE = InPlace()
 _NUMERIC = frozenset("biufc?")
 # the numeric dtypes in native byte order: a set lookup, where reading .kind makes a string
 _NATIVE_NUMERIC = frozenset(np.dtype(c) for c in "?bBhHiIlLqQefdgFDG")
+
+
+class CheckedVector(list):
+    """A vector spec ``[array, counts, displs]`` its maker has checked: a 1-D array
+    (writable where the call writes it), ``size`` non-negative int counts and
+    displacements in elements, every block within the array. The ``v`` collectives take
+    it as it is; :mod:`pycomm.MPI`, which has parsed the user's spec, hands them these,
+    so that a small call is not parsed twice."""
+
+    __slots__ = ()
 
 
 def as_array(obj, rank: int, arg: str, *, writable: bool = False) -> np.ndarray:

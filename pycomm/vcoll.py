@@ -16,7 +16,7 @@ from operator import add
 import numpy as np
 
 from . import slotkernels
-from .buffers import IN_PLACE, as_array
+from .buffers import IN_PLACE, CheckedVector, as_array
 from .errors import ArgumentError, InvalidBufferError
 from .ops import SUM
 from .plan import SHARED_SLOTS, slot_limit, slots_of
@@ -30,6 +30,8 @@ class VectorMethods:
 
     def _vspec(self, spec, arg: str, *, writable: bool):
         """Parse a vector buffer spec into (1-D array, counts list, displs list)."""
+        if type(spec) is CheckedVector:
+            return spec[0], spec[1], spec[2]
         if not isinstance(spec, (list, tuple)) or len(spec) < 2:
             raise InvalidBufferError(f"rank {self.rank}: {arg} must be [buf, counts], "
                                      "[buf, counts, displs] or [buf, (counts, displs), "

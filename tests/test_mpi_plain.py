@@ -22,6 +22,8 @@ import sys
 import cloudpickle
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from conftest import World
 from pycomm import MPI
@@ -148,6 +150,68 @@ def _rank_calls() -> list:
                 ids=lambda p: f"n{p[0]}-{p[1]}")
 def world(request) -> World:
     return World(*request.param)
+
+
+def test_which_vector_specs_take_the_short_way():
+    from pycomm.MPI.msg import plain_vector
+    a = np.arange(6.0)
+    for spec in ([a, ([1, 2], [0, 3])], [a, ((1, 2), (0, 3)), MPI.DOUBLE],
+                 [a, [1, 2], [0, 3]], [a, [1, 2], [0, 3], MPI.DOUBLE]):
+        m, counts, displs = plain_vector(spec, 2, True)
+        assert m.array is a and (counts, displs) == ([1, 2], [0, 3])
+    for spec in ([a, ([1, 2], [0, 5])],                 # block 1 overruns: the general way
+                 [a, ([1, 2], [0, 3]), MPI.FLOAT],      # another dtype
+                 [a, ([1, np.int64(2)], [0, 3])],       # a numpy integer
+                 [a, (1, 2)], [a, [1, 2]], [a[::2], ([1, 1], [0, 1])]):
+        assert plain_vector(spec, 2, True) is None, spec
+
+
+_SPEC_SHAPES = ["pair", "pair+type", "lists", "lists+type", "pair+other type"]
+
+
+@given(size=st.integers(1, 5), n=st.integers(0, 12),
+       shape=st.sampled_from(_SPEC_SHAPES),
+       counts=st.lists(st.integers(-1, 6), min_size=0, max_size=6),
+       displs=st.lists(st.integers(-1, 12), min_size=0, max_size=6),
+       as_tuples=st.booleans(), writable=st.booleans(), frozen=st.booleans())
+@settings(max_examples=400, deadline=None)
+def test_plain_vector_specs_parse_as_the_general_way(size, n, shape, counts, displs,
+                                                      as_tuples, writable, frozen):
+    """pycomm.MPI.msg.plain_vector, the v-collectives' short way, gives the general
+    parse's array, counts and displacements, or declines (None) and leaves the spec to it:
+    every spec it takes, the general way takes alike; none it refuses is taken."""
+    from pycomm.MPI import msgspec
+    buf = np.arange(float(n))
+    buf.flags.writeable = not frozen
+    seq = tuple if as_tuples else list
+    c, d = seq(counts), seq(displs)
+    dt = {"pair+type": MPI.DOUBLE, "lists+type": MPI.DOUBLE,
+          "pair+other type": MPI.INT64_T}.get(shape)
+    spec = {"pair": [buf, (c, d)], "pair+type": [buf, (c, d), dt],
+            "pair+other type": [buf, (c, d), dt], "lists": [buf, c, d],
+            "lists+type": [buf, c, d, dt]}[shape]
+    fast = msgspec.plain_vector(spec, size, writable)
+
+    def general():
+        saved = msgspec.plain_vector
+        msgspec.plain_vector = lambda *a: None
+        try:
+            return msgspec.vector_message(spec, size, "rank 0: Alltoallv", "recvbuf",
+                                          writable=writable)
+        finally:
+            msgspec.plain_vector = saved
+    try:
+        m, gc, gd = general()
+    except (MPI.Exception, TypeError, ValueError):
+        assert fast is None, (spec, size)
+        return
+    if fast is None:
+        return
+    assert fast[0].array.dtype == m.array.dtype
+    assert n == 0 or np.shares_memory(fast[0].array, buf)       # the array, no copy
+    assert fast[0].array.size == m.array.size and fast[0]._unpack is None
+    assert (fast[1], fast[2]) == (gc, gd)
+    assert type(fast[1]) is list and type(fast[2]) is list
 
 
 def test_plain_calls_match_numpy_and_the_general_way(world):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pycomm.buffers import IN_PLACE
+from pycomm.buffers import IN_PLACE, CheckedVector
 from pycomm.collectives.scratch import give, take
 
 from .collspec import (item_array, match_empty, plain_pair, reducible, root_none,
@@ -244,7 +244,7 @@ class Intracomm(Comm):
         if spec is IN_PLACE:
             return IN_PLACE, None
         m, counts, displs = vector_message(spec, c.size, w, arg, writable=writable)
-        return m, [m.array, counts, displs]
+        return m, CheckedVector([m.array, counts, displs])
 
     def Gatherv(self, sendbuf, recvbuf, root: int = 0) -> None:
         """Gather a variable-size message from each rank into root's vector spec."""

@@ -10,7 +10,7 @@ from numpy.lib.stride_tricks import as_strided
 from .datatypes import Datatype
 from .predefined import from_numpy
 
-__all__ = ["Msg", "block_view", "plain", "strided"]
+__all__ = ["Msg", "block_view", "plain", "plain_vector", "strided"]
 
 
 class Msg:
@@ -59,6 +59,46 @@ def plain(spec, writable: bool):
     if not ok or not flags.c_contiguous or (writable and not flags.writeable):
         return None
     return spec if spec.ndim == 1 else spec.reshape(-1)
+
+
+def plain_vector(spec, size: int, writable: bool):
+    """``(Msg, counts, displs)`` of a vector spec in the common case, else None (the
+    general parse, :func:`pycomm.MPI.msgspec.vector_message`, then takes it and raises
+    where the spec is wrong): a plain array (:func:`plain`) with ``(counts, displs)``,
+    ``counts, displs`` or either of those and its own predefined datatype, the counts and
+    displacements lists or tuples of ``size`` non-negative ints whose blocks lie within
+    the array. A small ``Alltoallv``'s general parse costs more than its whole exchange
+    through the slots."""
+    if type(spec) not in (list, tuple):
+        return None
+    n, dt = len(spec), None
+    if n == 2 or (n == 3 and type(spec[2]) is Datatype):
+        cd = spec[1]
+        if type(cd) is not tuple or len(cd) != 2:
+            return None
+        counts, displs = cd
+        if n == 3:
+            dt = spec[2]
+    elif n == 3 or n == 4:
+        counts, displs = spec[1], spec[2]
+        if n == 4:
+            dt = spec[3]
+            if type(dt) is not Datatype:
+                return None
+    else:
+        return None
+    array = plain(spec[0], writable)
+    if array is None or type(counts) not in (list, tuple) or \
+            type(displs) not in (list, tuple) or len(counts) != size or len(displs) != size:
+        return None
+    if dt is not None and not (dt._predefined and dt._contig and not dt._freed
+                               and dt._dtypes[0] == array.dtype):
+        return None
+    for c, d in zip(counts, displs):
+        if type(c) is not int or type(d) is not int or c < 0 or d < 0 or \
+                (c and c + d > array.size):
+            return None
+    return Msg(array), list(counts), list(displs)
 
 
 _PLAN = "strided"           # key prefix of the plans in a datatype's own cache

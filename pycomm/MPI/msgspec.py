@@ -37,7 +37,7 @@ from pycomm.errors import ArgumentError, InvalidBufferError
 from .datatypes import Datatype
 from .exceptions import mpi_error
 from .membuf import buffer
-from .msg import Msg, plain, strided
+from .msg import Msg, plain, plain_vector, strided
 from .predefined import from_numpy, to_datatype
 from .regions import bottom, typed as _typed
 from .regions import buf_error as _buf_error
@@ -296,6 +296,9 @@ def vector_message(spec, size: int, where: str, arg: str, *, writable: bool):
     """
     if spec is None:
         return Msg(np.empty(0, np.uint8)), [0] * size, [0] * size
+    fast = plain_vector(spec, size, writable)
+    if fast is not None:
+        return fast
     if not isinstance(spec, (list, tuple)):
         spec = [spec, None]                 # a bare buffer: split evenly
     if len(spec) < 2:
