@@ -360,7 +360,8 @@ class Intracomm(Comm):
             give(out)
             give(got)
         fn = c.Ialltoallv if call[0] == "I" else c.Alltoallv
-        inner = fn([out, scounts, sdispls], [got, rcounts, rdispls])
+        inner = fn(CheckedVector([out, scounts, sdispls]),
+                   CheckedVector([got, rcounts, rdispls]))
         if call[0] == "I":
             return Request._wrap(inner, unpack)
         unpack()
