@@ -32,6 +32,15 @@ class VectorMethods:
         """Parse a vector buffer spec into (1-D array, counts list, displs list)."""
         if type(spec) is CheckedVector:
             return spec[0], spec[1], spec[2]
+        if type(spec) in (list, tuple) and len(spec) == 3 and \
+                type(spec[0]) is np.ndarray and type(spec[1]) is list and \
+                type(spec[2]) is list:      # [array, counts, displs]: one short pass
+            arr = as_array(spec[0], self.rank, arg, writable=writable)
+            counts, displs, n = spec[1], spec[2], arr.size
+            if len(counts) == len(displs) == self.size and all(
+                    type(c) is int and type(d) is int and 0 <= c and 0 <= d and
+                    c + d <= n for c, d in zip(counts, displs)):
+                return arr, list(counts), list(displs)
         if not isinstance(spec, (list, tuple)) or len(spec) < 2:
             raise InvalidBufferError(f"rank {self.rank}: {arg} must be [buf, counts], "
                                      "[buf, counts, displs] or [buf, (counts, displs), "

@@ -17,6 +17,8 @@ import sys
 import cloudpickle
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import pycomm
 from pycomm.collectives import REGISTRY
@@ -437,3 +439,33 @@ def _rank_bad_vector_args():
 def test_bad_vector_arguments_raise(world_small):
     for rank, got in enumerate(world_small.run(_rank_bad_vector_args)):
         assert all(v == "ArgumentError" for v in got.values()), f"rank {rank}: {got}"
+
+
+@given(size=st.integers(1, 5), n=st.integers(0, 10),
+       counts=st.lists(st.integers(-1, 6), max_size=6),
+       displs=st.lists(st.integers(-1, 11), max_size=6), writable=st.booleans(),
+       frozen=st.booleans())
+@settings(max_examples=300, deadline=None)
+def test_the_short_vector_parse_agrees_with_the_general_one(size, n, counts, displs,
+                                                            writable, frozen):
+    """``[array, counts, displs]`` with lists takes one short pass in ``_vspec``; with
+    tuples (the same values) the general parse. Both give the same array, counts and
+    displacements, or both raise."""
+    from types import SimpleNamespace
+    from pycomm.vcoll import VectorMethods
+    comm = SimpleNamespace(rank=0, size=size)
+    comm._counts = functools.partial(VectorMethods._counts, comm)
+    buf = np.arange(float(n))
+    buf.flags.writeable = not frozen
+
+    def parse(spec):
+        try:
+            return VectorMethods._vspec(comm, spec, "recvbuf", writable=writable)
+        except (pycomm.ArgumentError, pycomm.InvalidBufferError) as exc:
+            return type(exc)
+    short = parse([buf, list(counts), list(displs)])
+    general = parse([buf, tuple(counts), tuple(displs)])
+    if isinstance(general, type):
+        assert short is general
+    else:
+        assert short[0] is buf and short[1:] == general[1:], (short, general)
