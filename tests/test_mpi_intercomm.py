@@ -204,6 +204,16 @@ def _rank_buffer_collectives() -> list:
                      [rb, [nr] * R, [nr * j for j in range(R)], MPI.INT64_T])
         _expect(bad, "Alltoallv", rb, np.concatenate(
             [_block(t, nr) + 10 * rank for t in theirs]))
+        # Alltoallw: contiguous blocks out at byte displacements; block j in lands on
+        # every other element (a strided vector type), so it is unpacked after
+        every2 = MPI.INT64_T.Create_vector(nr, 1, 2).Commit()
+        rb = np.full(2 * R * nr, -1, "i8")
+        ic.Alltoallw([sb, ([ns] * R, [8 * ns * j for j in range(R)]), [MPI.INT64_T] * R],
+                     [rb, ([1] * R, [16 * nr * j for j in range(R)]), [every2] * R])
+        _expect(bad, "Alltoallw", rb[::2], np.concatenate(
+            [_block(t, nr) + 10 * rank for t in theirs]))
+        _expect(bad, "Alltoallw (gaps untouched)", rb[1::2], np.full(R * nr, -1))
+        every2.Free()
         counts = [theirs.index(t) + 1 for t in theirs]
         rb = np.full(sum(counts), -1, "i8")
         ic.Allgatherv(_block(me, rank + 1), [rb, counts, MPI.INT64_T])

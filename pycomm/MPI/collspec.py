@@ -19,10 +19,10 @@ from .msg import plain
 from .datatypes import Datatype
 from .msgspec import BOTTOM, Msg, _raw, as_int
 from .ops import whole_items, with_datatype
-from .regions import Region, bottom, bottom_region, region, typed
+from .regions import Region, bottom_region, region
 
 __all__ = ["item_array", "match_empty", "plain_pair", "reducible", "root_none",
-           "starts", "wblocks", "wregions"]
+           "starts", "wregions"]
 
 
 def root_none(at_root: bool, gather: bool, sendbuf, recvbuf):
@@ -68,23 +68,14 @@ def _wparts(spec, size: int, w: str, arg: str, writable: bool):
     return raw, counts, displs, types
 
 
-def wblocks(spec, size: int, w: str, arg: str, writable: bool) -> list[Msg]:
-    """The per-peer messages of an Alltoallw spec (byte displacements, one type each)."""
-    raw, counts, displs, types = _wparts(spec, size, w, arg, writable)
-    if raw is None:         # MPI.BOTTOM: each type's displacements are addresses
-        return [bottom(t, n, d, w, f"{arg} block {i}")
-                for i, (n, d, t) in enumerate(zip(counts, displs, types))]
-    return [typed(raw, t, n, d, w, f"{arg} block {i}")
-            for i, (n, d, t) in enumerate(zip(counts, displs, types))]
-
-
 _LAYOUTS: dict = {}     # an Alltoallw spec's shape -> its blocks' layouts (wregions)
 _LAYOUTS_MAX = 16
 
 
 def wregions(spec, size: int, w: str, arg: str, writable: bool) -> list[Region]:
-    """:func:`wblocks`'s blocks as :class:`~pycomm.MPI.regions.Region` s, which pack
-    into and unpack from the caller's buffer in place.
+    """The per-peer blocks of an Alltoallw spec (byte displacements, one datatype each)
+    as :class:`~pycomm.MPI.regions.Region` s, which pack into and unpack from the caller's
+    buffer in place.
 
     A spec's parse and its blocks' bounds are found once per (buffer size, counts,
     displacements, datatype handles), and kept as layouts that hold no reference to the

@@ -54,7 +54,8 @@ from pycomm.buffers import IN_PLACE
 from pycomm.errors import ArgumentError, CommError
 from pycomm.p2p import PROC_NULL
 
-from .collspec import item_array, match_empty, reducible, wblocks
+from .collspec import item_array, match_empty, reducible, wregions
+from .regions import finish_all
 from .exceptions import mpi_error, translate_methods
 from .interobj import InterObjects
 from .msg import Msg
@@ -308,12 +309,12 @@ class InterCollectives(InterObjects):
         link = self._inner("Alltoallw")
         w = f"rank {link.rank}: Alltoallw"
         _no_in_place(w, sendbuf, recvbuf)
-        rblocks = wblocks(recvbuf, link.remote_size, w, "recvbuf", True)
-        sblocks = wblocks(sendbuf, link.remote_size, w, "sendbuf", False)
-        _pairwise(link, [b.array.view(np.uint8) for b in sblocks],
-                  [b.array.view(np.uint8) for b in rblocks], T_ALLTOALL)
-        for b in rblocks:
-            b.finish()
+        recvs = [b.incoming() for b in wregions(recvbuf, link.remote_size, w, "recvbuf",
+                                                True)]
+        sends = [b.outgoing() for b in wregions(sendbuf, link.remote_size, w, "sendbuf",
+                                                False)]
+        _pairwise(link, sends, [data for data, _ in recvs], T_ALLTOALL)
+        finish_all(recvs)
 
     def Reduce(self, sendbuf, recvbuf, op=SUM, root: int = 0) -> None:
         """The root's ``recvbuf`` gets the reduction (``op``) of the remote group's

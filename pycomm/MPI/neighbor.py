@@ -28,7 +28,8 @@ from pycomm.errors import ArgumentError
 from pycomm.p2p import PROC_NULL
 
 from .coll import Intracomm
-from .collspec import wblocks
+from .collspec import wregions
+from .regions import finish_all
 from .exceptions import mpi_error, translate_methods
 from .joined import Joined
 from .keyvals import copy_attrs
@@ -218,14 +219,11 @@ class Topocomm(Intracomm):
             if spec is IN_PLACE or spec is None:
                 raise mpi_error(ArgumentError, "ERR_BUFFER", f"{w}: {arg} must be a "
                                 "[buf, (counts, displs), datatypes] spec")
-        sblocks = wblocks(sendbuf, self.outdegree, w, "sendbuf", False)
-        rblocks = wblocks(recvbuf, self.indegree, w, "recvbuf", True)
-
-        def finish() -> None:
-            for b in rblocks:
-                b.finish()
-        return self._exchange(call, [b.array for b in sblocks],
-                              [b.array for b in rblocks], finish, check)
+        sends = [b.outgoing() for b in wregions(sendbuf, self.outdegree, w, "sendbuf",
+                                                 False)]
+        recvs = [b.incoming() for b in wregions(recvbuf, self.indegree, w, "recvbuf", True)]
+        return self._exchange(call, sends, [data for data, _ in recvs],
+                              lambda: finish_all(recvs), check)
 
     # -- blocking (MPI-4.1 section 7.6), nonblocking (7.7) and persistent (7.8) ---------
     def Neighbor_allgather(self, sendbuf, recvbuf) -> None:

@@ -23,7 +23,8 @@ from .datatypes import Datatype
 from .exceptions import mpi_error
 from .msg import Msg, block_view
 
-__all__ = ["Region", "bottom", "bottom_region", "buf_error", "region", "typed"]
+__all__ = ["Region", "bottom", "bottom_region", "buf_error", "finish_all", "region",
+           "typed"]
 
 
 def buf_error(message: str):
@@ -55,6 +56,23 @@ class Region:
             out.view(self.view.dtype).reshape(self.view.shape)[...] = self.view
         elif self.index is not None:
             np.take(self.src, self.index, out=out.view(self.src.dtype))
+
+    def outgoing(self) -> np.ndarray:
+        """The items' data as bytes to send: the buffer's own where they are one run,
+        else packed now."""
+        if self.flat is not None:
+            return self.flat
+        out = np.empty(self.nbytes, np.uint8)
+        self.pack_into(out)
+        return out
+
+    def incoming(self) -> tuple:
+        """``(bytes, finish)``: where to receive the items' data, and what to call once
+        it is there (None: nothing, the bytes are the buffer's own)."""
+        if self.flat is not None:
+            return self.flat, None
+        data = np.empty(self.nbytes, np.uint8)
+        return data, lambda: self.unpack_from(data)
 
     def layout(self, raw: np.ndarray) -> tuple:
         """Where these items lie relative to ``raw``, the buffer they were found in, as a
@@ -89,6 +107,13 @@ class Region:
             self.view[...] = data.view(self.view.dtype).reshape(self.view.shape)
         elif self.index is not None:
             self.src[self.index] = data.view(self.src.dtype)
+
+
+def finish_all(incoming: list) -> None:
+    """Unpack what arrived for each ``(bytes, finish)`` of :meth:`Region.incoming`."""
+    for _, finish in incoming:
+        if finish is not None:
+            finish()
 
 
 def _address(a: np.ndarray) -> int:
