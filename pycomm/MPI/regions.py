@@ -68,10 +68,12 @@ class Region:
 
     def incoming(self) -> tuple:
         """``(bytes, finish)``: where to receive the items' data, and what to call once
-        it is there (None: nothing, the bytes are the buffer's own)."""
+        it is there (None: nothing, the bytes are the buffer's own). The bytes start as
+        the items' current contents, so that a shorter message (a receive may take one)
+        leaves the rest of them as they were."""
         if self.flat is not None:
             return self.flat, None
-        data = np.empty(self.nbytes, np.uint8)
+        data = self.outgoing()
         return data, lambda: self.unpack_from(data)
 
     def layout(self, raw: np.ndarray) -> tuple:
