@@ -64,6 +64,7 @@ import numpy as np
 
 from transports.linux import futex_wake
 
+from . import trace as _trace
 from .errors import CollectiveMismatchError, PeerError
 from .signature import describe, empty_match
 from .waiting import SHARED_WAIT
@@ -248,7 +249,7 @@ class SharedSlots:
                 if not empty_match(sig, theirs, h[3]):
                     self.mismatch(cc, r, describe(theirs))
             if h[4] != path:            # each rank sees it in the other's header
-                raise ByMessages
+                self._by_messages(cc)
         # A peer's ABORT of an earlier call, sent before it published this header, is in
         # its ring by now: take it in, so that this call reports it as a message call
         # would (a link keeps order; the slots and the rings keep none between them).
@@ -276,7 +277,13 @@ class SharedSlots:
                                            < _HALF)
         self._wait(cc, r, ready)
         if h[0] != s1:
-            raise ByMessages
+            self._by_messages(cc)
+
+    def _by_messages(self, cc) -> None:
+        """Raise :class:`ByMessages`, the call recorded as run by messages in the flight
+        recorder (it was begun as a call through the slots)."""
+        _trace.reroute_call(self.comm, cc.tag, "messages")
+        raise ByMessages
 
     def _wait_entered(self, cc, r: int, need: int) -> None:
         arrival = self.arrival[r]

@@ -45,7 +45,8 @@ from .errors import CommError, TruncationError
 __all__ = ["ERROR_DUMP_CALLS", "begin", "chrome_events", "collective_progress",
            "collective_signatures", "current", "describe_call", "display_name", "dump", "end",
            "fail", "format_calls", "install", "last_completed", "last_failed",
-           "merge_chrome_traces", "on_sigusr1", "record_wait", "traced", "write_chrome_trace"]
+           "merge_chrome_traces", "on_sigusr1", "record_wait", "reroute", "reroute_call", "traced",
+           "write_chrome_trace"]
 
 ERROR_DUMP_CALLS = 32  # calls printed when an error leaves a call (SIGUSR1: the whole ring)
 
@@ -116,6 +117,18 @@ def reroute(n: int, algorithm: str) -> None:
     call = _calls[i]
     if call is not None and call[7] == n:
         _calls[i] = call[:4] + (algorithm,) + call[5:]
+
+
+def reroute_call(comm, seq: int, algorithm: str) -> None:
+    """:func:`reroute` the latest running call of ``comm`` numbered ``seq`` (a kernel
+    through the slots or direct reads, which is not handed its call's number, falling
+    back to messages; only the few calls begun since are looked at)."""
+    top = _top()
+    for n in range(top - 1, max(-1, top - 1 - min(_cap, 8)), -1):
+        call = _calls[n % _cap]
+        if call is not None and call[7] == n and call[1] is comm and call[2] == seq:
+            reroute(n, algorithm)
+            return
 
 
 def fail(n: int, exc: BaseException) -> None:

@@ -343,32 +343,44 @@ def test_a_count_past_the_limit_on_one_rank_is_a_mismatch_not_a_hang(world):
 def _blocking_against_nonblocking():
     """pycomm lets a blocking call match its I-variant (MPI does not promise it): the
     ranks in the slots see the nonblocking rank's arrival and take messages too."""
+    from pycomm import trace
     comm = pycomm.COMM_WORLD
     r, n = comm.rank, comm.size
+    paths = {}                          # blocking call -> its path in the flight recorder
+
+    def blocking(name, call, *args, **kw):
+        call(*args, **kw)
+        paths[name] = trace.last_completed()[0][4]
     x = np.full(8, float(r + 1))
     if r == 0:
         comm.Iallreduce(pycomm.IN_PLACE, x).Wait()
     else:
-        comm.Allreduce(pycomm.IN_PLACE, x)
+        blocking("Allreduce", comm.Allreduce, pycomm.IN_PLACE, x)
     y = np.full(4, 5.0 if r == n - 1 else 0.0)
     if r == 1 % n:
         comm.Ibcast(y, root=n - 1).Wait()
     else:
-        comm.Bcast(y, root=n - 1)
-    comm.Ibarrier().Wait() if r == 0 else comm.Barrier()
+        blocking("Bcast", comm.Bcast, y, root=n - 1)
+    comm.Ibarrier().Wait() if r == 0 else blocking("Barrier", comm.Barrier)
     a = np.zeros(2 * n)
     send = np.arange(2 * n, dtype=np.float64) + 100 * r     # block j: 2j, 2j+1 (+ 100 r)
-    comm.Ialltoall(send, a).Wait() if r == n - 1 else comm.Alltoall(send, a)
+    comm.Ialltoall(send, a).Wait() if r == n - 1 else blocking("Alltoall", comm.Alltoall,
+                                                                 send, a)
     z = np.ones(2)
-    comm.Allreduce(pycomm.IN_PLACE, z)              # and the slots again afterwards
-    return x.tolist(), y.tolist(), z.tolist(), a.tolist(), r
+    blocking("Allreduce again", comm.Allreduce, pycomm.IN_PLACE, z)   # the slots again
+    return x.tolist(), y.tolist(), z.tolist(), a.tolist(), r, paths
 
 
 def test_a_blocking_call_matches_its_nonblocking_twin(world):
+    """... and the flight recorder shows that the blocking calls ran by messages (each
+    begun as a call through the slots), then the next one through the slots."""
     n = world.size
-    for x, y, z, a, r in world.run(_blocking_against_nonblocking):
+    for x, y, z, a, r, paths in world.run(_blocking_against_nonblocking):
         assert x == [n * (n + 1) / 2] * 8 and y == [5.0] * 4 and z == [float(n)] * 2
         assert a == [v for k in range(n) for v in (2 * r + 100 * k, 2 * r + 1 + 100 * k)]
+        if n > 1:
+            assert paths.pop("Allreduce again") == SHARED_SLOTS, (r, paths)
+            assert paths and set(paths.values()) == {"messages"}, (r, paths)
 
 
 def _beside_a_nonblocking_collective(rounds):
