@@ -78,8 +78,7 @@ def exchange(comm, collective: str, sig, data: bytes):
     try:
         p = slots.exchange(cc, n, [slots.data[me][q][:n] for q in (0, 1)],
                            np.frombuffer(data, np.uint8) if n else None)
-    except ByMessages:
-        _trace.reroute(t, "messages")
+    except ByMessages:                  # (recorded as run by messages: SharedSlots)
         _trace.end(t)
         # A peer past this call without its header either runs it by messages, or failed
         # before it began it (a pickling error): then its ABORT of this call, sent before
