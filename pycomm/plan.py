@@ -34,8 +34,8 @@ from . import config, shmcoll, shmdirect, slotkernels
 from .signature import signature
 
 __all__ = ["DIRECT_FROM", "MAX_PLANS", "SHARED_SLOTS", "UNDECIDED", "direct_threshold",
-           "fast_path", "plan_call", "slot_limit", "slots_of",
-           "takes_slots", "unforced"]
+           "fast_path", "kept", "plan_call", "slot_limit", "slots_of", "takes_slots",
+           "unforced"]
 
 SHARED_SLOTS = "shared_slots"   # the algorithm name of a call through pycomm.shmcoll
 UNDECIDED = object()            # Communicator._slots before its first plan
@@ -100,22 +100,29 @@ def unforced(collective: str, algorithm) -> bool:
     return True
 
 
+def kept(comm, key: tuple, make):
+    """What ``make()`` gives for ``key`` on ``comm``, kept with the communicator's plans
+    until the configuration changes (:func:`pycomm.config.reload`). ``key`` must not
+    look like a plan's (those are 6-tuples, see :func:`plan_call`)."""
+    plans = comm._plans
+    if plans is None or comm._plans_gen != config.generation or len(plans) >= MAX_PLANS:
+        plans = comm._plans = {}
+        comm._plans_gen = config.generation
+    value = plans.get(key)
+    if value is None:
+        value = plans[key] = make()
+    return value
+
+
 def slot_limit(slots, collective: str, algorithm=None) -> int:
     """The most bytes one rank may put in its slot in a call of ``collective`` whose
     shape is not planned once (object calls, ``Alltoallv``) with ``algorithm=`` (None or
     ``"auto"``): the slot, or ``PYCOMM_SHM_COLL_BYTES``; -1 (not even an empty one) where
-    an algorithm is named (:func:`unforced`). Read once per configuration generation
-    (:func:`pycomm.config.reload`): reading the environment costs about what a small
-    call's exchange does."""
-    cached = slots.limits
-    if cached is None or cached[0] != config.generation:
-        cached = slots.limits = (config.generation, {})
-    key = (collective, algorithm)
-    limit = cached[1].get(key)
-    if limit is None:
-        limit = cached[1][key] = min(slots.limit, config.get(
-            "PYCOMM_SHM_COLL_BYTES")) if unforced(collective, algorithm) else -1
-    return limit
+    an algorithm is named (:func:`unforced`). Kept with the plans (:func:`kept`):
+    reading the environment costs about what a small call's exchange does."""
+    return kept(slots.comm, ("slot limit", collective, algorithm), lambda: min(
+        slots.limit, config.get("PYCOMM_SHM_COLL_BYTES")) if unforced(collective, algorithm)
+        else -1)
 
 
 def takes_slots(comm, collective: str, nbytes: int, algorithm) -> bool:

@@ -157,9 +157,6 @@ class SharedSlots:
         self.peers = [r for r in range(self.size) if r != self.rank]
         self._bell_words = shm.doorbell_words([comm._world[r] for r in self.peers])
         self._written = [False, False]
-        # (config generation, {collective: bytes}): pycomm.plan.slot_limit
-        self.limits = None
-        self.alltoallv = None           # its Alltoallv function (slotkernels.alltoallv)
         self._synced = -1               # the last call whose every header this rank saw
         # Where ranks outnumber cores (the engine then yields while it waits), the peer a
         # rank waits for may need this very core: poll a few times, then yield at once

@@ -19,7 +19,7 @@ from . import slotkernels
 from .buffers import IN_PLACE, CheckedVector, as_array
 from .errors import ArgumentError, InvalidBufferError
 from .ops import SUM
-from .plan import SHARED_SLOTS, slot_limit, slots_of
+from .plan import SHARED_SLOTS, kept, slot_limit, slots_of
 from .signature import collective, signature
 
 __all__ = ["VectorMethods"]
@@ -260,10 +260,9 @@ class VectorMethods:
         # it takes messages, and its peers see that and follow: pycomm.shmcoll)
         if slots is not None and self._defer is None and algorithm in (None, "auto") and \
                 16 * self.size + nbytes <= slot_limit(slots, "alltoallv", algorithm):
-            if slots.alltoallv is None:
-                slots.alltoallv = slotkernels.alltoallv(slots)
+            kernel = kept(self, ("alltoallv kernel",), lambda: slotkernels.alltoallv(slots))
             fn = self._selection.choose("alltoallv", 0, algorithm, True)[1]
-            return self._slots_call((sig, SHARED_SLOTS, slots.alltoallv, None), "alltoallv",
+            return self._slots_call((sig, SHARED_SLOTS, kernel, None), "alltoallv",
                                     nbytes, send, scounts, sdispls, recv, rcounts, rdispls,
                                     fn)
         cc = self._calls.begin(sig)
