@@ -54,8 +54,8 @@ from . import trace
 from .errors import CollectiveMismatchError, CommError, CommTimeoutError, PeerError
 from .signature import conflict, describe
 
-__all__ = ["Inspector", "ask_positions", "blame", "describe_position", "diagnose", "key",
-           "mismatch", "read_diagnoses", "read_exits", "read_positions", "summarize"]
+__all__ = ["Inspector", "ask_positions", "describe_position", "diagnose", "key", "mismatch",
+           "read_diagnoses", "read_exits", "read_positions", "summarize"]
 
 _IDLE_S = 60.0      # seconds one responder wait in the store lasts before it re-parks
 _ANSWER_S = 0.5     # seconds an asker waits for the answers of all ranks
@@ -285,31 +285,6 @@ def read_diagnoses(client, job_id: str, ranks) -> dict:
         except CommTimeoutError:
             pass
     return out
-
-
-def blame(diags: dict) -> tuple[int, list[int]] | None:
-    """The rank the published diagnoses (:func:`read_diagnoses`) blame, with its accusers:
-    ``(culprit, [ranks naming it])``, or None when no diagnosis names another rank.
-
-    Failures cascade: a rank that left after its own error is named by the ranks that
-    waited for it, and a rank that failed because of it is named by those that waited for
-    that one. An accused rank whose own diagnosis names another failed second; the votes
-    go to the ranks at the ends of these chains (all of them, when the chains loop), and
-    the most named wins (ties: the lowest rank).
-    """
-    votes: dict[int, int] = {}
-    accuses: dict[int, set] = {}
-    for rank, diag in diags.items():
-        accuses[rank] = set(diag.get("culprits", ())) - {rank}
-        for c in accuses[rank]:
-            votes[c] = votes.get(c, 0) + 1
-    if not votes:
-        return None
-    roots = {c: v for c, v in votes.items() if not accuses.get(c)}
-    if roots:
-        votes = roots
-    culprit = min(votes, key=lambda c: (-votes[c], c))
-    return culprit, sorted(r for r, d in diags.items() if culprit in d.get("culprits", ()))
 
 
 def read_exits(client, job_id: str, ranks) -> set[int]:

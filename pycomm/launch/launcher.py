@@ -55,7 +55,7 @@ from pycomm.launch.forward import Forwarder as _Forwarder
 from pycomm.launch.store import StoreServer
 from pycomm.launch.store_client import StoreClient
 
-__all__ = ["RankExit", "RankGroup", "shm_prefix", "sweep_shm"]
+__all__ = ["RankExit", "RankGroup", "blame", "shm_prefix", "sweep_shm"]
 
 TRANSPORT_CHOICES = ("auto", "shm", "tcp", "rdma")
 SHM_DIR = "/dev/shm"
@@ -427,11 +427,37 @@ class RankGroup:
         self.close()
 
 
+def blame(diags: dict) -> tuple[int, list[int]] | None:
+    """The rank the published diagnoses (:func:`pycomm.stall.read_diagnoses`) blame, with
+    its accusers: ``(culprit, [ranks naming it])``, or None when no diagnosis names
+    another rank.
+
+    Failures cascade: a rank that left after its own error is named by the ranks that
+    waited for it, and a rank that failed because of it is named by those that waited for
+    that one. An accused rank whose own diagnosis names another failed second; the votes
+    go to the ranks at the ends of these chains (all of them, when the chains loop), and
+    the most named wins (ties: the lowest rank).
+    """
+    votes: dict[int, int] = {}
+    accuses: dict[int, set] = {}
+    for rank, diag in diags.items():
+        accuses[rank] = set(diag.get("culprits", ())) - {rank}
+        for c in accuses[rank]:
+            votes[c] = votes.get(c, 0) + 1
+    if not votes:
+        return None
+    roots = {c: v for c, v in votes.items() if not accuses.get(c)}
+    if roots:
+        votes = roots
+    culprit = min(votes, key=lambda c: (-votes[c], c))
+    return culprit, sorted(r for r, d in diags.items() if culprit in d.get("culprits", ()))
+
+
 def _culprit_line(failure: RankExit, diags: dict, positions: dict,
                   exits: dict[int, RankExit]) -> str:
-    """The launcher's verdict: the rank the diagnoses blame (:func:`pycomm.stall.blame`),
+    """The launcher's verdict: the rank the diagnoses blame (:func:`blame`),
     else the first failed rank; with what it did and who blamed it."""
-    blamed = stall.blame(diags)
+    blamed = blame(diags)
     if blamed is None:
         return failure.describe()
     culprit, accusers = blamed

@@ -16,7 +16,7 @@ prefixed output, /dev/shm swept at the end) and meets the others through the sto
   how it ended — under ``nodes/<job>/failed/<rank>``. The first agent to record one is the
   judge: the rank that failed first on one node may only have lost a peer that failed on
   another, a moment earlier, whose agent has not looked yet. The judge reads the ranks'
-  diagnoses (:func:`pycomm.stall.blame`: a ``PeerError`` names the dead peer); when they
+  diagnoses (:func:`pycomm.launch.launcher.blame`: a ``PeerError`` names the dead peer); when they
   blame a rank other than its own, it waits (at most :data:`_CULPRIT_WAIT_S`) for that
   rank's record, and publishes the verdict under ``nodes/<job>/abort``. Every agent polls
   that key every :data:`_POLL_S` seconds, so every node prints the same line naming the
@@ -54,7 +54,8 @@ from collections.abc import Callable, Sequence
 
 from pycomm import config, stall
 from pycomm.errors import ArgumentError, CommError, CommTimeoutError
-from pycomm.launch.launcher import RankExit, _Forwarder, _preexec, contract_env, sweep_shm
+from pycomm.launch.launcher import (RankExit, _Forwarder, _preexec, blame, contract_env,
+                                   sweep_shm)
 from pycomm.launch.store import StoreServer
 from pycomm.launch.store_client import StoreClient
 
@@ -212,7 +213,7 @@ class NodeAgent:
         it, else ``first``."""
         assert self._client is not None
         diags = stall.read_diagnoses(self._client, self.job_id, range(self.size))
-        blamed = stall.blame(diags)
+        blamed = blame(diags)
         if blamed is None or blamed[0] == first:
             return mine
         culprit, accusers = blamed
