@@ -260,3 +260,20 @@ def test_a_blamed_rank_still_running_on_another_node_is_named_so():
         for agent in reversed(agents):
             agent.procs = []        # no process behind them: nothing for close() to stop
             agent.close()
+
+
+def test_an_interrupted_launcher_names_itself_not_a_rank():
+    """SIGINT to node 1's launcher: every agent reads that the launcher of node 1 got it;
+    no rank is named as failed (none did). A failure seen afterwards gets that verdict."""
+    import signal
+    from pycomm.launch.launcher import RankExit
+    agents = _two_agents(_free_port(), running=True)
+    try:
+        verdict = agents[1]._publish_interrupt(signal.SIGINT)
+        assert verdict == "the launcher of node 1 on host host2 got SIGINT"
+        assert agents[0]._abort_said() == verdict
+        assert agents[0]._publish_failure(RankExit(0, 100, 1)) == verdict
+    finally:
+        for agent in reversed(agents):
+            agent.procs = []
+            agent.close()

@@ -192,8 +192,20 @@ class NodeAgent:
         for exited in [failure] + [f for f in self._failures() if f.rank != failure.rank]:
             self._client.set(self._key + f"failed/{exited.rank}",
                              self._failure_line(exited).encode())
+        return self._verdict(lambda: self._judge(failure.rank, mine))
+
+    def _publish_interrupt(self, sig: int) -> str:
+        """Publish that this node's launcher got signal ``sig`` (no rank failed: none is
+        named), unless another verdict was first; return the job's verdict."""
+        return self._verdict(lambda: f"the launcher of node {self.node_rank} on host "
+                                     f"{self.hostname} got {signal.Signals(sig).name}")
+
+    def _verdict(self, judge: Callable[[], str]) -> str:
+        """The job's verdict: ``judge()``'s when this agent is the first to give one, else
+        the first's (waited for at most :data:`_VERDICT_WAIT_S`)."""
+        assert self._client is not None
         if self._client.add(self._key + "abort#", 1) == 1:
-            verdict = self._judge(failure.rank, mine)
+            verdict = judge()
             self._client.set(self._key + "abort", verdict.encode())
             return verdict
         return self._client.get(self._key + "abort",
@@ -284,7 +296,7 @@ class NodeAgent:
                 sig = interrupted()
                 if sig is not None:
                     log(f"got {signal.Signals(sig).name}; stopping this node's ranks")
-                    self._publish_failure(RankExit(self.ranks[0], os.getpid(), 128 + sig))
+                    self._publish_interrupt(sig)
                     self._ending(lambda: self.stop(sig))
                     return 128 + sig
                 failure = self._failed()
