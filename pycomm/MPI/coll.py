@@ -353,15 +353,25 @@ class Intracomm(Comm):
         out, got = take(sum(scounts), np.uint8), take(sum(rcounts), np.uint8)
         for b, d, n in zip(sblocks, sdispls, scounts):
             b.pack_into(out[d:d + n])
+        # this rank's own block unpacks from where it was packed and stays out of the
+        # exchange, which would copy it once more (unless its two sizes differ: then the
+        # exchange refuses the call, as for any pair)
+        me = c.rank
+        own = scounts[me] == rcounts[me]
+        xs, xr = (scounts, rcounts) if not own else (
+            [0 if r == me else n for r, n in enumerate(scounts)],
+            [0 if r == me else n for r, n in enumerate(rcounts)])
 
         def unpack() -> None:
-            for b, d, n in zip(rblocks, rdispls, rcounts):
-                b.unpack_from(got[d:d + n])
+            for r, (b, d, n) in enumerate(zip(rblocks, rdispls, rcounts)):
+                if r == me and own:
+                    b.unpack_from(out[sdispls[me]:sdispls[me] + n])
+                else:
+                    b.unpack_from(got[d:d + n])
             give(out)
             give(got)
         fn = c.Ialltoallv if call[0] == "I" else c.Alltoallv
-        inner = fn(CheckedVector([out, scounts, sdispls]),
-                   CheckedVector([got, rcounts, rdispls]))
+        inner = fn(CheckedVector([out, xs, sdispls]), CheckedVector([got, xr, rdispls]))
         if call[0] == "I":
             return Request._wrap(inner, unpack)
         unpack()
