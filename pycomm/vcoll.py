@@ -17,7 +17,7 @@ import numpy as np
 
 from . import slotkernels
 from .buffers import IN_PLACE, CheckedVector, as_array
-from .errors import ArgumentError, InvalidBufferError
+from .errors import ArgumentError, InvalidBufferError, TruncationError
 from .ops import SUM
 from .plan import SHARED_SLOTS, kept, slot_limit, slots_of
 from .signature import collective, signature
@@ -250,6 +250,11 @@ class VectorMethods:
             if send.dtype != recv.dtype:
                 raise InvalidBufferError(f"rank {self.rank}: Alltoallv: sendbuf dtype "
                                          f"{send.dtype} differs from recvbuf {recv.dtype}")
+            me = self.rank
+            if scounts[me] != rcounts[me]:      # this rank's block to itself: known here
+                raise TruncationError(f"rank {me}: Alltoallv: this rank sends itself "
+                                      f"{scounts[me]} elements (sendcounts[{me}]), "
+                                      f"recvcounts[{me}] is {rcounts[me]}")
         sig = signature("Alltoallv", recv.dtype)
         nbytes = sum(scounts) * send.itemsize
         # (decided on every rank's first call, this one's nonblocking twin included: a

@@ -323,6 +323,51 @@ def _rank_alltoallw_kept_layouts() -> list:
     return bad
 
 
+def _rank_alltoallw_own_block_sizes() -> list:
+    """Rank 0 receives 1 int from itself but sends itself 2: rank 0's call is refused
+    as a truncation before anything moves, the others learn of it in that call or (when
+    their part was already done) at their next one, and then every rank goes on. A spec
+    too short to be one is refused with its forms named."""
+    comm = MPI.COMM_WORLD
+    rank, size = comm.rank, comm.size
+    out: list = []
+    displs = [8 * j for j in range(size)]
+    rcounts = [1 if rank == 0 and j == 0 else 2 for j in range(size)]
+    try:
+        comm.Alltoallw([np.arange(2 * size, dtype=np.int32), ([2] * size, displs),
+                        [MPI.INT] * size],
+                       [np.zeros(2 * size, np.int32), (rcounts, displs), [MPI.INT] * size])
+        out.append("ok")
+    except MPI.Exception as exc:
+        out.append(exc.Get_error_class() == MPI.ERR_TRUNCATE if rank == 0 else
+                   "failed" if "failed on rank 0" in str(exc) else str(exc))
+    x = np.ones(1)
+    try:
+        comm.Allreduce(MPI.IN_PLACE, x)
+        out.append("ok")
+    except MPI.Exception as exc:
+        out.append("abandoned" if "was abandoned by another rank" in str(exc) else str(exc))
+    x = np.ones(1)
+    comm.Allreduce(MPI.IN_PLACE, x)
+    out.append(float(x[0]))
+    try:
+        comm.Alltoallw([], [np.zeros(1), ([0] * size, [0] * size), [MPI.INT] * size])
+        out.append("short spec taken")
+    except MPI.Exception as exc:
+        out.append("[buf, (counts, displs), datatypes]" in str(exc))
+    out.append(comm.allreduce(1))
+    return out
+
+
+def test_alltoallw_own_block_sizes_that_differ_are_refused(world_small):
+    n = world_small.size
+    got = world_small.run(_rank_alltoallw_own_block_sizes)
+    assert got[0] == [True, "ok", float(n), True, n]
+    for out in got[1:]:
+        assert out in (["ok", "abandoned", float(n), True, n],
+                       ["failed", "ok", float(n), True, n]), out
+
+
 def test_alltoallw_keeps_layouts_not_buffers(world_small):
     assert world_small.run(_rank_alltoallw_kept_layouts) == [[]] * world_small.size
 

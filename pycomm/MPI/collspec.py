@@ -79,9 +79,8 @@ def wregions(spec, size: int, w: str, arg: str, writable: bool) -> list[Region]:
 
     A spec's parse and its blocks' bounds are found once per (buffer size, counts,
     displacements, datatype handles), and kept as layouts that hold no reference to the
-    buffer
-    (:meth:`~pycomm.MPI.regions.Region.layout`): a transpose that runs every step with the
-    same arrays and types costs one view per block, not a parse.
+    buffer (:meth:`~pycomm.MPI.regions.Region.layout`): a transpose that runs every step
+    with the same arrays and types costs one view per block, not a parse.
     """
     key = _layout_key(spec, size, writable)
     if key is not None:
@@ -108,7 +107,8 @@ def _layout_key(spec, size: int, writable: bool):
     """The hashable shape of ``[buf, (counts, displs), datatypes]`` (or ``[buf, counts,
     displs, datatypes]``) with lists or tuples of ints and datatypes, the buffer a numpy
     array; None for any other spec (it takes the parse)."""
-    if type(spec) not in (list, tuple) or type(spec[0]) is not np.ndarray:
+    if type(spec) not in (list, tuple) or len(spec) not in (3, 4) or \
+            type(spec[0]) is not np.ndarray:
         return None
     if len(spec) == 3 and type(spec[1]) in (list, tuple) and len(spec[1]) == 2:
         (counts, displs), types = spec[1], spec[2]
