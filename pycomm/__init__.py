@@ -83,9 +83,15 @@ def init(**options) -> Communicator:
     global _world, _closer
     with _lock:
         if _world is None:
+            from . import config
             from .launch.bootstrap import create_world
             _world, _closer = create_world(**options)
             atexit.register(finalize)
+            if config.get("PYCOMM_SPAWN_PARENTS") is not None:
+                # a process that MPI_Comm_spawn started: its world is the bridge to its
+                # parents, and its COMM_WORLD the children alone (pycomm.MPI.spawn)
+                from .MPI.spawn import join_parents
+                _world = join_parents(_world)
         return _world
 
 

@@ -63,6 +63,11 @@ _DECLARED = [
     Var("PYCOMM_JOB_ID", str, None,
         "Job identifier; names the job's /dev/shm segments so the launcher can sweep them."),
     Var("PYCOMM_LAUNCHER_PID", int, None, "PID of the supervising launcher, if any."),
+    Var("PYCOMM_SPAWN_PARENTS", int, None,
+        "Set in a process that MPI_Comm_spawn started (pycomm.MPI.spawn): how many of the "
+        "world's first ranks are its parents."),
+    Var("PYCOMM_APPNUM", int, None,
+        "Set in a spawned process: the index of its command in MPI_Comm_spawn_multiple."),
     # -- behaviour -----------------------------------------------------------------------
     Var("PYCOMM_TRANSPORT", str, "auto", "Transport to use: auto, shm, tcp or rdma (emulated)."),
     Var("PYCOMM_TIMEOUT", float, 300.0,

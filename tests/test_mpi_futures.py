@@ -2,9 +2,9 @@
 installed mpi4py wheel, on pycomm's MPI through the alias package (``launch.py
 --mpi4py``). Each job's output is compared with what the same program printed under
 mpi4py 4.1.2 + MPICH 5.0.2 (``mpiexec -n N python [-m mpi4py.futures] PROGRAM``, recorded
-on this machine). Spawning is not offered, so ``MPIPoolExecutor`` runs in the static mode
-(``-m mpi4py.futures``: rank 0 runs the program, the others serve) and
-``MPICommExecutor`` on the ranks of a communicator.
+on this machine). ``MPIPoolExecutor`` runs in the static mode (``-m mpi4py.futures``: rank
+0 runs the program, the others serve) and with spawned workers (:mod:`pycomm.MPI.spawn`),
+and ``MPICommExecutor`` on the ranks of a communicator.
 """
 
 from __future__ import annotations
@@ -72,11 +72,23 @@ def test_comm_executor_as_under_mpich(n):
     assert sorted(proc.stdout.splitlines()) == MPICH_COMM[n]
 
 
-def test_a_pool_that_would_spawn_raises_in_the_callers_thread():
-    # mpi4py's pool thread died on Spawn's NotImplementedError and its futures never
-    # completed (the job hung); the alias makes mpi4py's SpawnPool raise at the first submit
+# tests/data/futures/spawn_pool.py under `mpiexec -n 1 python` (its workers spawned)
+MPICH_SPAWN_POOL = """\
+parent world 1
+workers 2
+map [0, 1, 4, 9, 16, 25, 36, 49, 64, 81, 100, 121] ranks [0, 1] worlds [2] spawned True
+starmap [3, 7]
+exception ZeroDivisionError
+as_completed [0, 2, 4, 6, 8]
+second pool [1, 2, 3]
+end
+"""
+
+
+def test_a_pool_outside_the_futures_module_spawns_its_workers_as_under_mpich():
+    # mpi4py's SpawnPool calls COMM_SELF.Spawn from its pool thread; the workers'
+    # COMM_WORLD is theirs alone and Get_parent() links them to the program
     proc = _launch(1, str(DATA / "spawn_pool.py"))
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith("NotImplementedError: MPIPoolExecutor: pycomm cannot "
-                                  "spawn its workers (MPI_Comm_spawn); run the program as "
-                                  "`launch.py -n N --mpi4py -m mpi4py.futures")
+    assert proc.stdout == MPICH_SPAWN_POOL
+    assert "pycomm.spawn" not in proc.stderr, proc.stderr

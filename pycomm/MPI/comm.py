@@ -13,6 +13,7 @@ The point-to-point buffer methods live in :mod:`pycomm.MPI.commp2p`, the collect
 
 from __future__ import annotations
 
+from pycomm import config
 from pycomm.errors import CommError
 from pycomm.groups import COMM_NULL as _COMM_NULL
 from pycomm.groups import UNDEFINED
@@ -149,7 +150,8 @@ class Comm(ObjectMethods, BufferPointToPoint):
         self._inner("Get_attr")
         check_keyval(keyval, "Comm.Get_attr")
         fixed = {KEYVAL_TAG_UB: TAG_UB, KEYVAL_HOST: -1, KEYVAL_IO: ANY_SOURCE,
-                 KEYVAL_WTIME_IS_GLOBAL: False, KEYVAL_APPNUM: None,
+                 KEYVAL_WTIME_IS_GLOBAL: False,
+                 KEYVAL_APPNUM: config.get("PYCOMM_APPNUM"),     # spawned: its command
                  KEYVAL_LASTUSEDCODE: last_used_code()}
         if keyval == KEYVAL_UNIVERSE_SIZE:
             return self.Get_size()
@@ -349,10 +351,13 @@ class Comm(ObjectMethods, BufferPointToPoint):
 
     @classmethod
     def Get_parent(cls) -> Comm:
-        """The parent of a spawned process: a null ``Intercomm`` (pycomm does not spawn,
-        so no process has a parent)."""
+        """The inter-communicator to the processes that spawned this one
+        (MPI_Comm_get_parent; :mod:`pycomm.MPI.spawn`), or a null ``Intercomm`` (not
+        spawned, or disconnected from them)."""
         from .intercomm import Intercomm
-        return Intercomm()
+        from .spawn import get_parent
+        link = get_parent()
+        return Intercomm() if link is None else Intercomm._wrap(link)
 
     def Disconnect(self) -> None:
         """Wait for pending communication and free the communicator (as :meth:`Free`;

@@ -8,7 +8,7 @@ Installed by :mod:`pycomm.MPI` once every class exists:
 * partitioned communication (``Psend_init``, ``Precv_init``, ``Prequest.Pready``...:
   :mod:`pycomm.MPI.partitioned`);
 * what pycomm does not offer raises ``NotImplementedError`` naming the feature
-  (fault tolerance, ``Join``, ``Spawn_multiple``);
+  (fault tolerance, ``Join``);
 * ``MPI.Comm`` has the collectives of ``MPI.Intracomm``, as mpi4py's base class does
   (a ``Comm`` handle of an intra-communicator, ``Comm.fromhandle(...)``, can call them);
 * small aliases and conveniences: ``Topocomm.degrees``, ``Group.Intersect``,
@@ -31,7 +31,6 @@ _NOT_OFFERED = {
     "fault tolerance (ULFM)": ["Ack_failed", "Agree", "Iagree", "Get_failed",
                                "Is_revoked", "Revoke", "Shrink", "Ishrink"],
     "MPI_Comm_join": ["Join"],
-    "dynamic process management (MPI_Comm_spawn_multiple)": ["Spawn_multiple"],
 }
 
 

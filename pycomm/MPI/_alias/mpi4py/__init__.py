@@ -9,7 +9,8 @@ its place when there is one.
 When it is asked for and a real mpi4py is installed too (``pip install mpi4py``: a wheel,
 no MPI needed until its own ``mpi4py.MPI`` is imported), the submodules this package does
 not have come from that installation, on pycomm's ``MPI``: ``mpi4py.futures``
-(``MPIPoolExecutor`` under ``python -m mpi4py.futures``, ``MPICommExecutor``) and
+(``MPIPoolExecutor``, whose workers are spawned (:mod:`pycomm.MPI.spawn`) or, under
+``python -m mpi4py.futures``, the world's other ranks; ``MPICommExecutor``) and
 ``mpi4py.util.pool``. They are mpi4py's pure-Python code, searched after this package's
 own modules (``__path__``).
 """
@@ -44,36 +45,6 @@ else:
     if _installed is not None and _installed.submodule_search_locations:
         __path__ = [*__path__, *_installed.submodule_search_locations]
 
-    class _NoSpawnPool:
-        """Meta path finder for ``mpi4py.futures._core``: once mpi4py's module has run,
-        its ``SpawnPool`` (what an ``MPIPoolExecutor`` outside ``python -m
-        mpi4py.futures`` uses) raises NotImplementedError in the caller's thread. Left as
-        it is, the pool's own thread died on ``Spawn``'s error and the executor's futures
-        never completed."""
-
-        @staticmethod
-        def find_spec(name, path=None, target=None):
-            if name != __name__ + ".futures._core":
-                return None
-            spec = _machinery.PathFinder.find_spec(name, path)
-            if spec is None or not hasattr(spec.loader, "exec_module"):
-                return spec
-            run = spec.loader.exec_module
-
-            def exec_module(module):
-                run(module)
-
-                def SpawnPool(executor):    # noqa: N802 (mpi4py's name)
-                    raise NotImplementedError(
-                        "MPIPoolExecutor: pycomm cannot spawn its workers (MPI_Comm_spawn); "
-                        "run the program as `launch.py -n N --mpi4py -m mpi4py.futures "
-                        "program.py` (rank 0 runs it, the others serve), or use "
-                        "MPICommExecutor")
-                module.SpawnPool = SpawnPool
-            spec.loader.exec_module = exec_module
-            return spec
-
-    _sys.meta_path.insert(0, _NoSpawnPool)
     __version__ = "4.0.0+pycomm"
     __author__ = "pycomm (mpi4py-compatible façade)"
 

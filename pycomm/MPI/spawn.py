@@ -1,0 +1,311 @@
+"""Process creation (MPI-4.1 section 11.8): ``Intracomm.Spawn``, ``Spawn_multiple`` and
+``Comm.Get_parent`` in mpi4py's API.
+
+``comm.Spawn(command, args, maxprocs, info, root, errcodes)`` is collective over
+``comm``; the arguments count at ``root`` only. The root starts the children on its host
+(:class:`pycomm.launch.dynamic.SpawnedChildren`), and every parent and every child joins
+one *bridge world*: a pycomm world of the ``p`` parents (ranks ``0..p-1``, in ``comm``'s
+order) and the ``m`` children (``p..p+m-1``, in command order). On it both sides make,
+in the same order, a Split (each side's own group: a child's ``COMM_WORLD``; the
+parents free theirs) and a Dup, the union of a :class:`SpawnLink`: the
+inter-communicator that ``Spawn`` returns to the parents (its remote group the
+children) and ``Comm.Get_parent()`` to the children. Spawn returns once every child has
+joined (its ``import mpi4py``'s MPI init): as ``MPI_Comm_spawn``, which returns after the
+children's ``MPI_Init``.
+
+``Disconnect`` of the link (MPI_Comm_disconnect) is collective over both groups: a
+barrier, then each side frees it; a parent also closes its bridge world then, and a
+child's ``Get_parent()`` is ``COMM_NULL`` afterwards. A child that exits without
+disconnecting is a ``PeerError`` for a parent still waiting on it; a parent that exits
+closes its bridges first, so its children waiting on it fail the same way, and the root
+then waits up to ``PYCOMM_TIMEOUT`` seconds for its children to exit before stopping
+them (:meth:`~pycomm.launch.dynamic.SpawnedChildren.close`), reporting any that failed.
+
+``info`` keys understood: ``wdir`` (the children's working directory), ``path``
+(directories searched for ``command``, ``:``-separated), ``host`` (only the root's own
+host, ``localhost`` or its name: children start there), ``soft`` (accepted; every
+requested process is started). Others are ignored, as MPICH ignores keys it does not know.
+
+Errors: a bad argument at the root raises its ``ValueError``/``TypeError`` at the root
+(as mpi4py's conversions do) and ``MPI.Exception`` ``ERR_SPAWN`` naming it on the other
+ranks; a command that cannot be started, or a child that exits before it joins, raises
+``ERR_SPAWN`` on every parent, naming the child and its exit code; nothing is left
+running.
+
+Groups of a link are in bridge ranks: ``Get_remote_group()`` of a parent's link lists the
+children as ``p..p+m-1``, which are not ranks of the parent's own ``COMM_WORLD``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import socket
+import threading
+
+import pycomm as _pycomm
+from pycomm import config
+from pycomm import trace as _trace
+from pycomm.errors import CommError
+
+from .exceptions import mpi_error
+from .interlink import InterLink
+
+__all__ = ["SpawnLink", "get_parent", "join_parents", "spawn"]
+
+_lock = threading.Lock()
+_links: list[SpawnLink] = []           # a parent's connected links (closed at exit)
+_children: list = []                   # a root's SpawnedChildren (reaped at exit)
+_parent: SpawnLink | None = None       # a child's link to its parents, until Disconnect
+_atexit_armed = False
+
+
+class SpawnLink(InterLink):
+    """The inter-communicator between a spawn's parents and children (see the module
+    docstring): an :class:`~pycomm.MPI.interlink.InterLink` whose ``Free`` is
+    ``MPI_Comm_disconnect``.
+
+    Args:
+        union: a Dup of the bridge world (parents first).
+        parents: the parents' count ``p``.
+        parent: whether this process is a parent.
+        name: the link's name.
+        closer: a parent's function that closes its bridge world (None in a child).
+    """
+
+    def __init__(self, union, parents: int, parent: bool, name: str, closer=None):
+        super().__init__(union, parents, parent, name)
+        self._closer = closer
+
+    def Free(self) -> None:
+        """Disconnect: a barrier with the other group, then free the link (and, in a
+        parent, close its bridge world).
+
+        Raises:
+            PeerError: a process of the other group exited first.
+            CommTimeoutError: the other group did not disconnect within ``PYCOMM_TIMEOUT``.
+        """
+        global _parent
+        if self._freed:
+            return
+        try:
+            self.coll.Barrier()
+        finally:
+            super().Free()
+            with _lock:
+                if self in _links:
+                    _links.remove(self)
+                if _parent is self:
+                    _parent = None
+            if self._closer is not None:
+                closer, self._closer = self._closer, None
+                closer()
+
+
+def _at_exit() -> None:
+    """A parent's bridges still connected are closed (their children waiting on this
+    process then fail), then a root waits for its children and reports failures."""
+    from pycomm.launch.dynamic import report
+    with _lock:
+        links, children = list(_links), list(_children)
+        _links.clear()
+        _children.clear()
+    for link in links:
+        if link._closer is not None:
+            closer, link._closer = link._closer, None
+            closer()
+    for group in children:
+        report(group.close())
+
+
+def _arm() -> None:
+    global _atexit_armed
+    with _lock:
+        if not _atexit_armed:
+            _atexit_armed = True
+            atexit.register(_at_exit)
+
+
+# -- arguments, as mpi4py converts them at the root -----------------------------------
+def _is_text(x) -> bool:
+    return isinstance(x, (str, bytes))
+
+
+def _text(x, what: str) -> str:
+    if isinstance(x, bytes):
+        return x.decode()
+    if isinstance(x, str):
+        return x
+    if hasattr(x, "__fspath__"):
+        return _text(os.fspath(x), what)
+    raise TypeError(f"{what}: expecting a str, bytes or path-like, got {type(x).__name__}")
+
+
+def _argv(args, what: str) -> tuple[str, ...]:
+    if args is None:
+        return ()
+    if _is_text(args):
+        return (_text(args, what),)
+    return tuple(_text(a, what) for a in args)
+
+
+def _argv_lists(args, count: int) -> list:
+    if args is None or _is_text(args):
+        return [args] * count
+    args = list(args)
+    if len(args) != count:
+        raise ValueError(f"expecting {count} items, got {len(args)}")
+    return args
+
+
+def _procs_list(maxprocs, count: int) -> list:
+    if maxprocs is None:
+        return [1] * count
+    if isinstance(maxprocs, int) and not isinstance(maxprocs, bool):
+        return [maxprocs] * count
+    maxprocs = list(maxprocs)
+    if len(maxprocs) != count:
+        raise ValueError(f"expecting {count} items, got {len(maxprocs)}")
+    return maxprocs
+
+
+def _infos(info, count: int) -> list:
+    from .info import Info
+    if info is None or isinstance(info, Info):
+        return [info] * count
+    info = list(info)
+    if len(info) != count:
+        raise ValueError(f"expecting {count} items, got {len(info)}")
+    for i in info:
+        if i is not None and not isinstance(i, Info):
+            raise TypeError(f"info: expecting MPI.Info, got {type(i).__name__}")
+    return info
+
+
+def _app(command, args, maxprocs, info, w: str):
+    """One :class:`~pycomm.launch.dynamic.App` from mpi4py's arguments and ``info``."""
+    from pycomm.launch.dynamic import App
+    cmd = _text(command, f"{w}: command")
+    if isinstance(maxprocs, bool) or not isinstance(maxprocs, int):
+        raise TypeError(f"{w}: maxprocs must be an int, got {maxprocs!r}")
+    if maxprocs < 1:
+        raise ValueError(f"{w}: maxprocs must be at least 1, got {maxprocs}")
+    get = (lambda key: None) if info is None else (
+        lambda key: info.Get(key) if info != _info_null() else None)
+    host = get("host")
+    if host is not None and host not in ("localhost", socket.gethostname()) and \
+            not host.startswith("127."):
+        raise ValueError(f"{w}: info host={host!r}: pycomm starts spawned processes on the "
+                         f"root's host ({socket.gethostname()}) only")
+    path = get("path")
+    if path and os.sep not in cmd:
+        found = shutil.which(cmd, path=path)
+        cmd = found or cmd
+    return App(cmd, _argv(args, f"{w}: args"), maxprocs, get("wdir"))
+
+
+def _info_null():
+    from .info import INFO_NULL
+    return INFO_NULL
+
+
+# -- the parents' side ------------------------------------------------------------------
+def spawn(comm, apps_at_root, root, errcodes, w: str, multiple: bool):
+    """Run ``comm.Spawn`` / ``comm.Spawn_multiple`` (see the module docstring).
+
+    Args:
+        comm: the façade intra-communicator.
+        apps_at_root: a function returning the list of
+            :class:`~pycomm.launch.dynamic.App` (called at ``root`` only; its
+            ``ValueError``/``TypeError`` is the root's argument error).
+        root: the root rank.
+        errcodes: None or a list to fill with ``MPI.SUCCESS`` per child (per command,
+            a list per command, with ``multiple``).
+        w: the call's name, for messages.
+
+    Returns:
+        Intercomm: the link to the children (its remote group).
+    """
+    from pycomm.launch.bootstrap import create_world
+    from pycomm.launch.dynamic import SpawnedChildren
+    from .intercomm import Intercomm
+    from .msgspec import as_int
+    inner = comm._inner(w)
+    root = as_int(root, "root", w)
+    if not 0 <= root < inner.size:
+        from pycomm.errors import ArgumentError
+        raise mpi_error(ArgumentError, "ERR_ROOT", f"rank {inner.rank}: {w}: root={root} "
+                        f"is not a rank of the communicator (0..{inner.size - 1})")
+    world = _pycomm.init()
+    transport = getattr(inner, "transport", None) or config.get("PYCOMM_TRANSPORT")
+    timeout = float(config.get("PYCOMM_TIMEOUT"))
+    local_error = children = None
+    if inner.rank == root:
+        try:
+            apps = apps_at_root()
+            children = SpawnedChildren(inner.size, apps, parent_job=world._engine.job_id,
+                                       transport=transport, timeout=timeout)
+            children.start()
+            children.wait_joined()
+            verdict = ("ok", children.store.host, children.store.port, children.token,
+                       children.job_id, children.size, [a.maxprocs for a in apps])
+        except (ValueError, TypeError) as exc:
+            local_error = exc
+            verdict = ("error", f"the root's arguments: {exc}")
+        except CommError as exc:        # SpawnError, CommTimeoutError
+            verdict = ("error", str(exc))
+    else:
+        verdict = None
+    verdict = inner.bcast(verdict, root)
+    if verdict[0] == "error":
+        if local_error is not None:
+            raise local_error
+        raise mpi_error(CommError, "ERR_SPAWN", f"rank {inner.rank}: {w}: {verdict[1]}")
+    _, host, port, token, job_id, size, counts = verdict
+    from pycomm.launch.jobenv import JobEnv
+    job = JobEnv(inner.rank, size, host, port, bytes.fromhex(token), job_id, "pycomm",
+                 local_rank=inner.rank, local_size=size)
+    _arm()
+    if children is not None:
+        with _lock:
+            _children.append(children)
+    bridge, closer = create_world(job, transport=transport)
+    _trace.install(world.rank)      # (create_world set the bridge rank for the trace)
+    try:
+        bridge.Split(0, bridge.rank).Free()      # the children's COMM_WORLD, on theirs
+        link = SpawnLink(bridge.Dup(), inner.size, True, f"{comm.Get_name()}.{w}", closer)
+    except BaseException:
+        closer()
+        raise
+    with _lock:
+        _links.append(link)
+    if errcodes is not None:
+        from . import SUCCESS
+        if multiple:
+            errcodes[:] = [[SUCCESS] * n for n in counts]
+        else:
+            errcodes[:] = [SUCCESS] * sum(counts)
+    return Intercomm._wrap(link)
+
+
+# -- the children's side ----------------------------------------------------------------
+def join_parents(bridge):
+    """In a spawned process, at its world's creation: make the link to the parents and
+    return this process's ``COMM_WORLD`` (the children alone), in the parents' order of
+    steps (:func:`spawn`)."""
+    global _parent
+    parents = int(config.get("PYCOMM_SPAWN_PARENTS"))
+    world = bridge.Split(1, bridge.rank)
+    world.name = "pycomm.COMM_WORLD"
+    link = SpawnLink(bridge.Dup(), parents, False, "MPI_Comm_get_parent")
+    with _lock:
+        _parent = link
+    return world
+
+
+def get_parent():
+    """A spawned process's link to its parents (None: not spawned, or disconnected)."""
+    if config.get("PYCOMM_SPAWN_PARENTS") is not None:
+        _pycomm.init()                  # the link is made with the world
+    return _parent

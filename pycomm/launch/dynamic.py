@@ -1,0 +1,243 @@
+"""Processes started while a job runs: the spawning root's side of ``MPI_Comm_spawn``.
+
+:mod:`pycomm.MPI.spawn` joins the spawning communicator's ``p`` processes (the parents)
+and the ``m`` new ones (the children) in a *bridge world*: a pycomm job of ``p + m``
+ranks with its own rendezvous store, secret and id, in which the parents are ranks
+``0..p-1`` in their communicator's order and the children ``p..p+m-1`` in the order of
+the commands. :class:`SpawnedChildren` is what the spawn's root owns of it: the store
+(served from the root's process), the children's processes, and their end.
+
+How a child is started: ``command *args`` on the root's host, in ``wdir`` if given, with
+the launcher's contract for its bridge rank (:func:`pycomm.launch.launcher.contract_env`),
+``PYCOMM_SPAWN_PARENTS=p``, ``PYCOMM_APPNUM`` (its command's index) and the variables that
+make ``import mpi4py`` give :mod:`pycomm.MPI` (:mod:`pycomm.launch.mpi4pyenv`). Its
+output goes where the root's goes. Hydra (MPICH's ``mpiexec``) starts spawned processes
+the same way: on its own hosts, with a new PMI key space whose ``KVS`` name it passes down.
+
+Lifetime (no child outlives the root's process):
+
+* every child is forked by one long-lived daemon thread of the root's process and gets
+  ``PR_SET_PDEATHSIG``: the kernel kills it when that thread ends, which is at the
+  process's exit at the latest. (The signal follows the thread that forked, not the
+  process: a child forked by a short-lived thread, such as ``mpi4py.futures``' pool
+  thread, would be killed when that thread ended.)
+* :meth:`SpawnedChildren.close` (at the root's exit, from :mod:`pycomm.MPI.spawn`) waits
+  up to ``PYCOMM_TIMEOUT`` seconds for the children to exit, as ``mpiexec`` waits for
+  every process of its job, then stops what is left, closes the store and removes the
+  bridge's /dev/shm segments;
+* the bridge's job id starts with the root's own job id, so the launcher that started
+  the root sweeps the bridge's segments too (:func:`pycomm.launch.launcher.sweep_shm`)
+  when the root is killed before it could.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+from .. import config
+from ..errors import CommError, CommTimeoutError
+from .jobenv import JobEnv
+from .launcher import _preexec, contract_env, sweep_shm
+from .mpi4pyenv import environment as mpi4py_environment
+from .store import StoreServer
+from .store_client import StoreClient
+
+__all__ = ["App", "SpawnError", "SpawnedChildren"]
+
+_POLL_S = 0.05      # seconds between looks at the children while they join
+
+
+class SpawnError(CommError):
+    """A child could not be started, or exited before it joined the bridge world."""
+
+
+@dataclass(frozen=True)
+class App:
+    """One command of a spawn: ``command *args``, ``maxprocs`` copies, in ``wdir``.
+
+    Args:
+        command: an executable's path or name (looked up on ``PATH``).
+        args: its arguments.
+        maxprocs: how many processes run it (>= 1).
+        wdir: their working directory (None: the root's).
+    """
+
+    command: str
+    args: tuple[str, ...]
+    maxprocs: int
+    wdir: str | None = None
+
+
+# -- the thread that forks every child -------------------------------------------------
+_forker: queue.Queue | None = None
+_forker_lock = threading.Lock()
+
+
+def _forker_main(jobs: queue.Queue) -> None:
+    while True:
+        fn, future = jobs.get()
+        try:
+            future.set_result(fn())
+        except BaseException as exc:       # handed to the caller, which raises it
+            future.set_exception(exc)
+
+
+def _in_forker(fn):
+    """Run ``fn()`` in the process's forking thread (started on first use); return its
+    result or raise its exception."""
+    global _forker
+    with _forker_lock:
+        if _forker is None:
+            _forker = queue.Queue()
+            threading.Thread(target=_forker_main, args=(_forker,), name="pycomm-spawner",
+                             daemon=True).start()
+    future: Future = Future()
+    _forker.put((fn, future))
+    return future.result()
+
+
+class SpawnedChildren:
+    """The children of one spawn and their bridge world's store (see the module
+    docstring); made at the spawn's root.
+
+    Args:
+        parents: the spawning communicator's size ``p``.
+        apps: the commands, in order (their processes are bridge ranks ``p``, ...).
+        parent_job: the root's own job id (the bridge's id starts with it).
+        transport: ``PYCOMM_TRANSPORT`` of the children (the parents' choice).
+        timeout: seconds for the children to join, and for them to exit at :meth:`close`.
+
+    Raises:
+        zmq.ZMQError: the store cannot bind a port.
+    """
+
+    def __init__(self, parents: int, apps: list[App], *, parent_job: str, transport: str,
+                 timeout: float):
+        self.parents, self.apps, self.timeout = parents, list(apps), float(timeout)
+        self.size = parents + sum(a.maxprocs for a in self.apps)
+        self.job_id = f"{parent_job}-s{uuid.uuid4().hex[:8]}"
+        self.token = secrets.token_hex(32)
+        self.transport = transport
+        self.store = StoreServer(self.token, "127.0.0.1", 0)
+        self.procs: list[subprocess.Popen] = []
+        self.labels: list[str] = []     # per child: "rank r (command ...)"
+        self._closed = False
+
+    def job_env(self, rank: int) -> JobEnv:
+        """The bridge world as parent ``rank`` joins it (:func:`create_world`'s ``job``)."""
+        return JobEnv(rank, self.size, self.store.host, self.store.port,
+                      bytes.fromhex(self.token), self.job_id, "pycomm",
+                      local_rank=rank, local_size=self.size)
+
+    def start(self) -> None:
+        """Start every child (stopping those started when one cannot be).
+
+        Raises:
+            SpawnError: a command could not be started (not found, not executable).
+        """
+        base = {**os.environ, **mpi4py_environment()}
+        rank = self.parents
+        for appnum, app in enumerate(self.apps):
+            for _ in range(app.maxprocs):
+                env = {**base, **contract_env(rank, self.size, rank, self.size,
+                                              self.store.host, self.store.port, self.token,
+                                              self.job_id, self.transport, self.timeout),
+                       "PYCOMM_SPAWN_PARENTS": str(self.parents),
+                       "PYCOMM_APPNUM": str(appnum)}
+                argv = [app.command, *app.args]
+                label = f"spawned rank {rank - self.parents} ({' '.join(argv)[:200]})"
+                try:
+                    proc = _in_forker(lambda argv=argv, env=env, wdir=app.wdir: subprocess.Popen(
+                        argv, env=env, cwd=wdir, stdin=subprocess.DEVNULL,
+                        start_new_session=True,
+                        preexec_fn=_preexec(os.getpid())))  # noqa: PLW1509
+                except OSError as exc:
+                    self.close(wait=0.0)
+                    raise SpawnError(f"cannot start {label}: {exc}") from None
+                self.procs.append(proc)
+                self.labels.append(label)
+                rank += 1
+
+    def wait_joined(self) -> None:
+        """Wait until every child has announced itself in the bridge's store (its first
+        step of :func:`pycomm.launch.bootstrap.create_world`).
+
+        Raises:
+            SpawnError: a child exited first (its exit code and command named); the
+                children are stopped.
+            CommTimeoutError: not all joined within ``timeout`` seconds; the children are
+                stopped.
+        """
+        keys = [f"info/{self.job_id}/{r}" for r in range(self.parents, self.size)]
+        deadline = time.monotonic() + self.timeout
+        with StoreClient(self.store.host, self.store.port, self.token,
+                         timeout=self.timeout) as client:
+            while keys:
+                for label, proc in zip(self.labels, self.procs):
+                    code = proc.poll()
+                    if code is not None:
+                        self.close(wait=0.0)
+                        raise SpawnError(f"{label} exited with code {code} before it "
+                                         "joined its parents")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    self.close(wait=0.0)
+                    raise CommTimeoutError(
+                        f"{len(keys)} spawned process(es) did not join their parents within "
+                        f"{self.timeout:g} s (PYCOMM_TIMEOUT); stopped")
+                got = client.wait(keys, timeout=min(_POLL_S, left))
+                keys = [k for k in keys if k not in got]
+
+    def close(self, wait: float | None = None) -> list[str]:
+        """Wait up to ``wait`` seconds (default: ``timeout``) for the children to exit,
+        stop those left (SIGTERM, then SIGKILL after ``PYCOMM_KILL_GRACE``), close the
+        store and remove the bridge's /dev/shm segments (idempotent).
+
+        Returns:
+            One line per child that failed (exit code or signal) or had to be stopped.
+        """
+        if self._closed:
+            return []
+        self._closed = True
+        deadline = time.monotonic() + (self.timeout if wait is None else wait)
+        while any(p.poll() is None for p in self.procs) and time.monotonic() < deadline:
+            time.sleep(_POLL_S)
+        notes = []
+        left = [p for p in self.procs if p.poll() is None]
+        if left:
+            grace = float(config.get("PYCOMM_KILL_GRACE"))
+            for sig, pause in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+                for p in left:
+                    try:
+                        os.killpg(p.pid, sig)
+                    except (ProcessLookupError, PermissionError):
+                        pass
+                end = time.monotonic() + pause
+                while any(p.poll() is None for p in left) and time.monotonic() < end:
+                    time.sleep(_POLL_S)
+        for label, p in zip(self.labels, self.procs):
+            if p in left and wait != 0.0:
+                notes.append(f"{label} was still running; stopped")
+            elif p.returncode not in (0, None) and p not in left:
+                how = (f"was killed by {signal.Signals(-p.returncode).name}"
+                       if p.returncode < 0 else f"exited with code {p.returncode}")
+                notes.append(f"{label} {how}")
+        self.store.close()
+        sweep_shm(self.job_id)
+        return notes
+
+
+def report(notes: list[str]) -> None:
+    """Print what :meth:`SpawnedChildren.close` found, one ``pycomm.spawn:`` line each."""
+    for line in notes:
+        print(f"pycomm.spawn: {line}", file=sys.stderr, flush=True)
