@@ -210,6 +210,12 @@ def _info_null():
     return INFO_NULL
 
 
+def _bridge_name(parents: int, size: int) -> str:
+    """The bridge world's name, which its ranks' errors carry: which ranks are which."""
+    return (f"MPI_Comm_spawn bridge [parents 0..{parents - 1}, spawned {parents}.."
+            f"{size - 1}]")
+
+
 # -- the parents' side ------------------------------------------------------------------
 def spawn(comm, apps_at_root, root, errcodes, w: str, multiple: bool):
     """Run ``comm.Spawn`` / ``comm.Spawn_multiple`` (see the module docstring).
@@ -272,6 +278,7 @@ def spawn(comm, apps_at_root, root, errcodes, w: str, multiple: bool):
             _children.append(children)
     bridge, closer = create_world(job, transport=transport)
     _trace.install(world.rank)      # (create_world set the bridge rank for the trace)
+    bridge.name = _bridge_name(inner.size, size)
     try:
         bridge.Split(0, bridge.rank).Free()      # the children's COMM_WORLD, on theirs
         link = SpawnLink(bridge.Dup(), inner.size, True, f"{comm.Get_name()}.{w}", closer)
@@ -296,6 +303,7 @@ def join_parents(bridge):
     steps (:func:`spawn`)."""
     global _parent
     parents = int(config.get("PYCOMM_SPAWN_PARENTS"))
+    bridge.name = _bridge_name(parents, bridge.size)
     world = bridge.Split(1, bridge.rank)
     world.name = "pycomm.COMM_WORLD"
     link = SpawnLink(bridge.Dup(), parents, False, "MPI_Comm_get_parent")
