@@ -352,11 +352,55 @@ def _self() -> Intracomm:
 
 _LAZY = {"COMM_WORLD": _world, "COMM_SELF": _self}
 _NOT_OFFERED = {
-    "Open_port": "ports (MPI_Open_port)", "Close_port": "ports (MPI_Close_port)",
-    "Publish_name": "name publishing", "Lookup_name": "name publishing",
-    "Unpublish_name": "name publishing",
     "Get_abi_info": "MPI ABI queries", "Get_abi_fortran_info": "MPI ABI queries",
 }
+
+
+def Open_port(info=None) -> str:
+    """A new port served by this process, for ``Intracomm.Accept`` (MPI_Open_port; see
+    :mod:`pycomm.MPI.ports`). Returns its name."""
+    from .ports import open_port
+    return open_port()
+
+
+def Close_port(port_name: str) -> None:
+    """Refuse new connections on ``port_name`` (MPI_Close_port).
+
+    Raises:
+        MPI.Exception: ERR_PORT (not a port this process has open).
+    """
+    from .ports import close_port
+    close_port(port_name)
+
+
+def Publish_name(service_name: str, port_name: str, info=None) -> None:
+    """Publish ``port_name`` as ``service_name`` on this host (MPI_Publish_name).
+
+    Raises:
+        MPI.Exception: ERR_SERVICE (published already).
+    """
+    from .ports import publish_name
+    publish_name(service_name, port_name)
+
+
+def Lookup_name(service_name: str, info=None) -> str:
+    """The port published as ``service_name`` on this host (MPI_Lookup_name).
+
+    Raises:
+        MPI.Exception: ERR_NAME (nothing published so).
+    """
+    from .ports import lookup_name
+    return lookup_name(service_name)
+
+
+def Unpublish_name(service_name: str, port_name: str, info=None) -> None:
+    """Withdraw ``service_name`` (MPI_Unpublish_name).
+
+    Raises:
+        MPI.Exception: ERR_SERVICE (not published with ``port_name``).
+    """
+    from .ports import unpublish_name
+    unpublish_name(service_name, port_name)
 
 
 BottomType, InPlaceType, BufferAutomaticType = \

@@ -480,8 +480,31 @@ class Intracomm(Comm):
                     for c, a, n, i in zip(cmds, argvs, counts, infos)]
         return spawn(self, apps, root, errcodes, "Spawn_multiple", True)
 
-    def Accept(self, *args, **kwargs):
-        raise NotImplementedError("Intracomm.Accept: pycomm offers no ports")
+    def Accept(self, port_name: str, info=None, root: int = 0):
+        """Accept the next client of ``port_name`` (MPI_Comm_accept; collective, the port
+        counts at ``root``); see :mod:`pycomm.MPI.ports`.
 
-    Connect = Accept
+        Returns:
+            MPI.Intercomm: this group local, the connecting group remote.
+
+        Raises:
+            MPI.Exception: ERR_PORT (a bad port name, or no client within
+                ``PYCOMM_TIMEOUT``), ERR_ROOT.
+        """
+        from .ports import accept
+        return accept(self, port_name, root)
+
+    def Connect(self, port_name: str, info=None, root: int = 0):
+        """Connect to the group accepting on ``port_name`` (MPI_Comm_connect; collective,
+        the port counts at ``root``); see :mod:`pycomm.MPI.ports`.
+
+        Returns:
+            MPI.Intercomm: this group local, the accepting group remote.
+
+        Raises:
+            MPI.Exception: ERR_PORT (a bad, closed or unreachable port, or no server
+                accepting within ``PYCOMM_TIMEOUT``), ERR_ROOT.
+        """
+        from .ports import connect
+        return connect(self, port_name, root)
 

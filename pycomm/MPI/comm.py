@@ -359,6 +359,17 @@ class Comm(ObjectMethods, BufferPointToPoint):
         link = get_parent()
         return Intercomm() if link is None else Intercomm._wrap(link)
 
+    @classmethod
+    def Join(cls, fd: int) -> Comm:
+        """The inter-communicator of this process and the one at the other end of the
+        connected socket ``fd`` (MPI_Comm_join; see :mod:`pycomm.MPI.ports`).
+
+        Raises:
+            MPI.Exception: ERR_ARG (not a socket), ERR_OTHER (the peer failed).
+        """
+        from .ports import join
+        return join(fd)
+
     def Disconnect(self) -> None:
         """Wait for pending communication and free the communicator (as :meth:`Free`;
         pycomm's frees already wait for nothing outstanding)."""

@@ -4,17 +4,15 @@
 ``comm.Spawn(command, args, maxprocs, info, root, errcodes)`` is collective over
 ``comm``; the arguments count at ``root`` only. The root starts the children on its host
 (:class:`pycomm.launch.dynamic.SpawnedChildren`), and every parent and every child joins
-one *bridge world*: a pycomm world of the ``p`` parents (ranks ``0..p-1``, in ``comm``'s
-order) and the ``m`` children (``p..p+m-1``, in command order). On it both sides make,
-in the same order, a Split (each side's own group: a child's ``COMM_WORLD``; the
-parents free theirs) and a Dup, the union of a :class:`SpawnLink`: the
-inter-communicator that ``Spawn`` returns to the parents (its remote group the
-children) and ``Comm.Get_parent()`` to the children. Spawn returns once every child has
-joined (its ``import mpi4py``'s MPI init): as ``MPI_Comm_spawn``, which returns after the
-children's ``MPI_Init``.
+one bridge world (:mod:`pycomm.MPI.bridge`): the ``p`` parents are its ranks
+``0..p-1``, in ``comm``'s order, the ``m`` children ``p..p+m-1``, in command order. A
+child's ``COMM_WORLD`` is its group's Split of it, and the link over it is what
+``Spawn`` returns to the parents (its remote group the children) and
+``Comm.Get_parent()`` to the children. Spawn returns once every child has joined (its
+``import mpi4py``'s MPI init): as ``MPI_Comm_spawn``, which returns after the children's
+``MPI_Init``.
 
-``Disconnect`` of the link (MPI_Comm_disconnect) is collective over both groups: a
-barrier, then each side frees it; a parent also closes its bridge world then, and a
+``Disconnect`` of the link is collective over both groups (:mod:`pycomm.MPI.bridge`); a
 child's ``Get_parent()`` is ``COMM_NULL`` afterwards. A child that exits without
 disconnecting is a ``PeerError`` for a parent still waiting on it; a parent that exits
 closes its bridges first, so its children waiting on it fail the same way, and the root
@@ -32,13 +30,10 @@ ranks; a command that cannot be started, or a child that exits before it joins, 
 ``ERR_SPAWN`` on every parent, naming the child and its exit code; nothing is left
 running.
 
-Groups of a link are in bridge ranks: ``Get_remote_group()`` of a parent's link lists the
-children as ``p..p+m-1``, which are not ranks of the parent's own ``COMM_WORLD``.
 """
 
 from __future__ import annotations
 
-import atexit
 import os
 import shutil
 import socket
@@ -46,85 +41,15 @@ import threading
 
 import pycomm as _pycomm
 from pycomm import config
-from pycomm import trace as _trace
 from pycomm.errors import CommError
 
+from .bridge import BridgeLink, bridge_name, join_bridge, own
 from .exceptions import mpi_error
-from .interlink import InterLink
 
-__all__ = ["SpawnLink", "get_parent", "join_parents", "spawn"]
+__all__ = ["get_parent", "join_parents", "spawn"]
 
 _lock = threading.Lock()
-_links: list[SpawnLink] = []           # a parent's connected links (closed at exit)
-_children: list = []                   # a root's SpawnedChildren (reaped at exit)
-_parent: SpawnLink | None = None       # a child's link to its parents, until Disconnect
-_atexit_armed = False
-
-
-class SpawnLink(InterLink):
-    """The inter-communicator between a spawn's parents and children (see the module
-    docstring): an :class:`~pycomm.MPI.interlink.InterLink` whose ``Free`` is
-    ``MPI_Comm_disconnect``.
-
-    Args:
-        union: a Dup of the bridge world (parents first).
-        parents: the parents' count ``p``.
-        parent: whether this process is a parent.
-        name: the link's name.
-        closer: a parent's function that closes its bridge world (None in a child).
-    """
-
-    def __init__(self, union, parents: int, parent: bool, name: str, closer=None):
-        super().__init__(union, parents, parent, name)
-        self._closer = closer
-
-    def Free(self) -> None:
-        """Disconnect: a barrier with the other group, then free the link (and, in a
-        parent, close its bridge world).
-
-        Raises:
-            PeerError: a process of the other group exited first.
-            CommTimeoutError: the other group did not disconnect within ``PYCOMM_TIMEOUT``.
-        """
-        global _parent
-        if self._freed:
-            return
-        try:
-            self.coll.Barrier()
-        finally:
-            super().Free()
-            with _lock:
-                if self in _links:
-                    _links.remove(self)
-                if _parent is self:
-                    _parent = None
-            if self._closer is not None:
-                closer, self._closer = self._closer, None
-                closer()
-
-
-def _at_exit() -> None:
-    """A parent's bridges still connected are closed (their children waiting on this
-    process then fail), then a root waits for its children and reports failures."""
-    from pycomm.launch.dynamic import report
-    with _lock:
-        links, children = list(_links), list(_children)
-        _links.clear()
-        _children.clear()
-    for link in links:
-        if link._closer is not None:
-            closer, link._closer = link._closer, None
-            closer()
-    for group in children:
-        report(group.close())
-
-
-def _arm() -> None:
-    global _atexit_armed
-    with _lock:
-        if not _atexit_armed:
-            _atexit_armed = True
-            atexit.register(_at_exit)
+_parent: BridgeLink | None = None      # a child's link to its parents, until Disconnect
 
 
 # -- arguments, as mpi4py converts them at the root -----------------------------------
@@ -210,12 +135,6 @@ def _info_null():
     return INFO_NULL
 
 
-def _bridge_name(parents: int, size: int) -> str:
-    """The bridge world's name, which its ranks' errors carry: which ranks are which."""
-    return (f"MPI_Comm_spawn bridge [parents 0..{parents - 1}, spawned {parents}.."
-            f"{size - 1}]")
-
-
 # -- the parents' side ------------------------------------------------------------------
 def spawn(comm, apps_at_root, root, errcodes, w: str, multiple: bool):
     """Run ``comm.Spawn`` / ``comm.Spawn_multiple`` (see the module docstring).
@@ -233,8 +152,7 @@ def spawn(comm, apps_at_root, root, errcodes, w: str, multiple: bool):
     Returns:
         Intercomm: the link to the children (its remote group).
     """
-    from pycomm.launch.bootstrap import create_world
-    from pycomm.launch.dynamic import SpawnedChildren
+    from pycomm.launch.dynamic import SpawnedChildren, report
     from .intercomm import Intercomm
     from .msgspec import as_int
     inner = comm._inner(w)
@@ -272,21 +190,11 @@ def spawn(comm, apps_at_root, root, errcodes, w: str, multiple: bool):
     from pycomm.launch.jobenv import JobEnv
     job = JobEnv(inner.rank, size, host, port, bytes.fromhex(token), job_id, "pycomm",
                  local_rank=inner.rank, local_size=size)
-    _arm()
     if children is not None:
-        with _lock:
-            _children.append(children)
-    bridge, closer = create_world(job, transport=transport)
-    _trace.install(world.rank)      # (create_world set the bridge rank for the trace)
-    bridge.name = _bridge_name(inner.size, size)
-    try:
-        bridge.Split(0, bridge.rank).Free()      # the children's COMM_WORLD, on theirs
-        link = SpawnLink(bridge.Dup(), inner.size, True, f"{comm.Get_name()}.{w}", closer)
-    except BaseException:
-        closer()
-        raise
-    with _lock:
-        _links.append(link)
+        own(lambda: report(children.close()))
+    link = join_bridge(job, inner.size, f"{comm.Get_name()}.{w}",
+                       bridge_name("MPI_Comm_spawn", inner.size, size, "parents", "spawned"),
+                       transport)
     if errcodes is not None:
         from . import SUCCESS
         if multiple:
@@ -299,14 +207,20 @@ def spawn(comm, apps_at_root, root, errcodes, w: str, multiple: bool):
 # -- the children's side ----------------------------------------------------------------
 def join_parents(bridge):
     """In a spawned process, at its world's creation: make the link to the parents and
-    return this process's ``COMM_WORLD`` (the children alone), in the parents' order of
-    steps (:func:`spawn`)."""
+    return this process's ``COMM_WORLD`` (the children alone), in the steps the parents
+    take (:func:`pycomm.MPI.bridge.join_bridge`)."""
     global _parent
     parents = int(config.get("PYCOMM_SPAWN_PARENTS"))
-    bridge.name = _bridge_name(parents, bridge.size)
+    bridge.name = bridge_name("MPI_Comm_spawn", parents, bridge.size, "parents", "spawned")
     world = bridge.Split(1, bridge.rank)
     world.name = "pycomm.COMM_WORLD"
-    link = SpawnLink(bridge.Dup(), parents, False, "MPI_Comm_get_parent")
+
+    def forget(link):
+        global _parent
+        with _lock:
+            if _parent is link:
+                _parent = None
+    link = BridgeLink(bridge.Dup(), parents, False, "MPI_Comm_get_parent", on_free=forget)
     with _lock:
         _parent = link
     return world

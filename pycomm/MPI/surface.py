@@ -8,7 +8,7 @@ Installed by :mod:`pycomm.MPI` once every class exists:
 * partitioned communication (``Psend_init``, ``Precv_init``, ``Prequest.Pready``...:
   :mod:`pycomm.MPI.partitioned`);
 * what pycomm does not offer raises ``NotImplementedError`` naming the feature
-  (fault tolerance, ``Join``);
+  (fault tolerance);
 * ``MPI.Comm`` has the collectives of ``MPI.Intracomm``, as mpi4py's base class does
   (a ``Comm`` handle of an intra-communicator, ``Comm.fromhandle(...)``, can call them);
 * small aliases and conveniences: ``Topocomm.degrees``, ``Group.Intersect``,
@@ -30,7 +30,6 @@ _PERSISTENT = [f"{c}_init" for c in (
 _NOT_OFFERED = {
     "fault tolerance (ULFM)": ["Ack_failed", "Agree", "Iagree", "Get_failed",
                                "Is_revoked", "Revoke", "Shrink", "Ishrink"],
-    "MPI_Comm_join": ["Join"],
 }
 
 

@@ -1,0 +1,58 @@
+"""Ports, names and Join on pycomm (pycomm.MPI.ports): two separate ``launch.py
+--mpi4py`` jobs meet through a published port (tests/data/ports); errors of bad, closed
+and unknown ports and names; ``Comm.Join`` over a socket. mpi4py's own test_dynproc
+runs through ``python -m pycomm.MPI.conformance -m test_dynproc``."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+LAUNCH = str(ROOT / "launch.py")
+DATA = ROOT / "tests" / "data" / "ports"
+
+
+def _job(n: int, *args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, LAUNCH, "-n", str(n), "--mpi4py",
+                             "--no-prefix", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=str(ROOT),
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def test_two_jobs_meet_through_a_published_port():
+    # a 3-rank server job accepts a 2-rank client job: inter-communicator Allreduce,
+    # Send/Recv and objects both ways, Disconnect; then the client's error cases
+    service = f"pycomm-test-{uuid.uuid4().hex[:8]}"
+    server = _job(3, str(DATA / "server.py"), service)
+    client = _job(2, str(DATA / "client.py"), service)
+    out_c, err_c = client.communicate(timeout=120)
+    out_s, err_s = server.communicate(timeout=120)
+    assert server.returncode == 0 and client.returncode == 0, err_s + err_c
+    assert sorted(out_s.splitlines()) == ["published"] + [f"server rank {r} ok"
+                                                          for r in range(3)], out_s + err_s
+    assert sorted(out_c.splitlines()) == [f"client rank {r} ok" for r in range(2)], \
+        out_c + err_c
+    names = Path(f"/tmp/pycomm-names-{os.getuid()}")
+    assert not (names / service).exists()
+
+
+def test_join_over_a_socket():
+    proc = _job(2, str(DATA / "join.py"))
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert sorted(out.splitlines()) == ["join rank 0 ok", "join rank 1 ok"], out + err
+
+
+def test_a_published_name_is_withdrawn_when_its_process_exits():
+    service = f"pycomm-test-{uuid.uuid4().hex[:8]}"
+    code = ("import sys; from mpi4py import MPI; MPI.Publish_name(sys.argv[1], "
+            "MPI.Open_port()); print(MPI.Lookup_name(sys.argv[1])[:12])")
+    proc = subprocess.run([sys.executable, LAUNCH, "-n", "1", "--mpi4py", "--no-prefix",
+                           sys.executable, "-c", code, service], capture_output=True,
+                          text=True, timeout=60, cwd=str(ROOT))
+    assert proc.returncode == 0 and proc.stdout == "pycomm-port:\n", proc.stderr
+    assert not Path(f"/tmp/pycomm-names-{os.getuid()}/{service}").exists()
