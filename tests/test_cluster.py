@@ -336,6 +336,17 @@ def test_a_rank_failing_on_host2_stops_every_node_naming_host_and_rank(cluster, 
         assert "exited with code 1" in text
 
 
+def test_spawn_from_a_world_across_hosts(cluster):
+    # rank 0 on host1 spawns two children there; the parent on host2 reaches them over
+    # the bridge (its store on rank 0's TCP address, not loopback: pycomm.MPI.spawn)
+    port = 29200 + os.getpid() % 50 + 100
+    results = finish_all(launch_nodes(cluster, 2, 1, port, [
+        "--mpi4py", str(ROOT / "tests" / "data" / "spawn" / "hosts.py")]), 60)
+    assert [rc for rc, _ in results] == [0, 0], results
+    assert "spawn across hosts: [('host2', 'host1'), ('host2', 'host1')]" in results[1][1], \
+        results
+
+
 def test_port_range_pins_every_listening_port_two_per_rank():
     """PYCOMM_PORT_RANGE of exactly two ports per rank of a host (4 for 2 ranks), each
     host's ranks binding both of theirs at once at start-up: the job runs, and every port

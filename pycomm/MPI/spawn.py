@@ -135,6 +135,21 @@ def _info_null():
     return INFO_NULL
 
 
+def _store_address(inner, world) -> str:
+    """Where the bridge's store listens: ``PYCOMM_HOST`` if set; loopback when every
+    parent is on this host; else the address this rank's TCP links listen on, which the
+    parents' hosts reach already."""
+    given = config.get("PYCOMM_HOST")
+    if given:
+        return given
+    layout = getattr(inner, "host_layout", None)
+    if layout is not None and layout.nhosts > 1:
+        for t in world._engine.transports:
+            if t.name in ("tcp", "rdma") and getattr(t, "host", None):
+                return t.host
+    return "127.0.0.1"
+
+
 # -- the parents' side ------------------------------------------------------------------
 def spawn(comm, apps_at_root, root, errcodes, w: str, multiple: bool):
     """Run ``comm.Spawn`` / ``comm.Spawn_multiple`` (see the module docstring).
@@ -169,7 +184,8 @@ def spawn(comm, apps_at_root, root, errcodes, w: str, multiple: bool):
         try:
             apps = apps_at_root()
             children = SpawnedChildren(inner.size, apps, parent_job=world._engine.job_id,
-                                       transport=transport, timeout=timeout)
+                                       transport=transport, timeout=timeout,
+                                       host=_store_address(inner, world))
             children.start()
             children.wait_joined()
             verdict = ("ok", children.store.host, children.store.port, children.token,

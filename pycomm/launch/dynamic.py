@@ -116,19 +116,20 @@ class SpawnedChildren:
         parent_job: the root's own job id (the bridge's id starts with it).
         transport: ``PYCOMM_TRANSPORT`` of the children (the parents' choice).
         timeout: seconds for the children to join, and for them to exit at :meth:`close`.
+        host: the address the store binds, which every parent must reach.
 
     Raises:
         zmq.ZMQError: the store cannot bind a port.
     """
 
     def __init__(self, parents: int, apps: list[App], *, parent_job: str, transport: str,
-                 timeout: float):
+                 timeout: float, host: str = "127.0.0.1"):
         self.parents, self.apps, self.timeout = parents, list(apps), float(timeout)
         self.size = parents + sum(a.maxprocs for a in self.apps)
         self.job_id = f"{parent_job}-s{uuid.uuid4().hex[:8]}"
         self.token = secrets.token_hex(32)
         self.transport = transport
-        self.store = StoreServer(self.token, "127.0.0.1", 0)
+        self.store = StoreServer(self.token, host, 0)
         self.procs: list[subprocess.Popen] = []
         self.labels: list[str] = []     # per child: "rank r (command ...)"
         self._closed = False
