@@ -115,3 +115,35 @@ def test_parents_that_leave_without_disconnecting_fail_their_waiting_child():
         "spawned 2..2].Dup: rank 0 has left" in proc.stderr, proc.stderr
     assert "pycomm.spawn: spawned rank 0 " in proc.stderr and \
         "exited with code 1" in proc.stderr, proc.stderr
+
+
+def test_the_roots_arguments_convert_as_mpi4py_converts_them(tmp_path):
+    # no process is started: the conversion at the root (pycomm.MPI.spawn._app & co.)
+    import numpy as np
+
+    from pycomm.MPI import Info
+    from pycomm.MPI.spawn import _app, _argv_lists, _infos, _procs_list
+    app = _app(Path(sys.executable), "-V", np.int64(2), None, "Spawn")
+    assert (app.command, app.args, app.maxprocs, app.wdir) == (sys.executable, ("-V",), 2,
+                                                               None)
+    assert _app("x", None, 1, Info(), "Spawn").args == ()      # a null Info: no keys
+    tool = tmp_path / "tool"
+    tool.write_text("#!/bin/sh\n")
+    tool.chmod(0o755)
+    info = Info.Create({"path": str(tmp_path), "wdir": "/tmp", "soft": "1:4"})
+    assert (_app("tool", [], 1, info, "Spawn").command,
+            _app("tool", [], 1, info, "Spawn").wdir) == (str(tool), "/tmp")
+    with pytest.raises(ValueError, match="root's host"):
+        _app("x", [], 1, Info.Create({"host": "elsewhere.invalid"}), "Spawn")
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match="maxprocs must be at least 1"):
+            _app("x", [], bad, None, "Spawn")
+    with pytest.raises(TypeError, match="maxprocs must be an int"):
+        _app("x", [], 1.5, None, "Spawn")
+    with pytest.raises(TypeError, match="command"):
+        _app(3, [], 1, None, "Spawn")
+    assert _procs_list(None, 2) == [1, 1] and _procs_list(np.int32(3), 2) == [3, 3]
+    assert _argv_lists("a", 2) == ["a", "a"] and _infos(None, 2) == [None, None]
+    for fn, arg in ((_procs_list, [1, 2, 3]), (_argv_lists, [[]]), (_infos, [None] * 3)):
+        with pytest.raises(ValueError, match="expecting 2 items"):
+            fn(arg, 2)

@@ -34,6 +34,7 @@ running.
 
 from __future__ import annotations
 
+import operator
 import os
 import shutil
 import socket
@@ -87,7 +88,7 @@ def _argv_lists(args, count: int) -> list:
 def _procs_list(maxprocs, count: int) -> list:
     if maxprocs is None:
         return [1] * count
-    if isinstance(maxprocs, int) and not isinstance(maxprocs, bool):
+    if hasattr(maxprocs, "__index__"):
         return [maxprocs] * count
     maxprocs = list(maxprocs)
     if len(maxprocs) != count:
@@ -112,12 +113,13 @@ def _app(command, args, maxprocs, info, w: str):
     """One :class:`~pycomm.launch.dynamic.App` from mpi4py's arguments and ``info``."""
     from pycomm.launch.dynamic import App
     cmd = _text(command, f"{w}: command")
-    if isinstance(maxprocs, bool) or not isinstance(maxprocs, int):
-        raise TypeError(f"{w}: maxprocs must be an int, got {maxprocs!r}")
+    try:
+        maxprocs = operator.index(maxprocs)
+    except TypeError:
+        raise TypeError(f"{w}: maxprocs must be an int, got {maxprocs!r}") from None
     if maxprocs < 1:
         raise ValueError(f"{w}: maxprocs must be at least 1, got {maxprocs}")
-    get = (lambda key: None) if info is None else (
-        lambda key: info.Get(key) if info != _info_null() else None)
+    get = (getattr(info, "_d", None) or {}).get         # (INFO_NULL: no keys)
     host = get("host")
     if host is not None and host not in ("localhost", socket.gethostname()) and \
             not host.startswith("127."):
@@ -128,11 +130,6 @@ def _app(command, args, maxprocs, info, w: str):
         found = shutil.which(cmd, path=path)
         cmd = found or cmd
     return App(cmd, _argv(args, f"{w}: args"), maxprocs, get("wdir"))
-
-
-def _info_null():
-    from .info import INFO_NULL
-    return INFO_NULL
 
 
 def _store_address(inner, world) -> str:
