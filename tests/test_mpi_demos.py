@@ -126,3 +126,19 @@ def test_python_m_mpi4py_runs_the_test_run_demo(args, status):
         assert "application called MPI_Abort(MPI_COMM_WORLD, " in proc.stderr
         if args[-1].startswith("uncaught"):
             assert "RuntimeError: uncaught in rank 1" in proc.stderr
+
+
+@pytest.mark.usefixtures("no_shared_world")
+def test_spawning_demo_gives_mpichs_result(tmp_path):
+    """mpi4py's demo/spawning: cpi-master.py spawns five cpi-worker processes (an
+    executable script, as its makefile builds cpi-worker-py.exe), broadcasts the number
+    of intervals over the inter-communicator and reduces pi back (root=MPI.ROOT)."""
+    worker = tmp_path / "cpi-worker-py.exe"
+    worker.write_text(f"#!{sys.executable}\n" +
+                      (DEMO / "spawning" / "cpi-worker.py").read_text())
+    worker.chmod(0o755)
+    proc = _launch(1, os.path.join("spawning", "cpi-master.py"), str(worker))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # as mpi4py + MPICH 5.0.2 printed it (mpiexec -n 1 python cpi-master.py ./cpi-worker-py.exe)
+    assert proc.stdout.splitlines() == [f"spawning/cpi-master.py -> {worker}",
+                                        "pi: 3.1416009869231245, error: 0.0000083333333314"]
