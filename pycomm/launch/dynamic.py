@@ -46,7 +46,6 @@ from dataclasses import dataclass
 
 from .. import config
 from ..errors import CommError, CommTimeoutError
-from .jobenv import JobEnv
 from .launcher import _preexec, contract_env, sweep_shm
 from .mpi4pyenv import environment as mpi4py_environment
 from .store import StoreServer
@@ -134,12 +133,6 @@ class SpawnedChildren:
         self.labels: list[str] = []     # per child: "rank r (command ...)"
         self._closed = False
 
-    def job_env(self, rank: int) -> JobEnv:
-        """The bridge world as parent ``rank`` joins it (:func:`create_world`'s ``job``)."""
-        return JobEnv(rank, self.size, self.store.host, self.store.port,
-                      bytes.fromhex(self.token), self.job_id, "pycomm",
-                      local_rank=rank, local_size=self.size)
-
     def start(self) -> None:
         """Start every child (stopping those started when one cannot be).
 
@@ -157,11 +150,12 @@ class SpawnedChildren:
                        "PYCOMM_APPNUM": str(appnum)}
                 argv = [app.command, *app.args]
                 label = f"spawned rank {rank - self.parents} ({' '.join(argv)[:200]})"
+                def fork(argv=argv, env=env, wdir=app.wdir):
+                    return subprocess.Popen(argv, env=env, cwd=wdir, stdin=subprocess.DEVNULL,
+                                            start_new_session=True,
+                                            preexec_fn=_preexec(os.getpid()))  # noqa: PLW1509
                 try:
-                    proc = _in_forker(lambda argv=argv, env=env, wdir=app.wdir: subprocess.Popen(
-                        argv, env=env, cwd=wdir, stdin=subprocess.DEVNULL,
-                        start_new_session=True,
-                        preexec_fn=_preexec(os.getpid())))  # noqa: PLW1509
+                    proc = _in_forker(fork)
                 except OSError as exc:
                     self.close(wait=0.0)
                     raise SpawnError(f"cannot start {label}: {exc}") from None
