@@ -87,6 +87,14 @@ def test_spawn_failures_are_errors_on_every_parent_and_the_world_goes_on():
     assert out["rank 1 root's bad args"] == "ValueError: expecting 1 items, got 2"
     assert out["rank 0 root's bad args"].startswith(
         f"{spawn_error}: rank 0: Spawn_multiple: the root's arguments: expecting 1 items")
+    # Comm.Abort in a child: the root stops every child of that spawn at once (the
+    # parents then see them gone), and reports it
+    for r in (0, 1):
+        text = out[f"rank {r} a child aborts"]
+        assert text.startswith("PeerError[") and "MPI_Comm_spawn bridge [parents 0..1, " \
+            "spawned 2..3]" in text, text
+    assert "pycomm.spawn: spawned rank 0 called Abort(3); every spawned process of its " \
+        "spawn was stopped" in proc.stderr, proc.stderr
     # the root reports the child that failed when it exits
     assert "pycomm.spawn: spawned rank 0 " in proc.stderr and \
         "os._exit(7)) exited with code 7" in proc.stderr, proc.stderr

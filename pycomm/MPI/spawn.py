@@ -18,6 +18,8 @@ disconnecting is a ``PeerError`` for a parent still waiting on it; a parent that
 closes its bridges first, so its children waiting on it fail the same way, and the root
 then waits up to ``PYCOMM_TIMEOUT`` seconds for its children to exit before stopping
 them (:meth:`~pycomm.launch.dynamic.SpawnedChildren.close`), reporting any that failed.
+A child's ``Comm.Abort`` stops every child of its spawn at once (the root watches for it
+as a launcher does for its ranks); the parents see them gone.
 
 ``info`` keys understood: ``wdir`` (the children's working directory), ``path``
 (directories searched for ``command``, ``:``-separated), ``host`` (only the root's own
@@ -185,6 +187,7 @@ def spawn(comm, apps_at_root, root, errcodes, w: str, multiple: bool):
                                        host=_store_address(inner, world))
             children.start()
             children.wait_joined()
+            children.watch()
             verdict = ("ok", children.store.host, children.store.port, children.token,
                        children.job_id, children.size, [a.maxprocs for a in apps])
         except (ValueError, TypeError) as exc:

@@ -44,7 +44,7 @@ import uuid
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-from .. import config
+from .. import config, stall
 from ..errors import CommError, CommTimeoutError
 from .launcher import _preexec, contract_env, sweep_shm
 from .mpi4pyenv import environment as mpi4py_environment
@@ -131,7 +131,9 @@ class SpawnedChildren:
         self.store = StoreServer(self.token, host, 0)
         self.procs: list[subprocess.Popen] = []
         self.labels: list[str] = []     # per child: "rank r (command ...)"
+        self.aborted: tuple[int, int] | None = None     # a child's Comm.Abort (rank, code)
         self._closed = False
+        self._stop_watch = threading.Event()
 
     def start(self) -> None:
         """Start every child (stopping those started when one cannot be).
@@ -162,6 +164,36 @@ class SpawnedChildren:
                 self.procs.append(proc)
                 self.labels.append(label)
                 rank += 1
+
+    def watch(self) -> None:
+        """Stop every child once one calls ``Comm.Abort`` (a thread; as the launcher does
+        for its ranks, :meth:`pycomm.launch.launcher.RankGroup.supervise`: the aborting
+        child waits, alive, to be stopped with the others). The abort's group is the
+        children's ``COMM_WORLD``; the parents see them gone (a ``PeerError`` where one
+        waits on them)."""
+        threading.Thread(target=self._watch, name="pycomm-spawn-watch", daemon=True).start()
+
+    def _watch(self) -> None:
+        key = stall.key(self.job_id, "abort")
+        while not self._stop_watch.wait(_POLL_S):
+            note = stall.parse_abort(self.store.peek(key))
+            if note is not None:
+                self.aborted = note
+                self._stop(list(self.procs))
+                return
+
+    def _stop(self, procs: list) -> None:
+        """SIGTERM, then SIGKILL after ``PYCOMM_KILL_GRACE`` seconds, to ``procs``' groups."""
+        grace = float(config.get("PYCOMM_KILL_GRACE"))
+        for sig, pause in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+            for p in procs:
+                try:
+                    os.killpg(p.pid, sig)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            end = time.monotonic() + pause
+            while any(p.poll() is None for p in procs) and time.monotonic() < end:
+                time.sleep(_POLL_S)
 
     def wait_joined(self) -> None:
         """Wait until every child has announced itself in the bridge's store (its first
@@ -204,22 +236,18 @@ class SpawnedChildren:
         if self._closed:
             return []
         self._closed = True
+        self._stop_watch.set()
         deadline = time.monotonic() + (self.timeout if wait is None else wait)
         while any(p.poll() is None for p in self.procs) and time.monotonic() < deadline:
             time.sleep(_POLL_S)
         notes = []
+        if self.aborted is not None:
+            rank, code = self.aborted
+            notes.append(f"spawned rank {rank - self.parents} called Abort({code}); every "
+                         "spawned process of its spawn was stopped")
         left = [p for p in self.procs if p.poll() is None]
         if left:
-            grace = float(config.get("PYCOMM_KILL_GRACE"))
-            for sig, pause in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-                for p in left:
-                    try:
-                        os.killpg(p.pid, sig)
-                    except (ProcessLookupError, PermissionError):
-                        pass
-                end = time.monotonic() + pause
-                while any(p.poll() is None for p in left) and time.monotonic() < end:
-                    time.sleep(_POLL_S)
+            self._stop(left)
         for label, p in zip(self.labels, self.procs):
             if p in left and wait != 0.0:
                 notes.append(f"{label} was still running; stopped")
