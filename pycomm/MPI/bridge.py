@@ -25,11 +25,12 @@ import atexit
 import threading
 
 import pycomm as _pycomm
+from pycomm import config
 from pycomm import trace as _trace
 
 from .interlink import InterLink
 
-__all__ = ["BridgeLink", "join_bridge", "own"]
+__all__ = ["BridgeLink", "bridge_name", "join_bridge", "own", "reachable_address"]
 
 _lock = threading.Lock()
 _links: list[BridgeLink] = []          # links whose bridge this process closes
@@ -80,6 +81,21 @@ class BridgeLink(InterLink):
         if self._closer is not None:
             closer, self._closer = self._closer, None
             closer()
+
+
+def reachable_address(comm) -> str:
+    """Where a store serving ``comm``'s processes listens: ``PYCOMM_HOST`` if set;
+    loopback when they are all on this host; else the address this process's TCP links
+    listen on, which their hosts reach already."""
+    given = config.get("PYCOMM_HOST")
+    if given:
+        return given
+    layout = getattr(comm, "host_layout", None)
+    if layout is not None and layout.nhosts > 1:
+        for t in comm._engine.transports:
+            if t.name in ("tcp", "rdma") and getattr(t, "host", None):
+                return t.host
+    return "127.0.0.1"
 
 
 def bridge_name(what: str, nlow: int, size: int, low: str, high: str) -> str:

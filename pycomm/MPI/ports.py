@@ -3,7 +3,9 @@
 ``Unpublish_name`` and ``Comm.Join`` in mpi4py's API.
 
 **A port** is a rendezvous store (:class:`pycomm.launch.store.StoreServer`) served by the
-process that opened it, on loopback unless ``PYCOMM_HOST`` names an address; its name,
+process that opened it, at ``PYCOMM_HOST`` if set, else on loopback for a one-host job
+and on this process's TCP address for a job across hosts (a client job on another host
+needs ``PYCOMM_HOST`` on the server's side); its name,
 ``pycomm-port:<address>:<tcp port>:<secret hex>``, is all that a client needs.
 ``Connect``'s root takes a ticket (a store counter), posts its group's size and waits for
 the answer; ``Accept``'s root serves the tickets in order, answering with a new bridge
@@ -39,7 +41,7 @@ import pycomm as _pycomm
 from pycomm import config
 from pycomm.errors import ArgumentError, CommError, CommTimeoutError
 
-from .bridge import bridge_name, join_bridge, own
+from .bridge import bridge_name, join_bridge, own, reachable_address
 from .exceptions import mpi_error
 
 __all__ = ["accept", "close_port", "connect", "join", "lookup_name", "open_port",
@@ -60,7 +62,7 @@ def _store_server(host: str):
 def open_port() -> str:
     """A new port served by this process (MPI_Open_port); its name (see the module
     docstring)."""
-    server, token = _store_server(config.get("PYCOMM_HOST") or "127.0.0.1")
+    server, token = _store_server(reachable_address(_pycomm.init()))
     name = f"{_PREFIX}{server.host}:{server.port}:{token}"
     with _lock:
         _ports[name] = server

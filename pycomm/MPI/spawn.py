@@ -46,7 +46,7 @@ import pycomm as _pycomm
 from pycomm import config
 from pycomm.errors import CommError
 
-from .bridge import BridgeLink, bridge_name, join_bridge, own
+from .bridge import BridgeLink, bridge_name, join_bridge, own, reachable_address
 from .exceptions import mpi_error
 
 __all__ = ["get_parent", "join_parents", "spawn"]
@@ -134,21 +134,6 @@ def _app(command, args, maxprocs, info, w: str):
     return App(cmd, _argv(args, f"{w}: args"), maxprocs, get("wdir"))
 
 
-def _store_address(inner, world) -> str:
-    """Where the bridge's store listens: ``PYCOMM_HOST`` if set; loopback when every
-    parent is on this host; else the address this rank's TCP links listen on, which the
-    parents' hosts reach already."""
-    given = config.get("PYCOMM_HOST")
-    if given:
-        return given
-    layout = getattr(inner, "host_layout", None)
-    if layout is not None and layout.nhosts > 1:
-        for t in world._engine.transports:
-            if t.name in ("tcp", "rdma") and getattr(t, "host", None):
-                return t.host
-    return "127.0.0.1"
-
-
 # -- the parents' side ------------------------------------------------------------------
 def spawn(comm, apps_at_root, root, errcodes, w: str, multiple: bool):
     """Run ``comm.Spawn`` / ``comm.Spawn_multiple`` (see the module docstring).
@@ -184,7 +169,7 @@ def spawn(comm, apps_at_root, root, errcodes, w: str, multiple: bool):
             apps = apps_at_root()
             children = SpawnedChildren(inner.size, apps, parent_job=world._engine.job_id,
                                        transport=transport, timeout=timeout,
-                                       host=_store_address(inner, world))
+                                       host=reachable_address(inner))
             children.start()
             children.wait_joined()
             children.watch()
