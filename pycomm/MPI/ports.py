@@ -149,35 +149,42 @@ def accept(comm, port_name, root, w: str = "Accept"):
     """``comm.Accept(port_name, info, root)``: the next client of the port, collective
     over ``comm`` (``port_name`` counts at ``root``); returns the Intercomm (this group
     low, the client's remote)."""
-    from .intercomm import Intercomm
-    inner = comm._inner(w)
-    root = _check_root(inner, root, w)
-    timeout = float(config.get("PYCOMM_TIMEOUT"))
-
-    def at_root():
-        host, port, token = _parse(port_name, w)
-        with _client(host, port, token, w) as client:
-            ticket = client.add("port/served", 1)
-            try:
-                request = msgpack.unpackb(client.get(f"port/req/{ticket}", timeout=timeout))
-            except CommTimeoutError:
-                client.add("port/served", -1)
-                raise mpi_error(CommTimeoutError, "ERR_PORT", f"{w}: no client connected "
-                                f"to the port within {timeout:g} s (PYCOMM_TIMEOUT)") from None
-            job_id = f"{_pycomm.init()._engine.job_id}-c{uuid.uuid4().hex[:8]}"
-            client.set(f"port/rep/{ticket}", msgpack.packb([job_id, inner.size]))
-        return host, port, token, job_id, inner.size + request[0]
-    host, port, token, job_id, size = _agree(inner, root, at_root, w)
-    link = join_bridge(_bridge_job(inner.rank, size, host, port, token, job_id), inner.size,
-                       f"{comm.Get_name()}.{w}",
-                       bridge_name("MPI_Comm_accept", inner.size, size, "server",
-                                   "client"), _transport(inner))
-    return Intercomm._wrap(link)
+    def serve(client, size: int, timeout: float):
+        ticket = client.add("port/served", 1)
+        try:
+            request = msgpack.unpackb(client.get(f"port/req/{ticket}", timeout=timeout))
+        except CommTimeoutError:
+            client.add("port/served", -1)
+            raise mpi_error(CommTimeoutError, "ERR_PORT", f"{w}: no client connected to "
+                            f"the port within {timeout:g} s (PYCOMM_TIMEOUT)") from None
+        job_id = f"{_pycomm.init()._engine.job_id}-c{uuid.uuid4().hex[:8]}"
+        client.set(f"port/rep/{ticket}", msgpack.packb([job_id, size]))
+        return job_id, size, request[0]
+    return _meet(comm, port_name, root, w, serve, True)
 
 
 def connect(comm, port_name, root, w: str = "Connect"):
     """``comm.Connect(port_name, info, root)``: join the server that accepts on the port,
     collective over ``comm``; returns the Intercomm (the server's group remote)."""
+    def ask(client, size: int, timeout: float):
+        if client.wait(["port/closed"], timeout=0.0):
+            raise mpi_error(CommError, "ERR_PORT", f"{w}: port {port_name!r} is closed")
+        ticket = client.add("port/tickets", 1)
+        client.set(f"port/req/{ticket}", msgpack.packb([size]))
+        try:
+            job_id, servers = msgpack.unpackb(client.get(f"port/rep/{ticket}",
+                                                         timeout=timeout))
+        except CommTimeoutError:
+            raise mpi_error(CommTimeoutError, "ERR_PORT", f"{w}: no server accepted on the "
+                            f"port within {timeout:g} s (PYCOMM_TIMEOUT)") from None
+        return job_id, servers, size
+    return _meet(comm, port_name, root, w, ask, False)
+
+
+def _meet(comm, port_name, root, w: str, exchange, accepting: bool):
+    """What Accept and Connect share: ``exchange(store client, this group's size,
+    timeout) -> (bridge job id, servers, clients)`` at ``root`` through the port's
+    store, the answer agreed over ``comm``, then the bridge (the accepting group low)."""
     from .intercomm import Intercomm
     inner = comm._inner(w)
     root = _check_root(inner, root, w)
@@ -186,21 +193,19 @@ def connect(comm, port_name, root, w: str = "Connect"):
     def at_root():
         host, port, token = _parse(port_name, w)
         with _client(host, port, token, w) as client:
-            if client.wait(["port/closed"], timeout=0.0):
-                raise mpi_error(CommError, "ERR_PORT", f"{w}: port {port_name!r} is closed")
-            ticket = client.add("port/tickets", 1)
-            client.set(f"port/req/{ticket}", msgpack.packb([inner.size]))
             try:
-                job_id, servers = msgpack.unpackb(client.get(f"port/rep/{ticket}",
-                                                             timeout=timeout))
-            except CommTimeoutError:
-                raise mpi_error(CommTimeoutError, "ERR_PORT", f"{w}: no server accepted on "
-                                f"the port within {timeout:g} s (PYCOMM_TIMEOUT)") from None
-        return host, port, token, job_id, servers
-    host, port, token, job_id, servers = _agree(inner, root, at_root, w)
-    size = servers + inner.size
-    link = join_bridge(_bridge_job(servers + inner.rank, size, host, port, token, job_id),
-                       servers, f"{comm.Get_name()}.{w}",
+                return (host, port, token, *exchange(client, inner.size, timeout))
+            except CommError as exc:
+                if hasattr(exc, "Get_error_class"):     # ours, with its class already
+                    raise
+                # the port's store went away meanwhile: its process ended
+                raise mpi_error(CommError, "ERR_PORT", f"{w}: port {host}:{port}: "
+                                f"{exc}") from None
+    host, port, token, job_id, servers, clients = _agree(inner, root, at_root, w)
+    size = servers + clients
+    rank = inner.rank if accepting else servers + inner.rank
+    link = join_bridge(_bridge_job(rank, size, host, port, token, job_id), servers,
+                       f"{comm.Get_name()}.{w}",
                        bridge_name("MPI_Comm_accept", servers, size, "server", "client"),
                        _transport(inner))
     return Intercomm._wrap(link)
