@@ -118,6 +118,9 @@ class Communicator(PointToPointMethods, CollectiveMethods, ObjectMethods, GroupM
         self._slots = UNDECIDED
         self._plans_gen = 0
         self._freed = False
+        comms = getattr(engine, "comms", None)     # (a test's fake engine has none)
+        if comms is not None:
+            comms.add(self)
         # the nonblocking twins' queue (pycomm.nbc), None outside them: every collective
         # reads it, and Python 3.11 reads an instance attribute much faster than the
         # class default NonblockingMethods declares

@@ -48,6 +48,7 @@ arrived) the same steps run at once.
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import Any
 
 from transports import TransportError
@@ -100,6 +101,9 @@ class Engine(Matching, CallAborts, Waiting, SerializedThreads):
         self.yield_s = yield_s
         self.timeout = timeout
         self.job_id: str | None = None      # set by the bootstrap: names what the job leaves
+        # the communicators on this engine, alive (pycomm.MPI.bridge closes a bridge
+        # world's engine at a Disconnect only when none but its own is left)
+        self.comms: weakref.WeakSet = weakref.WeakSet()
         self.route: list[Any] = [None] * size       # world rank -> transport
         # world rank -> its transport where a blocking Send or Recv may write or take a
         # whole frame itself (the transport's ``direct_p2p``: send_now with ``repeats``,

@@ -155,3 +155,12 @@ def test_the_roots_arguments_convert_as_mpi4py_converts_them(tmp_path):
     for fn, arg in ((_procs_list, [1, 2, 3]), (_argv_lists, [[]]), (_infos, [None] * 3)):
         with pytest.raises(ValueError, match="expecting 2 items"):
             fn(arg, 2)
+
+
+def test_a_merged_link_outlives_the_disconnect():
+    # Merge, Disconnect the link, then an allreduce over parents and children on the
+    # merged communicator: the bridge stays open while something made from it lives
+    proc = _launch(2, "merge.py")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert sorted(proc.stdout.split("\n")) == sorted(
+        ["", "parent 0 ok", "parent 1 ok", "child 0 ok", "child 1 ok"]), proc.stdout

@@ -11,7 +11,8 @@ union of a :class:`BridgeLink`, the inter-communicator the call returns.
 
 ``Disconnect`` (``Free``) of a link is collective over both groups (MPI_Comm_disconnect):
 a barrier, then each side frees the link and closes its bridge world, unless that world
-is the process's own (a spawned child's). A process that exits closes the bridges it
+is the process's own (a spawned child's) or a communicator made from the link (a
+``Merge``...) is still alive on it: the bridge then stays open until the process exits. A process that exits closes the bridges it
 still holds first (a peer waiting on it then fails, naming it), then what it served for
 others (:func:`own`: a spawn's children, which it waits for; a port's store).
 
@@ -52,9 +53,10 @@ class BridgeLink(InterLink):
         on_free: called once the link is freed (a spawned child forgets its parent).
     """
 
-    def __init__(self, union, nlow: int, low: bool, name: str, closer=None, on_free=None):
+    def __init__(self, union, nlow: int, low: bool, name: str, closer=None, on_free=None,
+                 world=None):
         super().__init__(union, nlow, low, name)
-        self._closer, self._on_free = closer, on_free
+        self._closer, self._on_free, self._world = closer, on_free, world
 
     def Free(self) -> None:
         """Disconnect: a barrier with the other group, then free the link and close the
@@ -70,12 +72,19 @@ class BridgeLink(InterLink):
             self.coll.Barrier()
         finally:
             super().Free()
-            with _lock:
-                if self in _links:
-                    _links.remove(self)
             if self._on_free is not None:
                 self._on_free(self)
-            self._close_bridge()
+            if not self._still_used():
+                self._close_bridge()
+                with _lock:
+                    if self in _links:
+                        _links.remove(self)
+
+    def _still_used(self) -> bool:
+        """Whether a communicator made from this link (a ``Merge``, a ``Split``...) is
+        still alive on the bridge world: then the bridge stays open until this process
+        exits, as the processes stay connected through it (MPI-4.1 11.10.4)."""
+        return any(not c._freed and c is not self._world for c in self._engine.comms)
 
     def _close_bridge(self) -> None:
         if self._closer is not None:
@@ -126,7 +135,7 @@ def join_bridge(job, nlow: int, name: str, world_name: str, transport: str) -> B
     low = job.rank < nlow
     try:
         bridge.Split(0 if low else 1, bridge.rank).Free()   # each group's own, unused here
-        link = BridgeLink(bridge.Dup(), nlow, low, name, closer)
+        link = BridgeLink(bridge.Dup(), nlow, low, name, closer, world=bridge)
     except BaseException:
         closer()
         raise

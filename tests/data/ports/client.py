@@ -48,4 +48,4 @@ for code, call in checks:
     except MPI.Exception as exc:
         if exc.Get_error_class() != getattr(MPI, code):
             bad.append(f"{code}: got {exc}")
-print(f"client rank {comm.rank}", "ok" if not bad else bad, flush=True)
+print(f"client rank {comm.rank} {'ok' if not bad else bad}\n", end="", flush=True)     # one write

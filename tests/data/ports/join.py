@@ -19,4 +19,5 @@ got = link.bcast("hello" if world.rank == 0 else None,
 ok = (link.Get_size(), link.Get_remote_size()) == (1, 1) and \
     (got is None if world.rank == 0 else got == "hello")
 link.Disconnect()
-print(f"join rank {world.rank}", "ok" if ok else f"bad {got!r}", flush=True)
+verdict = "ok" if ok else f"bad {got!r}"
+print(f"join rank {world.rank} {verdict}\n", end="", flush=True)     # one write

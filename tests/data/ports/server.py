@@ -18,7 +18,7 @@ if comm.rank == 0:
     except MPI.Exception as exc:
         if exc.Get_error_class() != MPI.ERR_SERVICE:
             bad.append(f"second Publish_name: {exc}")
-    print("published", flush=True)
+    print("published\n", end="", flush=True)
 client = comm.Accept(port, root=0)
 if comm.rank == 0:
     MPI.Unpublish_name(service, port)
@@ -35,4 +35,4 @@ if comm.rank == 0:
     if client.recv(source=0, tag=4) != "got it":
         bad.append("no answer from client 0")
 client.Disconnect()
-print(f"server rank {comm.rank}", "ok" if not bad else bad, flush=True)
+print(f"server rank {comm.rank} {'ok' if not bad else bad}\n", end="", flush=True)     # one write

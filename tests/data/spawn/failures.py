@@ -24,11 +24,11 @@ cases = {
 for name, case in cases.items():
     try:
         case()
-        print(f"rank {comm.rank} {name}: no error", flush=True)
+        print(f"rank {comm.rank} {name}: no error\n", end="", flush=True)
     except Exception as exc:            # noqa: BLE001 (the type is what is checked)
         kind = type(exc).__name__
         if isinstance(exc, MPI.Exception):
             kind += f"[{MPI.Get_error_string(exc.Get_error_class())}]"
-        print(f"rank {comm.rank} {name}: {kind}: {exc}", flush=True)
+        print(f"rank {comm.rank} {name}: {kind}: {exc}\n", end="", flush=True)
     assert comm.allreduce(1) == comm.size
-print(f"rank {comm.rank} done", flush=True)
+print(f"rank {comm.rank} done\n", end="", flush=True)

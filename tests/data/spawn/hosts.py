@@ -15,5 +15,5 @@ if comm.rank == 1:
     for r in range(2):
         child.send(socket.gethostname(), dest=r)
     answers = [child.recv(source=r) for r in range(2)]
-    print("spawn across hosts:", answers, flush=True)
+    print(f"spawn across hosts: {answers}\n", end="", flush=True)        # one write
 child.Disconnect()

@@ -45,5 +45,5 @@ if child != MPI.COMM_NULL:
 total = comm.allreduce(1)           # the parents' own world is untouched
 if total != comm.size:
     bad.append(f"allreduce after {total}")
-print(f"rank {comm.rank}:", "ok " + MPI.COMM_WORLD._inner("x")._engine.job_id if not bad
-      else bad, flush=True)
+verdict = "ok " + MPI.COMM_WORLD._inner("x")._engine.job_id if not bad else str(bad)
+print(f"rank {comm.rank}: {verdict}\n", end="", flush=True)   # one write

@@ -7,4 +7,4 @@ from mpi4py import MPI
 
 MPI.COMM_WORLD.Spawn(sys.executable, ["-c", (
     "from mpi4py import MPI; p = MPI.Comm.Get_parent(); p.recv(source=0)")], maxprocs=1)
-print("parents leave", flush=True)
+print("parents leave\n", end="", flush=True)
