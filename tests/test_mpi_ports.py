@@ -11,6 +11,8 @@ import sys
 import uuid
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 LAUNCH = str(ROOT / "launch.py")
 DATA = ROOT / "tests" / "data" / "ports"
@@ -56,3 +58,13 @@ def test_a_published_name_is_withdrawn_when_its_process_exits():
                           text=True, timeout=60, cwd=str(ROOT))
     assert proc.returncode == 0 and proc.stdout == "pycomm-port:\n", proc.stderr
     assert not Path(f"/tmp/pycomm-names-{os.getuid()}/{service}").exists()
+
+
+def test_join_refuses_what_is_not_a_socket(tmp_path):
+    from pycomm.MPI import ERR_ARG
+    from pycomm.MPI import Exception as MPIException
+    from pycomm.MPI.ports import join
+    with open(tmp_path / "not-a-socket", "w") as f:
+        with pytest.raises(MPIException, match="is not a socket") as info:
+            join(f.fileno())
+    assert info.value.Get_error_class() == ERR_ARG
