@@ -87,6 +87,11 @@ def test_spawn_failures_are_errors_on_every_parent_and_the_world_goes_on():
     assert out["rank 1 root's bad args"] == "ValueError: expecting 1 items, got 2"
     assert out["rank 0 root's bad args"].startswith(
         f"{spawn_error}: rank 0: Spawn_multiple: the root's arguments: expecting 1 items")
+    # an error at the root that is not pycomm's (the store's bind): raised there, and
+    # ERR_SPAWN naming it on the others, who do not wait for the root
+    assert out["rank 0 the root's store cannot bind"].startswith("ZMQError: ")
+    assert out["rank 1 the root's store cannot bind"].startswith(
+        f"{spawn_error}: rank 1: Spawn: ZMQError: "), out
     # Comm.Abort in a child: the root stops every child of that spawn at once (the
     # parents then see them gone), and reports it
     for r in (0, 1):

@@ -125,6 +125,9 @@ def _agree(inner, root: int, at_root, w: str):
             from .exceptions import translate
             mine = exc
             verdict = ("error", translate(exc).Get_error_class(), str(exc))
+        except Exception as exc:        # noqa: BLE001 (not ours): the others must not
+            mine = exc                  # wait for a root that failed
+            verdict = ("error", -1, f"{type(exc).__name__}: {exc}")
     verdict = inner.bcast(verdict, root)
     if verdict[0] == "ok":
         return verdict[1]
@@ -132,7 +135,7 @@ def _agree(inner, root: int, at_root, w: str):
         raise mine
     from .exceptions import ERRORS
     names = {code: name for name, code in ERRORS.items()}
-    raise mpi_error(CommError, names.get(verdict[1], "ERR_PORT"),
+    raise mpi_error(CommError, names.get(verdict[1], "ERR_OTHER"),
                     f"rank {inner.rank}: {w}: at the root: {verdict[2]}")
 
 

@@ -180,6 +180,9 @@ def spawn(comm, apps_at_root, root, errcodes, w: str, multiple: bool):
             verdict = ("error", f"the root's arguments: {exc}")
         except CommError as exc:        # SpawnError, CommTimeoutError
             verdict = ("error", str(exc))
+        except Exception as exc:        # noqa: BLE001 (the store cannot bind...): the
+            local_error = exc           # others must not wait for a root that failed
+            verdict = ("error", f"{type(exc).__name__}: {exc}")
     else:
         verdict = None
     verdict = inner.bcast(verdict, root)

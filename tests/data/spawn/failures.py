@@ -21,6 +21,20 @@ cases = {
         "w = MPI.COMM_WORLD; w.Abort(3) if w.rank == 0 else p.recv(source=0)")],
         maxprocs=2).recv(source=1),
 }
+
+
+def unbindable():
+    # the root's store cannot bind (an address of no interface here): a zmq error at
+    # the root, which the others must hear of rather than wait
+    import os
+    os.environ["PYCOMM_HOST"] = "192.0.2.1"         # TEST-NET-1 (RFC 5737)
+    try:
+        comm.Spawn(py, ["-c", "pass"], maxprocs=1)
+    finally:
+        del os.environ["PYCOMM_HOST"]
+
+
+cases["the root's store cannot bind"] = unbindable
 for name, case in cases.items():
     try:
         case()
