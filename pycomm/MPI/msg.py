@@ -79,7 +79,9 @@ def plain_vector(spec, size: int, writable: bool):
         counts, displs = cd
         if n == 3:
             dt = spec[2]
-    elif n == 3 or n == 4:
+    elif (n == 3 and type(spec[1]) is not tuple) or n == 4:
+        # ([buf, (counts, displs), datatype] has a tuple second: mpi4py unpacks any tuple
+        # there as that pair, and so does the general parse, which takes it)
         counts, displs = spec[1], spec[2]
         if n == 4:
             dt = spec[3]
