@@ -17,6 +17,8 @@ from pycomm.collectives.scratch import give, take
 
 from .collspec import (item_array, match_empty, plain_pair, reducible, root_none,
                        starts, wregions)
+from . import ports as _ports
+from . import spawn as _spawn
 from .comm import Comm
 from .comm import fin as _fin
 from .exceptions import translate_methods
@@ -421,90 +423,7 @@ class Intracomm(Comm):
         from .intercomm import create_intercomm
         return create_intercomm(self, local_leader, peer_comm, remote_leader, tag)
 
-    def Spawn(self, command, args=None, maxprocs: int = 1, info=None, root: int = 0,
-              errcodes: list | None = None):
-        """Start ``maxprocs`` processes of ``command *args`` (MPI_Comm_spawn; collective,
-        the arguments count at ``root`` only); see :mod:`pycomm.MPI.spawn`.
-
-        Args:
-            command: the executable (str, bytes or path-like), e.g. ``sys.executable``.
-            args: its arguments (a sequence of str; a single str is one argument).
-            maxprocs: how many processes (>= 1).
-            info: ``MPI.Info`` with ``wdir``, ``path``, ``host``, ``soft``, or INFO_NULL.
-            root: the rank whose arguments count.
-            errcodes: a list, filled with one ``MPI.SUCCESS`` per process.
-
-        Returns:
-            MPI.Intercomm: this group local, the new processes remote (their
-            ``COMM_WORLD`` ranks).
-
-        Raises:
-            ValueError, TypeError: (at ``root``) a bad argument.
-            MPI.Exception: ERR_SPAWN (a process could not start, or exited before it
-                joined; on the other ranks, the root's argument error), ERR_ROOT.
-        """
-        from .spawn import _app, _infos, spawn
-        return spawn(self, lambda: [_app(command, args, maxprocs, _infos(info, 1)[0],
-                                         "Spawn")], root, errcodes, "Spawn", False)
-
-    def Spawn_multiple(self, command, args=None, maxprocs=None, info=None, root: int = 0,
-                       errcodes: list | None = None):
-        """Start the processes of several commands in one ``COMM_WORLD``
-        (MPI_Comm_spawn_multiple); as :meth:`Spawn`, per command.
-
-        Args:
-            command: a sequence of executables (a single str is a ``ValueError``).
-            args: None, or one argument sequence per command (a str: the same single
-                argument for each).
-            maxprocs: None (1 each), an int (that many each), or one int per command.
-            info: an ``MPI.Info`` for every command, or one per command.
-            root, errcodes: as :meth:`Spawn` (``errcodes`` gets one list per command).
-
-        Returns:
-            MPI.Intercomm: the new processes remote, in command order.
-
-        Raises:
-            ValueError: (at ``root``) sequences of different lengths, a single command.
-            TypeError, MPI.Exception: as :meth:`Spawn`.
-        """
-        from .spawn import _app, _argv_lists, _infos, _procs_list, spawn
-
-        def apps():
-            if isinstance(command, (str, bytes)) or hasattr(command, "__fspath__"):
-                raise ValueError("expecting a sequence of path-like")
-            cmds = list(command)
-            argvs = _argv_lists(args, len(cmds))
-            counts = _procs_list(maxprocs, len(cmds))
-            infos = _infos(info, len(cmds))
-            return [_app(c, a, n, i, "Spawn_multiple")
-                    for c, a, n, i in zip(cmds, argvs, counts, infos)]
-        return spawn(self, apps, root, errcodes, "Spawn_multiple", True)
-
-    def Accept(self, port_name: str, info=None, root: int = 0):
-        """Accept the next client of ``port_name`` (MPI_Comm_accept; collective, the port
-        counts at ``root``); see :mod:`pycomm.MPI.ports`.
-
-        Returns:
-            MPI.Intercomm: this group local, the connecting group remote.
-
-        Raises:
-            MPI.Exception: ERR_PORT (a bad port name, or no client within
-                ``PYCOMM_TIMEOUT``), ERR_ROOT.
-        """
-        from .ports import accept
-        return accept(self, port_name, root)
-
-    def Connect(self, port_name: str, info=None, root: int = 0):
-        """Connect to the group accepting on ``port_name`` (MPI_Comm_connect; collective,
-        the port counts at ``root``); see :mod:`pycomm.MPI.ports`.
-
-        Returns:
-            MPI.Intercomm: this group local, the accepting group remote.
-
-        Raises:
-            MPI.Exception: ERR_PORT (a bad, closed or unreachable port, or no server
-                accepting within ``PYCOMM_TIMEOUT``), ERR_ROOT.
-        """
-        from .ports import connect
-        return connect(self, port_name, root)
+    # dynamic processes (MPI-4.1 11.8-11.9): pycomm.MPI.spawn and pycomm.MPI.ports
+    Spawn, Spawn_multiple = _spawn.Spawn, _spawn.Spawn_multiple
+    Accept, Connect = _ports.Accept, _ports.Connect
 

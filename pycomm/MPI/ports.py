@@ -44,7 +44,7 @@ from pycomm.errors import ArgumentError, CommError, CommTimeoutError
 from .bridge import bridge_name, join_bridge, own, reachable_address
 from .exceptions import mpi_error
 
-__all__ = ["accept", "close_port", "connect", "join", "lookup_name", "open_port",
+__all__ = ["Accept", "Connect", "accept", "close_port", "connect", "join", "lookup_name", "open_port",
            "publish_name", "unpublish_name"]
 
 _PREFIX = "pycomm-port:"
@@ -212,6 +212,35 @@ def _meet(comm, port_name, root, w: str, exchange, accepting: bool):
                        bridge_name("MPI_Comm_accept", servers, size, "server", "client"),
                        _transport(inner))
     return Intercomm._wrap(link)
+
+
+# -- the methods of MPI.Intracomm --------------------------------------------------------
+def Accept(self, port_name: str, info=None, root: int = 0):
+    """Accept the next client of ``port_name`` (MPI_Comm_accept; collective, the port
+    counts at ``root``); see :mod:`pycomm.MPI.ports`.
+
+    Returns:
+        MPI.Intercomm: this group local, the connecting group remote.
+
+    Raises:
+        MPI.Exception: ERR_PORT (a bad port name, or no client within
+            ``PYCOMM_TIMEOUT``), ERR_ROOT.
+    """
+    return accept(self, port_name, root)
+
+
+def Connect(self, port_name: str, info=None, root: int = 0):
+    """Connect to the group accepting on ``port_name`` (MPI_Comm_connect; collective,
+    the port counts at ``root``); see :mod:`pycomm.MPI.ports`.
+
+    Returns:
+        MPI.Intercomm: this group local, the accepting group remote.
+
+    Raises:
+        MPI.Exception: ERR_PORT (a bad, closed or unreachable port, or no server
+            accepting within ``PYCOMM_TIMEOUT``), ERR_ROOT.
+    """
+    return connect(self, port_name, root)
 
 
 def _transport(inner) -> str:

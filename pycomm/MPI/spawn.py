@@ -49,7 +49,7 @@ from pycomm.errors import CommError
 from .bridge import BridgeLink, bridge_name, join_bridge, own, reachable_address
 from .exceptions import mpi_error
 
-__all__ = ["get_parent", "join_parents", "spawn"]
+__all__ = ["Spawn", "Spawn_multiple", "get_parent", "join_parents", "spawn"]
 
 _lock = threading.Lock()
 _parent: BridgeLink | None = None      # a child's link to its parents, until Disconnect
@@ -206,6 +206,65 @@ def spawn(comm, apps_at_root, root, errcodes, w: str, multiple: bool):
         else:
             errcodes[:] = [SUCCESS] * sum(counts)
     return Intercomm._wrap(link)
+
+
+# -- the methods of MPI.Intracomm --------------------------------------------------------
+def Spawn(self, command, args=None, maxprocs: int = 1, info=None, root: int = 0,
+          errcodes: list | None = None):
+    """Start ``maxprocs`` processes of ``command *args`` (MPI_Comm_spawn; collective,
+    the arguments count at ``root`` only); see :mod:`pycomm.MPI.spawn`.
+
+    Args:
+        command: the executable (str, bytes or path-like), e.g. ``sys.executable``.
+        args: its arguments (a sequence of str; a single str is one argument).
+        maxprocs: how many processes (>= 1).
+        info: ``MPI.Info`` with ``wdir``, ``path``, ``host``, ``soft``, or INFO_NULL.
+        root: the rank whose arguments count.
+        errcodes: a list, filled with one ``MPI.SUCCESS`` per process.
+
+    Returns:
+        MPI.Intercomm: this group local, the new processes remote (their
+        ``COMM_WORLD`` ranks).
+
+    Raises:
+        ValueError, TypeError: (at ``root``) a bad argument.
+        MPI.Exception: ERR_SPAWN (a process could not start, or exited before it
+            joined; on the other ranks, the root's argument error), ERR_ROOT.
+    """
+    return spawn(self, lambda: [_app(command, args, maxprocs, _infos(info, 1)[0],
+                                     "Spawn")], root, errcodes, "Spawn", False)
+
+
+def Spawn_multiple(self, command, args=None, maxprocs=None, info=None, root: int = 0,
+                   errcodes: list | None = None):
+    """Start the processes of several commands in one ``COMM_WORLD``
+    (MPI_Comm_spawn_multiple); as :meth:`Spawn`, per command.
+
+    Args:
+        command: a sequence of executables (a single str is a ``ValueError``).
+        args: None, or one argument sequence per command (a str: the same single
+            argument for each).
+        maxprocs: None (1 each), an int (that many each), or one int per command.
+        info: an ``MPI.Info`` for every command, or one per command.
+        root, errcodes: as :meth:`Spawn` (``errcodes`` gets one list per command).
+
+    Returns:
+        MPI.Intercomm: the new processes remote, in command order.
+
+    Raises:
+        ValueError: (at ``root``) sequences of different lengths, a single command.
+        TypeError, MPI.Exception: as :meth:`Spawn`.
+    """
+    def apps():
+        if isinstance(command, (str, bytes)) or hasattr(command, "__fspath__"):
+            raise ValueError("expecting a sequence of path-like")
+        cmds = list(command)
+        argvs = _argv_lists(args, len(cmds))
+        counts = _procs_list(maxprocs, len(cmds))
+        infos = _infos(info, len(cmds))
+        return [_app(c, a, n, i, "Spawn_multiple")
+                for c, a, n, i in zip(cmds, argvs, counts, infos)]
+    return spawn(self, apps, root, errcodes, "Spawn_multiple", True)
 
 
 # -- the children's side ----------------------------------------------------------------
