@@ -183,6 +183,8 @@ def spawn(comm, apps_at_root, root, errcodes, w: str, multiple: bool):
         except Exception as exc:        # noqa: BLE001 (the store cannot bind...): the
             local_error = exc           # others must not wait for a root that failed
             verdict = ("error", f"{type(exc).__name__}: {exc}")
+        if verdict[0] == "error" and children is not None:
+            children.close(wait=0.0)    # (idempotent: a failed start closed them already)
     else:
         verdict = None
     verdict = inner.bcast(verdict, root)
