@@ -169,3 +169,14 @@ def test_a_merged_link_outlives_the_disconnect():
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert sorted(proc.stdout.split("\n")) == sorted(
         ["", "parent 0 ok", "parent 1 ok", "child 0 ok", "child 1 ok"]), proc.stdout
+
+
+def test_the_roots_exit_does_not_wait_for_a_stopped_child():
+    start = time.monotonic()
+    proc = _launch(1, "stopped_child.py", PYCOMM_TIMEOUT="60")
+    took = time.monotonic() - start
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout == "parent leaves\n"
+    assert "was still running (stopped by a signal: not waited for); stopped" in \
+        proc.stderr, proc.stderr
+    assert took < 20, f"the job took {took:.1f} s (PYCOMM_TIMEOUT 60)"

@@ -189,6 +189,8 @@ class SpawnedChildren:
             for p in procs:
                 try:
                     os.killpg(p.pid, sig)
+                    if sig == signal.SIGTERM:       # a stopped child acts on it now
+                        os.killpg(p.pid, signal.SIGCONT)
                 except (ProcessLookupError, PermissionError):
                     pass
             end = time.monotonic() + pause
@@ -238,7 +240,11 @@ class SpawnedChildren:
         self._closed = True
         self._stop_watch.set()
         deadline = time.monotonic() + (self.timeout if wait is None else wait)
-        while any(p.poll() is None for p in self.procs) and time.monotonic() < deadline:
+        while time.monotonic() < deadline:
+            running = [p for p in self.procs if p.poll() is None]
+            # (a stopped child, SIGSTOP or a debugger, cannot exit: not waited for)
+            if all(_stopped(p.pid) for p in running):
+                break
             time.sleep(_POLL_S)
         notes = []
         if self.aborted is not None:
@@ -246,11 +252,13 @@ class SpawnedChildren:
             notes.append(f"spawned rank {rank - self.parents} called Abort({code}); every "
                          "spawned process of its spawn was stopped")
         left = [p for p in self.procs if p.poll() is None]
+        halted = {p.pid for p in left if _stopped(p.pid)}
         if left:
             self._stop(left)
         for label, p in zip(self.labels, self.procs):
             if p in left and wait != 0.0:
-                notes.append(f"{label} was still running; stopped")
+                why = " (stopped by a signal: not waited for)" if p.pid in halted else ""
+                notes.append(f"{label} was still running{why}; stopped")
             elif p.returncode not in (0, None) and p not in left:
                 how = (f"was killed by {signal.Signals(-p.returncode).name}"
                        if p.returncode < 0 else f"exited with code {p.returncode}")
@@ -258,6 +266,16 @@ class SpawnedChildren:
         self.store.close()
         sweep_shm(self.job_id)
         return notes
+
+
+def _stopped(pid: int) -> bool:
+    """Whether process ``pid`` is stopped (state T or t in /proc; False where there is
+    no /proc or it has gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] in (b"T", b"t")
+    except (OSError, IndexError):
+        return False
 
 
 def report(notes: list[str]) -> None:
