@@ -228,9 +228,10 @@ class SpawnedChildren:
                 keys = [k for k in keys if k not in got]
 
     def close(self, wait: float | None = None) -> list[str]:
-        """Wait up to ``wait`` seconds (default: ``timeout``) for the children to exit,
-        stop those left (SIGTERM, then SIGKILL after ``PYCOMM_KILL_GRACE``), close the
-        store and remove the bridge's /dev/shm segments (idempotent).
+        """Wait up to ``wait`` seconds (default: ``timeout``) for the children to exit
+        (not for those stopped by a signal, which cannot), stop those left (SIGTERM, then
+        SIGKILL after ``PYCOMM_KILL_GRACE``), close the store and remove the bridge's
+        /dev/shm segments (idempotent).
 
         Returns:
             One line per child that failed (exit code or signal) or had to be stopped.
