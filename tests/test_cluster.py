@@ -329,10 +329,15 @@ def test_a_rank_failing_on_host2_stops_every_node_naming_host_and_rank(cluster, 
     took = time.monotonic() - t0
     # PYCOMM_TIMEOUT is 30 s: before init, only the launcher can stop host 1's ranks sooner.
     assert took < 10, f"the job took {took:.1f} s to stop"
-    verdict = "job failed: rank 3 on host host2 (node 1) failed: rank 3"
+    # the judge names rank 3 whether or not host2's agent has recorded its exit yet: it
+    # waits for that record up to _CULPRIT_WAIT_S (2 s), and past it (a loaded machine, as
+    # one CI run was) says the culprit "caused the failure" from the other ranks' errors
+    verdict = "job failed: rank 3 on host host2 (node 1) "
     for k, (rc, text) in enumerate(results):
         assert rc != 0, f"node {k}: {text}"
-        assert f"pycomm.launch[host{k + 1}]: {verdict}" in text, f"node {k}: {text}"
+        line = f"pycomm.launch[host{k + 1}]: {verdict}"
+        assert line + "failed: rank 3" in text or line + "caused the failure" in text, \
+            f"node {k}: {text}"
         assert "exited with code 1" in text
 
 
