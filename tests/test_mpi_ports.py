@@ -68,3 +68,14 @@ def test_join_refuses_what_is_not_a_socket(tmp_path):
         with pytest.raises(MPIException, match="is not a socket") as info:
             join(f.fileno())
     assert info.value.Get_error_class() == ERR_ARG
+
+
+def test_an_accept_that_times_out_leaves_the_port_usable():
+    proc = subprocess.run([sys.executable, LAUNCH, "-n", "2", "--mpi4py", "--no-prefix",
+                           str(DATA / "accept_timeout.py")], capture_output=True, text=True,
+                          timeout=60, cwd=str(ROOT),
+                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert sorted(proc.stdout.splitlines()) == [
+        "rank 0: MPI_ERR_PORT: Accept: no client connected to the port within 2 s "
+        "(PYCOMM_TIMEOUT)", "rank 1: second accept"], proc.stdout + proc.stderr

@@ -57,6 +57,9 @@ def test_spawned_children_exchange_data_with_their_parents(transport):
 
 def test_spawn_failures_are_errors_on_every_parent_and_the_world_goes_on():
     proc = _launch(2, "failures.py")
+    sleepers = subprocess.run(["pgrep", "-f", "time.sleep(60)"], capture_output=True,
+                              text=True).stdout.split()
+    assert sleepers == [], f"a child that never joined is still running: {sleepers}"
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = {}
     for line in proc.stdout.splitlines():
@@ -92,6 +95,12 @@ def test_spawn_failures_are_errors_on_every_parent_and_the_world_goes_on():
     assert out["rank 0 the root's store cannot bind"].startswith("ZMQError: ")
     assert out["rank 1 the root's store cannot bind"].startswith(
         f"{spawn_error}: rank 1: Spawn: ZMQError: "), out
+    # a child that never joins: ERR_SPAWN on every parent after PYCOMM_TIMEOUT, and the
+    # child is stopped (no sleeper is left: the launched job's own check below)
+    for r in (0, 1):
+        assert out[f"rank {r} a child never joins"] == (
+            f"{spawn_error}: rank {r}: Spawn: 1 spawned process(es) did not join their "
+            "parents within 2 s (PYCOMM_TIMEOUT); stopped"), out
     # Comm.Abort in a child: the root stops every child of that spawn at once (the
     # parents then see them gone), and reports it
     for r in (0, 1):

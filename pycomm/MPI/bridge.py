@@ -29,9 +29,13 @@ import pycomm as _pycomm
 from pycomm import config
 from pycomm import trace as _trace
 
+from pycomm.errors import ArgumentError, CommError
+
+from .exceptions import mpi_error
 from .interlink import InterLink
 
-__all__ = ["BridgeLink", "bridge_name", "join_bridge", "own", "reachable_address"]
+__all__ = ["BridgeLink", "bridge_job", "bridge_name", "check_root", "decided_at_root",
+           "join_bridge", "own", "reachable_address", "transport_of"]
 
 _lock = threading.Lock()
 _links: list[BridgeLink] = []          # links whose bridge this process closes
@@ -90,6 +94,70 @@ class BridgeLink(InterLink):
         if self._closer is not None:
             closer, self._closer = self._closer, None
             closer()
+
+
+def check_root(inner, root, w: str) -> int:
+    """``root`` as an int rank of ``inner`` (the Communicator of a spawn's or a port's
+    group).
+
+    Raises:
+        MPI.Exception: ERR_ROOT (not a rank of it).
+    """
+    from .msgspec import as_int
+    root = as_int(root, "root", w)
+    if not 0 <= root < inner.size:
+        raise mpi_error(ArgumentError, "ERR_ROOT", f"rank {inner.rank}: {w}: root={root} "
+                        f"is not a rank of the communicator (0..{inner.size - 1})")
+    return root
+
+
+def decided_at_root(inner, root: int, at_root, w: str, code: str | None = None):
+    """Run ``at_root()`` at ``root`` and broadcast its answer over ``inner``; return it.
+
+    An error there is raised on every other rank (rather than leaving them waiting for
+    the root) as ``MPI.Exception`` of class ``code`` (default: the root error's own class;
+    ERR_OTHER for one that is not pycomm's) whose text names it, the root's
+    ``ValueError``/``TypeError`` as "the root's arguments: ...". At the root it is raised
+    as it is, but for a pycomm error given a ``code``, which takes that class there too.
+    """
+    verdict = mine = None
+    if inner.rank == root:
+        try:
+            verdict = ("ok", at_root())
+        except Exception as exc:        # noqa: BLE001 (each one is handed on, then raised)
+            mine = exc
+            if isinstance(exc, CommError):
+                from .exceptions import ERRORS, translate
+                number = translate(exc).Get_error_class()
+                name = next((k for k, v in ERRORS.items() if v == number), "ERR_OTHER")
+                text = str(exc)
+            else:
+                name = "ERR_OTHER"
+                text = (f"the root's arguments: {exc}" if isinstance(exc, (ValueError,
+                        TypeError)) else f"{type(exc).__name__}: {exc}")
+            verdict = ("error", name, text)
+    verdict = inner.bcast(verdict, root)
+    if verdict[0] == "ok":
+        return verdict[1]
+    if mine is not None and (code is None or not isinstance(mine, CommError)):
+        raise mine          # (with a ``code``, the root's own pycomm error takes it too)
+    text = verdict[2]
+    if not text.startswith(f"{w}: "):
+        text = f"{w}: {text}"
+    raise mpi_error(CommError, code or verdict[1], f"rank {inner.rank}: {text}")
+
+
+def bridge_job(rank: int, size: int, host: str, port: int, token: str, job_id: str):
+    """The :class:`~pycomm.launch.jobenv.JobEnv` of bridge rank ``rank`` (``token``:
+    the secret in hex)."""
+    from pycomm.launch.jobenv import JobEnv
+    return JobEnv(rank, size, host, port, bytes.fromhex(token), job_id, "pycomm",
+                  local_rank=rank, local_size=size)
+
+
+def transport_of(inner) -> str:
+    """The transport choice a bridge of ``inner``'s processes makes (``inner``'s own)."""
+    return getattr(inner, "transport", None) or config.get("PYCOMM_TRANSPORT")
 
 
 def reachable_address(comm) -> str:

@@ -41,11 +41,12 @@ import pycomm as _pycomm
 from pycomm import config
 from pycomm.errors import ArgumentError, CommError, CommTimeoutError
 
-from .bridge import bridge_name, join_bridge, own, reachable_address
+from .bridge import (bridge_job, bridge_name, check_root, decided_at_root, join_bridge, own,
+                     reachable_address, transport_of)
 from .exceptions import mpi_error
 
-__all__ = ["Accept", "Connect", "accept", "close_port", "connect", "join", "lookup_name", "open_port",
-           "publish_name", "unpublish_name"]
+__all__ = ["Accept", "Connect", "accept", "close_port", "connect", "join", "lookup_name",
+           "open_port", "publish_name", "unpublish_name"]
 
 _PREFIX = "pycomm-port:"
 _lock = threading.Lock()
@@ -108,46 +109,6 @@ def _client(host: str, port: int, token: str, w: str, timeout: float | None = No
                         f"reached: {exc}") from None
 
 
-def _bridge_job(rank: int, size: int, host: str, port: int, token: str, job_id: str):
-    from pycomm.launch.jobenv import JobEnv
-    return JobEnv(rank, size, host, port, bytes.fromhex(token), job_id, "pycomm",
-                  local_rank=rank, local_size=size)
-
-
-def _agree(inner, root: int, at_root, w: str):
-    """Run ``at_root()`` at ``root`` and broadcast its answer (or its error, raised on
-    every rank: the root's own exception there, ``code`` and the text elsewhere)."""
-    verdict, mine = None, None
-    if inner.rank == root:
-        try:
-            verdict = ("ok", at_root())
-        except CommError as exc:
-            from .exceptions import translate
-            mine = exc
-            verdict = ("error", translate(exc).Get_error_class(), str(exc))
-        except Exception as exc:        # noqa: BLE001 (not ours): the others must not
-            mine = exc                  # wait for a root that failed
-            verdict = ("error", -1, f"{type(exc).__name__}: {exc}")
-    verdict = inner.bcast(verdict, root)
-    if verdict[0] == "ok":
-        return verdict[1]
-    if mine is not None:
-        raise mine
-    from .exceptions import ERRORS
-    names = {code: name for name, code in ERRORS.items()}
-    raise mpi_error(CommError, names.get(verdict[1], "ERR_OTHER"),
-                    f"rank {inner.rank}: {w}: at the root: {verdict[2]}")
-
-
-def _check_root(inner, root, w: str) -> int:
-    from .msgspec import as_int
-    root = as_int(root, "root", w)
-    if not 0 <= root < inner.size:
-        raise mpi_error(ArgumentError, "ERR_ROOT", f"rank {inner.rank}: {w}: root={root} "
-                        f"is not a rank of the communicator (0..{inner.size - 1})")
-    return root
-
-
 def accept(comm, port_name, root, w: str = "Accept"):
     """``comm.Accept(port_name, info, root)``: the next client of the port, collective
     over ``comm`` (``port_name`` counts at ``root``); returns the Intercomm (this group
@@ -190,7 +151,7 @@ def _meet(comm, port_name, root, w: str, exchange, accepting: bool):
     store, the answer agreed over ``comm``, then the bridge (the accepting group low)."""
     from .intercomm import Intercomm
     inner = comm._inner(w)
-    root = _check_root(inner, root, w)
+    root = check_root(inner, root, w)
     timeout = float(config.get("PYCOMM_TIMEOUT"))
 
     def at_root():
@@ -204,13 +165,13 @@ def _meet(comm, port_name, root, w: str, exchange, accepting: bool):
                 # the port's store went away meanwhile: its process ended
                 raise mpi_error(CommError, "ERR_PORT", f"{w}: port {host}:{port}: "
                                 f"{exc}") from None
-    host, port, token, job_id, servers, clients = _agree(inner, root, at_root, w)
+    host, port, token, job_id, servers, clients = decided_at_root(inner, root, at_root, w)
     size = servers + clients
     rank = inner.rank if accepting else servers + inner.rank
-    link = join_bridge(_bridge_job(rank, size, host, port, token, job_id), servers,
+    link = join_bridge(bridge_job(rank, size, host, port, token, job_id), servers,
                        f"{comm.Get_name()}.{w}",
                        bridge_name("MPI_Comm_accept", servers, size, "server", "client"),
-                       _transport(inner))
+                       transport_of(inner))
     return Intercomm._wrap(link)
 
 
@@ -241,10 +202,6 @@ def Connect(self, port_name: str, info=None, root: int = 0):
             accepting within ``PYCOMM_TIMEOUT``), ERR_ROOT.
     """
     return connect(self, port_name, root)
-
-
-def _transport(inner) -> str:
-    return getattr(inner, "transport", None) or config.get("PYCOMM_TRANSPORT")
 
 
 # -- names ----------------------------------------------------------------------------
@@ -364,7 +321,7 @@ def join(fd: int):
         sock.close()
     host, port, token, job_id = where
     rank = 0 if serve else 1
-    link = join_bridge(_bridge_job(rank, 2, host, port, token, job_id), 1, "MPI_Comm_join",
+    link = join_bridge(bridge_job(rank, 2, host, port, token, job_id), 1, "MPI_Comm_join",
                        bridge_name("MPI_Comm_join", 1, 2, "serving", "joining"),
                        config.get("PYCOMM_TRANSPORT"))
     return Intercomm._wrap(link)

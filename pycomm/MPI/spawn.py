@@ -44,10 +44,9 @@ import threading
 
 import pycomm as _pycomm
 from pycomm import config
-from pycomm.errors import CommError
 
-from .bridge import BridgeLink, bridge_name, join_bridge, own, reachable_address
-from .exceptions import mpi_error
+from .bridge import (BridgeLink, bridge_job, bridge_name, check_root, decided_at_root,
+                     join_bridge, own, reachable_address, transport_of)
 
 __all__ = ["Spawn", "Spawn_multiple", "get_parent", "join_parents", "spawn"]
 
@@ -78,33 +77,31 @@ def _argv(args, what: str) -> tuple[str, ...]:
     return tuple(_text(a, what) for a in args)
 
 
+def _one_each(values, count: int) -> list:
+    """``values`` as a list of one item per command (``ValueError`` otherwise, as
+    mpi4py's conversion says it)."""
+    values = list(values)
+    if len(values) != count:
+        raise ValueError(f"expecting {count} items, got {len(values)}")
+    return values
+
+
 def _argv_lists(args, count: int) -> list:
-    if args is None or _is_text(args):
-        return [args] * count
-    args = list(args)
-    if len(args) != count:
-        raise ValueError(f"expecting {count} items, got {len(args)}")
-    return args
+    return [args] * count if args is None or _is_text(args) else _one_each(args, count)
 
 
 def _procs_list(maxprocs, count: int) -> list:
     if maxprocs is None:
         return [1] * count
-    if hasattr(maxprocs, "__index__"):
-        return [maxprocs] * count
-    maxprocs = list(maxprocs)
-    if len(maxprocs) != count:
-        raise ValueError(f"expecting {count} items, got {len(maxprocs)}")
-    return maxprocs
+    return [maxprocs] * count if hasattr(maxprocs, "__index__") else \
+        _one_each(maxprocs, count)
 
 
 def _infos(info, count: int) -> list:
     from .info import Info
     if info is None or isinstance(info, Info):
         return [info] * count
-    info = list(info)
-    if len(info) != count:
-        raise ValueError(f"expecting {count} items, got {len(info)}")
+    info = _one_each(info, count)
     for i in info:
         if i is not None and not isinstance(i, Info):
             raise TypeError(f"info: expecting MPI.Info, got {type(i).__name__}")
@@ -153,51 +150,33 @@ def spawn(comm, apps_at_root, root, errcodes, w: str, multiple: bool):
     """
     from pycomm.launch.dynamic import SpawnedChildren, report
     from .intercomm import Intercomm
-    from .msgspec import as_int
     inner = comm._inner(w)
-    root = as_int(root, "root", w)
-    if not 0 <= root < inner.size:
-        from pycomm.errors import ArgumentError
-        raise mpi_error(ArgumentError, "ERR_ROOT", f"rank {inner.rank}: {w}: root={root} "
-                        f"is not a rank of the communicator (0..{inner.size - 1})")
+    root = check_root(inner, root, w)
     world = _pycomm.init()
-    transport = getattr(inner, "transport", None) or config.get("PYCOMM_TRANSPORT")
-    timeout = float(config.get("PYCOMM_TIMEOUT"))
-    local_error = children = None
-    if inner.rank == root:
+    transport = transport_of(inner)
+    started = []
+
+    def at_root():
+        apps = apps_at_root()
+        children = SpawnedChildren(inner.size, apps, parent_job=world._engine.job_id,
+                                   transport=transport,
+                                   timeout=float(config.get("PYCOMM_TIMEOUT")),
+                                   host=reachable_address(inner))
         try:
-            apps = apps_at_root()
-            children = SpawnedChildren(inner.size, apps, parent_job=world._engine.job_id,
-                                       transport=transport, timeout=timeout,
-                                       host=reachable_address(inner))
             children.start()
             children.wait_joined()
             children.watch()
-            verdict = ("ok", children.store.host, children.store.port, children.token,
-                       children.job_id, children.size, [a.maxprocs for a in apps])
-        except (ValueError, TypeError) as exc:
-            local_error = exc
-            verdict = ("error", f"the root's arguments: {exc}")
-        except CommError as exc:        # SpawnError, CommTimeoutError
-            verdict = ("error", str(exc))
-        except Exception as exc:        # noqa: BLE001 (the store cannot bind...): the
-            local_error = exc           # others must not wait for a root that failed
-            verdict = ("error", f"{type(exc).__name__}: {exc}")
-        if verdict[0] == "error" and children is not None:
+        except BaseException:
             children.close(wait=0.0)    # (idempotent: a failed start closed them already)
-    else:
-        verdict = None
-    verdict = inner.bcast(verdict, root)
-    if verdict[0] == "error":
-        if local_error is not None:
-            raise local_error
-        raise mpi_error(CommError, "ERR_SPAWN", f"rank {inner.rank}: {w}: {verdict[1]}")
-    _, host, port, token, job_id, size, counts = verdict
-    from pycomm.launch.jobenv import JobEnv
-    job = JobEnv(inner.rank, size, host, port, bytes.fromhex(token), job_id, "pycomm",
-                 local_rank=inner.rank, local_size=size)
-    if children is not None:
-        own(lambda: report(children.close()))
+            raise
+        started.append(children)
+        return (children.store.host, children.store.port, children.token,
+                children.job_id, children.size, [a.maxprocs for a in apps])
+    host, port, token, job_id, size, counts = decided_at_root(inner, root, at_root, w,
+                                                              "ERR_SPAWN")
+    for children in started:
+        own(lambda children=children: report(children.close()))
+    job = bridge_job(inner.rank, size, host, port, token, job_id)
     link = join_bridge(job, inner.size, f"{comm.Get_name()}.{w}",
                        bridge_name("MPI_Comm_spawn", inner.size, size, "parents", "spawned"),
                        transport)

@@ -34,7 +34,19 @@ def unbindable():
         del os.environ["PYCOMM_HOST"]
 
 
+def never_joins():
+    # a child that never imports mpi4py: the root gives up after PYCOMM_TIMEOUT (2 s
+    # here), stops it, and every parent hears of it
+    import os
+    os.environ["PYCOMM_TIMEOUT"] = "2"
+    try:
+        comm.Spawn(py, ["-c", "import time; time.sleep(60)"], maxprocs=1)
+    finally:
+        del os.environ["PYCOMM_TIMEOUT"]
+
+
 cases["the root's store cannot bind"] = unbindable
+cases["a child never joins"] = never_joins
 for name, case in cases.items():
     try:
         case()
