@@ -221,7 +221,8 @@ class CollectiveCalls:
         shared-memory slots or direct reads (``kernel(view, *args)``, see
         :func:`pycomm.plan.plan_call`): what :meth:`begin` does for such a call and the
         flight recorder's entry (:mod:`pycomm.trace`, the call recorded as ``collective``
-        of ``nbytes`` by ``path``) around the kernel, in one frame. Made once per plan: a
+        of ``nbytes`` by ``path``, as ``trace.begin`` and ``trace.end`` would record it)
+        around the kernel, in one frame. Made once per plan: a
         small call's bookkeeping costs as much as its work, and each Python call it makes
         a few percent of it.
 
@@ -236,6 +237,7 @@ class CollectiveCalls:
         if self._fast_view is None:
             self._fast_view = CallView(comm, self.seq, sig)
         view = self._fast_view
+        ring, ends, counter, cap, now, keep = _trace.ring()
 
         def run(*args):
             if comm._freed:
@@ -247,13 +249,18 @@ class CollectiveCalls:
             if eng.coll_tags:
                 self._check_early(seq, sig)
             view.tag, view.sig = seq, sig
-            n = _trace.begin(collective, comm, seq, nbytes, path, -1)
+            n = next(counter)       # trace.begin, written out
+            i = n % cap
+            if keep is not None and ring[i] is not None:
+                keep(i)
+            ring[i] = (collective, comm, seq, nbytes, path, -1, now(), n)
             try:
                 kernel(view, *args)
             except BaseException as exc:
                 _trace.fail(n, exc)
                 raise
-            _trace.end(n)
+            if ring[i][7] == n:     # trace.end
+                ends[i] = now()
         return run
 
     def check_late_abort(self, name: str) -> None:

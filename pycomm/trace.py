@@ -45,7 +45,8 @@ from .errors import CommError, TruncationError
 __all__ = ["ERROR_DUMP_CALLS", "begin", "chrome_events", "collective_progress",
            "collective_signatures", "current", "describe_call", "display_name", "dump", "end",
            "fail", "format_calls", "install", "last_completed", "last_failed",
-           "merge_chrome_traces", "on_sigusr1", "record_wait", "reroute", "reroute_call", "traced",
+           "merge_chrome_traces", "on_sigusr1", "record_wait", "reroute", "reroute_call", "ring",
+           "traced",
            "write_chrome_trace"]
 
 ERROR_DUMP_CALLS = 32  # calls printed when an error leaves a call (SIGUSR1: the whole ring)
@@ -101,6 +102,16 @@ def instant(op: str, comm, seq: int, nbytes: int, peer: int) -> None:
     t = _now()
     _calls[i] = (op, comm, seq, nbytes, None, peer, t, n)
     _ends[i] = t
+
+
+def ring():
+    """``(calls, ends, counter, cap, now, keep)`` for a caller that records a call as
+    :func:`begin` and :func:`end` do, in its own frame
+    (:meth:`pycomm.calls.CollectiveCalls.fast_runner`, where a small call pays for each
+    Python call it makes): the ring's lists, its call counter, its size, its clock, and
+    ``keep(slot)``, to call before overwriting a used slot, or None (no ``PYCOMM_TRACE``:
+    the ring forgets what it overwrites)."""
+    return _calls, _ends, _counter, _cap, _now, (_keep if _spill is not None else None)
 
 
 def end(n: int) -> None:

@@ -38,20 +38,26 @@ def wait_for(*names):
 """
 
 
+# The waits that time out in these jobs: 1.5 s from init on (the engine's default wait,
+# PYCOMM_TIMEOUT's), while start-up keeps the launcher's 60 s: the module's jobs start at
+# once, and under load a rank can take longer than 1.5 s to start.
+WAITS_1_5_S = {"WAIT_S": "1.5"}
+
+
 def _launched_jobs() -> dict:
     """The launched jobs of this module: key -> (program, ranks, environment)."""
     def job(program, n, env):
         return _WAIT_FOR + textwrap.dedent(program), n, env
     jobs = {"no-cma": job(_NO_CMA, 2, {"PYCOMM_CMA": "0"}),
             ("withdrawal", "allreduce", 2): job(_WITHDRAWAL_ALLREDUCE, 2,
-                                                {"PYCOMM_TIMEOUT": "1.5"})}
+                                                WAITS_1_5_S)}
     for collective in ("reduce_scatter_block", "allgather", "bcast"):
         for n in (2, 3):
             jobs["withdrawal", collective, n] = job(_WITHDRAWAL.format(collective=collective),
-                                                    n, {"PYCOMM_TIMEOUT": "1.5"})
+                                                    n, WAITS_1_5_S)
     for case in ("in-flight", "late"):
         jobs["root writes", case] = job(_ROOT_WRITES.format(case=case), 2,
-                                        {"PYCOMM_TIMEOUT": "1.5"})
+                                        WAITS_1_5_S)
     return jobs
 
 
@@ -88,6 +94,7 @@ _WITHDRAWAL_ALLREDUCE = """
         import os, time, numpy as np, pycomm
         from pycomm import shmdirect
         comm = pycomm.init()
+        comm._engine.timeout = float(os.environ["WAIT_S"])
         r = comm.rank
         x = np.full(1 << 16, r + 1.0)
         assert comm.chosen_algorithm("allreduce", x.nbytes) == "shm_direct"
@@ -141,6 +148,7 @@ _WITHDRAWAL = """
     import os, time, numpy as np, pycomm
     from pycomm import shmdirect
     comm = pycomm.init()
+    comm._engine.timeout = float(os.environ["WAIT_S"])
     r, n = comm.rank, comm.size
     count = 1 << 15                      # one rank's block: n * 256 KiB in all, <= 1 MiB
     if "{collective}" == "allgather":
@@ -218,6 +226,7 @@ _ROOT_WRITES = """
     from pycomm import shmdirect
     from transports.cma import CrossMemory
     comm = pycomm.init()
+    comm._engine.timeout = float(os.environ["WAIT_S"])
     r = comm.rank
     buf = np.full(1 << 16, 3.0 if r == 0 else 0.0)      # 512 KiB: one chunk, direct
     assert comm.chosen_algorithm("bcast", buf.nbytes) == "shm_direct"

@@ -51,6 +51,7 @@ from dataclasses import dataclass
 
 from pycomm import config, stall, trace
 from pycomm.errors import ArgumentError, CommError
+from pycomm.launch import forkserver
 from pycomm.launch.forward import Forwarder as _Forwarder
 from pycomm.launch.store import StoreServer
 from pycomm.launch.store_client import StoreClient
@@ -196,6 +197,7 @@ class RankGroup:
         self._closed = False
         self._client: StoreClient | None = None     # the launcher's own, for diagnoses
         self._trace_path: str | None = None
+        self._forks: forkserver.ForkServer | None = None   # the ranks' parent, if forked
 
     def env_for(self, rank: int) -> dict[str, str]:
         """Return the environment variables of the contract for ``rank`` (only those)."""
@@ -209,16 +211,13 @@ class RankGroup:
         Raises:
             OSError: a process could not be started.
         """
-        pipe = subprocess.PIPE
         self._trace_path = config.get("PYCOMM_TRACE", {**os.environ, **(extra_env or {})})
+        envs = [{**os.environ, **(extra_env or {}), **self.env_for(rank)}
+                for rank in range(self.nprocs)]
         try:
-            for rank in range(self.nprocs):
-                env = {**os.environ, **(extra_env or {}), **self.env_for(rank)}
-                stdin = None if rank == self.stdin_rank else subprocess.DEVNULL
-                proc = subprocess.Popen([sys.executable, *argv], env=env, stdin=stdin,
-                                        stdout=pipe, stderr=pipe, start_new_session=True,
-                                        preexec_fn=_preexec(os.getpid()))  # noqa: PLW1509
-                self.procs.append(proc)
+            self.procs, self._forks = forkserver.start_ranks(
+                argv, envs, self.stdin_rank, True, _preexec(os.getpid()))
+            for rank, proc in enumerate(self.procs):
                 for stream, src in (("stdout", proc.stdout), ("stderr", proc.stderr)):
                     fwd = _Forwarder(src, rank, stream, prefix=self.prefix)
                     fwd.start()
@@ -406,6 +405,8 @@ class RankGroup:
                 os.killpg(proc.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+        if self._forks is not None:
+            self._forks.close()
         deadline = time.monotonic() + 2.0
         for fwd in self._forwarders:
             fwd.join(max(0.0, deadline - time.monotonic()))

@@ -54,6 +54,7 @@ from collections.abc import Callable, Sequence
 
 from pycomm import config, stall
 from pycomm.errors import ArgumentError, CommError, CommTimeoutError
+from pycomm.launch import forkserver
 from pycomm.launch.launcher import (RankExit, _Forwarder, _preexec, blame, contract_env,
                                    sweep_shm)
 from pycomm.launch.store import StoreServer
@@ -126,6 +127,7 @@ class NodeAgent:
         self.server = (StoreServer(self.token, "0.0.0.0", master_port)
                        if node_rank == 0 else None)
         self.procs: list[subprocess.Popen] = []
+        self._forks: forkserver.ForkServer | None = None    # the ranks' parent, if forked
         self._forwarders: list[_Forwarder] = []
         self._client: StoreClient | None = None
         self._key = f"nodes/{self.job_id}/"
@@ -151,14 +153,12 @@ class NodeAgent:
     def start(self, argv: Sequence[str], extra_env: dict[str, str] | None = None) -> None:
         """Connect to the store, then start this node's ranks as ``sys.executable *argv``."""
         self.connect()
-        pipe = subprocess.PIPE if self.prefix else None
-        for local, rank in enumerate(self.ranks):
-            env = {**os.environ, **(extra_env or {}), **self.env_for(local)}
-            stdin = None if rank == self.stdin_rank else subprocess.DEVNULL
-            proc = subprocess.Popen([sys.executable, *argv], env=env, stdin=stdin,
-                                    stdout=pipe, stderr=pipe, start_new_session=True,
-                                    preexec_fn=_preexec(os.getpid()))  # noqa: PLW1509
-            self.procs.append(proc)
+        envs = [{**os.environ, **(extra_env or {}), **self.env_for(local)}
+                for local in range(len(self.ranks))]
+        self.procs, self._forks = forkserver.start_ranks(
+            argv, envs, self.ranks.index(self.stdin_rank) if self.hosts_stdin else None,
+            self.prefix, _preexec(os.getpid()))
+        for rank, proc in zip(self.ranks, self.procs):
             if self.prefix:
                 for stream, src in (("stdout", proc.stdout), ("stderr", proc.stderr)):
                     fwd = _Forwarder(src, rank, stream)
@@ -364,6 +364,8 @@ class NodeAgent:
         """Kill what is left, close the store (node 0), sweep this node's /dev/shm."""
         if self._running():
             self.stop()
+        if self._forks is not None:
+            self._forks.close()
         deadline = time.monotonic() + 2.0
         for fwd in self._forwarders:
             fwd.join(max(0.0, deadline - time.monotonic()))

@@ -64,13 +64,13 @@ def _finish(client: StoreClient, rank: int, seq: int, payload: bytes,
     client.set(f"pool/done/{seq}/{rank}", payload, answer=last)
 
 
-def _next_task(client: StoreClient, seq: int, launcher_pid: int | None) -> bytes:
+def _next_task(client: StoreClient, seq: int, parent: int | None) -> bytes:
     while True:
         try:
             return client.get(f"pool/task/{seq}", timeout=IDLE_POLL_S)
         except CommTimeoutError:
-            if launcher_pid is not None and os.getppid() != launcher_pid:
-                raise SystemExit(f"pycomm.launch.worker: the pool's process {launcher_pid} is gone")
+            if parent is not None and os.getppid() != parent:
+                raise SystemExit(f"pycomm.launch.worker: the pool's process {parent} is gone")
 
 
 def main() -> int:
@@ -90,10 +90,13 @@ def main() -> int:
             _finish(client, rank, 0, _outcome(rank, exc), last=True)
             return 1
         _finish(client, rank, 0, _outcome(rank))
+        # the process this worker is a child of: the pool's launcher, or its fork server
+        # (pycomm.launch.forkserver), which dies with it
+        parent = os.getppid() if config.get("PYCOMM_LAUNCHER_PID") is not None else None
         seq = 0
         while True:
             seq += 1
-            task = _next_task(client, seq, config.get("PYCOMM_LAUNCHER_PID"))
+            task = _next_task(client, seq, parent)
             if task[:1] != b"T":
                 break
             try:

@@ -1,0 +1,182 @@
+"""Ranks forked from the fork server (pycomm/launch/forkserver.py) run their program as
+``python`` runs it: each program here is run by CPython itself (``python prog.py``) and as
+the one rank of a ``launch.py --no-prefix`` job, and what a user sees (stdout, stderr
+without the launcher's own lines, the exit status) must be the same. Then what only a
+job has: every rank its own environment, random state and stdin, the server as the
+ranks' parent (and none with ``PYCOMM_FORK_SERVER=0``), and no process left after a
+killed launcher."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from pycomm.launch import forkserver
+
+ROOT = Path(__file__).resolve().parent.parent
+LAUNCH = str(ROOT / "launch.py")
+pytestmark = pytest.mark.usefixtures("no_shared_world")
+
+# name -> (program, arguments): python's own answers are the reference
+PROGRAMS = {
+    "plain": ("import sys\nprint('argv', sys.argv, 'main', __name__, 'file', __file__)\n",
+              ["a", "b c"]),
+    "exit code": ("import sys\nprint('out')\nsys.exit(3)\n", []),
+    "exit message": ("import sys\nsys.exit('a message to stderr')\n", []),
+    "exit None": ("raise SystemExit\n", []),
+    "uncaught": ("def f():\n    raise ValueError('boom')\nprint('before', flush=True)\nf()\n",
+                 []),
+    "chained": ("try:\n    1 / 0\nexcept ZeroDivisionError as e:\n"
+                "    raise KeyError('k') from e\n", []),
+    "threads and exit hooks": (
+        "import atexit, sys, threading, time\n"
+        "atexit.register(lambda: print('hook', flush=True))\n"
+        "def late():\n    time.sleep(0.2)\n    print('thread', flush=True)\n"
+        "threading.Thread(target=late).start()\nprint('main ends')\nsys.exit(5)\n", []),
+    "hook sees the exception": (
+        "import atexit, sys\n"
+        "atexit.register(lambda: print('last', type(getattr(sys, 'last_value', None)).__name__,"
+        " flush=True))\nraise RuntimeError('x')\n", []),
+    "path": ("import os, sys\nprint(sys.path[0] == os.path.dirname(os.path.realpath(__file__)),"
+             " os.getcwd())\n", []),
+}
+
+
+def _launcher_lines_out(text: str) -> str:
+    return "".join(ln for ln in text.splitlines(keepends=True)
+                   if not ln.startswith("pycomm.launch:"))
+
+
+@pytest.mark.parametrize("name", list(PROGRAMS))
+def test_a_forked_rank_runs_its_program_as_python_does(tmp_path, name):
+    source, args = PROGRAMS[name]
+    prog = tmp_path / "prog.py"
+    prog.write_text(source)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}   # (as a rank's; keeps the order)
+    ref = subprocess.run([sys.executable, "prog.py", *args], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=60)
+    got = subprocess.run([sys.executable, LAUNCH, "--no-prefix", "prog.py", *args],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert got.returncode == ref.returncode, (got.stderr, ref.stderr)
+    assert got.stdout == ref.stdout
+    assert _launcher_lines_out(got.stderr) == ref.stderr
+
+
+def test_module_mode_runs_as_python_m(tmp_path):
+    (tmp_path / "modprog.py").write_text(
+        "import sys\nprint('argv0', sys.argv[0], 'rest', sys.argv[1:], __name__)\n"
+        "raise KeyError('k')\n")
+    ref = subprocess.run([sys.executable, "-m", "modprog", "x"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=60)
+    got = subprocess.run([sys.executable, LAUNCH, "--no-prefix", "-m", "modprog", "x"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert (got.returncode, got.stdout) == (ref.returncode, ref.stdout)
+    assert _launcher_lines_out(got.stderr) == ref.stderr
+
+
+JOB = """\
+import os, sys, numpy as np, pycomm
+comm = pycomm.init()
+line = sys.stdin.readline().strip()
+x = np.array([np.random.randint(1 << 30)], dtype=np.int64)
+seeds = np.zeros(comm.size, dtype=np.int64)
+comm.Allgather(x, seeds)
+print(f"RANK {comm.rank} env {os.environ['PYCOMM_RANK']} stdin {line!r} "
+      f"distinct {len(set(seeds.tolist())) == comm.size} "
+      f"parent {os.getppid()} launcher {os.environ['PYCOMM_LAUNCHER_PID']}\\n",
+      end="", flush=True)
+"""
+
+
+@pytest.mark.parametrize("forked", [True, False])
+def test_each_rank_has_its_environment_random_state_and_stdin(tmp_path, forked):
+    prog = tmp_path / "job.py"
+    prog.write_text(JOB)
+    env = {**os.environ, "PYCOMM_FORK_SERVER": "1" if forked else "0"}
+    proc = subprocess.run([sys.executable, LAUNCH, "-n", "3", "--no-prefix", str(prog)],
+                          input="hello\n", env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = sorted(ln.split() for ln in proc.stdout.splitlines() if ln.startswith("RANK"))
+    assert [ln[1] for ln in lines] == ["0", "1", "2"] == [ln[3] for ln in lines]
+    # launch.py's stdin is rank 0's, the others read /dev/null (as under mpiexec)
+    assert [ln[5] for ln in lines] == ["'hello'", "''", "''"]
+    # numpy's global random state is each rank's own, as in separate interpreters
+    assert all(ln[7] == "True" for ln in lines)
+    parents = {ln[9] for ln in lines}
+    launcher = {ln[11] for ln in lines}
+    assert len(parents) == 1 and len(launcher) == 1
+    assert (parents != launcher) == forked
+
+
+def test_what_cannot_be_forked_is_started_afresh(tmp_path):
+    prog = tmp_path / "p.py"
+    prog.write_text("")
+    assert forkserver.servable([str(prog), "x"])
+    assert forkserver.servable(["-m", "mod"]) and forkserver.servable(["-c", "pass"])
+    assert not forkserver.servable(["-u", str(prog)])       # interpreter options
+    assert not forkserver.servable([str(tmp_path)])         # a folder with __main__.py
+    assert not forkserver.servable([str(tmp_path / "missing.py")])
+    assert not forkserver.servable(["-m"]) and not forkserver.servable([])
+    # RankGroup starts such a program with Popen: the launcher is the parent
+    from pycomm.launch.launcher import RankGroup
+    prog.write_text("import os\nprint(os.getppid(), flush=True)\n")
+    group = RankGroup(1, prefix=False)
+    try:
+        group.start(["-u", str(prog)])
+        assert group._forks is None
+        assert group.procs[0].wait(30) == 0
+    finally:
+        group.close()
+
+
+def test_a_killed_launcher_takes_the_server_and_its_ranks_along(tmp_path):
+    prog = tmp_path / "sleeper.py"
+    prog.write_text("import os, sys, time\n"
+                    "print('PIDS', os.getpid(), os.getppid(), flush=True)\ntime.sleep(60)\n")
+    launcher = subprocess.Popen([sys.executable, LAUNCH, "-n", "2", "--no-prefix", str(prog)],
+                                stdout=subprocess.PIPE, text=True)
+    pids = set()
+    try:
+        while len(pids) < 3:
+            line = launcher.stdout.readline()
+            assert line, "the job ended before its ranks printed"
+            if line.startswith("PIDS"):
+                pids.update(int(p) for p in line.split()[1:])
+    finally:
+        launcher.send_signal(signal.SIGKILL)
+        launcher.wait(15)
+    deadline = time.monotonic() + 5
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [p for p in pids if _alive(p)], pids     # two ranks and their server
+
+
+def test_a_rank_killed_by_a_signal_is_reported_so(tmp_path):
+    prog = tmp_path / "kill.py"
+    prog.write_text(textwrap.dedent("""\
+        import os, signal, pycomm
+        comm = pycomm.init()
+        if comm.rank == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        comm.Barrier()
+        """))
+    proc = subprocess.run([sys.executable, LAUNCH, "-n", "2", str(prog)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 128 + signal.SIGKILL, proc.stderr
+    assert "rank 1" in proc.stderr and "SIGKILL" in proc.stderr
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] not in "ZX"
+    except OSError:
+        return False
