@@ -52,7 +52,6 @@ import msgpack
 
 from . import trace
 from .errors import CollectiveMismatchError, CommError, CommTimeoutError, PeerError
-from .signature import conflict, describe
 
 __all__ = ["Inspector", "ask_positions", "describe_position", "diagnose", "key", "mismatch",
            "read_diagnoses", "read_exits", "read_positions", "summarize"]
@@ -179,6 +178,8 @@ def mismatch(me: int, call, positions: dict) -> str | None:
     if cur is None or cur[0] != seq or cur[1] is None:
         return None
     mine = cur[1]
+    # (here, not at import: the launcher imports this module and has no use for numpy)
+    from .signature import conflict, describe
     for m in comm._world:
         theirs = (positions.get(m) or {}).get("sigs", {}).get(ctx) if m != me else None
         if theirs and theirs[0] == seq and conflict(mine, theirs[1:]):

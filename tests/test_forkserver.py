@@ -88,10 +88,12 @@ line = sys.stdin.readline().strip()
 x = np.array([np.random.randint(1 << 30)], dtype=np.int64)
 seeds = np.zeros(comm.size, dtype=np.int64)
 comm.Allgather(x, seeds)
+with open("/proc/self/cmdline", "rb") as fh:          # what ps shows
+    cmdline = [w.decode() for w in fh.read().rstrip(b"\\0").split(b"\\0")]
 print(f"RANK {comm.rank} env {os.environ['PYCOMM_RANK']} stdin {line!r} "
       f"distinct {len(set(seeds.tolist())) == comm.size} "
-      f"parent {os.getppid()} launcher {os.environ['PYCOMM_LAUNCHER_PID']}\\n",
-      end="", flush=True)
+      f"parent {os.getppid()} launcher {os.environ['PYCOMM_LAUNCHER_PID']} "
+      f"cmdline {cmdline == [sys.executable, *sys.argv]}\\n", end="", flush=True)
 """
 
 
@@ -114,6 +116,8 @@ def test_each_rank_has_its_environment_random_state_and_stdin(tmp_path, forked):
     launcher = {ln[11] for ln in lines}
     assert len(parents) == 1 and len(launcher) == 1
     assert (parents != launcher) == forked
+    # ps shows each rank's own command line, forked or not
+    assert all(ln[13] == "True" for ln in lines), lines
 
 
 def test_what_cannot_be_forked_is_started_afresh(tmp_path):
@@ -127,14 +131,15 @@ def test_what_cannot_be_forked_is_started_afresh(tmp_path):
     assert not forkserver.servable(["-m"]) and not forkserver.servable([])
     # RankGroup starts such a program with Popen: the launcher is the parent
     from pycomm.launch.launcher import RankGroup
-    prog.write_text("import os\nprint(os.getppid(), flush=True)\n")
+    parent = tmp_path / "parent"
+    prog.write_text(f"import os\nopen({str(parent)!r}, 'w').write(str(os.getppid()))\n")
     group = RankGroup(1, prefix=False)
     try:
         group.start(["-u", str(prog)])
-        assert group._forks is None
         assert group.procs[0].wait(30) == 0
     finally:
         group.close()
+    assert int(parent.read_text()) == os.getpid()
 
 
 def test_a_killed_launcher_takes_the_server_and_its_ranks_along(tmp_path):
@@ -180,3 +185,37 @@ def _alive(pid: int) -> bool:
             return fh.read().rsplit(")", 1)[1].split()[0] not in "ZX"
     except OSError:
         return False
+
+
+def test_a_process_reuses_its_server_for_jobs_of_one_environment(monkeypatch):
+    """pycomm.spawn / Pool in one process (a notebook, a test session) pay for the server's
+    imports once: jobs whose environments agree (but for pycomm's per-job variables)
+    share a server; another environment gets its own."""
+    import pycomm
+    first = pycomm.spawn(os.getppid, 2)
+    second = pycomm.spawn(os.getppid, 3)
+    assert len(set(first + second)) == 1 and first[0] != os.getpid()
+    monkeypatch.setenv("FORKSERVER_TEST_MARK", "1")
+    third = pycomm.spawn(os.getppid, 2)
+    assert len(set(third)) == 1 and third[0] not in first
+
+
+def test_a_forked_child_of_the_process_gets_its_own_server(tmp_path):
+    prog = tmp_path / "mp.py"
+    prog.write_text(textwrap.dedent("""\
+        import multiprocessing as mp, os, pycomm
+        def child(q):
+            q.put(pycomm.spawn(os.getppid, 2))
+        if __name__ == "__main__":
+            mine = pycomm.spawn(os.getppid, 2)
+            q = mp.get_context("fork").Queue()
+            p = mp.get_context("fork").Process(target=child, args=(q,))
+            p.start()
+            theirs = q.get(timeout=60)
+            p.join(60)
+            again = pycomm.spawn(os.getppid, 2)
+            print(p.exitcode, mine == again, set(mine).isdisjoint(theirs), flush=True)
+        """))
+    proc = subprocess.run([sys.executable, str(prog)], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.stdout.split() == ["0", "True", "True"], proc.stdout + proc.stderr

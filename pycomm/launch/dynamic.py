@@ -33,20 +33,21 @@ Lifetime (no child outlives the root's process):
 from __future__ import annotations
 
 import os
-import queue
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
 import uuid
-from concurrent.futures import Future
 from dataclasses import dataclass
 
 from .. import config, stall
 from ..errors import CommError, CommTimeoutError
-from .launcher import _preexec, contract_env, sweep_shm
+from . import forkserver
+from .forkserver import _preexec, in_forking_thread
+from .launcher import contract_env, sweep_shm
 from .mpi4pyenv import environment as mpi4py_environment
 from .store import StoreServer
 from .store_client import StoreClient
@@ -77,32 +78,23 @@ class App:
     wdir: str | None = None
 
 
-# -- the thread that forks every child -------------------------------------------------
-_forker: queue.Queue | None = None
-_forker_lock = threading.Lock()
-
-
-def _forker_main(jobs: queue.Queue) -> None:
-    while True:
-        fn, future = jobs.get()
-        try:
-            future.set_result(fn())
-        except BaseException as exc:       # handed to the caller, which raises it
-            future.set_exception(exc)
-
-
-def _in_forker(fn):
-    """Run ``fn()`` in the process's forking thread (started on first use); return its
-    result or raise its exception."""
-    global _forker
-    with _forker_lock:
-        if _forker is None:
-            _forker = queue.Queue()
-            threading.Thread(target=_forker_main, args=(_forker,), name="pycomm-spawner",
-                             daemon=True).start()
-    future: Future = Future()
-    _forker.put((fn, future))
-    return future.result()
+def _forked(app: App, env: dict):
+    """A child of ``app`` forked from the process's fork server
+    (:mod:`pycomm.launch.forkserver`), when it is a Python program this interpreter runs;
+    else None (it is then started as a new process)."""
+    command = shutil.which(app.command) or app.command
+    if not (config.get("PYCOMM_FORK_SERVER", env) and os.path.exists(command)
+            and os.path.samefile(command, sys.executable)
+            and forkserver.servable(app.args, app.wdir)):
+        return None
+    server = forkserver.shared_server(env)
+    if server is None:
+        return None
+    try:        # (stdout and stderr this process's, as a started child's)
+        return server.start(list(app.args), env, app.wdir, None, (None, os.dup(1)),
+                            (None, os.dup(2)))
+    except OSError:
+        return None
 
 
 class SpawnedChildren:
@@ -157,7 +149,7 @@ class SpawnedChildren:
                                             start_new_session=True,
                                             preexec_fn=_preexec(os.getpid()))  # noqa: PLW1509
                 try:
-                    proc = _in_forker(fork)
+                    proc = _forked(app, env) or in_forking_thread(fork)
                 except OSError as exc:
                     self.close(wait=0.0)
                     raise SpawnError(f"cannot start {label}: {exc}") from None
@@ -224,7 +216,10 @@ class SpawnedChildren:
                     raise CommTimeoutError(
                         f"{len(keys)} spawned process(es) did not join their parents within "
                         f"{self.timeout:g} s (PYCOMM_TIMEOUT); stopped")
-                got = client.wait(keys, timeout=min(_POLL_S, left))
+                try:
+                    got = client.wait(keys, timeout=min(_POLL_S, left))
+                except CommTimeoutError:    # (a busy root's store thread answered late:
+                    got = {}                # the deadline above decides)
                 keys = [k for k in keys if k not in got]
 
     def close(self, wait: float | None = None) -> list[str]:

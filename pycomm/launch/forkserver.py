@@ -2,31 +2,37 @@
 
 A rank started as ``python prog.py`` spends most of its start-up importing numpy and pycomm
 (about 0.3 s of CPU each on a small machine; benchmarks/README.md), and a job of N ranks
-pays that N times, on cores the ranks then share. The launcher (:class:`RankGroup
-<pycomm.launch.launcher.RankGroup>`) instead starts one server per job, ``python -m
-pycomm.launch.forkserver``, with rank 0's environment; the server imports what every rank
-imports (:data:`PRELOAD`) once, then forks each rank, which runs its program as
-``python`` would:
+pays that N times, on cores the ranks then share. Instead, a process that starts ranks
+(``launch.py``, a node agent, :class:`pycomm.Pool` and ``pycomm.spawn``, the root of an
+``MPI.Comm.Spawn``) starts a server, ``python -m pycomm.launch.zygote`` (the server's
+side, :mod:`pycomm.launch.zygote`), which imports what every rank imports
+(:data:`PRELOAD`) once, then forks each rank, which runs its program as ``python`` would:
 
 * ``PROG [args]`` (a ``.py`` file), ``-m MODULE [args]`` or ``-c CODE [args]``, with
   ``sys.argv``, ``sys.path[0]`` (the script's folder, the working directory for ``-m``,
   ``''`` for ``-c``), a fresh ``__main__`` module, the rank's own environment, working
-  directory and stdin/stdout/stderr (passed as file descriptors over the control socket);
+  directory and stdin/stdout/stderr (passed as file descriptors over the control socket),
+  and its own command line in ``ps`` (:func:`pycomm.launch.zygote._retitle`);
 * in its own session, with ``PR_SET_PDEATHSIG=SIGKILL`` (the server has the same on the
-  launcher, so a SIGKILLed launcher still takes every rank along);
+  process that started it, so a SIGKILLed launcher still takes every rank along);
 * an uncaught exception prints its traceback without the server's frames and exits 1,
-  ``sys.exit`` and signals end it as they end ``python``; numpy's global random state is
-  seeded again from the OS (the server's seed would otherwise be every rank's; Python's
-  ``random`` module does this itself at a fork).
+  ``sys.exit`` and signals end it as they end ``python``, after its threads and exit
+  hooks; numpy's global random state is seeded again from the OS (the server's seed
+  would otherwise be every rank's; Python's ``random`` module does this itself at a fork).
+
+The server lives as long as the process that started it (:func:`shared_server`): later
+jobs with the same environment (but for pycomm's per-job variables) are forked from it at
+once, without its start-up.
 
 What differs from a ``python`` started afresh: the modules of :data:`PRELOAD` are already
-imported (a module of the same name in the script's folder does not shadow them), and
-every rank has the server's ``PYTHONHASHSEED``-derived hash seed (set and dict orders of
-strings agree between ranks). Programs started with interpreter options (``python -u
+imported (a module of the same name in the script's folder does not shadow them), every
+rank has the server's hash seed (set and dict orders of strings agree between ranks), and
+at exit the interpreter does not tear its modules down (objects still alive then are not
+finalized; exit hooks run). Programs started with interpreter options (``python -u
 ...``), other file kinds (a folder or zip with ``__main__.py``) or with
 ``PYCOMM_FORK_SERVER=0`` are started with :class:`subprocess.Popen` as before.
 
-The launcher holds :class:`ForkedProcess` handles, which answer as
+The starting process holds :class:`ForkedProcess` handles, which answer as
 :class:`subprocess.Popen` does (``pid``, ``poll``, ``wait``, ``returncode``, ``stdout``,
 ``stderr``): only the server, the ranks' parent, can reap them, so it reports each exit
 over the control socket (a ``SOCK_SEQPACKET`` pair: one msgpack message per datagram, the
@@ -37,24 +43,24 @@ parent's ``__main__`` into each child and runs functions, not programs.
 
 from __future__ import annotations
 
-import builtins
+import atexit
 import ctypes
 import os
-import select
+import queue
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
-import types
-from importlib.machinery import SourceFileLoader
+from concurrent.futures import Future
 
 import msgpack
 
 from pycomm import config
 
-__all__ = ["ForkServer", "ForkedProcess", "PRELOAD", "servable", "start_ranks"]
+__all__ = ["ForkServer", "ForkedProcess", "PRELOAD", "in_forking_thread", "servable",
+           "shared_server", "start_ranks"]
 
 # What every rank of a pycomm program imports (pycomm.init's world and transports; the
 # mpi4py façade for launch.py --mpi4py): importing them once here is the point.
@@ -64,54 +70,160 @@ PRELOAD = ("numpy", "msgpack", "zmq", "cloudpickle", "pycomm", "pycomm.comm",
 _MAX_MESSAGE = 1 << 20      # bytes of one control message (a start request carries an env)
 _START_S = 60.0             # the server's imports on a loaded machine
 _PR_SET_PDEATHSIG = 1
+# bytes of the server's own command line (a last argument of spaces) that its ranks
+# overwrite with theirs, so that ps shows each rank's program (pycomm.launch.zygote)
+_TITLE_ROOM = 1024
 try:
-    _prctl = ctypes.CDLL(None, use_errno=True).prctl
+    _prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved before any fork
 except (OSError, AttributeError):
     _prctl = None
 
 
-def servable(argv) -> bool:
-    """Whether ``python *argv`` can be forked from the server: a ``.py`` file, ``-m`` or
-    ``-c``, with no interpreter option before it."""
+def servable(argv, cwd: str | None = None) -> bool:
+    """Whether ``python *argv`` (run in ``cwd``, None: here) can be forked from the
+    server: a ``.py`` file, ``-m`` or ``-c``, with no interpreter option before it."""
     if not argv:
         return False
     first = argv[0]
     if first in ("-m", "-c"):
         return len(argv) >= 2
-    return not first.startswith("-") and first.endswith(".py") and os.path.isfile(first)
+    return (not first.startswith("-") and first.endswith(".py")
+            and os.path.isfile(os.path.join(cwd or "", first)))
 
 
 # -- the launcher's side ------------------------------------------------------------------
 
+def _preexec(parent_pid: int):
+    """A ``preexec_fn`` giving a child ``PR_SET_PDEATHSIG=SIGKILL`` (it dies with the
+    thread that forked it), or exiting it if ``parent_pid`` is already gone."""
+    # preexec_fn runs between fork and exec while other threads (the store, zmq) exist. It
+    # only calls a prctl resolved before the fork and getppid: no locks, no allocation
+    # worth the name; this is the one way to get PDEATHSIG without a wrapper process.
+    def run_in_child() -> None:  # between fork and exec: nothing that takes locks
+        if _prctl is not None:
+            _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent_pid:  # the launcher died before prctl took effect
+            os._exit(1)
+    return run_in_child
+
+
+# -- the thread that forks every server (and every MPI_Comm_spawn child) ------------------
+# PR_SET_PDEATHSIG follows the *thread* that forked: a child forked from a thread that
+# ends (a pool made in a worker thread, mpi4py.futures' spawning thread) would be killed
+# with it. One long-lived daemon thread forks them all, so they die with the process only.
+_forker: queue.Queue | None = None
+_forker_lock = threading.Lock()
+
+
+def _forker_main(jobs: queue.Queue) -> None:
+    while True:
+        fn, future = jobs.get()
+        try:
+            future.set_result(fn())
+        except BaseException as exc:       # handed to the caller, which raises it
+            future.set_exception(exc)
+
+
+def in_forking_thread(fn):
+    """Run ``fn()`` in the process's forking thread (started on first use); return its
+    result or raise its exception."""
+    global _forker
+    with _forker_lock:
+        if _forker is None:
+            _forker = queue.Queue()
+            threading.Thread(target=_forker_main, args=(_forker,), name="pycomm-forker",
+                             daemon=True).start()
+    future: Future = Future()
+    _forker.put((fn, future))
+    return future.result()
+
+
+# -- one server per environment, for the process's lifetime ------------------------------
+# A process that starts several jobs (a notebook's pycomm.spawn calls, a test session's
+# pools) pays for the server's imports once: jobs whose environments agree but for
+# pycomm's per-job variables share it. Closed at exit (the ranks are gone by then: their
+# groups stopped them).
+_servers: dict[frozenset, ForkServer] = {}    # the most recently used last
+_servers_lock = threading.Lock()
+_MAX_SERVERS = 4        # (each holds its imports' memory, shared with its ranks)
+# pycomm variables read at import (pycomm.trace's ring size): a server per value
+_READ_AT_IMPORT = ("PYCOMM_TRACE_CALLS",)
+
+
+def _server_env(env: dict) -> dict:
+    return {k: v for k, v in env.items()
+            if not k.startswith("PYCOMM_") or k in _READ_AT_IMPORT}
+
+
+def shared_server(env: dict) -> ForkServer | None:
+    """The process's fork server for a rank environment like ``env`` (started on first
+    use, from the forking thread), or None when none can be started."""
+    server_env = _server_env(env)
+    key = frozenset(server_env.items())
+    with _servers_lock:
+        server = _servers.pop(key, None)
+        if server is None or not server.alive():
+            try:
+                server = in_forking_thread(
+                    lambda: ForkServer(server_env, _preexec(os.getpid())))
+            except OSError:     # (its stderr said why) the ranks start afresh
+                return None
+            if len(_servers) >= _MAX_SERVERS:   # the least recently used goes (once its
+                _servers.pop(next(iter(_servers))).close(wait=0.0)    # ranks have)
+        _servers[key] = server
+        return server
+
+
+def _close_servers() -> None:
+    for server in list(_servers.values()):
+        server.close(wait=0.0)
+    _servers.clear()
+
+
+def _after_fork_in_child() -> None:
+    """A process forked from this one (multiprocessing's fork) does not share its
+    parent's servers (their sockets are the parent's conversations) or forking thread
+    (which the child does not have)."""
+    global _forker, _forker_lock, _servers_lock
+    _servers.clear()        # (their sockets are closed when collected, not shut down)
+    _forker = None
+    _forker_lock, _servers_lock = threading.Lock(), threading.Lock()   # (maybe held)
+
+
+atexit.register(_close_servers)
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def start_ranks(argv, envs: list[dict], stdin_index: int | None, capture: bool,
-                preexec) -> tuple[list, ForkServer | None]:
+                preexec) -> list:
     """Start one process per environment of ``envs`` running ``python *argv``: forked
-    from a new :class:`ForkServer` (returned, for the caller to close after its ranks)
-    when :func:`servable` and ``PYCOMM_FORK_SERVER`` allow and it starts, else with
-    :class:`subprocess.Popen`; either way in its own session with ``preexec``'s
-    parent-death signal. The process at ``stdin_index`` reads this process's stdin, the
-    others /dev/null; ``capture``: stdout and stderr are pipes (the handles' ``stdout``
-    and ``stderr``), else this process's own. On an error, the processes started are
-    killed and the server closed.
+    from the process's :func:`shared_server` when :func:`servable` and
+    ``PYCOMM_FORK_SERVER`` allow and it answers, else with :class:`subprocess.Popen` and
+    ``preexec``; either way in its own session, dying with this process. The process at
+    ``stdin_index`` reads this process's stdin, the others /dev/null; ``capture``: stdout
+    and stderr are pipes (the handles' ``stdout`` and ``stderr``), else this process's
+    own. On an error, the processes started are killed.
 
     Raises:
         OSError: a process could not be started.
     """
     server = None
     if config.get("PYCOMM_FORK_SERVER", envs[0]) and servable(argv):
-        try:
-            server = ForkServer(envs[0], preexec)
-        except OSError:     # (its stderr said why) each rank starts afresh
-            server = None
+        server = shared_server(envs[0])
     procs: list = []
     try:
         for i, env in enumerate(envs):
             if server is not None:
-                procs.append(server.start(
-                    argv, env, None, os.dup(0) if i == stdin_index else None,
-                    os.pipe() if capture else (None, os.dup(1)),
-                    os.pipe() if capture else (None, os.dup(2))))
-                continue
+                try:
+                    procs.append(server.start(
+                        argv, env, None, os.dup(0) if i == stdin_index else None,
+                        os.pipe() if capture else (None, os.dup(1)),
+                        os.pipe() if capture else (None, os.dup(2))))
+                    continue
+                except OSError:
+                    if procs:       # it failed within this job: no second try
+                        raise
+                    server = None   # gone before this job began: start afresh
             pipe = subprocess.PIPE if capture else None
             procs.append(subprocess.Popen(
                 [sys.executable, *argv], env=env,
@@ -120,10 +232,8 @@ def start_ranks(argv, envs: list[dict], stdin_index: int | None, capture: bool,
     except BaseException:
         for proc in procs:
             proc.kill()
-        if server is not None:
-            server.close()
         raise
-    return procs, server
+    return procs
 
 
 class ForkedProcess:
@@ -184,7 +294,8 @@ class ForkServer:
         self._early: dict[int, int] = {}    # exits reported before their handle was made
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "pycomm.launch.forkserver", str(theirs.fileno())],
+                [sys.executable, "-m", "pycomm.launch.zygote", str(theirs.fileno()),
+                 " " * _TITLE_ROOM],
                 env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                 pass_fds=(theirs.fileno(),), start_new_session=True,
                 preexec_fn=preexec)  # noqa: PLW1509
@@ -271,8 +382,15 @@ class ForkServer:
         for proc in lost:
             proc._exited(-signal.SIGKILL)   # (its parent-death signal)
 
-    def close(self, timeout: float = 5.0) -> None:
-        """Close the control socket; the server exits once its ranks have."""
+    def alive(self) -> bool:
+        """Whether the server still serves (its process and the socket's reader run)."""
+        return self.proc.poll() is None and self._reader.is_alive()
+
+    def close(self, timeout: float = 5.0, *, wait: float | None = None) -> None:
+        """Close the control socket; the server exits once its ranks have. Waits up to
+        ``timeout`` seconds for that (``wait=0.0``: not at all), then kills it."""
+        if wait is not None:
+            timeout = wait
         try:    # (shut down first: the reader thread's recv holds the socket open)
             self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:
@@ -281,184 +399,10 @@ class ForkServer:
             self._sock.close()
         except OSError:
             pass
+        if timeout <= 0:
+            return
         try:
             self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-
-
-# -- the server's side --------------------------------------------------------------------
-
-def _serve(sock: socket.socket) -> dict | None:
-    """Fork ranks on request and report their exits; return the request in a forked child
-    (which then runs its program), None in the server once the launcher has closed the
-    socket and every rank has exited."""
-    children: set[int] = set()
-    wake_r, wake_w = os.pipe()          # SIGCHLD wakes the select (an exit is reported
-    os.set_blocking(wake_w, False)      # when it happens, not at a polling tick)
-    signal.set_wakeup_fd(wake_w)
-    signal.signal(signal.SIGCHLD, lambda *_: None)
-    server_pid = os.getpid()
-    closed = False
-    while not closed or children:
-        ready = select.select([wake_r] if closed else [sock, wake_r], [], [], 1.0)[0]
-        if wake_r in ready:
-            os.read(wake_r, 512)
-        while children:                 # reap every rank that has exited
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                children.clear()
-                break
-            if not pid:
-                break
-            children.discard(pid)
-            if not closed:
-                try:
-                    sock.send(msgpack.packb(["exit", pid, os.waitstatus_to_exitcode(status)]))
-                except OSError:
-                    closed = True
-        if closed or sock not in ready:
-            continue
-        try:
-            data, fds, _, _ = socket.recv_fds(sock, _MAX_MESSAGE, 3)
-        except OSError:
-            data, fds = b"", []
-        if not data:
-            closed = True
-            continue
-        try:
-            pid = os.fork()
-        except OSError as exc:
-            for fd in fds:
-                os.close(fd)
-            sock.send(msgpack.packb(["failed", str(exc)]))
-            continue
-        if pid == 0:
-            signal.set_wakeup_fd(-1)
-            os.close(wake_r)
-            os.close(wake_w)
-            request = msgpack.unpackb(data)
-            _become_rank(sock, fds, request, server_pid)
-            return request
-        for fd in fds:
-            os.close(fd)
-        children.add(pid)
-        sock.send(msgpack.packb(["started", pid]))
-    return None
-
-
-def _become_rank(sock: socket.socket, fds: list[int], request: dict, server_pid: int) -> None:
-    """In a forked child: the rank's session, parent-death signal, descriptors, working
-    directory and environment, as ``subprocess.Popen(start_new_session=True)`` with the
-    launcher's preexec would give it."""
-    os.setsid()
-    if _prctl is not None:
-        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != server_pid:      # the server died before prctl took effect
-        os._exit(1)
-    sock.close()
-    for target, fd in enumerate(fds):
-        os.dup2(fd, target)
-        os.close(fd)
-    for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    os.chdir(request["cwd"])
-    os.environ.clear()
-    os.environ.update(request["env"])
-    np_random = sys.modules.get("numpy.random")
-    if np_random is not None:
-        np_random.seed()
-    from pycomm import config
-    config.reload()
-
-
-def _run(request: dict) -> None:
-    """Run the rank's program in a fresh ``__main__``, as ``python *argv`` does."""
-    argv = request["argv"]
-    main = types.ModuleType("__main__")
-    main.__dict__["__builtins__"] = builtins
-    sys.modules["__main__"] = main
-    sys.orig_argv = [sys.executable, *argv]
-    kind = argv[0] if argv[0] in ("-m", "-c") else "file"
-    sys.argv = list(argv) if kind == "file" else [kind, *argv[2:]]
-    sys.path[0] = {"-m": os.getcwd(), "-c": ""}.get(
-        kind, os.path.dirname(os.path.realpath(argv[0])))
-    try:
-        if kind == "-m":
-            import runpy
-            runpy._run_module_as_main(argv[1], alter_argv=True)  # noqa: SLF001 (python -m's)
-        else:
-            if kind == "-c":
-                code = compile(argv[1], "<string>", "exec")
-            else:           # (python makes the script's name absolute for __file__)
-                path = os.path.abspath(argv[0])
-                with open(path, "rb") as fh:
-                    code = compile(fh.read(), path, "exec")
-                main.__dict__.update(__file__=path, __cached__=None,
-                                     __loader__=SourceFileLoader("__main__", path))
-            exec(code, main.__dict__)      # noqa: S102 (the rank's program)
-        status = 0
-    except KeyboardInterrupt:
-        raise           # (python then ends by SIGINT, after its whole finalization)
-    except SystemExit as exc:
-        status = _exit_status(exc.code)
-    except BaseException as exc:        # as the interpreter reports an uncaught one
-        tb = exc.__traceback__
-        while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
-            tb = tb.tb_next
-        exc = exc.with_traceback(tb)
-        sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc, tb
-        sys.excepthook(type(exc), exc, tb)
-        status = 1
-    _finalize(status)
-
-
-def _exit_status(code) -> int:
-    """The exit status of ``SystemExit(code)``, its message printed, as python does."""
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code & 0xFF
-    try:
-        sys.stderr.write(f"{code}\n")
-    except Exception:   # noqa: BLE001 (python ignores a failing print here too)
-        pass
-    return 1
-
-
-def _finalize(status: int) -> None:
-    """End the rank as the interpreter's own finalization would, up to what a rank can
-    observe: wait for its non-daemon threads, run its exit hooks, flush its streams; then
-    leave without tearing down the modules the server imported (about 0.1 s of CPU per
-    rank that would otherwise go to garbage collection alone)."""
-    import atexit
-    threading._shutdown()           # noqa: SLF001 (what Py_FinalizeEx calls first)
-    atexit._run_exitfuncs()         # noqa: SLF001
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:   # noqa: BLE001 (a closed or broken stream: as python)
-            pass
-    os._exit(status)
-
-
-def _main() -> None:
-    sock = socket.socket(fileno=int(sys.argv[1]))
-    signal.signal(signal.SIGINT, signal.SIG_IGN)    # the launcher forwards signals
-    for name in PRELOAD:
-        try:
-            __import__(name)
-        except ImportError:     # an optional part (zmq always is there; pycomm.MPI's deps)
-            pass
-    sock.send(msgpack.packb(["ready"]))
-    request = _serve(sock)
-    if request is None:
-        os._exit(0)     # the server: nothing to flush, no interpreter teardown to wait for
-    _run(request)
-
-
-if __name__ == "__main__":
-    _main()

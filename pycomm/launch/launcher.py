@@ -8,7 +8,10 @@ machinery, shared with :mod:`pycomm.launch.spawning`:
   :class:`~pycomm.launch.store.StoreServer` on loopback that the ranks rendezvous through;
 * each rank is ``sys.executable ARGV...`` in its own session (so signals and cleanup reach
   its whole process group), with ``PR_SET_PDEATHSIG=SIGKILL`` so it dies if the launcher is
-  SIGKILLed, and with the environment contract of :mod:`pycomm.config`;
+  SIGKILLed, and with the environment contract of :mod:`pycomm.config`; a Python
+  program's ranks are forked from one server per job that has imported numpy and pycomm
+  (:mod:`pycomm.launch.forkserver`, whose :func:`~pycomm.launch.forkserver.start_ranks`
+  this launcher and the node agents share);
 * every line a rank writes to stdout/stderr is prefixed ``[rank] `` (switchable off:
   then the bytes pass unchanged, as under ``mpiexec``; whole lines at a time either way,
   see :mod:`pycomm.launch.forward`); ``launch.py``'s stdin is rank 0's (``--stdin``), the other
@@ -38,7 +41,6 @@ create a :class:`RankGroup` from a thread that outlives it (normally the main th
 
 from __future__ import annotations
 
-import ctypes
 import os
 import secrets
 import signal
@@ -52,6 +54,7 @@ from dataclasses import dataclass
 from pycomm import config, stall, trace
 from pycomm.errors import ArgumentError, CommError
 from pycomm.launch import forkserver
+from pycomm.launch.forkserver import _preexec
 from pycomm.launch.forward import Forwarder as _Forwarder
 from pycomm.launch.store import StoreServer
 from pycomm.launch.store_client import StoreClient
@@ -61,11 +64,6 @@ __all__ = ["RankExit", "RankGroup", "blame", "shm_prefix", "sweep_shm"]
 TRANSPORT_CHOICES = ("auto", "shm", "tcp", "rdma")
 SHM_DIR = "/dev/shm"
 _POLL_S = 0.02  # seconds between liveness checks while supervising
-_PR_SET_PDEATHSIG = 1
-try:
-    _prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved before any fork
-except (OSError, AttributeError):  # not Linux
-    _prctl = None
 
 
 def shm_prefix(job_id: str) -> str:
@@ -142,18 +140,6 @@ class RankExit:
         return f"rank {self.rank} (pid {self.pid}) {how}"
 
 
-def _preexec(parent_pid: int) -> Callable[[], None]:
-    # preexec_fn runs between fork and exec while other threads (the store, zmq) exist. It
-    # only calls a prctl resolved before the fork and getppid: no locks, no allocation
-    # worth the name; this is the one way to get PDEATHSIG without a wrapper process.
-    def run_in_child() -> None:  # between fork and exec: nothing that takes locks
-        if _prctl is not None:
-            _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent_pid:  # the launcher died before prctl took effect
-            os._exit(1)
-    return run_in_child
-
-
 class RankGroup:
     """One job: its token, id and store, and the N rank processes once :meth:`start` ran.
 
@@ -197,7 +183,6 @@ class RankGroup:
         self._closed = False
         self._client: StoreClient | None = None     # the launcher's own, for diagnoses
         self._trace_path: str | None = None
-        self._forks: forkserver.ForkServer | None = None   # the ranks' parent, if forked
 
     def env_for(self, rank: int) -> dict[str, str]:
         """Return the environment variables of the contract for ``rank`` (only those)."""
@@ -215,8 +200,8 @@ class RankGroup:
         envs = [{**os.environ, **(extra_env or {}), **self.env_for(rank)}
                 for rank in range(self.nprocs)]
         try:
-            self.procs, self._forks = forkserver.start_ranks(
-                argv, envs, self.stdin_rank, True, _preexec(os.getpid()))
+            self.procs = forkserver.start_ranks(argv, envs, self.stdin_rank, True,
+                                                _preexec(os.getpid()))
             for rank, proc in enumerate(self.procs):
                 for stream, src in (("stdout", proc.stdout), ("stderr", proc.stderr)):
                     fwd = _Forwarder(src, rank, stream, prefix=self.prefix)
@@ -405,8 +390,6 @@ class RankGroup:
                 os.killpg(proc.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
-        if self._forks is not None:
-            self._forks.close()
         deadline = time.monotonic() + 2.0
         for fwd in self._forwarders:
             fwd.join(max(0.0, deadline - time.monotonic()))

@@ -55,7 +55,8 @@ from collections.abc import Callable, Sequence
 from pycomm import config, stall
 from pycomm.errors import ArgumentError, CommError, CommTimeoutError
 from pycomm.launch import forkserver
-from pycomm.launch.launcher import (RankExit, _Forwarder, _preexec, blame, contract_env,
+from pycomm.launch.forkserver import _preexec
+from pycomm.launch.launcher import (RankExit, _Forwarder, blame, contract_env,
                                    sweep_shm)
 from pycomm.launch.store import StoreServer
 from pycomm.launch.store_client import StoreClient
@@ -127,7 +128,6 @@ class NodeAgent:
         self.server = (StoreServer(self.token, "0.0.0.0", master_port)
                        if node_rank == 0 else None)
         self.procs: list[subprocess.Popen] = []
-        self._forks: forkserver.ForkServer | None = None    # the ranks' parent, if forked
         self._forwarders: list[_Forwarder] = []
         self._client: StoreClient | None = None
         self._key = f"nodes/{self.job_id}/"
@@ -155,7 +155,7 @@ class NodeAgent:
         self.connect()
         envs = [{**os.environ, **(extra_env or {}), **self.env_for(local)}
                 for local in range(len(self.ranks))]
-        self.procs, self._forks = forkserver.start_ranks(
+        self.procs = forkserver.start_ranks(
             argv, envs, self.ranks.index(self.stdin_rank) if self.hosts_stdin else None,
             self.prefix, _preexec(os.getpid()))
         for rank, proc in zip(self.ranks, self.procs):
@@ -364,8 +364,6 @@ class NodeAgent:
         """Kill what is left, close the store (node 0), sweep this node's /dev/shm."""
         if self._running():
             self.stop()
-        if self._forks is not None:
-            self._forks.close()
         deadline = time.monotonic() + 2.0
         for fwd in self._forwarders:
             fwd.join(max(0.0, deadline - time.monotonic()))
