@@ -1,6 +1,6 @@
 """Ranks forked from the fork server (pycomm/launch/forkserver.py) run their program as
 ``python`` runs it: each program here is run by CPython itself (``python prog.py``) and as
-the one rank of a ``launch.py --no-prefix`` job, and what a user sees (stdout, stderr
+the two ranks of a ``launch.py`` job, and what a user sees (each rank's stdout and stderr
 without the launcher's own lines, the exit status) must be the same. Then what only a
 job has: every rank its own environment, random state and stdin, the server as the
 ranks' parent (and none with ``PYCOMM_FORK_SERVER=0``), and no process left after a
@@ -49,9 +49,27 @@ PROGRAMS = {
 }
 
 
-def _launcher_lines_out(text: str) -> str:
-    return "".join(ln for ln in text.splitlines(keepends=True)
-                   if not ln.startswith("pycomm.launch:"))
+def _per_rank(text: str, n: int = 2) -> list[str]:
+    """Each rank's lines of a prefixed stream (``[r] line``), the launcher's own
+    (``pycomm.launch: ...``) left out."""
+    ranks = [""] * n
+    for ln in text.splitlines(keepends=True):
+        if not ln.startswith("pycomm.launch:"):
+            head, _, rest = ln.partition("] ")
+            ranks[int(head[1:])] += rest
+    return ranks
+
+
+def _compare_with_python(tmp_path, argv: list[str], env=None):
+    """``python *argv`` and the same as two forked ranks of ``launch.py`` (each rank's
+    output apart, by its prefix): the same lines on each stream, the same exit status."""
+    ref = subprocess.run([sys.executable, *argv], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=60)
+    got = subprocess.run([sys.executable, LAUNCH, "-n", "2", *argv], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert got.returncode == ref.returncode, (got.stderr, ref.stderr)
+    assert _per_rank(got.stdout) == [ref.stdout] * 2
+    assert _per_rank(got.stderr) == [ref.stderr] * 2
 
 
 @pytest.mark.parametrize("name", list(PROGRAMS))
@@ -60,25 +78,14 @@ def test_a_forked_rank_runs_its_program_as_python_does(tmp_path, name):
     prog = tmp_path / "prog.py"
     prog.write_text(source)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}   # (as a rank's; keeps the order)
-    ref = subprocess.run([sys.executable, "prog.py", *args], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=60)
-    got = subprocess.run([sys.executable, LAUNCH, "--no-prefix", "prog.py", *args],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
-    assert got.returncode == ref.returncode, (got.stderr, ref.stderr)
-    assert got.stdout == ref.stdout
-    assert _launcher_lines_out(got.stderr) == ref.stderr
+    _compare_with_python(tmp_path, ["prog.py", *args], env)
 
 
 def test_module_mode_runs_as_python_m(tmp_path):
     (tmp_path / "modprog.py").write_text(
         "import sys\nprint('argv0', sys.argv[0], 'rest', sys.argv[1:], __name__)\n"
         "raise KeyError('k')\n")
-    ref = subprocess.run([sys.executable, "-m", "modprog", "x"], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=60)
-    got = subprocess.run([sys.executable, LAUNCH, "--no-prefix", "-m", "modprog", "x"],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=60)
-    assert (got.returncode, got.stdout) == (ref.returncode, ref.stdout)
-    assert _launcher_lines_out(got.stderr) == ref.stderr
+    _compare_with_python(tmp_path, ["-m", "modprog", "x"])
 
 
 JOB = """\
@@ -219,3 +226,12 @@ def test_a_forked_child_of_the_process_gets_its_own_server(tmp_path):
     proc = subprocess.run([sys.executable, str(prog)], capture_output=True, text=True,
                           timeout=120)
     assert proc.stdout.split() == ["0", "True", "True"], proc.stdout + proc.stderr
+
+
+def test_a_one_rank_job_starts_afresh(tmp_path):
+    # (a new server's start-up would only delay a lone rank: launch.py -n 1 is python)
+    prog = tmp_path / "one.py"
+    prog.write_text("import os\nprint(os.getppid() == int(os.environ['PYCOMM_LAUNCHER_PID']))\n")
+    proc = subprocess.run([sys.executable, LAUNCH, "--no-prefix", str(prog)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.stdout == "True\n", proc.stderr

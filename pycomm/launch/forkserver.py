@@ -155,14 +155,17 @@ def _server_env(env: dict) -> dict:
             if not k.startswith("PYCOMM_") or k in _READ_AT_IMPORT}
 
 
-def shared_server(env: dict) -> ForkServer | None:
+def shared_server(env: dict, start: bool = True) -> ForkServer | None:
     """The process's fork server for a rank environment like ``env`` (started on first
-    use, from the forking thread), or None when none can be started."""
+    use, from the forking thread, unless ``start`` is False), or None when there is none
+    or none can be started."""
     server_env = _server_env(env)
     key = frozenset(server_env.items())
     with _servers_lock:
         server = _servers.pop(key, None)
         if server is None or not server.alive():
+            if not start:
+                return None
             try:
                 server = in_forking_thread(
                     lambda: ForkServer(server_env, _preexec(os.getpid())))
@@ -198,7 +201,8 @@ def start_ranks(argv, envs: list[dict], stdin_index: int | None, capture: bool,
                 preexec) -> list:
     """Start one process per environment of ``envs`` running ``python *argv``: forked
     from the process's :func:`shared_server` when :func:`servable` and
-    ``PYCOMM_FORK_SERVER`` allow and it answers, else with :class:`subprocess.Popen` and
+    ``PYCOMM_FORK_SERVER`` allow, it answers, and there are several ranks or a server
+    runs already, else with :class:`subprocess.Popen` and
     ``preexec``; either way in its own session, dying with this process. The process at
     ``stdin_index`` reads this process's stdin, the others /dev/null; ``capture``: stdout
     and stderr are pipes (the handles' ``stdout`` and ``stderr``), else this process's
@@ -209,7 +213,8 @@ def start_ranks(argv, envs: list[dict], stdin_index: int | None, capture: bool,
     """
     server = None
     if config.get("PYCOMM_FORK_SERVER", envs[0]) and servable(argv):
-        server = shared_server(envs[0])
+        # (one rank is started sooner afresh than through a new server's start-up)
+        server = shared_server(envs[0], start=len(envs) > 1)
     procs: list = []
     try:
         for i, env in enumerate(envs):
