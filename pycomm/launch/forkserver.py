@@ -281,8 +281,9 @@ class ForkedProcess:
 
 
 class ForkServer:
-    """One job's fork server: started with ``env`` (rank 0's environment) and ``preexec``
-    (the launcher's PDEATHSIG set-up), ready when its imports are done.
+    """A fork server process (:mod:`pycomm.launch.zygote`): started with ``env`` (its
+    ranks' environment less their per-job variables) and ``preexec`` (the PDEATHSIG
+    set-up), ready when its imports are done.
 
     Raises:
         OSError: the server could not be started, or did not answer (its own stderr says
@@ -372,7 +373,7 @@ class ForkServer:
             msg = msgpack.unpackb(data)
             with self._reply_ready:
                 if msg[0] == "exit":
-                    proc = self._procs.get(msg[1])
+                    proc = self._procs.pop(msg[1], None)
                     if proc is None:
                         self._early[msg[1]] = msg[2]
                 else:
@@ -382,7 +383,8 @@ class ForkServer:
                 proc._exited(msg[2])
         # the server is gone (killed): a rank it did not report is reported lost
         with self._reply_ready:
-            lost = [p for p in self._procs.values() if p.returncode is None]
+            lost = list(self._procs.values())
+            self._procs.clear()
             self._reply_ready.notify_all()
         for proc in lost:
             proc._exited(-signal.SIGKILL)   # (its parent-death signal)
@@ -391,11 +393,9 @@ class ForkServer:
         """Whether the server still serves (its process and the socket's reader run)."""
         return self.proc.poll() is None and self._reader.is_alive()
 
-    def close(self, timeout: float = 5.0, *, wait: float | None = None) -> None:
+    def close(self, wait: float = 5.0) -> None:
         """Close the control socket; the server exits once its ranks have. Waits up to
-        ``timeout`` seconds for that (``wait=0.0``: not at all), then kills it."""
-        if wait is not None:
-            timeout = wait
+        ``wait`` seconds for that (0: not at all), then kills it."""
         try:    # (shut down first: the reader thread's recv holds the socket open)
             self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:
@@ -404,10 +404,10 @@ class ForkServer:
             self._sock.close()
         except OSError:
             pass
-        if timeout <= 0:
+        if wait <= 0:
             return
         try:
-            self.proc.wait(timeout)
+            self.proc.wait(wait)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
