@@ -241,3 +241,26 @@ def test_a_one_rank_job_starts_afresh(tmp_path):
     proc = subprocess.run([sys.executable, LAUNCH, "--no-prefix", str(prog)],
                           capture_output=True, text=True, timeout=60)
     assert proc.stdout == "True\n", proc.stderr
+
+
+def test_a_killed_server_fails_its_jobs_ranks_and_the_next_job_gets_a_new_one(tmp_path):
+    """SIGKILL the server under a running pool: its ranks die with it (their parent-death
+    signal), the pool's next task fails naming a rank, and the next pool is forked from a
+    new server."""
+    import pycomm
+    pool = pycomm.Pool(2, timeout=30)
+    try:
+        server = pool.run(os.getppid)[0]
+        ranks = pool.pids
+        os.kill(server, signal.SIGKILL)
+        with pytest.raises(pycomm.CommError) as info:
+            pool.run(time.sleep, 0.1)
+        assert "rank" in str(info.value)
+    finally:
+        pool.close()
+    deadline = time.monotonic() + 5
+    while any(_alive(p) for p in ranks) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [p for p in ranks if _alive(p)]
+    again = pycomm.spawn(os.getppid, 2)
+    assert len(set(again)) == 1 and again[0] != server

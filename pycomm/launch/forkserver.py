@@ -24,9 +24,9 @@ The server lives as long as the process that started it (:func:`shared_server`):
 jobs with the same environment (but for pycomm's per-job variables) are forked from it at
 once, without its start-up.
 
-What differs from a ``python`` started afresh: the modules of :data:`PRELOAD` are already
-imported (a module of the same name in the script's folder does not shadow them), every
-rank has the server's hash seed (set and dict orders of strings agree between ranks), and
+What differs from a ``python`` started afresh: the modules of :data:`PRELOAD` (and
+:data:`PRELOAD_MPI4PY` with ``PYCOMM_MPI4PY``) are already imported (a module of the same
+name in the script's folder does not shadow them), every rank has the server's hash seed (set and dict orders of strings agree between ranks), and
 at exit the interpreter does not tear its modules down (objects still alive then are not
 finalized; exit hooks run). Programs started with interpreter options (``python -u
 ...``), other file kinds (a folder or zip with ``__main__.py``) or with
@@ -59,14 +59,15 @@ import msgpack
 
 from pycomm import config
 
-__all__ = ["ForkServer", "ForkedProcess", "PRELOAD", "in_forking_thread", "servable",
-           "shared_server", "start_ranks"]
+__all__ = ["ForkServer", "ForkedProcess", "PRELOAD", "PRELOAD_MPI4PY", "in_forking_thread",
+           "servable", "shared_server", "start_ranks"]
 
-# What every rank of a pycomm program imports (pycomm.init's world and transports; the
-# mpi4py façade for launch.py --mpi4py): importing them once here is the point.
+# What every rank of a pycomm program imports (pycomm.init's world and transports):
+# importing them once here is the point; with PYCOMM_MPI4PY (launch.py --mpi4py, a
+# spawn's children) the mpi4py façade too.
 PRELOAD = ("numpy", "msgpack", "zmq", "cloudpickle", "pycomm", "pycomm.comm",
-           "pycomm.launch.bootstrap", "transports.shm",
-           "transports.tcp", "pycomm.MPI")
+           "pycomm.launch.bootstrap", "transports.shm", "transports.tcp")
+PRELOAD_MPI4PY = ("pycomm.MPI",)
 _MAX_MESSAGE = 1 << 20      # bytes of one control message (a start request carries an env)
 _START_S = 60.0             # the server's imports on a loaded machine
 _PR_SET_PDEATHSIG = 1
@@ -146,8 +147,9 @@ def in_forking_thread(fn):
 _servers: dict[frozenset, ForkServer] = {}    # the most recently used last
 _servers_lock = threading.Lock()
 _MAX_SERVERS = 4        # (each holds its imports' memory, shared with its ranks)
-# pycomm variables read at import (pycomm.trace's ring size): a server per value
-_READ_AT_IMPORT = ("PYCOMM_TRACE_CALLS",)
+# pycomm variables read at import (pycomm.trace's ring size) or by the server (what it
+# imports): a server per value
+_READ_AT_IMPORT = ("PYCOMM_TRACE_CALLS", "PYCOMM_MPI4PY")
 
 
 def _server_env(env: dict) -> dict:

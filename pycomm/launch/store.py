@@ -131,23 +131,31 @@ class StoreServer:
         self._key = normalize_token(token)
         self._max_bytes = int(config.get("PYCOMM_STORE_MAX_BYTES"))
         self._ctx = zmq.Context()
-        self._sock = self._ctx.socket(zmq.STREAM)
-        self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.setsockopt(zmq.RCVHWM, RCVHWM)
-        # Never drop an outgoing part: a frame's length and its body may leave as two
-        # messages, and losing one would desynchronise the stream. A client has at most a
-        # few replies queued (one per request), a stranger two small ones.
-        self._sock.setsockopt(zmq.SNDHWM, 0)
-        if ":" in host:
-            self._sock.setsockopt(zmq.IPV6, 1)
-        self._sock.bind(_endpoint(host, port or "*"))
-        endpoint = self._sock.getsockopt(zmq.LAST_ENDPOINT).decode()
-        self.host = host
-        self.port = int(endpoint.rsplit(":", 1)[1])
-        self._wake_rx = self._ctx.socket(zmq.PAIR)
-        self._wake_rx.bind(f"inproc://store-wake-{id(self)}")
-        self._wake_tx = self._ctx.socket(zmq.PAIR)
-        self._wake_tx.connect(f"inproc://store-wake-{id(self)}")
+        try:
+            self._sock = self._ctx.socket(zmq.STREAM)
+            self._sock.setsockopt(zmq.LINGER, 0)
+            self._sock.setsockopt(zmq.RCVHWM, RCVHWM)
+            # Never drop an outgoing part: a frame's length and its body may leave as two
+            # messages, and losing one would desynchronise the stream. A client has at most
+            # a few replies queued (one per request), a stranger two small ones.
+            self._sock.setsockopt(zmq.SNDHWM, 0)
+            if ":" in host:
+                self._sock.setsockopt(zmq.IPV6, 1)
+            self._sock.bind(_endpoint(host, port or "*"))
+            endpoint = self._sock.getsockopt(zmq.LAST_ENDPOINT).decode()
+            self.host = host
+            self.port = int(endpoint.rsplit(":", 1)[1])
+            self._wake_rx = self._ctx.socket(zmq.PAIR)
+            self._wake_rx.bind(f"inproc://store-wake-{id(self)}")
+            self._wake_tx = self._ctx.socket(zmq.PAIR)
+            self._wake_tx.connect(f"inproc://store-wake-{id(self)}")
+        except BaseException:
+            # Closed here, not left to the garbage collector: a context collected with its
+            # sockets in one cycle loses its weak references to them first, and its
+            # finalizer's term() then waits forever for sockets still open (a spawn root
+            # whose store could not bind hung in a later call, inside a collection).
+            self._ctx.destroy(linger=0)
+            raise
         # State below is touched only by the server thread.
         self._data: dict[str, bytes] = {}
         self._getters: dict[str, list[_Parked]] = {}

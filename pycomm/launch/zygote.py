@@ -21,7 +21,7 @@ from importlib.machinery import SourceFileLoader
 import msgpack
 
 from pycomm.launch.forkserver import (_MAX_MESSAGE, _PR_SET_PDEATHSIG, _TITLE_ROOM, PRELOAD,
-                                      _prctl)
+                                      PRELOAD_MPI4PY, _prctl)
 
 __all__: list[str] = []
 
@@ -204,7 +204,8 @@ def _finalize(status: int) -> None:
 def _main() -> None:
     sock = socket.socket(fileno=int(sys.argv[1]))
     signal.signal(signal.SIGINT, signal.SIG_IGN)    # the launcher forwards signals
-    for name in PRELOAD:
+    from pycomm import config
+    for name in PRELOAD + (PRELOAD_MPI4PY if config.get("PYCOMM_MPI4PY") else ()):
         try:
             __import__(name)
         except ImportError:     # an optional part (zmq always is there; pycomm.MPI's deps)
