@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import builtins
 import ctypes
+import gc
 import os
 import select
 import signal
@@ -90,6 +91,7 @@ def _become_rank(sock: socket.socket, fds: list[int], request: dict, server_pid:
     directory and environment, as ``subprocess.Popen(start_new_session=True)`` with the
     launcher's preexec would give it."""
     os.setsid()
+    gc.enable()
     if _prctl is not None:
         _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != server_pid:      # the server died before prctl took effect
@@ -204,12 +206,17 @@ def _finalize(status: int) -> None:
 def _main() -> None:
     sock = socket.socket(fileno=int(sys.argv[1]))
     signal.signal(signal.SIGINT, signal.SIG_IGN)    # the launcher forwards signals
+    # The imports' objects go to the collector's permanent generation (gc.freeze, as its
+    # documentation advises before fork without exec): a rank's collections then neither
+    # traverse them nor write their headers, which would copy the shared pages.
+    gc.disable()
     from pycomm import config
     for name in PRELOAD + (PRELOAD_MPI4PY if config.get("PYCOMM_MPI4PY") else ()):
         try:
             __import__(name)
         except ImportError:     # an optional part (zmq always is there; pycomm.MPI's deps)
             pass
+    gc.freeze()
     sock.send(msgpack.packb(["ready"]))
     request = _serve(sock)
     if request is None:
