@@ -222,9 +222,8 @@ class CollectiveCalls:
         :func:`pycomm.plan.plan_call`): what :meth:`begin` does for such a call and the
         flight recorder's entry (:mod:`pycomm.trace`, the call recorded as ``collective``
         of ``nbytes`` by ``path``, as ``trace.begin`` and ``trace.end`` would record it)
-        around the kernel, in one frame. Made once per plan: a
-        small call's bookkeeping costs as much as its work, and each Python call it makes
-        a few percent of it.
+        around the kernel, in one frame. Made once per plan: a small call's bookkeeping
+        costs as much as its work, and each Python call it makes a few percent of it.
 
         Raises (from ``run``):
             CommError: the communicator has been freed.

@@ -124,9 +124,9 @@ _DECLARED = [
         "(must be below PYCOMM_TIMEOUT to take effect)."),
     # -- launcher and rendezvous store ---------------------------------------------------
     Var("PYCOMM_FORK_SERVER", int, 1,
-        "1: launch.py and pycomm.Pool fork the ranks of a Python program from one process "
-        "that has imported numpy and pycomm (pycomm.launch.forkserver); 0: each rank is a "
-        "new interpreter."),
+        "1: launch.py, its node agents, pycomm.Pool/spawn and MPI.Comm.Spawn fork the "
+        "processes of a Python program from a server that has imported numpy and pycomm "
+        "(pycomm.launch.forkserver); 0: each is a new interpreter."),
     Var("PYCOMM_KILL_GRACE", float, 3.0,
         "Seconds the launcher waits after SIGTERM before it SIGKILLs the remaining ranks."),
     Var("PYCOMM_REPORT_GRACE", float, 2.0,

@@ -264,3 +264,12 @@ def test_a_killed_server_fails_its_jobs_ranks_and_the_next_job_gets_a_new_one(tm
     assert not [p for p in ranks if _alive(p)]
     again = pycomm.spawn(os.getppid, 2)
     assert len(set(again)) == 1 and again[0] != server
+
+
+def test_spawned_python_children_are_forked_from_the_roots_server():
+    prog = ROOT / "tests" / "data" / "spawn" / "forked.py"
+    proc = subprocess.run([sys.executable, LAUNCH, "--mpi4py", "--no-prefix", str(prog)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    # one server for both spawns: not the root, not the launcher
+    assert proc.stdout == "parents 1 root False launcher False\n", proc.stdout + proc.stderr

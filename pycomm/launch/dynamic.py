@@ -16,8 +16,11 @@ the same way: on its own hosts, with a new PMI key space whose ``KVS`` name it p
 
 Lifetime (no child outlives the root's process):
 
-* every child is forked by one long-lived daemon thread of the root's process and gets
-  ``PR_SET_PDEATHSIG``: the kernel kills it when that thread ends, which is at the
+* a child that is a Python program of this interpreter is forked from the root's fork
+  server (:func:`pycomm.launch.forkserver.shared_server`; a spawn after the first skips
+  its start-up), any other is started by one long-lived daemon thread of the root's
+  process (:func:`pycomm.launch.forkserver.in_forking_thread`), which also starts the
+  server; either way it gets ``PR_SET_PDEATHSIG`` through that thread, which ends at the
   process's exit at the latest. (The signal follows the thread that forked, not the
   process: a child forked by a short-lived thread, such as ``mpi4py.futures``' pool
   thread, would be killed when that thread ended.)

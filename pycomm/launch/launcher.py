@@ -8,10 +8,10 @@ machinery, shared with :mod:`pycomm.launch.spawning`:
   :class:`~pycomm.launch.store.StoreServer` on loopback that the ranks rendezvous through;
 * each rank is ``sys.executable ARGV...`` in its own session (so signals and cleanup reach
   its whole process group), with ``PR_SET_PDEATHSIG=SIGKILL`` so it dies if the launcher is
-  SIGKILLed, and with the environment contract of :mod:`pycomm.config`; a Python
-  program's ranks are forked from one server per job that has imported numpy and pycomm
-  (:mod:`pycomm.launch.forkserver`, whose :func:`~pycomm.launch.forkserver.start_ranks`
-  this launcher and the node agents share);
+  SIGKILLed, and with the environment contract of :mod:`pycomm.config`; the ranks of a
+  Python program are forked from a server that has imported numpy and pycomm and lives as
+  long as the launching process (:mod:`pycomm.launch.forkserver`, whose
+  :func:`~pycomm.launch.forkserver.start_ranks` this launcher and the node agents share);
 * every line a rank writes to stdout/stderr is prefixed ``[rank] `` (switchable off:
   then the bytes pass unchanged, as under ``mpiexec``; whole lines at a time either way,
   see :mod:`pycomm.launch.forward`); ``launch.py``'s stdin is rank 0's (``--stdin``), the other
