@@ -132,6 +132,19 @@ def _app(command, args, maxprocs, info, w: str):
 
 
 # -- the parents' side ------------------------------------------------------------------
+def _abort_job(spawned_rank: int, code: int) -> None:
+    """A spawned process called ``Comm.Abort(code)``: its spawn's children are stopped
+    (:meth:`pycomm.launch.dynamic.SpawnedChildren.watch`); end this root's job too, with
+    that code. ``mpiexec`` ends the whole job, spawned processes and parents alike, and
+    ``mpi4py.futures`` relies on it: its pool's manager thread dies of the lost link and
+    the program would otherwise wait for its futures forever."""
+    import sys
+    sys.stderr.write(f"pycomm.spawn: spawned rank {spawned_rank} called Abort({code}); "
+                     "every spawned process of its spawn was stopped; ending this job "
+                     "too, as mpiexec does\n")
+    _pycomm.init().Abort(code)
+
+
 def spawn(comm, apps_at_root, root, errcodes, w: str, multiple: bool):
     """Run ``comm.Spawn`` / ``comm.Spawn_multiple`` (see the module docstring).
 
@@ -165,7 +178,7 @@ def spawn(comm, apps_at_root, root, errcodes, w: str, multiple: bool):
         try:
             children.start()
             children.wait_joined()
-            children.watch()
+            children.watch(on_abort=_abort_job)
         except BaseException:
             children.close(wait=0.0)    # (idempotent: a failed start closed them already)
             raise

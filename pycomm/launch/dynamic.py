@@ -160,21 +160,25 @@ class SpawnedChildren:
                 self.labels.append(label)
                 rank += 1
 
-    def watch(self) -> None:
+    def watch(self, on_abort=None) -> None:
         """Stop every child once one calls ``Comm.Abort`` (a thread; as the launcher does
         for its ranks, :meth:`pycomm.launch.launcher.RankGroup.supervise`: the aborting
-        child waits, alive, to be stopped with the others). The abort's group is the
-        children's ``COMM_WORLD``; the parents see them gone (a ``PeerError`` where one
-        waits on them)."""
-        threading.Thread(target=self._watch, name="pycomm-spawn-watch", daemon=True).start()
+        child waits, alive, to be stopped with the others), then call
+        ``on_abort(spawned rank, code)`` when given (:mod:`pycomm.MPI.spawn` ends the
+        root's own job there, as ``mpiexec`` ends the whole job of an ``MPI_Abort`` in a
+        spawned process)."""
+        threading.Thread(target=self._watch, args=(on_abort,), name="pycomm-spawn-watch",
+                         daemon=True).start()
 
-    def _watch(self) -> None:
+    def _watch(self, on_abort) -> None:
         key = stall.key(self.job_id, "abort")
         while not self._stop_watch.wait(_POLL_S):
             note = stall.parse_abort(self.store.peek(key))
             if note is not None:
                 self.aborted = note
                 self._stop(list(self.procs))
+                if on_abort is not None:
+                    on_abort(note[0] - self.parents, note[1])
                 return
 
     def _stop(self, procs: list) -> None:

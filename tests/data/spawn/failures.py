@@ -16,10 +16,6 @@ cases = {
     "a child dies": lambda: comm.Spawn(py, ["-c", (
         "from mpi4py import MPI; import os; MPI.Comm.Get_parent(); os._exit(7)")],
         maxprocs=1).recv(source=0),
-    "a child aborts": lambda: comm.Spawn(py, ["-c", (
-        "from mpi4py import MPI; import time; p = MPI.Comm.Get_parent(); "
-        "w = MPI.COMM_WORLD; w.Abort(3) if w.rank == 0 else p.recv(source=0)")],
-        maxprocs=2).recv(source=1),
 }
 
 
