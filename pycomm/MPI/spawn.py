@@ -18,8 +18,9 @@ disconnecting is a ``PeerError`` for a parent still waiting on it; a parent that
 closes its bridges first, so its children waiting on it fail the same way, and the root
 then waits up to ``PYCOMM_TIMEOUT`` seconds for its children to exit before stopping
 them (:meth:`~pycomm.launch.dynamic.SpawnedChildren.close`), reporting any that failed.
-A child's ``Comm.Abort`` stops every child of its spawn at once (the root watches for it
-as a launcher does for its ranks); the parents see them gone.
+A child's ``Comm.Abort(code)`` stops every child of its spawn at once (the root watches
+for it as a launcher does for its ranks), then ends the root's own job with ``code``, as
+``mpiexec`` ends every process of a job in which a spawned process aborts.
 
 ``info`` keys understood: ``wdir`` (the children's working directory), ``path``
 (directories searched for ``command``, ``:``-separated), ``host`` (only the root's own
