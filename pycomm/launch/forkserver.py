@@ -204,11 +204,11 @@ def start_ranks(argv, envs: list[dict], stdin_index: int | None, capture: bool,
     """Start one process per environment of ``envs`` running ``python *argv``: forked
     from the process's :func:`shared_server` when :func:`servable` and
     ``PYCOMM_FORK_SERVER`` allow, it answers, and there are several ranks or a server
-    runs already, else with :class:`subprocess.Popen` and
-    ``preexec``; either way in its own session, dying with this process. The process at
-    ``stdin_index`` reads this process's stdin, the others /dev/null; ``capture``: stdout
-    and stderr are pipes (the handles' ``stdout`` and ``stderr``), else this process's
-    own. On an error, the processes started are killed.
+    runs already; else with :class:`subprocess.Popen` and ``preexec``. Either way in its
+    own session, dying with this process. The process at ``stdin_index`` reads this
+    process's stdin, the others /dev/null; ``capture``: stdout and stderr are pipes (the
+    handles' ``stdout`` and ``stderr``), else this process's own. On an error, the
+    processes started are killed.
 
     Raises:
         OSError: a process could not be started.
@@ -221,13 +221,17 @@ def start_ranks(argv, envs: list[dict], stdin_index: int | None, capture: bool,
     try:
         for i, env in enumerate(envs):
             if server is not None:
-                try:
-                    procs.append(server.start(
-                        argv, env, None, os.dup(0) if i == stdin_index else None,
-                        os.pipe() if capture else (None, os.dup(1)),
-                        os.pipe() if capture else (None, os.dup(2))))
+                out, err = ((os.pipe(), os.pipe()) if capture else
+                            ((None, os.dup(1)), (None, os.dup(2))))
+                try:        # (start closes what the rank gets; the read ends are ours)
+                    procs.append(server.start(argv, env, None,
+                                              os.dup(0) if i == stdin_index else None,
+                                              out, err))
                     continue
                 except OSError:
+                    for fd in (out[0], err[0]):
+                        if fd is not None:
+                            os.close(fd)
                     if procs:       # it failed within this job: no second try
                         raise
                     server = None   # gone before this job began: start afresh
@@ -249,10 +253,9 @@ class ForkedProcess:
     ``returncode`` is None while the rank runs, then its exit code, or ``-N`` for signal N.
     """
 
-    def __init__(self, server: ForkServer, pid: int, args, stdout, stderr):
+    def __init__(self, pid: int, args, stdout, stderr):
         self.pid, self.args, self.stdout, self.stderr = pid, args, stdout, stderr
         self.returncode: int | None = None
-        self._server = server
         self._done = threading.Event()
 
     def poll(self) -> int | None:
@@ -344,7 +347,7 @@ class ForkServer:
         if reply[0] != "started":
             raise OSError(f"the fork server could not start {argv!r}: {reply[1]}")
         pid = reply[1]
-        proc = ForkedProcess(self, pid, [sys.executable, *argv],
+        proc = ForkedProcess(pid, [sys.executable, *argv],
                              *(None if fd is None else os.fdopen(fd, "rb", 0)
                                for fd in (stdout[0], stderr[0])))
         with self._reply_ready:
