@@ -236,7 +236,7 @@ class CollectiveCalls:
         if self._fast_view is None:
             self._fast_view = CallView(comm, self.seq, sig)
         view = self._fast_view
-        ring, ends, counter, cap, now, keep = _trace.ring()
+        ring, ends, counter, cap, now, keeping = _trace.ring()
 
         def run(*args):
             if comm._freed:
@@ -250,8 +250,8 @@ class CollectiveCalls:
             view.tag, view.sig = seq, sig
             n = next(counter)       # trace.begin, written out
             i = n % cap
-            if keep is not None and ring[i] is not None:
-                keep(i)
+            if keeping[0] is not None and ring[i] is not None:
+                keeping[0](i)
             ring[i] = (collective, comm, seq, nbytes, path, -1, now(), n)
             try:
                 kernel(view, *args)

@@ -58,6 +58,7 @@ _ends: list = [0] * _cap        # slot -> end in ns; the call runs while this is
 _errors: dict = {}              # call number -> error text: failed calls only
 _counter = itertools.count()    # next() is atomic under the GIL: two threads record
 _spill: list | None = None      # PYCOMM_TRACE: calls the ring overwrote, kept for the JSON
+_keeping: list = [None]         # [_keep] once PYCOMM_TRACE keeps them (see ring)
 _rank = 0
 _installed = False
 # perf_counter_ns -> wall-clock ns, fixed once, so that the ranks' timelines line up
@@ -105,13 +106,15 @@ def instant(op: str, comm, seq: int, nbytes: int, peer: int) -> None:
 
 
 def ring():
-    """``(calls, ends, counter, cap, now, keep)`` for a caller that records a call as
+    """``(calls, ends, counter, cap, now, keeping)`` for a caller that records a call as
     :func:`begin` and :func:`end` do, in its own frame
     (:meth:`pycomm.calls.CollectiveCalls.fast_runner`, where a small call pays for each
-    Python call it makes): the ring's lists, its call counter, its size, its clock, and
-    ``keep(slot)``, to call before overwriting a used slot, or None (no ``PYCOMM_TRACE``:
-    the ring forgets what it overwrites)."""
-    return _calls, _ends, _counter, _cap, _now, (_keep if _spill is not None else None)
+    Python call it makes): the ring's lists, its call counter, its size, its clock, and a
+    one-item list holding ``keep(slot)``, to call before overwriting a used slot, or None
+    (no ``PYCOMM_TRACE``: the ring forgets what it overwrites). The list, not its item,
+    is for keeping: :func:`install` fills it later than the caller may have asked (a
+    world's start-up plans its first calls before the rank installs the recorder)."""
+    return _calls, _ends, _counter, _cap, _now, _keeping
 
 
 def end(n: int) -> None:
@@ -466,6 +469,7 @@ def install(rank: int) -> bool:
     if path:
         _spill = []
         begin = _begin_keeping
+        _keeping[0] = _keep
         atexit.register(_at_exit, path)
     if threading.current_thread() is threading.main_thread() and \
             signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL:

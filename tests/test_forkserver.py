@@ -95,7 +95,9 @@ def test_module_mode_runs_as_python_m(tmp_path):
 
 
 JOB = """\
-import os, sys, numpy as np, pycomm
+import sys
+preloaded = "numpy" in sys.modules and "pycomm.comm" in sys.modules
+import os, numpy as np, pycomm
 comm = pycomm.init()
 line = sys.stdin.readline().strip()
 x = np.array([np.random.randint(1 << 30)], dtype=np.int64)
@@ -106,7 +108,8 @@ with open("/proc/self/cmdline", "rb") as fh:          # what ps shows
 print(f"RANK {comm.rank} env {os.environ['PYCOMM_RANK']} stdin {line!r} "
       f"distinct {len(set(seeds.tolist())) == comm.size} "
       f"parent {os.getppid()} launcher {os.environ['PYCOMM_LAUNCHER_PID']} "
-      f"cmdline {cmdline == [sys.executable, *sys.argv]}\\n", end="", flush=True)
+      f"cmdline {cmdline == [sys.executable, *sys.argv]} preloaded {preloaded} "
+      f"mpi4py-facade {'pycomm.MPI' in sys.modules}\\n", end="", flush=True)
 """
 
 
@@ -131,6 +134,9 @@ def test_each_rank_has_its_environment_random_state_and_stdin(tmp_path, forked):
     assert (parents != launcher) == forked
     # ps shows each rank's own command line, forked or not
     assert all(ln[13] == "True" for ln in lines), lines
+    # a forked rank finds numpy and pycomm imported; the mpi4py façade only for mpi4py
+    # jobs (PYCOMM_MPI4PY)
+    assert all(ln[15] == str(forked) and ln[17] == "False" for ln in lines), lines
 
 
 def test_what_cannot_be_forked_is_started_afresh(tmp_path):
@@ -273,3 +279,18 @@ def test_spawned_python_children_are_forked_from_the_roots_server():
     assert proc.returncode == 0, proc.stderr
     # one server for both spawns: not the root, not the launcher
     assert proc.stdout == "parents 1 root False launcher False\n", proc.stdout + proc.stderr
+
+
+def test_the_least_recently_used_server_goes_past_the_limit(monkeypatch):
+    """At most _MAX_SERVERS servers per process (each holds its imports' memory): one more
+    environment closes the least recently used, whose process then exits."""
+    monkeypatch.setattr(forkserver, "_MAX_SERVERS", 2)
+    monkeypatch.setattr(forkserver, "_servers", {})     # (this test's own)
+    base = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    servers = [forkserver.shared_server({**base, "FORKSERVER_LRU": str(k)}) for k in range(2)]
+    assert forkserver.shared_server({**base, "FORKSERVER_LRU": "0"}) is servers[0]  # used
+    third = forkserver.shared_server({**base, "FORKSERVER_LRU": "2"})
+    assert servers[1].proc.wait(10) == 0            # the least recently used: closed
+    assert servers[0].alive() and third.alive()
+    for server in (servers[0], third):
+        server.close()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import secrets
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -478,3 +480,26 @@ def test_a_client_that_does_not_wait_for_the_server_fails_at_once_on_a_refusal()
     with pytest.raises(CommTimeoutError):
         StoreClient("127.0.0.1", port, secrets.token_hex(16), timeout=0.5)
     assert time.monotonic() - t0 >= 0.5
+
+
+def test_a_store_that_cannot_bind_leaves_no_context_to_the_collector():
+    """A store whose bind fails destroys its zmq context itself. Left to the collector in a
+    reference cycle with its socket (an exception kept in a frame makes one: the spawn
+    root's verdict does), the context's finalizer waited forever in term() for the
+    socket whose weak reference the collection had already cleared: a later call that
+    happened to collect hung."""
+    program = (
+        "import gc, zmq\n"
+        "from pycomm.launch.store import StoreServer\n"
+        "def fail():\n"
+        "    try:\n"
+        "        StoreServer('00' * 32, '192.0.2.1')    # TEST-NET-1: no interface here\n"
+        "    except zmq.ZMQError as exc:\n"
+        "        kept = exc     # frame -> exception -> traceback -> frame: a cycle\n"
+        "        return kept\n"
+        "fail()\n"
+        "gc.collect()\n"
+        "print('collected', flush=True)\n")
+    proc = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.stdout == "collected\n", proc.stderr

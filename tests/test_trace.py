@@ -165,9 +165,14 @@ def _nests(events) -> bool:
     return True
 
 
-def test_pycomm_trace_writes_a_chrome_timeline(tmp_path):
+@pytest.mark.parametrize("ring", [None, "3"])
+def test_pycomm_trace_writes_a_chrome_timeline(tmp_path, ring):
+    # ring "3": the flight recorder overwrites calls, and PYCOMM_TRACE keeps them all,
+    # those of the shared-memory slot calls too (recorded in CollectiveCalls.fast_runner's
+    # own frame, not through trace.begin)
     path = tmp_path / "timeline.json"
-    proc = _launch(tmp_path, {"PYCOMM_TRACE": str(path)})
+    proc = _launch(tmp_path, {"PYCOMM_TRACE": str(path),
+                              **({"PYCOMM_TRACE_CALLS": ring} if ring else {})})
     assert proc.returncode == 0, proc.stderr
     for r in range(3):   # every rank printed its ring at exit and wrote its file
         assert re.search(rf"^\[{r}\] pycomm flight recorder, rank {r} .*: exit "

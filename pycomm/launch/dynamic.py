@@ -126,7 +126,6 @@ class SpawnedChildren:
         self.store = StoreServer(self.token, host, 0)
         self.procs: list[subprocess.Popen] = []
         self.labels: list[str] = []     # per child: "rank r (command ...)"
-        self.aborted: tuple[int, int] | None = None     # a child's Comm.Abort (rank, code)
         self._closed = False
         self._stop_watch = threading.Event()
 
@@ -160,13 +159,13 @@ class SpawnedChildren:
                 self.labels.append(label)
                 rank += 1
 
-    def watch(self, on_abort=None) -> None:
+    def watch(self, on_abort) -> None:
         """Stop every child once one calls ``Comm.Abort`` (a thread; as the launcher does
         for its ranks, :meth:`pycomm.launch.launcher.RankGroup.supervise`: the aborting
         child waits, alive, to be stopped with the others), then call
-        ``on_abort(spawned rank, code)`` when given (:mod:`pycomm.MPI.spawn` ends the
-        root's own job there, as ``mpiexec`` ends the whole job of an ``MPI_Abort`` in a
-        spawned process)."""
+        ``on_abort(spawned rank, code)`` (:mod:`pycomm.MPI.spawn` ends the root's own job
+        there, as ``mpiexec`` ends the whole job of an ``MPI_Abort`` in a spawned
+        process)."""
         threading.Thread(target=self._watch, args=(on_abort,), name="pycomm-spawn-watch",
                          daemon=True).start()
 
@@ -175,10 +174,8 @@ class SpawnedChildren:
         while not self._stop_watch.wait(_POLL_S):
             note = stall.parse_abort(self.store.peek(key))
             if note is not None:
-                self.aborted = note
                 self._stop(list(self.procs))
-                if on_abort is not None:
-                    on_abort(note[0] - self.parents, note[1])
+                on_abort(note[0] - self.parents, note[1])
                 return
 
     def _stop(self, procs: list) -> None:
@@ -250,10 +247,6 @@ class SpawnedChildren:
                 break
             time.sleep(_POLL_S)
         notes = []
-        if self.aborted is not None:
-            rank, code = self.aborted
-            notes.append(f"spawned rank {rank - self.parents} called Abort({code}); every "
-                         "spawned process of its spawn was stopped")
         left = [p for p in self.procs if p.poll() is None]
         halted = {p.pid for p in left if _stopped(p.pid)}
         if left:

@@ -165,7 +165,10 @@ def shared_server(env: dict, start: bool = True) -> ForkServer | None:
     key = frozenset(server_env.items())
     with _servers_lock:
         server = _servers.pop(key, None)
-        if server is None or not server.alive():
+        if server is not None and not server.alive():
+            server.close(wait=0.0)      # (killed: its socket and reader go too)
+            server = None
+        if server is None:
             if not start:
                 return None
             try:
@@ -310,6 +313,9 @@ class ForkServer:
                 env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                 pass_fds=(theirs.fileno(),), start_new_session=True,
                 preexec_fn=preexec)  # noqa: PLW1509
+        except BaseException:
+            ours.close()
+            raise
         finally:
             theirs.close()
         ours.settimeout(_START_S)

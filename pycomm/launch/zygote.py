@@ -21,8 +21,8 @@ from importlib.machinery import SourceFileLoader
 
 import msgpack
 
-from pycomm.launch.forkserver import (_MAX_MESSAGE, _PR_SET_PDEATHSIG, _TITLE_ROOM, PRELOAD,
-                                      PRELOAD_MPI4PY, _prctl)
+from pycomm.launch.forkserver import (_MAX_MESSAGE, _TITLE_ROOM, PRELOAD, PRELOAD_MPI4PY,
+                                      _preexec)
 
 __all__: list[str] = []
 
@@ -92,10 +92,7 @@ def _become_rank(sock: socket.socket, fds: list[int], request: dict, server_pid:
     launcher's preexec would give it."""
     os.setsid()
     gc.enable()
-    if _prctl is not None:
-        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != server_pid:      # the server died before prctl took effect
-        os._exit(1)
+    _preexec(server_pid)()      # PDEATHSIG, as the server's own Popen children get it
     sock.close()
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
