@@ -221,45 +221,62 @@ def alltoallv(slots):
         slots.headers
     head = 16 * size                        # the table: int64 offsets, then int64 sizes
     tables = [[d[p][:head].view(np.int64) for d in data] for p in (0, 1)]
+    # The layout of the last counts seen, kept with copies of them (a caller may change
+    # its lists in place between calls): a program passes the same ones call after call.
+    last = [None, None]
+
+    def layout(isz, scounts, sdispls, rcounts, rdispls):
+        """(this rank's block copies into its slot as (slot lo, hi, send lo, hi), its
+        table, its own block's (send lo, recv lo, bytes), and per peer (rank, bytes
+        expected, recv lo))."""
+        copies, offsets, sizes, at = [], [], [], head
+        for j in range(size):
+            n = scounts[j] * isz if j != me else 0
+            offsets.append(at)
+            sizes.append(n)
+            if n:
+                lo = sdispls[j] * isz
+                copies.append((at, at + n, lo, lo + n))
+                at += n
+        return (copies, np.array(offsets + sizes, np.int64),
+                (sdispls[me] * isz, rdispls[me] * isz, scounts[me] * isz),
+                [(s, rcounts[s] * isz, rdispls[s] * isz) for s in peers])
 
     def run(cc, send, scounts, sdispls, recv, rcounts, rdispls, by_messages):
         isz = send.itemsize
+        key = (isz, scounts, sdispls, rcounts, rdispls)
+        if last[0] != key:
+            last[0] = (isz, list(scounts), list(sdispls), list(rcounts), list(rdispls))
+            last[1] = layout(*key)
+        copies, table, (own_lo, own_at, own), receives = last[1]
         sb, rb = send.view(np.uint8), recv.view(np.uint8)
-        own = scounts[me] * isz
 
         def fill(p):
-            area, offsets, sizes, at = data[me][p], [], [], head
-            for j in range(size):
-                n = scounts[j] * isz if j != me else 0
-                offsets.append(at)
-                sizes.append(n)
-                if n:
-                    lo = sdispls[j] * isz
-                    area[at:at + n] = sb[lo:lo + n]
-                    at += n
-            tables[p][me][:] = offsets + sizes
+            area = data[me][p]
+            for a, b, lo, hi in copies:
+                area[a:b] = sb[lo:hi]
+            tables[p][me][:] = table
         try:
             p = slots.exchange(cc, 0, fill=fill)
         except shmcoll.ByMessages:
             return by_messages(cc, send, scounts, sdispls, recv, rcounts, rdispls)
         code = cc.sig[0]
-        for s in (me, *peers):
-            want = rcounts[s] * isz
-            if s == me:
-                at, n, src = sdispls[me] * isz, own, sb
-            else:
-                entry = tables[p][s]
-                at, n, src = int(entry[me]), int(entry[size + me]), data[s][p]
-                if n and headers[s][p][1] != code:
-                    slots.mismatch(cc, s, describe((int(headers[s][p][1]),
-                                                     int(headers[s][p][2]))))
+        for s, want, lo in receives:
+            entry = tables[p][s]
+            n = int(entry[size + me])
+            if n and headers[s][p][1] != code:
+                slots.mismatch(cc, s, describe((int(headers[s][p][1]),
+                                                 int(headers[s][p][2]))))
             if n != want:
                 raise TruncationError(
                     f"rank {me}: Alltoallv #{cc.tag}: rank {s} sends this rank {n} bytes, "
                     f"recvcounts[{s}] is {rcounts[s]} elements ({want} bytes); the ranks' "
                     "counts disagree")
-            lo = rdispls[s] * isz
-            rb[lo:lo + n] = src[at:at + n]
+            if n:
+                at = int(entry[me])
+                rb[lo:lo + n] = data[s][p][at:at + n]
+        if own:     # (Alltoallv checked that this rank's block to itself fits)
+            rb[own_at:own_at + own] = sb[own_lo:own_lo + own]
     return run
 
 

@@ -28,6 +28,8 @@ __all__ = ["VectorMethods"]
 class VectorMethods:
     """Mixin of the communicator: the collectives with per-rank counts, and scans."""
 
+    _vspec_memo: dict | None = None     # per spec argument: the last accepted short pass
+
     def _vspec(self, spec, arg: str, *, writable: bool):
         """Parse a vector buffer spec into (1-D array, counts list, displs list)."""
         if type(spec) is CheckedVector:
@@ -37,10 +39,23 @@ class VectorMethods:
                 type(spec[2]) is list:      # [array, counts, displs]: one short pass
             arr = as_array(spec[0], self.rank, arg, writable=writable)
             counts, displs, n = spec[1], spec[2], arr.size
+            # A program passes the same counts call after call: copies of the lists this
+            # pass last accepted for ``arg`` are kept, with their furthest block end, and
+            # equal ones are not walked again. The copies are what is returned (callers
+            # only read them; equal floats or numpy ints come back as these ints).
+            memo = self._vspec_memo
+            if memo is None:
+                memo = self._vspec_memo = {}
+            last = memo.get(arg)
+            if last is not None and n >= last[2] and counts == last[0] and \
+                    displs == last[1]:
+                return arr, last[0], last[1]
             if len(counts) == len(displs) == self.size and all(
                     type(c) is int and type(d) is int and 0 <= c and 0 <= d and
                     c + d <= n for c, d in zip(counts, displs)):
-                return arr, list(counts), list(displs)
+                counts, displs = list(counts), list(displs)
+                memo[arg] = (counts, displs, max(map(add, counts, displs), default=0))
+                return arr, counts, displs
         if not isinstance(spec, (list, tuple)) or len(spec) < 2:
             raise InvalidBufferError(f"rank {self.rank}: {arg} must be [buf, counts], "
                                      "[buf, counts, displs] or [buf, (counts, displs), "
@@ -263,13 +278,15 @@ class VectorMethods:
         slots = slots_of(self)
         # through the slots when this rank's blocks and their table fit one (a rank past
         # it takes messages, and its peers see that and follow: pycomm.shmcoll)
-        if slots is not None and self._defer is None and algorithm in (None, "auto") and \
-                16 * self.size + nbytes <= slot_limit(slots, "alltoallv", algorithm):
-            kernel = kept(self, ("alltoallv kernel",), lambda: slotkernels.alltoallv(slots))
-            fn = self._selection.choose("alltoallv", 0, algorithm, True)[1]
-            return self._slots_call((sig, SHARED_SLOTS, kernel, None), "alltoallv",
-                                    nbytes, send, scounts, sdispls, recv, rcounts, rdispls,
-                                    fn)
+        if slots is not None and self._defer is None and algorithm in (None, "auto"):
+            limit, kernel, by_messages = kept(self, ("alltoallv slots", algorithm), lambda: (
+                slot_limit(slots, "alltoallv", algorithm) - 16 * self.size,
+                slotkernels.alltoallv(slots),
+                self._selection.choose("alltoallv", 0, algorithm, True)[1]))
+            if nbytes <= limit:
+                return self._slots_call((sig, SHARED_SLOTS, kernel, None), "alltoallv",
+                                        nbytes, send, scounts, sdispls, recv, rcounts,
+                                        rdispls, by_messages)
         cc = self._calls.begin(sig)
         self._selection.run("alltoallv", 0, algorithm, None,
                             lambda fn: fn(cc, send, scounts, sdispls, recv, rcounts, rdispls),

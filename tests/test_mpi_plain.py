@@ -164,6 +164,13 @@ def test_which_vector_specs_take_the_short_way():
                  [a, ([1, np.int64(2)], [0, 3])],       # a numpy integer
                  [a, (1, 2)], [a, [1, 2]], [a[::2], ([1, 1], [0, 1])]):
         assert plain_vector(spec, 2, True) is None, spec
+    # The last accepted pair is kept; an equal pair is taken without the walk, but only
+    # of ints, and only where its blocks fit this array.
+    assert plain_vector([a, ([1, 2], [0, 3])], 2, True)[1:] == ([1, 2], [0, 3])
+    for spec in ([a[:4], ([1, 2], [0, 3])], [a, ([1.0, 2], [0, 3])],
+                 [a, ([1, 2], [0, np.int64(3)])], [a, ([True, 2], [0, 3])]):
+        assert plain_vector(spec, 2, True) is None, spec
+    assert plain_vector([a[:5], ([1, 2], [0, 3])], 2, True)[1:] == ([1, 2], [0, 3])
 
 
 _SPEC_SHAPES = ["pair", "pair+type", "lists", "lists+type", "pair+other type"]

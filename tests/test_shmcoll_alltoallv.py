@@ -125,6 +125,40 @@ def test_auto_ignores_a_named_algorithm_in_the_environment(world):
         assert results[0][0] == [] and results[0][2] == "shared_slots", results[0]
 
 
+def _lists_changed_in_place():
+    """Alltoallv with the same four list objects every call, their counts and
+    displacements changed in place between calls (each layout twice, then again with
+    another dtype): the kept parse and layout must follow the lists' values. Returns the
+    wrong (step, peer) pairs and the paths taken."""
+    comm = pycomm.COMM_WORLD
+    r, n = comm.rank, comm.size
+    sc, sd, rc, rd = [0] * n, [0] * n, [0] * n, [0] * n
+    wrong, paths = [], set()
+    steps = [(0, np.float64), (0, np.float64), (1, np.float64), (1, np.float64),
+             (1, np.int32), (2, np.int16), (0, np.float64)]
+    for step, (shift, dtype) in enumerate(steps):
+        for j in range(n):
+            sc[j], rc[j] = (r + 2 * j + shift) % 4, (j + 2 * r + shift) % 4
+        for counts, displs in ((sc, sd), (rc, rd)):
+            at = shift
+            for j in reversed(range(n)):
+                displs[j], at = at, at + counts[j] + shift
+        send = np.full(sum(sc) + shift * (n + 1), -1, dtype)
+        for j in range(n):
+            send[sd[j]:sd[j] + sc[j]] = 1000 * r + 100 * j + 10 * shift + np.arange(sc[j])
+        recv = np.full(sum(rc) + shift * (n + 1), -7, dtype)
+        comm.Alltoallv([send, sc, sd], [recv, rc, rd])
+        paths.add(trace.last_completed()[0][4])
+        wrong += [(step, s) for s in range(n) if not np.array_equal(
+            recv[rd[s]:rd[s] + rc[s]], 1000 * s + 100 * r + 10 * shift + np.arange(rc[s]))]
+    return wrong, paths
+
+
+def test_lists_changed_in_place_between_calls(world):
+    for rank, (wrong, paths) in enumerate(world.run(_lists_changed_in_place)):
+        assert wrong == [] and paths == {"shared_slots"}, (rank, wrong, paths)
+
+
 def _disagree():
     """Rank 1 expects one element more from rank 0 than rank 0 sends it."""
     comm = pycomm.COMM_WORLD

@@ -450,22 +450,26 @@ def test_the_short_vector_parse_agrees_with_the_general_one(size, n, counts, dis
                                                             writable, frozen):
     """``[array, counts, displs]`` with lists takes one short pass in ``_vspec``; with
     tuples (the same values) the general parse. Both give the same array, counts and
-    displacements, or both raise."""
+    displacements, or both raise. The short pass keeps the last lists it accepted: the
+    same lists again (on any buffer, one element shorter too, and as equal floats) still
+    agree with the general parse."""
     from types import SimpleNamespace
     from pycomm.vcoll import VectorMethods
-    comm = SimpleNamespace(rank=0, size=size)
+    comm = SimpleNamespace(rank=0, size=size, _vspec_memo=None)
     comm._counts = functools.partial(VectorMethods._counts, comm)
-    buf = np.arange(float(n))
-    buf.flags.writeable = not frozen
 
     def parse(spec):
         try:
             return VectorMethods._vspec(comm, spec, "recvbuf", writable=writable)
         except (pycomm.ArgumentError, pycomm.InvalidBufferError) as exc:
             return type(exc)
-    short = parse([buf, list(counts), list(displs)])
-    general = parse([buf, tuple(counts), tuple(displs)])
-    if isinstance(general, type):
-        assert short is general
-    else:
-        assert short[0] is buf and short[1:] == general[1:], (short, general)
+    for length, kind in ((n, int), (n, int), (max(n - 1, 0), int), (n, float)):
+        buf = np.arange(float(length))
+        buf.flags.writeable = not frozen
+        short = parse([buf, [kind(c) for c in counts], [kind(d) for d in displs]])
+        general = parse([buf, tuple(counts), tuple(displs)])
+        if isinstance(general, type):
+            assert short is general, (length, kind)
+        else:
+            assert short[0] is buf and short[1:] == general[1:], (short, general)
+            assert all(type(x) is int for x in short[1] + short[2])

@@ -22,7 +22,7 @@ from . import spawn as _spawn
 from .comm import Comm
 from .comm import fin as _fin
 from .exceptions import translate_methods
-from .msg import plain
+from .msg import plain, plain_vector
 from .msgspec import Msg, as_int, message, vector_message
 from .ops import SUM
 from .request import Request
@@ -296,6 +296,14 @@ class Intracomm(Comm):
 
     def Alltoallv(self, sendbuf, recvbuf) -> None:
         """Vector-spec block j of ``sendbuf`` goes to rank j."""
+        c = self._c
+        if c is not None:   # two plain vector specs of one dtype: nothing to pack, unpack
+            s = plain_vector(sendbuf, c.size, False)   # or retype (else the general way,
+            r = plain_vector(recvbuf, c.size, True)    # which also raises what is wrong)
+            if s is not None and r is not None and s[0].array.dtype == r[0].array.dtype:
+                c.Alltoallv(CheckedVector([s[0].array, s[1], s[2]]),
+                            CheckedVector([r[0].array, r[1], r[2]]))
+                return None
         return self._allv("Alltoallv", sendbuf, recvbuf)
 
     def Ialltoallv(self, sendbuf, recvbuf) -> Request:
