@@ -1,14 +1,14 @@
 """The façade's plain-array way (pycomm.MPI.msg.plain): the common call of an mpi4py
 program, a C-contiguous numpy array of a predefined numeric dtype, goes straight to the
 Communicator (Send, Recv, Isend, Irecv, Sendrecv, Bcast, Reduce, Allreduce,
-Reduce_scatter_block, Allgather);
+Reduce_scatter_block, Allgather, Alltoall, Gather, Scatter, Scan, Exscan);
 every other spec takes the general parse.
 
 * which specs are plain: C-contiguous arrays of numeric dtypes with a predefined
   datatype, of any shape (viewed 1-D, no copy), writable where written; not a
   non-contiguous, read-only-when-written, byte-swapped, structured or object array, nor a
   list spec or another buffer type;
-* on real worlds (2 and 3 ranks, shm and tcp), each of the ten calls gives numpy's
+* on real worlds (2 and 3 ranks, shm and tcp), each of the fifteen calls gives numpy's
   result for plain arrays of several shapes and dtypes, IN_PLACE, every root, and for the
   specs beside them that go the general way (a [buf, count, datatype] list, a column of a
   2-D array, a numpy integer root), and raises what the general way raises for a
@@ -89,6 +89,28 @@ def _rank_calls() -> list:
             block = np.zeros_like(base)
             comm.Reduce_scatter_block(np.stack([base + r] * n), block, MPI.SUM)
             check(f"Reduce_scatter_block {tag}", block, sum(base + k for k in range(n)))
+            mine = np.stack([base + 10 * r + j for j in range(n)])
+            got = np.zeros_like(mine)
+            comm.Alltoall(mine, got)
+            check(f"Alltoall {tag}", got, np.stack([base + 10 * k + r for k in range(n)]))
+            inplace = mine.copy()
+            comm.Alltoall(MPI.IN_PLACE, inplace)
+            check(f"Alltoall IN_PLACE {tag}", inplace, got)
+            for root in range(n):
+                out = np.full((n,) + shape, 7, dtype)
+                comm.Gather(base + r, out if r == root else None, root)
+                check(f"Gather {tag} root {root}", out, np.stack(
+                    [base + k for k in range(n)]) if r == root else np.full_like(out, 7))
+                part = np.zeros_like(base)
+                comm.Scatter(mine if r == root else None, part, root)
+                check(f"Scatter {tag} root {root}", part, base + 10 * root + r)
+            out = np.zeros_like(base)
+            comm.Scan(base + r, out, MPI.SUM)
+            check(f"Scan {tag}", out, sum(base + k for k in range(r + 1)))
+            out = np.full_like(base, 7)
+            comm.Exscan(base + r, out, MPI.SUM)
+            check(f"Exscan {tag}", out, sum(base + k for k in range(r)) if r else
+                  np.full_like(base, 7))
             # p2p around the ring
             got = np.zeros_like(base)
             if r % 2 == 0:

@@ -149,6 +149,11 @@ class Intracomm(Comm):
 
     def Scan(self, sendbuf, recvbuf, op=SUM) -> None:
         """Inclusive prefix reduction in rank order."""
+        c = self._c
+        if c is not None and getattr(op, "name", None) != "OP_NULL":
+            pair = plain_pair(sendbuf, recvbuf)
+            if pair is not None:
+                return c.Scan(*pair, op)
         return self._reduce_all("Scan", sendbuf, recvbuf, op)
 
     def Iscan(self, sendbuf, recvbuf, op=SUM) -> Request:
@@ -156,6 +161,11 @@ class Intracomm(Comm):
 
     def Exscan(self, sendbuf, recvbuf, op=SUM) -> None:
         """Exclusive prefix reduction; rank 0's ``recvbuf`` is left untouched."""
+        c = self._c
+        if c is not None and getattr(op, "name", None) != "OP_NULL":
+            pair = plain_pair(sendbuf, recvbuf)
+            if pair is not None:
+                return c.Exscan(*pair, op)
         return self._reduce_all("Exscan", sendbuf, recvbuf, op)
 
     def Iexscan(self, sendbuf, recvbuf, op=SUM) -> Request:
@@ -191,6 +201,15 @@ class Intracomm(Comm):
     # gathers and scatters
     def Gather(self, sendbuf, recvbuf, root: int = 0) -> None:
         """Gather every rank's message into root's ``recvbuf`` in rank order."""
+        c = self._c
+        if c is not None and type(root) is int:
+            if c.rank == root:
+                pair = plain_pair(sendbuf, recvbuf)
+            else:                   # (the receive buffer is not used: not parsed)
+                s = plain(sendbuf, False)
+                pair = None if s is None else (s, None)
+            if pair is not None:
+                return c.Gather(*pair, root)
         return self._rooted("Gather", sendbuf, recvbuf, root, root_recv=True)
 
     def Igather(self, sendbuf, recvbuf, root: int = 0) -> Request:
@@ -198,6 +217,16 @@ class Intracomm(Comm):
 
     def Scatter(self, sendbuf, recvbuf, root: int = 0) -> None:
         """Send block i of root's ``sendbuf`` to rank i's ``recvbuf``."""
+        c = self._c
+        if c is not None and type(root) is int:
+            if c.rank == root:      # (IN_PLACE there is the receive buffer: general way)
+                s, r = plain(sendbuf, False), plain(recvbuf, True)
+                pair = None if s is None or r is None or s.dtype != r.dtype else (s, r)
+            else:                   # (the send buffer is not used: not parsed)
+                r = plain(recvbuf, True)
+                pair = None if r is None else (None, r)
+            if pair is not None:
+                return c.Scatter(*pair, root)
         return self._rooted("Scatter", sendbuf, recvbuf, root, root_recv=False)
 
     def Iscatter(self, sendbuf, recvbuf, root: int = 0) -> Request:
@@ -228,6 +257,11 @@ class Intracomm(Comm):
 
     def Alltoall(self, sendbuf, recvbuf) -> None:
         """Block j of ``sendbuf`` goes to rank j; block i of ``recvbuf`` comes from i."""
+        c = self._c
+        if c is not None:
+            pair = plain_pair(sendbuf, recvbuf)
+            if pair is not None:
+                return c.Alltoall(*pair)
         return self._all("Alltoall", sendbuf, recvbuf)
 
     def Ialltoall(self, sendbuf, recvbuf) -> Request:
