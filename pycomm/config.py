@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
-__all__ = ["VARS", "Var", "algorithm_override", "describe", "explicit", "get", "port_range",
+__all__ = ["TRANSPORTS", "VARS", "Var", "algorithm_override", "describe", "explicit", "get", "port_range",
            "reload"]
 
 
@@ -154,6 +154,7 @@ _DECLARED = [
 ]
 
 VARS: dict[str, Var] = {v.name: v for v in _DECLARED}
+TRANSPORTS = ("auto", "shm", "tcp", "rdma")     # the values of PYCOMM_TRANSPORT
 
 # Per-collective algorithm overrides, PYCOMM_ALGORITHM_<COLLECTIVE> (e.g. ..._ALLREDUCE).
 ALGORITHM_PREFIX = "PYCOMM_ALGORITHM_"

@@ -294,3 +294,59 @@ def test_the_least_recently_used_server_goes_past_the_limit(monkeypatch):
     assert servers[0].alive() and third.alive()
     for server in (servers[0], third):
         server.close()
+
+
+@pytest.mark.parametrize("mpi4py", [False, True], ids=["plain", "mpi4py"])
+def test_the_launcher_starts_its_server_first_and_its_ranks_come_from_it(
+        tmp_path, monkeypatch, mpi4py):
+    """launch.py starts the server before its own imports (forkserver.prestart): the
+    ranks' environments must find that server, not start a second one."""
+    from pycomm.launch import cli
+    monkeypatch.setattr(forkserver, "_servers", {})     # (this test's own)
+    made = []
+
+    class Counted(forkserver.ForkServer):
+        def __init__(self, *args, **kwargs):
+            made.append(kwargs.get("wait", True))
+            super().__init__(*args, **kwargs)
+    monkeypatch.setattr(forkserver, "ForkServer", Counted)
+    prog = tmp_path / "ppid.py"
+    out = tmp_path / "out"
+    prog.write_text(f"import os\nopen({str(out)!r} + os.environ['PYCOMM_RANK'], 'w')"
+                    ".write(str(os.getppid()))\n")
+    try:
+        code = cli.main(["-n", "2", *(["--mpi4py"] if mpi4py else []), str(prog)])
+        assert code == 0
+        assert made == [False], made        # one server, started without waiting
+        (server,) = forkserver._servers.values()
+        parents = {int((tmp_path / f"out{r}").read_text()) for r in range(2)}
+        assert parents == {server.proc.pid}
+    finally:
+        forkserver._close_servers()
+
+
+def test_a_prestarted_server_that_fails_is_not_used(tmp_path, monkeypatch):
+    """A server whose start-up fails (here its msgpack import raises) is closed when the
+    ranks ask for it, and the ranks start afresh (this process their parent)."""
+    monkeypatch.setattr(forkserver, "_servers", {})
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "msgpack.py").write_text("raise ImportError('broken on purpose')\n")
+    prog = tmp_path / "p.py"
+    prog.write_text("import os\nprint(os.getppid(), flush=True)\n")
+    env = {**os.environ, "PYTHONPATH": str(broken)}
+    forkserver.prestart([str(prog)], env)
+    (server,) = forkserver._servers.values()
+    forkserver.prestart(["-u", str(prog)], {**env, "OTHER": "1"})
+    assert len(forkserver._servers) == 1    # (not servable: nothing started)
+    procs = forkserver.start_ranks([str(prog)], [env, env], None, True,
+                                   forkserver._preexec(os.getpid()))
+    try:
+        outs = [int(p.stdout.read()) for p in procs]
+        assert [p.wait(30) for p in procs] == [0, 0]
+    finally:
+        for p in procs:
+            p.stdout.close()
+            p.stderr.close()
+    assert outs == [os.getpid()] * 2
+    assert server.proc.wait(10) != 0 and not forkserver._servers

@@ -19,7 +19,8 @@ import signal
 import subprocess
 import sys
 
-from pycomm.launch.launcher import TRANSPORT_CHOICES, RankGroup
+from pycomm.config import TRANSPORTS as TRANSPORT_CHOICES
+from pycomm.launch import forkserver
 
 __all__ = ["main"]
 
@@ -179,6 +180,15 @@ def main(argv: list[str] | None = None) -> int:
             extra = environment()
         return run_nodes(args, program, extra, stdin_rank)
 
+    extra = None
+    if args.mpi4py:         # ``import mpi4py`` in the ranks gives pycomm.MPI
+        from pycomm.launch.mpi4pyenv import environment
+        extra = environment()
+    if args.nprocs > 1:     # (start_ranks starts a lone rank afresh)
+        # The ranks' fork server imports numpy and pycomm while this process imports the
+        # launcher and starts the job's store.
+        forkserver.prestart(program, {**os.environ, **(extra or {})})
+    from pycomm.launch.launcher import RankGroup
     got_signal: list[int] = []
 
     def on_signal(signum: int, _frame: object) -> None:
@@ -191,10 +201,6 @@ def main(argv: list[str] | None = None) -> int:
                       master_port=args.master_port, stdin_rank=stdin_rank)
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        extra = None
-        if args.mpi4py:     # ``import mpi4py`` in the ranks gives pycomm.MPI
-            from pycomm.launch.mpi4pyenv import environment
-            extra = environment()
         group.start(program, extra_env=extra)
         return group.supervise(lambda: got_signal[0] if got_signal else None)
     finally:

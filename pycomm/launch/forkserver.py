@@ -159,8 +159,8 @@ def _server_env(env: dict) -> dict:
 
 def shared_server(env: dict, start: bool = True) -> ForkServer | None:
     """The process's fork server for a rank environment like ``env`` (started on first
-    use, from the forking thread, unless ``start`` is False), or None when there is none
-    or none can be started."""
+    use, from the forking thread, unless ``start`` is False), ready (its imports done), or
+    None when there is none or none can be started."""
     server_env = _server_env(env)
     key = frozenset(server_env.items())
     with _servers_lock:
@@ -171,15 +171,46 @@ def shared_server(env: dict, start: bool = True) -> ForkServer | None:
         if server is None:
             if not start:
                 return None
-            try:
-                server = in_forking_thread(
-                    lambda: ForkServer(server_env, _preexec(os.getpid())))
-            except OSError:     # (its stderr said why) the ranks start afresh
+            server = _start_server(server_env)
+            if server is None:
                 return None
-            if len(_servers) >= _MAX_SERVERS:   # the least recently used goes (once its
-                _servers.pop(next(iter(_servers))).close(wait=0.0)    # ranks have)
+        try:
+            server.wait_ready()
+        except OSError:         # (its stderr said why; it is closed) the ranks start afresh
+            return None
         _servers[key] = server
         return server
+
+
+def prestart(argv, env: dict) -> None:
+    """Start the fork server for ranks running ``python *argv`` in ``env`` without
+    waiting for its imports, where :func:`start_ranks` would use one: a launcher calls
+    this before its own imports and its store, which then run while the server imports
+    numpy and pycomm. :func:`shared_server` waits for it later. Nothing is raised: a
+    server that fails to start is not used, and the ranks start afresh."""
+    if not (config.get("PYCOMM_FORK_SERVER", env) and servable(argv)):
+        return
+    server_env = _server_env(env)
+    key = frozenset(server_env.items())
+    with _servers_lock:
+        if key not in _servers:
+            server = _start_server(server_env, wait=False)
+            if server is not None:
+                _servers[key] = server
+
+
+def _start_server(server_env: dict, wait: bool = True) -> ForkServer | None:
+    """A new server for ``server_env``, started from the forking thread (a child's
+    PDEATHSIG follows the thread that forked it), making room among the process's
+    servers; None if it could not be started. Called with ``_servers_lock`` held."""
+    try:
+        server = in_forking_thread(
+            lambda: ForkServer(server_env, _preexec(os.getpid()), wait=wait))
+    except OSError:         # (its stderr said why) the ranks start afresh
+        return None
+    if len(_servers) >= _MAX_SERVERS:   # the least recently used goes (once its ranks
+        _servers.pop(next(iter(_servers))).close(wait=0.0)      # have)
+    return server
 
 
 def _close_servers() -> None:
@@ -298,9 +329,11 @@ class ForkServer:
             why); the caller then starts its ranks with :class:`subprocess.Popen`.
     """
 
-    def __init__(self, env: dict, preexec=None):
+    def __init__(self, env: dict, preexec=None, wait: bool = True):
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._sock = ours
+        self._reader: threading.Thread | None = None   # (started once the server is ready)
+        self._ready_lock = threading.Lock()
         self._lock = threading.Lock()       # one start request at a time
         self._replies: list = []
         self._reply_ready = threading.Condition()
@@ -318,19 +351,33 @@ class ForkServer:
             raise
         finally:
             theirs.close()
-        ours.settimeout(_START_S)
-        try:
-            first = msgpack.unpackb(ours.recv(_MAX_MESSAGE))
-        except (OSError, ValueError) as exc:
-            self.close()
-            raise OSError(f"the fork server did not start: {exc}") from None
-        if first != ["ready"]:
-            self.close()
-            raise OSError(f"the fork server did not start: {first!r}")
-        ours.settimeout(None)
-        self._reader = threading.Thread(target=self._read, name="pycomm-forkserver",
-                                        daemon=True)
-        self._reader.start()
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self) -> None:
+        """Wait for the server's imports (its first message), once; then its reports are
+        read by a thread of this process.
+
+        Raises:
+            OSError: the server did not answer ready; it is closed.
+        """
+        with self._ready_lock:
+            if self._reader is not None:
+                return
+            sock = self._sock
+            try:
+                sock.settimeout(_START_S)
+                first = msgpack.unpackb(sock.recv(_MAX_MESSAGE))
+            except (OSError, ValueError) as exc:
+                self.close()
+                raise OSError(f"the fork server did not start: {exc}") from None
+            if first != ["ready"]:
+                self.close()
+                raise OSError(f"the fork server did not start: {first!r}")
+            sock.settimeout(None)
+            self._reader = threading.Thread(target=self._read, name="pycomm-forkserver",
+                                            daemon=True)
+            self._reader.start()
 
     def start(self, argv, env: dict, cwd: str | None, stdin, stdout, stderr) -> ForkedProcess:
         """Fork a rank running ``python *argv`` (:func:`servable` must hold) with these
@@ -402,7 +449,8 @@ class ForkServer:
 
     def alive(self) -> bool:
         """Whether the server still serves (its process and the socket's reader run)."""
-        return self.proc.poll() is None and self._reader.is_alive()
+        return self.proc.poll() is None and (self._reader is None or
+                                             self._reader.is_alive())
 
     def close(self, wait: float = 5.0) -> None:
         """Close the control socket; the server exits once its ranks have. Waits up to

@@ -61,7 +61,7 @@ from pycomm.launch.store_client import StoreClient
 
 __all__ = ["RankExit", "RankGroup", "blame", "shm_prefix", "sweep_shm"]
 
-TRANSPORT_CHOICES = ("auto", "shm", "tcp", "rdma")
+TRANSPORT_CHOICES = config.TRANSPORTS
 SHM_DIR = "/dev/shm"
 _POLL_S = 0.02  # seconds between liveness checks while supervising
 
