@@ -9,6 +9,7 @@ killed launcher."""
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -350,3 +351,41 @@ def test_a_prestarted_server_that_fails_is_not_used(tmp_path, monkeypatch):
             p.stderr.close()
     assert outs == [os.getpid()] * 2
     assert server.proc.wait(10) != 0 and not forkserver._servers
+
+
+def test_an_answer_that_comes_too_late_kills_its_rank_and_is_not_taken_for_the_next(
+        tmp_path, monkeypatch):
+    """A start whose answer comes after the wait (here: a wait of 0 s) fails; the rank
+    the server did start is killed when its answer comes, its exit is not kept, and the
+    next start gets its own rank, not the late answer."""
+    server = forkserver.ForkServer({**os.environ}, forkserver._preexec(os.getpid()))
+    prog = tmp_path / "p.py"
+    prog.write_text("import os, time\nprint(os.getpid(), flush=True)\ntime.sleep(60)\n")
+    try:
+        monkeypatch.setattr(forkserver, "_START_S", 0.0)
+        r, w = os.pipe()
+        with pytest.raises(OSError, match="no answer"):
+            server.start([str(prog)], dict(os.environ), None, None, (None, w),
+                         (None, os.dup(2)))
+        # The late rank holds the pipe's only write end (the start closed this one's), and
+        # would sleep a minute: end of file within seconds says it was killed.
+        deadline = time.monotonic() + 15
+        with os.fdopen(r, "rb", 0) as out:
+            while select.select([out], [], [], max(0.0, deadline - time.monotonic()))[0]:
+                if not out.read(4096):
+                    break
+            else:
+                pytest.fail("the late rank is still running")
+        monkeypatch.setattr(forkserver, "_START_S", 60.0)
+        r, w = os.pipe()
+        proc = server.start(["-c", "import os; print(os.getpid())"], dict(os.environ), None,
+                            None, (r, w), (None, os.dup(2)))
+        assert proc.wait(30) == 0 and int(proc.stdout.read()) == proc.pid   # its own
+        proc.stdout.close()
+        deadline = time.monotonic() + 5
+        while server._orphans and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert server._answered == 2 and not server._orphans and not server._early
+        assert not server._abandoned and not server._answers
+    finally:
+        server.close()

@@ -319,6 +319,17 @@ class ForkedProcess:
         self._done.set()
 
 
+def _kill_session(pid: int) -> None:
+    """SIGKILL the session a forked rank leads (it and what it started)."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except OSError:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
 class ForkServer:
     """A fork server process (:mod:`pycomm.launch.zygote`): started with ``env`` (its
     ranks' environment less their per-job variables) and ``preexec`` (the PDEATHSIG
@@ -335,7 +346,13 @@ class ForkServer:
         self._reader: threading.Thread | None = None   # (started once the server is ready)
         self._ready_lock = threading.Lock()
         self._lock = threading.Lock()       # one start request at a time
-        self._replies: list = []
+        # The server answers requests in order: answer k is request k's. A request whose
+        # answer came too late is abandoned: the rank it started is killed when the
+        # answer comes, and its exit is not kept.
+        self._sent = self._answered = 0
+        self._answers: dict[int, list] = {}     # request number -> answer, unclaimed
+        self._abandoned: set[int] = set()       # request numbers no caller waits for
+        self._orphans: set[int] = set()         # pids of their ranks, killed, unreported
         self._reply_ready = threading.Condition()
         self._procs: dict[int, ForkedProcess] = {}
         self._early: dict[int, int] = {}    # exits reported before their handle was made
@@ -393,7 +410,8 @@ class ForkServer:
         try:
             with self._lock:
                 socket.send_fds(self._sock, [request], fds)
-                reply = self._reply(_START_S)
+                self._sent += 1
+                reply = self._reply(self._sent - 1, _START_S)
         finally:
             for fd in fds:
                 os.close(fd)
@@ -410,15 +428,18 @@ class ForkServer:
             proc._exited(early)
         return proc
 
-    def _reply(self, timeout: float):
+    def _reply(self, number: int, timeout: float):
+        """Request ``number``'s answer, or a failure after ``timeout`` seconds (the
+        request is then abandoned: see ``_read``)."""
         deadline = time.monotonic() + timeout
         with self._reply_ready:
-            while not self._replies:
+            while number not in self._answers:
                 left = deadline - time.monotonic()
                 if left <= 0 or not self._reader.is_alive():
-                    return ["failed", "no answer from the fork server"]
+                    self._abandoned.add(number)
+                    return ["failed", f"no answer from the fork server in {timeout:g} s"]
                 self._reply_ready.wait(min(left, 0.5))
-            return self._replies.pop(0)
+            return self._answers.pop(number)
 
     def _read(self) -> None:
         while True:
@@ -432,11 +453,21 @@ class ForkServer:
             with self._reply_ready:
                 if msg[0] == "exit":
                     proc = self._procs.pop(msg[1], None)
-                    if proc is None:
+                    if proc is None and msg[1] in self._orphans:
+                        self._orphans.discard(msg[1])
+                    elif proc is None:
                         self._early[msg[1]] = msg[2]
                 else:
-                    self._replies.append(msg)
-                    self._reply_ready.notify_all()
+                    number = self._answered
+                    self._answered += 1
+                    if number not in self._abandoned:
+                        self._answers[number] = msg
+                        self._reply_ready.notify_all()
+                    else:
+                        self._abandoned.discard(number)
+                        if msg[0] == "started":     # a rank no launcher knows of
+                            self._orphans.add(msg[1])
+                            _kill_session(msg[1])
             if msg[0] == "exit" and proc is not None:
                 proc._exited(msg[2])
         # the server is gone (killed): a rank it did not report is reported lost
