@@ -305,3 +305,63 @@ def test_receive_into_a_misaligned_homogeneous_type():
     assert raw[:8].view(np.float64)[0] == 1.5 and raw[12:20].view(np.float64)[0] == -2.25
     assert (raw[8:12] == 0).all() and (raw[20:] == 0).all()
     t.Free()
+
+
+def _keywords_of_every_kind(a, b=2, /, c=3, *rest, d, e=5, **more):
+    return a
+
+
+@pytest.mark.parametrize("method,args,kwargs", [
+    (_keywords_of_every_kind, (1,), {"d": 4}),
+    (_keywords_of_every_kind, (1, 7, 8, 9, 10), {"d": 4, "e": 6, "z": 0}),
+    (_keywords_of_every_kind, (1,), {"c": 0, "d": 4}),
+    (MPI.Datatype.Create_subarray, (MPI.INT, [4], [2], [1]), {}),
+    (MPI.Datatype.Create_subarray, (MPI.INT, [4], [2], [1]), {"order": MPI.ORDER_FORTRAN}),
+    (MPI.Datatype.Create_struct.__func__, (MPI.Datatype, [1], [0]), {"datatypes": [MPI.INT]}),
+])
+def test_a_constructors_arguments_are_recorded_as_inspect_binds_them(method, args, kwargs):
+    """decode.py records each constructor call's arguments by name with a binder made from
+    the signature: the same as ``inspect.signature(...).bind`` with defaults applied."""
+    import inspect
+    from pycomm.MPI.decode import _binder
+    bound = inspect.signature(method).bind(*args, **kwargs)
+    bound.apply_defaults()
+    assert _binder(method)(*args, **kwargs) == dict(bound.arguments)
+
+
+def test_decoding_a_type_whose_members_were_freed():
+    """mpi4py.util.dtlib frees a struct's members once it is made, then decodes it: the
+    members come back usable, the same copy while it is not freed, a new one after."""
+    member = MPI.DOUBLE.Create_contiguous(2)
+    s = MPI.Datatype.Create_struct([1], [0], [member])
+    member.Free()
+    got = s.decode()[2]["datatypes"][0]
+    assert not got.is_predefined and got.Get_size() == 16 and got.decode()[1] == "CONTIGUOUS"
+    assert s.decode()[2]["datatypes"][0] is got
+    got.Free()
+    again = s.decode()[2]["datatypes"][0]
+    assert again is not got and again.Get_size() == 16
+    assert s.Get_contents()[3][0].Get_size() == 16      # (a new handle, as MPI's)
+    assert member.combiner == MPI.COMBINER_CONTIGUOUS and s.combiner == MPI.COMBINER_STRUCT
+
+
+@given(starts=st.lists(st.integers(-50, 50), min_size=1, max_size=12),
+       lens=st.lists(st.integers(0, 4), min_size=12, max_size=12),
+       step=st.integers(-8, 8), outer=st.lists(st.tuples(st.integers(1, 3),
+                                                         st.integers(-20, 20)), max_size=2))
+@settings(max_examples=200, deadline=None)
+def test_offsets_bounds_of_a_few_blocks_agree_with_numpys(starts, lens, step, outer):
+    """Offsets.bounds measures parts of a few blocks with Python's ints, larger ones with
+    numpy: both give the flattened offsets' smallest and largest."""
+    from pycomm.MPI import typemap
+    lens = lens[:len(starts)]
+    if not any(lens):
+        lens[0] = 1
+    offs = typemap.Offsets(starts, lens, step, outer)
+    flat = offs.flatten()
+    assert offs.bounds() == (int(flat.min()), int(flat.max()))
+    few, typemap._FEW = typemap._FEW, 0         # (the numpy way for every size)
+    try:
+        assert offs.bounds() == (int(flat.min()), int(flat.max()))
+    finally:
+        typemap._FEW = few

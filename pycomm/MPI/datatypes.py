@@ -161,22 +161,19 @@ class Datatype:
 
     def Get_envelope(self) -> tuple[int, int, int, int, int]:
         """``(n_integers, n_addresses, n_large_counts, n_datatypes, combiner)``."""
-        from .decode import envelope
-        return envelope(self)
+        return _decode.envelope(self)
 
     def Get_contents(self) -> tuple[list, list, list, list]:
         """The constructor's ``(integers, addresses, large_counts, datatypes)``."""
-        from .decode import contents
-        return contents(self)
+        return _decode.contents(self)
 
     def decode(self) -> tuple:
         """``(oldtype, "VECTOR", {"count": ...})``: what rebuilds this type."""
-        from .decode import decode
-        return decode(self)
+        return _decode.decode(self)
 
     envelope = property(lambda self: self.Get_envelope())
     contents = property(lambda self: self.Get_contents())
-    combiner = property(lambda self: self.Get_envelope()[-1])
+    combiner = property(lambda self: _decode.combiner(self))
 
     size = property(Get_size)
     name = property(Get_name, Set_name)
@@ -487,6 +484,6 @@ def _rebuild(tmap, lb, ub, combiner, committed, size) -> Datatype:
 DATATYPE_NULL = Datatype._make(TypeMap.leaf([], [], []), 0, 0, name="MPI_DATATYPE_NULL",
                                predefined=True)
 
-from .decode import install as _install
+from . import decode as _decode  # noqa: E402  (its constructors wrap this class's)
 
-_install(Datatype)
+_decode.install(Datatype)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import inspect
 
-__all__ = ["contents", "decode", "envelope", "install", "recreate"]
+__all__ = ["combiner", "contents", "decode", "envelope", "install", "recreate"]
 
 # method -> (combiner name, how its arguments become (integers, addresses, datatypes))
 _RECIPES = {
@@ -67,19 +67,51 @@ def _layout(name: str, old, kw: dict) -> tuple[list, list, list]:
 
 
 def _recording(method, name: str):
-    sig = inspect.signature(method)
+    bind = _binder(method)
 
     @functools.wraps(method)
     def create(*args, **kwargs):
         out = method(*args, **kwargs)
-        bound = sig.bind(*args, **kwargs)
-        bound.apply_defaults()
-        kw = dict(bound.arguments)
+        kw = bind(*args, **kwargs)
         old = kw.pop("self", None)
         kw.pop("cls", None)
         out._ctor = (name, old, kw)
         return out
     return create
+
+
+def _binder(method):
+    """A function of ``method``'s parameters returning them by name, defaults applied:
+    what ``inspect.signature(method).bind(...)`` and ``apply_defaults()`` give, for a
+    call ``method`` has accepted, at a tenth of their cost (a type is made per call of
+    mpi4py.util.dtlib's conversions)."""
+    params = list(inspect.signature(method).parameters.values())
+    parts, star = [], False
+    for i, p in enumerate(params):
+        if p.kind is p.VAR_POSITIONAL:
+            parts.append(f"*{p.name}")
+            star = True
+        elif p.kind is p.VAR_KEYWORD:
+            parts.append(f"**{p.name}")
+        else:
+            if p.kind is p.KEYWORD_ONLY and not star:
+                parts.append("*")
+                star = True
+            parts.append(p.name)
+            if p.kind is p.POSITIONAL_ONLY and (
+                    i + 1 == len(params) or params[i + 1].kind is not p.POSITIONAL_ONLY):
+                parts.append("/")
+    scope: dict = {}
+    exec(f"def bind({', '.join(parts)}):\n    return locals()\n", scope)  # noqa: S102
+    bind = scope["bind"]
+    # the signature's defaults (that of the function a decorator wraps), the same objects
+    kinds, empty = inspect.Parameter, inspect.Parameter.empty
+    positional = (kinds.POSITIONAL_ONLY, kinds.POSITIONAL_OR_KEYWORD)
+    bind.__defaults__ = tuple(p.default for p in params if p.kind in positional
+                              and p.default is not empty) or None
+    bind.__kwdefaults__ = {p.name: p.default for p in params if p.kind is kinds.KEYWORD_ONLY
+                           and p.default is not empty} or None
+    return bind
 
 
 def install(cls) -> None:
@@ -107,12 +139,25 @@ def record_ctors(cls, functions: dict) -> None:
 
 def envelope(dt) -> tuple[int, int, int, int, int]:
     """``(n_integers, n_addresses, n_large_counts, n_datatypes, combiner)``."""
-    from . import datatypes as mod
     ctor = getattr(dt, "_ctor", None)
     if ctor is None:
-        return 0, 0, 0, 0, mod.COMBINER_NAMED
+        return 0, 0, 0, 0, combiner(dt)
     i, a, d = _layout(*ctor)
-    return len(i), len(a), 0, len(d), getattr(mod, f"COMBINER_{ctor[0]}")
+    return len(i), len(a), 0, len(d), combiner(dt)
+
+
+_COMBINERS: dict = {}       # constructor name ("NAMED" for none) -> MPI.COMBINER_*
+
+
+def combiner(dt) -> int:
+    """The ``MPI.COMBINER_*`` constant of the constructor that made ``dt``."""
+    ctor = getattr(dt, "_ctor", None)
+    name = "NAMED" if ctor is None else ctor[0]
+    value = _COMBINERS.get(name)
+    if value is None:
+        from . import datatypes
+        value = _COMBINERS[name] = getattr(datatypes, f"COMBINER_{name}")
+    return value
 
 
 def contents(dt) -> tuple[list, list, list, list]:
@@ -128,12 +173,21 @@ def contents(dt) -> tuple[list, list, list, list]:
 
 def _alive(old):
     """``old``, or a usable copy of its handle when the user freed it: MPI keeps a freed
-    type alive for the types built on it, so their contents stay readable."""
-    if old._freed:
+    type alive for the types built on it, so their contents stay readable. The copy is
+    kept with the freed type and handed out again while it is not freed itself
+    (mpi4py.util.dtlib frees a struct's members once it is made, then decodes it)."""
+    if not old._freed:
+        return old
+    copy = old._cache.get(_REVIVED)
+    if copy is None or copy._freed:
         from .datatypes import Datatype
-        old = Datatype(old)
-        old._freed = False
-    return old
+        copy = Datatype(old)
+        copy._freed = False
+        old._cache[_REVIVED] = copy     # (the copy shares the cache: it finds itself)
+    return copy
+
+
+_REVIVED = "decode: a usable copy of a freed type"
 
 
 def decode(dt) -> tuple:

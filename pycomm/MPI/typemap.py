@@ -66,10 +66,19 @@ class Offsets:
 
     def bounds(self) -> tuple[int, int]:
         """The smallest and the largest offset (of a part with at least one item)."""
-        starts, lens = self._live()
-        span = (lens - 1) * self.step
-        lo = int((starts + np.minimum(span, 0)).min())
-        hi = int((starts + np.maximum(span, 0)).max())
+        if self.lens.size <= _FEW:
+            step, lows, highs = self.step, [], []
+            for start, n in zip(self.starts.tolist(), self.lens.tolist()):
+                if n > 0:
+                    span = (n - 1) * step
+                    lows.append(start + min(span, 0))
+                    highs.append(start + max(span, 0))
+            lo, hi = min(lows), max(highs)
+        else:
+            starts, lens = self._live()
+            span = (lens - 1) * self.step
+            lo = int((starts + np.minimum(span, 0)).min())
+            hi = int((starts + np.maximum(span, 0)).max())
         for c, s in self.outer:
             lo += min(0, (c - 1) * s)
             hi += max(0, (c - 1) * s)
@@ -99,6 +108,11 @@ class Offsets:
         for c, s in reversed(self.outer):
             offs = (np.arange(c, dtype=np.int64)[:, None] * s + offs[None, :]).reshape(-1)
         return offs
+
+
+# Parts of at most this many blocks are measured with Python's ints: numpy's cost per
+# call outweighs the work on a few values (a struct's members, a vector's one block).
+_FEW = 8
 
 
 class TypeMap:
