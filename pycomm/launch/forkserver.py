@@ -437,7 +437,8 @@ class ForkServer:
                 left = deadline - time.monotonic()
                 if left <= 0 or not self._reader.is_alive():
                     self._abandoned.add(number)
-                    return ["failed", f"no answer from the fork server in {timeout:g} s"]
+                    return ["failed", "the fork server is gone" if left > 0 else
+                            f"no answer from the fork server in {timeout:g} s"]
                 self._reply_ready.wait(min(left, 0.5))
             return self._answers.pop(number)
 
