@@ -355,18 +355,22 @@ def test_a_prestarted_server_that_fails_is_not_used(tmp_path, monkeypatch):
 
 def test_an_answer_that_comes_too_late_kills_its_rank_and_is_not_taken_for_the_next(
         tmp_path, monkeypatch):
-    """A start whose answer comes after the wait (here: a wait of 0 s) fails; the rank
-    the server did start is killed when its answer comes, its exit is not kept, and the
-    next start gets its own rank, not the late answer."""
+    """A start whose answer comes after the wait (here: the server stopped past a wait of
+    0.2 s) fails; the rank the server did start is killed when its answer comes, its exit
+    is not kept, and the next start gets its own rank, not the late answer."""
     server = forkserver.ForkServer({**os.environ}, forkserver._preexec(os.getpid()))
     prog = tmp_path / "p.py"
     prog.write_text("import os, time\nprint(os.getpid(), flush=True)\ntime.sleep(60)\n")
     try:
-        monkeypatch.setattr(forkserver, "_START_S", 0.0)
+        monkeypatch.setattr(forkserver, "_START_S", 0.2)
         r, w = os.pipe()
-        with pytest.raises(OSError, match="no answer"):
-            server.start([str(prog)], dict(os.environ), None, None, (None, w),
-                         (None, os.dup(2)))
+        os.kill(server.proc.pid, signal.SIGSTOP)    # (the request waits in the socket)
+        try:
+            with pytest.raises(OSError, match="no answer"):
+                server.start([str(prog)], dict(os.environ), None, None, (None, w),
+                             (None, os.dup(2)))
+        finally:
+            os.kill(server.proc.pid, signal.SIGCONT)
         # The late rank holds the pipe's only write end (the start closed this one's), and
         # would sleep a minute: end of file within seconds says it was killed.
         deadline = time.monotonic() + 15
