@@ -15,8 +15,8 @@ import numpy as np
 from pycomm.buffers import IN_PLACE, CheckedVector
 from pycomm.collectives.scratch import give, take
 
-from .collspec import (item_array, match_empty, plain_pair, reducible, root_none,
-                       starts, wregions)
+from .collspec import (item_array, match_empty, plain_pair, plain_to_root, reducible,
+                       root_none, starts, wregions)
 from . import ports as _ports
 from . import spawn as _spawn
 from .comm import Comm
@@ -101,11 +101,7 @@ class Intracomm(Comm):
         """Combine every rank's ``sendbuf`` with ``op`` into root's ``recvbuf``."""
         c = self._c
         if c is not None and type(root) is int and getattr(op, "name", None) != "OP_NULL":
-            if c.rank == root:
-                pair = plain_pair(sendbuf, recvbuf)
-            else:                   # (the receive buffer is not used: not parsed)
-                s = plain(sendbuf, False)
-                pair = None if s is None else (s, None)
+            pair = plain_to_root(c.rank == root, sendbuf, recvbuf)
             if pair is not None:
                 return c.Reduce(*pair, op, root)
         return self._reduce("Reduce", sendbuf, recvbuf, op, root)
@@ -203,11 +199,7 @@ class Intracomm(Comm):
         """Gather every rank's message into root's ``recvbuf`` in rank order."""
         c = self._c
         if c is not None and type(root) is int:
-            if c.rank == root:
-                pair = plain_pair(sendbuf, recvbuf)
-            else:                   # (the receive buffer is not used: not parsed)
-                s = plain(sendbuf, False)
-                pair = None if s is None else (s, None)
+            pair = plain_to_root(c.rank == root, sendbuf, recvbuf)
             if pair is not None:
                 return c.Gather(*pair, root)
         return self._rooted("Gather", sendbuf, recvbuf, root, root_recv=True)

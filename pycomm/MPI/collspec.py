@@ -143,6 +143,16 @@ def plain_pair(sendbuf, recvbuf):
     return None if s is None or s.dtype != r.dtype else (s, r)
 
 
+def plain_to_root(at_root: bool, sendbuf, recvbuf):
+    """:func:`plain_pair` of a call whose root receives (Reduce, Gather) at the root;
+    elsewhere ``(send, None)`` for a plain send array (the receive buffer is not used
+    there: not parsed); None otherwise."""
+    if at_root:
+        return plain_pair(sendbuf, recvbuf)
+    s = plain(sendbuf, False)
+    return None if s is None else (s, None)
+
+
 def match_empty(*msgs) -> None:
     """An empty message (None, or zero items) takes the dtype of the other side's (of the
     first one when all are empty), so that the Communicator's dtype checks do not refuse
