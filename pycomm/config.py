@@ -15,8 +15,8 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
-__all__ = ["TRANSPORTS", "VARS", "Var", "algorithm_override", "describe", "explicit", "get", "port_range",
-           "reload"]
+__all__ = ["TRANSPORTS", "VARS", "Var", "algorithm_override", "describe", "explicit", "get",
+           "port_range", "reload"]
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from pycomm.launch import forkserver
+from pycomm.launch import forkclient, forkserver
 
 ROOT = Path(__file__).resolve().parent.parent
 LAUNCH = str(ROOT / "launch.py")
@@ -362,7 +362,7 @@ def test_an_answer_that_comes_too_late_kills_its_rank_and_is_not_taken_for_the_n
     prog = tmp_path / "p.py"
     prog.write_text("import os, time\nprint(os.getpid(), flush=True)\ntime.sleep(60)\n")
     try:
-        monkeypatch.setattr(forkserver, "_START_S", 0.2)
+        monkeypatch.setattr(forkclient, "_START_S", 0.2)
         r, w = os.pipe()
         os.kill(server.proc.pid, signal.SIGSTOP)    # (the request waits in the socket)
         try:
@@ -380,7 +380,7 @@ def test_an_answer_that_comes_too_late_kills_its_rank_and_is_not_taken_for_the_n
                     break
             else:
                 pytest.fail("the late rank is still running")
-        monkeypatch.setattr(forkserver, "_START_S", 60.0)
+        monkeypatch.setattr(forkclient, "_START_S", 60.0)
         r, w = os.pipe()
         proc = server.start(["-c", "import os; print(os.getpid())"], dict(os.environ), None,
                             None, (r, w), (None, os.dup(2)))

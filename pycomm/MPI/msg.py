@@ -42,9 +42,9 @@ def plain(spec, writable: bool):
     """``spec`` as the 1-D array the Communicator moves, when it is the common case: a
     C-contiguous numpy array of a numeric dtype that has a predefined datatype (and
     writable where the call writes it); None for every other spec, which
-    :func:`pycomm.MPI.msgspec.message` parses. The façade's small calls take this way first: it decides in
-    a few attribute reads what the whole parse would (a spec's parse costs as much as an
-    8-byte collective's own work)."""
+    :func:`pycomm.MPI.msgspec.message` parses. The façade's small calls take this way
+    first: it decides in a few attribute reads what the whole parse would (a spec's parse
+    costs as much as an 8-byte collective's own work)."""
     if type(spec) is not np.ndarray:
         return None
     dtype = spec.dtype

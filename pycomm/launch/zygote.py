@@ -21,8 +21,8 @@ from importlib.machinery import SourceFileLoader
 
 import msgpack
 
-from pycomm.launch.forkserver import (_MAX_MESSAGE, _TITLE_ROOM, PRELOAD, PRELOAD_MPI4PY,
-                                      _preexec)
+from pycomm.launch.forkclient import _MAX_MESSAGE, _TITLE_ROOM
+from pycomm.launch.forkserver import PRELOAD, PRELOAD_MPI4PY, _preexec
 
 __all__: list[str] = []
 
