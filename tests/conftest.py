@@ -42,6 +42,7 @@ import atexit
 import contextlib
 import os
 import pickle
+import secrets
 import shutil
 import subprocess
 import sys
@@ -283,6 +284,26 @@ _HOST_FILES = frozenset({
     "test_cluster.py", "test_cluster_failures.py", "test_cluster_hier.py",
     "test_hydra_hosts.py", "test_ompi_hosts.py", "test_ompi5_hosts.py", "test_ray.py",
     "test_ray_hosts.py", "test_slurm.py"})
+
+
+# -- the rendezvous store's tests (test_store.py, test_store_auth.py) -------------------
+STORE_TOKEN = secrets.token_hex(32)
+
+
+@pytest.fixture
+def server():
+    """A rendezvous store (pycomm.launch.store) of STORE_TOKEN, ended after the test."""
+    from pycomm.launch.store import StoreServer
+    with StoreServer(STORE_TOKEN) as srv:
+        yield srv
+
+
+@pytest.fixture
+def client(server):
+    """A client of ``server``'s store, closed after the test."""
+    from pycomm.launch.store_client import StoreClient
+    with StoreClient(server.host, server.port, STORE_TOKEN, timeout=5.0) as cli:
+        yield cli
 
 
 def _world_of(item) -> tuple | None:
