@@ -87,11 +87,13 @@ _DECLARED = [
     Var("PYCOMM_EAGER_LIMIT", int, 65536,
         "Messages up to this many payload bytes go eagerly; larger ones use rendezvous."),
     Var("PYCOMM_SHM_RING_BYTES", int, 1 << 20,
-        "Bytes of each shared-memory ring (one per ordered pair of ranks)."),
+        "Bytes of each shared-memory ring (one per ordered pair of ranks on a host); each "
+        "rank reserves its inbound rings in /dev/shm at start-up."),
     Var("PYCOMM_SHM_COLL_BYTES", int, 64 << 10,
         "Collectives of one host's ranks with at most this many bytes per rank go through "
         "shared-memory slots instead of messages (pycomm.shmcoll); 0 turns them off. Each "
-        "rank's segment reserves 128 slots of this size (pages are used only as written)."),
+        "rank's segment has 128 slots of this size, two per communicator, reserved in /dev/shm "
+        "when the communicator's first collective sets them up."),
     Var("PYCOMM_SHM_DIRECT_BYTES", int, 256 << 10,
         "A blocking all-reduce or reduce-scatter-block (with a commutative numpy op), "
         "all-gather (up to 1 MiB) or broadcast of one host's ranks, of at least this many "

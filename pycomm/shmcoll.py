@@ -14,8 +14,11 @@ This is the flag-based shared-memory collective design of MPICH's CH4 POSIX coll
 "MPI Support for Multi-core Architectures: Optimized Shared Memory Collectives",
 EuroPVM/MPI 2008), reduced to its flat form: every rank reads every peer's slot in one
 step, where a tree adds a step, and a wake-up, per level; the ranks of one host and at
-most 64 KiB each keep those reads small (benchmarks/README.md, "Slots of 64 KiB"). The
-area is reserved, not written: pages are allocated only where calls have written.
+most 64 KiB each keep those reads small (benchmarks/README.md, "Slots of 64 KiB"). A
+communicator's block of every member's area is reserved in /dev/shm when its slots are set
+up (:func:`slots_for`), before any rank touches it: a full /dev/shm would otherwise kill
+the first rank that touched a new page, reader or writer, with SIGBUS
+(:mod:`transports.shmring`, "Room").
 
 Layout. The area holds :data:`MAX_COMMS` communicator blocks, indexed by context id
 (context ids are agreed by the members and never reused, so a block belongs to one
@@ -63,9 +66,10 @@ from types import SimpleNamespace
 import numpy as np
 
 from transports.linux import futex_wake
+from transports.shmring import ShmSpaceError
 
 from . import trace as _trace
-from .errors import CollectiveMismatchError, PeerError
+from .errors import CollectiveMismatchError, CommError, PeerError
 from .signature import describe, empty_match
 from .waiting import SHARED_WAIT
 
@@ -108,6 +112,11 @@ def slots_for(comm):
 
     The answer depends only on what every member agrees on (its context id, its
     members, the transports chosen at start-up), so all members decide alike.
+
+    Raises:
+        CommError: /dev/shm has no room for the communicator's slots (they are reserved
+            before any rank touches them: :mod:`transports.shmring`); the collective call
+            that asked fails on every rank, and each later one asks again.
     """
     if comm.size < 2 or comm._cctx != 3 * comm._cid + 1 or comm._cid >= MAX_COMMS:
         return None
@@ -126,7 +135,11 @@ def slots_for(comm):
         shm = t
     if shm is None or not shm.coll_bytes:
         return None
-    return SharedSlots(comm, shm)
+    try:
+        return SharedSlots(comm, shm)
+    except ShmSpaceError as exc:
+        raise CommError(f"rank {comm.rank}: the shared-memory slots of {comm.name}'s "
+                        f"collectives cannot be set up: {exc}") from None
 
 
 class SharedSlots:
@@ -143,9 +156,10 @@ class SharedSlots:
         self.limit = slot
         block = _block_bytes(slot)
         base = comm._cid * block
+        reserve = (base, block, f"the collective slots of {comm.name} (context {comm._cid})")
         self.arrival, self.headers, self.data = [], [], []
         for w in comm._world:
-            area = shm.coll_area(w)
+            area = shm.coll_area(w, reserve)
             self.arrival.append(area[base:base + 8].cast("q"))
             hs, ds = [], []
             for p in (0, 1):

@@ -17,7 +17,8 @@ restrictions), the payload streams through the ring, two copies, pipelined.
 
 Collective slots. After the rings, each segment holds an area for the small-message
 collectives of :mod:`pycomm.shmcoll` (``coll_bytes`` long; its layout is that module's):
-one rank writes there, its peers on the host read it in place.
+one rank writes there, its peers on the host read it in place. Rings and slots are reserved
+in /dev/shm before any process touches them (:mod:`transports.shmring`, "Room").
 
 Cleanup. Every rank unlinks its segment as soon as all its peers have mapped it, so after
 start-up nothing is left in /dev/shm even if the job is SIGKILLed; before that, the
@@ -36,13 +37,13 @@ from .base import PeerLostError, Transport, TransportError, host_identity
 from .cma import CrossMemory
 from .frames import PREFIX, FrameDecoder, frame_prefix, whole_frame_handler
 from .shmring import (CTRL_BYTES, HEAD, RING_HDR_BYTES, TAIL, WHOLE, WHOLE_MAX, InRing,
-                      OutRing, Segment, segment_name, whole_frame)
+                      OutRing, Segment, ShmSpaceError, segment_name, whole_frame)
 from .linux import futex_wait as _futex_wait, futex_wake as _futex_wake
 from .procwatch import process_state
 
 _perf = time.perf_counter
 
-__all__ = ["ShmTransport"]
+__all__ = ["ShmSpaceError", "ShmTransport"]
 
 
 class ShmTransport(Transport):
@@ -98,8 +99,9 @@ class ShmTransport(Transport):
         rings = CTRL_BYTES + max(1, len(self.peers)) * (RING_HDR_BYTES + self.ring_bytes)
         nbytes = rings + self.coll_bytes
         name = segment_name(self.job_id, self.rank)
-        self._path = "/dev/shm/" + name
-        self._own = Segment(self._path, nbytes, create=True)
+        self._path, what = "/dev/shm/" + name, f"rank {self.rank}'s {len(self.peers)} " \
+            f"inbound rings of {self.ring_bytes} bytes (PYCOMM_SHM_RING_BYTES)"
+        self._own = Segment(self._path, nbytes, create=True, reserve=rings, what=what)
         self._own.ctl64[0] = os.getpid()
         self._coll_at[self.rank] = (self._own, rings)
         key = f"shm/{self.job_id}/"
@@ -134,13 +136,17 @@ class ShmTransport(Transport):
         self._path = None
 
     # -- the collective area (pycomm.shmcoll) ----------------------------------------------
-    def coll_area(self, rank: int) -> memoryview | None:
+    def coll_area(self, rank: int, reserve: tuple | None = None) -> memoryview | None:
         """The collective area in ``rank``'s segment (this rank's own or a connected
-        peer's), or None when there is none. Only ``rank`` writes to it."""
+        peer's), or None when there is none. Only ``rank`` writes to it. ``reserve``:
+        ``(start, nbytes, what)``, a range of it to reserve first
+        (:meth:`transports.shmring.Segment.reserve`, which raises ShmSpaceError)."""
         at = self._coll_at.get(rank)
         if at is None or not self.coll_bytes:
             return None
         seg, off = at
+        if reserve is not None:
+            seg.reserve(off + reserve[0], *reserve[1:])
         return seg.view[off:off + self.coll_bytes]
 
     def doorbell_words(self, ranks: list[int]) -> list:

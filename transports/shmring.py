@@ -10,6 +10,15 @@ block and one inbound ring per peer on its host::
     | pid      u64      | data[ring_bytes]     |                      |
     +-------------------+----------------------+----------------------+----
 
+Room. A page of a /dev/shm file is allocated when a process first touches it, reading
+included; when the tmpfs is full (a container's /dev/shm is 64 MiB unless ``--shm-size``
+says otherwise), that touch kills the toucher with SIGBUS, whichever rank it is. So
+every range is reserved (``posix_fallocate``, :meth:`Segment.reserve`) before any process
+touches it: the control block and the rings when the owner creates its segment, each
+communicator's block of the collective area when its slots are first set up
+(:mod:`pycomm.shmcoll`). A reservation that finds no room raises :class:`ShmSpaceError`
+naming the bytes asked for, the room left and the remedies, before anything is written.
+
 A sender writes frames (12-byte prefix, header, payload; see :mod:`transports.base`) into
 its ring in the receiver's segment and advances ``head``; the receiver copies them out and
 advances ``tail``. Each counter has a single writer, so no atomics are needed beyond
@@ -24,20 +33,27 @@ transport that moves frames through them is :mod:`transports.shm`.
 from __future__ import annotations
 
 import ctypes
+import errno
 import mmap
 import os
 import struct
 from collections import deque
 
+from .base import TransportError
 from .frames import FrameDecoder, frame_prefix
 from .linux import futex_wake
 
-__all__ = ["CTRL_BYTES", "HEAD", "InRing", "OutRing", "RING_HDR_BYTES", "Segment", "TAIL",
-           "WHOLE", "WHOLE_MAX", "address_of", "segment_name", "whole_frame"]
+__all__ = ["CTRL_BYTES", "HEAD", "InRing", "OutRing", "RING_HDR_BYTES", "Segment",
+           "ShmSpaceError", "TAIL", "WHOLE", "WHOLE_MAX", "address_of", "segment_name",
+           "whole_frame"]
 
 CTRL_BYTES = 64
 RING_HDR_BYTES = 128
 HEAD, TAIL = 0, 8          # u64 indices into a ring header (bytes 0 and 64)
+
+def _mib(nbytes: int) -> str:
+    return f"{nbytes / (1 << 20):.1f} MiB" if nbytes >= 1 << 20 else f"{nbytes >> 10} KiB"
+
 
 def segment_name(job_id: str, rank: int) -> str:
     """Name of ``rank``'s segment under /dev/shm (the launcher sweeps ``pycomm-<job>-*``)."""
@@ -70,19 +86,38 @@ def whole_frame(header: bytes, n: int) -> tuple:
     return whole
 
 
+class ShmSpaceError(TransportError):
+    """/dev/shm has no room for a range of a segment that is about to be used."""
+
+
 class Segment:
     """A mapped segment: control words and ring views."""
 
-    def __init__(self, path: str, nbytes: int, create: bool = False):
+    def __init__(self, path: str, nbytes: int, create: bool = False, reserve: int = 0,
+                 what: str = ""):
         """Map the ``nbytes`` of file ``path`` (``create``: a new file, which must not
-        exist yet, readable by this user only)."""
+        exist yet, readable by this user only, its first ``reserve`` bytes, ``what``,
+        reserved).
+
+        Raises:
+            ShmSpaceError: ``create`` and /dev/shm has no room for ``reserve`` bytes (the
+                file is removed again).
+        """
         fd = os.open(path, os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0), 0o600)
+        # The file stays open: reserve() allocates later ranges through it (the file
+        # itself is unlinked once every peer has mapped it).
+        self.fd, self.path = fd, path
         try:
             if create:
                 os.ftruncate(fd, nbytes)
+                if reserve:
+                    self.reserve(0, reserve, what)
             self.map = mmap.mmap(fd, nbytes)
-        finally:
+        except BaseException:
             os.close(fd)
+            if create:
+                os.unlink(path)
+            raise
         self.view = memoryview(self.map)
         self.ctl32 = self.view[:8].cast("I")       # [doorbell, waiting]
         self.ctl64 = self.view[8:24].cast("Q")     # [pid, said goodbye]
@@ -101,7 +136,35 @@ class Segment:
         if c[1]:
             futex_wake(self.futex)
 
+    def reserve(self, start: int, nbytes: int, what: str) -> None:
+        """Allocate bytes ``[start, start + nbytes)`` of the file now, so that no touch of
+        them can meet a full /dev/shm later (module docstring); a no-op where they are
+        allocated already. ``what``: the range, for the error.
+
+        Raises:
+            ShmSpaceError: no room (ENOSPC), naming ``what``, the bytes and the room left.
+        """
+        try:
+            os.posix_fallocate(self.fd, start, nbytes)
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                # (a file system that cannot reserve: its pages come at the first touch)
+                if exc.errno in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+                    return
+                raise
+            folder = os.path.dirname(self.path)
+            room = os.statvfs(folder)
+            raise ShmSpaceError(
+                f"{folder} has no room for {what}: {_mib(nbytes)} asked for in "
+                f"{os.path.basename(self.path)}, {_mib(room.f_bavail * room.f_frsize)} "
+                f"free of {_mib(room.f_blocks * room.f_frsize)}. Make {folder} larger "
+                "(docker run --shm-size=1g; mount -o remount,size=2g /dev/shm), give each "
+                "ring fewer bytes (PYCOMM_SHM_RING_BYTES, one ring per pair of ranks on a "
+                "host) or the collective slots fewer (PYCOMM_SHM_COLL_BYTES, 0: none), or "
+                "run over TCP (--transport tcp)") from None
+
     def close(self) -> None:
+        os.close(self.fd)
         for v in (self.ctl32, self.ctl64):
             v.release()
         del self._anchor

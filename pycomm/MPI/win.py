@@ -29,6 +29,7 @@ raise ``NotImplementedError``.
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import socket
@@ -53,6 +54,22 @@ def _prefix(comm) -> str:
     import pycomm
     job = getattr(pycomm.init()._engine, "job_id", None) or f"p{os.getpid()}"
     return f"/dev/shm/pycomm-{job}-win-"
+
+
+def _reserve(fd: int, nbytes: int) -> None:
+    """Allocate a window file's ``nbytes`` now: a page of /dev/shm is allocated when it
+    is first touched, and a touch that finds the tmpfs full kills the process with
+    SIGBUS (transports/shmring.py, "Room"), so room is found, or its lack raised, here.
+
+    Raises:
+        OSError: ENOSPC (no room), or another failure to allocate.
+    """
+    try:
+        os.posix_fallocate(fd, 0, nbytes)
+    except OSError as exc:
+        if exc.errno in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+            return      # a file system that cannot reserve: pages come at the first touch
+        raise
 
 
 def _error(code: str, text: str):
@@ -110,12 +127,25 @@ class Win(RMA, ErrhandlerMethods):
         mine = f"{base}{wcomm.rank}"
         files = (mine, mine + ".epoch", mine + ".op")
         try:
-            for path, n in zip(files, (max(size, 1), 0, 0)):
-                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-                os.ftruncate(fd, n)
-                os.close(fd)
-            layout = wcomm.allgather((size, disp_unit))
-            targets = [_Target(f"{base}{r}", s, u) for r, (s, u) in enumerate(layout)]
+            failed = None
+            try:
+                for path, n in zip(files, (max(size, 1), 0, 0)):
+                    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+                    try:
+                        os.ftruncate(fd, n)
+                        if n:
+                            _reserve(fd, n)
+                    finally:
+                        os.close(fd)
+            except OSError as exc:      # every rank learns of it: none maps a short file
+                failed = f"rank {wcomm.rank}: {path}: {exc.strerror or exc}"
+            layout = wcomm.allgather((size, disp_unit, failed))
+            failures = [f for _, _, f in layout if f is not None]
+            if failures:
+                wcomm.Free()
+                raise _error("ERR_NO_MEM", f"{where}: the window's memory could not be "
+                             f"made: {'; '.join(failures)}")
+            targets = [_Target(f"{base}{r}", s, u) for r, (s, u, _) in enumerate(layout)]
             wcomm.Barrier()             # every rank mapped every file: unlink them now
         finally:
             for path in files:

@@ -1,0 +1,156 @@
+"""A /dev/shm too small for the job: a clear error where the shared memory is reserved,
+never a rank killed by SIGBUS in the middle of a call.
+
+A page of a tmpfs file is allocated when a process first touches it, and a touch that
+finds the tmpfs full kills the toucher with SIGBUS (a container's /dev/shm is 64 MiB unless
+``--shm-size`` says otherwise). Each case runs a job in a mount namespace of its own whose
+/dev/shm is a tmpfs of the size the case needs (``unshare --mount``, root): the segment's
+rings are reserved at start-up, a communicator's collective slots when its first
+collective sets them up, an MPI window's memory when it is made
+(transports/shmring.py, "Room").
+
+These tests need root and unshare; where a namespace cannot be made they FAIL with the
+reason, as the emulated-host tests do.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from pycomm.shmcoll import _block_bytes
+from transports.shmring import CTRL_BYTES, RING_HDR_BYTES
+
+ROOT = Path(__file__).resolve().parents[1]
+LAUNCH = str(ROOT / "launch.py")
+RING = 65536                            # PYCOMM_SHM_RING_BYTES of the small cases
+SLOT = 64 << 10                         # PYCOMM_SHM_COLL_BYTES (the default)
+
+
+def _in_small_shm(kib: int, argv: list[str], env: dict | None = None,
+                  timeout: float = 60.0) -> tuple[int, str]:
+    """Run ``argv`` with /dev/shm a fresh tmpfs of ``kib`` KiB; return its exit status
+    and output, then what /dev/shm held after it (a line ``left: ...``)."""
+    if shutil.which("unshare") is None:
+        pytest.fail("unshare (util-linux) is needed to give a job a small /dev/shm")
+    script = (f"mount -t tmpfs -o size={kib}k tmpfs /dev/shm || exit 97; "
+              '"$@"; rc=$?; echo "left: $(ls -A /dev/shm)"; exit $rc')
+    proc = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                           script, "sh", *argv], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=timeout, env=env,
+                          check=False)
+    if proc.returncode == 97 or proc.stdout.startswith("unshare:"):
+        pytest.fail(f"could not make a mount namespace with a small /dev/shm (root is "
+                    f"needed): {proc.stdout.strip()}")
+    return proc.returncode, proc.stdout
+
+
+def _env(**extra) -> dict:
+    import os
+    return {**os.environ, "PYTHONUNBUFFERED": "1", **extra}
+
+
+def _program(tmp_path, text: str) -> str:
+    path = tmp_path / "prog.py"
+    path.write_text(textwrap.dedent(text))
+    return str(path)
+
+
+def test_a_job_whose_rings_do_not_fit_stops_at_start_naming_dev_shm(tmp_path):
+    # 4 ranks of 3 rings of 1 MiB each: 12 MiB of rings in an 8 MiB /dev/shm. The old
+    # transport started, then killed a rank by SIGBUS once traffic had filled /dev/shm.
+    prog = _program(tmp_path, """
+        import numpy as np, pycomm
+        c = pycomm.init()
+        big = np.ones((c.size, 2048)); out = np.empty_like(big)
+        for _ in range(300):
+            c.Alltoall(big, out)
+            for p in range(c.size):
+                if p != c.rank:
+                    c.Sendrecv(big[0], p, recvbuf=out[0], source=p)
+        print("finished", flush=True)
+    """)
+    rc, out = _in_small_shm(8 << 10, [sys.executable, LAUNCH, "-n", "4", prog], _env())
+    assert rc != 0, out
+    assert "SIGBUS" not in out, out
+    assert "finished" not in out, out
+    assert "could not start the world: /dev/shm has no room for rank" in out, out
+    assert "inbound rings of 1048576 bytes (PYCOMM_SHM_RING_BYTES)" in out, out
+    assert "--shm-size" in out and "--transport tcp" in out, out
+    assert out.rstrip().endswith("left:"), out        # nothing left in /dev/shm
+
+
+def test_a_communicator_whose_slots_do_not_fit_fails_its_collectives_clearly(tmp_path):
+    # Room for the world's rings and slots and for a block and a half more: the Dup's
+    # slots (a block on each of 4 ranks) do not fit. Each of its collectives fails on every
+    # rank, naming /dev/shm; the world and the Dup's point-to-point calls go on.
+    rings = CTRL_BYTES + 3 * (RING_HDR_BYTES + RING)
+    block = _block_bytes(SLOT)
+    kib = -(-(4 * (rings + block) + 3 * block // 2) // 4096) * 4
+    prog = _program(tmp_path, """
+        import numpy as np, pycomm
+        from pycomm.errors import CommError
+        c = pycomm.init()
+        a = np.ones(4); b = np.empty_like(a)
+        c.Allreduce(a, b)
+        print("world", b[0], flush=True)
+        d = c.Dup()
+        for i in range(2):
+            try:
+                d.Allreduce(a, b)
+                print("dup allreduce passed", flush=True)
+            except CommError as exc:
+                print(f"call {i}: {type(exc).__name__}: {exc}", flush=True)
+        c.Allreduce(a * 2, b)
+        print("world again", b[0], flush=True)
+        d.Send(a * c.rank, (c.rank + 1) % c.size)
+        d.Recv(b, (c.rank - 1) % c.size)
+        print("dup p2p", b[0], flush=True)
+    """)
+    rc, out = _in_small_shm(kib, [sys.executable, LAUNCH, "-n", "4", prog],
+                            _env(PYCOMM_SHM_RING_BYTES=str(RING)))
+    assert rc == 0, out
+    assert "SIGBUS" not in out and "dup allreduce passed" not in out, out
+    for r in range(4):
+        for i in range(2):
+            lines = [ln for ln in out.splitlines() if ln.startswith(f"[{r}] call {i}: ")]
+            assert len(lines) == 1, out
+            # the rank that found no room says so; the others name it (CollectiveError)
+            assert "no room for the collective slots of pycomm.COMM_WORLD.Dup" in lines[0] \
+                or "CollectiveError" in lines[0], lines[0]
+        assert f"[{r}] world again 8.0" in out, out
+        assert f"[{r}] dup p2p {(r - 1) % 4}.0" in out, out
+    assert "no room for the collective slots of pycomm.COMM_WORLD.Dup (context" in out, out
+    assert out.rstrip().endswith("left:"), out
+
+
+def test_a_window_larger_than_dev_shm_raises_err_no_mem_on_every_rank(tmp_path):
+    prog = _program(tmp_path, """
+        from pycomm import MPI
+        c = MPI.COMM_WORLD
+        try:
+            MPI.Win.Allocate((6 << 20) if c.rank == 1 else 4096, comm=c)
+            print(f"rank {c.rank}: allocated", flush=True)
+        except MPI.Exception as exc:
+            print(f"rank {c.rank}: class {exc.Get_error_class()} == {MPI.ERR_NO_MEM}: "
+                  f"{exc}", flush=True)
+        w = MPI.Win.Allocate(4096, comm=c)
+        w.Free()
+        print(f"rank {c.rank}: small window", flush=True)
+    """)
+    rc, out = _in_small_shm(4 << 10, [sys.executable, LAUNCH, "-n", "3", "--mpi4py", prog],
+                            _env(PYCOMM_SHM_RING_BYTES=str(RING)))
+    assert rc == 0, out
+    assert "allocated" not in out and "SIGBUS" not in out, out
+    for r in range(3):
+        line = next(ln for ln in out.splitlines() if f"rank {r}: class" in ln)
+        assert "class 34 == 34" in line, line
+        assert "Win.Allocate: the window's memory could not be made: rank 1:" in line, line
+        assert "No space left on device" in line, line
+        assert f"rank {r}: small window" in out, out
+    assert out.rstrip().endswith("left:"), out
