@@ -69,7 +69,9 @@ _DECLARED = [
     Var("PYCOMM_APPNUM", int, None,
         "Set in a spawned process: the index of its command in MPI_Comm_spawn_multiple."),
     # -- behaviour -----------------------------------------------------------------------
-    Var("PYCOMM_TRANSPORT", str, "auto", "Transport to use: auto, shm, tcp or rdma (emulated)."),
+    Var("PYCOMM_TRANSPORT", str, "auto",
+        "Transport to use: auto (shm inside a host, tcp there where its /dev/shm cannot "
+        "hold the job or be written; tcp across hosts), shm, tcp or rdma (emulated)."),
     Var("PYCOMM_TIMEOUT", float, 300.0,
         "Seconds any blocking operation may wait before raising TimeoutError."),
     Var("PYCOMM_HOST", str, None,

@@ -61,21 +61,27 @@ def _program(tmp_path, text: str) -> str:
     return str(path)
 
 
+# Every rank sends every other enough to wrap each 1 MiB ring, then checks a sum.
+TRAFFIC = """
+    import numpy as np, pycomm
+    c = pycomm.init()
+    big = np.ones((c.size, 2048)); out = np.empty_like(big)
+    for _ in range(300):
+        c.Alltoall(big, out)
+        for p in range(c.size):
+            if p != c.rank:
+                c.Sendrecv(big[0], p, recvbuf=out[0], source=p)
+    total = np.empty(1)
+    c.Allreduce(np.array([float(c.rank)]), total)
+    print(f"finished over {c.transport_name}, sum {total[0]}", flush=True)
+"""
+
+
 def test_a_job_whose_rings_do_not_fit_stops_at_start_naming_dev_shm(tmp_path):
     # 4 ranks of 3 rings of 1 MiB each: 12 MiB of rings in an 8 MiB /dev/shm. The old
     # transport started, then killed a rank by SIGBUS once traffic had filled /dev/shm.
-    prog = _program(tmp_path, """
-        import numpy as np, pycomm
-        c = pycomm.init()
-        big = np.ones((c.size, 2048)); out = np.empty_like(big)
-        for _ in range(300):
-            c.Alltoall(big, out)
-            for p in range(c.size):
-                if p != c.rank:
-                    c.Sendrecv(big[0], p, recvbuf=out[0], source=p)
-        print("finished", flush=True)
-    """)
-    rc, out = _in_small_shm(8 << 10, [sys.executable, LAUNCH, "-n", "4", prog], _env())
+    rc, out = _in_small_shm(8 << 10, [sys.executable, LAUNCH, "-n", "4", "--transport", "shm",
+                                      _program(tmp_path, TRAFFIC)], _env())
     assert rc != 0, out
     assert "SIGBUS" not in out, out
     assert "finished" not in out, out
@@ -83,6 +89,35 @@ def test_a_job_whose_rings_do_not_fit_stops_at_start_naming_dev_shm(tmp_path):
     assert "inbound rings of 1048576 bytes (PYCOMM_SHM_RING_BYTES)" in out, out
     assert "--shm-size" in out and "--transport tcp" in out, out
     assert out.rstrip().endswith("left:"), out        # nothing left in /dev/shm
+
+
+def test_auto_links_a_host_over_tcp_where_its_dev_shm_cannot_hold_the_job(tmp_path):
+    # The same job with the default transport: the ranks see, before any segment is
+    # made, that their /dev/shm is too small, say so once and talk over TCP.
+    rc, out = _in_small_shm(8 << 10, [sys.executable, LAUNCH, "-n", "4",
+                                      _program(tmp_path, TRAFFIC)], _env())
+    assert rc == 0, out
+    warnings = [ln for ln in out.splitlines() if "pycomm: /dev/shm has" in ln]
+    assert len(warnings) == 1 and warnings[0].startswith("[0] "), out
+    assert "shared memory between this host's 4 ranks needs 13 MiB" in warnings[0], out
+    assert "talk over TCP instead" in warnings[0], out
+    assert out.count("finished over tcp, sum 6.0") == 4, out
+    assert out.rstrip().endswith("left:"), out
+
+
+def test_a_read_only_dev_shm_is_tcp_for_auto_and_a_clear_error_for_shm(tmp_path):
+    prog = _program(tmp_path, TRAFFIC)
+    argv = [sys.executable, LAUNCH, "-n", "2", prog]
+    script = ["sh", "-c", 'mount -o remount,ro /dev/shm && exec "$@"', "sh"]
+    rc, out = _in_small_shm(1024, script + argv, _env())
+    assert rc == 0, out
+    assert "pycomm: /dev/shm cannot be written (mount a writable tmpfs there)" in out, out
+    assert out.count("finished over tcp, sum 1.0") == 2, out
+    rc, out = _in_small_shm(1024, script + argv[:-1] + ["--transport", "shm", prog], _env())
+    assert rc != 0 and "finished" not in out, out
+    assert "could not start the world: cannot make the shared-memory segment /dev/shm/" \
+        "pycomm-" in out, out
+    assert "Read-only file system; the shm transport needs a writable /dev/shm" in out, out
 
 
 def test_a_communicator_whose_slots_do_not_fit_fails_its_collectives_clearly(tmp_path):

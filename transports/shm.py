@@ -36,8 +36,8 @@ import msgpack
 from .base import PeerLostError, Transport, TransportError, host_identity
 from .cma import CrossMemory
 from .frames import PREFIX, FrameDecoder, frame_prefix, whole_frame_handler
-from .shmring import (CTRL_BYTES, HEAD, RING_HDR_BYTES, TAIL, WHOLE, WHOLE_MAX, InRing,
-                      OutRing, Segment, ShmSpaceError, segment_name, whole_frame)
+from .shmring import (HEAD, TAIL, WHOLE, WHOLE_MAX, InRing, OutRing, Segment,
+                      ShmSpaceError, rings_bytes, segment_name, whole_frame)
 from .linux import futex_wait as _futex_wait, futex_wake as _futex_wake
 from .procwatch import process_state
 
@@ -96,7 +96,7 @@ class ShmTransport(Transport):
     # -- set-up ---------------------------------------------------------------------------
     def connect(self, store, peers: list[int], timeout: float) -> None:
         self.peers = sorted(peers)
-        rings = CTRL_BYTES + max(1, len(self.peers)) * (RING_HDR_BYTES + self.ring_bytes)
+        rings = rings_bytes(len(self.peers), self.ring_bytes)
         nbytes = rings + self.coll_bytes
         name = segment_name(self.job_id, self.rank)
         self._path, what = "/dev/shm/" + name, f"rank {self.rank}'s {len(self.peers)} " \

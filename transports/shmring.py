@@ -44,8 +44,8 @@ from .frames import FrameDecoder, frame_prefix
 from .linux import futex_wake
 
 __all__ = ["CTRL_BYTES", "HEAD", "InRing", "OutRing", "RING_HDR_BYTES", "Segment",
-           "ShmSpaceError", "TAIL", "WHOLE", "WHOLE_MAX", "address_of", "segment_name",
-           "whole_frame"]
+           "ShmSpaceError", "TAIL", "WHOLE", "WHOLE_MAX", "address_of", "rings_bytes",
+           "segment_name", "shm_free", "whole_frame"]
 
 CTRL_BYTES = 64
 RING_HDR_BYTES = 128
@@ -53,6 +53,23 @@ HEAD, TAIL = 0, 8          # u64 indices into a ring header (bytes 0 and 64)
 
 def _mib(nbytes: int) -> str:
     return f"{nbytes / (1 << 20):.1f} MiB" if nbytes >= 1 << 20 else f"{nbytes >> 10} KiB"
+
+
+def rings_bytes(peers: int, ring_bytes: int) -> int:
+    """Bytes of a segment's control block and inbound rings for ``peers`` peers."""
+    return CTRL_BYTES + max(1, peers) * (RING_HDR_BYTES + ring_bytes)
+
+
+def shm_free(folder: str = "/dev/shm") -> int:
+    """Bytes this process may still allocate in ``folder``, or -1 where it cannot make a
+    file there (missing, read-only, not its to write)."""
+    try:
+        if not os.access(folder, os.W_OK | os.X_OK):
+            return -1
+        room = os.statvfs(folder)
+    except OSError:
+        return -1
+    return room.f_bavail * room.f_frsize
 
 
 def segment_name(job_id: str, rank: int) -> str:
@@ -103,7 +120,14 @@ class Segment:
             ShmSpaceError: ``create`` and /dev/shm has no room for ``reserve`` bytes (the
                 file is removed again).
         """
-        fd = os.open(path, os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0), 0o600)
+        try:
+            fd = os.open(path, os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0), 0o600)
+        except OSError as exc:
+            if not create:
+                raise
+            raise TransportError(f"cannot make the shared-memory segment {path}: "
+                                 f"{exc.strerror}; the shm transport needs a writable "
+                                 f"{os.path.dirname(path)} (--transport tcp does not)") from None
         # The file stays open: reserve() allocates later ranges through it (the file
         # itself is unlinked once every peer has mapped it).
         self.fd, self.path = fd, path

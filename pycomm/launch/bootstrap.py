@@ -22,12 +22,14 @@ from __future__ import annotations
 import hashlib
 import os
 import socket
+import sys
 from dataclasses import dataclass
 
 import msgpack
 import numpy as np
 
 from transports import TransportError, get_transport_class, host_identity
+from transports.shmring import rings_bytes, shm_free
 
 from .. import config, shmcoll, trace
 from . import pmi, pmix
@@ -265,9 +267,33 @@ def _address_others_reach(rank: int, infos: list[dict]) -> str | None:
     return None
 
 
-def _choose_transports(name: str, rank: int, infos: list[dict]) -> dict[str, list[int]]:
-    """Map transport name -> peers it serves, by the preference list for ``name``."""
-    prefs = ["shm", "tcp"] if name == "auto" else [name]
+def _shm_refused(rank: int, infos: list[dict], ring_bytes: int, coll_bytes: int) -> str | None:
+    """Why the ranks of this rank's host cannot use shared memory (then ``auto`` links
+    them over TCP), or None: a rank there cannot write /dev/shm, or its room (the least
+    any of them saw) is less than their segments reserve at start-up, each with its
+    inbound rings and the world's block of slots (transports/shmring.py, "Room"). Every
+    rank decides from what all published before any segment was made, so all agree."""
+    mine = infos[rank]["host"]
+    local = [i for i in infos if i["host"] == mine]
+    if len(local) < 2:
+        return None
+    free = min(i.get("shm_free", 0) for i in local)
+    if free < 0:
+        return "/dev/shm cannot be written (mount a writable tmpfs there)"
+    need = len(local) * (rings_bytes(len(local) - 1, ring_bytes) + coll_bytes // shmcoll.MAX_COMMS)
+    if free >= need:
+        return None
+    return (f"/dev/shm has {free >> 20} MiB free, and shared memory between this host's "
+            f"{len(local)} ranks needs {-(-need >> 20)} MiB ({len(local) - 1} rings of "
+            f"PYCOMM_SHM_RING_BYTES={ring_bytes} bytes a rank; make /dev/shm larger, "
+            "docker run --shm-size=1g, or the rings smaller)")
+
+
+def _choose_transports(name: str, rank: int, infos: list[dict],
+                       shm_refused: bool = False) -> dict[str, list[int]]:
+    """Map transport name -> peers it serves, by the preference list for ``name``
+    (``auto``: shm, else tcp; ``shm_refused``: tcp, see :func:`_shm_refused`)."""
+    prefs = (["tcp"] if shm_refused else ["shm", "tcp"]) if name == "auto" else [name]
     chosen: dict[str, list[int]] = {}
     mine = infos[rank]
     for peer, theirs in enumerate(infos):
@@ -342,21 +368,30 @@ def create_world(job: JobEnv | None = None, **options):
             given = options.get("host") or config.get("PYCOMM_HOST")
             listen = given or listen_address(je.master_addr, je.master_port)
             info = {"host": host_identity(), "hostname": socket.gethostname(),
-                    "pid": os.getpid(), "store_ip": _store_ip(je.master_addr)}
+                    "pid": os.getpid(), "store_ip": _store_ip(je.master_addr),
+                    "shm_free": shm_free()}
             store.set(f"info/{je.job_id}/{je.rank}", msgpack.packb(info))
             infos = [msgpack.unpackb(store.get(f"info/{je.job_id}/{r}", timeout=timeout))
                      for r in range(je.size)]
             if not given and _is_loopback(listen) and not _is_loopback(je.master_addr):
                 listen = _address_others_reach(je.rank, infos) or listen
-            for tname, peers in sorted(_choose_transports(transport, je.rank, infos).items(),
+            shm_opts = {"ring_bytes": int(options.get("ring_bytes") or
+                                          config.get("PYCOMM_SHM_RING_BYTES")),
+                        "cma": config.get("PYCOMM_CMA"),
+                        "coll_bytes": shmcoll.area_bytes(config.get("PYCOMM_SHM_COLL_BYTES"))}
+            refused = transport == "auto" and _shm_refused(
+                je.rank, infos, shm_opts["ring_bytes"], shm_opts["coll_bytes"])
+            if refused and je.rank == min(r for r, i in enumerate(infos)
+                                          if i["host"] == infos[je.rank]["host"]):
+                print(f"pycomm: {refused}: the ranks of host {socket.gethostname()} talk "
+                      "over TCP instead (slower for small messages); --transport tcp "
+                      "silences this", file=sys.stderr, flush=True)
+            for tname, peers in sorted(_choose_transports(transport, je.rank, infos,
+                                                          bool(refused)).items(),
                                        key=lambda kv: ("shm", "tcp", "rdma").index(kv[0])):
                 opts = {}
                 if tname == "shm":
-                    opts = {"ring_bytes": int(options.get("ring_bytes") or
-                                              config.get("PYCOMM_SHM_RING_BYTES")),
-                            "cma": config.get("PYCOMM_CMA"),
-                            "coll_bytes": shmcoll.area_bytes(
-                                config.get("PYCOMM_SHM_COLL_BYTES"))}
+                    opts = shm_opts
                 elif tname == "tcp":
                     opts = {"host": listen, "port_range": port_range,
                             "peer_timeout": config.get("PYCOMM_PEER_TIMEOUT"),
