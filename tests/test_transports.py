@@ -332,3 +332,13 @@ def test_cross_memory_writes_into_a_live_peer_and_tells_when_it_is_gone():
     assert not cma.alive(1)
     with pytest.raises(PeerLostError):
         cma.write_live(1, src.ctypes.data, address, 8)
+
+
+def test_a_rank_lets_its_siblings_read_it_where_yama_restricts_them():
+    # Yama's ptrace_scope 1 (Ubuntu's default) lets only an ancestor read a process's
+    # memory, and ranks are siblings: each lifts it for its peers with PR_SET_PTRACER.
+    # The prctl is accepted exactly where the kernel has Yama (EINVAL elsewhere), so a
+    # wrong option or argument shows on a kernel with Yama; without one, CMA is open.
+    import os
+    from transports.linux import allow_reads_by_peers
+    assert allow_reads_by_peers() == os.path.exists("/proc/sys/kernel/yama/ptrace_scope")

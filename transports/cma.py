@@ -4,8 +4,9 @@ attach.
 The shared-memory transport's rendezvous and :mod:`pycomm.shmdirect`'s collectives read a
 peer's buffer with one ``process_vm_readv`` instead of streaming it through a ring (two
 copies), as MPICH's and Open MPI's CMA paths do. Whether the kernel allows it (same user,
-ptrace rules: ``/proc/sys/kernel/yama/ptrace_scope``) is probed once per peer at connect
-time: each rank publishes the address and value of 16 random bytes, and its peers read
+ptrace rules: ``/proc/sys/kernel/yama/ptrace_scope``, whose default scope 1 each rank
+lifts for its peers, :func:`transports.linux.allow_reads_by_peers`) is probed once per
+peer at connect time: each rank publishes the address and value of 16 random bytes, and its peers read
 them back.
 
 An exposed buffer carries a validity word (:class:`transports.base.ExposureFlags`): a
@@ -22,7 +23,7 @@ import os
 import struct
 
 from .base import ExposureFlags, PeerLostError, RemoteAccessError, TransportError
-from .linux import copy_remote
+from .linux import allow_reads_by_peers, copy_remote
 from .shmring import address_of
 
 __all__ = ["CrossMemory"]
@@ -37,6 +38,8 @@ class CrossMemory:
 
     def __init__(self, enabled: bool = True):
         self.enabled = enabled
+        if enabled:                         # before the peers probe this rank
+            allow_reads_by_peers()
         self._pids: dict[int, int] = {}
         self._ok: dict[int, bool] = {}
         self._probes: dict[int, int] = {}     # peer -> address of its probe bytes

@@ -14,13 +14,14 @@ import ctypes
 import errno
 import platform
 
-__all__ = ["futex_wait", "futex_wake", "copy_remote"]
+__all__ = ["allow_reads_by_peers", "futex_wait", "futex_wake", "copy_remote"]
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _syscall = _libc.syscall
 _syscall.restype = ctypes.c_long
 _SYS_FUTEX = {"x86_64": 202, "aarch64": 98, "arm64": 98}.get(platform.machine(), 202)
 _FUTEX_WAIT, _FUTEX_WAKE = 0, 1
+_PR_SET_PTRACER, _PR_SET_PTRACER_ANY = 0x59616D61, ctypes.c_ulong(-1)   # linux/prctl.h
 
 
 class _Timespec(ctypes.Structure):
@@ -101,3 +102,13 @@ def _skip(iovs: list, n: int) -> list:
         out.append((a + n, ln - n))
         n = 0
     return out[:1024]
+
+
+def allow_reads_by_peers() -> bool:
+    """Let this user's other processes read this one's memory with ``process_vm_readv``
+    under Yama's ``ptrace_scope`` 1 (Ubuntu's and Fedora's default), which otherwise
+    allows it only to an ancestor: ranks are siblings. ``prctl(PR_SET_PTRACER,
+    PR_SET_PTRACER_ANY)``, as Open MPI's cross-memory attach does for its ranks; scope 0
+    allows it anyway, scopes 2 and 3 still refuse. Returns whether the kernel took it
+    (False without Yama, which then does not restrict)."""
+    return _libc.prctl(_PR_SET_PTRACER, _PR_SET_PTRACER_ANY, 0, 0, 0) == 0

@@ -34,6 +34,7 @@ from transports.shmring import rings_bytes, shm_free
 from .. import config, shmcoll, trace
 from . import pmi, pmix
 from .jobenv import JobEnv, _check_store_host, _is_loopback, detect, listen_address
+from .rlimits import raise_open_files_limit
 from ..errors import ArgumentError, CommError
 from ..buffers import IN_PLACE as pycomm_IN_PLACE
 from ..ops import MAX as _MAX
@@ -354,6 +355,7 @@ def create_world(job: JobEnv | None = None, **options):
                              else default_yield_seconds(local_size)),
                     timeout=timeout)
     engine.job_id = je.job_id
+    raise_open_files_limit()    # a socket per remote peer, a segment per local one
     server = store = inspector = None
     try:
         if je.pmi is not None:

@@ -21,6 +21,7 @@ import sys
 
 from pycomm.config import TRANSPORTS as TRANSPORT_CHOICES
 from pycomm.launch import forkserver
+from pycomm.launch.rlimits import out_of_files, raise_open_files_limit
 
 __all__ = ["main"]
 
@@ -149,6 +150,7 @@ def _stdin_rank(parser: argparse.ArgumentParser, args: argparse.Namespace) -> in
 
 def main(argv: list[str] | None = None) -> int:
     """Run the launcher on ``argv`` (default ``sys.argv[1:]``); return its exit code."""
+    files = raise_open_files_limit()   # before anything is opened; the ranks inherit it
     parser = _parser()
     options, program = _split_argv(list(sys.argv[1:] if argv is None else argv))
     args = parser.parse_args(options)
@@ -201,7 +203,16 @@ def main(argv: list[str] | None = None) -> int:
                       master_port=args.master_port, stdin_rank=stdin_rank)
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        group.start(program, extra_env=extra)
+        try:
+            group.start(program, extra_env=extra)
+        except OSError as exc:
+            if not out_of_files(exc):
+                raise
+            print(f"pycomm.launch: out of file descriptors while starting {args.nprocs} "
+                  f"ranks ({exc.strerror}): this process may have {files} open (ulimit -n; "
+                  "the launcher holds 2 per rank, a rank one per peer); raise the limit "
+                  "(ulimit -Hn) or start fewer ranks per launcher", file=sys.stderr)
+            return 1
         return group.supervise(lambda: got_signal[0] if got_signal else None)
     finally:
         group.close()

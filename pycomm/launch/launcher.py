@@ -56,6 +56,7 @@ from pycomm.errors import ArgumentError, CommError
 from pycomm.launch import forkserver
 from pycomm.launch.forkserver import _preexec
 from pycomm.launch.forward import Forwarder as _Forwarder
+from pycomm.launch.rlimits import raise_open_files_limit
 from pycomm.launch.store import StoreServer
 from pycomm.launch.store_client import StoreClient
 
@@ -194,8 +195,10 @@ class RankGroup:
         """Start every rank as ``sys.executable *argv`` (stops those started on failure).
 
         Raises:
-            OSError: a process could not be started.
+            OSError: a process could not be started (EMFILE: out of file descriptors, two
+                pipes per rank, even with the soft limit lifted to the hard one).
         """
+        raise_open_files_limit()
         self._trace_path = config.get("PYCOMM_TRACE", {**os.environ, **(extra_env or {})})
         envs = [{**os.environ, **(extra_env or {}), **self.env_for(rank)}
                 for rank in range(self.nprocs)]

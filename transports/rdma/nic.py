@@ -50,7 +50,7 @@ import time
 
 from .. import handshake
 from ..base import HandshakeError, TransportError, host_identity
-from ..linux import copy_remote as _cma
+from ..linux import allow_reads_by_peers as _allow_reads, copy_remote as _cma
 from ..connect import Gate, dial
 from . import ibv as v
 from . import responder
@@ -79,6 +79,8 @@ class Nic(Wire):
 
     def __init__(self, token: bytes, *, host: str, cma: bool, max_mr: int):
         self.token, self.want_cma = token, cma
+        if cma:                             # before the peers probe this process
+            _allow_reads()
         self.lock = threading.RLock()
         self.cap = max_mr
         self.table = (_Entry * max_mr)()
