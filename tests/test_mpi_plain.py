@@ -68,65 +68,70 @@ def _rank_calls() -> list:
     for shape in ((5,), (2, 3), ()):
         for dtype in (np.float64, np.int32, np.uint8):
             base = np.arange(int(np.prod(shape)), dtype=dtype).reshape(shape)
+
+            def at(k, base=base, dtype=dtype):
+                # base + k in base's dtype (a numpy scalar for shape ()), as NumPy 2 has
+                # it: NumPy 1 makes a 0-d int32 + an int an int64
+                return np.asarray(base + k, dtype=dtype)[()]
             tag = f"{shape} {np.dtype(dtype).name}"
             for root in range(n):
-                buf = base + root if r == root else np.zeros_like(base)
+                buf = at(root) if r == root else np.zeros_like(base)
                 comm.Bcast(buf, root)
-                check(f"Bcast {tag} root {root}", buf, base + root)
+                check(f"Bcast {tag} root {root}", buf, at(root))
                 out = np.full_like(base, 7)
-                comm.Reduce(base + r, out if r == root else None, MPI.SUM, root)
+                comm.Reduce(at(r), out if r == root else None, MPI.SUM, root)
                 check(f"Reduce {tag} root {root}", out,
-                      sum(base + k for k in range(n)) if r == root else np.full_like(base, 7))
+                      sum(at(k) for k in range(n)) if r == root else np.full_like(base, 7))
             out = np.zeros_like(base)
-            comm.Allreduce(base + r, out, MPI.MAX)
-            check(f"Allreduce {tag}", out, base + n - 1)
-            inplace = np.asarray(base + r)      # (0-d: base + r is a numpy scalar)
+            comm.Allreduce(at(r), out, MPI.MAX)
+            check(f"Allreduce {tag}", out, at(n - 1))
+            inplace = np.asarray(at(r))      # (0-d: at(r) is a numpy scalar)
             comm.Allreduce(MPI.IN_PLACE, inplace, MPI.SUM)
-            check(f"Allreduce IN_PLACE {tag}", inplace, sum(base + k for k in range(n)))
+            check(f"Allreduce IN_PLACE {tag}", inplace, sum(at(k) for k in range(n)))
             gathered = np.zeros((n,) + shape, dtype)
-            comm.Allgather(base + r, gathered)
-            check(f"Allgather {tag}", gathered, np.stack([base + k for k in range(n)]))
+            comm.Allgather(at(r), gathered)
+            check(f"Allgather {tag}", gathered, np.stack([at(k) for k in range(n)]))
             block = np.zeros_like(base)
-            comm.Reduce_scatter_block(np.stack([base + r] * n), block, MPI.SUM)
-            check(f"Reduce_scatter_block {tag}", block, sum(base + k for k in range(n)))
-            mine = np.stack([base + 10 * r + j for j in range(n)])
+            comm.Reduce_scatter_block(np.stack([at(r)] * n), block, MPI.SUM)
+            check(f"Reduce_scatter_block {tag}", block, sum(at(k) for k in range(n)))
+            mine = np.stack([at(10 * r + j) for j in range(n)])
             got = np.zeros_like(mine)
             comm.Alltoall(mine, got)
-            check(f"Alltoall {tag}", got, np.stack([base + 10 * k + r for k in range(n)]))
+            check(f"Alltoall {tag}", got, np.stack([at(10 * k + r) for k in range(n)]))
             inplace = mine.copy()
             comm.Alltoall(MPI.IN_PLACE, inplace)
             check(f"Alltoall IN_PLACE {tag}", inplace, got)
             for root in range(n):
                 out = np.full((n,) + shape, 7, dtype)
-                comm.Gather(base + r, out if r == root else None, root)
+                comm.Gather(at(r), out if r == root else None, root)
                 check(f"Gather {tag} root {root}", out, np.stack(
-                    [base + k for k in range(n)]) if r == root else np.full_like(out, 7))
+                    [at(k) for k in range(n)]) if r == root else np.full_like(out, 7))
                 part = np.zeros_like(base)
                 comm.Scatter(mine if r == root else None, part, root)
-                check(f"Scatter {tag} root {root}", part, base + 10 * root + r)
+                check(f"Scatter {tag} root {root}", part, at(10 * root + r))
             out = np.zeros_like(base)
-            comm.Scan(base + r, out, MPI.SUM)
-            check(f"Scan {tag}", out, sum(base + k for k in range(r + 1)))
+            comm.Scan(at(r), out, MPI.SUM)
+            check(f"Scan {tag}", out, sum(at(k) for k in range(r + 1)))
             out = np.full_like(base, 7)
-            comm.Exscan(base + r, out, MPI.SUM)
-            check(f"Exscan {tag}", out, sum(base + k for k in range(r)) if r else
+            comm.Exscan(at(r), out, MPI.SUM)
+            check(f"Exscan {tag}", out, sum(at(k) for k in range(r)) if r else
                   np.full_like(base, 7))
             # p2p around the ring
             got = np.zeros_like(base)
             if r % 2 == 0:
-                comm.Send(base + r, (r + 1) % n, 3)
+                comm.Send(at(r), (r + 1) % n, 3)
                 comm.Recv(got, (r - 1) % n, 3)
             else:
                 comm.Recv(got, (r - 1) % n, 3)
-                comm.Send(base + r, (r + 1) % n, 3)
-            check(f"Send/Recv {tag}", got, base + (r - 1) % n)
+                comm.Send(at(r), (r + 1) % n, 3)
+            check(f"Send/Recv {tag}", got, at((r - 1) % n))
             got = np.zeros_like(base)
-            reqs = [comm.Irecv(got, (r + 1) % n, 4), comm.Isend(base + r, (r - 1) % n, 4)]
+            reqs = [comm.Irecv(got, (r + 1) % n, 4), comm.Isend(at(r), (r - 1) % n, 4)]
             MPI.Request.Waitall(reqs)
-            check(f"Isend/Irecv {tag}", got, base + (r + 1) % n)
+            check(f"Isend/Irecv {tag}", got, at((r + 1) % n))
             got = np.zeros_like(base)
-            comm.Sendrecv(base + r, (r + 1) % n, 5, got, (r - 1) % n, 5)
-            check(f"Sendrecv {tag}", got, base + (r - 1) % n)
+            comm.Sendrecv(at(r), (r + 1) % n, 5, got, (r - 1) % n, 5)
+            check(f"Sendrecv {tag}", got, at((r - 1) % n))
 
     # Plain arrays reach the Communicator without the general parse (_send_recv for
     # buffers, _allv for vector specs), which is counted here while they run.
