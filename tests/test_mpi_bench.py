@@ -438,7 +438,14 @@ def test_unknown_command_under_mpi4py_run_aborts_with_2():
 
 
 def _help_options(text: str) -> list[str]:
-    return [m.group(1) for m in re.finditer(r"^  (-\S.*?)(?:  |$)", text, re.MULTILINE)]
+    return [_short_bare(m.group(1))
+            for m in re.finditer(r"^  (-\S.*?)(?:  |$)", text, re.MULTILINE)]
+
+
+def _short_bare(option: str) -> str:
+    """An option's help line in Python 3.13's form, ``-n, --size SIZE`` (3.11 wrote
+    ``-n SIZE, --size SIZE``, and the recorded MPICH help was made on 3.11)."""
+    return re.sub(r"^(-\w) \S+, ", r"\1, ", option)
 
 
 @pytest.mark.parametrize("command", [None, "ringtest", "pingpong"])
@@ -448,4 +455,4 @@ def test_help(command):
     assert (status, err) == (0, ""), err
     usage = MAIN_USAGE if command is None else USAGE[command]
     assert out.splitlines()[0] == _ours(usage)
-    assert _help_options(out) == MPICH_HELP_OPTIONS[command]
+    assert _help_options(out) == [_short_bare(o) for o in MPICH_HELP_OPTIONS[command]]

@@ -6,8 +6,8 @@ peer's buffer with one ``process_vm_readv`` instead of streaming it through a ri
 copies), as MPICH's and Open MPI's CMA paths do. Whether the kernel allows it (same user,
 ptrace rules: ``/proc/sys/kernel/yama/ptrace_scope``, whose default scope 1 each rank
 lifts for its peers, :func:`transports.linux.allow_reads_by_peers`) is probed once per
-peer at connect time: each rank publishes the address and value of 16 random bytes, and its peers read
-them back.
+peer at connect time: each rank publishes the address and value of 16 random bytes, and
+its peers read them back.
 
 An exposed buffer carries a validity word (:class:`transports.base.ExposureFlags`): a
 read copies the word, the buffer and the word again in one scatter-gather call, and is

@@ -281,7 +281,8 @@ def _shm_refused(rank: int, infos: list[dict], ring_bytes: int, coll_bytes: int)
     free = min(i.get("shm_free", 0) for i in local)
     if free < 0:
         return "/dev/shm cannot be written (mount a writable tmpfs there)"
-    need = len(local) * (rings_bytes(len(local) - 1, ring_bytes) + coll_bytes // shmcoll.MAX_COMMS)
+    block = coll_bytes // shmcoll.MAX_COMMS     # the world's slots in each segment
+    need = len(local) * (rings_bytes(len(local) - 1, ring_bytes) + block)
     if free >= need:
         return None
     return (f"/dev/shm has {free >> 20} MiB free, and shared memory between this host's "
