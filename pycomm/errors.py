@@ -5,7 +5,7 @@ from __future__ import annotations
 __all__ = [
     "CommError", "ArgumentError", "InvalidBufferError", "TruncationError", "PeerError",
     "CommTimeoutError", "RemoteError", "ProtocolError", "CollectiveError",
-    "CollectiveMismatchError", "ThreadLevelError",
+    "CollectiveMismatchError", "ThreadLevelError", "add_note",
 ]
 
 
@@ -82,3 +82,15 @@ class RemoteError(CommError):
         self.rank = rank
         self.exc_type = exc_type
         self.remote_traceback = traceback_text
+
+
+def add_note(exc: BaseException, note: str) -> None:
+    """``exc.add_note(note)`` (PEP 678, Python 3.11+). On Python 3.10, which has no
+    ``add_note``, the note goes to ``exc.__notes__`` as 3.11 keeps it, and onto the end of
+    a text first argument, where a 3.10 traceback shows it."""
+    if hasattr(exc, "add_note"):
+        exc.add_note(note)
+        return
+    exc.__notes__ = [*getattr(exc, "__notes__", []), note]
+    if exc.args and isinstance(exc.args[0], str):
+        exc.args = (f"{exc.args[0]}\n{note}", *exc.args[1:])

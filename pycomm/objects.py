@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from . import objslots
-from .errors import ArgumentError, CollectiveError
+from .errors import ArgumentError, CollectiveError, add_note
 from .p2p import ANY_SOURCE, ANY_TAG, PROC_NULL
 from .serial import dumps, loads
 from .signature import collective, signature
@@ -467,8 +467,8 @@ class ObjectMethods:
             raise raised
         if type(out) is _OpFailed:
             if out.exc is not None:     # the op's own exception, as rank 0 raised it
-                out.exc.add_note(f"rank {self.rank}: allreduce on {self.name}: raised by "
-                                 "the op on rank 0, which combines the objects")
+                add_note(out.exc, f"rank {self.rank}: allreduce on {self.name}: raised by "
+                         "the op on rank 0, which combines the objects")
                 raise out.exc
             raise CollectiveError(f"rank {self.rank}: allreduce on {self.name}: the op "
                                   f"raised on rank 0, which combines the objects: {out.text}")

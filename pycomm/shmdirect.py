@@ -70,7 +70,7 @@ import numpy as np
 
 from transports import PeerLostError, TransportError
 
-from .errors import CollectiveError, CommError, PeerError
+from .errors import CollectiveError, CommError, PeerError, add_note
 from .shmcoll import ByMessages
 
 __all__ = ["ALLGATHER_MAX_BYTES", "CHUNK_BYTES", "SHM_DIRECT", "direct_allgather",
@@ -457,11 +457,11 @@ def direct_bcast(slots, dtype, count: int, root: int, by_messages):
         except BaseException as exc:
             if size == 2 and me != root:
                 if not reads.withdraw(cc, w, root, buf):
-                    exc.add_note(f"rank {me}: rank {root} (the root) was still writing into "
-                                 f"this Bcast's buffer of {nbytes} bytes {WRITER_GRACE_S} s "
-                                 "after the call failed, and may write one more chunk of "
-                                 f"it (at most {CHUNK_BYTES} bytes) when it runs again: do "
-                                 "not reuse this buffer")
+                    add_note(exc, f"rank {me}: rank {root} (the root) was still writing "
+                             f"into this Bcast's buffer of {nbytes} bytes {WRITER_GRACE_S} s "
+                             "after the call failed, and may write one more chunk of it (at "
+                             f"most {CHUNK_BYTES} bytes) when it runs again: do not reuse "
+                             "this buffer")
             else:
                 reads.withdraw(cc, w)
             raise

@@ -54,6 +54,7 @@ import cloudpickle
 import pytest
 
 import pycomm
+from pycomm.errors import add_note
 
 SIZES = (1, 2, 3, 4, 5, 7, 8)
 SMALL_SIZES = (1, 2, 3, 5, 8)
@@ -97,7 +98,7 @@ def _run_cases(fn, cases: list) -> dict:
         try:
             out[key] = fn(*args)
         except BaseException as exc:
-            exc.add_note(f"(in the case {key!r} of a batch: World.run_case)")
+            add_note(exc, f"(in the case {key!r} of a batch: World.run_case)")
             raise
     return out
 

@@ -30,6 +30,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from pycomm.errors import add_note
+
 __all__ = ["each_case", "on_fake_hosts", "FakeCommError", "FakeCC", "run_fake"]
 
 
@@ -285,7 +287,7 @@ def run_fake(size: int, fn: Callable[[FakeCC], Any], *, timeout: float = 10.0,
             if e is not None and not isinstance(e, _AbortedError)]
     if real:
         rank, exc = real[0]
-        exc.add_note(f"(raised on fake rank {rank} of {size})")
+        add_note(exc, f"(raised on fake rank {rank} of {size})")
         raise exc
     leftovers = [f"{len(q)} unreceived message(s) {s}->{d}" for (s, d), q in world.sends.items()
                  if q]
