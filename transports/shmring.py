@@ -44,8 +44,8 @@ from .frames import FrameDecoder, frame_prefix
 from .linux import futex_wake
 
 __all__ = ["CTRL_BYTES", "HEAD", "InRing", "OutRing", "RING_HDR_BYTES", "Segment",
-           "ShmSpaceError", "TAIL", "WHOLE", "WHOLE_MAX", "address_of", "rings_bytes",
-           "segment_name", "shm_free", "whole_frame"]
+           "ShmSpaceError", "TAIL", "WHOLE", "WHOLE_MAX", "address_of", "allocate",
+           "rings_bytes", "segment_name", "shm_free", "whole_frame"]
 
 CTRL_BYTES = 64
 RING_HDR_BYTES = 128
@@ -101,6 +101,20 @@ def whole_frame(header: bytes, n: int) -> tuple:
     whole = WHOLE[header] = (n, len(head) + n,
                               struct.Struct(f"<{len(head)}s{n}s").unpack_from, head)
     return whole
+
+
+def allocate(fd: int, start: int, nbytes: int) -> None:
+    """Allocate bytes ``[start, start + nbytes)`` of file ``fd`` now (``posix_fallocate``);
+    on a file system that cannot, its pages come at the first touch, as before.
+
+    Raises:
+        OSError: ENOSPC (no room), or another failure to allocate.
+    """
+    try:
+        os.posix_fallocate(fd, start, nbytes)
+    except OSError as exc:
+        if exc.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+            raise
 
 
 class ShmSpaceError(TransportError):
@@ -169,12 +183,9 @@ class Segment:
             ShmSpaceError: no room (ENOSPC), naming ``what``, the bytes and the room left.
         """
         try:
-            os.posix_fallocate(self.fd, start, nbytes)
+            allocate(self.fd, start, nbytes)
         except OSError as exc:
             if exc.errno != errno.ENOSPC:
-                # (a file system that cannot reserve: its pages come at the first touch)
-                if exc.errno in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
-                    return
                 raise
             folder = os.path.dirname(self.path)
             room = os.statvfs(folder)

@@ -29,7 +29,6 @@ raise ``NotImplementedError``.
 
 from __future__ import annotations
 
-import errno
 import mmap
 import os
 import socket
@@ -38,6 +37,7 @@ import uuid
 import numpy as np
 
 from pycomm.errors import ArgumentError
+from transports.shmring import allocate
 
 from .exceptions import ErrhandlerMethods, mpi_error, translate_methods
 from .keyvals import check_keyval, delete_attr, free_attrs, set_attr, user_attr
@@ -54,22 +54,6 @@ def _prefix(comm) -> str:
     import pycomm
     job = getattr(pycomm.init()._engine, "job_id", None) or f"p{os.getpid()}"
     return f"/dev/shm/pycomm-{job}-win-"
-
-
-def _reserve(fd: int, nbytes: int) -> None:
-    """Allocate a window file's ``nbytes`` now: a page of /dev/shm is allocated when it
-    is first touched, and a touch that finds the tmpfs full kills the process with
-    SIGBUS (transports/shmring.py, "Room"), so room is found, or its lack raised, here.
-
-    Raises:
-        OSError: ENOSPC (no room), or another failure to allocate.
-    """
-    try:
-        os.posix_fallocate(fd, 0, nbytes)
-    except OSError as exc:
-        if exc.errno in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
-            return      # a file system that cannot reserve: pages come at the first touch
-        raise
 
 
 def _error(code: str, text: str):
@@ -133,8 +117,8 @@ class Win(RMA, ErrhandlerMethods):
                     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
                     try:
                         os.ftruncate(fd, n)
-                        if n:
-                            _reserve(fd, n)
+                        if n:       # (a full /dev/shm: an error here, not SIGBUS later)
+                            allocate(fd, 0, n)
                     finally:
                         os.close(fd)
             except OSError as exc:      # every rank learns of it: none maps a short file
