@@ -90,7 +90,8 @@ _DECLARED = [
         "Messages up to this many payload bytes go eagerly; larger ones use rendezvous."),
     Var("PYCOMM_SHM_RING_BYTES", int, 1 << 20,
         "Bytes of each shared-memory ring (one per ordered pair of ranks on a host); each "
-        "rank reserves its inbound rings in /dev/shm at start-up."),
+        "rank reserves its inbound rings in /dev/shm at start-up. Unset: 1 MiB, or less "
+        "(down to 64 KiB) where the rings would fill more than half of /dev/shm."),
     Var("PYCOMM_SHM_COLL_BYTES", int, 64 << 10,
         "Collectives of one host's ranks with at most this many bytes per rank go through "
         "shared-memory slots instead of messages (pycomm.shmcoll); 0 turns them off. Each "

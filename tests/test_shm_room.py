@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from pycomm.shmcoll import _block_bytes
-from transports.shmring import CTRL_BYTES, RING_HDR_BYTES
+from transports.shmring import CTRL_BYTES, MIN_RING_BYTES, RING_HDR_BYTES, fitted_ring_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 LAUNCH = str(ROOT / "launch.py")
@@ -78,10 +78,12 @@ TRAFFIC = """
 
 
 def test_a_job_whose_rings_do_not_fit_stops_at_start_naming_dev_shm(tmp_path):
-    # 4 ranks of 3 rings of 1 MiB each: 12 MiB of rings in an 8 MiB /dev/shm. The old
-    # transport started, then killed a rank by SIGBUS once traffic had filled /dev/shm.
+    # 4 ranks of 3 rings of 1 MiB each (the size set): 12 MiB of rings in an 8 MiB
+    # /dev/shm. The old transport started, then killed a rank by SIGBUS once traffic had
+    # filled /dev/shm.
     rc, out = _in_small_shm(8 << 10, [sys.executable, LAUNCH, "-n", "4", "--transport", "shm",
-                                      _program(tmp_path, TRAFFIC)], _env())
+                                      _program(tmp_path, TRAFFIC)],
+                            _env(PYCOMM_SHM_RING_BYTES=str(1 << 20)))
     assert rc != 0, out
     assert "SIGBUS" not in out, out
     assert "finished" not in out, out
@@ -91,15 +93,53 @@ def test_a_job_whose_rings_do_not_fit_stops_at_start_naming_dev_shm(tmp_path):
     assert out.rstrip().endswith("left:"), out        # nothing left in /dev/shm
 
 
+def test_ring_size_fitted_to_the_room():
+    # A container's 64 MiB: 1 MiB rings while the segments take at most half of it,
+    # then halvings of that, down to 64 KiB (returned even where it does not fit)
+    block = _block_bytes(SLOT)
+    mib = 1 << 20
+    assert [fitted_ring_bytes(n, 64 * mib, mib, block) for n in (2, 4, 7, 8, 16, 64)] == \
+        [mib, mib, 512 << 10, 512 << 10, 64 << 10, 64 << 10]
+    assert fitted_ring_bytes(4, 8 * mib, mib, block) == 256 << 10
+    assert fitted_ring_bytes(2, 1 << 40, 4096, block) == 4096      # never larger
+    for n in range(2, 40):
+        for room in (8 * mib, 64 * mib, 1 << 30):
+            ring = fitted_ring_bytes(n, room, mib, block)
+            segments = n * (CTRL_BYTES + (n - 1) * (RING_HDR_BYTES + ring) + block)
+            assert ring == mib or ring == MIN_RING_BYTES or (
+                2 * segments <= room < 2 * n * (CTRL_BYTES + (n - 1) * (
+                    RING_HDR_BYTES + 2 * ring) + block)), (n, room, ring)
+
+
+def test_default_rings_shrink_to_fit_a_small_dev_shm_and_say_so_once(tmp_path):
+    # 4 ranks' 1 MiB rings would take 12.5 of 8 MiB: the host's ranks agree on 256 KiB
+    # rings (3.5 MiB), keep shared memory, and rank 0 says so once.
+    prog = _program(tmp_path, TRAFFIC + """
+    t = c._engine.route[(c.rank + 1) % c.size]
+    print(f"rank {c.rank} rings of {t.ring_bytes} bytes", flush=True)
+    """)
+    rc, out = _in_small_shm(8 << 10, [sys.executable, LAUNCH, "-n", "4", prog], _env())
+    assert rc == 0, out
+    notes = [ln for ln in out.splitlines() if "pycomm: /dev/shm has" in ln]
+    assert len(notes) == 1 and notes[0].startswith("[0] "), out
+    assert "the 4 ranks of host" in notes[0] and \
+        "use shared-memory rings of 256 KiB, not 1024 KiB" in notes[0], out
+    assert out.count("finished over shm, sum 6.0") == 4, out
+    for r in range(4):
+        assert f"[{r}] rank {r} rings of 262144 bytes" in out, out
+    assert out.rstrip().endswith("left:"), out
+
+
 def test_auto_links_a_host_over_tcp_where_its_dev_shm_cannot_hold_the_job(tmp_path):
-    # The same job with the default transport: the ranks see, before any segment is
-    # made, that their /dev/shm is too small, say so once and talk over TCP.
-    rc, out = _in_small_shm(8 << 10, [sys.executable, LAUNCH, "-n", "4",
+    # The same job in 1 MiB: even 64 KiB rings need 1.3 MiB. The ranks see, before any
+    # segment is made, that their /dev/shm is too small, say so once and talk over TCP.
+    rc, out = _in_small_shm(1 << 10, [sys.executable, LAUNCH, "-n", "4",
                                       _program(tmp_path, TRAFFIC)], _env())
     assert rc == 0, out
     warnings = [ln for ln in out.splitlines() if "pycomm: /dev/shm has" in ln]
     assert len(warnings) == 1 and warnings[0].startswith("[0] "), out
-    assert "shared memory between this host's 4 ranks needs 13 MiB" in warnings[0], out
+    assert "shared memory between this host's 4 ranks needs 2 MiB (3 rings of 65536 " \
+        "bytes a rank" in warnings[0], out
     assert "talk over TCP instead" in warnings[0], out
     assert out.count("finished over tcp, sum 6.0") == 4, out
     assert out.rstrip().endswith("left:"), out

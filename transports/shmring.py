@@ -45,11 +45,13 @@ from .linux import futex_wake
 
 __all__ = ["CTRL_BYTES", "HEAD", "InRing", "OutRing", "RING_HDR_BYTES", "Segment",
            "ShmSpaceError", "TAIL", "WHOLE", "WHOLE_MAX", "address_of", "allocate",
-           "rings_bytes", "segment_name", "shm_free", "whole_frame"]
+           "MIN_RING_BYTES", "fitted_ring_bytes", "rings_bytes", "segment_name", "shm_free",
+           "whole_frame"]
 
 CTRL_BYTES = 64
 RING_HDR_BYTES = 128
 HEAD, TAIL = 0, 8          # u64 indices into a ring header (bytes 0 and 64)
+MIN_RING_BYTES = 64 << 10  # the smallest ring fitted_ring_bytes chooses
 
 def _mib(nbytes: int) -> str:
     return f"{nbytes / (1 << 20):.1f} MiB" if nbytes >= 1 << 20 else f"{nbytes >> 10} KiB"
@@ -58,6 +60,25 @@ def _mib(nbytes: int) -> str:
 def rings_bytes(peers: int, ring_bytes: int) -> int:
     """Bytes of a segment's control block and inbound rings for ``peers`` peers."""
     return CTRL_BYTES + max(1, peers) * (RING_HDR_BYTES + ring_bytes)
+
+
+def fitted_ring_bytes(ranks: int, room: int, ring_bytes: int, block: int) -> int:
+    """The ring size for ``ranks`` ranks of one host whose /dev/shm has ``room`` bytes
+    free, each segment holding its rings and a ``block`` of collective slots.
+
+    ``ring_bytes`` (the default size) while the segments take at most half the room;
+    else the largest halving of it, down to :data:`MIN_RING_BYTES`, that does. The other
+    half is for what comes later: each communicator's slots, MPI windows, other jobs. A
+    tmpfs that cannot hold even that returns :data:`MIN_RING_BYTES` (then the caller
+    finds that the segments do not fit). Smaller rings cost bandwidth only where many
+    messages are in flight at once (benchmarks/README.md, "Rings fitted to /dev/shm"), and
+    a container's 64 MiB /dev/shm holds 1 MiB rings for at most 7 ranks.
+    """
+    ring = ring_bytes
+    while ring > MIN_RING_BYTES and \
+            2 * ranks * (rings_bytes(ranks - 1, ring) + block) > room:
+        ring = max(MIN_RING_BYTES, ring // 2 // 64 * 64)
+    return ring
 
 
 def shm_free(folder: str = "/dev/shm") -> int:

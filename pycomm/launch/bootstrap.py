@@ -29,7 +29,7 @@ import msgpack
 import numpy as np
 
 from transports import TransportError, get_transport_class, host_identity
-from transports.shmring import rings_bytes, shm_free
+from transports.shmring import fitted_ring_bytes, rings_bytes, shm_free
 
 from .. import config, shmcoll, trace
 from . import pmi, pmix
@@ -268,27 +268,56 @@ def _address_others_reach(rank: int, infos: list[dict]) -> str | None:
     return None
 
 
+def _host_room(rank: int, infos: list[dict]) -> tuple[int, int]:
+    """``(ranks, room)``: how many ranks share this rank's host, and the least /dev/shm
+    room any of them saw (-1: one cannot write there), from what all published."""
+    mine = infos[rank]["host"]
+    local = [i for i in infos if i["host"] == mine]
+    return len(local), min(i.get("shm_free", 0) for i in local)
+
+
 def _shm_refused(rank: int, infos: list[dict], ring_bytes: int, coll_bytes: int) -> str | None:
     """Why the ranks of this rank's host cannot use shared memory (then ``auto`` links
     them over TCP), or None: a rank there cannot write /dev/shm, or its room (the least
     any of them saw) is less than their segments reserve at start-up, each with its
     inbound rings and the world's block of slots (transports/shmring.py, "Room"). Every
     rank decides from what all published before any segment was made, so all agree."""
-    mine = infos[rank]["host"]
-    local = [i for i in infos if i["host"] == mine]
-    if len(local) < 2:
+    ranks, free = _host_room(rank, infos)
+    if ranks < 2:
         return None
-    free = min(i.get("shm_free", 0) for i in local)
     if free < 0:
         return "/dev/shm cannot be written (mount a writable tmpfs there)"
     block = coll_bytes // shmcoll.MAX_COMMS     # the world's slots in each segment
-    need = len(local) * (rings_bytes(len(local) - 1, ring_bytes) + block)
+    need = ranks * (rings_bytes(ranks - 1, ring_bytes) + block)
     if free >= need:
         return None
     return (f"/dev/shm has {free >> 20} MiB free, and shared memory between this host's "
-            f"{len(local)} ranks needs {-(-need >> 20)} MiB ({len(local) - 1} rings of "
-            f"PYCOMM_SHM_RING_BYTES={ring_bytes} bytes a rank; make /dev/shm larger, "
+            f"{ranks} ranks needs {-(-need >> 20)} MiB ({ranks - 1} rings of "
+            f"{ring_bytes} bytes a rank; make /dev/shm larger, "
             "docker run --shm-size=1g, or the rings smaller)")
+
+
+def _ring_bytes(rank: int, infos: list[dict], options: dict, coll_bytes: int) -> int:
+    """The bytes of each shared-memory ring on this rank's host: ``ring_bytes=`` or
+    ``PYCOMM_SHM_RING_BYTES`` where given; else the default, made smaller where the
+    host's /dev/shm is small (:func:`transports.shmring.fitted_ring_bytes`), which the
+    host's lowest rank says once. The ranks of a host decide alike (the room published)."""
+    given = options.get("ring_bytes") or config.explicit("PYCOMM_SHM_RING_BYTES")
+    if given:
+        return int(given)
+    default = config.get("PYCOMM_SHM_RING_BYTES")
+    ranks, free = _host_room(rank, infos)
+    if ranks < 2 or free < 0:
+        return default
+    ring = fitted_ring_bytes(ranks, free, default, coll_bytes // shmcoll.MAX_COMMS)
+    lowest = min(r for r, i in enumerate(infos) if i["host"] == infos[rank]["host"])
+    if ring < default and rank == lowest and not _shm_refused(rank, infos, ring, coll_bytes):
+        print(f"pycomm: /dev/shm has {free >> 20} MiB free: the {ranks} ranks of host "
+              f"{socket.gethostname()} use shared-memory rings of {ring >> 10} KiB, not "
+              f"{default >> 10} KiB (many messages in flight at once are slower; make "
+              "/dev/shm larger, docker run --shm-size=1g; PYCOMM_SHM_RING_BYTES sets the "
+              "size and silences this)", file=sys.stderr, flush=True)
+    return ring
 
 
 def _choose_transports(name: str, rank: int, infos: list[dict],
@@ -378,10 +407,9 @@ def create_world(job: JobEnv | None = None, **options):
                      for r in range(je.size)]
             if not given and _is_loopback(listen) and not _is_loopback(je.master_addr):
                 listen = _address_others_reach(je.rank, infos) or listen
-            shm_opts = {"ring_bytes": int(options.get("ring_bytes") or
-                                          config.get("PYCOMM_SHM_RING_BYTES")),
-                        "cma": config.get("PYCOMM_CMA"),
-                        "coll_bytes": shmcoll.area_bytes(config.get("PYCOMM_SHM_COLL_BYTES"))}
+            coll_bytes = shmcoll.area_bytes(config.get("PYCOMM_SHM_COLL_BYTES"))
+            shm_opts = {"ring_bytes": _ring_bytes(je.rank, infos, options, coll_bytes),
+                        "cma": config.get("PYCOMM_CMA"), "coll_bytes": coll_bytes}
             refused = transport == "auto" and _shm_refused(
                 je.rank, infos, shm_opts["ring_bytes"], shm_opts["coll_bytes"])
             if refused and je.rank == min(r for r, i in enumerate(infos)
