@@ -18,7 +18,9 @@ most 64 KiB each keep those reads small (benchmarks/README.md, "Slots of 64 KiB"
 communicator's block of every member's area is reserved in /dev/shm when its slots are set
 up (:func:`slots_for`), before any rank touches it: a full /dev/shm would otherwise kill
 the first rank that touched a new page, reader or writer, with SIGBUS
-(:mod:`transports.shmring`, "Room").
+(:mod:`transports.shmring`, "Room"). A rank that finds no room runs the communicator's
+calls by messages and marks so in its segment's control words; its peers see the mark
+where they would wait for it and take messages too (:func:`_give_up`).
 
 Layout. The area holds :data:`MAX_COMMS` communicator blocks, indexed by context id
 (context ids are agreed by the members and never reused, so a block belongs to one
@@ -60,6 +62,7 @@ differ, fails with the message path's own mismatch checks.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from types import SimpleNamespace
 
@@ -69,7 +72,7 @@ from transports.linux import futex_wake
 from transports.shmring import ShmSpaceError
 
 from . import trace as _trace
-from .errors import CollectiveMismatchError, CommError, PeerError
+from .errors import CollectiveMismatchError, PeerError
 from .signature import describe, empty_match
 from .waiting import SHARED_WAIT
 
@@ -113,10 +116,9 @@ def slots_for(comm):
     The answer depends only on what every member agrees on (its context id, its
     members, the transports chosen at start-up), so all members decide alike.
 
-    Raises:
-        CommError: /dev/shm has no room for the communicator's slots (they are reserved
-            before any rank touches them: :mod:`transports.shmring`); the collective call
-            that asked fails on every rank, and each later one asks again.
+    Where /dev/shm has no room for the communicator's slots (they are reserved before any
+    rank touches them: :mod:`transports.shmring`), None, and the communicator's calls go
+    by messages on every rank (:func:`_give_up`).
     """
     if comm.size < 2 or comm._cctx != 3 * comm._cid + 1 or comm._cid >= MAX_COMMS:
         return None
@@ -138,8 +140,33 @@ def slots_for(comm):
     try:
         return SharedSlots(comm, shm)
     except ShmSpaceError as exc:
-        raise CommError(f"rank {comm.rank}: the shared-memory slots of {comm.name}'s "
-                        f"collectives cannot be set up: {exc}") from None
+        _give_up(comm, shm, me, exc)
+        return None
+
+
+_noted_no_room = [False]    # the note below is printed once per process
+
+
+def _give_up(comm, shm, me: int, exc: ShmSpaceError) -> None:
+    """Mark ``comm`` as run by messages on this rank, which found no room for its slots.
+
+    The mark is a bit of this rank's control words (always reserved): a peer whose own
+    reservation succeeded, waiting for this rank's header or its entry, sees it and runs
+    the call by messages too (:class:`ByMessages`); a peer that found no room marks its
+    own. So the members agree call by call, whatever each found. The doorbells wake a peer
+    already asleep waiting. Said once per process, on stderr."""
+    words = shm.control_words(me)
+    words[2] |= 1 << comm._cid
+    for bell, futex in shm.doorbell_words([w for w in comm._world if w != me]):
+        bell[0] = (bell[0] + 1) & 0xFFFFFFFF
+        if bell[1]:
+            futex_wake(futex)
+    if not _noted_no_room[0]:
+        _noted_no_room[0] = True
+        print(f"pycomm: rank {comm.rank}: {str(exc).rstrip('.')}. {comm.name}'s "
+              "collective calls go by "
+              "messages instead (slower for small calls), as will those of any later "
+              "communicator that finds no room.", file=sys.stderr, flush=True)
 
 
 class SharedSlots:
@@ -169,6 +196,8 @@ class SharedSlots:
             self.headers.append(hs)
             self.data.append(ds)
         self.peers = [r for r in range(self.size) if r != self.rank]
+        # [rank]: its control words; bit ``self._bit`` of word 2: it gave up these slots
+        self._control, self._bit = [shm.control_words(w) for w in comm._world], 1 << comm._cid
         self._bell_words = shm.doorbell_words([comm._world[r] for r in self.peers])
         self._written = [False, False]
         self._synced = -1               # the last call whose every header this rank saw
@@ -279,13 +308,14 @@ class SharedSlots:
         """
         arrival = self.arrival[r]
         seq = cc.tag
+        control, bit = self._control[r], self._bit
 
         def ready():
             if h[0] == s1:
                 return True
-            a = arrival[0]              # in this call by messages, or past it
+            a = arrival[0]              # in this call by messages, or past it, or never here
             return a == (seq << 2 | 3) or (a & 2 and 0 < ((a >> 2) - seq) & _SEQ_MASK
-                                           < _HALF)
+                                           < _HALF) or bool(control[2] & bit)
         self._wait(cc, r, ready)
         if h[0] != s1:
             self._by_messages(cc)
@@ -298,10 +328,12 @@ class SharedSlots:
 
     def _wait_entered(self, cc, r: int, need: int) -> None:
         arrival = self.arrival[r]
+        control, bit = self._control[r], self._bit
 
-        def entered():
+        def entered():              # (one that gave up the slots never reads this rank's)
             a = arrival[0]
-            return bool(a & 2) and ((a >> 2) - need) & _SEQ_MASK < _HALF
+            return bool(a & 2) and ((a >> 2) - need) & _SEQ_MASK < _HALF or \
+                bool(control[2] & bit)
         self._wait(cc, r, entered)
 
     def _wait(self, cc, r: int, ready) -> None:
@@ -350,7 +382,7 @@ class SharedSlots:
                 return True
             if eng.abort_count != seen and eng.aborted_error(ctx, tag) is not None:
                 return True
-            return shm.said_goodbye(peer) and _perf() >= departed_from
+            return bool(shm.control_words(peer)[1]) and _perf() >= departed_from
         shm.watches.append(cond)
         try:
             while not ready():
@@ -359,7 +391,7 @@ class SharedSlots:
                 err = eng.aborted_error(ctx, tag)
                 if err is not None:
                     raise err
-                if not ready() and shm.said_goodbye(peer) and _perf() >= departed_from:
+                if not ready() and shm.control_words(peer)[1] and _perf() >= departed_from:
                     eng.await_stop_after([peer])
                     raise PeerError(f"rank {self.rank}: rank {r} has left: it closed pycomm "
                                     "(its program ended) while this rank waits for it",

@@ -150,15 +150,15 @@ class ShmTransport(Transport):
         return seg.view[off:off + self.coll_bytes]
 
     def doorbell_words(self, ranks: list[int]) -> list:
-        """``(words, futex)`` of each peer of ``ranks``, whose doorbell a caller rings (the
-        peer may sleep waiting for something this rank wrote outside the rings): add 1
-        (mod 2**32) to ``words[0]``, then, if ``words[1]`` (the peer sleeps),
-        ``transports.linux.futex_wake(futex)``, as the segment's own ring does."""
+        """``(words, futex)`` of each peer of ``ranks``, whose doorbell a caller rings when
+        it wrote outside the rings: add 1 (mod 2**32) to ``words[0]``, then, if ``words[1]``
+        (it sleeps), ``transports.linux.futex_wake(futex)``, as the segment's ring does."""
         return [(self._others[r].ctl32, self._others[r].futex) for r in ranks]
 
-    def said_goodbye(self, rank: int) -> bool:
-        """Whether peer ``rank`` has closed pycomm cleanly (its program ended)."""
-        return bool(self._others[rank].ctl64[1])
+    def control_words(self, rank: int) -> memoryview:
+        """``rank``'s u64 ``[pid, goodbye (it closed pycomm cleanly), no slots (bit c: it
+        runs communicator c's collectives by messages, pycomm.shmcoll.slots_for)]``."""
+        return (self._own if rank == self.rank else self._others[rank]).ctl64
 
     # -- sending --------------------------------------------------------------------------
     def send_now(self, peer: int, header: bytes, payload, repeats: bool = False) -> bool:

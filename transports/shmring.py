@@ -8,6 +8,8 @@ block and one inbound ring per peer on its host::
     | doorbell u32      | head u64 | tail u64  |                      |
     | waiting  u32      | (own cache lines)    |                      |
     | pid      u64      | data[ring_bytes]     |                      |
+    | goodbye  u64      |                      |                      |
+    | no slots u64      |                      |                      |
     +-------------------+----------------------+----------------------+----
 
 Room. A page of a /dev/shm file is allocated when a process first touches it, reading
@@ -179,7 +181,7 @@ class Segment:
             raise
         self.view = memoryview(self.map)
         self.ctl32 = self.view[:8].cast("I")       # [doorbell, waiting]
-        self.ctl64 = self.view[8:24].cast("Q")     # [pid, said goodbye]
+        self.ctl64 = self.view[8:32].cast("Q")     # [pid, said goodbye, no slots]
         self._anchor = ctypes.c_uint32.from_buffer(self.map, 0)
         self.futex = ctypes.c_void_p(ctypes.addressof(self._anchor))
 
