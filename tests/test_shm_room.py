@@ -128,6 +128,11 @@ def test_default_rings_shrink_to_fit_a_small_dev_shm_and_say_so_once(tmp_path):
     for r in range(4):
         assert f"[{r}] rank {r} rings of 262144 bytes" in out, out
     assert out.rstrip().endswith("left:"), out
+    # over TCP there are no rings to fit, and nothing to say
+    rc, out = _in_small_shm(8 << 10, [sys.executable, LAUNCH, "-n", "4", "--transport",
+                                      "tcp", _program(tmp_path, TRAFFIC)], _env())
+    assert rc == 0 and out.count("finished over tcp, sum 6.0") == 4, out
+    assert "pycomm: /dev/shm" not in out, out
 
 
 def test_auto_links_a_host_over_tcp_where_its_dev_shm_cannot_hold_the_job(tmp_path):

@@ -297,17 +297,19 @@ def _shm_refused(rank: int, infos: list[dict], ring_bytes: int, coll_bytes: int)
             "docker run --shm-size=1g, or the rings smaller)")
 
 
-def _ring_bytes(rank: int, infos: list[dict], options: dict, coll_bytes: int) -> int:
+def _ring_bytes(rank: int, infos: list[dict], options: dict, coll_bytes: int,
+                transport: str) -> int:
     """The bytes of each shared-memory ring on this rank's host: ``ring_bytes=`` or
     ``PYCOMM_SHM_RING_BYTES`` where given; else the default, made smaller where the
     host's /dev/shm is small (:func:`transports.shmring.fitted_ring_bytes`), which the
-    host's lowest rank says once. The ranks of a host decide alike (the room published)."""
+    host's lowest rank says once (where ``transport`` may take shared memory). The ranks
+    of a host decide alike (from the room they published)."""
     given = options.get("ring_bytes") or config.explicit("PYCOMM_SHM_RING_BYTES")
     if given:
         return int(given)
     default = config.get("PYCOMM_SHM_RING_BYTES")
     ranks, free = _host_room(rank, infos)
-    if ranks < 2 or free < 0:
+    if ranks < 2 or free < 0 or transport not in ("auto", "shm"):
         return default
     ring = fitted_ring_bytes(ranks, free, default, coll_bytes // shmcoll.MAX_COMMS)
     lowest = min(r for r, i in enumerate(infos) if i["host"] == infos[rank]["host"])
@@ -408,7 +410,8 @@ def create_world(job: JobEnv | None = None, **options):
             if not given and _is_loopback(listen) and not _is_loopback(je.master_addr):
                 listen = _address_others_reach(je.rank, infos) or listen
             coll_bytes = shmcoll.area_bytes(config.get("PYCOMM_SHM_COLL_BYTES"))
-            shm_opts = {"ring_bytes": _ring_bytes(je.rank, infos, options, coll_bytes),
+            shm_opts = {"ring_bytes": _ring_bytes(je.rank, infos, options, coll_bytes,
+                                                  transport),
                         "cma": config.get("PYCOMM_CMA"), "coll_bytes": coll_bytes}
             refused = transport == "auto" and _shm_refused(
                 je.rank, infos, shm_opts["ring_bytes"], shm_opts["coll_bytes"])
