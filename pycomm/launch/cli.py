@@ -21,6 +21,7 @@ import sys
 
 from pycomm.config import TRANSPORTS as TRANSPORT_CHOICES
 from pycomm.launch import forkserver
+from pycomm.launch.forward import say
 from pycomm.launch.rlimits import out_of_files, raise_open_files_limit
 
 __all__ = ["main"]
@@ -208,10 +209,10 @@ def main(argv: list[str] | None = None) -> int:
         except OSError as exc:
             if not out_of_files(exc):
                 raise
-            print(f"pycomm.launch: out of file descriptors while starting {args.nprocs} "
-                  f"ranks ({exc.strerror}): this process may have {files} open (ulimit -n; "
-                  "the launcher holds 2 per rank, a rank one per peer); raise the limit "
-                  "(ulimit -Hn) or start fewer ranks per launcher", file=sys.stderr)
+            say(f"pycomm.launch: out of file descriptors while starting {args.nprocs} "
+                f"ranks ({exc.strerror}): this process may have {files} open (ulimit -n; "
+                "the launcher holds 2 per rank, a rank one per peer); raise the limit "
+                "(ulimit -Hn) or start fewer ranks per launcher")
             return 1
         return group.supervise(lambda: got_signal[0] if got_signal else None)
     finally:

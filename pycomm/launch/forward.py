@@ -2,7 +2,8 @@
 to the launcher's own ``sys.stdout`` / ``sys.stderr``.
 
 Lines are never torn: a rank's line reaches the output in one write, under one lock per
-stream, so the lines of different ranks interleave but never mix. Two modes:
+stream, so the lines of different ranks interleave but never mix; the launcher's own lines
+(:func:`say`) take the same lock. Two modes:
 
 * **prefixed** (``launch.py`` by default): every line becomes ``[rank] line``; a last line
   without a newline is passed on, with one, when the rank closes the pipe (or when it
@@ -20,7 +21,7 @@ import sys
 import threading
 from typing import ClassVar
 
-__all__ = ["PARTIAL_FLUSH_S", "Forwarder"]
+__all__ = ["PARTIAL_FLUSH_S", "Forwarder", "say"]
 
 PARTIAL_FLUSH_S = 0.05      # seconds a partial line waits for its newline (plain mode)
 _CHUNK = 65536              # bytes read at a time, and the longest line held back
@@ -88,3 +89,18 @@ class Forwarder(threading.Thread):
             if partial:
                 self._write(partial if self.plain else self.prefix + partial + b"\n")
             self.pipe.close()
+
+
+def say(text: str, stream: str = "stderr") -> None:
+    """Write the launcher's own line ``text`` (and a newline) to ``sys.<stream>`` in one
+    write, under the lock the forwarders take: it never lands inside a rank's line. A
+    ``print`` writes the text and the newline apart, and a rank's line forwarded between
+    the two joined the launcher's (seen under load: the rank's line then read as the
+    launcher's, and an empty line followed)."""
+    with Forwarder.locks[stream]:
+        out = getattr(sys, stream)
+        try:
+            out.write(text + "\n")
+            out.flush()
+        except (OSError, ValueError):
+            pass  # our own output is gone

@@ -45,7 +45,6 @@ import os
 import secrets
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -55,7 +54,7 @@ from pycomm import config, stall, trace
 from pycomm.errors import ArgumentError, CommError
 from pycomm.launch import forkserver
 from pycomm.launch.forkserver import _preexec
-from pycomm.launch.forward import Forwarder as _Forwarder
+from pycomm.launch.forward import Forwarder as _Forwarder, say as _say
 from pycomm.launch.rlimits import raise_open_files_limit
 from pycomm.launch.store import StoreServer
 from pycomm.launch.store_client import StoreClient
@@ -283,7 +282,7 @@ class RankGroup:
         :mod:`pycomm.stall`) are counted, and the rank most of them blame is the culprit;
         with no diagnosis, the first rank found failed is.
         """
-        log = log or (lambda msg: print(f"pycomm.launch: {msg}", file=sys.stderr, flush=True))
+        log = log or (lambda msg: _say(f"pycomm.launch: {msg}"))
         # Connected now, not at the first failure: a rank that ends the job by SystemExit
         # leaves its peers waiting on it, and each reports its departure a quarter of a
         # second after it (pycomm.shmcoll._DEPARTED_S) unless the launcher has read the
@@ -404,8 +403,7 @@ class RankGroup:
             try:
                 trace.merge_chrome_traces(self._trace_path, self.nprocs)
             except OSError as exc:
-                print(f"pycomm.launch: cannot write {self._trace_path}: {exc}",
-                      file=sys.stderr)
+                _say(f"pycomm.launch: cannot write {self._trace_path}: {exc}")
 
     def __enter__(self) -> RankGroup:
         return self

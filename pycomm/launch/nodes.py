@@ -48,7 +48,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Sequence
 
@@ -56,6 +55,7 @@ from pycomm import config, stall
 from pycomm.errors import ArgumentError, CommError, CommTimeoutError
 from pycomm.launch import forkserver
 from pycomm.launch.forkserver import _preexec
+from pycomm.launch.forward import say
 from pycomm.launch.launcher import (RankExit, _Forwarder, blame, contract_env,
                                    sweep_shm)
 from pycomm.launch.store import StoreServer
@@ -289,8 +289,7 @@ class NodeAgent:
             node's ranks failed; 1 when a rank on another node failed (or the store was
             lost); 128 + signal number when interrupted.
         """
-        log = log or (lambda msg: print(f"pycomm.launch[{self.hostname}]: {msg}",
-                                        file=sys.stderr, flush=True))
+        log = log or (lambda msg: say(f"pycomm.launch[{self.hostname}]: {msg}"))
         try:
             while True:
                 sig = interrupted()
