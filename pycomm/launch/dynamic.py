@@ -276,5 +276,6 @@ def _stopped(pid: int) -> bool:
 
 def report(notes: list[str]) -> None:
     """Print what :meth:`SpawnedChildren.close` found, one ``pycomm.spawn:`` line each."""
-    for line in notes:
-        print(f"pycomm.spawn: {line}", file=sys.stderr, flush=True)
+    for line in notes:     # (one write a line: a child's line cannot land inside it)
+        sys.stderr.write(f"pycomm.spawn: {line}\n")
+        sys.stderr.flush()
