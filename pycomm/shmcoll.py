@@ -157,16 +157,21 @@ def _give_up(comm, shm, me: int, exc: ShmSpaceError) -> None:
     already asleep waiting. Said once per process, on stderr."""
     words = shm.control_words(me)
     words[2] |= 1 << comm._cid
-    for bell, futex in shm.doorbell_words([w for w in comm._world if w != me]):
-        bell[0] = (bell[0] + 1) & 0xFFFFFFFF
-        if bell[1]:
-            futex_wake(futex)
+    _ring(shm.doorbell_words([w for w in comm._world if w != me]))
     if not _noted_no_room[0]:
         _noted_no_room[0] = True
-        print(f"pycomm: rank {comm.rank}: {str(exc).rstrip('.')}. {comm.name}'s "
-              "collective calls go by "
-              "messages instead (slower for small calls), as will those of any later "
-              "communicator that finds no room.", file=sys.stderr, flush=True)
+        print(f"pycomm: rank {comm.rank}: {str(exc).rstrip('.')}. {comm.name}'s collective "
+              "calls go by messages instead (slower for small calls), as will those of any "
+              "later communicator that finds no room.", file=sys.stderr, flush=True)
+
+
+def _ring(bells: list) -> None:
+    """Ring every doorbell of ``bells`` (``(words, futex)`` pairs, see
+    :meth:`transports.shm.ShmTransport.doorbell_words`)."""
+    for words, futex in bells:
+        words[0] = (words[0] + 1) & 0xFFFFFFFF
+        if words[1]:
+            futex_wake(futex)
 
 
 class SharedSlots:
@@ -222,10 +227,7 @@ class SharedSlots:
     def ring_peers(self) -> None:
         """Ring every peer's doorbell: one asleep waiting for something this rank wrote
         outside the rings wakes up."""
-        for words, futex in self._bell_words:
-            words[0] = (words[0] + 1) & 0xFFFFFFFF
-            if words[1]:
-                futex_wake(futex)
+        _ring(self._bell_words)
 
     # -- the steps of every call --------------------------------------------------------
     def exchange(self, cc, nbytes: int, dst=None, src=None, path: int = 0,
