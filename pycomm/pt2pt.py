@@ -116,6 +116,13 @@ class PointToPointMethods:
             PeerError: ``dest`` died or its connection dropped.
             CommError: the communicator has been freed.
         """
+        if not self._sent_now(buf, dest, tag):
+            self._wait_posted([self.Isend(buf, dest, tag)], timeout)
+
+    def _sent_now(self, buf, dest, tag) -> bool:
+        """Send ``buf`` without a request where that is the common case, a small numpy
+        array that the transport takes at once; True when sent, False (nothing done) where
+        :meth:`Isend`'s general path must run."""
         eng = self._engine
         # The common case, a small numpy array that the transport takes at once, needs no
         # request: the checks the general path makes (with their messages) are inlined,
@@ -147,8 +154,8 @@ class PointToPointMethods:
                         raise eng._peer_error(exc) from None
                     if sent:
                         _trace.instant("Send", self, tag, nbytes, w)
-                        return
-        self._wait_posted([self.Isend(buf, dest, tag)], timeout)
+                        return True
+        return False
 
     def Issend(self, buf, dest: int, tag: int = 0) -> Request:
         """Start a synchronous-mode send, complete once the matching receive has started.
@@ -373,6 +380,23 @@ class PointToPointMethods:
         """
         if recvbuf is None:
             raise ArgumentError(f"rank {self.rank}: Sendrecv needs a recvbuf")
+        # The common case, small numpy arrays: where the receive's arguments pass Recv's
+        # own checks and the transport takes the message at once (Send's request-free
+        # path), the send is done, needing nothing from the peer, and a Recv follows. Two
+        # requests and a wait for both cost several times that (benchmarks/README.md,
+        # "Sendrecv without requests").
+        if type(recvbuf) is np.ndarray and type(source) is int and type(recvtag) is int \
+                and (0 <= source < self.size or source == ANY_SOURCE) and \
+                (0 <= recvtag <= TAG_UB or recvtag == ANY_TAG):
+            try:
+                mv = recvbuf.data
+            except ValueError:      # a dtype no buffer carries: the general path says so
+                mv = None
+            if mv is not None and mv.c_contiguous and not mv.readonly and \
+                    (mv.format == "B" or mv.format in _CASTABLE) and \
+                    self._sent_now(sendbuf, dest, sendtag):
+                self.Recv(recvbuf, source, recvtag, status, timeout=timeout)
+                return
         # Check the send side before the receive is posted: a receive left posted by a
         # call that raised would swallow a later message.
         sendbuf = as_array(sendbuf, self.rank, "sendbuf")

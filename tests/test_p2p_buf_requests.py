@@ -74,6 +74,45 @@ def test_sendrecv_ring(world, nbytes):
         assert ok and (source, tag, count) == ((rank - 1) % world.size, 3, nbytes // 8)
 
 
+def _rank_sendrecv_edges():
+    """The small Sendrecv, whose send goes at once: a receive that is too small, one from
+    ANY_SOURCE/ANY_TAG, and receive arguments that are refused before anything is sent."""
+    from pycomm.errors import ArgumentError, InvalidBufferError, TruncationError
+    comm = pycomm.COMM_WORLD
+    right, left = ring(comm)
+    out = {}
+    small, st_ = np.zeros(2), pycomm.Status()
+    try:
+        comm.Sendrecv(np.arange(5.0) + comm.rank, right, 4, small, left, 4, st_)
+        out["truncated"] = None
+    except TruncationError:
+        out["truncated"] = (small.tolist(), st_.source, st_.tag, st_.count)
+    got, st_ = np.zeros(3), pycomm.Status()
+    comm.Sendrecv(np.full(3, comm.rank, dtype=np.float64), right, 5, got, pycomm.ANY_SOURCE,
+                  pycomm.ANY_TAG, st_)
+    out["any"] = (got.tolist(), st_.source, st_.tag)
+    refused = []
+    for recvbuf, source, tag in ((np.zeros(1), left, -5), (np.zeros(1), comm.size + 3, 6),
+                                 (np.frombuffer(b"\0" * 8), left, 6)):   # read-only
+        try:
+            comm.Sendrecv(np.ones(1), right, 6, recvbuf, source, tag)
+        except (ArgumentError, InvalidBufferError) as exc:
+            refused.append(type(exc).__name__)
+    comm.Barrier()
+    out["refused"] = refused
+    out["nothing sent"] = not comm.Iprobe(left, 6)
+    return out
+
+
+def test_sendrecv_small_edges(world):
+    for rank, out in enumerate(world.run(_rank_sendrecv_edges)):
+        left = (rank - 1) % world.size
+        assert out["truncated"] == ([float(left), left + 1.0], left, 4, 16), out
+        assert out["any"] == ([float(left)] * 3, left, 5), out
+        assert out["refused"] == ["ArgumentError", "ArgumentError", "InvalidBufferError"], out
+        assert out["nothing sent"], out
+
+
 def _rank_big_exchange(nbytes):
     """Ranks 0 and 1 send ``nbytes`` to each other at the same time; the rest idle."""
     comm = pycomm.COMM_WORLD
