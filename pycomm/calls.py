@@ -23,6 +23,8 @@ import time
 
 import numpy as np
 
+from transports import TransportError
+
 from . import trace as _trace
 from .buffers import byte_view
 from .errors import (CollectiveError, CollectiveMismatchError, CommError, CommTimeoutError,
@@ -30,6 +32,7 @@ from .errors import (CollectiveError, CollectiveMismatchError, CommError, CommTi
 from .p2p import Request
 from .plan import UNDECIDED
 from .signature import describe
+from .wire import EAGER, _pack
 
 __all__ = ["CallView", "CollectiveCalls"]
 
@@ -130,11 +133,42 @@ class CallView:
         self.waitall([self.irecv(buf, source)])
 
     def sendrecv(self, sendbuf, dest, recvbuf, source) -> None:
-        # irecv and isend inlined: the exchange of every small recursive-doubling step
+        # the exchange of every small recursive-doubling step
         eng, world, ctx, tag, sig = self.engine, self.world, self.ctx, self.tag, self.sig
-        r = eng.irecv(byte_view(recvbuf), world[source], ctx, tag, sig)
+        sv, rv, wd, ws = byte_view(sendbuf), byte_view(recvbuf), world[dest], world[source]
+        t = eng.direct[wd]
+        if t is not None and eng.direct[ws] is t and sig is not None and \
+                len(sv) <= eng.eager_limit and not eng._threaded and \
+                not (eng.aborted and (ctx, tag) in eng.aborted):
+            # Without requests where the transport takes the message at once, as
+            # Communicator.Sendrecv does (benchmarks/README.md, "Sendrecv without
+            # requests"): the send is then done; the receive takes the peer's frame
+            # straight from the transport when it is the next one there and carries this
+            # very call's header, signature included (any other frame, a mismatched call's
+            # or an abort, is left for the general path, whose checks report it).
+            hdr = _pack((EAGER, ctx, tag, sig[0], sig[1]))
+            try:
+                sent = t.send_now(wd, hdr, sv)
+                n = -1
+                if sent and not (eng.posted or eng.unexpected or eng._incoming or eng.outbox):
+                    n = t.recv_now(ws, hdr, rv, eng.spin_s, True)
+            except TransportError as exc:
+                raise eng._peer_error(exc) from None
+            if sent:
+                if n == len(rv):
+                    return
+                if n >= 0:
+                    raise TruncationError(
+                        f"rank {self.rank}: collective received {n} bytes from rank "
+                        f"{source} where {len(rv)} were expected: ranks passed inconsistent "
+                        "counts, dtypes or roots")
+                r = eng.irecv(rv, ws, ctx, tag, sig)
+                r.expect = recvbuf.nbytes
+                self.waitall([r])
+                return
+        r = eng.irecv(rv, ws, ctx, tag, sig)
         r.expect = recvbuf.nbytes         # exact size, checked in waitall
-        self.waitall([eng.isend(byte_view(sendbuf), world[dest], ctx, tag, sig), r])
+        self.waitall([eng.isend(sv, wd, ctx, tag, sig), r])
 
 
 class CollectiveCalls:
