@@ -355,6 +355,9 @@ class PointToPointMethods:
                  status: Status | None = None, *, timeout: float | None = None) -> None:
         """Send ``sendbuf`` to ``dest`` and receive into ``recvbuf``; both progress together.
 
+        A small send that the transport takes at once completes first, without a request,
+        and the receive follows as :meth:`Recv` (the flight recorder shows the two).
+
         Args:
             sendbuf: the data to send, as ``buf`` of :meth:`Isend`.
             dest: destination rank, or PROC_NULL.
