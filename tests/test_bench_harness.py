@@ -382,3 +382,17 @@ def test_sweep_report_judges_a_run_by_its_transports_constants(tmp_path, monkeyp
         "world_size": 4, "cpu_count": 4, "transport": "rdma"}}))
     lines, hits, total = sweep_report.table(sweep_report.load([str(path)]), 1.10)
     assert (hits, total) == (1, 1) and lines[-1] == "| allreduce (rdma) | 4 | 1.00 | 1/1 |"
+
+
+def test_p2p_exchange_times_its_three_patterns_on_pycomm():
+    # the script is an mpi4py program: the same file runs under mpiexec for the reference
+    proc = subprocess.run([sys.executable, str(ROOT / "launch.py"), "--mpi4py", "-n", "3",
+                           str(ROOT / "benchmarks" / "p2p_exchange.py"), "-i", "50", "-x",
+                           "5", "--passes", "2", "--size", "64"], cwd=ROOT, check=False,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    rows = [line.split() for line in proc.stdout.splitlines()]
+    assert [" ".join(r[:-2]) for r in rows] == [
+        f"pass {p} {name}" for p in (1, 2)
+        for name in ("ping-pong round trip", "Sendrecv", "Irecv+Isend+Waitall")], proc.stdout
+    assert all(r[-1] == "us" and float(r[-2]) > 0 for r in rows), proc.stdout
