@@ -120,9 +120,8 @@ class PointToPointMethods:
             self._wait_posted([self.Isend(buf, dest, tag)], timeout)
 
     def _sent_now(self, buf, dest, tag) -> bool:
-        """Send ``buf`` without a request where that is the common case, a small numpy
-        array that the transport takes at once; True when sent, False (nothing done) where
-        :meth:`Isend`'s general path must run."""
+        """Send ``buf`` without a request (:meth:`Send`, :meth:`Sendrecv`); True when sent,
+        False (nothing done) where :meth:`Isend`'s general path must run."""
         eng = self._engine
         # The common case, a small numpy array that the transport takes at once, needs no
         # request: the checks the general path makes (with their messages) are inlined,

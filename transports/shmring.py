@@ -45,9 +45,9 @@ from .base import TransportError
 from .frames import FrameDecoder, frame_prefix
 from .linux import futex_wake
 
-__all__ = ["CTRL_BYTES", "HEAD", "InRing", "OutRing", "RING_HDR_BYTES", "Segment",
-           "ShmSpaceError", "TAIL", "WHOLE", "WHOLE_MAX", "address_of", "allocate",
-           "MIN_RING_BYTES", "fitted_ring_bytes", "rings_bytes", "segment_name", "shm_free",
+__all__ = ["CTRL_BYTES", "HEAD", "InRing", "MIN_RING_BYTES", "OutRing", "RING_HDR_BYTES",
+           "Segment", "ShmSpaceError", "TAIL", "WHOLE", "WHOLE_MAX", "address_of",
+           "allocate", "fitted_ring_bytes", "rings_bytes", "segment_name", "shm_free",
            "whole_frame"]
 
 CTRL_BYTES = 64
@@ -73,8 +73,8 @@ def fitted_ring_bytes(ranks: int, room: int, ring_bytes: int, block: int) -> int
     half is for what comes later: each communicator's slots, MPI windows, other jobs. A
     tmpfs that cannot hold even that returns :data:`MIN_RING_BYTES` (then the caller
     finds that the segments do not fit). Smaller rings cost bandwidth only where many
-    messages are in flight at once (benchmarks/README.md, "Rings fitted to /dev/shm"), and
-    a container's 64 MiB /dev/shm holds 1 MiB rings for at most 7 ranks.
+    messages are in flight at once (benchmarks/README.md, "Rings fitted to /dev/shm"). In a
+    container's 64 MiB /dev/shm, 1 MiB rings fit 8 ranks but half of it only 6.
     """
     ring = ring_bytes
     while ring > MIN_RING_BYTES and \
