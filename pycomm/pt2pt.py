@@ -26,6 +26,7 @@ from . import trace as _trace
 from .buffers import _CASTABLE, as_array, byte_view
 from .errors import ArgumentError, CommError, CommTimeoutError, TruncationError
 from .p2p import ANY_SOURCE, ANY_TAG, PROC_NULL, Request, null_request
+from .request import sent_request
 from .status import Status, fill as _fill
 from .wire import EAGER, _pack
 
@@ -83,6 +84,15 @@ class PointToPointMethods:
             PeerError: the connection to ``dest`` has already failed.
             CommError: the communicator has been freed.
         """
+        if not synchronous and self._sent_now(buf, dest, tag, None):
+            # a small message the transport took at once: the request is complete already,
+            # as MPICH's eager send to a shared-memory peer is
+            return sent_request(self._engine, self._pctx, self._world[dest], tag,
+                                buf.nbytes)
+        return self._isend(buf, dest, tag, synchronous)
+
+    def _isend(self, buf, dest, tag, synchronous: bool = False) -> Request:
+        """:meth:`Isend` past its request-free path: check, then post."""
         if self._freed:
             raise CommError(f"rank {self.rank}: {self.name} has been freed")
         arr = as_array(buf, self.rank, "buf")
@@ -117,11 +127,13 @@ class PointToPointMethods:
             CommError: the communicator has been freed.
         """
         if not self._sent_now(buf, dest, tag):
-            self._wait_posted([self.Isend(buf, dest, tag)], timeout)
+            self._wait_posted([self._isend(buf, dest, tag)], timeout)
 
-    def _sent_now(self, buf, dest, tag) -> bool:
-        """Send ``buf`` without a request (:meth:`Send`, :meth:`Sendrecv`); True when sent,
-        False (nothing done) where :meth:`Isend`'s general path must run."""
+    def _sent_now(self, buf, dest, tag, op: str | None = "Send") -> bool:
+        """Send ``buf`` without a request (:meth:`Send`, :meth:`Sendrecv`, :meth:`Isend`);
+        True when sent, False (nothing done) where :meth:`Isend`'s general path must run.
+        ``op``: the name the flight recorder gives the call, None for none (an Isend is
+        recorded by the wait on its request)."""
         eng = self._engine
         # The common case, a small numpy array that the transport takes at once, needs no
         # request: the checks the general path makes (with their messages) are inlined,
@@ -152,7 +164,8 @@ class PointToPointMethods:
                     except TransportError as exc:
                         raise eng._peer_error(exc) from None
                     if sent:
-                        _trace.instant("Send", self, tag, nbytes, w)
+                        if op is not None:
+                            _trace.instant(op, self, tag, nbytes, w)
                         return True
         return False
 
@@ -170,7 +183,7 @@ class PointToPointMethods:
         Raises:
             ArgumentError, InvalidBufferError, PeerError, CommError: as :meth:`Isend`.
         """
-        return self.Isend(buf, dest, tag, synchronous=True)
+        return self._isend(buf, dest, tag, True)
 
     def Ssend(self, buf, dest: int, tag: int = 0, *, timeout: float | None = None) -> None:
         """Send ``buf`` synchronously: return once ``dest`` has started the matching receive.
@@ -191,7 +204,7 @@ class PointToPointMethods:
             PeerError: ``dest`` died or its connection dropped.
             CommError: the communicator has been freed.
         """
-        self._wait_posted([self.Isend(buf, dest, tag, synchronous=True)], timeout)
+        self._wait_posted([self._isend(buf, dest, tag, True)], timeout)
 
     def Irecv(self, buf, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
         """Post a receive of a message into ``buf`` (MPI_Irecv).
@@ -213,6 +226,12 @@ class PointToPointMethods:
             PeerError: the connection to ``source`` has already failed.
             CommError: the communicator has been freed.
         """
+        view = self._recv_view(buf, source, tag)
+        if view is not None:
+            req = self._engine.irecv(view, self._world[source] if source >= 0
+                                     else ANY_SOURCE, self._pctx, tag)
+            req.comm = self
+            return req
         if self._freed:
             raise CommError(f"rank {self.rank}: {self.name} has been freed")
         arr = as_array(buf, self.rank, "buf", writable=True)
@@ -282,18 +301,8 @@ class PointToPointMethods:
                 this receive had matched (its Send timed out).
         """
         eng = self._engine
-        try:
-            mv = buf.data if type(buf) is np.ndarray else None
-        except ValueError:          # a dtype no buffer carries (datetime): Irecv says so
-            mv = None
-        if mv is not None and type(source) is int and type(tag) is int and \
-                (0 <= source < self.size or source == ANY_SOURCE) and \
-                (0 <= tag <= TAG_UB or tag == ANY_TAG) and not eng._threaded and \
-                mv.nbytes and mv.c_contiguous and not mv.readonly and \
-                ((fmt := mv.format) == "B" or fmt in _CASTABLE) and not self._freed:
-            # the common case with the checks of Irecv inlined (see Send); a 1-D uint8
-            # array's memoryview is already the flat byte view
-            view = mv if fmt == "B" and mv.ndim == 1 else mv.cast("B")
+        view = self._recv_view(buf, source, tag)
+        if view is not None and not eng._threaded:
             if source >= 0 and tag >= 0:
                 # A small message from a named rank: take it straight from the transport
                 # when it is the next frame from there and nothing this rank holds could
@@ -343,6 +352,26 @@ class PointToPointMethods:
         if status is not None:
             self._status_of(req, status)
 
+    def _recv_view(self, buf, source, tag) -> memoryview | None:
+        """The flat byte view of ``buf`` for a receive whose arguments pass
+        :meth:`Irecv`'s checks, made without them in the common case (a writable
+        contiguous numpy array of a castable dtype, int source and tag in range): the
+        checks read the buffer's memoryview (one export, C attributes) rather than the
+        array's flags and dtype objects, which numpy builds afresh on each access. None
+        where the general path must run (and raise, if the arguments are bad)."""
+        try:
+            mv = buf.data if type(buf) is np.ndarray else None
+        except ValueError:          # a dtype no buffer carries (datetime): Irecv says so
+            return None
+        if mv is not None and type(source) is int and type(tag) is int and \
+                (0 <= source < self.size or source == ANY_SOURCE) and \
+                (0 <= tag <= TAG_UB or tag == ANY_TAG) and \
+                mv.nbytes and mv.c_contiguous and not mv.readonly and \
+                ((fmt := mv.format) == "B" or fmt in _CASTABLE) and not self._freed:
+            # a 1-D uint8 array's memoryview is already the flat byte view
+            return mv if fmt == "B" and mv.ndim == 1 else mv.cast("B")
+        return None
+
     def _status_of_truncated(self, req: Request, exc: BaseException, status) -> None:
         """A truncated receive still received what fits: ``status`` says from whom and how
         many bytes, as MPI's does (MPICH, Open MPI)."""
@@ -387,18 +416,10 @@ class PointToPointMethods:
         # path), the send is done, needing nothing from the peer, and a Recv follows. Two
         # requests and a wait for both cost several times that (benchmarks/README.md,
         # "Sendrecv without requests").
-        if type(recvbuf) is np.ndarray and type(source) is int and type(recvtag) is int \
-                and (0 <= source < self.size or source == ANY_SOURCE) and \
-                (0 <= recvtag <= TAG_UB or recvtag == ANY_TAG):
-            try:
-                mv = recvbuf.data
-            except ValueError:      # a dtype no buffer carries: the general path says so
-                mv = None
-            if mv is not None and mv.c_contiguous and not mv.readonly and \
-                    (mv.format == "B" or mv.format in _CASTABLE) and \
-                    self._sent_now(sendbuf, dest, sendtag):
-                self.Recv(recvbuf, source, recvtag, status, timeout=timeout)
-                return
+        if self._recv_view(recvbuf, source, recvtag) is not None and \
+                self._sent_now(sendbuf, dest, sendtag):
+            self.Recv(recvbuf, source, recvtag, status, timeout=timeout)
+            return
         # Check the send side before the receive is posted: a receive left posted by a
         # call that raised would swallow a later message.
         sendbuf = as_array(sendbuf, self.rank, "sendbuf")

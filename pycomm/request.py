@@ -13,7 +13,7 @@ from typing import Any
 
 from . import trace as _trace
 
-__all__ = ["Request"]
+__all__ = ["Request", "sent_request"]
 
 
 class Request:
@@ -177,7 +177,9 @@ class Request:
     def Waitall(requests, statuses=None, *, timeout: float | None = None) -> bool:
         """Wait for every request; fill ``statuses`` (MPI_Waitall).
 
-        Every request completes before the first failed one's error is raised.
+        Every request completes before the first failed one's error is raised, and the
+        statuses of those complete are filled first, the failed one's included (MPI's
+        ``MPI_ERR_IN_STATUS``).
 
         Args:
             requests: an iterable of Requests (may be empty).
@@ -197,10 +199,29 @@ class Request:
             CommError: the sender withdrew a large message this receive had matched.
             ThreadLevelError: another thread of this rank is waiting in pycomm.
         """
-        reqs = list(requests)
+        reqs = requests if type(requests) is list else list(requests)
         if reqs:
-            _trace.traced("Waitall", reqs[0].comm, -1, sum(max(0, r.nbytes) for r in reqs),
-                          -1, reqs[0].engine.wait_all, reqs, timeout)
+            nbytes, over = 0, True
+            for r in reqs:
+                if r.nbytes > 0:
+                    nbytes += r.nbytes
+                if not r.done or r.error is not None:
+                    over = False
+            if over:            # complete already, without error: nothing to wait for
+                _trace.instant("Waitall", reqs[0].comm, -1, nbytes, -1)
+            else:
+                try:
+                    _trace.traced("Waitall", reqs[0].comm, -1, nbytes, -1,
+                                  reqs[0].engine.wait_all, reqs, timeout)
+                except BaseException:
+                    # MPI_ERR_IN_STATUS: the statuses of the requests that completed
+                    # (the failed one's too: a truncated receive's source, tag, count)
+                    # are filled all the same
+                    if statuses is not None:
+                        for r, st in zip(reqs, statuses):
+                            if r.done:
+                                r._status(st)
+                    raise
         if statuses is not None:
             for r, st in zip(reqs, statuses):
                 r._status(st)
@@ -291,3 +312,14 @@ class Request:
         if self.on_done is not None:
             cb, self.on_done = self.on_done, None
             cb(self)
+
+
+def sent_request(engine: Any, ctx: int, dest: int, tag: int, nbytes: int) -> Request:
+    """The request of an eager send already complete: the transport took the whole frame
+    within the ``Isend`` call (:meth:`pycomm.comm.Communicator.Isend`); ``dest`` is the
+    world rank, ``nbytes`` the message's size."""
+    req = Request(engine, None, ctx, dest, tag)
+    req.nbytes = nbytes
+    req.expect = -2                 # marks a send
+    req.done = True
+    return req

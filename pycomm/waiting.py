@@ -33,6 +33,7 @@ from transports import PeerLostError, TransportError
 
 from . import trace
 from .errors import CommTimeoutError, PeerError
+from .wire import _EAGER_HEADERS, _eager_header
 
 if TYPE_CHECKING:
     from .request import Request
@@ -121,11 +122,21 @@ class Waiting:
         if req.expect == OFFLOADED and self._threaded:
             self._wait_offloaded(lambda: req.done, timeout, req)
         elif len(self.transports) == 1 and not self._threaded and not self._yield_gil:
+            spin_end = _perf() + self.spin_s
+            posted = self.posted
+            if len(posted) == 1 and posted[0] is req and req.sig is None and \
+                    req.expect == -1 and req.view is not None and req.peer >= 0 and \
+                    req.tag >= 0 and not (self.unexpected or self._incoming or self.outbox):
+                # The one receive posted, of a named peer and tag (an Irecv's wait): take
+                # its message straight from the transport as a blocking Recv does
+                # (recv_now), spinning there; the general path's decoder, matching and
+                # completion cost several times that.
+                if self._took_now(req):
+                    return
             # Spin on the one transport directly: a small message's latency is
             # mostly the period of this loop.
             poll = self.transports[0].progress
             outbox = self.outbox
-            spin_end = _perf() + self.spin_s
             try:
                 if outbox:                  # left by a progress() that raised
                     self.act()
@@ -150,6 +161,30 @@ class Waiting:
             if not req.done:
                 self._wait_slow(lambda: req.done, timeout, req)
 
+    def _took_now(self, req: "Request") -> bool:
+        """Try to complete the one posted receive ``req`` by taking its message straight
+        from its peer's transport (:meth:`pycomm.p2p.Engine.recv_now`, spinning
+        ``spin_s`` for it); True when taken. ``req`` is out of the posted list while
+        the transport looks and back in it, first as before, when nothing was taken."""
+        t = self._direct_all[req.peer]     # (``direct`` is empty while a thread waits)
+        if t is None:
+            return False
+        hdr = _EAGER_HEADERS.get((req.ctx, req.tag))
+        if hdr is None:
+            hdr = _eager_header(req.ctx, req.tag)
+        self.posted.pop()
+        try:
+            n = t.recv_now(req.peer, hdr, req.view, self.spin_s, True)
+        except TransportError as exc:
+            self.posted.append(req)
+            raise self._peer_error(exc) from None
+        if n < 0:
+            self.posted.append(req)
+            return False
+        req.count = n
+        req._complete()
+        return True
+
     def wait_all(self, reqs, timeout: float | None = None) -> None:
         """Drive progress until every request in ``reqs`` completes (errors raised after).
 
@@ -173,6 +208,9 @@ class Waiting:
     def _wait_all(self, reqs, timeout: float | None) -> None:
         pending = [x for x in reqs if not x.done]
         if not pending:     # another thread's progress completed them since wait_all looked
+            return
+        if len(pending) == 1:   # (an exchange's receive, its eager send complete already)
+            self._wait(pending[0], timeout)
             return
         if self._threaded and all(x.expect == OFFLOADED for x in pending):
             self._wait_offloaded(lambda: all(x.done for x in pending), timeout, pending[0])

@@ -332,6 +332,46 @@ def test_truncated_receives_keep_the_head_and_fill_the_status(world):
     assert world.run(_rank_truncated_receives_keep_the_head) == [want] * world.size
 
 
+def _rank_truncated_receive_in_waitall() -> list:
+    """``Waitall`` of a receive too small for its message and the matching send, with
+    statuses and without, eager and rendezvous. As under mpi4py 4.1.2 + MPICH 5.0.2
+    (recorded on this machine): ``MPI.Exception`` of class ``ERR_IN_STATUS``; the
+    receive's status has the message's source and tag, the bytes received and, as its
+    ``error``, the class ``ERR_TRUNCATE``; the receive is null afterwards; the buffer holds
+    the message's head. (MPICH left the send pending, ``ERR_PENDING`` in its status;
+    pycomm's is complete, status error 0: the standard allows either.)"""
+    comm = MPI.COMM_WORLD
+    right, left = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
+    seen = []
+    for n in (3, 100_000):
+        for with_statuses in (True, False):
+            small = np.zeros(1)
+            rr = comm.Irecv(small, left, 12)
+            sr = comm.Isend(np.arange(float(n)) + comm.rank, right, 12)
+            sts = [MPI.Status(), MPI.Status()] if with_statuses else None
+            try:
+                MPI.Request.Waitall([rr, sr], sts)
+                seen.append("no error")
+            except MPI.Exception as exc:
+                st = sts[0] if sts else MPI.Status()
+                seen.append((exc.Get_error_class() == MPI.ERR_IN_STATUS,
+                             small[0] == left, bool(rr),
+                             (st.source, st.tag, st.Get_count(MPI.BYTE),
+                              st.Get_error()) if sts else None))
+            if sr:
+                sr.Wait()
+            comm.Barrier()
+    return seen
+
+
+def test_truncated_receive_in_waitall_is_err_in_status(world):
+    for rank, seen in enumerate(world.run(_rank_truncated_receive_in_waitall)):
+        left = (rank - 1) % world.size
+        want = [(True, True, False, (left, 12, 8, MPI.ERR_TRUNCATE)),
+                (True, True, False, None)] * 2
+        assert seen == want, seen
+
+
 def test_environment_without_a_world():
     assert MPI.Get_version() == (4, 1)
     assert MPI.get_vendor()[0] == "pycomm"

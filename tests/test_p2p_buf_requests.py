@@ -113,6 +113,71 @@ def test_sendrecv_small_edges(world):
         assert out["nothing sent"], out
 
 
+def _rank_small_exchange_requests():
+    """Irecv + Isend + Waitall/Wait of small messages, whose send may complete inside the
+    Isend and whose receive, the one posted, may be taken straight from the transport in
+    the wait: data and statuses over many rounds, another tag arriving first, a message
+    larger than the buffer, and what a completed send request reports."""
+    from pycomm.errors import TruncationError
+    comm = pycomm.COMM_WORLD
+    right, left = ring(comm)
+    out = {}
+    bad = []
+    got, st_ = np.zeros(4), pycomm.Status()
+    for i in range(60):
+        rr = comm.Irecv(got, left, 9)
+        sr = comm.Isend(np.arange(4.0) + 100 * comm.rank + i, right, 9)
+        if i % 2:
+            pycomm.Request.Waitall([rr, sr], [st_, pycomm.Status()])
+        else:
+            sr.Wait()
+            rr.Wait(st_)
+        if got.tolist() != (np.arange(4.0) + 100 * left + i).tolist() or \
+                (st_.source, st_.tag, st_.count) != (left, 9, 32):
+            bad.append((i, got.tolist(), st_.source, st_.tag, st_.count))
+    out["rounds wrong"] = bad
+    # another tag's message comes first: the posted receive (tag 11) still gets its own,
+    # and tag 10's waits for the receive that names it
+    first, second = np.zeros(1), np.zeros(1)
+    rr = comm.Irecv(second, left, 11)
+    comm.Barrier()
+    comm.Send(np.full(1, 10.0 + comm.rank), right, 10)
+    comm.Send(np.full(1, 11.0 + comm.rank), right, 11)
+    rr.Wait()
+    comm.Recv(first, left, 10)
+    out["two tags"] = (first[0], second[0])
+    # larger than the buffer: truncated, as MPI says, with what fit received
+    small, st_ = np.zeros(1), pycomm.Status()
+    rr = comm.Irecv(small, left, 12)
+    sr = comm.Isend(np.arange(3.0) + comm.rank, right, 12)
+    try:
+        pycomm.Request.Waitall([rr, sr], [st_, None])
+        out["truncated"] = None
+    except TruncationError:
+        sr.Wait()
+        out["truncated"] = (small[0], st_.source, st_.tag, st_.count)
+    # a small send's request: complete, a send's status, not cancelled
+    sr = comm.Isend(np.ones(2), right, 13)
+    sr.Cancel()
+    st_ = pycomm.Status()
+    sr.Wait(st_)
+    comm.Recv(np.zeros(2), left, 13)
+    out["send status"] = (st_.cancelled, sr.Test())
+    comm.Barrier()
+    out["left over"] = comm.Iprobe(pycomm.ANY_SOURCE, pycomm.ANY_TAG)
+    return out
+
+
+def test_small_exchange_requests(world):
+    for rank, out in enumerate(world.run(_rank_small_exchange_requests)):
+        left = (rank - 1) % world.size
+        assert out["rounds wrong"] == [], out
+        assert out["two tags"] == (10.0 + left, 11.0 + left), out
+        assert out["truncated"] == (float(left), left, 12, 8), out
+        assert out["send status"] == (False, True), out
+        assert out["left over"] is False, out
+
+
 def _rank_big_exchange(nbytes):
     """Ranks 0 and 1 send ``nbytes`` to each other at the same time; the rest idle."""
     comm = pycomm.COMM_WORLD

@@ -12,11 +12,13 @@ engine on ``Wait``/``Test`` (nonblocking collectives run on its progress thread,
 
 from __future__ import annotations
 
+import copy
+
 from pycomm.errors import ArgumentError, CommError, TruncationError
 from pycomm.p2p import ANY_SOURCE, ANY_TAG
 from pycomm.request import Request as _Inner
 
-from .exceptions import translate_methods
+from .exceptions import ERRORS, translate, translate_methods
 from .status import UNDEFINED, Status
 
 __all__ = ["REQUEST_NULL", "UNDEFINED", "Prequest", "Request", "Status", "completed"]
@@ -47,6 +49,30 @@ def _extend(statuses, n: int) -> None:
     Waitsome...)."""
     if isinstance(statuses, list):
         statuses.extend(Status() for _ in range(n - len(statuses)))
+
+
+def _in_status(reqs, statuses, exc: CommError) -> CommError:
+    """What MPI_Waitall reports when a request fails: ``ERR_IN_STATUS`` (as mpi4py +
+    MPICH raise it), the status of each request that completed filled, its ``error``
+    its own class (0: none), and the request null (a truncated receive into a packed
+    datatype unpacked what fit, as in :meth:`Request.Wait`); a request still pending
+    stays, its status's ``error`` ``ERR_PENDING``."""
+    for i, r in enumerate(reqs):
+        st, x = _nth(statuses, i), r._r
+        if x is None:
+            _clear(st)
+        elif x.done:
+            x._status(st)
+            if st is not None:
+                st.error = 0 if x.error is None else translate(x.error).error_code
+            fin, r._r, r._finish = r._finish, None, None
+            if fin is not None and (x.error is None or isinstance(x.error, TruncationError)):
+                fin()
+        elif st is not None:
+            st.error = ERRORS["ERR_PENDING"]
+    out = copy.copy(exc)            # (``exc`` stays what its request holds)
+    out.mpi_error = "ERR_IN_STATUS"
+    return out
 
 
 @translate_methods
@@ -197,11 +223,21 @@ class Request:
     def Waitall(cls, requests, statuses=None) -> bool:
         """Wait for every request; fill ``statuses`` (one per request; a list shorter than
         ``requests`` is extended with new Status objects, as in mpi4py)."""
-        reqs = list(requests)
+        reqs = requests if type(requests) is list else list(requests)
         _extend(statuses, len(reqs))
-        active = [r._r for r in reqs if r._r is not None]
+        active = [x for r in reqs if (x := r._r) is not None]
         if active:
-            _Inner.Waitall(active)
+            try:
+                _Inner.Waitall(active)
+            except CommError as exc:
+                if not any(x.done and x.error is not None for x in active):
+                    raise               # no request failed: the wait did (a timeout)
+                raise _in_status(reqs, statuses, exc) from None
+        if statuses is None:
+            for r in reqs:
+                if r._r is not None:
+                    r._completed()
+            return True
         for i, r in enumerate(reqs):
             st = _nth(statuses, i)
             if r._r is None:
