@@ -6,7 +6,8 @@ context ids (one per communicator and traffic class) and implements
 
 What the engine is made of. This module holds :class:`Engine` itself: what the
 communicator posts (``isend``, ``irecv``, ``iprobe``, ``cancel``; ``send_now`` and
-``recv_now``, a small point-to-point message with no request) and the actions below. Its
+``recv_now``, a small point-to-point message with no request, and ``take_now``, the one
+posted receive's message taken so; ``flush``) and the actions below. Its
 halves, each on its own page: :class:`pycomm.matching.Matching` (messages arrive: MPI's
 matching rules, the unexpected queue, the transports' callbacks),
 :class:`pycomm.aborts.CallAborts` (abandoned collective calls) and
@@ -48,6 +49,7 @@ arrived) the same steps run at once.
 from __future__ import annotations
 
 import threading
+import time
 import weakref
 from typing import Any
 
@@ -270,6 +272,35 @@ class Engine(Matching, CallAborts, Waiting, SerializedThreads):
         except TransportError as exc:
             raise self._peer_error(exc) from None
 
+    def take_now(self, req: Request) -> bool:
+        """Complete the one posted receive ``req`` (of a named peer and tag, the eager
+        header's) by taking its message straight from the peer's transport, as
+        :meth:`recv_now` does, spinning ``spin_s`` for it; True when taken. ``req`` is out
+        of the posted list while the transport looks, and back in it, alone as before,
+        when nothing was taken (:meth:`pycomm.waiting.Waiting.wait`'s first step).
+
+        Raises:
+            PeerError: the link to the peer failed (``req`` stays posted).
+        """
+        t = self._direct_all[req.peer]     # (``direct`` is empty while a thread waits)
+        if t is None:
+            return False
+        hdr = _EAGER_HEADERS.get((req.ctx, req.tag))
+        if hdr is None:
+            hdr = _eager_header(req.ctx, req.tag)
+        self.posted.pop()
+        try:
+            n = t.recv_now(req.peer, hdr, req.view, self.spin_s, True)
+        except TransportError as exc:
+            self.posted.append(req)
+            raise self._peer_error(exc) from None
+        if n < 0:
+            self.posted.append(req)
+            return False
+        req.count = n
+        req._complete()
+        return True
+
     def irecv(self, view: memoryview | None, source: int, ctx: int, tag: int,
               sig: tuple[int, int] | None = None) -> Request:
         """Post a receive into ``view`` (None: allocate a bytearray of the message's size).
@@ -361,6 +392,32 @@ class Engine(Matching, CallAborts, Waiting, SerializedThreads):
             return False
         req.cancelled = True
         req._complete()
+        return True
+
+    def flush(self, timeout: float) -> bool:
+        """Drive progress until no transport holds frames back (e.g. a FIN waiting for flow
+        control credit), or ``timeout`` seconds pass. Call before going idle outside pycomm
+        (a pool worker between tasks): a peer may be waiting for those frames.
+
+        Returns:
+            True when nothing is held back any more.
+
+        Raises:
+            PeerError: a peer died or a link failed.
+        """
+        deadline = time.perf_counter() + timeout
+        ts = self.transports
+        while any(t.has_backlog() for t in ts):
+            if self.progress():
+                continue
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                return False
+            if self._threaded:          # the progress thread may be blocked in a transport
+                time.sleep(min(left, 0.001))
+            else:
+                for t in ts:
+                    t.block(min(left, 0.001 if len(ts) > 1 else 0.05))
         return True
 
     # -- actions: what the sink callbacks decided, carried out after the transport returns

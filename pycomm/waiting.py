@@ -33,7 +33,6 @@ from transports import PeerLostError, TransportError
 
 from . import trace
 from .errors import CommTimeoutError, PeerError
-from .wire import _EAGER_HEADERS, _eager_header
 
 if TYPE_CHECKING:
     from .request import Request
@@ -58,7 +57,7 @@ SHARED_WAIT = -4
 
 
 class Waiting:
-    """Progress, waits with timeouts, flush, and the switch to thread safety."""
+    """Progress, waits with timeouts, and the switch to thread safety."""
 
     # the stall inspector (pycomm.stall.Inspector), set by bootstrap when the world has
     # a store; None: stalls are not inspected, timeouts still name the call
@@ -131,7 +130,7 @@ class Waiting:
                 # its message straight from the transport as a blocking Recv does
                 # (recv_now), spinning there; the general path's decoder, matching and
                 # completion cost several times that.
-                if self._took_now(req):
+                if self.take_now(req):
                     return
             # Spin on the one transport directly: a small message's latency is
             # mostly the period of this loop.
@@ -160,30 +159,6 @@ class Waiting:
             self.progress()
             if not req.done:
                 self._wait_slow(lambda: req.done, timeout, req)
-
-    def _took_now(self, req: "Request") -> bool:
-        """Try to complete the one posted receive ``req`` by taking its message straight
-        from its peer's transport (:meth:`pycomm.p2p.Engine.recv_now`, spinning
-        ``spin_s`` for it); True when taken. ``req`` is out of the posted list while
-        the transport looks and back in it, first as before, when nothing was taken."""
-        t = self._direct_all[req.peer]     # (``direct`` is empty while a thread waits)
-        if t is None:
-            return False
-        hdr = _EAGER_HEADERS.get((req.ctx, req.tag))
-        if hdr is None:
-            hdr = _eager_header(req.ctx, req.tag)
-        self.posted.pop()
-        try:
-            n = t.recv_now(req.peer, hdr, req.view, self.spin_s, True)
-        except TransportError as exc:
-            self.posted.append(req)
-            raise self._peer_error(exc) from None
-        if n < 0:
-            self.posted.append(req)
-            return False
-        req.count = n
-        req._complete()
-        return True
 
     def wait_all(self, reqs, timeout: float | None = None) -> None:
         """Drive progress until every request in ``reqs`` completes (errors raised after).
@@ -494,32 +469,6 @@ class Waiting:
         exc = CommTimeoutError(text)
         exc.culprits = culprits
         return exc
-
-    def flush(self, timeout: float) -> bool:
-        """Drive progress until no transport holds frames back (e.g. a FIN waiting for flow
-        control credit), or ``timeout`` seconds pass. Call before going idle outside pycomm
-        (a pool worker between tasks): a peer may be waiting for those frames.
-
-        Returns:
-            True when nothing is held back any more.
-
-        Raises:
-            PeerError: a peer died or a link failed.
-        """
-        deadline = _perf() + timeout
-        ts = self.transports
-        while any(t.has_backlog() for t in ts):
-            if self.progress():
-                continue
-            left = deadline - _perf()
-            if left <= 0:
-                return False
-            if self._threaded:          # the progress thread may be blocked in a transport
-                time.sleep(min(left, 0.001))
-            else:
-                for t in ts:
-                    t.block(min(left, 0.001 if len(ts) > 1 else 0.05))
-        return True
 
 
 def available_cores() -> int:

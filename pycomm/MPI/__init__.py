@@ -104,7 +104,8 @@ from .predefined import PREDEFINED
 from .predefined import TYPEDICT as _typedict, TYPEDICT_C as _typedict_c
 from .predefined import TYPEDICT_F as _typedict_f, typecode as _typecode
 from .typequery import typealign as _typealign
-from .request import REQUEST_NULL, Prequest, Request, Status, completed
+from .prequest import Prequest
+from .request import REQUEST_NULL, Request, Status, completed
 from .win import WIN_NULL, Win
 from .file import (DISPLACEMENT_CURRENT, FILE_NULL, MODE_APPEND, MODE_CREATE,
                    MODE_DELETE_ON_CLOSE, MODE_EXCL, MODE_RDONLY, MODE_RDWR, MODE_SEQUENTIAL,

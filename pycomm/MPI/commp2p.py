@@ -18,7 +18,8 @@ from .exceptions import translate_methods
 from .membuf import BSEND
 from .msg import plain
 from .msgspec import Msg, as_int, message
-from .request import Prequest, Request, Status, completed
+from .prequest import Prequest
+from .request import Request, Status, completed
 
 __all__ = ["BufferPointToPoint", "fin", "received"]
 

@@ -34,7 +34,8 @@ from .exceptions import mpi_error, translate_methods
 from .joined import Joined
 from .keyvals import copy_attrs
 from .msgspec import as_int, message, vector_message
-from .request import Prequest, Request
+from .prequest import Prequest
+from .request import Request
 
 __all__ = ["CART", "DIST_GRAPH", "GRAPH", "TOPOLOGIES", "UNWEIGHTED", "Distgraphcomm",
            "Topocomm", "Topology", "create_dist_graph_adjacent", "with_topology"]

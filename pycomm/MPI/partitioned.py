@@ -35,7 +35,7 @@ from pycomm.p2p import ANY_SOURCE, ANY_TAG, PROC_NULL, null_request
 from .exceptions import mpi_error
 from .joined import Joined
 from .msgspec import as_int, message
-from .request import Prequest
+from .prequest import Prequest
 
 __all__ = ["install", "precv_init", "psend_init"]
 

@@ -1,5 +1,6 @@
-"""``MPI.Request`` and ``MPI.Prequest`` (persistent requests); ``MPI.Status`` is in
-:mod:`pycomm.MPI.status`, generalized requests in :mod:`pycomm.MPI.grequest`.
+"""``MPI.Request``; persistent requests (``MPI.Prequest``) are in :mod:`pycomm.MPI.prequest`,
+``MPI.Status`` in :mod:`pycomm.MPI.status`, generalized requests in
+:mod:`pycomm.MPI.grequest`.
 
 A façade :class:`Request` wraps one :class:`pycomm.Request` and what must run when it
 completes (unpacking a receive of a non-contiguous datatype). As in MPI, a completed
@@ -21,7 +22,7 @@ from pycomm.request import Request as _Inner
 from .exceptions import ERRORS, translate, translate_methods
 from .status import UNDEFINED, Status
 
-__all__ = ["REQUEST_NULL", "UNDEFINED", "Prequest", "Request", "Status", "completed"]
+__all__ = ["REQUEST_NULL", "UNDEFINED", "Request", "Status", "completed"]
 
 
 def _null(call: str):
@@ -80,11 +81,12 @@ class Request:
     """A pending operation (mpi4py's ``MPI.Request``); ``Request()`` is a null request."""
 
     __slots__ = ("__weakref__", "_finish", "_p", "_r")
+    _PERSISTENT = False             # a Prequest (pycomm.MPI.prequest) says True
 
     def __init__(self, request: Request | None = None):
         if isinstance(request, Request):
             self._r, self._finish = request._r, request._finish
-            self._p = request._ident() if isinstance(request, Prequest) else None
+            self._p = request._ident() if request._PERSISTENT else None
         elif request is None:
             self._r, self._finish, self._p = None, None, None
         else:
@@ -454,58 +456,6 @@ class Request:
         """Start every persistent request of ``requests``."""
         for r in requests:
             r.Start()
-
-
-@translate_methods
-class Prequest(Request):
-    """A persistent request (``Send_init``/``Recv_init``): ``Start`` posts the operation
-    again each time; after completion it is inactive, not null, until ``Free``."""
-
-    __slots__ = ("_freed", "_start")
-
-    def __init__(self, request: Request | None = None):
-        """``Prequest(other)``: another handle of the persistent request ``other`` (a
-        null request of any class gives a null one, as mpi4py's).
-
-        Raises:
-            TypeError: ``other`` is an active non-persistent request, or no request.
-        """
-        if isinstance(request, Request) and not isinstance(request, Prequest) and \
-                not request:
-            request = None                  # Prequest(REQUEST_NULL) (mpi4py + MPICH)
-        if request is not None and not isinstance(request, Prequest):
-            raise TypeError(f"Prequest({request!r}): expected a persistent request")
-        super().__init__(request)
-        self._start = getattr(request, "_start", None)
-        self._freed = getattr(request, "_freed", request is None)
-
-    @classmethod
-    def _persistent(cls, start) -> Prequest:
-        out = object.__new__(cls)
-        out._r, out._finish, out._start, out._freed = None, None, start, False
-        return out
-
-    def Start(self) -> None:
-        """Post the operation (the buffer is read or written from now until completion).
-
-        Raises:
-            ArgumentError: the request is still active, or was freed.
-        """
-        if self._freed:
-            raise ArgumentError("Prequest.Start: the request has been freed")
-        if self._r is not None:
-            raise ArgumentError("Prequest.Start: the request is still active; Wait first")
-        self._r, self._finish = self._start()
-
-    def Free(self) -> None:
-        self._r, self._finish, self._freed = None, None, True
-
-    def __bool__(self) -> bool:
-        return not getattr(self, "_freed", False)
-
-    def _ident(self):
-        """The persistent request (its start function), None once freed."""
-        return None if getattr(self, "_freed", True) else self._start
 
 
 REQUEST_NULL = Request()
