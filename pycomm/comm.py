@@ -106,6 +106,9 @@ class Communicator(PointToPointMethods, CollectiveMethods, ObjectMethods, GroupM
                  name: str = "pycomm.COMM_WORLD"):
         self._engine = engine
         self._cid = cid
+        # the block of the shared-memory collective area its slots use (pycomm.slotblocks):
+        # COMM_WORLD's is 0, a derived communicator's is set at its creation, -1 for none
+        self._block = 0 if cid == 0 else -1
         self._pctx, self._cctx = 3 * cid, 3 * cid + 1
         self._world = list(world_ranks)
         self._from_world = {w: i for i, w in enumerate(self._world)}

@@ -3,11 +3,11 @@
 A :class:`Group` is an ordered set of processes, held as their world ranks. A new
 communicator needs a context id that none of its members uses for anything else. Each
 process keeps ``engine.next_cid`` (one past the largest context id it has seen); the
-members of a new communicator agree on ``max(next_cid)`` with an Allreduce(MAX) over the
-processes taking part, as MPICH's context-id allocation does (in its simplest, blocking
-form). Any two communicators that share a member therefore get different ids, and
-communicators with disjoint members never see each other's traffic, since matching is by
-(context, source process).
+members of a new communicator agree on ``max(next_cid)`` with an Allgather over the
+processes taking part (which gathers their free slot blocks too,
+:mod:`pycomm.slotblocks`). Any two communicators that share a member therefore get
+different ids, and communicators with disjoint members never see each other's traffic,
+since matching is by (context, source process).
 
 Context ids map to three engine contexts: ``3*cid`` (user point-to-point), ``3*cid + 1``
 (collectives, tag = per-call sequence number) and ``3*cid + 2`` (the set-up traffic of
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import slotblocks
 from .errors import ArgumentError
 from .p2p import PROC_NULL
 
@@ -167,17 +168,27 @@ class GroupMethods:
         """
         return self.group
 
-    def _new_cid(self, over) -> int:
-        """Agree on a fresh context id with Allreduce(MAX) over communicator ``over``."""
+    def _new_cid(self, over) -> tuple[int, dict]:
+        """Agree on a fresh context id, the largest ``next_cid`` of communicator
+        ``over``'s processes, with one Allgather over ``over`` that also gathers their
+        masks of free slot blocks (:mod:`pycomm.slotblocks`). Returns ``(cid, world rank
+        -> mask)``, for :meth:`_derive`."""
         engine = self._engine
-        mine = np.array([engine.next_cid], dtype=np.int64)
-        over.Allreduce(mine.copy(), mine, op=_max())
-        engine.next_cid = int(mine[0]) + 1
-        return int(mine[0])
+        mine = np.array([engine.next_cid, slotblocks.free_mask(engine)], dtype=np.uint64)
+        table = np.empty(2 * over.size, dtype=np.uint64)
+        over.Allgather(mine, table)
+        cid = int(table[0::2].max())
+        engine.next_cid = cid + 1
+        return cid, {w: int(table[2 * r + 1]) for r, w in enumerate(over._world)}
 
-    def _derive(self, cid: int, world_ranks: list[int], name: str):
+    def _derive(self, agreed: tuple[int, dict], world_ranks: list[int], name: str):
+        """The new communicator of ``world_ranks`` (this process among them) on the
+        context id ``_new_cid`` agreed, with the lowest slot block free on all of them."""
+        cid, masks = agreed
         me = self._world[self.rank]
         comm = type(self)(self._engine, cid, world_ranks, world_ranks.index(me), name=name)
+        comm._block = slotblocks.choose(masks[w] for w in world_ranks)
+        slotblocks.take(comm, comm._block)
         comm.transport = getattr(self, "transport", None)
         comm.transport_name = getattr(self, "transport_name", None)
         self._derive_layout(comm)
@@ -204,7 +215,7 @@ class GroupMethods:
             CommError: this communicator has been freed.
             PeerError, CommTimeoutError, CollectiveMismatchError, CollectiveError: as every
                 collective call (see :class:`~pycomm.comm.Communicator`): this one agrees on a
-                context id with an Allreduce(MAX).
+                context id with an Allgather.
         """
         self._check_alive()
         return self._derive(self._new_cid(self), list(self._world), self.name + ".Dup")
@@ -232,7 +243,7 @@ class GroupMethods:
             CommError: this communicator has been freed.
             PeerError, CommTimeoutError, CollectiveMismatchError, CollectiveError: as every
                 collective call (see :class:`~pycomm.comm.Communicator`): this one agrees on a
-                context id with an Allreduce(MAX).
+                context id with an Allgather.
         """
         self._check_alive()
         if not isinstance(color, (int, np.integer)) or (color < 0 and color != UNDEFINED):
@@ -267,7 +278,7 @@ class GroupMethods:
             CommError: this communicator has been freed.
             PeerError, CommTimeoutError, CollectiveMismatchError, CollectiveError: as every
                 collective call (see :class:`~pycomm.comm.Communicator`): this one agrees on a
-                context id with an Allreduce(MAX).
+                context id with an Allgather.
         """
         self._check_alive()
         self._check_subgroup(group, "Create")
@@ -296,7 +307,7 @@ class GroupMethods:
             CommError: this communicator has been freed.
             PeerError, CommTimeoutError, CollectiveMismatchError, CollectiveError: as every
                 collective call (see :class:`~pycomm.comm.Communicator`): this one agrees on a
-                context id with an Allreduce(MAX) over the members.
+                context id with an Allgather over the members.
         """
         self._check_alive()
         self._check_subgroup(group, "Create_group")
@@ -348,7 +359,9 @@ class GroupMethods:
     def Free(self) -> None:
         """Release the communicator (MPI_Comm_free); using it afterwards raises CommError.
 
-        Local: nothing is sent; its context id is never reused.
+        Local: nothing is sent. Its context id is never reused; its block of the
+        shared-memory collective area is, once every member has freed it
+        (:mod:`pycomm.slotblocks`).
 
         Returns:
             None.
@@ -358,10 +371,6 @@ class GroupMethods:
         """
         if self._cid == 0:
             raise ArgumentError("COMM_WORLD cannot be freed")
-        self._freed = True
-
-
-
-def _max():
-    from .ops import MAX
-    return MAX
+        if not self._freed:
+            self._freed = True
+            slotblocks.give_back(self)

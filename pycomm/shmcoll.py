@@ -22,9 +22,10 @@ the first rank that touched a new page, reader or writer, with SIGBUS
 calls by messages and marks so in its segment's control words; its peers see the mark
 where they would wait for it and take messages too (:func:`_give_up`).
 
-Layout. The area holds :data:`MAX_COMMS` communicator blocks, indexed by context id
-(context ids are agreed by the members and never reused, so a block belongs to one
-communicator for the life of the job; communicators with larger ids use messages)::
+Layout. The area holds :data:`MAX_COMMS` communicator blocks. A communicator uses the
+same block in every member's area, agreed at its creation and given back, once every
+member has freed it, for a later communicator (:mod:`pycomm.slotblocks`); one created
+while all are taken uses messages::
 
     +------------------------+----------------------------+----------------------------+
     | arrival (int64, 64 B)  | slot 0: header 64 B | data | slot 1: header 64 B | data |
@@ -77,7 +78,8 @@ from .signature import describe, empty_match
 from .waiting import SHARED_WAIT
 
 __all__ = ["MAX_COMMS", "SPLIT_MAX_OVERSUBSCRIPTION", "SPLIT_MIN_BYTES", "SPLIT_MIN_RANKS",
-           "ByMessages", "SharedSlots", "area_bytes", "slots_for"]
+           "ByMessages", "SharedSlots", "area_bytes", "block_layout", "clear_block",
+           "host_shm", "slots_for"]
 
 MAX_COMMS = 64          # communicator blocks per rank's area (context ids 0..63)
 _HDR = 64               # bytes of the arrival word's line and of each slot header
@@ -110,17 +112,34 @@ def area_bytes(slot_bytes: int) -> int:
 
 def slots_for(comm):
     """The :class:`SharedSlots` of ``comm``, or None when its calls must use messages:
-    not every rank on this host's shared-memory transport, a context id past
-    :data:`MAX_COMMS`, a world of one, or no area (``PYCOMM_SHM_COLL_BYTES=0``).
+    not every rank on this host's shared-memory transport, no block of the area left for
+    it (more than :data:`MAX_COMMS` communicators alive: :mod:`pycomm.slotblocks`), a
+    world of one, or no area (``PYCOMM_SHM_COLL_BYTES=0``).
 
-    The answer depends only on what every member agrees on (its context id, its
-    members, the transports chosen at start-up), so all members decide alike.
+    The answer depends only on what every member agrees on (its block, its members, the
+    transports chosen at start-up), so all members decide alike.
 
     Where /dev/shm has no room for the communicator's slots (they are reserved before any
     rank touches them: :mod:`transports.shmring`), None, and the communicator's calls go
     by messages on every rank (:func:`_give_up`).
     """
-    if comm.size < 2 or comm._cctx != 3 * comm._cid + 1 or comm._cid >= MAX_COMMS:
+    if comm._cctx != 3 * comm._cid + 1 or comm._block < 0:
+        return None
+    shm = host_shm(comm)
+    if shm is None:
+        return None
+    try:
+        return SharedSlots(comm, shm)
+    except ShmSpaceError as exc:
+        _give_up(comm, shm, comm._world[comm.rank], exc)
+        return None
+
+
+def host_shm(comm):
+    """The shared-memory transport that links this rank to every other member of
+    ``comm``, where it has a collective area; None where there is none (a world of one,
+    a member on another host or over another transport, ``PYCOMM_SHM_COLL_BYTES=0``)."""
+    if comm.size < 2:
         return None
     layout = getattr(comm, "host_layout", None)
     if layout is not None and layout.nhosts > 1:    # (a test may fake several hosts)
@@ -135,13 +154,26 @@ def slots_for(comm):
         if t is None or getattr(t, "name", None) != "shm" or (shm is not None and t is not shm):
             return None
         shm = t
-    if shm is None or not shm.coll_bytes:
-        return None
-    try:
-        return SharedSlots(comm, shm)
-    except ShmSpaceError as exc:
-        _give_up(comm, shm, me, exc)
-        return None
+    return shm if shm is not None and shm.coll_bytes else None
+
+
+def block_layout(shm) -> tuple[int, int]:
+    """``(slot, block)``: the data bytes of each of a block's two slots and the bytes of a
+    block, in ``shm``'s collective area (:data:`MAX_COMMS` blocks)."""
+    slot = (shm.coll_bytes // MAX_COMMS - 3 * _HDR) // 2 // 64 * 64
+    return slot, _block_bytes(slot)
+
+
+def clear_block(shm, rank: int, block: int) -> None:
+    """Zero the arrival word and the slot headers of ``block`` in ``rank``'s area (this
+    rank's own), so that a communicator given the block later finds it as new
+    (:mod:`pycomm.slotblocks`); its data needs no clearing (a header says what is
+    valid)."""
+    area = shm.coll_area(rank)
+    slot, nbytes = block_layout(shm)
+    base = block * nbytes
+    for at in (base, base + _HDR, base + 2 * _HDR + slot):
+        area[at:at + _HDR] = bytes(_HDR)
 
 
 _noted_no_room = [False]    # the note below is printed once per process
@@ -156,7 +188,7 @@ def _give_up(comm, shm, me: int, exc: ShmSpaceError) -> None:
     own. So the members agree call by call, whatever each found. The doorbells wake a peer
     already asleep waiting. Said once per process, on stderr."""
     words = shm.control_words(me)
-    words[2] |= 1 << comm._cid
+    words[2] |= 1 << comm._block
     _ring(shm.doorbell_words([w for w in comm._world if w != me]))
     if not _noted_no_room[0]:
         _noted_no_room[0] = True
@@ -184,11 +216,11 @@ class SharedSlots:
     def __init__(self, comm, shm):
         self.comm, self.shm, self.engine = comm, shm, comm._engine
         self.size, self.rank = comm.size, comm.rank
-        slot = (shm.coll_bytes // MAX_COMMS - 3 * _HDR) // 2 // 64 * 64
+        slot, block = block_layout(shm)
         self.limit = slot
-        block = _block_bytes(slot)
-        base = comm._cid * block
-        reserve = (base, block, f"the collective slots of {comm.name} (context {comm._cid})")
+        base = comm._block * block
+        reserve = (base, block, f"the collective slots of {comm.name} (block "
+                   f"{comm._block})")
         self.arrival, self.headers, self.data = [], [], []
         for w in comm._world:
             area = shm.coll_area(w, reserve)
@@ -202,7 +234,8 @@ class SharedSlots:
             self.data.append(ds)
         self.peers = [r for r in range(self.size) if r != self.rank]
         # [rank]: its control words; bit ``self._bit`` of word 2: it gave up these slots
-        self._control, self._bit = [shm.control_words(w) for w in comm._world], 1 << comm._cid
+        self._control = [shm.control_words(w) for w in comm._world]
+        self._bit = 1 << comm._block
         self._bell_words = shm.doorbell_words([comm._world[r] for r in self.peers])
         self._written = [False, False]
         self._synced = -1               # the last call whose every header this rank saw

@@ -200,7 +200,7 @@ def test_a_communicator_whose_slots_do_not_fit_runs_its_collectives_by_messages(
         assert f"[{r}] world again 8.0" in out, out
         notes = [ln for ln in out.splitlines() if ln.startswith(f"[{r}] pycomm: rank {r}: ")]
         assert len(notes) == 1, out
-        assert "no room for the collective slots of pycomm.COMM_WORLD.Dup (context" in \
+        assert "no room for the collective slots of pycomm.COMM_WORLD.Dup (block 1)" in \
             notes[0] and "pycomm.COMM_WORLD.Dup's collective calls go by messages " \
             "instead" in notes[0], notes[0]
     assert out.rstrip().endswith("left:"), out

@@ -287,25 +287,25 @@ def _sub_communicators():
     half = comm.Split(r % 2, r)
     x = np.array([float(r)])
     half.Allreduce(pycomm.IN_PLACE, x)
-    dups = [comm.Dup() for _ in range(MAX_COMMS + 1)]   # context ids past the area
+    dups = [comm.Dup() for _ in range(MAX_COMMS + 1)]   # more alive than the area holds
     last = dups[-1]
     y = np.array([1.0])
     last.Allreduce(pycomm.IN_PLACE, y)
-    # context ids below MAX_COMMS have slots (a long-lived test world may be past them)
-    out = (x[0], (half._slots is not None) == (half._cid < MAX_COMMS and half.size > 1),
-           last._cid, last._slots is None, y[0])
+    # a communicator with a block of the area has slots (pycomm.slotblocks)
+    out = (x[0], (half._slots is not None) == (half._block > 0 and half.size > 1),
+           last._block, last._slots is None, y[0])
     for d in dups:
         d.Free()
     half.Free()
     return out
 
 
-def test_sub_communicators_use_their_own_slots_and_late_ids_use_messages(world):
+def test_sub_communicators_use_their_own_slots_and_those_past_the_area_messages(world):
     n = world.size
-    for r, (x, half_slots, cid, last_messages, y) in enumerate(world.run(_sub_communicators)):
+    for r, (x, half_slots, block, last_messages, y) in enumerate(world.run(_sub_communicators)):
         assert x == sum(k for k in range(n) if k % 2 == r % 2)
         assert half_slots
-        assert cid >= MAX_COMMS and last_messages
+        assert block == -1 and last_messages
         assert y == n
 
 

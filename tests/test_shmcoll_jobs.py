@@ -82,6 +82,81 @@ def test_a_peer_that_left_during_a_slot_wait_is_named(tmp_path, yielding):
     assert "LEFT" in out and "rank 1 has left" in out, out
 
 
+def test_a_freed_communicators_block_is_reused_once_every_member_freed_it(tmp_path):
+    """pycomm.slotblocks in a fresh 3-rank job, whose blocks are known: X = {0, 1} takes
+    block 1 and Y = {0, 2} block 2. Rank 0 frees X while rank 1 has not: a Dup of Y
+    must not take block 1 (rank 1 may still read rank 0's), and takes 3. Once rank 1 has
+    freed X too, the next Dup of Y takes block 1 back, and its first all-reduce is right
+    although rank 0 enters it late and X's last header there had the same signature and
+    number: rank 0 cleared the block (without that, rank 2 read X's stale 3.0)."""
+    proc = _launch(tmp_path, """
+        import time, numpy as np, pycomm
+        comm = pycomm.init()
+        r = comm.rank
+        U = pycomm.UNDEFINED
+        x_comm = comm.Split(0 if r in (0, 1) else U, r)
+        y_comm = comm.Split(0 if r in (0, 2) else U, r)
+        out = []
+        if x_comm:
+            x = np.array([3.0])
+            x_comm.Allreduce(pycomm.IN_PLACE, x)
+            out.append(("X", x_comm._block, float(x[0])))
+        if y_comm:
+            out.append(("Y", y_comm._block))
+        if r == 0:
+            x_comm.Free()
+        if y_comm:
+            z = y_comm.Dup()
+            out.append(("Z", z._block))
+        comm.Barrier()
+        if r == 1:
+            x_comm.Free()
+        comm.Barrier()
+        if y_comm:
+            w = y_comm.Dup()
+            v = np.array([10.0 * (r + 1)])
+            if r == 0:
+                time.sleep(0.3)
+            w.Allreduce(pycomm.IN_PLACE, v)
+            out.append(("W", w._block, float(v[0]), w._slots is not None))
+        print("RESULT", r, out, flush=True)
+        """, n=3)
+    assert proc.returncode == 0, proc.stderr
+    results = [line[line.index("RESULT"):].split(" ", 2) for line in proc.stdout.splitlines()
+               if "RESULT" in line]
+    got = {rank: text for _, rank, text in results}
+    assert got["0"] == "[('X', 1, 6.0), ('Y', 2), ('Z', 3), ('W', 1, 40.0, True)]", got
+    assert got["1"] == "[('X', 1, 6.0)]", got
+    assert got["2"] == "[('Y', 2), ('Z', 3), ('W', 1, 40.0, True)]", got
+
+
+def test_a_jobs_communicators_created_and_freed_in_a_loop_keep_their_slots(tmp_path):
+    """Before pycomm.slotblocks, block c was context id c's: the 64th communicator of a
+    job had no slots, freed or not. 300 Dup + Allreduce + Free rounds on 3 ranks: every
+    one has slots, the sums are right, and two blocks serve them all (a freed block is
+    taken back at the creation after the next)."""
+    proc = _launch(tmp_path, """
+        import numpy as np, pycomm
+        comm = pycomm.init()
+        seen, wrong = set(), 0
+        for i in range(300):
+            d = comm.Dup()
+            x = np.array([float(i + comm.rank)])
+            d.Allreduce(pycomm.IN_PLACE, x)
+            wrong += int(x[0] != 3 * i + 3)
+            seen.add((d._block, d._slots is not None))
+            d.Free()
+        print("RESULT", comm.rank, d._cid, sorted(seen), wrong, flush=True)
+        """, n=3)
+    assert proc.returncode == 0, proc.stderr
+    lines = [line[line.index("RESULT"):] for line in proc.stdout.splitlines()
+             if "RESULT" in line]
+    assert len(lines) == 3, proc.stdout
+    for line in lines:
+        _, _, cid, rest = line.split(" ", 3)
+        assert int(cid) >= 300 and rest == "[(1, True), (2, True)] 0", line
+
+
 def test_a_fresh_jobs_sub_communicators_take_slots(tmp_path):
     proc = _launch(tmp_path, """
         import numpy as np, pycomm

@@ -156,8 +156,10 @@ class ShmTransport(Transport):
         return [(self._others[r].ctl32, self._others[r].futex) for r in ranks]
 
     def control_words(self, rank: int) -> memoryview:
-        """``rank``'s u64 ``[pid, goodbye (it closed pycomm cleanly), no slots (bit c: it
-        runs communicator c's collectives by messages, pycomm.shmcoll.slots_for)]``."""
+        """``rank``'s u64 ``[pid, goodbye (it closed pycomm cleanly), no slots (bit b: it
+        runs the collectives of the communicator on block b of its area by messages,
+        pycomm.shmcoll.slots_for), freed blocks (bit b: it freed the communicator on
+        block b, pycomm.slotblocks)]``."""
         return (self._own if rank == self.rank else self._others[rank]).ctl64
 
     # -- sending --------------------------------------------------------------------------

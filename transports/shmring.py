@@ -10,6 +10,7 @@ block and one inbound ring per peer on its host::
     | pid      u64      | data[ring_bytes]     |                      |
     | goodbye  u64      |                      |                      |
     | no slots u64      |                      |                      |
+    | freed blocks u64  |                      |                      |
     +-------------------+----------------------+----------------------+----
 
 Room. A page of a /dev/shm file is allocated when a process first touches it, reading
@@ -181,7 +182,9 @@ class Segment:
             raise
         self.view = memoryview(self.map)
         self.ctl32 = self.view[:8].cast("I")       # [doorbell, waiting]
-        self.ctl64 = self.view[8:32].cast("Q")     # [pid, said goodbye, no slots]
+        # [pid, said goodbye, no slots, freed blocks]: the last two are
+        # pycomm.shmcoll's and pycomm.slotblocks' bitmaps of collective-area blocks
+        self.ctl64 = self.view[8:40].cast("Q")
         self._anchor = ctypes.c_uint32.from_buffer(self.map, 0)
         self.futex = ctypes.c_void_p(ctypes.addressof(self._anchor))
 
