@@ -28,7 +28,6 @@ import argparse
 import contextlib
 import os
 import sys
-import threading
 import time
 from dataclasses import dataclass
 
@@ -290,34 +289,23 @@ def tp_block_backward(cache, A, B, dout, dA, da, dB):
 class WireCounter:
     """Counts the payload bytes and messages this rank's engine sends to other ranks.
 
-    pycomm keeps no traffic counters, so this wraps the engine's ``isend`` (the one call
-    every send, point-to-point or inside a collective algorithm, goes through) on this
-    process only; nothing in pycomm is changed. Bytes are payloads (headers excluded), as
-    the literature's formulas count them. The lock matters: nonblocking collectives send
-    from pycomm's progress thread.
+    Reads the engine's counters (``sent_bytes``, ``sent_messages``: every message sent
+    to another rank, point-to-point or inside a collective's message algorithm, counted
+    where it leaves the engine, whatever the protocol). Bytes are payloads (headers
+    excluded), as the literature's formulas count them; calls through shared-memory
+    slots or direct reads send no message.
     """
 
     def __init__(self, comm):
-        engine = comm._engine
-        inner = engine.isend
-        me = engine.rank
-        self.bytes = 0
-        self.messages = 0
-        lock = threading.Lock()
-
-        def isend(view, dest, *args, **kwargs):   # (view, dest, ctx, tag, ...): the rest
-            if dest != me:                          # is passed on untouched, whatever the
-                with lock:                          # engine's version takes
-                    self.bytes += len(view)
-                    self.messages += 1
-            return inner(view, dest, *args, **kwargs)
-
-        engine.isend = isend
+        self.engine = comm._engine
+        self.take()
 
     def take(self) -> tuple[int, int]:
         """Return (bytes, messages) sent since the last call, and start counting afresh."""
-        out = (self.bytes, self.messages)
-        self.bytes = self.messages = 0
+        eng = self.engine
+        b, m = eng.sent_bytes, eng.sent_messages
+        out = (b - getattr(self, "_bytes", b), m - getattr(self, "_messages", m))
+        self._bytes, self._messages = b, m
         return out
 
 

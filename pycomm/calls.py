@@ -155,6 +155,8 @@ class CallView:
             except TransportError as exc:
                 raise eng._peer_error(exc) from None
             if sent:
+                eng.sent_bytes += len(sv)
+                eng.sent_messages += 1
                 if n == len(rv):
                     return
                 if n >= 0:

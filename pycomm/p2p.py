@@ -103,6 +103,14 @@ class Engine(Matching, CallAborts, Waiting, SerializedThreads):
         self.yield_s = yield_s
         self.timeout = timeout
         self.job_id: str | None = None      # set by the bootstrap: names what the job leaves
+        # Payload bytes and messages this rank has handed over for other ranks: every
+        # message sent (point-to-point, and the message algorithms' inside collectives),
+        # counted where it leaves the engine, whatever the protocol (isend, and the
+        # request-free sends of pycomm.pt2pt and pycomm.calls.CallView.sendrecv); calls
+        # through shared-memory slots or direct reads send none. A program's own
+        # traffic counter (examples/_training.py's WireCounter) reads them.
+        self.sent_bytes = 0
+        self.sent_messages = 0
         # the communicators on this engine, alive (pycomm.MPI.bridge closes a bridge
         # world's engine at a Disconnect only when none but its own is left)
         self.comms: weakref.WeakSet = weakref.WeakSet()
@@ -201,6 +209,8 @@ class Engine(Matching, CallAborts, Waiting, SerializedThreads):
             return req
         t = self.route[dest]
         n = len(view)
+        self.sent_bytes += n
+        self.sent_messages += 1
         try:
             if n <= self.eager_limit and not sync:
                 if sig is None:

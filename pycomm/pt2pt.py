@@ -164,6 +164,8 @@ class PointToPointMethods:
                     except TransportError as exc:
                         raise eng._peer_error(exc) from None
                     if sent:
+                        eng.sent_bytes += nbytes
+                        eng.sent_messages += 1
                         if op is not None:
                             _trace.instant(op, self, tag, nbytes, w)
                         return True

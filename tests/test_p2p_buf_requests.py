@@ -178,6 +178,47 @@ def test_small_exchange_requests(world):
         assert out["left over"] is False, out
 
 
+def _rank_traffic_counters():
+    """The engine's counters of what this rank sends (``sent_bytes``, ``sent_messages``),
+    over each way a message leaves: a Send and a small Isend that the transport takes at
+    once, a rendezvous Isend, a Sendrecv, and a recursive-doubling Allreduce (on 2 ranks:
+    one exchange, request-free). Messages to itself are not counted."""
+    comm = pycomm.COMM_WORLD
+    eng = comm._engine
+    right, left = ring(comm)
+    got = np.zeros(3 * EAGER_LIMIT // 8)
+    b0, m0 = eng.sent_bytes, eng.sent_messages
+    if comm.rank % 2:
+        comm.Recv(got[:2], left, 1)
+        comm.Send(np.ones(2), right, 1)
+    else:
+        comm.Send(np.ones(2), right, 1)
+        comm.Recv(got[:2], left, 1)
+    r = comm.Isend(np.ones(4), right, 2)
+    comm.Recv(got[:4], left, 2)
+    r.Wait()
+    r = comm.Isend(np.ones(3 * EAGER_LIMIT // 8), right, 3)
+    comm.Recv(got, left, 3)
+    r.Wait()
+    comm.Sendrecv(np.ones(2), right, 4, got[:2], left, 4)
+    p2p = (eng.sent_bytes - b0, eng.sent_messages - m0)
+    b0, m0 = eng.sent_bytes, eng.sent_messages
+    x = np.ones(1)
+    comm.Allreduce(pycomm.IN_PLACE, x, algorithm="recursive_doubling")
+    return p2p, (eng.sent_bytes - b0, eng.sent_messages - m0), x[0]
+
+
+def test_traffic_counters(world):
+    for p2p, coll, x in world.run(_rank_traffic_counters):
+        if world.size == 1:
+            assert p2p == (0, 0) and coll == (0, 0), (p2p, coll)
+        else:
+            assert p2p == (16 + 32 + 3 * EAGER_LIMIT + 16, 4), p2p
+            assert x == world.size
+            if world.size == 2:
+                assert coll == (8, 1), coll
+
+
 def _rank_big_exchange(nbytes):
     """Ranks 0 and 1 send ``nbytes`` to each other at the same time; the rest idle."""
     comm = pycomm.COMM_WORLD
