@@ -396,3 +396,19 @@ def test_p2p_exchange_times_its_three_patterns_on_pycomm():
         f"pass {p} {name}" for p in (1, 2)
         for name in ("ping-pong round trip", "Sendrecv", "Irecv+Isend+Waitall")], proc.stdout
     assert all(r[-1] == "us" and float(r[-2]) > 0 for r in rows), proc.stdout
+
+
+def test_comm_churn_times_an_allreduce_after_many_communicators():
+    # an mpi4py program too: after 70 communicators created and freed (more than the
+    # shared-memory area's 64 blocks), the fresh one's calls still go through its slots
+    proc = subprocess.run([sys.executable, str(ROOT / "launch.py"), "--mpi4py", "-n", "2",
+                           str(ROOT / "benchmarks" / "comm_churn.py"), "--churn", "70",
+                           "-i", "50", "-x", "5", "--passes", "2"], cwd=ROOT, check=False,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert [line.split()[:6] for line in lines[:2]] == [
+        ["pass", str(p), "after", "70", "communicators", "Allreduce"] for p in (1, 2)], lines
+    assert all(float(line.split()[-2]) > 0 for line in lines[:2]), lines
+    assert lines[2].startswith("churn: ") and lines[2].endswith(" us per Dup+Allreduce+Free")
+
