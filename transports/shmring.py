@@ -169,6 +169,7 @@ class Segment:
         # The file stays open: reserve() allocates later ranges through it (the file
         # itself is unlinked once every peer has mapped it).
         self.fd, self.path = fd, path
+        self._reserved: set[tuple[int, int]] = set()    # ranges reserve() allocated
         try:
             if create:
                 os.ftruncate(fd, nbytes)
@@ -205,11 +206,19 @@ class Segment:
         them can meet a full /dev/shm later (module docstring); a no-op where they are
         allocated already. ``what``: the range, for the error.
 
+        A range this process has reserved before is not asked for again: a tmpfs file
+        never gives pages back, and the system call walks the range even where its pages
+        are there (a block reused for a new communicator, :mod:`pycomm.slotblocks`, is
+        reserved again by each member).
+
         Raises:
             ShmSpaceError: no room (ENOSPC), naming ``what``, the bytes and the room left.
         """
+        if (start, nbytes) in self._reserved:
+            return
         try:
             allocate(self.fd, start, nbytes)
+            self._reserved.add((start, nbytes))
         except OSError as exc:
             if exc.errno != errno.ENOSPC:
                 raise
