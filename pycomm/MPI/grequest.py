@@ -23,7 +23,7 @@ from pycomm.request import Request as _Inner
 from .exceptions import ERRORS
 from .exceptions import Exception as MPIException
 from .exceptions import translate_methods
-from .request import Request
+from .request import Request, handle_of_kind
 from .status import Status
 
 __all__ = ["Grequest"]
@@ -78,11 +78,7 @@ class Grequest(Request):
     __slots__ = ("_g",)
 
     def __init__(self, request: Request | None = None):
-        if isinstance(request, Request) and not isinstance(request, Grequest) and \
-                not request:
-            request = None                  # Grequest(REQUEST_NULL) (mpi4py + MPICH)
-        if request is not None and not isinstance(request, Grequest):
-            raise TypeError(f"Grequest({request!r}): expected a generalized request")
+        request = handle_of_kind(Grequest, request, "generalized request")
         super().__init__(request)
         self._g = getattr(request, "_g", None)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pycomm.errors import ArgumentError
 
 from .exceptions import translate_methods
-from .request import Request
+from .request import Request, handle_of_kind
 
 __all__ = ["Prequest"]
 
@@ -30,11 +30,7 @@ class Prequest(Request):
         Raises:
             TypeError: ``other`` is an active non-persistent request, or no request.
         """
-        if isinstance(request, Request) and not isinstance(request, Prequest) and \
-                not request:
-            request = None                  # Prequest(REQUEST_NULL) (mpi4py + MPICH)
-        if request is not None and not isinstance(request, Prequest):
-            raise TypeError(f"Prequest({request!r}): expected a persistent request")
+        request = handle_of_kind(Prequest, request, "persistent request")
         super().__init__(request)
         self._start = getattr(request, "_start", None)
         self._freed = getattr(request, "_freed", request is None)

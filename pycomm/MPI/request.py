@@ -52,6 +52,21 @@ def _extend(statuses, n: int) -> None:
         statuses.extend(Status() for _ in range(n - len(statuses)))
 
 
+def handle_of_kind(cls: type, request, what: str):
+    """What ``cls(request)`` makes another handle of (:class:`pycomm.MPI.prequest.
+    Prequest`, :class:`pycomm.MPI.grequest.Grequest`): ``request``; None for a null
+    request of any class (``Prequest(REQUEST_NULL)`` is null, as under mpi4py + MPICH).
+
+    Raises:
+        TypeError: ``request`` is a live request of another class, or no request.
+    """
+    if isinstance(request, Request) and not isinstance(request, cls) and not request:
+        return None
+    if request is not None and not isinstance(request, cls):
+        raise TypeError(f"{cls.__name__}({request!r}): expected a {what}")
+    return request
+
+
 def _in_status(reqs, statuses, exc: CommError) -> CommError:
     """What MPI_Waitall reports when a request fails: ``ERR_IN_STATUS`` (as mpi4py +
     MPICH raise it), the status of each request that completed filled, its ``error``
