@@ -187,11 +187,11 @@ class GroupMethods:
         cid, masks = agreed
         me = self._world[self.rank]
         comm = type(self)(self._engine, cid, world_ranks, world_ranks.index(me), name=name)
-        comm._block = slotblocks.choose(masks[w] for w in world_ranks)
-        slotblocks.take(comm, comm._block)
         comm.transport = getattr(self, "transport", None)
         comm.transport_name = getattr(self, "transport_name", None)
         self._derive_layout(comm)
+        comm._block = slotblocks.choose(masks[w] for w in world_ranks)
+        slotblocks.take(comm, comm._block)
         return comm
 
     def _derive_layout(self, comm) -> None:
