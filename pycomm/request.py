@@ -76,8 +76,11 @@ class Request:
             CommError: the sender withdrew a large message this receive had matched.
             ThreadLevelError: another thread of this rank is waiting in pycomm.
         """
-        _trace.traced("Wait", self.comm, self.tag, self.nbytes, self.peer, self.engine.wait,
-                      self, timeout)
+        if self.done and self.error is None:    # (an eager send, complete at its Isend)
+            _trace.instant("Wait", self.comm, self.tag, self.nbytes, self.peer)
+        else:
+            _trace.traced("Wait", self.comm, self.tag, self.nbytes, self.peer,
+                          self.engine.wait, self, timeout)
         self._status(status)
         return True
 
