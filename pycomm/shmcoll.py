@@ -81,7 +81,7 @@ __all__ = ["MAX_COMMS", "SPLIT_MAX_OVERSUBSCRIPTION", "SPLIT_MIN_BYTES", "SPLIT_
            "ByMessages", "SharedSlots", "area_bytes", "block_layout", "clear_block",
            "host_shm", "slots_for"]
 
-MAX_COMMS = 64          # communicator blocks per rank's area (context ids 0..63)
+MAX_COMMS = 64          # communicator blocks per rank's area (pycomm.slotblocks hands them out)
 _HDR = 64               # bytes of the arrival word's line and of each slot header
 _SEQ_MASK = 0x7FFFFFFF  # the communicator's sequence numbers wrap at 2**31
 _HALF = 1 << 30

@@ -57,9 +57,8 @@ class ShmTransport(Transport):
     """
 
     name = "shm"
-    # The p2p engine's request-free path may call send_now(repeats=True) and
-    # recv_now(alone=True) directly: they write or take a whole frame, and recv_now checks
-    # the rest itself.
+    # The p2p engine's request-free paths may call send_now(repeats=True) and
+    # recv_now(alone=True) directly: they write or take a whole frame, checking the rest.
     direct_p2p = True
 
     def __init__(self, rank, size, job_id, token, sink, *, ring_bytes: int = 1 << 20,
@@ -156,10 +155,9 @@ class ShmTransport(Transport):
         return [(self._others[r].ctl32, self._others[r].futex) for r in ranks]
 
     def control_words(self, rank: int) -> memoryview:
-        """``rank``'s u64 ``[pid, goodbye (it closed pycomm cleanly), no slots (bit b: it
-        runs the collectives of the communicator on block b of its area by messages,
-        pycomm.shmcoll.slots_for), freed blocks (bit b: it freed the communicator on
-        block b, pycomm.slotblocks)]``."""
+        """``rank``'s u64 ``[pid, goodbye (it closed pycomm cleanly), no slots, freed
+        blocks]``: bit b of the last two, block b's communicator runs by messages there
+        (pycomm.shmcoll.slots_for), it freed it (pycomm.slotblocks)."""
         return (self._own if rank == self.rank else self._others[rank]).ctl64
 
     # -- sending --------------------------------------------------------------------------
