@@ -128,8 +128,8 @@ class Waiting:
                     req.tag >= 0 and not (self.unexpected or self._incoming or self.outbox):
                 # The one receive posted, of a named peer and tag (an Irecv's wait): take
                 # its message straight from the transport as a blocking Recv does
-                # (recv_now), spinning there; the general path's decoder, matching and
-                # completion cost several times that.
+                # (recv_now), spinning there, without the general path's decoder,
+                # matching and completion.
                 if self.take_now(req):
                     return
             # Spin on the one transport directly: a small message's latency is

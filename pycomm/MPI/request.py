@@ -69,10 +69,10 @@ def handle_of_kind(cls: type, request, what: str):
 
 def _in_status(reqs, statuses, exc: CommError) -> CommError:
     """What MPI_Waitall reports when a request fails: ``ERR_IN_STATUS`` (as mpi4py +
-    MPICH raise it), the status of each request that completed filled, its ``error``
-    its own class (0: none), and the request null (a truncated receive into a packed
-    datatype unpacked what fit, as in :meth:`Request.Wait`); a request still pending
-    stays, its status's ``error`` ``ERR_PENDING``."""
+    MPICH raise it). Each request that completed has its status filled, with its error
+    class in ``error`` (0: none), and becomes null (a truncated receive into a packed
+    datatype unpacks what fit, as in :meth:`Request.Wait`); a request still pending stays,
+    ``ERR_PENDING`` in its status's ``error``."""
     for i, r in enumerate(reqs):
         st, x = _nth(statuses, i), r._r
         if x is None:
