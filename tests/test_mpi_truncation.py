@@ -1,6 +1,7 @@
 """pycomm.MPI receives too small for their message, as mpi4py + MPICH report them: the
 error class, what the buffer and the status hold afterwards, and what a ``Waitall``
-with such a receive raises, eager and rendezvous, through plain buffers and datatypes.
+with such a receive raises, eager and rendezvous, through plain buffers and datatypes;
+and a ``Waitall`` that times out, which no request failed.
 
 Every ``_rank_*`` function runs on the ranks (``world.run``) and returns what it saw; the
 parent compares it with MPICH's recorded behaviour.
@@ -151,3 +152,36 @@ def test_truncated_receive_in_waitall_is_err_in_status(world):
         want = [(True, True, False, (left, 12, 8, MPI.ERR_TRUNCATE)),
                 (True, True, False, None)] * 2
         assert seen == want, seen
+
+
+def _rank_waitall_that_times_out() -> tuple:
+    """A ``Waitall`` whose receive never gets a message, beside a small send that is
+    complete: the wait's own timeout (``ERR_PENDING``) leaves it, not ``ERR_IN_STATUS``;
+    the receive stays live and its status untouched."""
+    comm = MPI.COMM_WORLD
+    eng = comm._c._engine
+    right, left = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
+    rr = comm.Irecv(np.zeros(1), left, 77)          # nothing is sent on tag 77
+    sr = comm.Isend(np.ones(1), right, 78)
+    sts = [MPI.Status(), MPI.Status()]
+    sts[0].Set_error(MPI.ERR_OTHER)                 # to see that it is left alone
+    old, eng.timeout = eng.timeout, 0.3
+    try:
+        MPI.Request.Waitall([rr, sr], sts)
+        out = ("no error",)
+    except MPI.Exception as exc:
+        out = (exc.Get_error_class() == MPI.ERR_PENDING, bool(rr),
+               sts[0].Get_error() == MPI.ERR_OTHER)
+    finally:
+        eng.timeout = old
+    rr.Cancel()
+    rr.Wait()
+    comm.Recv(np.zeros(1), left, 78)
+    sr.Wait()
+    comm.Barrier()
+    return out
+
+
+def test_a_waitall_that_times_out_raises_the_timeout(world):
+    assert world.run(_rank_waitall_that_times_out) == [(True, True, True)] * world.size
+
