@@ -455,3 +455,36 @@ def test_ranks_of_a_host_that_disagree_on_the_area_size_fail_at_connect():
     assert all(isinstance(e, TransportError) and "PYCOMM_SHM_COLL_BYTES differs" in str(e)
                for e in errors), errors
     assert not [f for f in os.listdir("/dev/shm") if job in f]     # nothing left behind
+
+
+def _blocks_of_made_and_freed_communicators():
+    """80 rounds of a communicator made by Dup, Split (the even and the odd ranks) or
+    Create_group (the even ranks), one Allreduce on it, and Free: pycomm.slotblocks
+    gives each a block again once its predecessors are freed on every member."""
+    comm = pycomm.COMM_WORLD
+    r, n = comm.rank, comm.size
+    wrong, without = [], 0
+    evens = comm.group.Incl(list(range(0, n, 2)))
+    for i in range(80):
+        how = ("Dup", "Split", "Create_group")[i % 3]
+        if how == "Dup":
+            d = comm.Dup()
+        elif how == "Split":
+            d = comm.Split(r % 2, r)
+        else:
+            d = comm.Create_group(evens, tag=i) if r % 2 == 0 else None
+        if d is None:
+            continue
+        x = np.array([float(i + r)])
+        d.Allreduce(pycomm.IN_PLACE, x)
+        members = [k for k in range(n) if how == "Dup" or k % 2 == r % 2]
+        if x[0] != sum(i + k for k in members):
+            wrong.append((how, i, x[0]))
+        without += d.size > 1 and (d._block < 0 or d._slots is None)
+        d.Free()
+    return wrong, without
+
+
+def test_communicators_made_and_freed_in_turn_keep_their_blocks(world):
+    for wrong, without in world.run(_blocks_of_made_and_freed_communicators):
+        assert wrong == [] and without == 0, (wrong[:5], without)
