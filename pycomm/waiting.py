@@ -55,7 +55,6 @@ OFFLOADED = -3
 SHARED_WAIT = -4
 
 
-
 class Waiting:
     """Progress, waits with timeouts, and the switch to thread safety."""
 
@@ -132,33 +131,42 @@ class Waiting:
                 # matching and completion.
                 if self.take_now(req):
                     return
-            # Spin on the one transport directly: a small message's latency is
-            # mostly the period of this loop.
-            poll = self.transports[0].progress
-            outbox = self.outbox
-            try:
-                if outbox:                  # left by a progress() that raised
-                    self.act()
-                self._polling = True
-                try:
-                    while not req.done:
-                        if poll():
-                            if outbox:
-                                self._polling = False
-                                self.act()
-                                self._polling = True
-                        elif _perf() >= spin_end:
-                            break
-                finally:
-                    self._polling = False
-            except TransportError as exc:
-                raise self._peer_error(exc) from None
-            if not req.done:
+            if not self._spin((req,), spin_end):
                 self._wait_slow(lambda: req.done, timeout, req, spin=False)
         else:
             self.progress()
             if not req.done:
                 self._wait_slow(lambda: req.done, timeout, req)
+
+    def _spin(self, reqs, spin_end: float) -> bool:
+        """Poll the one transport until every request of ``reqs`` completes (True) or
+        ``spin_end`` passes (False); no thread check or closure per turn, as in
+        :meth:`_wait_slow`: a small message's latency is mostly this loop's period.
+        Raises PeerError: a peer died or a link failed."""
+        poll = self.transports[0].progress
+        outbox = self.outbox
+        try:
+            if outbox:                  # left by a progress() that raised
+                self.act()
+            self._polling = True
+            try:
+                while True:
+                    for x in reqs:
+                        if not x.done:
+                            break
+                    else:
+                        return True
+                    if poll():
+                        if outbox:
+                            self._polling = False
+                            self.act()
+                            self._polling = True
+                    elif _perf() >= spin_end:
+                        return False
+            finally:
+                self._polling = False
+        except TransportError as exc:
+            raise self._peer_error(exc) from None
 
     def wait_all(self, reqs, timeout: float | None = None) -> None:
         """Drive progress until every request in ``reqs`` completes (errors raised after).
@@ -190,10 +198,15 @@ class Waiting:
         if self._threaded and all(x.expect == OFFLOADED for x in pending):
             self._wait_offloaded(lambda: all(x.done for x in pending), timeout, pending[0])
             return
-        self.progress()
+        spin = len(self.transports) != 1 or self._threaded or self._yield_gil
+        if spin:
+            self.progress()
+        elif self._spin(pending, _perf() + self.spin_s):
+            return
         pending = [x for x in pending if not x.done]
         if pending:
-            self._wait_slow(lambda: all(x.done for x in pending), timeout, pending[0])
+            self._wait_slow(lambda: all(x.done for x in pending), timeout, pending[0],
+                            spin=spin)
 
     def wait_until(self, cond, timeout: float | None = None, what: str = "operation",
                    req=None, awaits: int | None = None) -> None:
