@@ -1,8 +1,9 @@
 """Latency of the small point-to-point patterns of a halo exchange, through mpi4py's API.
 
 Two ranks (the others, if any, idle): a ``Send``/``Recv`` ping-pong (the round trip), a
-``Sendrecv`` that both ranks make at once, and ``Irecv`` + ``Isend`` + ``Waitall`` that
-both make at once, of ``--size`` bytes (float64). Each pattern runs ``--iterations`` times
+``Sendrecv`` that both ranks make at once, ``Irecv`` + ``Isend`` + ``Waitall`` that both
+make at once, and a halo exchange's two of each (left and right neighbour, which on two
+ranks are the same, on two tags) in one ``Waitall``, of ``--size`` bytes (float64). Each pattern runs ``--iterations`` times
 after ``--warmup``, ``--passes`` times in turn; rank 0 prints µs per iteration. The same
 script runs on pycomm and on MPI::
 
@@ -48,8 +49,14 @@ def main() -> None:
     def nonblocking():
         MPI.Request.Waitall([comm.Irecv(into, other, 6), comm.Isend(out, other, 6)])
 
+    into2 = np.empty_like(out)
+
+    def halo():
+        MPI.Request.Waitall([comm.Irecv(into, other, 1), comm.Irecv(into2, other, 2),
+                             comm.Isend(out, other, 1), comm.Isend(out, other, 2)])
+
     patterns = [("ping-pong round trip", pingpong), ("Sendrecv", sendrecv),
-                ("Irecv+Isend+Waitall", nonblocking)]
+                ("Irecv+Isend+Waitall", nonblocking), ("halo 2 Irecv+2 Isend", halo)]
     for p in range(args.passes):
         for name, fn in patterns:
             comm.Barrier()

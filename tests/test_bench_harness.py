@@ -384,7 +384,7 @@ def test_sweep_report_judges_a_run_by_its_transports_constants(tmp_path, monkeyp
     assert (hits, total) == (1, 1) and lines[-1] == "| allreduce (rdma) | 4 | 1.00 | 1/1 |"
 
 
-def test_p2p_exchange_times_its_three_patterns_on_pycomm():
+def test_p2p_exchange_times_its_four_patterns_on_pycomm():
     # the script is an mpi4py program: the same file runs under mpiexec for the reference
     proc = subprocess.run([sys.executable, str(ROOT / "launch.py"), "--mpi4py", "-n", "3",
                            str(ROOT / "benchmarks" / "p2p_exchange.py"), "-i", "50", "-x",
@@ -394,7 +394,8 @@ def test_p2p_exchange_times_its_three_patterns_on_pycomm():
     rows = [line.split() for line in proc.stdout.splitlines()]
     assert [" ".join(r[:-2]) for r in rows] == [
         f"pass {p} {name}" for p in (1, 2)
-        for name in ("ping-pong round trip", "Sendrecv", "Irecv+Isend+Waitall")], proc.stdout
+        for name in ("ping-pong round trip", "Sendrecv", "Irecv+Isend+Waitall",
+                     "halo 2 Irecv+2 Isend")], proc.stdout
     assert all(r[-1] == "us" and float(r[-2]) > 0 for r in rows), proc.stdout
 
 
