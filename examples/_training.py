@@ -297,14 +297,14 @@ class WireCounter:
     """
 
     def __init__(self, comm):
-        self.engine = comm._engine
-        self.take()
+        self.engine = eng = comm._engine
+        self._bytes, self._messages = eng.sent_bytes, eng.sent_messages
 
     def take(self) -> tuple[int, int]:
         """Return (bytes, messages) sent since the last call, and start counting afresh."""
         eng = self.engine
         b, m = eng.sent_bytes, eng.sent_messages
-        out = (b - getattr(self, "_bytes", b), m - getattr(self, "_messages", m))
+        out = (b - self._bytes, m - self._messages)
         self._bytes, self._messages = b, m
         return out
 

@@ -77,11 +77,14 @@ from .errors import CollectiveMismatchError, PeerError
 from .signature import describe, empty_match
 from .waiting import SHARED_WAIT
 
-__all__ = ["MAX_COMMS", "SPLIT_MAX_OVERSUBSCRIPTION", "SPLIT_MIN_BYTES", "SPLIT_MIN_RANKS",
-           "ByMessages", "SharedSlots", "area_bytes", "block_layout", "clear_block",
-           "host_shm", "slots_for"]
+__all__ = ["MAX_COMMS", "NO_SLOTS", "SPLIT_MAX_OVERSUBSCRIPTION", "SPLIT_MIN_BYTES",
+           "SPLIT_MIN_RANKS", "ByMessages", "SharedSlots", "area_bytes", "block_layout",
+           "clear_block", "host_shm", "slots_for"]
 
 MAX_COMMS = 64          # communicator blocks per rank's area (pycomm.slotblocks hands them out)
+# the control word (transports.shm.ShmTransport.control_words) whose bit b says that a
+# rank runs the collectives of block b's communicator by messages (_give_up)
+NO_SLOTS = 2
 _HDR = 64               # bytes of the arrival word's line and of each slot header
 _SEQ_MASK = 0x7FFFFFFF  # the communicator's sequence numbers wrap at 2**31
 _HALF = 1 << 30
@@ -188,7 +191,7 @@ def _give_up(comm, shm, me: int, exc: ShmSpaceError) -> None:
     own. So the members agree call by call, whatever each found. The doorbells wake a peer
     already asleep waiting. Said once per process, on stderr."""
     words = shm.control_words(me)
-    words[2] |= 1 << comm._block
+    words[NO_SLOTS] |= 1 << comm._block
     _ring(shm.doorbell_words([w for w in comm._world if w != me]))
     if not _noted_no_room[0]:
         _noted_no_room[0] = True
@@ -350,7 +353,7 @@ class SharedSlots:
                 return True
             a = arrival[0]              # in this call by messages, or past it, or never here
             return a == (seq << 2 | 3) or (a & 2 and 0 < ((a >> 2) - seq) & _SEQ_MASK
-                                           < _HALF) or bool(control[2] & bit)
+                                           < _HALF) or bool(control[NO_SLOTS] & bit)
         self._wait(cc, r, ready)
         if h[0] != s1:
             self._by_messages(cc)
@@ -368,7 +371,7 @@ class SharedSlots:
         def entered():              # (one that gave up the slots never reads this rank's)
             a = arrival[0]
             return bool(a & 2) and ((a >> 2) - need) & _SEQ_MASK < _HALF or \
-                bool(control[2] & bit)
+                bool(control[NO_SLOTS] & bit)
         self._wait(cc, r, entered)
 
     def _wait(self, cc, r: int, ready) -> None:

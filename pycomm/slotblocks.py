@@ -34,7 +34,7 @@ side of keeping a block.
 
 from __future__ import annotations
 
-from .shmcoll import MAX_COMMS, SharedSlots, clear_block, host_shm
+from .shmcoll import MAX_COMMS, NO_SLOTS, SharedSlots, clear_block, host_shm
 
 __all__ = ["ALL_FREE", "choose", "free_mask", "give_back", "take"]
 
@@ -70,7 +70,7 @@ def free_mask(engine) -> int:
             if wrote:
                 clear_block(shm, me, b)
             words = shm.control_words(me)
-            words[2] &= ~bit                # a no-room mark of the old communicator
+            words[NO_SLOTS] &= ~bit         # a no-room mark of the old communicator
             del blocks.pending[b]
             blocks.free |= bit
     return blocks.free
@@ -95,8 +95,9 @@ def take(comm, block: int) -> None:
 
 
 def give_back(comm) -> None:
-    """``comm`` is freed on this rank: its block is free at once where it never had slots,
-    else pending until every member has freed it too (see the module docstring)."""
+    """``comm`` is freed on this rank: its block is free at once where its members do not
+    all share this host's shared memory (it never had slots), else pending until every
+    member has freed it too (see the module docstring)."""
     block = comm._block
     if block <= 0:                          # none, or COMM_WORLD's
         return
